@@ -1,0 +1,86 @@
+import re
+import shutil
+import subprocess
+
+import pytest
+
+import tilegen
+from tilegen import KernelSpec
+from tilegen.generator import allocate, render
+
+from conftest import F32_EXTRA_TILES, F32_TILES
+
+CLANG = shutil.which("clang-19") or shutil.which("clang")
+TILES = F32_TILES + F32_EXTRA_TILES
+
+
+def _spec(tile):
+    mr, nr = map(int, tile.split("x"))
+    return KernelSpec("f32", "neon", mr, nr).validate()
+
+
+@pytest.mark.parametrize("tile", TILES)
+def test_elf_and_macho_directives(tile):
+    s = _spec(tile)
+    elf = tilegen.generate(s, "elf")
+    macho = tilegen.generate(s, format="macho")
+    assert f".globl {s.name}\n" in elf and f".type {s.name}, %function" in elf
+    assert f".size {s.name}, .-{s.name}" in elf
+    assert f".globl _{s.name}\n" in macho and f"\n_{s.name}:" in macho
+    assert ".type" not in macho and ".size" not in macho and ".note.GNU-stack" not in macho
+    assert "    .arch armv8-a" in elf
+
+
+def test_deterministic_render():
+    s = _spec("6x16")
+    assert tilegen.generate(s) == tilegen.generate(KernelSpec("f32", "neon", 6, 16))
+
+
+@pytest.mark.skipif(CLANG is None, reason="needs clang (scripts/setup.sh installs clang-19)")
+@pytest.mark.parametrize("fmt,triple", [("elf", "aarch64-linux-gnu"), ("macho", "arm64-apple-macos")])
+def test_every_tile_assembles(tmp_path, fmt, triple):
+    for tile in TILES:
+        s = _spec(tile)
+        src = tmp_path / f"{s.name}.{fmt}.S"
+        src.write_text(tilegen.generate(s, fmt))
+        p = subprocess.run([CLANG, f"--target={triple}", "-c", str(src), "-o", str(src) + ".o"],
+                           capture_output=True, text=True)
+        assert p.returncode == 0, p.stderr
+
+
+_REG = re.compile(r"\b([xwvqdsb])(\d+)\b")
+
+
+@pytest.mark.parametrize("tile", TILES)
+def test_aapcs64_callee_saved_registers_are_saved(tile):
+    """Every callee-saved register the body touches is stored in the prologue and restored
+    in the epilogue; the frame keeps sp 16-byte aligned."""
+    s = _spec(tile)
+    regs = allocate(s)
+    text = render(s).text
+    body = text.split(":\n", 1)[1]
+    touched_x, touched_v = set(), set()
+    for kind, num in _REG.findall(body):
+        n = int(num)
+        if kind in "xw" and 19 <= n <= 28:
+            touched_x.add(n)
+        if kind in "vqdsb" and 8 <= n <= 15:
+            touched_v.add(n)
+    assert touched_x == set(regs.saved_x)
+    assert touched_v == set(regs.saved_d)
+    assert regs.frame_bytes % 16 == 0
+    assert f"sub sp, sp, #{regs.frame_bytes}" in text and f"add sp, sp, #{regs.frame_bytes}" in text
+    for r in regs.saved_x:
+        assert re.search(rf"st[rp] [^\n]*\bx{r}\b[^\n]*\[sp", text) and \
+            re.search(rf"ld[rp] [^\n]*\bx{r}\b[^\n]*\[sp", text)
+    for r in regs.saved_d:
+        assert re.search(rf"st[rp] [^\n]*\bd{r}\b[^\n]*\[sp", text) and \
+            re.search(rf"ld[rp] [^\n]*\bd{r}\b[^\n]*\[sp", text)
+    assert "x18" not in body and "x29" not in body and "x30" not in body
+
+
+def test_hot_loop_is_marked():
+    text = tilegen.generate(_spec("6x16"))
+    assert "tilegen:hot-loop-begin" in text and "tilegen:hot-loop-end" in text
+    loop = text.split("tilegen:hot-loop-begin")[1].split("tilegen:hot-loop-end")[0]
+    assert loop.count("fmla") == 4 * 6 * 4

@@ -1,0 +1,80 @@
+import pytest
+
+import tilegen
+from tilegen import KernelSpec, SpecError, parse_spec
+from tilegen.generator import allocate
+
+
+def test_name_grammar_matches_kleidiai():
+    assert KernelSpec("f32", "neon", 6, 16).name == "matmul_clamp_f32_f32_f32p16x1b_6x16_neon_mla"
+    assert KernelSpec("f32", "neon", 5, 12).name == "matmul_clamp_f32_f32_f32p12x1b_5x12_neon_mla"
+
+
+def test_spec_is_frozen_and_hashable():
+    s = KernelSpec("f32", "neon", 4, 8)
+    with pytest.raises(Exception):
+        s.mr = 5
+    assert {s: 1}[KernelSpec("f32", "neon", 4, 8)] == 1
+    assert s.kr == 1 and s.sr == 1 and s.m_step == 4 and s.n_step == 8
+
+
+@pytest.mark.parametrize("text,tile", [("f32:neon:6x16", (6, 16, 1, 1)),
+                                       ("f32:neon:1x4:k1:s1", (1, 4, 1, 1))])
+def test_parse_spec(text, tile):
+    s = parse_spec(text)
+    assert (s.mr, s.nr, s.kr, s.sr) == tile
+    assert parse_spec(s.spec_string) == s
+
+
+def test_register_budget_message():
+    with pytest.raises(SpecError) as e:
+        KernelSpec("f32", "neon", 8, 16).validate()
+    msg = str(e.value)
+    assert "mr=8, nr=16 needs 42 vector registers" in msg and "32 exist" in msg
+
+
+@pytest.mark.parametrize("nr", [2, 6, 10, 18])
+def test_nr_must_be_multiple_of_4(nr):
+    with pytest.raises(SpecError, match=f"nr={nr} must be a multiple of 4"):
+        KernelSpec("f32", "neon", 4, nr).validate()
+
+
+@pytest.mark.parametrize("kw,match", [
+    (dict(family="f64", isa="neon", mr=1, nr=4), "unknown family"),
+    (dict(family="f32", isa="avx", mr=1, nr=4), "unknown isa"),
+    (dict(family="f32", isa="sme", mr=1, nr=4), "no template"),
+    (dict(family="f32", isa="neon", mr=0, nr=4), "mr must be >= 1"),
+    (dict(family="f32", isa="neon", mr=2.0, nr=4), "mr must be an int"),
+    (dict(family="f32", isa="neon", mr=2, nr=4, kr=2), "kr and sr must be 1"),
+])
+def test_invalid_specs(kw, match):
+    with pytest.raises(SpecError, match=match):
+        KernelSpec(**kw).validate()
+
+
+@pytest.mark.parametrize("text", ["f32:neon:6", "f32-neon-6x16", "f32:neon:6x16:q2", ""])
+def test_unparsable(text):
+    with pytest.raises(SpecError, match="cannot parse"):
+        parse_spec(text)
+
+
+def test_gpr_budget_refused():
+    # 14 rows x 4 columns fits the vector file (14 + 14 + 2 = 30) but not the GPRs
+    with pytest.raises(SpecError, match="general-purpose registers"):
+        KernelSpec("f32", "neon", 14, 4).validate()
+
+
+def test_allocation_is_disjoint_and_saves_callee_saved():
+    for mr, nr in [(6, 16), (4, 24), (8, 8), (1, 4), (13, 4)]:
+        r = allocate(KernelSpec("f32", "neon", mr, nr))
+        vecs = [v for row in r.acc for v in row] + list(r.lhs) + list(r.rhs)
+        assert len(vecs) == len(set(vecs)) and all(0 <= v < 32 for v in vecs)
+        assert set(r.saved_d) == {v for v in vecs if 8 <= v <= 15}
+        gprs = list(r.gpr.values()) + list(r.lhs_ptr)
+        assert len(gprs) == len(set(gprs)) and not set(gprs) & set(range(8)) and 18 not in gprs
+        assert set(r.saved_x) == {x for x in gprs if 19 <= x <= 28}
+        assert r.frame_bytes % 16 == 0
+
+
+def test_public_api():
+    assert tilegen.generate and tilegen.build_library and tilegen.load and tilegen.pack_rhs

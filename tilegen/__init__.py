@@ -1,0 +1,20 @@
+"""tilegen: generate, build and call Arm64 matrix-multiply micro-kernels."""
+__version__ = "0.1.0"
+
+from .generator import KernelSpec, SpecError, parse_spec, generate  # noqa: E402
+from .layout import LayoutError  # noqa: E402
+
+
+def __getattr__(name):
+    # Lazy imports keep `import tilegen` light (the emulated Python imports it often).
+    if name == "build_library":
+        from .build import build_library
+        return build_library
+    if name in ("load", "pack_rhs", "Library", "PackedWeights"):
+        from . import runtime
+        return getattr(runtime, name)
+    raise AttributeError(f"module 'tilegen' has no attribute {name!r}")
+
+
+__all__ = ["KernelSpec", "SpecError", "LayoutError", "parse_spec", "generate", "build_library",
+           "load", "pack_rhs", "Library", "PackedWeights", "__version__"]

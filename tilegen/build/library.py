@@ -1,0 +1,172 @@
+"""Assemble generated kernels into one shared library plus ``manifest.json``.
+
+Output is reproducible: sources are written in sorted kernel-name order, objects and the
+library are built from sorted inputs, and nothing carries a timestamp.
+"""
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import re
+import subprocess
+import sys
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Iterable
+
+from .. import __version__
+from ..generator.abi import prototype, signature
+from ..generator.render import render
+from ..generator.spec import KernelSpec, parse_spec
+from ..layout import rhs_layout_for
+from .targets import Target, TargetError, default_specs, get_target
+from .toolchain import Toolchain, ToolchainError, discover
+
+__all__ = ["BuildError", "BuildResult", "build_library", "library_filename", "MANIFEST_NAME",
+           "kernel_entry"]
+
+MANIFEST_NAME = "manifest.json"
+MANIFEST_VERSION = 1
+
+
+class BuildError(RuntimeError):
+    """Assembling or linking failed; the message names the kernel and the assembler error."""
+
+
+@dataclass(frozen=True)
+class BuildResult:
+    out_dir: Path
+    library: Path
+    manifest_path: Path
+    manifest: dict
+
+
+def library_filename(fmt: str) -> str:
+    return "libtilegen.dylib" if fmt == "macho" else "libtilegen.so"
+
+
+def kernel_entry(spec: KernelSpec, symbol: str) -> dict:
+    layout = rhs_layout_for(spec)
+    return {
+        "name": spec.name,
+        "spec": spec.spec_string,
+        "family": spec.family,
+        "isa": spec.isa,
+        "tile": {"mr": spec.mr, "nr": spec.nr, "kr": spec.kr, "sr": spec.sr},
+        "m_step": spec.m_step,
+        "n_step": spec.n_step,
+        "features": list(spec.features),
+        "lhs_format": spec.lhs_format,
+        "rhs_format": layout.name,
+        "symbol": symbol,
+        "signature": prototype(spec.family, spec.name),
+        "params": [{"name": p.name, "ctype": p.ctype} for p in signature(spec.family)],
+    }
+
+
+def _sha256(path: Path) -> str:
+    return hashlib.sha256(path.read_bytes()).hexdigest()
+
+
+_DIAG = re.compile(r"^(?P<file>[^:\n]+\.S):(?P<line>\d+):(?:(?P<col>\d+):)?\s*(?P<kind>error|warning):\s*(?P<msg>.*)$",
+                   re.M)
+
+
+def _assembler_error(spec: KernelSpec, src: Path, text: str, output: str) -> BuildError:
+    lines = text.splitlines()
+    details = []
+    for m in _DIAG.finditer(output):
+        if m["kind"] != "error":
+            continue
+        n = int(m["line"])
+        code = lines[n - 1].strip() if 0 < n <= len(lines) else "?"
+        details.append(f"  {src.name}:{n}: {code}\n    -> {m['msg']}")
+    body = "\n".join(details) if details else output.strip()
+    return BuildError(f"assembling kernel {spec.name} failed:\n{body}")
+
+
+def _run(cmd: list[str]) -> subprocess.CompletedProcess:
+    env = dict(os.environ, SOURCE_DATE_EPOCH="0", ZERO_AR_DATE="1")
+    return subprocess.run(cmd, capture_output=True, text=True, env=env)
+
+
+class _Progress:
+    def __init__(self, total: int, quiet: bool) -> None:
+        self.total, self.done = total, 0
+        self.enabled = not quiet and sys.stderr.isatty()
+
+    def step(self, name: str) -> None:
+        self.done += 1
+        if self.enabled:
+            sys.stderr.write(f"\r[{self.done}/{self.total}] {name[:70]:<70}")
+            if self.done == self.total:
+                sys.stderr.write("\n")
+            sys.stderr.flush()
+
+
+def build_library(specs: Iterable[KernelSpec | str] | None = None, target: str | Target = "generic-armv8",
+                  out_dir: str | os.PathLike = "out", fmt: str | None = None, cc: str | None = None,
+                  quiet: bool = True, jobs: int | None = None) -> BuildResult:
+    """Generate, assemble and link ``specs`` (default: the target's default kernels).
+
+    Writes ``out_dir/src/<name>.S``, ``out_dir/obj/<name>.o``, the library and the manifest.
+    """
+    tgt = target if isinstance(target, Target) else get_target(target)
+    fmt = fmt or tgt.fmt
+    if specs is None:
+        spec_list = default_specs(tgt)
+    else:
+        spec_list = [parse_spec(s) if isinstance(s, str) else s.validate() for s in specs]
+    if not spec_list:
+        raise BuildError(f"no kernels to build for target {tgt.name}")
+    for s in spec_list:
+        if not tgt.supports(s):
+            missing = sorted(set(s.features) - tgt.features)
+            raise TargetError(f"kernel {s.name} needs {', '.join(missing)}, which target "
+                              f"{tgt.name} lacks (it has {', '.join(sorted(tgt.features))})")
+    uniq = {s.name: s for s in spec_list}
+    spec_list = [uniq[n] for n in sorted(uniq)]
+    tc: Toolchain = discover(fmt, cc)
+
+    out = Path(out_dir)
+    (out / "src").mkdir(parents=True, exist_ok=True)
+    (out / "obj").mkdir(parents=True, exist_ok=True)
+    rendered = [render(s, fmt) for s in spec_list]
+    progress = _Progress(len(rendered), quiet)
+
+    def assemble(r):
+        src = out / "src" / f"{r.spec.name}.S"
+        obj = out / "obj" / f"{r.spec.name}.o"
+        src.write_text(r.text)
+        p = _run(tc.assemble_cmd(src, obj))
+        if p.returncode != 0:
+            raise _assembler_error(r.spec, src, r.text, p.stderr + p.stdout)
+        progress.step(r.spec.name)
+        return obj
+
+    with ThreadPoolExecutor(max_workers=jobs or min(4, os.cpu_count() or 1)) as ex:
+        objs = list(ex.map(assemble, rendered))
+    lib = out / library_filename(fmt)
+    p = _run(tc.link_cmd(objs, lib))
+    if p.returncode != 0:
+        raise BuildError(f"linking {lib.name} failed:\n{(p.stderr + p.stdout).strip()}")
+
+    manifest = {
+        "manifest_version": MANIFEST_VERSION,
+        "tilegen_version": __version__,
+        "target": tgt.name,
+        "target_features": sorted(tgt.features),
+        "format": fmt,
+        "library": lib.name,
+        "sha256": _sha256(lib),
+        "toolchain": tc.describe(),
+        "kernels": [kernel_entry(r.spec, r.symbol) for r in rendered],
+    }
+    mpath = out / MANIFEST_NAME
+    mpath.write_text(json.dumps(manifest, indent=2, sort_keys=True) + "\n")
+    return BuildResult(out, lib, mpath, manifest)
+
+
+__all__ += ["ToolchainError", "TargetError"]

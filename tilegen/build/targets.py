@@ -1,0 +1,74 @@
+"""Build targets: CPU presets with their ISA features, object format and default kernels.
+
+Data only: the CLI, build_library and the tests all read this table.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from ..generator.spec import KernelSpec, parse_spec
+
+__all__ = ["Target", "TARGETS", "DEFAULT_KERNELS", "get_target", "default_specs", "TargetError"]
+
+
+class TargetError(ValueError):
+    """Unknown target or a kernel the target cannot run."""
+
+
+@dataclass(frozen=True)
+class Target:
+    name: str
+    features: frozenset[str]
+    fmt: str = "elf"
+    llvm_cpu: str | None = None     # -mcpu for llvm-mca
+    aliases: tuple[str, ...] = ()
+    description: str = ""
+
+    def supports(self, spec: KernelSpec) -> bool:
+        return set(spec.features) <= self.features
+
+
+def _t(name, feats, fmt="elf", llvm_cpu=None, aliases=(), description=""):
+    return Target(name, frozenset(feats.split(",")), fmt, llvm_cpu, tuple(aliases), description)
+
+
+_PRESETS = [
+    _t("generic-armv8", "neon", description="any Armv8-A CPU (NEON only)"),
+    _t("cortex-a53", "neon", llvm_cpu="cortex-a53"),
+    _t("cortex-a76", "neon,dotprod", llvm_cpu="cortex-a76"),
+    _t("neoverse-n1", "neon,dotprod", llvm_cpu="neoverse-n1", aliases=("graviton2",)),
+    _t("neoverse-v1", "neon,dotprod,i8mm,bf16,sve", llvm_cpu="neoverse-v1", aliases=("graviton3",)),
+    _t("neoverse-n2", "neon,dotprod,i8mm,bf16,sve,sve2", llvm_cpu="neoverse-n2"),
+    _t("neoverse-v2", "neon,dotprod,i8mm,bf16,sve,sve2", llvm_cpu="neoverse-v2",
+       aliases=("graviton4", "grace")),
+    _t("a64fx", "neon,sve", llvm_cpu="a64fx"),
+    _t("apple-m1", "neon,dotprod", fmt="macho", llvm_cpu="apple-m1"),
+    _t("apple-m2", "neon,dotprod,i8mm,bf16", fmt="macho", llvm_cpu="apple-m2"),
+    _t("apple-m3", "neon,dotprod,i8mm,bf16", fmt="macho", llvm_cpu="apple-m3"),
+    _t("apple-m4", "neon,dotprod,i8mm,bf16,sme,sme2", fmt="macho", llvm_cpu="apple-m4"),
+    _t("linux-aarch64-all", "neon,dotprod,i8mm,bf16,sve,sve2,sme,sme2",
+       description="every ISA; the runtime dispatches per CPU"),
+]
+TARGETS: dict[str, Target] = {}
+for _p in _PRESETS:
+    TARGETS[_p.name] = _p
+    for _a in _p.aliases:
+        TARGETS[_a] = _p
+
+# What a default build contains, per family; filtered by each target's features.
+DEFAULT_KERNELS: tuple[str, ...] = (
+    "f32:neon:6x16", "f32:neon:4x16", "f32:neon:8x8", "f32:neon:4x24",
+    "f32:neon:5x12", "f32:neon:1x16", "f32:neon:1x4",
+)
+
+
+def get_target(name: str) -> Target:
+    try:
+        return TARGETS[name]
+    except KeyError:
+        raise TargetError(f"unknown target {name!r}; known: {', '.join(sorted(TARGETS))}") from None
+
+
+def default_specs(target: Target) -> list[KernelSpec]:
+    specs = [parse_spec(s) for s in DEFAULT_KERNELS]
+    return [s for s in specs if target.supports(s)]

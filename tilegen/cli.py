@@ -1,0 +1,122 @@
+"""`tilegen` command line: generate, build, list, targets, info, emulate."""
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+from . import __version__
+
+
+def _cmd_generate(a: argparse.Namespace) -> int:
+    from .generator import KernelSpec, render
+    mr, _, nr = a.tile.partition("x")
+    if not (mr.isdigit() and nr.isdigit()):
+        raise SystemExit(f"tilegen generate: --tile must be MRxNR (e.g. 6x16), got {a.tile!r}")
+    spec = KernelSpec(a.family, a.isa, int(mr), int(nr), kr=a.kr, sr=a.sr).validate()
+    r = render(spec, a.format)
+    out = Path(a.output)
+    out.mkdir(parents=True, exist_ok=True)
+    (out / f"{spec.name}.S").write_text(r.text)
+    print(spec.name)
+    return 0
+
+
+def _cmd_build(a: argparse.Namespace) -> int:
+    from .build import build_library
+    res = build_library(a.kernel or None, target=a.target, out_dir=a.output, fmt=a.format,
+                        cc=a.cc, quiet=a.quiet)
+    if not a.quiet:
+        for k in res.manifest["kernels"]:
+            print(k["name"])
+        print(f"{res.library} ({len(res.manifest['kernels'])} kernels)")
+    return 0
+
+
+def _cmd_list(a: argparse.Namespace) -> int:
+    from .build import default_specs, get_target
+    for s in default_specs(get_target(a.target)):
+        print(f"{s.spec_string:<24} {s.name}")
+    return 0
+
+
+def _cmd_targets(a: argparse.Namespace) -> int:
+    from .build import TARGETS, default_specs
+    seen = set()
+    for name, t in sorted(TARGETS.items()):
+        if t.name in seen:
+            continue
+        seen.add(t.name)
+        alias = f" (= {', '.join(t.aliases)})" if t.aliases else ""
+        print(f"{t.name}{alias}: {t.fmt}; features {','.join(sorted(t.features))}; "
+              f"{len(default_specs(t))} default kernels")
+    return 0
+
+
+def _cmd_info(a: argparse.Namespace) -> int:
+    from .runtime.cpu import detect
+    cpu = detect()
+    print(f"machine: {cpu.machine}")
+    print(f"features: {', '.join(sorted(cpu.features)) or '(none: not an Arm64 CPU)'}")
+    if a.lib:
+        from .runtime import load
+        lib = load(a.lib)
+        for k in lib.kernels.values():
+            print(f"  {'ok  ' if lib.runnable(k) else 'no  '}{k.name}")
+    return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    if argv and argv[0] == "emulate":  # everything after `--` belongs to the guest command
+        from .emulate.cli import emulate_main
+        return emulate_main(argv[1:])
+    p = argparse.ArgumentParser(prog="tilegen", description="Arm64 matmul micro-kernel generator")
+    p.add_argument("--version", action="version", version=f"tilegen {__version__}")
+    sub = p.add_subparsers(dest="cmd", required=True)
+
+    g = sub.add_parser("generate", help="render one kernel to DIR/<name>.S")
+    g.add_argument("--family", required=True)
+    g.add_argument("--isa", required=True)
+    g.add_argument("--tile", required=True, help="MRxNR, e.g. 6x16")
+    g.add_argument("--kr", type=int)
+    g.add_argument("--sr", type=int)
+    g.add_argument("--format", choices=("elf", "macho"), default="elf")
+    g.add_argument("-o", "--output", default=".")
+    g.set_defaults(fn=_cmd_generate)
+
+    b = sub.add_parser("build", help="build a shared library + manifest for a target CPU")
+    b.add_argument("--target", default="generic-armv8")
+    b.add_argument("--kernel", action="append", metavar="SPEC",
+                   help="FAMILY:ISA:MRxNR[:kKR][:sSR]; repeatable (default: the target's kernels)")
+    b.add_argument("--format", choices=("elf", "macho"))
+    b.add_argument("--cc", help="compiler driver to use (else TILEGEN_CC, else discovery)")
+    b.add_argument("-o", "--output", default="out")
+    b.add_argument("-q", "--quiet", action="store_true")
+    b.set_defaults(fn=_cmd_build)
+
+    ls = sub.add_parser("list", help="kernels a default build contains")
+    ls.add_argument("--target", default="linux-aarch64-all")
+    ls.set_defaults(fn=_cmd_list)
+
+    t = sub.add_parser("targets", help="list CPU presets")
+    t.set_defaults(fn=_cmd_targets)
+
+    i = sub.add_parser("info", help="detected CPU features (and which kernels of LIB can run)")
+    i.add_argument("--lib", help="library directory")
+    i.set_defaults(fn=_cmd_info)
+
+    sub.add_parser("emulate", help="run CMD under qemu-user: emulate --cpu MODEL -- CMD...")
+
+    a = p.parse_args(argv)
+    from .build import BuildError, TargetError, ToolchainError
+    from .generator import SpecError
+    try:
+        return a.fn(a)
+    except (SpecError, BuildError, TargetError, ToolchainError) as e:
+        print(f"tilegen {a.cmd}: error: {e}", file=sys.stderr)
+        return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,81 @@
+"""Rendering: spec + layout + registers -> assembly text through a Jinja2 template.
+
+One template per family x ISA (``templates/<family>_<isa>.S.j2``) serves every tile;
+object-format differences (symbol prefix, ``.type``/``.size``, local-label prefix) are
+handled by the shared macros in ``common.S.j2``.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from functools import lru_cache
+from pathlib import Path
+
+import jinja2
+
+from .. import __version__
+from ..layout import rhs_layout_for
+from .regalloc import allocate
+from .spec import KernelSpec, SpecError
+
+__all__ = ["FORMATS", "Rendered", "symbol_for", "render", "generate"]
+
+FORMATS = ("elf", "macho")
+TEMPLATE_DIR = Path(__file__).resolve().parent.parent / "templates"
+
+
+def symbol_for(name: str, fmt: str) -> str:
+    """Assembler-level symbol of a C function name in an object format."""
+    _check_format(fmt)
+    return "_" + name if fmt == "macho" else name
+
+
+def _check_format(fmt: str) -> None:
+    if fmt not in FORMATS:
+        raise SpecError(f"unknown object format {fmt!r}; use one of {', '.join(FORMATS)}")
+
+
+@lru_cache(maxsize=1)
+def _env() -> jinja2.Environment:
+    return jinja2.Environment(
+        loader=jinja2.FileSystemLoader(str(TEMPLATE_DIR)),
+        trim_blocks=True, lstrip_blocks=True, keep_trailing_newline=True,
+        undefined=jinja2.StrictUndefined, autoescape=False,
+    )
+
+
+@dataclass(frozen=True)
+class Rendered:
+    spec: KernelSpec
+    fmt: str
+    symbol: str
+    text: str
+
+
+def save_plan(regs) -> list[tuple[tuple[str, ...], int]]:
+    """Pair callee-saved registers (same kind) for stp/ldp; (names, sp offset) per store."""
+    plan, off = [], 0
+    for prefix, nums in (("x", regs.saved_x), ("d", regs.saved_d)):
+        names = [f"{prefix}{r}" for r in nums]
+        for i in range(0, len(names), 2):
+            chunk = tuple(names[i:i + 2])
+            plan.append((chunk, off))
+            off += 8 * len(chunk)
+    return plan
+
+
+def render(spec: KernelSpec, fmt: str = "elf") -> Rendered:
+    _check_format(fmt)
+    regs = allocate(spec)
+    layout = rhs_layout_for(spec)
+    template = _env().get_template(f"{spec.family}_{spec.isa}.S.j2")
+    sym = symbol_for(spec.name, fmt)
+    text = template.render(
+        spec=spec, R=regs, L=layout, fmt=fmt, sym=sym, saves=save_plan(regs),
+        lp=".L" if fmt == "elf" else "L", version=__version__,
+    )
+    return Rendered(spec=spec, fmt=fmt, symbol=sym, text=text)
+
+
+def generate(spec: KernelSpec, format: str = "elf") -> str:  # noqa: A002 - public API name
+    """Assembly source of ``spec`` for object format ``format`` (``elf`` or ``macho``)."""
+    return render(spec, format).text

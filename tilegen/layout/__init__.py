@@ -1,0 +1,9 @@
+"""Packed data layouts (KleidiAI's, byte for byte).
+
+A layout object is the single source of truth for a format: the generator takes its
+byte offsets and strides from it, the runtime its packed sizes and numpy packers.
+"""
+from .f32 import F32PackedRHS, StridedF32
+from .base import LayoutError, rhs_layout_for
+
+__all__ = ["F32PackedRHS", "StridedF32", "LayoutError", "rhs_layout_for"]

@@ -1,0 +1,111 @@
+"""f32 layouts: plain strided f32 matrices and KleidiAI's ``f32p<nr>x1b`` packed RHS.
+
+``f32p<nr>x1b`` (LAYOUTS.md section 6): the n columns are cut into panels of ``nr``;
+each panel holds ``nr`` f32 bias values, then ``k`` rows of ``nr`` f32 weights
+(row ``t`` = ``W[t][panel columns]``).  Columns past n are zero in bias and data.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from .base import LayoutError, roundup
+
+F32 = np.dtype("<f4")
+
+
+@dataclass(frozen=True)
+class StridedF32:
+    """Row-major f32 matrix with a byte row stride (the f32 kernels' LHS and dst)."""
+
+    elem_bytes: int = 4
+
+    def offset(self, row: int, col: int, stride_row: int) -> int:
+        return row * stride_row + col * self.elem_bytes
+
+    def size(self, rows: int, cols: int, stride_row: int) -> int:
+        """Bytes a (rows x cols) matrix with this row stride spans."""
+        if rows == 0 or cols == 0:
+            return 0
+        return (rows - 1) * stride_row + cols * self.elem_bytes
+
+
+@dataclass(frozen=True)
+class F32PackedRHS:
+    """KleidiAI ``f32p<nr>x<kr>b``: bias-prefixed panels of nr columns (kr = 1)."""
+
+    nr: int
+    kr: int = 1
+    elem_bytes: int = 4
+
+    def __post_init__(self) -> None:
+        if self.kr != 1:
+            raise LayoutError(f"f32p layout supports kr=1 only, got kr={self.kr}")
+
+    @property
+    def name(self) -> str:
+        return f"f32p{self.nr}x{self.kr}b"
+
+    # -- geometry used by the generator ---------------------------------------------
+    @property
+    def bias_bytes(self) -> int:
+        """Bytes of the bias row at the start of each panel."""
+        return self.nr * self.elem_bytes
+
+    @property
+    def row_bytes(self) -> int:
+        """Bytes of one k-row of a panel (nr values)."""
+        return self.nr * self.kr * self.elem_bytes
+
+    def panel_stride(self, k: int) -> int:
+        return self.bias_bytes + k * self.row_bytes
+
+    # -- sizes/offsets used by the runtime -------------------------------------------
+    def packed_size(self, n: int, k: int) -> int:
+        return roundup(n, self.nr) // self.nr * self.panel_stride(k)
+
+    def packed_offset(self, n_idx: int, k: int) -> int:
+        if n_idx % self.nr:
+            raise LayoutError(f"n_idx={n_idx} is not a multiple of nr={self.nr}")
+        return n_idx // self.nr * self.panel_stride(k)
+
+    # -- numpy packer -----------------------------------------------------------------
+    def pack(self, w: np.ndarray, bias: np.ndarray | None = None, layout: str = "nk") -> np.ndarray:
+        """Pack f32 weights, (n, k) for ``layout="nk"`` or (k, n) for ``"kn"``, into uint8 bytes."""
+        w = np.asarray(w)
+        if w.ndim != 2:
+            raise LayoutError(f"weights must be 2-D, got shape {w.shape}")
+        if w.dtype != np.float32:
+            raise LayoutError(f"weights must be float32, got {w.dtype}")
+        if layout == "nk":
+            w_kn = w.T
+        elif layout == "kn":
+            w_kn = w
+        else:
+            raise LayoutError(f"layout must be 'nk' or 'kn', got {layout!r}")
+        k, n = w_kn.shape
+        if n < 1 or k < 1:
+            raise LayoutError(f"weights need n >= 1 and k >= 1, got n={n}, k={k}")
+        panels = roundup(n, self.nr) // self.nr
+        out = np.zeros((panels, 1 + k, self.nr), dtype=F32)
+        if bias is not None:
+            bias = np.asarray(bias)
+            if bias.dtype != np.float32 or bias.shape != (n,):
+                raise LayoutError(f"bias must be float32 of shape ({n},), got {bias.dtype} {bias.shape}")
+            b = np.zeros(panels * self.nr, dtype=F32)
+            b[:n] = bias
+            out[:, 0, :] = b.reshape(panels, self.nr)
+        wp = np.zeros((k, panels * self.nr), dtype=F32)
+        wp[:, :n] = w_kn
+        out[:, 1:, :] = wp.reshape(k, panels, self.nr).transpose(1, 0, 2)
+        return out.reshape(-1).view(np.uint8)
+
+    def unpack(self, packed: np.ndarray, n: int, k: int) -> tuple[np.ndarray, np.ndarray]:
+        """Inverse of :meth:`pack`: (weights (n, k), bias (n,))."""
+        panels = roundup(n, self.nr) // self.nr
+        a = np.asarray(packed, dtype=np.uint8)[: self.packed_size(n, k)].view(F32)
+        a = a.reshape(panels, 1 + k, self.nr)
+        bias = a[:, 0, :].reshape(-1)[:n].copy()
+        w_kn = a[:, 1:, :].transpose(1, 0, 2).reshape(k, panels * self.nr)[:, :n]
+        return np.ascontiguousarray(w_kn.T), bias

@@ -1,0 +1,88 @@
+"""CPU feature detection (Linux getauxval; macOS sysctlbyname).
+
+Features are reported as a set of names: neon, dotprod, i8mm, bf16, sve, sve2, sme, sme2.
+``TILEGEN_ISA=neon,dotprod`` restricts the set (it can only remove features the CPU has).
+"""
+from __future__ import annotations
+
+import ctypes
+import os
+import platform
+import sys
+from dataclasses import dataclass
+from functools import lru_cache
+
+__all__ = ["CpuInfo", "detect", "KNOWN_FEATURES"]
+
+KNOWN_FEATURES = ("neon", "dotprod", "i8mm", "bf16", "sve", "sve2", "sme", "sme2")
+AT_HWCAP, AT_HWCAP2 = 16, 26
+_HWCAP = {"dotprod": 1 << 20, "sve": 1 << 22}
+_HWCAP2 = {"sve2": 1 << 1, "i8mm": 1 << 13, "bf16": 1 << 14, "sme": 1 << 23, "sme2": 1 << 37}
+_MACOS_SYSCTL = {"dotprod": "hw.optional.arm.FEAT_DotProd", "i8mm": "hw.optional.arm.FEAT_I8MM",
+                 "bf16": "hw.optional.arm.FEAT_BF16", "sme": "hw.optional.arm.FEAT_SME",
+                 "sme2": "hw.optional.arm.FEAT_SME2"}
+
+
+@dataclass(frozen=True)
+class CpuInfo:
+    machine: str
+    features: frozenset[str]
+    hwcap: int = 0
+    hwcap2: int = 0
+
+    @property
+    def is_arm64(self) -> bool:
+        return self.machine in ("aarch64", "arm64")
+
+    def has(self, *features: str) -> bool:
+        return set(features) <= self.features
+
+
+def _linux_hwcaps() -> tuple[int, int]:
+    libc = ctypes.CDLL(None)
+    getauxval = libc.getauxval
+    getauxval.restype, getauxval.argtypes = ctypes.c_ulong, [ctypes.c_ulong]
+    return int(getauxval(AT_HWCAP)), int(getauxval(AT_HWCAP2))
+
+
+def _macos_features() -> set[str]:
+    libc = ctypes.CDLL("/usr/lib/libSystem.B.dylib")
+    feats = {"neon"}
+    for feat, key in _MACOS_SYSCTL.items():
+        val, size = ctypes.c_int(0), ctypes.c_size_t(ctypes.sizeof(ctypes.c_int))
+        if libc.sysctlbyname(key.encode(), ctypes.byref(val), ctypes.byref(size), None, 0) == 0 and val.value:
+            feats.add(feat)
+    return feats
+
+
+def _apply_override(feats: set[str]) -> set[str]:
+    spec = os.environ.get("TILEGEN_ISA")
+    if not spec:
+        return feats
+    wanted = {f.strip() for f in spec.split(",") if f.strip()}
+    unknown = wanted - set(KNOWN_FEATURES)
+    if unknown:
+        raise ValueError(f"TILEGEN_ISA names unknown features {sorted(unknown)}; known: {KNOWN_FEATURES}")
+    return feats & wanted
+
+
+@lru_cache(maxsize=None)
+def _detect_cached(isa_env: str | None) -> CpuInfo:
+    machine = platform.machine().lower()
+    hw = hw2 = 0
+    feats: set[str] = set()
+    if machine in ("aarch64", "arm64"):
+        if sys.platform.startswith("linux"):
+            hw, hw2 = _linux_hwcaps()
+            feats = {"neon"} | {f for f, b in _HWCAP.items() if hw & b} | \
+                    {f for f, b in _HWCAP2.items() if hw2 & b}
+        elif sys.platform == "darwin":
+            feats = _macos_features()
+        else:
+            feats = {"neon"}
+    return CpuInfo(machine, frozenset(_apply_override(feats)), hw, hw2)
+
+
+def detect() -> CpuInfo:
+    """Features of the CPU this Python runs on (after the TILEGEN_ISA override)."""
+    return _detect_cached(os.environ.get("TILEGEN_ISA"))
