@@ -41,8 +41,49 @@ def run_f32_cases(libdir: str, name: str, cases: list[dict]) -> list[np.ndarray]
 
 
 def kernel_call(libdir: str, name: str, lhs, packed, dst, *clamp):
-    """Raw call with host-made arguments (for bad-argument tests); returns dst."""
+    """Raw call with host-made arguments; returns dst."""
     return _lib(libdir).kernel(name)(lhs, packed, dst, *clamp)
+
+
+def _bad_kernel_args(what: str, nr: int = 8):
+    from tilegen.layout import F32PackedRHS
+    f = np.float32
+    lhs = np.ones((4, 6), f)
+    dst = np.zeros((4, 10), f)
+    packed = F32PackedRHS(nr).pack(np.ones((10, 6), f))
+    ro = np.zeros((4, 10), f)
+    ro.flags.writeable = False
+    unaligned = np.frombuffer(bytearray(4 * 24 + 1), dtype=np.uint8)[1:].view(f).reshape(4, 6)
+    cases = {
+        "lhs float64": (lhs.astype(np.float64), packed, dst),
+        "lhs 1-D": (np.ones(6, f), packed, dst),
+        "lhs list": (lhs.tolist(), packed, dst),
+        "lhs columns strided": (np.ones((4, 12), f)[:, ::2], packed, dst),
+        "lhs rows reversed": (np.ones((4, 6), f)[::-1], packed, dst),
+        "lhs misaligned": (unaligned, packed, dst),
+        "dst rows mismatch": (lhs, packed, np.zeros((3, 10), f)),
+        "dst int32": (lhs, packed, np.zeros((4, 10), np.int32)),
+        "dst read-only": (lhs, packed, ro),
+        "dst broadcast": (lhs, packed, np.broadcast_to(np.zeros(10, f), (4, 10))),
+        "packed too small": (lhs, packed[:-4], dst),
+        "packed float32": (lhs, packed.view(f), dst),
+        "packed strided": (lhs, np.repeat(packed, 2)[::2], dst),
+        "k mismatch": (np.ones((4, 7), f), packed, dst),
+        "empty lhs": (np.ones((0, 6), f), packed, np.zeros((0, 10), f)),
+        "clamp not a number": (lhs, packed, dst, "low", 1.0),
+        "clamp NaN": (lhs, packed, dst, float("nan"), 1.0),
+    }
+    return cases if what == "*" else cases[what]
+
+
+BAD_KERNEL_CALLS = ["lhs float64", "lhs 1-D", "lhs list", "lhs columns strided",
+                    "lhs rows reversed", "lhs misaligned", "dst rows mismatch", "dst int32",
+                    "dst read-only", "dst broadcast", "packed too small", "packed float32",
+                    "packed strided", "k mismatch", "empty lhs", "clamp not a number", "clamp NaN"]
+
+
+def bad_kernel_call(libdir: str, name: str, what: str):
+    return _lib(libdir).kernel(name)(*_bad_kernel_args(what))
 
 
 def matmul(libdir: str, w, x, bias=None, clamp=None, layout="nk", nr=None):
