@@ -20,7 +20,6 @@ from .. import __version__
 from ..generator.abi import prototype, signature
 from ..generator.render import render
 from ..generator.spec import KernelSpec, parse_spec
-from ..layout import rhs_layout_for
 from .targets import Target, TargetError, default_specs, get_target
 from .toolchain import Toolchain, ToolchainError, discover
 
@@ -48,7 +47,6 @@ def library_filename(fmt: str) -> str:
 
 
 def kernel_entry(spec: KernelSpec, symbol: str) -> dict:
-    layout = rhs_layout_for(spec)
     return {
         "name": spec.name,
         "spec": spec.spec_string,
@@ -59,7 +57,8 @@ def kernel_entry(spec: KernelSpec, symbol: str) -> dict:
         "n_step": spec.n_step,
         "features": list(spec.features),
         "lhs_format": spec.lhs_format,
-        "rhs_format": layout.name,
+        "rhs_format": spec.rhs_format,
+        "lhs_mr": spec.lhs_mr,
         "symbol": symbol,
         "signature": prototype(spec.family, spec.name),
         "params": [{"name": p.name, "ctype": p.ctype} for p in signature(spec.family)],

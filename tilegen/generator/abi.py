@@ -21,7 +21,15 @@ SIGNATURES: dict[str, tuple[Param, ...]] = {
         Param("dst", "void*"), Param("dst_stride_row", "size_t"), Param("dst_stride_col", "size_t"),
         Param("clamp_min", "float"), Param("clamp_max", "float"),
     ),
+    # KleidiAI kai_run_matmul_clamp_f32_qsi8d32p..._qsi4c32p... / _qai8dxp..._qsi4c32p...
+    "q4": (
+        Param("m", "size_t"), Param("n", "size_t"), Param("k", "size_t"), Param("bl", "size_t"),
+        Param("lhs_packed", "const void*"), Param("rhs_packed", "const void*"),
+        Param("dst", "void*"), Param("dst_stride_row", "size_t"), Param("dst_stride_col", "size_t"),
+        Param("scalar_min", "float"), Param("scalar_max", "float"),
+    ),
 }
+SIGNATURES["q4_0"] = SIGNATURES["q4_0_dx"] = SIGNATURES["q4"]
 
 
 def signature(family: str) -> tuple[Param, ...]:

@@ -10,7 +10,7 @@ from dataclasses import dataclass, field
 
 from .spec import KernelSpec, SpecError
 
-__all__ = ["VectorNeeds", "F32NeonRegs", "allocate", "NUM_VREGS"]
+__all__ = ["VectorNeeds", "F32NeonRegs", "Q4NeonRegs", "allocate", "NUM_VREGS"]
 
 NUM_VREGS = 32
 # Allocation orders: caller-saved registers first so that small tiles save nothing.
@@ -114,7 +114,142 @@ def _allocate_f32_neon(spec: KernelSpec) -> F32NeonRegs:
     )
 
 
-_ALLOCATORS = {("f32", "neon"): _allocate_f32_neon}
+@dataclass(frozen=True)
+class Q4NeonRegs:
+    """Registers of the int4 x int8 kernels (dotprod SDOT / i8mm SMMLA).
+
+    The tile's ``mr`` rows are computed ``mr_reg`` rows at a time (``groups`` packed LHS row
+    blocks of ``lhs_mr`` rows); ``mr_reg`` is the largest such block that fits the register file.
+    """
+
+    mode: str                              # "dot4" (SDOT by lane), "dot8" (SDOT, column pairs), "mm" (SMMLA)
+    mr_reg: int
+    lhs_mr: int
+    groups: int
+    facc: tuple[tuple[int, ...], ...]      # facc[row][vec]: f32 results, 4 columns per vector
+    iacc: tuple                            # dot4: [row][vec]; dot8: [pair]; mm: [group][row pair][col pair]
+    lhs: tuple[int, ...]
+    rhs: tuple[int, ...]                   # unpacked low / high nibbles of one RHS vector
+    mask: int                              # 0xF0 in every byte
+    scale: tuple[int, ...]                 # per-column block scales (f32), nr/4 vectors
+    dl: tuple[int, ...]                    # per-group LHS block scales (q4_0 family)
+    tmp: tuple[int, ...]                   # three scratch vectors
+    gpr: dict[str, int] = field(hash=False)
+    lo: tuple[int, ...] = ()               # per-group pointer to the low-nibble LHS half
+    hi: tuple[int, ...] = ()               # per-group pointer to the high-nibble LHS half
+    saved_x: tuple[int, ...] = ()
+    saved_d: tuple[int, ...] = ()
+    needs: VectorNeeds = VectorNeeds(())
+
+    @property
+    def n_vec(self) -> int:
+        return len(self.facc[0])
+
+    @property
+    def frame_bytes(self) -> int:
+        saved = 8 * (len(self.saved_x) + len(self.saved_d))
+        return (saved + 16 + 15) // 16 * 16
+
+    @property
+    def clamp_offset(self) -> int:
+        return 8 * (len(self.saved_x) + len(self.saved_d))
+
+
+_Q4_SCALARS = ("n_rem", "rhs_ptr", "dst_tile", "dst_row", "blk_cnt", "chunk_cnt", "nchunks",
+               "hioff", "lhs_rbs", "lhs_blk_stride", "dst_blk_stride", "nblocks", "tmp")
+
+
+def _q4_mode(spec: KernelSpec) -> str:
+    L = spec.L
+    if spec.isa == "dotprod":
+        if L == 4:
+            return "dot4"
+        if L == 8 and spec.mr == 1:
+            return "dot8"
+        raise SpecError(f"dotprod kernels need kr/sr = 4, or kr/sr = 8 for gemv (mr=1); "
+                        f"got mr={spec.mr}, kr={spec.kr}, sr={spec.sr} (kr/sr={L})")
+    if spec.isa == "i8mm":
+        if L == 8 and spec.mr % 4 == 0:
+            return "mm"
+        raise SpecError(f"i8mm (SMMLA, 2x8 int8 operands) kernels need kr/sr = 8 and mr a multiple "
+                        f"of 4; got mr={spec.mr}, kr={spec.kr}, sr={spec.sr}")
+    raise SpecError(f"no q4 kernel for isa {spec.isa!r}")
+
+
+def _q4_vector_needs(spec: KernelSpec, mode: str, mr_reg: int, P: int) -> VectorNeeds:
+    G, nv = mr_reg // P, spec.nr // 4
+    iacc = {"dot4": mr_reg * nv, "dot8": 2 * nv, "mm": mr_reg * nv}[mode]
+    lhs = {"dot4": 2 * G if P == 4 else 2, "dot8": 2, "mm": 4 * G}[mode]
+    parts = [("f32 accumulators", mr_reg * nv), ("int32 accumulators", iacc), ("LHS", lhs),
+             ("RHS", 2), ("nibble mask", 1), ("column scales", nv)]
+    if spec.family == "q4_0":
+        parts.append(("LHS scales", G))
+    parts.append(("scratch", 3))
+    return VectorNeeds(tuple(parts))
+
+
+def _allocate_q4_neon(spec: KernelSpec) -> Q4NeonRegs:
+    mr, nr = spec.mr, spec.nr
+    if nr % 4:
+        raise SpecError(f"nr={nr} must be a multiple of 4 (one int32x4 vector per 4 columns)")
+    if spec.kr % spec.sr:
+        raise SpecError(f"kr={spec.kr} must be a multiple of sr={spec.sr}")
+    if spec.family == "q4_0" and spec.sr != 2:
+        raise SpecError(f"the q4_0 RHS layout (qsi4c32pscalef16) needs sr=2, got sr={spec.sr}")
+    if mr != 1 and mr % 4:
+        raise SpecError(f"mr={mr} must be 1 (gemv) or a multiple of 4 (LHS packed 4 rows "
+                        f"at a time)")
+    mode = _q4_mode(spec)
+    P = spec.lhs_mr
+    candidates = [r for r in range(mr, 0, -P) if mr % r == 0 and r % P == 0]
+    chosen = None
+    for mr_reg in candidates:
+        needs = _q4_vector_needs(spec, mode, mr_reg, P)
+        n_gpr = len(_Q4_SCALARS) + 2 * (mr_reg // P)
+        if needs.total <= NUM_VREGS and n_gpr <= len(_X_ORDER):
+            chosen = (mr_reg, needs)
+            break
+    if chosen is None:
+        needs = _q4_vector_needs(spec, mode, P, P)
+        raise SpecError(f"mr={P}, nr={nr} needs {needs.total} vector registers "
+                        f"({needs.describe()}), {NUM_VREGS} exist")
+    mr_reg, needs = chosen
+    G, nv = mr_reg // P, nr // 4
+    vp = _Pool("v", _V_ORDER, "vector registers")
+    rhs = vp.take(2)
+    mask = vp.take(1)[0]
+    tmp = vp.take(3)
+    lhs = vp.take(dict(needs.parts)["LHS"])
+    scale = vp.take(nv)
+    dl = vp.take(G) if spec.family == "q4_0" else []
+    if mode == "dot8":
+        iacc = tuple(vp.take(2 * nv))
+    elif mode == "dot4":
+        flat = vp.take(mr_reg * nv)
+        iacc = tuple(tuple(flat[r * nv:(r + 1) * nv]) for r in range(mr_reg))
+    else:  # mm: [group][row pair][col pair]
+        npair = nr // 2
+        flat = vp.take(G * 2 * npair)
+        iacc = tuple(tuple(tuple(flat[(g * 2 + rp) * npair:(g * 2 + rp + 1) * npair])
+                           for rp in range(2)) for g in range(G))
+    fl = vp.take(mr_reg * nv)
+    facc = tuple(tuple(fl[r * nv:(r + 1) * nv]) for r in range(mr_reg))
+    xp = _Pool("x", _X_ORDER, "general-purpose registers")
+    gpr = dict(zip(_Q4_SCALARS, xp.take(len(_Q4_SCALARS))))
+    lo, hi = tuple(xp.take(G)), tuple(xp.take(G))
+    return Q4NeonRegs(
+        mode=mode, mr_reg=mr_reg, lhs_mr=P, groups=G, facc=facc, iacc=iacc, lhs=tuple(lhs),
+        rhs=tuple(rhs), mask=mask, scale=tuple(scale), dl=tuple(dl), tmp=tuple(tmp), gpr=gpr,
+        lo=lo, hi=hi,
+        saved_x=tuple(sorted(r for r in xp.used if r in _X_CALLEE_SAVED)),
+        saved_d=tuple(sorted(r for r in vp.used if r in _V_CALLEE_SAVED)),
+        needs=needs,
+    )
+
+
+_ALLOCATORS = {("f32", "neon"): _allocate_f32_neon,
+               ("q4_0", "dotprod"): _allocate_q4_neon, ("q4_0", "i8mm"): _allocate_q4_neon,
+               ("q4_0_dx", "dotprod"): _allocate_q4_neon, ("q4_0_dx", "i8mm"): _allocate_q4_neon}
 
 
 def allocate(spec: KernelSpec):

@@ -66,7 +66,9 @@ def save_plan(regs) -> list[tuple[tuple[str, ...], int]]:
 def render(spec: KernelSpec, fmt: str = "elf") -> Rendered:
     _check_format(fmt)
     regs = allocate(spec)
-    layout = rhs_layout_for(spec)
+    # q4 templates walk their (block-length dependent) layouts sequentially and take no
+    # constants from the layout object; the f32 template reads its panel geometry from it.
+    layout = rhs_layout_for(spec) if spec.family == "f32" else None
     template = _env().get_template(f"{spec.family}_{spec.isa}.S.j2")
     sym = symbol_for(spec.name, fmt)
     text = template.render(

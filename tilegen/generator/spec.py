@@ -25,14 +25,32 @@ class FamilyInfo:
     isas: tuple[str, ...]          # ISAs a template exists for
     lhs: str                        # LHS format stem (KleidiAI naming)
     rhs: str                        # RHS packed format stem
-    op_suffix: dict[str, str]       # isa -> instruction suffix used in the name
-    default_kr: int = 1
-    default_sr: int = 1
+    op_suffix: dict[str, str]       # isa -> ISA/instruction suffix used in the name
+    default_kr: dict[str, int]      # isa -> kr when the spec gives none
+    default_sr: dict[str, int]
+    quantized: bool = False
 
 
 FAMILIES: dict[str, FamilyInfo] = {
     "f32": FamilyInfo(
-        name="f32", isas=("neon",), lhs="f32", rhs="f32p", op_suffix={"neon": "mla"},
+        name="f32", isas=("neon",), lhs="f32", rhs="f32p", op_suffix={"neon": "neon_mla"},
+        default_kr={"neon": 1}, default_sr={"neon": 1},
+    ),
+    # llama.cpp's q4_0 path: LHS per-32-block symmetric int8 (f16 scale), RHS int4 from
+    # ggml block_q4_0 with f16 scales (KleidiAI matmul_clamp_f32_qsi8d32p_qsi4c32p).
+    "q4_0": FamilyInfo(
+        name="q4_0", isas=("dotprod", "i8mm"), lhs="qsi8d32p", rhs="qsi4c32p",
+        op_suffix={"dotprod": "neon_dotprod", "i8mm": "neon_i8mm"},
+        default_kr={"dotprod": 8, "i8mm": 16}, default_sr={"dotprod": 2, "i8mm": 2},
+        quantized=True,
+    ),
+    # LHS per-row asymmetric int8, RHS int4 per 32-block with bf16 scales, row sums and bias
+    # (KleidiAI matmul_clamp_f32_qai8dxp_qsi4c32p).
+    "q4_0_dx": FamilyInfo(
+        name="q4_0_dx", isas=("dotprod", "i8mm"), lhs="qai8dxp", rhs="qsi4c32p",
+        op_suffix={"dotprod": "neon_dotprod", "i8mm": "neon_i8mm"},
+        default_kr={"dotprod": 8, "i8mm": 16}, default_sr={"dotprod": 2, "i8mm": 2},
+        quantized=True,
     ),
 }
 
@@ -70,9 +88,9 @@ class KernelSpec:
                 f"family {self.family!r} has no template for isa {self.isa!r}; "
                 f"available: {', '.join(fam.isas)}")
         if self.kr is None:
-            object.__setattr__(self, "kr", fam.default_kr)
+            object.__setattr__(self, "kr", fam.default_kr[self.isa])
         if self.sr is None:
-            object.__setattr__(self, "sr", fam.default_sr)
+            object.__setattr__(self, "sr", fam.default_sr[self.isa])
         for field in ("mr", "nr", "kr", "sr"):
             v = getattr(self, field)
             if isinstance(v, bool) or not isinstance(v, int):
@@ -99,28 +117,42 @@ class KernelSpec:
         return self.nr
 
     @property
+    def L(self) -> int:
+        """Interleave chunk in elements (KleidiAI's kr/sr)."""
+        return self.kr // self.sr
+
+    @property
+    def lhs_mr(self) -> int:
+        """Rows interleaved in one packed LHS row block (1 for gemv tiles, else 4)."""
+        if not self.info.quantized:
+            return 1
+        return 1 if self.mr == 1 else 4
+
+    @property
     def lhs_format(self) -> str:
-        return self.info.lhs
+        """Packed LHS format name, e.g. ``qsi8d32p4x8`` (``f32`` when unpacked)."""
+        if not self.info.quantized:
+            return self.info.lhs
+        return f"{self.info.lhs}{self.lhs_mr}x{self.L}"
 
     @property
     def rhs_format(self) -> str:
-        """Packed RHS format name, e.g. ``f32p16x1b``."""
+        """Packed RHS format name, e.g. ``f32p16x1b`` or ``qsi4c32p4x8``."""
         if self.family == "f32":
             return f"{self.info.rhs}{self.nr}x{self.kr}b"
-        raise AssertionError(self.family)
+        return f"{self.info.rhs}{self.nr}x{self.L}"
 
     @property
     def name(self) -> str:
         """Kernel name, KleidiAI grammar:
         ``matmul_clamp_<dst>_<lhs>_<rhs>_<mr>x<nr>_<isa>_<op>``."""
-        op = self.info.op_suffix[self.isa]
         return (f"matmul_clamp_f32_{self.lhs_format}_{self.rhs_format}_"
-                f"{self.mr}x{self.nr}_{self.isa}_{op}")
+                f"{self.mr}x{self.nr}_{self.info.op_suffix[self.isa]}")
 
     @property
     def spec_string(self) -> str:
         s = f"{self.family}:{self.isa}:{self.mr}x{self.nr}"
-        if self.kr != self.info.default_kr or self.sr != self.info.default_sr:
+        if self.kr != self.info.default_kr[self.isa] or self.sr != self.info.default_sr[self.isa]:
             s += f":k{self.kr}:s{self.sr}"
         return s
 

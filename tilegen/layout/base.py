@@ -10,9 +10,26 @@ def roundup(a: int, b: int) -> int:
     return -(-a // b) * b
 
 
-def rhs_layout_for(spec):
-    """The packed-RHS layout object a kernel spec reads."""
+def rhs_layout_for(spec, bl: int = 32):
+    """The packed-RHS layout object a kernel spec reads (``bl``: block length of q4 formats)."""
     if spec.family == "f32":
         from .f32 import F32PackedRHS
         return F32PackedRHS(nr=spec.nr, kr=spec.kr)
+    if spec.family == "q4_0":
+        from .q4 import QSI4C32PScaleF16
+        return QSI4C32PScaleF16(nr=spec.nr, kr=spec.kr, sr=spec.sr, bl=bl)
+    if spec.family == "q4_0_dx":
+        from .q4 import QSI4C32P
+        return QSI4C32P(nr=spec.nr, kr=spec.kr, sr=spec.sr, bl=bl)
     raise LayoutError(f"no RHS layout for family {spec.family!r}")
+
+
+def lhs_layout_for(spec, bl: int = 32):
+    """The packed-LHS layout object a kernel spec reads (None: unpacked f32 rows)."""
+    if spec.family == "q4_0":
+        from .q4 import QSI8D32P
+        return QSI8D32P(mr=spec.lhs_mr, kr=spec.kr, sr=spec.sr, bl=bl)
+    if spec.family == "q4_0_dx":
+        from .q4 import QAI8DXP
+        return QAI8DXP(mr=spec.lhs_mr, kr=spec.kr, sr=spec.sr)
+    return None
