@@ -84,3 +84,12 @@ def test_hot_loop_is_marked():
     assert "tilegen:hot-loop-begin" in text and "tilegen:hot-loop-end" in text
     loop = text.split("tilegen:hot-loop-begin")[1].split("tilegen:hot-loop-end")[0]
     assert loop.count("fmla") == 4 * 6 * 4
+
+
+@pytest.mark.parametrize("text", ["f32:neon:6x16", "q4_0:dotprod:1x4", "q4_0:i8mm:8x4",
+                                  "q4_0_dx:dotprod:1x8:k16:s2", "q4_0_dx:dotprod:16x4"])
+def test_comments_never_swallow_instructions(text):
+    """Template whitespace control must not join an instruction onto a comment line."""
+    for line in tilegen.generate(tilegen.parse_spec(text)).splitlines():
+        if "//" in line:
+            assert line.strip().startswith("//"), line

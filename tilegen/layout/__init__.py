@@ -4,6 +4,6 @@ A layout object is the single source of truth for a format: the generator takes 
 byte offsets and strides from it, the runtime its packed sizes and numpy packers.
 """
 from .f32 import F32PackedRHS, StridedF32
-from .base import LayoutError, rhs_layout_for
+from .base import LayoutError, lhs_layout_for, rhs_layout_for
 
-__all__ = ["F32PackedRHS", "StridedF32", "LayoutError", "rhs_layout_for"]
+__all__ = ["F32PackedRHS", "StridedF32", "LayoutError", "rhs_layout_for", "lhs_layout_for"]

@@ -13,7 +13,7 @@ from pathlib import Path
 import numpy as np
 
 from ..generator.spec import KernelSpec
-from ..layout import F32PackedRHS, LayoutError, rhs_layout_for
+from ..layout import F32PackedRHS, LayoutError, StridedF32, lhs_layout_for, rhs_layout_for
 from .cpu import CpuInfo, detect
 
 __all__ = ["ArgumentError", "LoadError", "PackedWeights", "Kernel", "Library", "load", "pack_rhs"]
@@ -90,32 +90,97 @@ def _row_stride(a: np.ndarray) -> int:
     return int(a.strides[0]) if a.shape[0] > 1 else 4 * a.shape[1]
 
 
+def _check_bytes(name: str, buf, need: int) -> np.ndarray:
+    if not isinstance(buf, np.ndarray) or buf.dtype != np.uint8 or buf.ndim != 1 \
+            or not buf.flags.c_contiguous:
+        raise ArgumentError(f"{name} must be a contiguous 1-D uint8 array (or PackedWeights)")
+    if buf.nbytes < need:
+        raise ArgumentError(f"{name} has {buf.nbytes} bytes, the call needs {need}")
+    return buf
+
+
+def _clamps(clamp_min, clamp_max) -> tuple[float, float]:
+    try:
+        cmin, cmax = float(clamp_min), float(clamp_max)
+    except (TypeError, ValueError):
+        raise ArgumentError(f"clamp values must be numbers, got {clamp_min!r}, {clamp_max!r}") from None
+    if math.isnan(cmin) or math.isnan(cmax):
+        raise ArgumentError("clamp values must not be NaN")
+    return cmin, cmax
+
+
 class Kernel:
-    """One kernel of a loaded library; calling it checks every argument first."""
+    """One kernel of a loaded library; calling it checks every argument first.
+
+    Sizes and offsets come from the layout objects of the kernel's formats.
+    """
 
     def __init__(self, entry: dict, fn) -> None:
         self.entry = entry
         self.name: str = entry["name"]
         t = entry["tile"]
         self.spec = KernelSpec(entry["family"], entry["isa"], t["mr"], t["nr"], t["kr"], t["sr"])
+        self.family = self.spec.family
         self.features = frozenset(entry["features"])
         self.rhs_format: str = entry["rhs_format"]
-        self.layout = rhs_layout_for(self.spec)
         self._fn = fn
         fn.restype = None
         fn.argtypes = [_CTYPES[p["ctype"]] for p in entry["params"]]
 
     mr = property(lambda self: self.spec.mr)
     nr = property(lambda self: self.spec.nr)
+    kr = property(lambda self: self.spec.kr)
+    sr = property(lambda self: self.spec.sr)
     m_step = property(lambda self: self.spec.m_step)
     n_step = property(lambda self: self.spec.n_step)
 
     def __repr__(self) -> str:
         return f"<Kernel {self.name}>"
 
+    # -- geometry (KleidiAI getters) -------------------------------------------------
+    def rhs_layout(self, bl: int = 32):
+        return rhs_layout_for(self.spec, bl)
+
+    def lhs_layout(self, bl: int = 32):
+        return lhs_layout_for(self.spec, bl)
+
+    def rhs_packed_size(self, n: int, k: int, bl: int = 32) -> int:
+        return self.rhs_layout(bl).packed_size(n, k)
+
+    def rhs_packed_offset(self, n_idx: int, k: int, bl: int = 32) -> int:
+        return self.rhs_layout(bl).packed_offset(n_idx, k)
+
+    def lhs_packed_size(self, m: int, k: int, bl: int = 32) -> int:
+        lay = self.lhs_layout(bl)
+        return StridedF32().size(m, k, 4 * k) if lay is None else lay.packed_size(m, k)
+
+    def lhs_packed_offset(self, m_idx: int, k: int, bl: int = 32) -> int:
+        lay = self.lhs_layout(bl)
+        return 4 * k * m_idx if lay is None else lay.packed_offset(m_idx, k)
+
+    def dst_offset(self, m_idx: int, n_idx: int, dst_stride: int) -> int:
+        return StridedF32().offset(m_idx, n_idx, dst_stride)
+
+    def dst_size(self, m: int, n: int) -> int:
+        return 4 * m * n
+
+    def rhs_matches(self, packed: "PackedWeights") -> bool:
+        return (packed.format, packed.nr, packed.kr, packed.sr) == (
+            self.rhs_layout(packed.bl or 32).format if self.family != "f32" else self.rhs_format,
+            self.nr, self.kr if self.family != "f32" else packed.kr, self.sr if self.family != "f32" else packed.sr)
+
+    # -- calls --------------------------------------------------------------------------
     def __call__(self, lhs: np.ndarray, rhs_packed, dst: np.ndarray,
-                 clamp_min: float = -FLT_MAX, clamp_max: float = FLT_MAX) -> np.ndarray:
-        """dst[m, n] = clamp(lhs[m, k] @ W + bias); ``rhs_packed`` is PackedWeights or bytes."""
+                 clamp_min: float = -FLT_MAX, clamp_max: float = FLT_MAX, *,
+                 k: int | None = None, bl: int | None = None) -> np.ndarray:
+        """f32: dst = clamp(lhs @ W + bias), lhs (m, k) f32 rows.
+        q4: dst = clamp(dequant(lhs_packed) @ dequant(W)), lhs = packed LHS bytes, with k and
+        bl taken from PackedWeights (or given)."""
+        if self.family == "f32":
+            return self._call_f32(lhs, rhs_packed, dst, clamp_min, clamp_max)
+        return self._call_q4(lhs, rhs_packed, dst, clamp_min, clamp_max, k, bl)
+
+    def _call_f32(self, lhs, rhs_packed, dst, clamp_min, clamp_max):
         lhs = _check_matrix("lhs", lhs)
         m, k = lhs.shape
         dst = _check_matrix("dst", dst, rows=m, writeable=True)
@@ -127,24 +192,43 @@ class Kernel:
             if (rhs_packed.n, rhs_packed.k) != (n, k):
                 raise ArgumentError(f"packed weights are n={rhs_packed.n}, k={rhs_packed.k}; "
                                     f"the call needs n={n}, k={k}")
-            buf = rhs_packed.data
-        else:
-            buf = rhs_packed
-        if not isinstance(buf, np.ndarray) or buf.dtype != np.uint8 or buf.ndim != 1 \
-                or not buf.flags.c_contiguous:
-            raise ArgumentError("rhs_packed must be PackedWeights or a contiguous 1-D uint8 array")
-        need = self.layout.packed_size(n, k)
-        if buf.nbytes < need:
-            raise ArgumentError(f"rhs_packed has {buf.nbytes} bytes, {self.rhs_format} with "
-                                f"n={n}, k={k} needs {need}")
-        try:
-            cmin, cmax = float(clamp_min), float(clamp_max)
-        except (TypeError, ValueError):
-            raise ArgumentError(f"clamp values must be numbers, got {clamp_min!r}, {clamp_max!r}") from None
-        if math.isnan(cmin) or math.isnan(cmax):
-            raise ArgumentError("clamp values must not be NaN")
+            rhs_packed = rhs_packed.data
+        buf = _check_bytes("rhs_packed", rhs_packed, self.rhs_packed_size(n, k))
+        cmin, cmax = _clamps(clamp_min, clamp_max)
         self._fn(m, n, k, lhs.ctypes.data, _row_stride(lhs), buf.ctypes.data,
                  dst.ctypes.data, _row_stride(dst), 4, cmin, cmax)
+        return dst
+
+    def _call_q4(self, lhs_packed, rhs_packed, dst, clamp_min, clamp_max, k, bl):
+        dst = _check_matrix("dst", dst, writeable=True)
+        m, n = dst.shape
+        if isinstance(rhs_packed, PackedWeights):
+            if not self.rhs_matches(rhs_packed):
+                raise ArgumentError(
+                    f"packed weights are {rhs_packed.format} nr={rhs_packed.nr} kr={rhs_packed.kr} "
+                    f"sr={rhs_packed.sr}; kernel {self.name} reads {self.rhs_layout().format} "
+                    f"nr={self.nr} kr={self.kr} sr={self.sr}")
+            if rhs_packed.n != n:
+                raise ArgumentError(f"packed weights have n={rhs_packed.n}, dst has {n} columns")
+            if k is not None and k != rhs_packed.k:
+                raise ArgumentError(f"k={k} but the packed weights have k={rhs_packed.k}")
+            if bl is not None and bl != rhs_packed.bl:
+                raise ArgumentError(f"bl={bl} but the packed weights have bl={rhs_packed.bl}")
+            k, bl = rhs_packed.k, rhs_packed.bl
+            rhs_packed = rhs_packed.data
+        if k is None or bl is None:
+            raise ArgumentError("k and bl are needed when rhs_packed is raw bytes")
+        for name, v in (("k", k), ("bl", bl)):
+            if isinstance(v, bool) or not isinstance(v, (int, np.integer)) or v < 1:
+                raise ArgumentError(f"{name} must be a positive int, got {v!r}")
+        k, bl = int(k), int(bl)
+        if bl % 32 or k % bl:
+            raise ArgumentError(f"need bl a multiple of 32 and k a multiple of bl; got k={k}, bl={bl}")
+        rbuf = _check_bytes("rhs_packed", rhs_packed, self.rhs_packed_size(n, k, bl))
+        lbuf = _check_bytes("lhs_packed", lhs_packed, self.lhs_packed_size(m, k, bl))
+        cmin, cmax = _clamps(clamp_min, clamp_max)
+        self._fn(m, n, k, bl, lbuf.ctypes.data, rbuf.ctypes.data, dst.ctypes.data,
+                 _row_stride(dst), 4, cmin, cmax)
         return dst
 
 

@@ -1,0 +1,89 @@
+"""Static performance model: the generated hot loop through llvm-mca (see shared PERF.md).
+
+The templates mark their innermost loop with ``// tilegen:hot-loop-begin <name> (... N MACs)``
+and ``// tilegen:hot-loop-end``; nothing is guessed from the disassembly.
+
+    cycles/iter     = llvm-mca Total Cycles / Iterations for the loop body
+    MAC-port bound  = llvm-mca Block RThroughput of the loop's multiply-accumulates alone
+    efficiency      = bound / cycles per iteration
+    MACs/cycle      = multiply-accumulates of one iteration / cycles per iteration
+"""
+from __future__ import annotations
+
+import re
+import shutil
+import subprocess
+from dataclasses import dataclass
+
+from .generator.render import render
+from .generator.spec import KernelSpec
+
+__all__ = ["AnalyzeError", "LoopReport", "hot_loop", "analyze", "MODELS", "MAC_MNEMONICS"]
+
+MODELS = ("neoverse-v2", "neoverse-n2", "neoverse-v1", "apple-m4")
+MAC_MNEMONICS = ("fmla", "sdot", "udot", "smmla", "ummla", "bfmmla", "fmopa", "smopa")
+_MATTR = "+neon,+dotprod,+i8mm,+bf16,+fullfp16"
+
+
+class AnalyzeError(RuntimeError):
+    pass
+
+
+@dataclass(frozen=True)
+class LoopReport:
+    kernel: str
+    model: str
+    cycles_per_iter: float
+    mac_bound: float
+    macs_per_iter: int
+
+    @property
+    def efficiency(self) -> float:
+        return self.mac_bound / self.cycles_per_iter
+
+    @property
+    def macs_per_cycle(self) -> float:
+        return self.macs_per_iter / self.cycles_per_iter
+
+    def row(self) -> str:
+        return (f"{self.kernel:<62} {self.model:<12} {self.cycles_per_iter:7.2f} "
+                f"{self.mac_bound:7.2f} {100 * self.efficiency:5.1f}% {self.macs_per_cycle:7.1f}")
+
+
+def hot_loop(text: str) -> tuple[list[str], int]:
+    """Instructions of the marked hot loop and its MAC count (from the marker)."""
+    m = re.search(r"tilegen:hot-loop-begin[^\n]*?(\d+) MACs\)?\n(.*?)\n[^\n]*tilegen:hot-loop-end",
+                  text, re.S)
+    if not m:
+        raise AnalyzeError("no marked hot loop in the generated code")
+    insns = []
+    for line in m.group(2).splitlines():
+        line = line.split("//")[0].strip()
+        if not line or line.endswith(":") or line.startswith("."):
+            continue
+        insns.append(line)
+    return insns, int(m.group(1))
+
+
+def _mca(lines: list[str], model: str) -> str:
+    tool = shutil.which("llvm-mca-19") or shutil.which("llvm-mca")
+    if tool is None:
+        raise AnalyzeError("llvm-mca not found: apt-get install llvm-19")
+    src = ".Lmca_top:\n" + "\n".join(lines) + "\n"
+    p = subprocess.run([tool, "-mtriple=aarch64", f"-mcpu={model}", f"-mattr={_MATTR}",
+                        "-iterations=200"], input=src, capture_output=True, text=True)
+    if p.returncode != 0:
+        raise AnalyzeError(f"llvm-mca -mcpu={model} failed: {p.stderr.strip()[:500]}")
+    return p.stdout
+
+
+def analyze(spec: KernelSpec, model: str) -> LoopReport:
+    insns, macs = hot_loop(render(spec).text)
+    body = [re.sub(r"(b\.\w+|b|cbnz|cbz)\s+(\S+,\s*)?\S+$",
+                   lambda mm: f"{mm.group(1)} {mm.group(2) or ''}.Lmca_top", i) for i in insns]
+    out = _mca(body, model)
+    total = int(re.search(r"Total Cycles:\s+(\d+)", out).group(1))
+    iters = int(re.search(r"Iterations:\s+(\d+)", out).group(1))
+    mac_lines = [i for i in insns if i.split()[0] in MAC_MNEMONICS]
+    bound = float(re.search(r"Block RThroughput:\s+([\d.]+)", _mca(mac_lines, model)).group(1))
+    return LoopReport(spec.name, model, total / iters, bound, macs)
