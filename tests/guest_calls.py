@@ -86,10 +86,19 @@ def bad_kernel_call(libdir: str, name: str, what: str):
     return _lib(libdir).kernel(name)(*_bad_kernel_args(what))
 
 
-def matmul(libdir: str, w, x, bias=None, clamp=None, layout="nk", nr=None):
+def matmul(libdir: str, w, x, bias=None, clamp=None, layout="nk", nr=None, threads=None,
+           kind="f32"):
     lib = _lib(libdir)
-    pw = lib.pack_weights(w, kind="f32", bias=bias, layout=layout, nr=nr)
-    return lib.matmul(x, pw, clamp=clamp), pw.nr, lib.select(pw, x.reshape(-1, pw.k).shape[0]).name
+    pw = lib.pack_weights(w, kind=kind, bias=bias, layout=layout, nr=nr)
+    return (lib.matmul(x, pw, clamp=clamp, threads=threads), pw.nr,
+            lib.select(pw, x.reshape(-1, pw.k).shape[0]).name)
+
+
+def matmul_threads(libdir: str, w, x, kind="f32", thread_counts=(1, 2, 3, 5)):
+    """The same matmul with several thread counts (results must be bit-identical)."""
+    lib = _lib(libdir)
+    pw = lib.pack_weights(w, kind=kind)
+    return [lib.matmul(x, pw, threads=t) for t in thread_counts]
 
 
 def load_error(libdir: str) -> str:
@@ -97,4 +106,26 @@ def load_error(libdir: str) -> str:
         tilegen.load(libdir)
     except tilegen.runtime.LoadError as e:
         return str(e)
+    return ""
+
+
+def run_q4_cases(libdir: str, name: str, cases: list[dict]) -> list[np.ndarray]:
+    """Call q4 kernel `name` on packed inputs; dst is a view into a sentinel-filled buffer."""
+    kern = _lib(libdir).kernel(name)
+    outs = []
+    for c in cases:
+        m, n = c["m"], c["n"]
+        dst_base = np.full((m + 2, n + 3), c["sentinel"], np.float32)
+        kern(c["lhs_packed"], c["rhs_packed"], dst_base[:m, :n], c["clamp_min"], c["clamp_max"],
+             k=c["k"], bl=c["bl"])
+        outs.append(dst_base)
+    return outs
+
+
+def kernel_refused(libdir: str, name: str) -> str:
+    """The error the runtime gives for a kernel this CPU cannot run ('' if it is allowed)."""
+    try:
+        _lib(libdir).kernel(name)
+    except Exception as e:  # noqa: BLE001 - the message is the result
+        return f"{type(e).__name__}: {e}"
     return ""

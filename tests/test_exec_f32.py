@@ -117,3 +117,22 @@ def test_guest_is_aarch64():
     assert info["machine"] == "aarch64" and info["features"] == ["neon"]
     info = guest("neoverse-n1").call("guest_calls:machine")
     assert "dotprod" in info["features"] and "sve" not in info["features"]
+
+
+def test_threads_bit_identical(f32_lib):
+    rng = np.random.default_rng(5)
+    w = rng.normal(size=(203, 40)).astype(np.float32)
+    x = rng.normal(size=(37, 40)).astype(np.float32)
+    outs = guest("max").call("guest_calls:matmul_threads", str(f32_lib), w, x)
+    for o in outs[1:]:
+        assert np.array_equal(o, outs[0])
+    assert np.array_equal(outs[0], matmul_f32(x, w, None, -np.inf, np.inf))
+
+
+def test_f16_weights(f32_lib):
+    rng = np.random.default_rng(6)
+    w16 = rng.normal(size=(19, 24)).astype(np.float16)
+    x = rng.normal(size=(3, 24)).astype(np.float32)
+    y, _, _ = guest("neoverse-n1").call("guest_calls:matmul", str(f32_lib), w16, x, None, None,
+                                        "nk", None, None, "f16")
+    assert np.array_equal(y, matmul_f32(x, w16.astype(np.float32), None, -np.inf, np.inf))

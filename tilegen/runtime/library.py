@@ -15,6 +15,8 @@ import numpy as np
 from ..generator.spec import KernelSpec
 from ..layout import F32PackedRHS, LayoutError, StridedF32, lhs_layout_for, rhs_layout_for
 from .cpu import CpuInfo, detect
+from .select import KIND_FAMILY, KernelPair, build_table
+from .threads import default_threads, run_parallel, split
 
 __all__ = ["ArgumentError", "LoadError", "PackedWeights", "Kernel", "Library", "load", "pack_rhs"]
 
@@ -45,6 +47,7 @@ class PackedWeights:
     data: np.ndarray = field(repr=False)
     has_bias: bool = False
     bl: int | None = None
+    kind: str = "f32"
 
     @property
     def nbytes(self) -> int:
@@ -165,9 +168,9 @@ class Kernel:
         return 4 * m * n
 
     def rhs_matches(self, packed: "PackedWeights") -> bool:
-        return (packed.format, packed.nr, packed.kr, packed.sr) == (
-            self.rhs_layout(packed.bl or 32).format if self.family != "f32" else self.rhs_format,
-            self.nr, self.kr if self.family != "f32" else packed.kr, self.sr if self.family != "f32" else packed.sr)
+        """Whether ``packed`` is in the RHS layout (format and nr/kr/sr) this kernel reads."""
+        fmt = self.rhs_format if self.family == "f32" else self.rhs_layout(packed.bl or 32).format
+        return (packed.format, packed.nr, packed.kr, packed.sr) == (fmt, self.nr, self.kr, self.sr)
 
     # -- calls --------------------------------------------------------------------------
     def __call__(self, lhs: np.ndarray, rhs_packed, dst: np.ndarray,
@@ -268,6 +271,8 @@ class Library:
         except OSError as e:
             raise LoadError(f"cannot load {self.path}: {e}") from None
         self.kernels: dict[str, Kernel] = {}
+        self._tables: dict[str, list[KernelPair]] = {}
+        self.gemv_threshold = 1
         for e in entries:
             try:
                 fn = getattr(self._dll, e["name"])
@@ -293,44 +298,95 @@ class Library:
             raise ArgumentError(f"kernel {name} needs {', '.join(missing)}, which this CPU lacks")
         return k
 
-    def _candidates(self, family: str) -> list[Kernel]:
-        return [k for k in self.kernels.values() if k.spec.family == family and self.runnable(k)]
+    # -- selection ------------------------------------------------------------------
+    def table(self, kind: str) -> list[KernelPair]:
+        """The ordered kernel table for weight ``kind`` (replace with ``set_table``)."""
+        if kind not in KIND_FAMILY:
+            raise ArgumentError(f"unknown weights kind {kind!r}; known: {', '.join(KIND_FAMILY)}")
+        if kind not in self._tables:
+            self._tables[kind] = build_table(self.kernels.values(), KIND_FAMILY[kind])
+        return self._tables[kind]
 
-    # -- ops ------------------------------------------------------------------------
-    def pack_weights(self, w: np.ndarray, kind: str = "f32", bias: np.ndarray | None = None,
-                     layout: str = "nk", nr: int | None = None) -> PackedWeights:
-        """Pack weights (n, k) (or (k, n) with ``layout="kn"``) for this library's kernels."""
-        if kind != "f32":
-            raise ArgumentError(f"unknown weights kind {kind!r}; supported: f32")
-        cands = self._candidates("f32")
-        if not cands:
-            raise ArgumentError("this library has no runnable f32 kernel")
-        if nr is None:  # the panel width of the biggest gemm tile
-            nr = max(cands, key=lambda k: (k.mr * k.nr, k.nr)).nr
-        elif not any(k.nr == nr for k in cands):
-            raise ArgumentError(f"no f32 kernel with nr={nr}; available nr: "
-                                f"{sorted({k.nr for k in cands})}")
-        w = np.asarray(w)
-        try:
-            data = F32PackedRHS(nr=nr).pack(w, bias=bias, layout=layout)
-        except LayoutError as e:
-            raise ArgumentError(str(e)) from None
-        n, k = (w.shape if layout == "nk" else w.shape[::-1])
-        return PackedWeights(f"f32p{nr}x1b", n, k, nr, 1, 1, data, bias is not None)
+    def set_table(self, kind: str, pairs: list[KernelPair]) -> None:
+        self.table(kind)
+        self._tables[kind] = list(pairs)
+
+    def _pairs(self, kind: str) -> list[KernelPair]:
+        pairs = [p for p in self.table(kind) if p.features <= self.cpu.features]
+        if not pairs:
+            raise ArgumentError(f"no kernel for {kind} weights in {self.path.name} runs on this "
+                                f"CPU (features: {', '.join(sorted(self.cpu.features))})")
+        return pairs
 
     def select(self, packed: PackedWeights, m: int) -> Kernel:
-        """The kernel for an (m x k) @ packed matmul: gemv tile for m == 1, else the largest mr."""
-        cands = [k for k in self._candidates("f32") if k.rhs_format == packed.format]
-        if not cands:
-            raise ArgumentError(f"no runnable kernel reads {packed.format} in {self.path.name}")
-        if m == 1:
-            gemv = [k for k in cands if k.mr == 1]
-            if gemv:
-                return gemv[0]
-        return max(cands, key=lambda k: (min(k.mr, m), k.mr))
+        """Kernel for an (m x k) @ packed matmul: first runnable table entry that reads the
+        packed layout; its gemv kernel when m <= gemv_threshold."""
+        for p in self._pairs(packed.kind):
+            if p.gemm.rhs_matches(packed):
+                return p.pick(m, self.gemv_threshold)
+        raise ArgumentError(f"no runnable kernel reads {packed.format} nr={packed.nr} "
+                            f"kr={packed.kr} sr={packed.sr}; repack the weights for this library")
+
+    # -- packing ----------------------------------------------------------------------
+    def pack_weights(self, w=None, kind: str = "f32", bias: np.ndarray | None = None,
+                     layout: str = "nk", nr: int | None = None, *, from_ggml=None,
+                     n: int | None = None, k: int | None = None) -> PackedWeights:
+        """Pack weights once for this library's preferred kernel of ``kind``.
+
+        kind "f32" / "f16": (n, k) weights (or (k, n) with layout="kn"), f16 converted to f32.
+        kind "q4_0" / "q4_0_dx": float32 (n, k) weights quantised like ggml's Q4_0, or raw ggml
+        block_q4_0 bytes via ``from_ggml=`` (with n, k)."""
+        pairs = self._pairs(kind)
+        if nr is not None:
+            pairs = [p for p in pairs if p.gemm.nr == nr]
+            if not pairs:
+                raise ArgumentError(f"no {kind} kernel with nr={nr}; available nr: "
+                                    f"{sorted({p.gemm.nr for p in self._pairs(kind)})}")
+        kern = pairs[0].gemm
+        try:
+            if kind in ("f32", "f16"):
+                w = np.asarray(w)
+                if kind == "f16":
+                    if w.dtype != np.float16:
+                        raise ArgumentError(f"f16 weights must be float16, got {w.dtype}")
+                    w = w.astype(np.float32)
+                lay = kern.rhs_layout()
+                data = lay.pack(w, bias=bias, layout=layout)
+                n_, k_ = (w.shape if layout == "nk" else w.shape[::-1])
+                return PackedWeights(lay.name, n_, k_, kern.nr, kern.kr, kern.sr, data,
+                                     bias is not None, None, kind)
+            lay = kern.rhs_layout(32)
+            if from_ggml is not None:
+                if n is None or k is None:
+                    raise ArgumentError("from_ggml= needs n and k")
+                data = lay.pack_from_ggml(from_ggml, n, k, **({"bias": bias} if kind == "q4_0_dx" else {}))
+            else:
+                w = np.asarray(w)
+                if w.ndim != 2:
+                    raise ArgumentError(f"weights must be 2-D (n, k), got shape {w.shape}")
+                n, k = w.shape
+                data = lay.pack_from_float(w, **({"bias": bias} if kind == "q4_0_dx" else {}))
+        except LayoutError as e:
+            raise ArgumentError(str(e)) from None
+        return PackedWeights(lay.format, int(n), int(k), kern.nr, kern.kr, kern.sr, data,
+                             bias is not None, 32, kind)
+
+    def pack_lhs(self, kern: Kernel, x: np.ndarray, bl: int = 32, m_idx_start: int = 0) -> np.ndarray:
+        """Quantise and pack activation rows for q4 kernel ``kern`` (numpy reference packer)."""
+        lay = kern.lhs_layout(bl)
+        try:
+            return lay.pack(x, m_idx_start=m_idx_start)
+        except LayoutError as e:
+            raise ArgumentError(str(e)) from None
+
+    # -- ops ----------------------------------------------------------------------------
+    def workspace_size(self, packed: PackedWeights, m: int) -> int:
+        """Bytes of packed LHS an (m x k) matmul with ``packed`` needs."""
+        kern = self.select(packed, m)
+        return 0 if kern.family == "f32" else kern.lhs_packed_size(m, packed.k, packed.bl or 32)
 
     def matmul(self, x: np.ndarray, packed: PackedWeights, clamp: tuple[float, float] | None = None,
-               out: np.ndarray | None = None) -> np.ndarray:
+               out: np.ndarray | None = None, threads: int | None = None) -> np.ndarray:
         """``clamp(x @ W.T + bias)`` for x of shape (m, k) or (..., m, k); float32 result."""
         if not isinstance(packed, PackedWeights):
             raise ArgumentError(f"weights must be PackedWeights (see lib.pack_weights), "
@@ -342,20 +398,67 @@ class Library:
             raise ArgumentError(f"x must have shape (m, k) or (..., m, k), got {x.shape}")
         if x.shape[-1] != packed.k:
             raise ArgumentError(f"x has k={x.shape[-1]}, packed weights have k={packed.k}")
+        nthreads = default_threads() if threads is None else threads
+        if isinstance(nthreads, bool) or not isinstance(nthreads, int) or nthreads < 1:
+            raise ArgumentError(f"threads must be a positive int, got {threads!r}")
         lead = x.shape[:-1]
         x2 = np.ascontiguousarray(x.reshape(-1, packed.k))
-        if x2.shape[0] == 0:
+        m = x2.shape[0]
+        if m == 0:
             raise ArgumentError(f"x has no rows (shape {x.shape})")
         shape = (*lead, packed.n)
         if out is None:
             out = np.empty(shape, dtype=np.float32)
         elif not isinstance(out, np.ndarray) or out.shape != shape or out.dtype != np.float32 \
-                or not out.flags.c_contiguous:
-            raise ArgumentError(f"out must be a C-contiguous float32 array of shape {shape}")
-        cmin, cmax = (-FLT_MAX, FLT_MAX) if clamp is None else clamp
-        kern = self.select(packed, x2.shape[0])
-        kern(x2, packed, out.reshape(-1, packed.n), cmin, cmax)
+                or not out.flags.c_contiguous or not out.flags.writeable:
+            raise ArgumentError(f"out must be a writeable C-contiguous float32 array of shape {shape}")
+        cmin, cmax = (-FLT_MAX, FLT_MAX) if clamp is None else _clamps(*clamp)
+        kern = self.select(packed, m)
+        dst = out.reshape(m, packed.n)
+        k, bl = packed.k, packed.bl
+        if kern.family == "f32":
+            lhs = x2
+        else:   # quantise + pack the activations, split over m in multiples of m_step
+            lhs = np.zeros(kern.lhs_packed_size(m, k, bl), np.uint8)
+            lay = kern.lhs_layout(bl)
+
+            def pack_part(m0, m1):
+                off = lay.packed_offset(m0, k)
+                part = self.pack_lhs(kern, x2[m0:m1], bl, m_idx_start=0)
+                lhs[off:off + part.nbytes] = part
+            run_parallel([lambda a=a, b=b: pack_part(a, b)
+                          for a, b in split(m, kern.m_step, nthreads)])
+        rhs = packed.data
+
+        def part(n0, n1):
+            roff = kern.rhs_packed_offset(n0, k, bl or 32)
+            sub = PackedWeights(packed.format, n1 - n0, k, packed.nr, packed.kr, packed.sr,
+                                rhs[roff:], packed.has_bias, bl, packed.kind)
+            if kern.family == "f32":
+                kern(lhs, sub, dst[:, n0:n1], cmin, cmax)
+            else:
+                kern(lhs, sub, dst[:, n0:n1], cmin, cmax)
+        run_parallel([lambda a=a, b=b: part(a, b) for a, b in split(packed.n, kern.n_step, nthreads)])
         return out
+
+    def get_rows(self, packed: PackedWeights, rows) -> np.ndarray:
+        """Dequantise rows of packed weights (the seed's get_rows / embedding lookup)."""
+        return dequantize_packed_rows(packed, rows)
+
+
+def dequantize_packed_rows(packed: PackedWeights, rows) -> np.ndarray:
+    idx = np.asarray(rows)
+    if idx.dtype.kind not in "iu" or idx.ndim != 1:
+        raise ArgumentError(f"rows must be a 1-D integer array, got {idx.dtype} {idx.shape}")
+    if idx.size and (idx.min() < 0 or idx.max() >= packed.n):
+        raise ArgumentError(f"row index out of range 0..{packed.n - 1}: "
+                            f"{int(idx.min())}..{int(idx.max())}")
+    from ..layout.api import layout_for
+    lay = layout_for(packed.format, nr=packed.nr, kr=packed.kr, sr=packed.sr, bl=packed.bl or 32)
+    if packed.format.startswith("f32p"):
+        w, _ = lay.unpack(packed.data, packed.n, packed.k)
+        return w[idx]
+    return lay.dequantize_rows(packed.data, packed.n, packed.k, idx)
 
 
 def load(directory: str | os.PathLike, cpu: CpuInfo | None = None) -> Library:

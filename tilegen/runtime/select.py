@@ -1,0 +1,57 @@
+"""Kernel selection: an ordered table per weight kind, like llama.cpp's kernels.cpp.
+
+Each entry pairs a gemm kernel with the gemv kernel that reads the same packed RHS
+(same family, nr, kr, sr), so weights packed once serve both.  The first entry whose
+kernels the CPU can run wins; m <= gemv_threshold uses the gemv kernel.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Iterable
+
+__all__ = ["KernelPair", "build_table", "KIND_FAMILY", "ISA_PREFERENCE"]
+
+# weight kind -> kernel family that consumes it
+KIND_FAMILY = {"f32": "f32", "f16": "f32", "q4_0": "q4_0", "q4_0_dx": "q4_0_dx"}
+# preferred ISAs first (the seed: SME > SVE > i8mm > dotprod > NEON)
+ISA_PREFERENCE = ("sme2", "sme", "sve2", "sve", "i8mm", "dotprod", "neon")
+
+
+@dataclass(frozen=True)
+class KernelPair:
+    gemm: object          # runtime Kernel
+    gemv: object | None   # runtime Kernel with mr == 1 reading the same RHS, if any
+
+    @property
+    def features(self) -> frozenset[str]:
+        f = set(self.gemm.features)
+        if self.gemv is not None:
+            f |= self.gemv.features
+        return frozenset(f)
+
+    @property
+    def rhs_key(self) -> tuple:
+        k = self.gemm
+        return (k.family, k.nr, k.kr, k.sr)
+
+    def pick(self, m: int, gemv_threshold: int = 1):
+        return self.gemv if (m <= gemv_threshold and self.gemv is not None) else self.gemm
+
+    def __repr__(self) -> str:
+        return f"KernelPair(gemm={self.gemm.name}, gemv={self.gemv.name if self.gemv else None})"
+
+
+def build_table(kernels: Iterable, family: str) -> list[KernelPair]:
+    """Default ordered table for ``family`` from a library's kernels."""
+    ks = [k for k in kernels if k.family == family]
+    gemms = [k for k in ks if k.mr > 1] or ks
+    table = []
+    for g in gemms:
+        key = (g.nr, g.kr, g.sr)
+        gemvs = [v for v in ks if v.mr == 1 and (v.nr, v.kr, v.sr) == key]
+        # prefer a gemv of the gemm's own ISA, then any the CPU may run
+        gemvs.sort(key=lambda v: (v.spec.isa != g.spec.isa, ISA_PREFERENCE.index(v.spec.isa)))
+        table.append(KernelPair(g, gemvs[0] if gemvs else (g if g.mr == 1 else None)))
+    table.sort(key=lambda p: (ISA_PREFERENCE.index(p.gemm.spec.isa), -p.gemm.mr * p.gemm.nr,
+                              -p.gemm.nr, p.gemm.name))
+    return table
