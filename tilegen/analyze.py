@@ -36,6 +36,13 @@ class LoopReport:
     cycles_per_iter: float
     mac_bound: float
     macs_per_iter: int
+    block32_cycles: float | None = None    # cost of 32 k of the whole tile, scale handling included
+
+    def as_dict(self) -> dict:
+        return {"kernel": self.kernel, "model": self.model, "cycles_per_iter": self.cycles_per_iter,
+                "mac_bound": self.mac_bound, "efficiency": self.efficiency,
+                "macs_per_iter": self.macs_per_iter, "macs_per_cycle": self.macs_per_cycle,
+                "block32_cycles": self.block32_cycles}
 
     @property
     def efficiency(self) -> float:
@@ -46,8 +53,13 @@ class LoopReport:
         return self.macs_per_iter / self.cycles_per_iter
 
     def row(self) -> str:
+        blk = f"{self.block32_cycles:8.1f}" if self.block32_cycles is not None else "       -"
         return (f"{self.kernel:<62} {self.model:<12} {self.cycles_per_iter:7.2f} "
-                f"{self.mac_bound:7.2f} {100 * self.efficiency:5.1f}% {self.macs_per_cycle:7.1f}")
+                f"{self.mac_bound:7.2f} {100 * self.efficiency:5.1f}% {self.macs_per_cycle:7.1f} {blk}")
+
+
+HEADER = (f"{'kernel':<62} {'model':<12} {'cyc/it':>7} {'MACbnd':>7} {'eff':>6} {'MAC/cyc':>7} "
+          f"{'cyc/32k':>8}")
 
 
 def hot_loop(text: str) -> tuple[list[str], int]:
@@ -63,6 +75,22 @@ def hot_loop(text: str) -> tuple[list[str], int]:
             continue
         insns.append(line)
     return insns, int(m.group(1))
+
+
+def _region(text: str, begin: str, end: str) -> list[str] | None:
+    m = re.search(rf"{begin}[^\n]*\n(.*?)\n[^\n]*{end}", text, re.S)
+    if not m:
+        return None
+    out = []
+    for line in m.group(1).splitlines():
+        line = line.split("//")[0].strip()
+        if line and not line.endswith(":") and not line.startswith("."):
+            out.append(line)
+    return out
+
+
+def _branchless(insns: list[str]) -> list[str]:
+    return [i for i in insns if not re.match(r"(b\.\w+|b|cbnz|cbz|tbz|tbnz)\s", i)]
 
 
 def _mca(lines: list[str], model: str) -> str:
@@ -86,4 +114,13 @@ def analyze(spec: KernelSpec, model: str) -> LoopReport:
     iters = int(re.search(r"Iterations:\s+(\d+)", out).group(1))
     mac_lines = [i for i in insns if i.split()[0] in MAC_MNEMONICS]
     bound = float(re.search(r"Block RThroughput:\s+([\d.]+)", _mca(mac_lines, model)).group(1))
-    return LoopReport(spec.name, model, total / iters, bound, macs)
+    cpi = total / iters
+    text = render(spec).text
+    block = _region(text, "tilegen:block-begin", "tilegen:block-end")
+    if block is not None:       # q4: one 32-k block = scale loads + one chunk + conversion
+        out = _mca(_branchless(block), model)
+        blk = int(re.search(r"Total Cycles:\s+(\d+)", out).group(1)) / int(
+            re.search(r"Iterations:\s+(\d+)", out).group(1))
+    else:                       # f32: the hot loop covers 4 k
+        blk = 8 * cpi
+    return LoopReport(spec.name, model, cpi, bound, macs, blk)

@@ -66,6 +66,50 @@ def _cmd_info(a: argparse.Namespace) -> int:
     return 0
 
 
+def _cmd_analyze(a: argparse.Namespace) -> int:
+    import json as _json
+    from .analyze import HEADER, MODELS, AnalyzeError, analyze
+    from .build import default_specs, get_target
+    from .generator import parse_spec
+    specs = [parse_spec(k) for k in a.kernel] if a.kernel else default_specs(get_target(a.target))
+    models = a.cpu_model or list(MODELS)
+    try:
+        reports = [analyze(s, m) for s in specs for m in models]
+    except AnalyzeError as e:
+        print(f"tilegen analyze: error: {e}", file=sys.stderr)
+        return 2
+    if a.json:
+        print(_json.dumps([r.as_dict() for r in reports], indent=2))
+    else:
+        print(HEADER)
+        for r in reports:
+            print(r.row())
+    if a.plot:
+        try:
+            import matplotlib
+            matplotlib.use("Agg")
+            import matplotlib.pyplot as plt
+        except ImportError:
+            print("tilegen analyze: --plot needs matplotlib (pip install matplotlib)", file=sys.stderr)
+            return 2
+        names = sorted({r.kernel for r in reports})
+        fig, ax = plt.subplots(figsize=(max(6, len(names) * 0.9), 4.5))
+        width = 0.8 / len(models)
+        for i, m in enumerate(models):
+            eff = [next(100 * r.efficiency for r in reports if r.kernel == nm and r.model == m)
+                   for nm in names]
+            ax.bar([j + i * width for j in range(len(names))], eff, width, label=m)
+        ax.set_xticks([j + 0.4 - width / 2 for j in range(len(names))])
+        ax.set_xticklabels([nm.replace("matmul_clamp_f32_", "") for nm in names], rotation=60,
+                           ha="right", fontsize=7)
+        ax.set_ylabel("hot-loop efficiency (%)")
+        ax.set_ylim(0, 105)
+        ax.legend(fontsize=7)
+        fig.tight_layout()
+        fig.savefig(a.plot, dpi=120)
+    return 0
+
+
 def main(argv: list[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     if argv and argv[0] == "emulate":  # everything after `--` belongs to the guest command
@@ -105,6 +149,15 @@ def main(argv: list[str] | None = None) -> int:
     i = sub.add_parser("info", help="detected CPU features (and which kernels of LIB can run)")
     i.add_argument("--lib", help="library directory")
     i.set_defaults(fn=_cmd_info)
+
+    an = sub.add_parser("analyze", help="llvm-mca model of each kernel's hot loop")
+    an.add_argument("--target", default="linux-aarch64-all")
+    an.add_argument("--kernel", action="append", metavar="SPEC")
+    an.add_argument("--cpu-model", action="append", metavar="MCPU",
+                    help="llvm-mca -mcpu (repeatable; default neoverse-v2, -n2, -v1, apple-m4)")
+    an.add_argument("--json", action="store_true")
+    an.add_argument("--plot", metavar="PNG")
+    an.set_defaults(fn=_cmd_analyze)
 
     sub.add_parser("emulate", help="run CMD under qemu-user: emulate --cpu MODEL -- CMD...")
 

@@ -1,0 +1,39 @@
+import json
+import subprocess
+import sys
+
+import pytest
+
+import tilegen
+from tilegen.analyze import AnalyzeError, analyze, hot_loop
+
+
+def test_hot_loop_is_found_from_markers():
+    insns, macs = hot_loop(tilegen.generate(tilegen.parse_spec("f32:neon:6x16")))
+    assert macs == 4 * 6 * 16
+    assert sum(i.startswith("fmla") for i in insns) == 96
+
+
+def test_f32_gemm_model_efficiency():
+    r = analyze(tilegen.parse_spec("f32:neon:6x16"), "neoverse-v2")
+    assert r.efficiency >= 0.98 and r.macs_per_iter == 384
+    assert r.block32_cycles == pytest.approx(8 * r.cycles_per_iter)
+
+
+def test_q4_block_cost_includes_scale_handling():
+    r = analyze(tilegen.parse_spec("q4_0:dotprod:16x4"), "neoverse-n2")
+    assert r.block32_cycles > r.cycles_per_iter > 0
+
+
+def test_cli_json():
+    p = subprocess.run([sys.executable, "-m", "tilegen", "analyze", "--kernel", "f32:neon:4x16",
+                        "--cpu-model", "neoverse-n2", "--json"], capture_output=True, text=True)
+    assert p.returncode == 0, p.stderr
+    rows = json.loads(p.stdout)
+    assert rows[0]["model"] == "neoverse-n2" and 0 < rows[0]["efficiency"] <= 1.0
+
+
+def test_missing_llvm_mca(monkeypatch):
+    monkeypatch.setattr("tilegen.analyze.shutil.which", lambda name: None)
+    with pytest.raises(AnalyzeError, match="apt-get install llvm-19"):
+        analyze(tilegen.parse_spec("f32:neon:4x16"), "neoverse-v2")
