@@ -1,0 +1,174 @@
+"""LHS "quantize and pack" routines (KleidiAI ``lhs_quant_pack_*_f32``) as generated NEON code.
+
+Two formats, byte-identical to KleidiAI (``shared/docs/LAYOUTS.md`` section 3 and 7b,
+``shared/docs/LAYOUT-QSI8D32P.md`` sections 1-3):
+
+``qai8dxp``
+    per-row asymmetric int8 with an int32 offset (= -zero point) and an f32 ``1/scale`` per row;
+    k padded to a multiple of 32 by repeating the last value.  C ABI::
+
+        void f(size_t m, size_t k, size_t mr, size_t kr, size_t sr, size_t m_idx_start,
+               const float* lhs, size_t lhs_stride, void* lhs_packed);
+
+    ``lhs`` points at the first row to pack; ``lhs_packed`` at the row block holding row
+    ``m_idx_start``.
+
+``qsi8d32p``
+    per-block (``bl``, a multiple of 32) symmetric int8 with an f16 scale per block.  C ABI::
+
+        void f(size_t m, size_t k, size_t bl, size_t mr, size_t kr, size_t sr,
+               size_t m_idx_start, const float* lhs, size_t lhs_stride, void* lhs_packed);
+
+    ``lhs`` points at row 0 of the whole matrix (the routine adds ``m_idx_start`` rows).
+    ``rounding="away"`` is ``kai_lhs_quant_pack_qsi8d32p_f32``; ``rounding="even"`` is the
+    ties-to-even arithmetic of ``kai_lhs_quant_pack_qsi8d32p4x8sb_f32_neon`` (the generated
+    code follows the spec for every ``m_idx_start`` and ``lhs_stride``; KleidiAI's 4x8sb fast
+    path itself only agrees with it for ``m_idx_start % 4 == 0`` and ``lhs_stride == 4k``).
+
+``mr``, ``kr`` and ``sr`` are compile-time parameters of the template.  The matching runtime
+arguments are *checked*: a call whose ``mr`` differs, or whose ``kr != sr * (kr/sr of the
+spec)``, returns without writing anything (as do ``m == 0``, ``k == 0`` and, for qsi8d32p,
+``bl`` not a positive multiple of 32 or ``k`` not a multiple of ``bl``).
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from .. import __version__
+from .render import _check_format, _env, symbol_for
+from .spec import SpecError
+
+__all__ = ["PackerSpec", "PACKER_FORMATS", "MR_MAX", "render", "ROUNDINGS"]
+
+PACKER_FORMATS = ("qai8dxp", "qsi8d32p")
+ROUNDINGS = ("away", "even")
+
+# Upper bound on mr.  Derivation: every KleidiAI consumer of these layouts has mr <= 64 (NEON
+# kernels use 1, 4, 8; the SME "1vl" kernels use mr = SVL/32 bits, at most 2048/32 = 64), and the
+# template encodes the mr-dependent constants as single immediates: the chunk stride mr*L
+# (<= 64*32 = 2048, a movz), the header offsets 2*mr / 4*mr (add / str #imm12, <= 4095) and mr
+# itself (cmp #imm12).  Nothing in the generated code grows with mr (rows are packed one at a
+# time), so the bound is about the encodings and the consumers, not registers.
+MR_MAX = 64
+
+# Elements quantized per iteration of the hot loop (two ld1 of four q registers).
+ELEMS_PER_ITER = 32
+
+
+@dataclass(frozen=True)
+class PackerSpec:
+    """One LHS quantize-and-pack routine: format, ``mr`` rows per block, ``kr``/``sr``."""
+
+    fmt: str
+    mr: int
+    kr: int
+    sr: int
+    rounding: str = "away"
+
+    def __post_init__(self) -> None:
+        if self.fmt not in PACKER_FORMATS:
+            raise SpecError(f"unknown LHS packer format {self.fmt!r}; "
+                            f"known: {', '.join(PACKER_FORMATS)}")
+        for field in ("mr", "kr", "sr"):
+            v = getattr(self, field)
+            if isinstance(v, bool) or not isinstance(v, int):
+                raise SpecError(f"{field} must be an int, got {v!r}")
+            if v < 1:
+                raise SpecError(f"{field} must be >= 1, got {field}={v}")
+        if self.mr > MR_MAX:
+            raise SpecError(f"mr must be <= {MR_MAX} (largest mr of any consumer kernel; "
+                            f"immediate encodings of the template), got mr={self.mr}")
+        if self.kr % self.sr:
+            raise SpecError(f"kr must be a multiple of sr (kr % sr == 0), got kr={self.kr}, "
+                            f"sr={self.sr}")
+        L = self.kr // self.sr
+        if self.fmt == "qai8dxp":
+            if 32 % L:
+                raise SpecError(f"qai8dxp needs L = kr/sr to divide 32 (rows are padded to a "
+                                f"multiple of 32), got L={L} (kr={self.kr}, sr={self.sr})")
+            if self.rounding != "away":
+                raise SpecError(f"qai8dxp has fixed rounding (values ties-away, zero point "
+                                f"ties-even); rounding must be 'away', got {self.rounding!r}")
+        else:
+            if L % 4 or 32 % L:
+                raise SpecError(f"qsi8d32p needs L = kr/sr to be a multiple of 4 dividing 32 "
+                                f"(4, 8, 16 or 32), got L={L} (kr={self.kr}, sr={self.sr})")
+            if self.rounding not in ROUNDINGS:
+                raise SpecError(f"rounding must be one of {', '.join(ROUNDINGS)}, "
+                                f"got {self.rounding!r}")
+
+    # -- derived facts -------------------------------------------------------------
+    @property
+    def L(self) -> int:
+        """Interleave chunk: bytes of one row written contiguously (kr / sr)."""
+        return self.kr // self.sr
+
+    @property
+    def isa(self) -> str:
+        return "neon"
+
+    @property
+    def name(self) -> str:
+        """KleidiAI grammar: ``lhs_quant_pack_<fmt><mr>x<L>[sb]_f32_neon``."""
+        sb = "sb" if self.rounding == "even" else ""
+        return f"lhs_quant_pack_{self.fmt}{self.mr}x{self.L}{sb}_f32_neon"
+
+    @property
+    def spec_string(self) -> str:
+        s = f"lhs:{self.fmt}:{self.mr}x{self.L}:k{self.kr}:s{self.sr}"
+        return s + (":even" if self.rounding == "even" else "")
+
+    @property
+    def signature(self) -> list[tuple[str, str]]:
+        """C parameters (name, ctype) in order."""
+        sz = "size_t"
+        head = [("m", sz), ("k", sz)]
+        if self.fmt == "qsi8d32p":
+            head.append(("bl", sz))
+        return head + [("mr", sz), ("kr", sz), ("sr", sz), ("m_idx_start", sz),
+                       ("lhs", "const void*"), ("lhs_stride", sz), ("lhs_packed", "void*")]
+
+    @property
+    def c_signature(self) -> str:
+        args = ", ".join(f"{t} {n}" for n, t in self.signature)
+        return f"void {self.name}({args})"
+
+    def symbol(self, fmt: str = "elf") -> str:
+        return symbol_for(self.name, fmt)
+
+    # -- geometry (KleidiAI getters) -----------------------------------------------
+    def _bl(self, bl: int | None) -> int:
+        if self.fmt == "qai8dxp":
+            return 0
+        if bl is None or bl < 32 or bl % 32:
+            raise SpecError(f"qsi8d32p needs bl, a positive multiple of 32, got bl={bl!r}")
+        return bl
+
+    def packed_stride(self, k: int, bl: int | None = None) -> int:
+        """Bytes per block of mr rows."""
+        if self.fmt == "qai8dxp":
+            k32 = -(-k // 32) * 32
+            return self.mr * (k32 + 8)
+        bl = self._bl(bl)
+        if k % bl:
+            raise SpecError(f"k must be a multiple of bl, got k={k}, bl={bl}")
+        return self.mr * (k // bl) * (bl + 2)
+
+    def packed_size(self, m: int, k: int, bl: int | None = None) -> int:
+        return -(-m // self.mr) * self.packed_stride(k, bl)
+
+    def packed_offset(self, m_idx: int, k: int, bl: int | None = None) -> int:
+        return (m_idx // self.mr) * self.packed_stride(k, bl)
+
+
+def render(spec: PackerSpec, fmt: str = "elf") -> str:
+    """Assembly source of ``spec`` for object format ``fmt`` (``elf`` or ``macho``)."""
+    _check_format(fmt)
+    if not isinstance(spec, PackerSpec):
+        raise SpecError(f"expected a PackerSpec, got {type(spec).__name__}")
+    template = _env().get_template(f"lhs_pack_{spec.fmt}_neon.S.j2")
+    return template.render(
+        spec=spec, fmt=fmt, sym=symbol_for(spec.name, fmt), lp=".L" if fmt == "elf" else "L",
+        version=__version__, MR=spec.mr, L=spec.L, KR=spec.kr, SR=spec.sr,
+        even=spec.rounding == "even", EPI=ELEMS_PER_ITER,
+    )

@@ -1,0 +1,117 @@
+"""ggml ``block_q4_0`` (LAYOUTS.md section 2): quantiser and dequantiser in numpy.
+
+A Q4_0 row of ``k`` values (k a multiple of 32) is ``k/32`` blocks of 18 bytes::
+
+    struct block_q4_0 { uint16_t d;  /* f16 */  uint8_t qs[16]; };
+
+byte ``qs[j]`` holds element ``j`` in its low nibble and element ``j + 16`` in its high nibble,
+unsigned with zero point 8: ``x_j = (q_j - 8) * f32(d)``.
+
+:func:`quantize_q4_0` reproduces ggml's ``quantize_row_q4_0_ref`` (and, byte for byte, the
+``gguf`` Python package's ``gguf.quants.quantize(w, GGMLQuantizationType.Q4_0)``):
+
+* ``max`` = the element of largest magnitude **with its sign** (the first one on equal
+  magnitudes, ggml's strict ``amax < |v|`` scan);
+* ``d = max / -8`` (f32), ``id = 1/d`` (f32, 0 if d == 0);
+* ``q = min(15, (int)(x*id + 8.5f))`` (f32 multiply, f32 add, truncation);
+* ``d`` stored as f16 (round to nearest even; ``max = +0.0`` gives ``d = -0.0`` = 0x8000 like ggml).
+
+Both functions also take ``bl`` (a multiple of 32) for the "q4_0-style" rows with longer blocks
+that ``kai_run_rhs_pack_nxk_qsi4c32pscalef16_qsu4c32s16s0`` reads (LAYOUTS.md section 5.2):
+``[f16 d][bl/2 bytes]`` per block, byte ``j`` = element ``j`` (low) | element ``j + bl/2`` (high).
+Only ``bl = 32`` is a ggml format.
+"""
+from __future__ import annotations
+
+import numpy as np
+
+from .base import LayoutError
+
+QK4_0 = 32
+BLOCK_Q4_0_BYTES = 18
+
+__all__ = ["QK4_0", "BLOCK_Q4_0_BYTES", "quantize_q4_0", "dequantize_q4_0", "q4_0_row_bytes",
+           "split_q4_0", "join_q4_0"]
+
+
+def _check_bl(bl: int) -> int:
+    bl = int(bl)
+    if bl < 32 or bl % 32:
+        raise LayoutError(f"block length bl={bl} must be a positive multiple of 32")
+    return bl
+
+
+def q4_0_row_bytes(k: int, bl: int = QK4_0) -> int:
+    """Bytes of one q4_0(-style) row of k values."""
+    bl = _check_bl(bl)
+    if k % bl:
+        raise LayoutError(f"k={k} is not a multiple of the block length bl={bl}")
+    return k // bl * (2 + bl // 2)
+
+
+def quantize_q4_0(w: np.ndarray, *, bl: int = QK4_0) -> np.ndarray:
+    """float32 (n, k) -> uint8 (n, k/bl*(2+bl/2)): ggml ``quantize_row_q4_0_ref`` per row."""
+    bl = _check_bl(bl)
+    w = np.asarray(w)
+    if w.dtype != np.float32:
+        raise LayoutError(f"weights must be float32, got {w.dtype}")
+    if w.ndim != 2:
+        raise LayoutError(f"weights must be 2-D (n, k), got shape {w.shape}")
+    n, k = w.shape
+    if k == 0 or k % bl:
+        raise LayoutError(f"k={k} must be a positive multiple of the block length bl={bl}")
+    nb = k // bl
+    blocks = np.ascontiguousarray(w).reshape(n, nb, bl)
+    imax = np.abs(blocks).argmax(axis=-1)[..., None]           # first of equal magnitudes
+    vmax = np.take_along_axis(blocks, imax, axis=-1)           # (n, nb, 1), keeps its sign
+    d = (vmax / np.float32(-8)).astype(np.float32)
+    with np.errstate(divide="ignore", over="ignore"):
+        inv = np.where(d == 0, np.float32(0), np.float32(1) / d).astype(np.float32)
+        v = (blocks * inv).astype(np.float32) + np.float32(8.5)
+    q = np.minimum(np.trunc(v), np.float32(15)).astype(np.uint8)   # v >= 0 for finite input
+    half = bl // 2
+    qs = q[..., :half] | (q[..., half:] << np.uint8(4))
+    with np.errstate(over="ignore"):
+        dh = d.astype(np.float16)
+    out = np.concatenate([dh.view(np.uint8).reshape(n, nb, 2), qs], axis=-1)
+    return out.reshape(n, nb * (2 + half))
+
+
+def split_q4_0(raw: np.ndarray, n: int, k: int, *, bl: int = QK4_0) -> tuple[np.ndarray, np.ndarray]:
+    """q4_0(-style) bytes -> (u4 uint8 (n, k) in k order, d f16 bits uint16 (n, k/bl))."""
+    bl = _check_bl(bl)
+    rb = q4_0_row_bytes(k, bl)
+    raw = np.asarray(raw)
+    if raw.dtype != np.uint8:
+        raise LayoutError(f"q4_0 data must be uint8 bytes, got {raw.dtype}")
+    if raw.size != n * rb:
+        raise LayoutError(f"q4_0 data for n={n}, k={k}, bl={bl} must hold {n * rb} bytes "
+                          f"({n} rows of {rb}), got shape {raw.shape}")
+    nb, half = k // bl, bl // 2
+    b = np.ascontiguousarray(raw).reshape(n, nb, 2 + half)
+    d = np.ascontiguousarray(b[..., :2]).view("<u2").reshape(n, nb)
+    qs = b[..., 2:]
+    u = np.concatenate([qs & np.uint8(0x0F), qs >> np.uint8(4)], axis=-1)   # (n, nb, bl)
+    return u.reshape(n, k), d
+
+
+def join_q4_0(u4: np.ndarray, d_f16: np.ndarray, *, bl: int = QK4_0) -> np.ndarray:
+    """Inverse of :func:`split_q4_0`: u4 (n, k) + f16 bits (n, k/bl) -> uint8 (n, row bytes)."""
+    bl = _check_bl(bl)
+    u4 = np.asarray(u4, dtype=np.uint8)
+    n, k = u4.shape
+    nb, half = k // bl, bl // 2
+    u = u4.reshape(n, nb, bl)
+    qs = (u[..., :half] & 0x0F) | ((u[..., half:] & 0x0F) << 4)
+    d = np.ascontiguousarray(np.asarray(d_f16, dtype="<u2").reshape(n, nb))
+    return np.concatenate([d.view(np.uint8).reshape(n, nb, 2), qs.astype(np.uint8)],
+                          axis=-1).reshape(n, nb * (2 + half))
+
+
+def dequantize_q4_0(raw: np.ndarray, n: int, k: int, *, bl: int = QK4_0) -> np.ndarray:
+    """q4_0(-style) bytes (n rows, or flat) -> float32 (n, k): ``(q - 8) * f32(d)``."""
+    u, d = split_q4_0(raw, n, k, bl=bl)
+    df = d.view(np.float16).astype(np.float32)
+    vals = (u.astype(np.int16) - 8).astype(np.float32).reshape(n, k // bl, bl)
+    with np.errstate(invalid="ignore"):          # inf scale * 0 = NaN, as in ggml/gguf
+        return (df[..., None] * vals).astype(np.float32).reshape(n, k)

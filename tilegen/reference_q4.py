@@ -1,0 +1,69 @@
+"""Bit-exact numpy references of KleidiAI's int8 x int4 matmul kernels.
+
+* :func:`matmul_qai8dxp_qsi4c32p` — ``kai_matmul_clamp_f32_qai8dxp*_qsi4c32p*`` (LAYOUTS.md 7.2)
+* :func:`matmul_qsi8d32p_qsi4c32pscalef16` — ``kai_matmul_clamp_f32_qsi8d32p*_qsi4c32p*``
+  reading section-5 (scalef16) weights (LAYOUTS.md 7b.3, LAYOUT-QSI8D32P.md 6.2)
+
+Both read the packed buffers through the layout objects' unpack methods, so they check the
+layouts as much as the arithmetic.  Only dst[0:m, 0:n] is produced.
+"""
+from __future__ import annotations
+
+import numpy as np
+
+from .layout.q4 import QAI8DXP, QSI4C32P, QSI8D32P, QSI4C32PScaleF16, bf16_to_f32, f16_bits_to_f32
+from .reference import fma_f32
+
+__all__ = ["matmul_qai8dxp_qsi4c32p", "matmul_qsi8d32p_qsi4c32pscalef16"]
+
+
+def _block_dots(q: np.ndarray, v: np.ndarray, k: int, bl: int) -> np.ndarray:
+    """Exact integer block dots S[i, j, b] = sum_{t in block b} q[i, t] * v[j, t]."""
+    m, n, B = q.shape[0], v.shape[0], k // bl
+    qb = q[:, :k].astype(np.int64).reshape(m, B, bl).transpose(1, 0, 2)     # (B, m, bl)
+    vb = v[:, :k].astype(np.int64).reshape(n, B, bl).transpose(1, 2, 0)     # (B, bl, n)
+    return np.matmul(qb, vb).transpose(1, 2, 0)                               # (m, n, B)
+
+
+def matmul_qai8dxp_qsi4c32p(lhs_packed, rhs_packed, m: int, n: int, k: int, bl: int,
+                            mr: int, nr: int, kr: int, sr: int,
+                            clamp_min: float, clamp_max: float) -> np.ndarray:
+    """dst float32 (m, n) of ``kai_run_matmul_clamp_f32_qai8dxp<mr>x.._qsi4c32p<nr>x..``.
+
+    a = +0; per block b: a = fma(f32(S_b), d_jb, a); a = fma(rsum_j, f32(offset_i), a);
+    a = a * rscale_i; a = a + bias_j; a = max(a, clamp_min); a = min(a, clamp_max).
+    """
+    q, off, rsc = QAI8DXP(mr, kr, sr).unpack(lhs_packed, m, k)
+    u, sbf, rsum, bias = QSI4C32P(nr, kr, sr, bl).unpack(rhs_packed, n, k)
+    S = _block_dots(q, u.astype(np.int16) - 8, k, bl)
+    d = bf16_to_f32(sbf)                                                      # (n, B)
+    a = np.zeros((m, n), np.float32)
+    for b in range(k // bl):
+        a = fma_f32(S[:, :, b].astype(np.float32), d[None, :, b], a)
+    a = fma_f32(rsum[None, :], off.astype(np.float32)[:, None], a)
+    a = (a * rsc[:, None]).astype(np.float32)
+    a = (a + bias[None, :]).astype(np.float32)
+    a = np.maximum(a, np.float32(clamp_min))
+    return np.minimum(a, np.float32(clamp_max))
+
+
+def matmul_qsi8d32p_qsi4c32pscalef16(lhs_packed, rhs_packed, m: int, n: int, k: int, bl: int,
+                                     mr: int, nr: int, kr: int, sr: int,
+                                     clamp_min: float, clamp_max: float) -> np.ndarray:
+    """dst float32 (m, n) of ``kai_run_matmul_clamp_f32_qsi8d32p<mr>x.._qsi4c32p<nr>x..``.
+
+    a = +0; per block b: a = fma(f32(S_b), f32(dr_jb) * f32(dl_ib), a);
+    a = max(a, clamp_min); a = min(a, clamp_max).  No bias, no zero point.
+    """
+    q, dl_bits = QSI8D32P(mr, kr, sr, bl).unpack(lhs_packed, m, k)
+    v, dr_bits = QSI4C32PScaleF16(nr, kr, sr, bl).unpack_values(rhs_packed, n, k)
+    S = _block_dots(q, v, k, bl)
+    dl = f16_bits_to_f32(dl_bits)                                             # (m, B)
+    dr = f16_bits_to_f32(dr_bits)                                             # (n, B)
+    a = np.zeros((m, n), np.float32)
+    with np.errstate(invalid="ignore", over="ignore"):
+        for b in range(k // bl):
+            s = (dr[None, :, b] * dl[:, None, b]).astype(np.float32)
+            a = fma_f32(S[:, :, b].astype(np.float32), s, a)
+    a = np.maximum(a, np.float32(clamp_min))
+    return np.minimum(a, np.float32(clamp_max))
