@@ -129,3 +129,30 @@ def kernel_refused(libdir: str, name: str) -> str:
     except Exception as e:  # noqa: BLE001 - the message is the result
         return f"{type(e).__name__}: {e}"
     return ""
+
+
+def lib_pack_lhs(libdir: str, fmt: str, x, mr: int, kr: int, sr: int, bl: int, m_idx_start: int,
+                 row_pad: int = 0):
+    """The library's NEON packer on rows x (given a padded row stride in the guest)."""
+    if row_pad:
+        base = np.zeros((x.shape[0], x.shape[1] + row_pad), np.float32)
+        base[:, :x.shape[1]] = x
+        x = base[:, :x.shape[1]]
+    return _lib(libdir).pack_lhs(fmt, x, mr=mr, kr=kr, sr=sr, bl=bl, m_idx_start=m_idx_start)
+
+
+def q4_ops(libdir: str, kind: str, w, x, raw=None, threads=(1, 2, 3), rows=None):
+    """pack_weights (from float, and from ggml bytes if given) + matmul + get_rows."""
+    lib = _lib(libdir)
+    pw = lib.pack_weights(w, kind=kind)
+    outs = [lib.matmul(x, pw, threads=t) for t in threads]
+    res = {"outs": outs, "kernel": lib.select(pw, x.reshape(-1, pw.k).shape[0]).name,
+           "gemv": lib.select(pw, 1).name, "format": pw.format, "nr": pw.nr, "kr": pw.kr,
+           "sr": pw.sr, "packed": pw.data}
+    if raw is not None:
+        pg = lib.pack_weights(kind=kind, from_ggml=raw, n=w.shape[0], k=w.shape[1])
+        res["packed_ggml"] = pg.data
+        res["gemv_out"] = lib.matmul(x[:1], pg)
+    if rows is not None:
+        res["rows"] = lib.get_rows(pw, rows)
+    return res

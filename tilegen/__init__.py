@@ -10,11 +10,14 @@ def __getattr__(name):
     if name == "build_library":
         from .build import build_library
         return build_library
-    if name in ("load", "pack_rhs", "Library", "PackedWeights"):
+    if name in ("load", "Library", "PackedWeights"):
         from . import runtime
         return getattr(runtime, name)
+    if name in ("pack_rhs", "pack_lhs", "dequantize_rows"):
+        from .layout import api
+        return getattr(api, name)
     raise AttributeError(f"module 'tilegen' has no attribute {name!r}")
 
 
 __all__ = ["KernelSpec", "SpecError", "LayoutError", "parse_spec", "generate", "build_library",
-           "load", "pack_rhs", "Library", "PackedWeights", "__version__"]
+           "load", "pack_rhs", "pack_lhs", "dequantize_rows", "Library", "PackedWeights", "__version__"]

@@ -19,6 +19,9 @@ from typing import Iterable
 from .. import __version__
 from ..generator.abi import prototype, signature
 from ..generator.render import render
+from ..generator import packers as _packers
+from ..generator.packers import PackerSpec, packer_for
+from ..generator.render import Rendered
 from ..generator.spec import KernelSpec, parse_spec
 from .targets import Target, TargetError, default_specs, get_target
 from .toolchain import Toolchain, ToolchainError, discover
@@ -65,6 +68,15 @@ def kernel_entry(spec: KernelSpec, symbol: str) -> dict:
     }
 
 
+def packer_entry(spec: PackerSpec, symbol: str) -> dict:
+    return {
+        "name": spec.name, "spec": spec.spec_string, "fmt": spec.fmt, "mr": spec.mr,
+        "kr": spec.kr, "sr": spec.sr, "rounding": spec.rounding, "features": ["neon"],
+        "symbol": symbol, "signature": spec.c_signature,
+        "params": [{"name": n, "ctype": t} for n, t in spec.signature],
+    }
+
+
 def _sha256(path: Path) -> str:
     return hashlib.sha256(path.read_bytes()).hexdigest()
 
@@ -105,20 +117,27 @@ class _Progress:
             sys.stderr.flush()
 
 
-def build_library(specs: Iterable[KernelSpec | str] | None = None, target: str | Target = "generic-armv8",
+def build_library(specs: Iterable[KernelSpec | PackerSpec | str] | None = None, target: str | Target = "generic-armv8",
                   out_dir: str | os.PathLike = "out", fmt: str | None = None, cc: str | None = None,
                   quiet: bool = True, jobs: int | None = None) -> BuildResult:
     """Generate, assemble and link ``specs`` (default: the target's default kernels).
 
     Writes ``out_dir/src/<name>.S``, ``out_dir/obj/<name>.o``, the library and the manifest.
+    Every q4 kernel brings the generated NEON LHS quant-pack routine it reads.
     """
     tgt = target if isinstance(target, Target) else get_target(target)
     fmt = fmt or tgt.fmt
+    extra_packers: list[PackerSpec] = []
     if specs is None:
         spec_list = default_specs(tgt)
     else:
-        spec_list = [parse_spec(s) if isinstance(s, str) else s.validate() for s in specs]
-    if not spec_list:
+        spec_list = []
+        for s in specs:
+            if isinstance(s, PackerSpec):
+                extra_packers.append(s)
+            else:
+                spec_list.append(parse_spec(s) if isinstance(s, str) else s.validate())
+    if not spec_list and not extra_packers:
         raise BuildError(f"no kernels to build for target {tgt.name}")
     for s in spec_list:
         if not tgt.supports(s):
@@ -127,12 +146,15 @@ def build_library(specs: Iterable[KernelSpec | str] | None = None, target: str |
                               f"{tgt.name} lacks (it has {', '.join(sorted(tgt.features))})")
     uniq = {s.name: s for s in spec_list}
     spec_list = [uniq[n] for n in sorted(uniq)]
+    pk = {p.name: p for p in extra_packers + [packer_for(s) for s in spec_list] if p is not None}
+    packer_list = [pk[n] for n in sorted(pk)]
     tc: Toolchain = discover(fmt, cc)
 
     out = Path(out_dir)
     (out / "src").mkdir(parents=True, exist_ok=True)
     (out / "obj").mkdir(parents=True, exist_ok=True)
-    rendered = [render(s, fmt) for s in spec_list]
+    rendered = [render(s, fmt) for s in spec_list] + [
+        Rendered(p, fmt, p.symbol(fmt), _packers.render(p, fmt)) for p in packer_list]
     progress = _Progress(len(rendered), quiet)
 
     def assemble(r):
@@ -161,7 +183,10 @@ def build_library(specs: Iterable[KernelSpec | str] | None = None, target: str |
         "library": lib.name,
         "sha256": _sha256(lib),
         "toolchain": tc.describe(),
-        "kernels": [kernel_entry(r.spec, r.symbol) for r in rendered],
+        "kernels": [kernel_entry(r.spec, r.symbol) for r in rendered
+                    if isinstance(r.spec, KernelSpec)],
+        "packers": [packer_entry(r.spec, r.symbol) for r in rendered
+                    if isinstance(r.spec, PackerSpec)],
     }
     mpath = out / MANIFEST_NAME
     mpath.write_text(json.dumps(manifest, indent=2, sort_keys=True) + "\n")

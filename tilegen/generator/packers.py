@@ -136,29 +136,32 @@ class PackerSpec:
     def symbol(self, fmt: str = "elf") -> str:
         return symbol_for(self.name, fmt)
 
-    # -- geometry (KleidiAI getters) -----------------------------------------------
-    def _bl(self, bl: int | None) -> int:
+    # -- geometry (KleidiAI getters), from the layout object --------------------------
+    def layout(self, bl: int | None = None):
+        """The packed-LHS layout object this packer writes (single source of geometry)."""
+        from ..layout.q4 import QAI8DXP, QSI8D32P
         if self.fmt == "qai8dxp":
-            return 0
+            return QAI8DXP(self.mr, self.kr, self.sr)
         if bl is None or bl < 32 or bl % 32:
             raise SpecError(f"qsi8d32p needs bl, a positive multiple of 32, got bl={bl!r}")
-        return bl
+        return QSI8D32P(self.mr, self.kr, self.sr, bl, self.rounding)
 
     def packed_stride(self, k: int, bl: int | None = None) -> int:
         """Bytes per block of mr rows."""
-        if self.fmt == "qai8dxp":
-            k32 = -(-k // 32) * 32
-            return self.mr * (k32 + 8)
-        bl = self._bl(bl)
-        if k % bl:
-            raise SpecError(f"k must be a multiple of bl, got k={k}, bl={bl}")
-        return self.mr * (k // bl) * (bl + 2)
+        return self.layout(bl).row_block_stride(k)
 
     def packed_size(self, m: int, k: int, bl: int | None = None) -> int:
-        return -(-m // self.mr) * self.packed_stride(k, bl)
+        return self.layout(bl).packed_size(m, k)
 
     def packed_offset(self, m_idx: int, k: int, bl: int | None = None) -> int:
-        return (m_idx // self.mr) * self.packed_stride(k, bl)
+        return self.layout(bl).packed_offset(m_idx, k)
+
+
+def packer_for(spec) -> PackerSpec | None:
+    """The LHS packer a q4 kernel spec needs (None for unpacked-LHS families)."""
+    if not spec.info.quantized:
+        return None
+    return PackerSpec(spec.info.lhs, spec.lhs_mr, spec.kr, spec.sr)
 
 
 def render(spec: PackerSpec, fmt: str = "elf") -> str:

@@ -18,7 +18,7 @@ from .cpu import CpuInfo, detect
 from .select import KIND_FAMILY, KernelPair, build_table
 from .threads import default_threads, run_parallel, split
 
-__all__ = ["ArgumentError", "LoadError", "PackedWeights", "Kernel", "Library", "load", "pack_rhs"]
+__all__ = ["ArgumentError", "LoadError", "PackedWeights", "Kernel", "Packer", "Library", "load"]
 
 MANIFEST_NAME = "manifest.json"
 _CTYPES = {"size_t": ctypes.c_size_t, "float": ctypes.c_float, "const void*": ctypes.c_void_p,
@@ -52,14 +52,6 @@ class PackedWeights:
     @property
     def nbytes(self) -> int:
         return int(self.data.nbytes)
-
-
-def pack_rhs(fmt: str, w: np.ndarray, *, nr: int, bias: np.ndarray | None = None,
-             layout: str = "nk") -> np.ndarray:
-    """Pack weights into KleidiAI layout ``fmt`` ("f32p") and return the bytes (uint8)."""
-    if fmt in ("f32p", f"f32p{nr}x1b"):
-        return F32PackedRHS(nr=nr).pack(w, bias=bias, layout=layout)
-    raise LayoutError(f"unknown RHS format {fmt!r}; known: f32p")
 
 
 def _check_matrix(name: str, a, rows: int | None = None, cols: int | None = None,
@@ -235,6 +227,54 @@ class Kernel:
         return dst
 
 
+class Packer:
+    """A generated NEON LHS quantise-and-pack routine (byte-identical to the numpy packer)."""
+
+    def __init__(self, entry: dict, fn) -> None:
+        from ..generator.packers import PackerSpec
+        self.entry = entry
+        self.name: str = entry["name"]
+        self.spec = PackerSpec(entry["fmt"], entry["mr"], entry["kr"], entry["sr"], entry["rounding"])
+        self.features = frozenset(entry["features"])
+        self._fn = fn
+        fn.restype = None
+        fn.argtypes = [_CTYPES[p["ctype"]] for p in entry["params"]]
+
+    def __repr__(self) -> str:
+        return f"<Packer {self.name}>"
+
+    def __call__(self, x: np.ndarray, bl: int = 32, m_idx_start: int = 0,
+                 out: np.ndarray | None = None) -> np.ndarray:
+        """Pack rows ``x`` (global row index of x[0] = m_idx_start); returns the touched region
+        (``out`` if given: the bytes of the row block holding row m_idx_start onwards)."""
+        x = _check_matrix("x", x)
+        m, k = x.shape
+        if isinstance(m_idx_start, bool) or not isinstance(m_idx_start, (int, np.integer)) \
+                or m_idx_start < 0:
+            raise ArgumentError(f"m_idx_start must be a non-negative int, got {m_idx_start!r}")
+        sp = self.spec
+        try:
+            lay = sp.layout(bl)
+            if sp.fmt == "qsi8d32p" and k % bl:
+                raise LayoutError(f"k={k} must be a multiple of bl={bl}")
+        except (LayoutError, ValueError) as e:
+            raise ArgumentError(str(e)) from None
+        need = lay.region_size(m, k, int(m_idx_start))
+        if out is None:
+            out = np.zeros(need, np.uint8)
+        else:
+            out = _check_bytes("out", out, need)
+            if not out.flags.writeable:
+                raise ArgumentError("out is read-only")
+        stride = _row_stride(x)
+        src = x.ctypes.data
+        args = [m, k] + ([bl] if sp.fmt == "qsi8d32p" else []) + [sp.mr, sp.kr, sp.sr, int(m_idx_start)]
+        if sp.fmt == "qsi8d32p":   # KleidiAI convention: lhs = row 0 of the whole matrix
+            src -= int(m_idx_start) * stride
+        self._fn(*args, src, stride, out.ctypes.data)
+        return out
+
+
 class Library:
     """A built tilegen library: its manifest, its kernels, and the ops over them."""
 
@@ -279,6 +319,13 @@ class Library:
             except AttributeError:
                 raise LoadError(f"kernel {e['name']} is in the manifest but not in {self.path.name}") from None
             self.kernels[e["name"]] = Kernel(e, fn)
+        self.packers: dict[str, Packer] = {}
+        for e in self.manifest.get("packers", []):
+            try:
+                fn = getattr(self._dll, e["name"])
+            except AttributeError:
+                raise LoadError(f"packer {e['name']} is in the manifest but not in {self.path.name}") from None
+            self.packers[e["name"]] = Packer(e, fn)
 
     def __repr__(self) -> str:
         return f"<tilegen.Library {self.path} with {len(self.kernels)} kernels>"
@@ -371,13 +418,24 @@ class Library:
         return PackedWeights(lay.format, int(n), int(k), kern.nr, kern.kr, kern.sr, data,
                              bias is not None, 32, kind)
 
-    def pack_lhs(self, kern: Kernel, x: np.ndarray, bl: int = 32, m_idx_start: int = 0) -> np.ndarray:
-        """Quantise and pack activation rows for q4 kernel ``kern`` (numpy reference packer)."""
-        lay = kern.lhs_layout(bl)
-        try:
-            return lay.pack(x, m_idx_start=m_idx_start)
-        except LayoutError as e:
-            raise ArgumentError(str(e)) from None
+    def packer(self, fmt: str, mr: int, kr: int, sr: int, rounding: str = "away") -> Packer | None:
+        """The library's NEON packer for this LHS format and geometry (same L = kr/sr)."""
+        for p in self.packers.values():
+            sp = p.spec
+            if (sp.fmt, sp.mr, sp.L, sp.rounding) == (fmt, mr, kr // sr, rounding) and kr % sr == 0:
+                return p
+        return None
+
+    def pack_lhs(self, fmt: str, x: np.ndarray, *, mr: int, kr: int, sr: int, bl: int = 32,
+                 m_idx_start: int = 0, rounding: str = "away") -> np.ndarray:
+        """Quantise and pack activation rows with the library's generated NEON packer (same
+        arguments and bytes as ``tilegen.pack_lhs``)."""
+        p = self.packer(fmt, mr, kr, sr, rounding)
+        if p is None:
+            raise ArgumentError(f"no {fmt} packer with mr={mr}, kr/sr={kr // max(sr, 1)} "
+                                f"({rounding}) in {self.path.name}; it has: "
+                                f"{', '.join(sorted(self.packers)) or 'none'}")
+        return p(x, bl=bl, m_idx_start=m_idx_start)
 
     # -- ops ----------------------------------------------------------------------------
     def workspace_size(self, packed: PackedWeights, m: int) -> int:
@@ -421,11 +479,14 @@ class Library:
         else:   # quantise + pack the activations, split over m in multiples of m_step
             lhs = np.zeros(kern.lhs_packed_size(m, k, bl), np.uint8)
             lay = kern.lhs_layout(bl)
+            neon = self.packer(kern.spec.info.lhs, kern.spec.lhs_mr, kern.kr, kern.sr)
 
-            def pack_part(m0, m1):
+            def pack_part(m0, m1):    # m0 is a multiple of m_step (and so of the LHS mr)
                 off = lay.packed_offset(m0, k)
-                part = self.pack_lhs(kern, x2[m0:m1], bl, m_idx_start=0)
-                lhs[off:off + part.nbytes] = part
+                if neon is not None:
+                    neon(x2[m0:m1], bl=bl, out=lhs[off:])
+                else:
+                    lhs[off:off + lay.region_size(m1 - m0, k)] = lay.pack(x2[m0:m1])
             run_parallel([lambda a=a, b=b: pack_part(a, b)
                           for a, b in split(m, kern.m_step, nthreads)])
         rhs = packed.data

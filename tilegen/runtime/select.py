@@ -52,6 +52,8 @@ def build_table(kernels: Iterable, family: str) -> list[KernelPair]:
         # prefer a gemv of the gemm's own ISA, then any the CPU may run
         gemvs.sort(key=lambda v: (v.spec.isa != g.spec.isa, ISA_PREFERENCE.index(v.spec.isa)))
         table.append(KernelPair(g, gemvs[0] if gemvs else (g if g.mr == 1 else None)))
-    table.sort(key=lambda p: (ISA_PREFERENCE.index(p.gemm.spec.isa), -p.gemm.mr * p.gemm.nr,
+    # best ISA first; within it, gemm kernels that have a gemv partner, then the biggest tile
+    table.sort(key=lambda p: (ISA_PREFERENCE.index(p.gemm.spec.isa), p.gemv is None,
+                              -p.gemm.mr * p.gemm.nr,
                               -p.gemm.nr, p.gemm.name))
     return table

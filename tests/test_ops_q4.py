@@ -1,0 +1,84 @@
+"""q4 through the library API: NEON LHS packers, pack_weights, matmul (threads), get_rows."""
+from __future__ import annotations
+
+import gguf
+import numpy as np
+import pytest
+
+import tilegen
+from tilegen.layout.ggml import quantize_q4_0
+from tilegen.layout.q4 import QAI8DXP, QSI8D32P, QSI4C32PScaleF16
+from tilegen.reference_q4 import matmul_qsi8d32p_qsi4c32pscalef16
+
+from conftest import guest
+from test_exec_q4 import ALL_SPECS, q4_lib  # noqa: F401 - shared session fixture
+
+PACKERS = sorted({(s.info.lhs, s.lhs_mr, s.kr, s.sr) for s in ALL_SPECS})
+
+
+@pytest.mark.parametrize("cpu", ["cortex-a53", "max"])
+@pytest.mark.parametrize("fmt,mr,kr,sr", PACKERS)
+def test_library_packer_matches_numpy(fmt, mr, kr, sr, cpu, q4_lib):
+    rng = np.random.default_rng(mr * 100 + kr)
+    for m, k, start, pad in [(1, 64, 0, 0), (7, 96, 0, 5), (mr + 1, 128, mr - 1 if mr > 1 else 0, 1),
+                             (13, 256, 2 * mr, 0)]:
+        x = (rng.normal(size=(m, k)) * 2).astype(np.float32)
+        x[0, : k // 2] = np.round(x[0, : k // 2] * 4) / 4          # exact ties
+        got = guest(cpu).call("guest_calls:lib_pack_lhs", str(q4_lib), fmt, x, mr, kr, sr, 32,
+                              start, pad)
+        ref = tilegen.pack_lhs(fmt, x, mr=mr, kr=kr, sr=sr, bl=32, m_idx_start=start)
+        assert np.array_equal(got, ref), (fmt, m, k, start)
+
+
+@pytest.mark.parametrize("cpu,isa", [("neoverse-n1", "dotprod"), ("neoverse-v1", "i8mm"),
+                                     ("max", "i8mm")])
+def test_q4_0_matmul_op(cpu, isa, q4_lib):
+    rng = np.random.default_rng(17)
+    n, k, m = 37, 256, 21
+    w = rng.normal(size=(n, k)).astype(np.float32)
+    x = rng.normal(size=(m, k)).astype(np.float32)
+    raw = quantize_q4_0(w)
+    res = guest(cpu).call("guest_calls:q4_ops", str(q4_lib), "q4_0", w, x, raw, (1, 2, 3),
+                          np.array([0, 5, 36, 5]))
+    assert res["kernel"].endswith(f"_neon_{isa}") and "_1x" in res["gemv"]
+    for o in res["outs"][1:]:
+        assert np.array_equal(o, res["outs"][0])       # bit-identical for every thread count
+    assert np.array_equal(res["packed"], res["packed_ggml"])   # from float == from ggml bytes
+    lay = QSI4C32PScaleF16(res["nr"], res["kr"], res["sr"], 32)
+    assert np.array_equal(res["packed"], lay.pack(raw))
+    # same packed integer math on the host, with the kernel's LHS layout
+    kspec = next(s for s in ALL_SPECS if s.name == res["kernel"])
+    lhs = QSI8D32P(kspec.lhs_mr, kspec.kr, kspec.sr, 32).pack(x)
+    ref = matmul_qsi8d32p_qsi4c32pscalef16(lhs, res["packed"], m, n, k, 32, kspec.lhs_mr,
+                                           kspec.nr, kspec.kr, kspec.sr, -3.4e38, 3.4e38)
+    assert np.array_equal(res["outs"][0], ref)
+    deq = gguf.quants.dequantize(raw, gguf.GGMLQuantizationType.Q4_0).reshape(n, k)
+    f64 = x.astype(np.float64) @ deq.astype(np.float64).T
+    assert np.linalg.norm(res["outs"][0] - f64) / np.linalg.norm(f64) <= 2e-2
+    assert np.array_equal(res["rows"], deq[[0, 5, 36, 5]])  # get_rows: exact dequantisation
+    assert np.allclose(res["gemv_out"], res["outs"][0][:1], rtol=1e-5, atol=1e-4)
+
+
+def test_q4_0_dx_matmul_op(q4_lib):
+    rng = np.random.default_rng(3)
+    n, k, m = 20, 128, 9
+    w = rng.normal(size=(n, k)).astype(np.float32)
+    x = rng.normal(size=(m, k)).astype(np.float32)
+    res = guest("max").call("guest_calls:q4_ops", str(q4_lib), "q4_0_dx", w, x, None, (1, 2))
+    assert np.array_equal(res["outs"][0], res["outs"][1])
+    deq = tilegen.dequantize_rows(res["packed"], "qsi4c32p", n, k, res["nr"], res["kr"], res["sr"],
+                                  32, np.arange(n))
+    f64 = x.astype(np.float64) @ deq.astype(np.float64).T
+    assert np.linalg.norm(res["outs"][0] - f64) / np.linalg.norm(f64) <= 2e-2
+
+
+def test_dequantize_rows_equals_gguf():
+    rng = np.random.default_rng(9)
+    n, k = 11, 96
+    w = rng.normal(size=(n, k)).astype(np.float32)
+    raw = quantize_q4_0(w)
+    packed = tilegen.pack_rhs("qsi4c32pscalef16", nr=4, kr=16, sr=2, bl=32, ggml=raw, n=n, k=k)
+    rows = np.array([10, 0, 3])
+    got = tilegen.dequantize_rows(packed, "qsi4c32pscalef16", n, k, 4, 16, 2, 32, rows)
+    deq = gguf.quants.dequantize(raw, gguf.GGMLQuantizationType.Q4_0).reshape(n, k)
+    assert np.array_equal(got, deq[rows])
