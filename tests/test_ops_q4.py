@@ -82,3 +82,23 @@ def test_dequantize_rows_equals_gguf():
     got = tilegen.dequantize_rows(packed, "qsi4c32pscalef16", n, k, 4, 16, 2, 32, rows)
     deq = gguf.quants.dequantize(raw, gguf.GGMLQuantizationType.Q4_0).reshape(n, k)
     assert np.array_equal(got, deq[rows])
+
+
+def test_kernel_geometry_comes_from_layouts(q4_lib):
+    """Per-kernel getters (KleidiAI's) agree with the layout objects and the golden sizes."""
+    import json
+    man = json.loads((q4_lib / "manifest.json").read_text())
+    entry = next(e for e in man["kernels"] if e["name"].endswith("qsi8d32p4x8_qsi4c32p4x8_16x4_neon_i8mm"))
+    assert (entry["m_step"], entry["n_step"], entry["tile"]["kr"], entry["lhs_mr"]) == (16, 4, 16, 4)
+    from tilegen.runtime.library import Kernel
+
+    class _Fn:   # a stand-in for the ctypes function: geometry needs no Arm CPU
+        restype = argtypes = None
+    k = Kernel(entry, _Fn())
+    assert k.rhs_packed_size(12, 96, 32) == QSI4C32PScaleF16(4, 16, 2, 32).packed_size(12, 96) == 648
+    assert k.lhs_packed_size(5, 96, 32) == QSI8D32P(4, 16, 2, 32).packed_size(5, 96) == 816
+    assert k.rhs_packed_offset(8, 96, 32) == 2 * 4 * 3 * 18
+    assert k.lhs_packed_offset(4, 96, 32) == 4 * 3 * 34
+    assert k.dst_offset(2, 4, 64) == 2 * 64 + 16 and k.dst_size(5, 12) == 240
+    assert {p["name"] for p in man["packers"]} >= {"lhs_quant_pack_qsi8d32p4x8_f32_neon",
+                                                    "lhs_quant_pack_qai8dxp4x4_f32_neon"}

@@ -78,3 +78,28 @@ def test_allocation_is_disjoint_and_saves_callee_saved():
 
 def test_public_api():
     assert tilegen.generate and tilegen.build_library and tilegen.load and tilegen.pack_rhs
+
+
+@pytest.mark.parametrize("kw,match", [
+    (dict(family="q4_0", isa="dotprod", mr=4, nr=6), "nr=6 must be a multiple of 4"),
+    (dict(family="q4_0", isa="dotprod", mr=6, nr=4), "mr=6 must be 1"),
+    (dict(family="q4_0", isa="i8mm", mr=4, nr=4, kr=8, sr=2), "i8mm .* kr/sr = 8"),
+    (dict(family="q4_0", isa="i8mm", mr=1, nr=4, kr=16, sr=2), "mr a multiple of 4"),
+    (dict(family="q4_0", isa="dotprod", mr=4, nr=4, kr=16, sr=2), "kr/sr = 8 for gemv"),
+    (dict(family="q4_0", isa="dotprod", mr=4, nr=4, kr=8, sr=1), "needs sr=2"),
+    (dict(family="q4_0_dx", isa="dotprod", mr=4, nr=4, kr=9, sr=2), "multiple of sr"),
+    (dict(family="q4_0", isa="dotprod", mr=4, nr=64), "vector registers"),
+])
+def test_q4_invalid_tiles(kw, match):
+    with pytest.raises(SpecError, match=match):
+        KernelSpec(**kw).validate()
+
+
+def test_q4_names_and_register_blocking():
+    s = parse_spec("q4_0:i8mm:16x4")
+    assert s.name == "matmul_clamp_f32_qsi8d32p4x8_qsi4c32p4x8_16x4_neon_i8mm"
+    assert (s.kr, s.sr, s.lhs_mr, s.m_step, s.n_step) == (16, 2, 4, 16, 4)
+    assert parse_spec("q4_0_dx:dotprod:1x4").name == \
+        "matmul_clamp_f32_qai8dxp1x4_qsi4c32p4x4_1x4_neon_dotprod"
+    r = allocate(parse_spec("q4_0:dotprod:16x4"))
+    assert r.mr_reg == 8 and r.needs.total <= 32      # 16 rows = 2 register blocks of 8
