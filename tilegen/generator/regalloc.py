@@ -122,7 +122,7 @@ class Q4NeonRegs:
     blocks of ``lhs_mr`` rows); ``mr_reg`` is the largest such block that fits the register file.
     """
 
-    mode: str                              # "dot4" (SDOT by lane), "dot8" (SDOT, column pairs), "mm" (SMMLA)
+    mode: str   # "dot4" (SDOT by lane), "dot8" (SDOT, column pairs), "mm" (SMMLA), "neon4" (SMULL+SADALP)
     mr_reg: int
     lhs_mr: int
     groups: int
@@ -161,6 +161,11 @@ _Q4_SCALARS = ("n_rem", "rhs_ptr", "dst_tile", "dst_row", "blk_cnt", "chunk_cnt"
 
 def _q4_mode(spec: KernelSpec) -> str:
     L = spec.L
+    if spec.isa == "neon":
+        if L == 4:
+            return "neon4"
+        raise SpecError(f"plain-NEON q4 kernels (SMULL/SADALP) need kr/sr = 4; got kr={spec.kr}, "
+                        f"sr={spec.sr} (kr/sr={L})")
     if spec.isa == "dotprod":
         if L == 4:
             return "dot4"
@@ -178,8 +183,9 @@ def _q4_mode(spec: KernelSpec) -> str:
 
 def _q4_vector_needs(spec: KernelSpec, mode: str, mr_reg: int, P: int) -> VectorNeeds:
     G, nv = mr_reg // P, spec.nr // 4
-    iacc = {"dot4": mr_reg * nv, "dot8": 2 * nv, "mm": mr_reg * nv}[mode]
-    lhs = {"dot4": 2 * G if P == 4 else 2, "dot8": 2, "mm": 4 * G}[mode]
+    iacc = {"dot4": mr_reg * nv, "dot8": 2 * nv, "mm": mr_reg * nv, "neon4": 2 * mr_reg * nv}[mode]
+    lhs = {"dot4": 2 * G if P == 4 else 2, "dot8": 2, "mm": 4 * G,
+           "neon4": 2 * G if P == 4 else 2}[mode]
     parts = [("f32 accumulators", mr_reg * nv), ("int32 accumulators", iacc), ("LHS", lhs),
              ("RHS", 2), ("nibble mask", 1), ("column scales", nv)]
     if spec.family == "q4_0":
@@ -224,6 +230,10 @@ def _allocate_q4_neon(spec: KernelSpec) -> Q4NeonRegs:
     dl = vp.take(G) if spec.family == "q4_0" else []
     if mode == "dot8":
         iacc = tuple(vp.take(2 * nv))
+    elif mode == "neon4":   # [row][vec] -> (columns 0-1 partials, columns 2-3 partials)
+        flat = vp.take(2 * mr_reg * nv)
+        iacc = tuple(tuple((flat[2 * (r * nv + c)], flat[2 * (r * nv + c) + 1]) for c in range(nv))
+                     for r in range(mr_reg))
     elif mode == "dot4":
         flat = vp.take(mr_reg * nv)
         iacc = tuple(tuple(flat[r * nv:(r + 1) * nv]) for r in range(mr_reg))
@@ -248,6 +258,7 @@ def _allocate_q4_neon(spec: KernelSpec) -> Q4NeonRegs:
 
 
 _ALLOCATORS = {("f32", "neon"): _allocate_f32_neon,
+               ("q4_0", "neon"): _allocate_q4_neon, ("q4_0_dx", "neon"): _allocate_q4_neon,
                ("q4_0", "dotprod"): _allocate_q4_neon, ("q4_0", "i8mm"): _allocate_q4_neon,
                ("q4_0_dx", "dotprod"): _allocate_q4_neon, ("q4_0_dx", "i8mm"): _allocate_q4_neon}
 

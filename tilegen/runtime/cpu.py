@@ -29,6 +29,9 @@ class CpuInfo:
     features: frozenset[str]
     hwcap: int = 0
     hwcap2: int = 0
+    sve_vl: int | None = None      # SVE vector length in bits (None: no SVE)
+    sme_vl: int | None = None      # SME streaming vector length in bits (None: no SME)
+    detected: frozenset[str] = frozenset()   # before TILEGEN_ISA / TILEGEN_SME
 
     @property
     def is_arm64(self) -> bool:
@@ -55,7 +58,27 @@ def _macos_features() -> set[str]:
     return feats
 
 
+PR_SVE_GET_VL, PR_SME_GET_VL = 51, 64
+
+
+def _linux_vl(option: int) -> int | None:
+    libc = ctypes.CDLL(None)
+    libc.prctl.restype = ctypes.c_int
+    libc.prctl.argtypes = [ctypes.c_int, ctypes.c_ulong, ctypes.c_ulong, ctypes.c_ulong, ctypes.c_ulong]
+    r = libc.prctl(option, 0, 0, 0, 0)
+    return None if r < 0 else 8 * (r & 0xFFFF)
+
+
+def _sme_mode() -> str:
+    mode = os.environ.get("TILEGEN_SME", "0").strip().lower()
+    if mode not in ("0", "1", "auto"):
+        raise ValueError(f"TILEGEN_SME must be 0, 1 or auto, got {mode!r}")
+    return mode
+
+
 def _apply_override(feats: set[str]) -> set[str]:
+    if _sme_mode() == "0":        # SME kernels are opt-in, as in the seed
+        feats = feats - {"sme", "sme2"}
     spec = os.environ.get("TILEGEN_ISA")
     if not spec:
         return feats
@@ -67,7 +90,7 @@ def _apply_override(feats: set[str]) -> set[str]:
 
 
 @lru_cache(maxsize=None)
-def _detect_cached(isa_env: str | None) -> CpuInfo:
+def _detect_cached(isa_env: str | None, sme_env: str | None) -> CpuInfo:
     machine = platform.machine().lower()
     hw = hw2 = 0
     feats: set[str] = set()
@@ -80,9 +103,12 @@ def _detect_cached(isa_env: str | None) -> CpuInfo:
             feats = _macos_features()
         else:
             feats = {"neon"}
-    return CpuInfo(machine, frozenset(_apply_override(feats)), hw, hw2)
+    sve_vl = _linux_vl(PR_SVE_GET_VL) if "sve" in feats and sys.platform.startswith("linux") else None
+    sme_vl = _linux_vl(PR_SME_GET_VL) if "sme" in feats and sys.platform.startswith("linux") else None
+    return CpuInfo(machine, frozenset(_apply_override(feats)), hw, hw2, sve_vl, sme_vl,
+                   frozenset(feats))
 
 
 def detect() -> CpuInfo:
-    """Features of the CPU this Python runs on (after the TILEGEN_ISA override)."""
-    return _detect_cached(os.environ.get("TILEGEN_ISA"))
+    """Features of the CPU this Python runs on (after the TILEGEN_ISA / TILEGEN_SME overrides)."""
+    return _detect_cached(os.environ.get("TILEGEN_ISA"), os.environ.get("TILEGEN_SME"))

@@ -6,6 +6,7 @@ import hashlib
 import json
 import math
 import os
+import struct
 import sys
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -52,6 +53,63 @@ class PackedWeights:
     @property
     def nbytes(self) -> int:
         return int(self.data.nbytes)
+
+    # -- persistence: pack once, load per run ---------------------------------------
+    MAGIC = b"TILEGENPW"
+    VERSION = 1
+
+    def _meta(self) -> dict:
+        return {"format": self.format, "n": self.n, "k": self.k, "nr": self.nr, "kr": self.kr,
+                "sr": self.sr, "bl": self.bl, "has_bias": self.has_bias, "kind": self.kind,
+                "nbytes": self.nbytes,
+                "sha256": hashlib.sha256(np.ascontiguousarray(self.data).tobytes()).hexdigest()}
+
+    def save(self, path: str | os.PathLike) -> None:
+        """Write ``MAGIC, u32 version, u32 header length, JSON header, data`` to ``path``."""
+        hdr = json.dumps(self._meta(), sort_keys=True).encode()
+        with open(path, "wb") as f:
+            f.write(self.MAGIC + struct.pack("<II", self.VERSION, len(hdr)) + hdr)
+            f.write(np.ascontiguousarray(self.data).tobytes())
+
+    @classmethod
+    def load(cls, path: str | os.PathLike) -> "PackedWeights":
+        """Read a file written by :meth:`save`; any mismatch raises :class:`LoadError`."""
+        blob = Path(path).read_bytes()
+        head = len(cls.MAGIC) + 8
+        if len(blob) < head or not blob.startswith(cls.MAGIC):
+            raise LoadError(f"{path} is not a tilegen packed-weights file")
+        version, hlen = struct.unpack("<II", blob[len(cls.MAGIC):head])
+        if version != cls.VERSION:
+            raise LoadError(f"{path}: packed-weights version {version}, this tilegen reads {cls.VERSION}")
+        try:
+            meta = json.loads(blob[head:head + hlen])
+            data = np.frombuffer(blob, np.uint8, offset=head + hlen).copy()
+            if data.nbytes != meta["nbytes"]:
+                raise LoadError(f"{path} is truncated: {data.nbytes} of {meta['nbytes']} data bytes")
+            if hashlib.sha256(data.tobytes()).hexdigest() != meta["sha256"]:
+                raise LoadError(f"{path}: data does not match its checksum (corrupted file)")
+            pw = cls(meta["format"], meta["n"], meta["k"], meta["nr"], meta["kr"], meta["sr"], data,
+                     meta["has_bias"], meta["bl"], meta["kind"])
+        except (ValueError, KeyError, TypeError) as e:
+            raise LoadError(f"{path}: bad packed-weights header ({e})") from None
+        from ..layout.api import layout_for
+        lay = layout_for(pw.format, nr=pw.nr, kr=pw.kr, sr=pw.sr, bl=pw.bl or 32)
+        if lay.packed_size(pw.n, pw.k) != data.nbytes:
+            raise LoadError(f"{path}: {data.nbytes} bytes but {pw.format} n={pw.n} k={pw.k} needs "
+                            f"{lay.packed_size(pw.n, pw.k)}")
+        return pw
+
+    @classmethod
+    def from_q4_0(cls, raw, n: int, k: int, nr: int = 4, kr: int = 16, sr: int = 2) -> "PackedWeights":
+        """Repack raw ggml block_q4_0 bytes (n rows x k/32 blocks) for the q4_0 kernels with
+        this (nr, kr, sr) -- llama.cpp's i8mm/dotprod pair uses nr=4, kr=16, sr=2."""
+        from ..layout.q4 import QSI4C32PScaleF16
+        lay = QSI4C32PScaleF16(nr, kr, sr, 32)
+        try:
+            data = lay.pack_from_ggml(raw, n, k)
+        except LayoutError as e:
+            raise ArgumentError(str(e)) from None
+        return cls(lay.format, n, k, nr, kr, sr, data, False, 32, "q4_0")
 
 
 def _check_matrix(name: str, a, rows: int | None = None, cols: int | None = None,
@@ -438,10 +496,14 @@ class Library:
         return p(x, bl=bl, m_idx_start=m_idx_start)
 
     # -- ops ----------------------------------------------------------------------------
-    def workspace_size(self, packed: PackedWeights, m: int) -> int:
-        """Bytes of packed LHS an (m x k) matmul with ``packed`` needs."""
-        kern = self.select(packed, m)
-        return 0 if kern.family == "f32" else kern.lhs_packed_size(m, packed.k, packed.bl or 32)
+    def workspace_size(self, op: str, m: int, n: int, k: int) -> int:
+        """Bytes of packed activations a matmul on ``op`` weights ("f32", "f16", "q4_0",
+        "q4_0_dx") of shape (n, k) needs for m rows (0 for f32: its LHS is not packed)."""
+        for v, nm in ((m, "m"), (n, "n"), (k, "k")):
+            if isinstance(v, bool) or not isinstance(v, (int, np.integer)) or v < 1:
+                raise ArgumentError(f"{nm} must be a positive int, got {v!r}")
+        kern = self._pairs(op)[0].pick(m, self.gemv_threshold)
+        return 0 if kern.family == "f32" else kern.lhs_packed_size(m, k, 32)
 
     def matmul(self, x: np.ndarray, packed: PackedWeights, clamp: tuple[float, float] | None = None,
                out: np.ndarray | None = None, threads: int | None = None) -> np.ndarray:

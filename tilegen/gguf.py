@@ -1,0 +1,59 @@
+"""Read weight tensors from GGUF files (via the ``gguf`` package) as PackedWeights."""
+from __future__ import annotations
+
+import os
+
+import numpy as np
+
+from .runtime.library import ArgumentError, LoadError, PackedWeights
+
+__all__ = ["load_tensor", "tensor_names"]
+
+
+def _reader(path):
+    try:
+        import gguf
+    except ImportError:
+        raise ImportError("reading GGUF needs the gguf package: pip install gguf") from None
+    try:
+        return gguf, gguf.GGUFReader(os.fspath(path))
+    except (OSError, ValueError) as e:
+        raise LoadError(f"cannot read GGUF file {path}: {e}") from None
+
+
+def tensor_names(path) -> list[str]:
+    _, r = _reader(path)
+    return [t.name for t in r.tensors]
+
+
+def load_tensor(path, name: str, lib=None, *, nr: int | None = None) -> PackedWeights:
+    """Tensor ``name`` (2-D: ne[0] = k, ne[1] = n) as PackedWeights.
+
+    Q4_0 is repacked straight from its block_q4_0 bytes; F16/F32 are converted and packed for
+    the f32 kernels.  With ``lib`` the layout of that library's preferred kernel is used,
+    otherwise llama.cpp's defaults (q4_0: nr 4, kr 16, sr 2; f32: nr 16)."""
+    gguf, r = _reader(path)
+    t = next((t for t in r.tensors if t.name == name), None)
+    if t is None:
+        raise KeyError(f"no tensor {name!r} in {path}; it has: {', '.join(x.name for x in r.tensors)}")
+    dims = [int(d) for d in t.shape]
+    if len(dims) != 2:
+        raise ArgumentError(f"tensor {name!r} has shape {dims}; only 2-D weights are supported")
+    k, n = dims
+    T = gguf.GGMLQuantizationType
+    data = np.asarray(t.data)
+    if t.tensor_type == T.Q4_0:
+        raw = data.reshape(-1).view(np.uint8)
+        if lib is not None:
+            return lib.pack_weights(kind="q4_0", from_ggml=raw, n=n, k=k)
+        return PackedWeights.from_q4_0(raw, n, k)
+    if t.tensor_type in (T.F16, T.F32):
+        w = data.reshape(n, k)
+        kind = "f16" if t.tensor_type == T.F16 else "f32"
+        if lib is not None:
+            return lib.pack_weights(w, kind=kind, nr=nr)
+        from .layout.f32 import F32PackedRHS
+        lay = F32PackedRHS(nr or 16)
+        return PackedWeights(lay.name, n, k, lay.nr, 1, 1, lay.pack(w.astype(np.float32)), False,
+                             None, kind)
+    raise ArgumentError(f"tensor {name!r} is {T(t.tensor_type).name}; supported: Q4_0, F16, F32")
