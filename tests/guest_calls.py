@@ -156,3 +156,55 @@ def q4_ops(libdir: str, kind: str, w, x, raw=None, threads=(1, 2, 3), rows=None)
     if rows is not None:
         res["rows"] = lib.get_rows(pw, rows)
     return res
+
+
+def picks(libdir: str) -> dict:
+    """Which gemm/gemv kernel each weight kind selects on this CPU (tilegen info's view)."""
+    lib = _lib(libdir)
+    out = {}
+    for kind in ("f32", "f16", "q4_0", "q4_0_dx"):
+        p = lib._pairs(kind)[0]
+        out[kind] = (p.gemm.name, (p.gemv or p.gemm).name)
+    return out
+
+
+def run_ops(libdir: str, kind: str, w, x, thread_counts=(1, 2, 3, 8), rows=None, saved=None):
+    """pack once, matmul with several thread counts (batched x allowed), get_rows, and
+    optionally save/load the packed weights in the guest."""
+    lib = _lib(libdir)
+    pw = lib.pack_weights(w, kind=kind)
+    res = {"outs": [lib.matmul(x, pw, threads=t) for t in thread_counts],
+           "kernel": lib.select(pw, x.reshape(-1, pw.k).shape[0]).name,
+           "ws": lib.workspace_size(kind, x.reshape(-1, pw.k).shape[0], pw.n, pw.k)}
+    if rows is not None:
+        res["rows"] = lib.get_rows(pw, rows)
+    if saved is not None:
+        pw.save(saved)
+        again = tilegen.PackedWeights.load(saved)
+        res["reloaded"] = lib.matmul(x, again)
+    return res
+
+
+def gguf_matmul(libdir: str, path: str, name: str, x, rows):
+    from tilegen.gguf import load_tensor
+    lib = _lib(libdir)
+    pw = load_tensor(path, name, lib=lib)
+    return lib.matmul(x, pw), lib.get_rows(pw, rows), pw.format
+
+
+def concurrent_matmuls(libdir: str, w, xs, kind="q4_0", pool_threads=2):
+    """8 Python threads share one PackedWeights (each call also uses the pool)."""
+    import threading
+    lib = _lib(libdir)
+    pw = lib.pack_weights(w, kind=kind)
+    serial = [lib.matmul(x, pw, threads=1) for x in xs]
+    got = [None] * len(xs)
+
+    def worker(i):
+        got[i] = lib.matmul(xs[i], pw, threads=pool_threads)
+    ts = [threading.Thread(target=worker, args=(i,)) for i in range(len(xs))]
+    for t in ts:
+        t.start()
+    for t in ts:
+        t.join()
+    return serial, got

@@ -58,11 +58,24 @@ def _cmd_info(a: argparse.Namespace) -> int:
     cpu = detect()
     print(f"machine: {cpu.machine}")
     print(f"features: {', '.join(sorted(cpu.features)) or '(none: not an Arm64 CPU)'}")
+    if cpu.detected != cpu.features:
+        print(f"detected: {', '.join(sorted(cpu.detected))} (TILEGEN_ISA / TILEGEN_SME applied)")
+    print(f"SVE vector length: {cpu.sve_vl or '-'} bits; SME streaming vector length: "
+          f"{cpu.sme_vl or '-'} bits")
     if a.lib:
         from .runtime import load
+        from .runtime.select import KIND_FAMILY
         lib = load(a.lib)
         for k in lib.kernels.values():
             print(f"  {'ok  ' if lib.runnable(k) else 'no  '}{k.name}")
+        for kind in KIND_FAMILY:
+            try:
+                pair = lib._pairs(kind)[0]
+            except Exception as e:  # noqa: BLE001 - report, don't fail
+                print(f"{kind}: {e}")
+                continue
+            gemv = pair.gemv.name if pair.gemv else pair.gemm.name
+            print(f"{kind}: gemm {pair.gemm.name}; gemv (m <= {lib.gemv_threshold}) {gemv}")
     return 0
 
 

@@ -56,9 +56,17 @@ for _p in _PRESETS:
         TARGETS[_a] = _p
 
 # What a default build contains, per family; filtered by each target's features.
+# q4 gemm kernels come with the gemv partner that reads the same packed weights (the seed's
+# pairs: i8mm 16x4 kr16 + dotprod 1x4 kr16; dotprod 16x4 kr8 + 1x4 kr8), NEON fallback last.
 DEFAULT_KERNELS: tuple[str, ...] = (
     "f32:neon:6x16", "f32:neon:4x16", "f32:neon:8x8", "f32:neon:4x24",
     "f32:neon:5x12", "f32:neon:1x16", "f32:neon:1x4",
+    "q4_0:i8mm:16x4", "q4_0:dotprod:1x4:k16:s2",
+    "q4_0:dotprod:16x4", "q4_0:dotprod:1x4",
+    "q4_0:neon:4x4", "q4_0:neon:1x4",
+    "q4_0_dx:i8mm:4x8", "q4_0_dx:dotprod:1x8:k16:s2",
+    "q4_0_dx:dotprod:16x4", "q4_0_dx:dotprod:1x4",
+    "q4_0_dx:neon:4x4", "q4_0_dx:neon:1x4",
 )
 
 

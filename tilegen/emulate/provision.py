@@ -38,7 +38,7 @@ __all__ = ["NUMPY_VERSION", "GUEST_WHEELS", "QEMU_MIN_VERSION", "Toolbox", "Prov
 
 NUMPY_VERSION = "2.4.6"
 #: Requirements installed into the guest site dir (pip resolves their dependencies).
-GUEST_WHEELS: tuple[str, ...] = (f"numpy=={NUMPY_VERSION}", "pytest", "jinja2")
+GUEST_WHEELS: tuple[str, ...] = (f"numpy=={NUMPY_VERSION}", "pytest", "jinja2", "gguf")
 #: qemu-user older than this lacks SME2.
 QEMU_MIN_VERSION = 11
 GUEST_PYTHON_VERSION = "3.11"
@@ -46,6 +46,9 @@ _WHEEL_PLATFORMS = ("manylinux_2_28_aarch64", "manylinux2014_aarch64", "manylinu
 # libstdc++6: numpy's wheel links it (manylinux leaves it to the system)
 _SYSROOT_PACKAGES = ("python3-minimal", "python3", "libstdc++6")
 _STAMP = ".tilegen-complete"
+#: The guest site dir is named after its requirement list, so changing GUEST_WHEELS
+#: provisions a new one instead of reusing a stale cache.
+_SITE = "site-" + __import__("hashlib").sha256(" ".join(GUEST_WHEELS).encode()).hexdigest()[:10]
 _APT_SOURCE_FILES = (Path("/etc/apt/sources.list"), Path("/etc/apt/sources.list.d"))
 
 
@@ -408,11 +411,11 @@ def _cross_toolbox(root: Path) -> Toolbox | None:
     """The toolbox if every step's stamp is present, else None."""
     version = _read_stamp(root / "qemu")
     if version is None or _read_stamp(root / "sysroot") is None or \
-            _read_stamp(root / "site") is None:
+            _read_stamp(root / _SITE) is None:
         return None
     return Toolbox(qemu=_qemu_bin(root / "qemu"), sysroot=root / "sysroot",
                    python=root / "sysroot" / "usr" / "bin" / f"python{GUEST_PYTHON_VERSION}",
-                   site=root / "site", shim=_shim(root), qemu_version=version)
+                   site=root / _SITE, shim=_shim(root), qemu_version=version)
 
 
 def _native_toolbox(root: Path, log: Callable[[str], None]) -> Toolbox:
@@ -460,12 +463,12 @@ def ensure(quiet: bool = False) -> Toolbox:
 
         def check(site: Path) -> None:
             _run([str(qemu), "-L", str(sysroot), "-cpu", "max", "-E", f"PYTHONPATH={site}",
-                  "-E", "PYTHONNOUSERSITE=1", str(python), "-c", "import numpy, jinja2, pytest"],
+                  "-E", "PYTHONNOUSERSITE=1", str(python), "-c", "import numpy, jinja2, pytest, gguf"],
                  "importing the guest wheels under qemu",
                  "The downloaded wheels do not import in the aarch64 Python.")
 
-        if _read_stamp(root / "site") is None:
-            _build_step(root, "site", _step_wheels(True, log, check), log)
+        if _read_stamp(root / _SITE) is None:
+            _build_step(root, _SITE, _step_wheels(True, log, check), log)
             ran = True
         if ran:
             shutil.rmtree(root / "apt", ignore_errors=True)

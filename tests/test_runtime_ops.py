@@ -1,0 +1,141 @@
+"""The user-facing ops over a full default library on every CPU model (issue #5)."""
+from __future__ import annotations
+
+from pathlib import Path
+
+import gguf
+import numpy as np
+import pytest
+
+import tilegen
+from tilegen.emulate.remote import GuestError
+from tilegen.layout.ggml import quantize_q4_0
+from tilegen.reference import matmul_f32
+
+from conftest import guest
+
+OPS_CPUS = ("cortex-a53", "neoverse-n1", "neoverse-v1", "neoverse-n2", "max")
+EXPECTED_Q4_0 = {   # (gemm, gemv) suffixes each CPU must select
+    "cortex-a53": ("_4x4_neon", "qsi8d32p1x4_qsi4c32p4x4_1x4_neon"),
+    "neoverse-n1": ("_16x4_neon_dotprod", "qsi8d32p1x4_qsi4c32p4x4_1x4_neon_dotprod"),
+    "neoverse-v1": ("_16x4_neon_i8mm", "qsi8d32p1x8_qsi4c32p4x8_1x4_neon_dotprod"),
+    "neoverse-n2": ("_16x4_neon_i8mm", "qsi8d32p1x8_qsi4c32p4x8_1x4_neon_dotprod"),
+    "max": ("_16x4_neon_i8mm", "qsi8d32p1x8_qsi4c32p4x8_1x4_neon_dotprod"),
+}
+
+
+@pytest.fixture(scope="session")
+def all_lib(tmp_path_factory) -> Path:
+    out = tmp_path_factory.mktemp("alllib")
+    tilegen.build_library(None, target="linux-aarch64-all", out_dir=out)
+    return out
+
+
+@pytest.mark.parametrize("cpu", OPS_CPUS)
+def test_every_op_on_every_cpu(cpu, all_lib, tmp_path):
+    g = guest(cpu)
+    picks = g.call("guest_calls:picks", str(all_lib))
+    gemm, gemv = picks["q4_0"]
+    assert gemm.endswith(EXPECTED_Q4_0[cpu][0]) and gemv.endswith(EXPECTED_Q4_0[cpu][1]), picks
+    assert picks["f32"] == ("matmul_clamp_f32_f32_f32p16x1b_6x16_neon_mla",
+                            "matmul_clamp_f32_f32_f32p16x1b_1x16_neon_mla")
+    rng = np.random.default_rng(len(cpu))
+    n, k = 45, 128
+    w = rng.normal(size=(n, k)).astype(np.float32)
+    x = rng.normal(size=(2, 9, k)).astype(np.float32)            # batched
+    # f32 and f16: bit-exact FMA chain
+    for kind, wk in (("f32", w), ("f16", w.astype(np.float16))):
+        r = g.call("guest_calls:run_ops", str(all_lib), kind, wk, x, (1, 2, 3, 8))
+        ref = matmul_f32(x.reshape(-1, k), wk.astype(np.float32), None, -np.inf, np.inf)
+        for o in r["outs"]:
+            assert np.array_equal(o.reshape(-1, n), ref)
+        assert r["ws"] == 0
+    # q4_0: threads bit-identical, vs gguf dequant, get_rows exact, save/load round trip
+    saved = str(tmp_path / "w.tgpw")
+    r = g.call("guest_calls:run_ops", str(all_lib), "q4_0", w, x, (1, 2, 3, 8),
+               np.array([3, 0, 44]), saved)
+    for o in r["outs"][1:]:
+        assert np.array_equal(o, r["outs"][0])
+    assert np.array_equal(r["reloaded"], r["outs"][0])
+    assert r["kernel"].endswith(EXPECTED_Q4_0[cpu][0]) and r["ws"] > 0
+    deq = gguf.quants.dequantize(quantize_q4_0(w), gguf.GGMLQuantizationType.Q4_0).reshape(n, k)
+    f64 = x.reshape(-1, k).astype(np.float64) @ deq.astype(np.float64).T
+    err = np.linalg.norm(r["outs"][0].reshape(-1, n) - f64) / np.linalg.norm(f64)
+    assert err <= 2e-2
+    assert np.array_equal(r["rows"], deq[[3, 0, 44]])
+    # m == 1 goes to the gemv kernel
+    r1 = g.call("guest_calls:run_ops", str(all_lib), "q4_0", w, x[0, :1], (1,))
+    assert r1["kernel"].endswith(EXPECTED_Q4_0[cpu][1])
+    assert np.allclose(r1["outs"][0], r["outs"][0][0, :1], rtol=1e-5, atol=1e-4)
+
+
+def test_gguf_round_trip(all_lib, tmp_path):
+    rng = np.random.default_rng(8)
+    n, k = 24, 96
+    w = rng.normal(size=(n, k)).astype(np.float32)
+    path = tmp_path / "tiny.gguf"
+    wr = gguf.GGUFWriter(str(path), "llama")
+    q = gguf.quants.quantize(w, gguf.GGMLQuantizationType.Q4_0)
+    wr.add_tensor("blk.0.q4", q, raw_dtype=gguf.GGMLQuantizationType.Q4_0)
+    wr.add_tensor("blk.0.f16", w.astype(np.float16))
+    wr.add_tensor("blk.0.f32", w)
+    wr.write_header_to_file()
+    wr.write_kv_data_to_file()
+    wr.write_tensors_to_file()
+    wr.close()
+    x = rng.normal(size=(5, k)).astype(np.float32)
+    rows = np.array([0, 23, 7])
+    deq = gguf.quants.dequantize(q, gguf.GGMLQuantizationType.Q4_0).reshape(n, k)
+    y, got_rows, fmt = guest("neoverse-v1").call("guest_calls:gguf_matmul", str(all_lib), str(path),
+                                                 "blk.0.q4", x, rows)
+    assert fmt == "qsi4c32pscalef16" and np.array_equal(got_rows, deq[rows])
+    f64 = x.astype(np.float64) @ deq.astype(np.float64).T
+    assert np.linalg.norm(y - f64) / np.linalg.norm(f64) <= 2e-2
+    for name, wt in (("blk.0.f16", w.astype(np.float16).astype(np.float32)), ("blk.0.f32", w)):
+        y, got_rows, _ = guest("neoverse-v1").call("guest_calls:gguf_matmul", str(all_lib),
+                                                   str(path), name, x, rows)
+        assert np.array_equal(y, matmul_f32(x, wt, None, -np.inf, np.inf))
+        assert np.array_equal(got_rows, wt[rows])
+    from tilegen.gguf import load_tensor
+    with pytest.raises(KeyError, match="no tensor"):
+        load_tensor(path, "nope")
+
+
+def test_saved_weights_are_checked(tmp_path):
+    rng = np.random.default_rng(2)
+    w = rng.normal(size=(8, 64)).astype(np.float32)
+    pw = tilegen.PackedWeights.from_q4_0(quantize_q4_0(w), 8, 64)
+    p = tmp_path / "w.bin"
+    pw.save(p)
+    again = tilegen.PackedWeights.load(p)
+    assert np.array_equal(again.data, pw.data) and (again.n, again.k, again.nr) == (8, 64, 4)
+    blob = p.read_bytes()
+    (tmp_path / "trunc.bin").write_bytes(blob[:-10])
+    (tmp_path / "flip.bin").write_bytes(blob[:-1] + bytes([blob[-1] ^ 1]))
+    (tmp_path / "junk.bin").write_bytes(b"not a weights file")
+    for name, match in (("trunc.bin", "truncated"), ("flip.bin", "checksum"), ("junk.bin", "not a tilegen")):
+        with pytest.raises(tilegen.runtime.LoadError, match=match):
+            tilegen.PackedWeights.load(tmp_path / name)
+
+
+def test_concurrent_callers_bit_identical(all_lib):
+    rng = np.random.default_rng(4)
+    w = rng.normal(size=(36, 64)).astype(np.float32)
+    xs = [rng.normal(size=(int(rng.integers(1, 20)), 64)).astype(np.float32) for _ in range(8)]
+    serial, got = guest("max").call("guest_calls:concurrent_matmuls", str(all_lib), w, xs)
+    for a, b in zip(serial, got):
+        assert np.array_equal(a, b)
+
+
+@pytest.mark.parametrize("env,expect", [({"TILEGEN_ISA": "neon"}, "_4x4_neon"),
+                                        ({"TILEGEN_ISA": "neon,dotprod"}, "_16x4_neon_dotprod")])
+def test_isa_override_restricts_selection(env, expect, all_lib):
+    from tilegen.emulate.remote import GuestSession
+    with GuestSession("max", paths=[str(Path(__file__).parent)], env=env) as g:
+        assert g.call("guest_calls:picks", str(all_lib))["q4_0"][0].endswith(expect)
+
+
+def test_threads_must_be_positive(all_lib):
+    with pytest.raises(GuestError, match="threads must be a positive int"):
+        guest("max").call("guest_calls:run_ops", str(all_lib), "f32",
+                          np.ones((4, 8), np.float32), np.ones((2, 8), np.float32), (0,))
