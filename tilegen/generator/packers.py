@@ -33,6 +33,7 @@ spec)``, returns without writing anything (as do ``m == 0``, ``k == 0`` and, for
 from __future__ import annotations
 
 from dataclasses import dataclass
+from functools import lru_cache
 
 from .. import __version__
 from .render import _check_format, _env, symbol_for
@@ -53,6 +54,16 @@ MR_MAX = 64
 
 # Elements quantized per iteration of the hot loop (two ld1 of four q registers).
 ELEMS_PER_ITER = 32
+
+
+@lru_cache(maxsize=256)
+def _packer_layout(fmt: str, mr: int, kr: int, sr: int, rounding: str, bl: int | None):
+    from ..layout.q4 import QAI8DXP, QSI8D32P
+    if fmt == "qai8dxp":
+        return QAI8DXP(mr, kr, sr)
+    if bl is None or bl < 32 or bl % 32:
+        raise SpecError(f"qsi8d32p needs bl, a positive multiple of 32, got bl={bl!r}")
+    return QSI8D32P(mr, kr, sr, bl, rounding)
 
 
 @dataclass(frozen=True)
@@ -139,12 +150,7 @@ class PackerSpec:
     # -- geometry (KleidiAI getters), from the layout object --------------------------
     def layout(self, bl: int | None = None):
         """The packed-LHS layout object this packer writes (single source of geometry)."""
-        from ..layout.q4 import QAI8DXP, QSI8D32P
-        if self.fmt == "qai8dxp":
-            return QAI8DXP(self.mr, self.kr, self.sr)
-        if bl is None or bl < 32 or bl % 32:
-            raise SpecError(f"qsi8d32p needs bl, a positive multiple of 32, got bl={bl!r}")
-        return QSI8D32P(self.mr, self.kr, self.sr, bl, self.rounding)
+        return _packer_layout(self.fmt, self.mr, self.kr, self.sr, self.rounding, bl)
 
     def packed_stride(self, k: int, bl: int | None = None) -> int:
         """Bytes per block of mr rows."""

@@ -1,6 +1,8 @@
 """Shared helpers for layout objects."""
 from __future__ import annotations
 
+from functools import lru_cache
+
 
 class LayoutError(ValueError):
     """Input that does not fit a packed layout (shape, dtype, alignment)."""
@@ -10,6 +12,7 @@ def roundup(a: int, b: int) -> int:
     return -(-a // b) * b
 
 
+@lru_cache(maxsize=1024)   # layout objects are immutable; the runtime asks on every call
 def rhs_layout_for(spec, bl: int = 32):
     """The packed-RHS layout object a kernel spec reads (``bl``: block length of q4 formats)."""
     if spec.family == "f32":
@@ -24,6 +27,7 @@ def rhs_layout_for(spec, bl: int = 32):
     raise LayoutError(f"no RHS layout for family {spec.family!r}")
 
 
+@lru_cache(maxsize=1024)
 def lhs_layout_for(spec, bl: int = 32):
     """The packed-LHS layout object a kernel spec reads (None: unpacked f32 rows)."""
     if spec.family == "q4_0":
