@@ -48,8 +48,23 @@ class _Pool:
         return regs
 
 
+class _Frame:
+    """Stack frame shared by the kernels: saved registers + 16 bytes of clamp values."""
+
+    @property
+    def frame_bytes(self) -> int:
+        """Bytes below the entry sp, 16-byte aligned (AAPCS64)."""
+        saved = 8 * (len(self.saved_x) + len(self.saved_d))
+        return (saved + 16 + 15) // 16 * 16
+
+    @property
+    def clamp_offset(self) -> int:
+        """sp offset of the two f32 clamp values (min, max)."""
+        return 8 * (len(self.saved_x) + len(self.saved_d))
+
+
 @dataclass(frozen=True)
-class F32NeonRegs:
+class F32NeonRegs(_Frame):
     """Registers of the f32 NEON FMLA kernel (numbers; templates add the prefix)."""
 
     acc: tuple[tuple[int, ...], ...]     # acc[row][vec] holds dst[row][4*vec : 4*vec+4]
@@ -65,16 +80,6 @@ class F32NeonRegs:
     def n_vec(self) -> int:
         return len(self.acc[0])
 
-    @property
-    def frame_bytes(self) -> int:
-        """Stack frame: saved registers + 16 bytes of clamp values, 16-byte aligned."""
-        saved = 8 * (len(self.saved_x) + len(self.saved_d))
-        return (saved + 16 + 15) // 16 * 16
-
-    @property
-    def clamp_offset(self) -> int:
-        """sp offset of the two f32 clamp values (min, max)."""
-        return 8 * (len(self.saved_x) + len(self.saved_d))
 
 
 _F32_SCALARS = ("n_rem", "rhs_ptr", "dst_tile", "dst_row", "k_cnt", "lhs_blk_stride", "dst_blk_stride")
@@ -115,7 +120,7 @@ def _allocate_f32_neon(spec: KernelSpec) -> F32NeonRegs:
 
 
 @dataclass(frozen=True)
-class Q4NeonRegs:
+class Q4NeonRegs(_Frame):
     """Registers of the int4 x int8 kernels (dotprod SDOT / i8mm SMMLA).
 
     The tile's ``mr`` rows are computed ``mr_reg`` rows at a time (``groups`` packed LHS row
@@ -145,14 +150,6 @@ class Q4NeonRegs:
     def n_vec(self) -> int:
         return len(self.facc[0])
 
-    @property
-    def frame_bytes(self) -> int:
-        saved = 8 * (len(self.saved_x) + len(self.saved_d))
-        return (saved + 16 + 15) // 16 * 16
-
-    @property
-    def clamp_offset(self) -> int:
-        return 8 * (len(self.saved_x) + len(self.saved_d))
 
 
 _Q4_SCALARS = ("n_rem", "rhs_ptr", "dst_tile", "dst_row", "blk_cnt", "chunk_cnt", "nchunks",

@@ -115,8 +115,21 @@ def _rows_index(rows, n: int) -> np.ndarray:
 # ----------------------------------------------------------------------------------------
 # LHS: qai8dxp (dynamic per-row asymmetric int8)
 # ----------------------------------------------------------------------------------------
+class _Interleaved:
+    """Shared by the q4 layouts: interleave chunk L = kr/sr and blocks of bl elements."""
+
+    @property
+    def L(self) -> int:
+        return self.kr // self.sr
+
+    def num_blocks(self, k: int) -> int:
+        if k % self.bl:
+            raise LayoutError(f"k={k} is not a multiple of bl={self.bl}")
+        return k // self.bl
+
+
 @dataclass(frozen=True)
-class QAI8DXP:
+class QAI8DXP(_Interleaved):
     """KleidiAI ``qai8dxp<mr>x<L>``: per-row asymmetric int8, L = kr/sr interleave (LAYOUTS 3).
 
     Row block of ``mr`` rows (stride ``mr*(K32+8)``, ``K32 = roundup(k, 32)``)::
@@ -280,7 +293,7 @@ class QAI8DXP:
 # LHS: qsi8d32p (per-block symmetric int8, f16 scales)
 # ----------------------------------------------------------------------------------------
 @dataclass(frozen=True)
-class QSI8D32P:
+class QSI8D32P(_Interleaved):
     """KleidiAI ``qsi8d32p<mr>x<L>``: per-bl-block symmetric int8 with f16 scales.
 
     Group of ``mr`` rows, per k-block ``b`` (``block_stride = mr*(bl+2)`` bytes)::
@@ -320,15 +333,8 @@ class QSI8D32P:
     def name(self) -> str:
         return f"qsi8d32p{self.mr}x{self.kr // self.sr}"
 
-    @property
-    def L(self) -> int:
-        return self.kr // self.sr
 
     # -- geometry ----------------------------------------------------------------------
-    def num_blocks(self, k: int) -> int:
-        if k % self.bl:
-            raise LayoutError(f"k={k} is not a multiple of bl={self.bl}")
-        return k // self.bl
 
     @property
     def block_stride(self) -> int:
@@ -432,7 +438,7 @@ class QSI8D32P:
 # RHS: qsi4c32p (s1s0 input, bf16 scales, rsum, bias)
 # ----------------------------------------------------------------------------------------
 @dataclass(frozen=True)
-class QSI4C32P:
+class QSI4C32P(_Interleaved):
     """KleidiAI ``qsi4c32p<nr>x<L>`` from ``kai_rhs_pack_nxk_qsi4c32p_qsu4c32s1s0`` (LAYOUTS 4).
 
     Group of ``nr`` rows (stride ``nr*(B*(bl/2+2) + 8)``, ``B = k/bl``)::
@@ -472,15 +478,8 @@ class QSI4C32P:
     def name(self) -> str:
         return f"qsi4c32p{self.nr}x{self.kr // self.sr}"
 
-    @property
-    def L(self) -> int:
-        return self.kr // self.sr
 
     # -- geometry ----------------------------------------------------------------------
-    def num_blocks(self, k: int) -> int:
-        if k % self.bl:
-            raise LayoutError(f"k={k} is not a multiple of bl={self.bl}")
-        return k // self.bl
 
     @property
     def block_bytes(self) -> int:
@@ -673,7 +672,7 @@ class QSI4C32P:
 # RHS: qsi4c32pscalef16 (q4_0-style rows, f16 scales; llama.cpp's Q4_0 path)
 # ----------------------------------------------------------------------------------------
 @dataclass(frozen=True)
-class QSI4C32PScaleF16:
+class QSI4C32PScaleF16(_Interleaved):
     """KleidiAI's ``kai_rhs_pack_nxk_qsi4c32pscalef16_qsu4c32s16s0`` output (LAYOUTS 5).
 
     Group of ``nr`` rows (stride ``nr*B*(bl/2+2)``), per block ``b``
@@ -714,15 +713,8 @@ class QSI4C32PScaleF16:
     def name(self) -> str:
         return f"qsi4c32p{self.nr}x{self.kr // self.sr}"
 
-    @property
-    def L(self) -> int:
-        return self.kr // self.sr
 
     # -- geometry ----------------------------------------------------------------------
-    def num_blocks(self, k: int) -> int:
-        if k % self.bl:
-            raise LayoutError(f"k={k} is not a multiple of bl={self.bl}")
-        return k // self.bl
 
     @property
     def src_block_bytes(self) -> int:
