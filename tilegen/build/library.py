@@ -20,6 +20,7 @@ from .. import __version__
 from ..generator.abi import prototype, signature
 from ..generator.render import render
 from ..generator import packers as _packers
+from .cheader import getters_c, header
 from ..generator.packers import PackerSpec, packer_for
 from ..generator.render import Rendered
 from ..generator.spec import KernelSpec, parse_spec
@@ -30,6 +31,7 @@ __all__ = ["BuildError", "BuildResult", "build_library", "library_filename", "MA
            "kernel_entry"]
 
 MANIFEST_NAME = "manifest.json"
+HEADER_NAME = "tilegen_kernels.h"
 MANIFEST_VERSION = 1
 
 
@@ -169,6 +171,16 @@ def build_library(specs: Iterable[KernelSpec | PackerSpec | str] | None = None, 
 
     with ThreadPoolExecutor(max_workers=jobs or min(4, os.cpu_count() or 1)) as ex:
         objs = list(ex.map(assemble, rendered))
+    # KleidiAI-style getters (freestanding C from the layout objects) and the C header
+    kspecs = [r.spec for r in rendered if isinstance(r.spec, KernelSpec)]
+    gsrc = out / "src" / "tilegen_getters.c"
+    gsrc.write_text(getters_c(kspecs))
+    gobj = out / "obj" / "tilegen_getters.o"
+    p = _run(tc.assemble_cmd(gsrc, gobj, "-O2", "-ffreestanding", "-fno-stack-protector"))
+    if p.returncode != 0:
+        raise BuildError(f"compiling the getters failed:\n{(p.stderr + p.stdout).strip()}")
+    objs.append(gobj)
+    (out / HEADER_NAME).write_text(header(kspecs, packer_list))
     lib = out / library_filename(fmt)
     p = _run(tc.link_cmd(objs, lib))
     if p.returncode != 0:
@@ -187,6 +199,7 @@ def build_library(specs: Iterable[KernelSpec | PackerSpec | str] | None = None, 
                     if isinstance(r.spec, KernelSpec)],
         "packers": [packer_entry(r.spec, r.symbol) for r in rendered
                     if isinstance(r.spec, PackerSpec)],
+        "header": HEADER_NAME,
     }
     mpath = out / MANIFEST_NAME
     mpath.write_text(json.dumps(manifest, indent=2, sort_keys=True) + "\n")

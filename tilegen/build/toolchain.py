@@ -46,8 +46,9 @@ class Toolchain:
                 "target_flags": list(self.target_flags), "link_flags": list(self.link_flags),
                 "linker": " ".join(self.linker)}
 
-    def assemble_cmd(self, src: Path, obj: Path) -> list[str]:
-        return [*self.driver, *self.target_flags, "-c", str(src), "-o", str(obj)]
+    def assemble_cmd(self, src: Path, obj: Path, *extra: str) -> list[str]:
+        """Assemble a .S (or, with ``extra`` flags, compile a freestanding .c) to an object."""
+        return [*self.driver, *self.target_flags, *extra, "-c", str(src), "-o", str(obj)]
 
     def link_cmd(self, objs: list[Path], out: Path) -> list[str]:
         if self.linker:

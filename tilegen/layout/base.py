@@ -8,6 +8,21 @@ class LayoutError(ValueError):
     """Input that does not fit a packed layout (shape, dtype, alignment)."""
 
 
+@lru_cache(maxsize=512)
+def _compiled(expr: str):
+    return compile(expr, "<layout>", "eval")
+
+
+def eval_expr(expr: str, **env: int) -> int:
+    """Evaluate a layout's stride expression (integers, + * //, names k and bl)."""
+    return int(eval(_compiled(expr), {"__builtins__": {}}, env))  # noqa: S307 - own strings
+
+
+def c_expr(expr: str) -> str:
+    """The same expression in C over size_t (floor division is C's unsigned division)."""
+    return expr.replace("//", "/")
+
+
 def roundup(a: int, b: int) -> int:
     return -(-a // b) * b
 

@@ -10,7 +10,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from .base import LayoutError, roundup
+from .base import LayoutError, eval_expr, roundup
 
 F32 = np.dtype("<f4")
 
@@ -47,6 +47,11 @@ class F32PackedRHS:
     def name(self) -> str:
         return f"f32p{self.nr}x{self.kr}b"
 
+    @property
+    def format(self) -> str:
+        """Format name as recorded in PackedWeights (the panel width is part of it)."""
+        return self.name
+
     # -- geometry used by the generator ---------------------------------------------
     @property
     def bias_bytes(self) -> int:
@@ -58,8 +63,13 @@ class F32PackedRHS:
         """Bytes of one k-row of a panel (nr values)."""
         return self.nr * self.kr * self.elem_bytes
 
+    @property
+    def stride_expr(self) -> str:
+        """Bytes per panel as an expression in k (one source for Python and C getters)."""
+        return f"{self.bias_bytes} + k * {self.row_bytes}"
+
     def panel_stride(self, k: int) -> int:
-        return self.bias_bytes + k * self.row_bytes
+        return eval_expr(self.stride_expr, k=k)
 
     # -- sizes/offsets used by the runtime -------------------------------------------
     def packed_size(self, n: int, k: int) -> int:

@@ -31,7 +31,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from ..reference import fma_f32
-from .base import LayoutError, roundup
+from .base import LayoutError, eval_expr, roundup
 from .ggml import dequantize_q4_0, quantize_q4_0, split_q4_0
 
 __all__ = ["QAI8DXP", "QSI8D32P", "QSI4C32P", "QSI4C32PScaleF16",
@@ -169,8 +169,13 @@ class QAI8DXP(_Interleaved):
     def k_padded(k: int) -> int:
         return roundup(k, 32)
 
+    @property
+    def stride_expr(self) -> str:
+        """Bytes per row block as an expression in k (one source for Python and C getters)."""
+        return f"{self.mr} * ((k + 31) // 32 * 32 + 8)"
+
     def row_block_stride(self, k: int) -> int:
-        return self.mr * (self.k_padded(k) + 8)
+        return eval_expr(self.stride_expr, k=k)
 
     @property
     def chunk_bytes(self) -> int:
@@ -345,8 +350,14 @@ class QSI8D32P(_Interleaved):
     def chunk_bytes(self) -> int:
         return self.mr * self.L
 
+    @property
+    def stride_expr(self) -> str:
+        """Bytes per row group as an expression in k and bl (Python and C getters)."""
+        return f"{self.mr} * (k // bl) * (bl + 2)"
+
     def row_block_stride(self, k: int) -> int:
-        return self.num_blocks(k) * self.block_stride
+        self.num_blocks(k)
+        return eval_expr(self.stride_expr, k=k, bl=self.bl)
 
     def scale_offset(self, b: int) -> int:
         return b * self.block_stride
@@ -505,8 +516,14 @@ class QSI4C32P(_Interleaved):
         """Bytes of one 32-element chunk of a block (16*nr)."""
         return 16 * self.nr
 
+    @property
+    def stride_expr(self) -> str:
+        """Bytes per nr-group as an expression in k and bl (Python and C getters)."""
+        return f"{self.nr} * ((k // bl) * (bl // 2 + 2) + 8)"
+
     def group_stride(self, k: int) -> int:
-        return self.nr * (self.num_blocks(k) * (self.bl // 2 + 2) + 8)
+        self.num_blocks(k)
+        return eval_expr(self.stride_expr, k=k, bl=self.bl)
 
     def block_offset(self, b: int) -> int:
         return b * self.block_bytes
@@ -736,8 +753,14 @@ class QSI4C32PScaleF16(_Interleaved):
     def segments_per_block(self) -> int:
         return self.bl // self.kr
 
+    @property
+    def stride_expr(self) -> str:
+        """Bytes per nr-group as an expression in k and bl (Python and C getters)."""
+        return f"{self.nr} * (k // bl) * (bl // 2 + 2)"
+
     def group_stride(self, k: int) -> int:
-        return self.num_blocks(k) * self.block_stride
+        self.num_blocks(k)
+        return eval_expr(self.stride_expr, k=k, bl=self.bl)
 
     def scale_offset(self, b: int) -> int:
         return b * self.block_stride
