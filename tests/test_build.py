@@ -107,3 +107,29 @@ def test_cli_generate_build_list(tmp_path):
     assert "f32:neon:6x16" in p.stdout and "matmul_clamp_f32_f32_f32p16x1b_6x16_neon_mla" in p.stdout
     p = run("targets")
     assert "neoverse-n1" in p.stdout and "apple-m4" in p.stdout
+
+
+def test_presets_and_isa_selection(tmp_path):
+    from tilegen.build import TARGETS, default_specs, get_target
+    for name in ("generic-armv8", "cortex-a53", "cortex-a76", "neoverse-n1", "graviton2",
+                 "neoverse-v1", "graviton3", "neoverse-n2", "neoverse-v2", "graviton4", "grace",
+                 "apple-m1", "apple-m2", "apple-m3", "apple-m4", "a64fx", "linux-aarch64-all"):
+        t = get_target(name)
+        assert all(t.supports(s) for s in default_specs(t))
+    assert get_target("apple-m4").fmt == "macho" and "sme2" in get_target("apple-m4").features
+    assert "sve" not in get_target("apple-m4").features
+    isas = {s.isa for s in default_specs(get_target("cortex-a53"))}
+    assert isas == {"neon"}
+    assert {s.isa for s in default_specs(get_target("graviton3"))} == {"neon", "dotprod", "i8mm"}
+    with pytest.raises(TargetError, match="aarch64 host"):
+        get_target("native")
+    run = lambda *a: subprocess.run([sys.executable, "-m", "tilegen", *a], capture_output=True, text=True)
+    p = run("build", "--target", "graviton3", "--isa", "neon", "--kernel", "q4_0:i8mm:8x4", "-o",
+            str(tmp_path / "g3"))
+    assert p.returncode == 0, p.stderr
+    assert p.stderr == ""          # not a TTY: no progress output
+    names = [k["name"] for k in json.loads((tmp_path / "g3" / "manifest.json").read_text())["kernels"]]
+    assert "matmul_clamp_f32_qsi8d32p4x8_qsi4c32p4x8_8x4_neon_i8mm" in names
+    assert not any(n.endswith("_neon_dotprod") for n in names)
+    p = run("targets", "-v")
+    assert "q4_0:i8mm:16x4" in p.stdout

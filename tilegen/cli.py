@@ -23,8 +23,12 @@ def _cmd_generate(a: argparse.Namespace) -> int:
 
 
 def _cmd_build(a: argparse.Namespace) -> int:
-    from .build import build_library
-    res = build_library(a.kernel or None, target=a.target, out_dir=a.output, fmt=a.format,
+    from .build import build_library, default_specs, get_target
+    kernels = a.kernel or None
+    if a.isa:   # the preset's defaults of these ISAs, plus any --kernel
+        isas = [i.strip() for i in a.isa.split(",") if i.strip()]
+        kernels = [s.spec_string for s in default_specs(get_target(a.target), isas)] + (a.kernel or [])
+    res = build_library(kernels, target=a.target, out_dir=a.output, fmt=a.format,
                         cc=a.cc, quiet=a.quiet)
     if not a.quiet:
         for k in res.manifest["kernels"]:
@@ -50,6 +54,9 @@ def _cmd_targets(a: argparse.Namespace) -> int:
         alias = f" (= {', '.join(t.aliases)})" if t.aliases else ""
         print(f"{t.name}{alias}: {t.fmt}; features {','.join(sorted(t.features))}; "
               f"{len(default_specs(t))} default kernels")
+        if a.verbose:
+            for s in default_specs(t):
+                print(f"    {s.spec_string:<28} {s.name}")
     return 0
 
 
@@ -146,6 +153,8 @@ def main(argv: list[str] | None = None) -> int:
     b.add_argument("--target", default="generic-armv8")
     b.add_argument("--kernel", action="append", metavar="SPEC",
                    help="FAMILY:ISA:MRxNR[:kKR][:sSR]; repeatable (default: the target's kernels)")
+    b.add_argument("--isa", help="only the preset's default kernels of these ISAs, e.g. neon,dotprod "
+                                 "(--kernel adds more)")
     b.add_argument("--format", choices=("elf", "macho"))
     b.add_argument("--cc", help="compiler driver to use (else TILEGEN_CC, else discovery)")
     b.add_argument("-o", "--output", default="out")
@@ -157,6 +166,7 @@ def main(argv: list[str] | None = None) -> int:
     ls.set_defaults(fn=_cmd_list)
 
     t = sub.add_parser("targets", help="list CPU presets")
+    t.add_argument("-v", "--verbose", action="store_true", help="also list each preset's kernels")
     t.set_defaults(fn=_cmd_targets)
 
     i = sub.add_parser("info", help="detected CPU features (and which kernels of LIB can run)")

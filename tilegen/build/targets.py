@@ -70,13 +70,33 @@ DEFAULT_KERNELS: tuple[str, ...] = (
 )
 
 
+def native_target() -> Target:
+    """The build host's own CPU (aarch64 hosts only)."""
+    from ..runtime.cpu import detect
+    cpu = detect()
+    if not cpu.is_arm64:
+        raise TargetError(f"--target native needs an aarch64 host; this one is {cpu.machine} "
+                          f"(name a preset instead, see `tilegen targets`)")
+    import sys
+    return Target("native", frozenset(cpu.detected), "macho" if sys.platform == "darwin" else "elf",
+                  "native", description="the build host's CPU")
+
+
 def get_target(name: str) -> Target:
+    if name == "native":
+        return native_target()
     try:
         return TARGETS[name]
     except KeyError:
-        raise TargetError(f"unknown target {name!r}; known: {', '.join(sorted(TARGETS))}") from None
+        raise TargetError(f"unknown target {name!r}; known: {', '.join(sorted(TARGETS))}, "
+                          f"native") from None
 
 
-def default_specs(target: Target) -> list[KernelSpec]:
+def default_specs(target: Target, isas: list[str] | None = None) -> list[KernelSpec]:
+    """The default kernels the target can run, optionally only those of ``isas``."""
+    from ..generator.spec import ISA_FEATURES
+    for isa in isas or ():
+        if isa not in ISA_FEATURES:
+            raise TargetError(f"unknown isa {isa!r}; known: {', '.join(ISA_FEATURES)}")
     specs = [parse_spec(s) for s in DEFAULT_KERNELS]
-    return [s for s in specs if target.supports(s)]
+    return [s for s in specs if target.supports(s) and (not isas or s.isa in isas)]
