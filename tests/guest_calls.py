@@ -208,3 +208,8 @@ def concurrent_matmuls(libdir: str, w, xs, kind="q4_0", pool_threads=2):
     for t in ts:
         t.join()
     return serial, got
+
+
+def matmul_bias(libdir: str, kind: str, w, x, bias, clamp):
+    lib = _lib(libdir)
+    return lib.matmul(x, lib.pack_weights(w, kind=kind), bias=bias, clamp=clamp)

@@ -139,3 +139,20 @@ def test_threads_must_be_positive(all_lib):
     with pytest.raises(GuestError, match="threads must be a positive int"):
         guest("max").call("guest_calls:run_ops", str(all_lib), "f32",
                           np.ones((4, 8), np.float32), np.ones((2, 8), np.float32), (0,))
+
+
+@pytest.mark.parametrize("kind", ["f32", "q4_0"])
+def test_call_time_bias_and_clamp(kind, all_lib):
+    rng = np.random.default_rng(12)
+    w = rng.normal(size=(21, 64)).astype(np.float32)
+    x = rng.normal(size=(5, 64)).astype(np.float32)
+    b = rng.normal(size=21).astype(np.float32)
+    y = guest("max").call("guest_calls:matmul_bias", str(all_lib), kind, w, x, b, (-2.0, 3.0))
+    wd = w if kind == "f32" else gguf.quants.dequantize(
+        quantize_q4_0(w), gguf.GGMLQuantizationType.Q4_0).reshape(w.shape)
+    ref = np.clip(x.astype(np.float64) @ wd.astype(np.float64).T + b, -2.0, 3.0)
+    tol = 1e-5 if kind == "f32" else 5e-2       # q4: the int8 activation quantisation
+    assert np.max(np.abs(y - ref)) <= tol * max(1.0, np.abs(ref).max())
+    assert y.min() >= -2.0 and y.max() <= 3.0
+    with pytest.raises(GuestError, match="bias must be float32"):
+        guest("max").call("guest_calls:matmul_bias", str(all_lib), kind, w, x, b[:3], None)

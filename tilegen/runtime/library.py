@@ -505,9 +505,24 @@ class Library:
         kern = self._pairs(op)[0].pick(m, self.gemv_threshold)
         return 0 if kern.family == "f32" else kern.lhs_packed_size(m, k, 32)
 
-    def matmul(self, x: np.ndarray, packed: PackedWeights, clamp: tuple[float, float] | None = None,
-               out: np.ndarray | None = None, threads: int | None = None) -> np.ndarray:
-        """``clamp(x @ W.T + bias)`` for x of shape (m, k) or (..., m, k); float32 result."""
+    def matmul(self, x: np.ndarray, packed: PackedWeights, bias: np.ndarray | None = None,
+               clamp: tuple[float, float] | None = None, threads: int | None = None,
+               out: np.ndarray | None = None) -> np.ndarray:
+        """``clamp(x @ W.T + bias)`` for x of shape (m, k) or (..., m, k); float32 result.
+
+        A bias packed with the weights is applied inside the kernel; ``bias=`` given here is
+        added to the kernel's result (one f32 add) before the clamp."""
+        if bias is not None:
+            b = np.asarray(bias)
+            if b.dtype != np.float32 or b.shape != (getattr(packed, "n", -1),):
+                raise ArgumentError(f"bias must be float32 of shape ({getattr(packed, 'n', '?')},), "
+                                    f"got {b.dtype} {b.shape}")
+            y = self.matmul(x, packed, None, None, threads, out)
+            y += b
+            if clamp is not None:
+                cmin, cmax = _clamps(*clamp)
+                np.minimum(np.maximum(y, np.float32(cmin), out=y), np.float32(cmax), out=y)
+            return y
         if not isinstance(packed, PackedWeights):
             raise ArgumentError(f"weights must be PackedWeights (see lib.pack_weights), "
                                 f"got {type(packed).__name__}")
