@@ -213,3 +213,7 @@ def concurrent_matmuls(libdir: str, w, xs, kind="q4_0", pool_threads=2):
 def matmul_bias(libdir: str, kind: str, w, x, bias, clamp):
     lib = _lib(libdir)
     return lib.matmul(x, lib.pack_weights(w, kind=kind), bias=bias, clamp=clamp)
+
+
+def check_abi(libdir: str) -> dict:
+    return tilegen.load(libdir).check_abi()

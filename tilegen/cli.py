@@ -130,6 +130,21 @@ def _cmd_analyze(a: argparse.Namespace) -> int:
     return 0
 
 
+def _cmd_check_abi(a: argparse.Namespace) -> int:
+    from .runtime.cpu import detect
+    if not detect().is_arm64:   # x86-64 host: run this same command in the emulated Python
+        from .emulate.cli import emulate_main
+        return emulate_main(["--quiet", "--cpu", a.cpu, "--", "python", "-m", "tilegen",
+                             "check-abi", str(Path(a.lib).resolve())])
+    from .runtime import load
+    results = load(a.lib).check_abi()
+    bad = {k: v for k, v in results.items() if v}
+    for name, regs in sorted(results.items()):
+        print(f"{'FAIL' if regs else 'ok  '} {name}{': ' + ', '.join(regs) + ' not preserved' if regs else ''}")
+    print(f"{len(results) - len(bad)} of {len(results)} routines preserve x19-x28, d8-d15, sp, FPCR")
+    return 1 if bad else 0
+
+
 def main(argv: list[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     if argv and argv[0] == "emulate":  # everything after `--` belongs to the guest command
@@ -181,6 +196,11 @@ def main(argv: list[str] | None = None) -> int:
     an.add_argument("--json", action="store_true")
     an.add_argument("--plot", metavar="PNG")
     an.set_defaults(fn=_cmd_analyze)
+
+    ca = sub.add_parser("check-abi", help="run every kernel of LIB through the AAPCS64 probe")
+    ca.add_argument("lib")
+    ca.add_argument("--cpu", default="max", help="qemu model when emulating (default max)")
+    ca.set_defaults(fn=_cmd_check_abi)
 
     sub.add_parser("emulate", help="run CMD under qemu-user: emulate --cpu MODEL -- CMD...")
 

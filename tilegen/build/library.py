@@ -22,7 +22,7 @@ from ..generator.render import render
 from ..generator import packers as _packers
 from .cheader import getters_c, header
 from ..generator.packers import PackerSpec, packer_for
-from ..generator.render import Rendered
+from ..generator.render import ABI_PROBE, Rendered, render_abi_probe
 from ..generator.spec import KernelSpec, parse_spec
 from .targets import Target, TargetError, default_specs, get_target
 from .toolchain import Toolchain, ToolchainError, discover
@@ -180,6 +180,13 @@ def build_library(specs: Iterable[KernelSpec | PackerSpec | str] | None = None, 
     if p.returncode != 0:
         raise BuildError(f"compiling the getters failed:\n{(p.stderr + p.stdout).strip()}")
     objs.append(gobj)
+    psrc = out / "src" / f"{ABI_PROBE}.S"
+    psrc.write_text(render_abi_probe(fmt))
+    pobj = out / "obj" / f"{ABI_PROBE}.o"
+    p = _run(tc.assemble_cmd(psrc, pobj))
+    if p.returncode != 0:
+        raise BuildError(f"assembling the ABI probe failed:\n{(p.stderr + p.stdout).strip()}")
+    objs.append(pobj)
     (out / HEADER_NAME).write_text(header(kspecs, packer_list))
     lib = out / library_filename(fmt)
     p = _run(tc.link_cmd(objs, lib))
@@ -200,6 +207,7 @@ def build_library(specs: Iterable[KernelSpec | PackerSpec | str] | None = None, 
         "packers": [packer_entry(r.spec, r.symbol) for r in rendered
                     if isinstance(r.spec, PackerSpec)],
         "header": HEADER_NAME,
+        "abi_probe": ABI_PROBE,
     }
     mpath = out / MANIFEST_NAME
     mpath.write_text(json.dumps(manifest, indent=2, sort_keys=True) + "\n")

@@ -78,6 +78,17 @@ def render(spec: KernelSpec, fmt: str = "elf") -> Rendered:
     return Rendered(spec=spec, fmt=fmt, symbol=sym, text=text)
 
 
+ABI_PROBE = "tilegen_abi_call"
+
+
+def render_abi_probe(fmt: str = "elf") -> str:
+    """The ABI probe trampoline every library carries (see templates/abi_probe.S.j2)."""
+    _check_format(fmt)
+    return _env().get_template("abi_probe.S.j2").render(
+        fmt=fmt, sym=symbol_for(ABI_PROBE, fmt), lp=".L" if fmt == "elf" else "L",
+        version=__version__)
+
+
 def generate(spec: KernelSpec, format: str = "elf") -> str:  # noqa: A002 - public API name
     """Assembly source of ``spec`` for object format ``format`` (``elf`` or ``macho``)."""
     return render(spec, format).text

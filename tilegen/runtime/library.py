@@ -177,8 +177,15 @@ class Kernel:
         self.features = frozenset(entry["features"])
         self.rhs_format: str = entry["rhs_format"]
         self._fn = fn
+        self._probe = None        # set by Library.check_abi: route calls through the ABI probe
         fn.restype = None
         fn.argtypes = [_CTYPES[p["ctype"]] for p in entry["params"]]
+
+    def _invoke(self, *args) -> None:
+        if self._probe is None:
+            self._fn(*args)
+        else:
+            self._probe(self, args)
 
     mr = property(lambda self: self.spec.mr)
     nr = property(lambda self: self.spec.nr)
@@ -248,8 +255,8 @@ class Kernel:
             rhs_packed = rhs_packed.data
         buf = _check_bytes("rhs_packed", rhs_packed, self.rhs_packed_size(n, k))
         cmin, cmax = _clamps(clamp_min, clamp_max)
-        self._fn(m, n, k, lhs.ctypes.data, _row_stride(lhs), buf.ctypes.data,
-                 dst.ctypes.data, _row_stride(dst), 4, cmin, cmax)
+        self._invoke(m, n, k, lhs.ctypes.data, _row_stride(lhs), buf.ctypes.data,
+                     dst.ctypes.data, _row_stride(dst), 4, cmin, cmax)
         return dst
 
     def _call_q4(self, lhs_packed, rhs_packed, dst, clamp_min, clamp_max, k, bl):
@@ -280,8 +287,8 @@ class Kernel:
         rbuf = _check_bytes("rhs_packed", rhs_packed, self.rhs_packed_size(n, k, bl))
         lbuf = _check_bytes("lhs_packed", lhs_packed, self.lhs_packed_size(m, k, bl))
         cmin, cmax = _clamps(clamp_min, clamp_max)
-        self._fn(m, n, k, bl, lbuf.ctypes.data, rbuf.ctypes.data, dst.ctypes.data,
-                 _row_stride(dst), 4, cmin, cmax)
+        self._invoke(m, n, k, bl, lbuf.ctypes.data, rbuf.ctypes.data, dst.ctypes.data,
+                     _row_stride(dst), 4, cmin, cmax)
         return dst
 
 
@@ -295,8 +302,11 @@ class Packer:
         self.spec = PackerSpec(entry["fmt"], entry["mr"], entry["kr"], entry["sr"], entry["rounding"])
         self.features = frozenset(entry["features"])
         self._fn = fn
+        self._probe = None
         fn.restype = None
         fn.argtypes = [_CTYPES[p["ctype"]] for p in entry["params"]]
+
+    _invoke = Kernel._invoke
 
     def __repr__(self) -> str:
         return f"<Packer {self.name}>"
@@ -329,7 +339,7 @@ class Packer:
         args = [m, k] + ([bl] if sp.fmt == "qsi8d32p" else []) + [sp.mr, sp.kr, sp.sr, int(m_idx_start)]
         if sp.fmt == "qsi8d32p":   # KleidiAI convention: lhs = row 0 of the whole matrix
             src -= int(m_idx_start) * stride
-        self._fn(*args, src, stride, out.ctypes.data)
+        self._invoke(*args, src, stride, out.ctypes.data)
         return out
 
 
@@ -377,6 +387,10 @@ class Library:
             except AttributeError:
                 raise LoadError(f"kernel {e['name']} is in the manifest but not in {self.path.name}") from None
             self.kernels[e["name"]] = Kernel(e, fn)
+        self._abi = getattr(self._dll, self.manifest.get("abi_probe") or "tilegen_abi_call", None)
+        if self._abi is not None:
+            self._abi.restype = ctypes.c_uint64
+            self._abi.argtypes = [ctypes.c_void_p, ctypes.c_void_p]
         self.packers: dict[str, Packer] = {}
         for e in self.manifest.get("packers", []):
             try:
@@ -387,6 +401,63 @@ class Library:
 
     def __repr__(self) -> str:
         return f"<tilegen.Library {self.path} with {len(self.kernels)} kernels>"
+
+    # -- ABI conformance --------------------------------------------------------------
+    ABI_BITS = ([f"x{19 + i}" for i in range(10)] + [f"d{8 + i}" for i in range(8)] +
+                ["sp", "fpcr"])
+
+    def _probe_call(self, obj, args) -> int:
+        block = np.zeros(15, np.uint64)
+        ints, floats, stack = [], [], []
+        for p, v in zip(obj.entry["params"], args):
+            if p["ctype"] == "float":
+                floats.append(int(np.float32(v).view(np.uint32)))
+            else:
+                (ints if len(ints) < 8 else stack).append(int(v) & (2**64 - 1))
+        if len(floats) > 2 or len(stack) > 4:
+            raise ArgumentError(f"{obj.name}: signature does not fit the ABI probe")
+        block[:len(ints)] = ints
+        block[8:8 + len(floats)] = floats
+        block[10:10 + len(stack)] = stack
+        fnptr = ctypes.cast(obj._fn, ctypes.c_void_p).value
+        return int(self._abi(fnptr, block.ctypes.data))
+
+    def check_abi(self) -> dict[str, list[str]]:
+        """Run every kernel and packer the CPU supports once through the ABI probe; return,
+        per routine, the callee-saved state it failed to preserve (empty list = conforms)."""
+        if self._abi is None:
+            raise LoadError(f"{self.path.name} has no ABI probe (rebuild it with this tilegen)")
+        rng = np.random.default_rng(0)
+        results: dict[str, list[str]] = {}
+        for obj in [*self.kernels.values(), *self.packers.values()]:
+            if not obj.features <= self.cpu.features:
+                continue
+            masks: list[int] = []
+            obj._probe = lambda o, a: masks.append(self._probe_call(o, a))
+            try:
+                self._exercise(obj, rng)
+            finally:
+                obj._probe = None
+            bad = 0
+            for mk in masks:
+                bad |= mk
+            results[obj.name] = [b for i, b in enumerate(self.ABI_BITS) if bad >> i & 1]
+        return results
+
+    def _exercise(self, obj, rng) -> None:
+        m, n, k = 5, 7, 64
+        x = rng.normal(size=(m, k)).astype(np.float32)
+        if isinstance(obj, Packer):
+            obj(x, bl=32, m_idx_start=1)
+            return
+        w = rng.normal(size=(n, k)).astype(np.float32)
+        dst = np.zeros((m, n), np.float32)
+        if obj.family == "f32":
+            obj(x, obj.rhs_layout().pack(w), dst)
+        else:
+            rhs = obj.rhs_layout(32).pack_from_float(w)
+            lhs = obj.lhs_layout(32).pack(x)
+            obj(lhs, rhs, dst, k=k, bl=32)
 
     # -- kernels --------------------------------------------------------------------
     def runnable(self, kernel: Kernel) -> bool:
