@@ -14,9 +14,10 @@ from tilegen.reference import matmul_f32
 
 from conftest import guest
 
-OPS_CPUS = ("cortex-a53", "neoverse-n1", "neoverse-v1", "neoverse-n2", "max")
+OPS_CPUS = ("cortex-a53", "neoverse-n1", "neoverse-v1", "neoverse-n2", "a64fx", "max")
 EXPECTED_Q4_0 = {   # (gemm, gemv) suffixes each CPU must select
     "cortex-a53": ("_4x4_neon", "qsi8d32p1x4_qsi4c32p4x4_1x4_neon"),
+    "a64fx": ("_4x4_neon", "qsi8d32p1x4_qsi4c32p4x4_1x4_neon"),        # SVE but no dotprod
     "neoverse-n1": ("_16x4_neon_dotprod", "qsi8d32p1x4_qsi4c32p4x4_1x4_neon_dotprod"),
     "neoverse-v1": ("_16x4_neon_i8mm", "qsi8d32p1x8_qsi4c32p4x8_1x4_neon_dotprod"),
     "neoverse-n2": ("_16x4_neon_i8mm", "qsi8d32p1x8_qsi4c32p4x8_1x4_neon_dotprod"),
