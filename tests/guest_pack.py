@@ -85,3 +85,98 @@ def run_cases(so: str, cases: list[dict]) -> list[list[np.ndarray]]:
             res.append(dst.view().copy())
         out.append(res)
     return out
+
+
+# -- guard-page placement of kernel buffers (tests/test_guard_pages.py) ------------------------
+
+def _placed(n: int, at: str, slack: int = 0) -> tuple[np.ndarray, int]:
+    """``n`` bytes flush against a PROT_NONE page, plus ``slack`` accessible bytes on the far side.
+
+    at='end': the guard page directly follows the last byte (slack bytes precede the first);
+    at='start': the guard page directly precedes the first byte (slack bytes follow the last).
+    Returns (the n + slack accessible bytes, offset of the n bytes in them).  The mapping is
+    released with the returned array (it is not kept in _KEEP).
+    """
+    total = n + slack
+    body = max(-(-total // _PAGE), 1) * _PAGE
+    mm = mmap.mmap(-1, body + _PAGE)
+    whole = np.frombuffer(mm, dtype=np.uint8)
+    base = whole.ctypes.data
+    guard = base + body if at == "end" else base
+    if _libc.mprotect(guard, _PAGE, _PROT_NONE) != 0:
+        raise OSError(ctypes.get_errno(), "mprotect failed")
+    if at == "end":
+        region = whole[body - total: body]
+        return region, slack
+    region = whole[_PAGE: _PAGE + total]
+    return region, 0
+
+
+def _strided_f32(n_rows: int, n_cols: int, stride: int, at: str, slack_floats: int, fill):
+    """A (n_rows, n_cols) float32 view with row stride ``stride`` floats whose first (at='start')
+    or last (at='end') element touches a guard page; returns (view, region floats, offset)."""
+    from numpy.lib.stride_tricks import as_strided
+    extent = (n_rows - 1) * stride + n_cols
+    raw, off = _placed(4 * extent, at, 4 * slack_floats)
+    region = raw.view(np.float32)
+    region[:] = fill
+    off //= 4
+    view = as_strided(region[off:], shape=(n_rows, n_cols), strides=(4 * stride, 4))
+    return view, region, off
+
+
+def _bytes_at(data: np.ndarray, need: int, at: str) -> np.ndarray:
+    if data.nbytes != need:
+        raise ValueError(f"packed buffer has {data.nbytes} bytes, the kernel needs {need}")
+    raw, off = _placed(need, at)
+    buf = raw[off: off + need]
+    buf[:] = data
+    return buf
+
+
+def guarded_f32_cases(libdir: str, name: str, cases: list[dict], placements=("end", "start")):
+    """Run f32 kernel ``name`` on each case once per placement ('end': every buffer's last byte
+    is followed by a PROT_NONE page; 'start': every buffer's first byte is preceded by one).
+
+    case keys: m, n, k, lhs (m, k float32), packed (uint8), lhs_stride, dst_stride (floats),
+    clamp_min, clamp_max, sentinel.  Gaps between LHS rows are filled with NaN; dst is a strided
+    view into a sentinel-filled region with one extra dst row of slack on the side away from the
+    guard page.  Returns per case and placement (region floats, dst offset in floats).
+    """
+    from guest_calls import _lib
+    kern = _lib(libdir).kernel(name)
+    out = []
+    for c in cases:
+        m, n, k = c["m"], c["n"], c["k"]
+        res = []
+        for at in placements:
+            lhs, _, _ = _strided_f32(m, k, c["lhs_stride"], at, 0, np.nan)
+            lhs[:] = c["lhs"]
+            rhs = _bytes_at(c["packed"], kern.rhs_packed_size(n, k), at)
+            dst, region, off = _strided_f32(m, n, c["dst_stride"], at, c["dst_stride"],
+                                            c["sentinel"])
+            kern(lhs, rhs, dst, c["clamp_min"], c["clamp_max"])
+            res.append((region.copy(), off))
+        out.append(res)
+    return out
+
+
+def guarded_q4_cases(libdir: str, name: str, cases: list[dict], placements=("end", "start")):
+    """As guarded_f32_cases for a q4 kernel; case keys: m, n, k, bl, lhs_packed, rhs_packed,
+    dst_stride, clamp_min, clamp_max, sentinel (packed buffers must have exactly the sizes
+    the kernel reports)."""
+    from guest_calls import _lib
+    kern = _lib(libdir).kernel(name)
+    out = []
+    for c in cases:
+        m, n, k, bl = c["m"], c["n"], c["k"], c["bl"]
+        res = []
+        for at in placements:
+            lhs = _bytes_at(c["lhs_packed"], kern.lhs_packed_size(m, k, bl), at)
+            rhs = _bytes_at(c["rhs_packed"], kern.rhs_packed_size(n, k, bl), at)
+            dst, region, off = _strided_f32(m, n, c["dst_stride"], at, c["dst_stride"],
+                                            c["sentinel"])
+            kern(lhs, rhs, dst, c["clamp_min"], c["clamp_max"], k=k, bl=bl)
+            res.append((region.copy(), off))
+        out.append(res)
+    return out

@@ -1,0 +1,116 @@
+"""Kernels never touch memory outside the buffers they are given (guard-page tests).
+
+Inside the emulated aarch64 Python every buffer of a kernel call -- LHS (f32 rows or packed
+q4 LHS), packed RHS and dst -- is placed flush against a PROT_NONE page, once with the page
+directly AFTER its last byte and once directly BEFORE its first byte (tests/guest_pack.py,
+``guarded_*_cases``).  A kernel that reads past the last LHS row / packed RHS block, reads
+ahead of a buffer, or stores beyond dst faults, the guest dies and the call raises
+GuestCrashed.  Results must still be bit-exact, and dst is a strided view into a larger
+sentinel-filled region: nothing outside the m x n elements may change (row gaps included).
+"""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from tilegen.layout import F32PackedRHS
+from tilegen.reference import matmul_f32
+
+from conftest import F32_EXTRA_TILES, F32_TILES, guest
+from test_exec_q4 import ALL_SPECS, _pack, q4_lib  # noqa: F401 - shared session fixture
+
+FLT_MAX = 3.4028234663852886e38
+SENTINEL = np.float32(-31337.75)
+PLACEMENTS = ("end", "start")
+
+
+def _f32_shapes(mr: int, nr: int, rng) -> list[tuple[int, int, int]]:
+    """m, n, k from 1 to a few tiles: exact tiles, tile +- 1, odd and prime sizes."""
+    fixed = [(1, 1, 1), (1, nr, 4), (mr, nr, 8), (mr + 1, nr + 1, 5), (max(mr - 1, 1), nr - 1 or 1, 3),
+             (2 * mr + 3, 3 * nr - 1, 17), (3 * mr, 1, 2), (1, 2 * nr + 3, 33), (7, 13, 31),
+             (2 * mr - 1 if mr > 1 else 2, 2 * nr, 7)]
+    rand = [(int(rng.integers(1, 3 * mr + 2)), int(rng.integers(1, 3 * nr + 2)),
+             int(rng.integers(1, 40))) for _ in range(2)]
+    return fixed + rand
+
+
+def _q4_shapes(spec, rng) -> list[tuple[int, int, int]]:
+    mr, nr = spec.mr, spec.nr
+    ms = [1, mr, mr + 1, 2 * mr + 3 if mr > 1 else 1, 3 * mr - 1 if mr > 1 else 1,
+          int(rng.integers(1, 3 * mr + 1))]
+    ns = [1, nr, nr + 1, 3 * nr - 1, 2 * nr + 3, int(rng.integers(1, 4 * nr))]
+    ks = [32, 64, 96, 160, 32, 256]
+    return [(ms[i], ns[(i + 2) % len(ns)], ks[i]) for i in range(len(ms))]
+
+
+def _clamps(i: int, free: np.ndarray) -> tuple[float, float]:
+    if i % 2 == 0:
+        return -FLT_MAX, FLT_MAX
+    if free.size > 1:
+        lo, hi = np.quantile(free, [0.2, 0.8])
+    else:
+        lo, hi = free.min() - 1, free.max()
+    return float(np.float32(lo)), float(np.float32(hi))
+
+
+def _check_dst(region: np.ndarray, off: int, m: int, n: int, stride: int, what) -> np.ndarray:
+    """The m x n result of a strided dst in ``region``; asserts every other float is intact."""
+    idx = off + np.arange(m)[:, None] * stride + np.arange(n)[None, :]
+    outside = np.ones(region.size, bool)
+    outside[idx.ravel()] = False
+    bad = np.flatnonzero(region[outside].view(np.uint32) != SENTINEL.view(np.uint32))
+    assert bad.size == 0, f"{what}: {bad.size} floats outside the m x n dst region changed"
+    return region[idx]
+
+
+@pytest.mark.parametrize("cpu", ["cortex-a53", "max"])
+@pytest.mark.parametrize("tile", F32_TILES + F32_EXTRA_TILES)
+def test_f32_guard_pages(tile, cpu, f32_lib):
+    mr, nr = map(int, tile.split("x"))
+    name = f"matmul_clamp_f32_f32_f32p{nr}x1b_{mr}x{nr}_neon_mla"
+    rng = np.random.default_rng(sum(map(ord, "guard" + tile + cpu)))
+    cases, refs = [], []
+    for i, (m, n, k) in enumerate(_f32_shapes(mr, nr, rng)):
+        lhs = (rng.normal(size=(m, k)) * 2).astype(np.float32)
+        w = (rng.normal(size=(n, k)) * 2).astype(np.float32)
+        bias = rng.normal(size=n).astype(np.float32)
+        cmin, cmax = _clamps(i, matmul_f32(lhs, w, bias, -np.inf, np.inf))
+        cases.append(dict(m=m, n=n, k=k, lhs=lhs, packed=F32PackedRHS(nr).pack(w, bias=bias),
+                          lhs_stride=k + (0, 1, 3, 5)[i % 4], dst_stride=n + (0, 2, 1, 3)[i % 4],
+                          clamp_min=cmin, clamp_max=cmax, sentinel=SENTINEL))
+        refs.append(matmul_f32(lhs, w, bias, cmin, cmax))
+    outs = guest(cpu).call("guest_pack:guarded_f32_cases", str(f32_lib), name, cases, PLACEMENTS)
+    assert len(outs) == len(cases)
+    for c, exact, res in zip(cases, refs, outs):
+        m, n, k = c["m"], c["n"], c["k"]
+        assert len(res) == len(PLACEMENTS)
+        for at, (region, off) in zip(PLACEMENTS, res):
+            what = f"{name} m={m} n={n} k={k} guard at {at}"
+            got = _check_dst(region, off, m, n, c["dst_stride"], what)
+            assert np.array_equal(got.view(np.uint32), exact.view(np.uint32)), \
+                f"{what}: {np.sum(got != exact)} outputs differ from the reference"
+
+
+@pytest.mark.parametrize("spec", ALL_SPECS, ids=lambda s: s.name)
+def test_q4_guard_pages(spec, q4_lib):
+    rng = np.random.default_rng(sum(map(ord, "guard" + spec.name)))
+    bl = 32
+    cases, refs = [], []
+    for i, (m, n, k) in enumerate(_q4_shapes(spec, rng)):
+        lhs, rhs, ref, *_ = _pack(spec, rng, m, n, k, bl)
+        cmin, cmax = _clamps(i, ref(-FLT_MAX, FLT_MAX))
+        cases.append(dict(m=m, n=n, k=k, bl=bl, lhs_packed=lhs, rhs_packed=rhs,
+                          dst_stride=n + (0, 1, 2, 3)[i % 4], clamp_min=cmin, clamp_max=cmax,
+                          sentinel=SENTINEL))
+        refs.append(ref(cmin, cmax))
+    outs = guest("max").call("guest_pack:guarded_q4_cases", str(q4_lib), spec.name, cases,
+                             PLACEMENTS)
+    assert len(outs) == len(cases)
+    for c, exact, res in zip(cases, refs, outs):
+        m, n, k = c["m"], c["n"], c["k"]
+        assert len(res) == len(PLACEMENTS)
+        for at, (region, off) in zip(PLACEMENTS, res):
+            what = f"{spec.name} m={m} n={n} k={k} guard at {at}"
+            got = _check_dst(region, off, m, n, c["dst_stride"], what)
+            assert np.array_equal(got.view(np.uint32), exact.view(np.uint32)), \
+                f"{what}: {np.sum(got != exact)} outputs differ from the reference"
