@@ -180,3 +180,27 @@ def guarded_q4_cases(libdir: str, name: str, cases: list[dict], placements=("end
             res.append((region.copy(), off))
         out.append(res)
     return out
+
+
+def guarded_lib_pack_cases(libdir: str, fmt: str, mr: int, kr: int, sr: int, cases: list[dict],
+                           placements=("end", "start")):
+    """The library's LHS packers with source rows and packed output flush against guard pages
+    (both placements).  case keys: x (float32 rows), bl, m_idx_start, pad (row-stride floats)."""
+    import tilegen
+    lib = tilegen.load(libdir)
+    p = lib.packer(fmt, mr, kr, sr)
+    out = []
+    for c in cases:
+        x = c["x"]
+        m, k = x.shape
+        for at in placements:
+            src, _, _ = _strided_f32(m, k, k + c["pad"], at, 0, np.float32("nan"))
+            src[:] = x
+            lay = p.spec.layout(c["bl"])
+            need = lay.region_size(m, k, c["m_idx_start"])
+            raw, off = _placed(need, at)
+            buf = raw[off: off + need]
+            buf[:] = 0
+            p(src, bl=c["bl"], m_idx_start=c["m_idx_start"], out=buf)
+            out.append(buf.copy())
+    return out
