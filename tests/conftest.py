@@ -1,7 +1,6 @@
 """Shared fixtures: built libraries and emulated-CPU guest sessions."""
 from __future__ import annotations
 
-import os
 from pathlib import Path
 
 import pytest

@@ -110,7 +110,7 @@ def test_cli_generate_build_list(tmp_path):
 
 
 def test_presets_and_isa_selection(tmp_path):
-    from tilegen.build import TARGETS, default_specs, get_target
+    from tilegen.build import default_specs, get_target
     for name in ("generic-armv8", "cortex-a53", "cortex-a76", "neoverse-n1", "graviton2",
                  "neoverse-v1", "graviton3", "neoverse-n2", "neoverse-v2", "graviton4", "grace",
                  "apple-m1", "apple-m2", "apple-m3", "apple-m4", "a64fx", "linux-aarch64-all"):

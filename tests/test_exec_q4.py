@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 
 import tilegen
-from tilegen.layout.ggml import dequantize_q4_0, quantize_q4_0
+from tilegen.layout.ggml import quantize_q4_0
 from tilegen.layout.q4 import QAI8DXP, QSI4C32P, QSI8D32P, QSI4C32PScaleF16
 from tilegen.reference_q4 import matmul_qai8dxp_qsi4c32p, matmul_qsi8d32p_qsi4c32pscalef16
 

@@ -64,16 +64,10 @@ HEADER = (f"{'kernel':<62} {'model':<12} {'cyc/it':>7} {'MACbnd':>7} {'eff':>6} 
 
 def hot_loop(text: str) -> tuple[list[str], int]:
     """Instructions of the marked hot loop and its MAC count (from the marker)."""
-    m = re.search(r"tilegen:hot-loop-begin[^\n]*?(\d+) MACs\)?\n(.*?)\n[^\n]*tilegen:hot-loop-end",
-                  text, re.S)
-    if not m:
+    m = re.search(r"tilegen:hot-loop-begin[^\n]*?(\d+) MACs", text)
+    insns = _region(text, "tilegen:hot-loop-begin", "tilegen:hot-loop-end")
+    if not m or insns is None:
         raise AnalyzeError("no marked hot loop in the generated code")
-    insns = []
-    for line in m.group(2).splitlines():
-        line = line.split("//")[0].strip()
-        if not line or line.endswith(":") or line.startswith("."):
-            continue
-        insns.append(line)
     return insns, int(m.group(1))
 
 

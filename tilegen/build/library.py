@@ -105,6 +105,17 @@ def _run(cmd: list[str]) -> subprocess.CompletedProcess:
     return subprocess.run(cmd, capture_output=True, text=True, env=env)
 
 
+def _support_object(tc: Toolchain, out: Path, name: str, text: str, what: str, *flags: str) -> Path:
+    """Write and compile one of the library's non-kernel sources (getters, ABI probe)."""
+    src = out / "src" / name
+    src.write_text(text)
+    obj = out / "obj" / (src.stem + ".o")
+    p = _run(tc.assemble_cmd(src, obj, *flags))
+    if p.returncode != 0:
+        raise BuildError(f"building {what} failed:\n{(p.stderr + p.stdout).strip()}")
+    return obj
+
+
 class _Progress:
     def __init__(self, total: int, quiet: bool) -> None:
         self.total, self.done = total, 0
@@ -173,20 +184,9 @@ def build_library(specs: Iterable[KernelSpec | PackerSpec | str] | None = None, 
         objs = list(ex.map(assemble, rendered))
     # KleidiAI-style getters (freestanding C from the layout objects) and the C header
     kspecs = [r.spec for r in rendered if isinstance(r.spec, KernelSpec)]
-    gsrc = out / "src" / "tilegen_getters.c"
-    gsrc.write_text(getters_c(kspecs))
-    gobj = out / "obj" / "tilegen_getters.o"
-    p = _run(tc.assemble_cmd(gsrc, gobj, "-O2", "-ffreestanding", "-fno-stack-protector"))
-    if p.returncode != 0:
-        raise BuildError(f"compiling the getters failed:\n{(p.stderr + p.stdout).strip()}")
-    objs.append(gobj)
-    psrc = out / "src" / f"{ABI_PROBE}.S"
-    psrc.write_text(render_abi_probe(fmt))
-    pobj = out / "obj" / f"{ABI_PROBE}.o"
-    p = _run(tc.assemble_cmd(psrc, pobj))
-    if p.returncode != 0:
-        raise BuildError(f"assembling the ABI probe failed:\n{(p.stderr + p.stdout).strip()}")
-    objs.append(pobj)
+    objs.append(_support_object(tc, out, "tilegen_getters.c", getters_c(kspecs), "the getters",
+                                "-O2", "-ffreestanding", "-fno-stack-protector"))
+    objs.append(_support_object(tc, out, f"{ABI_PROBE}.S", render_abi_probe(fmt), "the ABI probe"))
     (out / HEADER_NAME).write_text(header(kspecs, packer_list))
     lib = out / library_filename(fmt)
     p = _run(tc.link_cmd(objs, lib))

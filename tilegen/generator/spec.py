@@ -31,6 +31,17 @@ class FamilyInfo:
     quantized: bool = False
 
 
+def _q4_family(name: str, lhs: str) -> FamilyInfo:
+    """The int4 x int8 families share ISAs, suffixes and default interleave (kr, sr)."""
+    return FamilyInfo(
+        name=name, isas=("neon", "dotprod", "i8mm"), lhs=lhs, rhs="qsi4c32p",
+        op_suffix={"neon": "neon", "dotprod": "neon_dotprod", "i8mm": "neon_i8mm"},
+        default_kr={"neon": 8, "dotprod": 8, "i8mm": 16},
+        default_sr={"neon": 2, "dotprod": 2, "i8mm": 2},
+        quantized=True,
+    )
+
+
 FAMILIES: dict[str, FamilyInfo] = {
     "f32": FamilyInfo(
         name="f32", isas=("neon",), lhs="f32", rhs="f32p", op_suffix={"neon": "neon_mla"},
@@ -38,22 +49,10 @@ FAMILIES: dict[str, FamilyInfo] = {
     ),
     # llama.cpp's q4_0 path: LHS per-32-block symmetric int8 (f16 scale), RHS int4 from
     # ggml block_q4_0 with f16 scales (KleidiAI matmul_clamp_f32_qsi8d32p_qsi4c32p).
-    "q4_0": FamilyInfo(
-        name="q4_0", isas=("neon", "dotprod", "i8mm"), lhs="qsi8d32p", rhs="qsi4c32p",
-        op_suffix={"neon": "neon", "dotprod": "neon_dotprod", "i8mm": "neon_i8mm"},
-        default_kr={"neon": 8, "dotprod": 8, "i8mm": 16},
-        default_sr={"neon": 2, "dotprod": 2, "i8mm": 2},
-        quantized=True,
-    ),
+    "q4_0": _q4_family("q4_0", "qsi8d32p"),
     # LHS per-row asymmetric int8, RHS int4 per 32-block with bf16 scales, row sums and bias
     # (KleidiAI matmul_clamp_f32_qai8dxp_qsi4c32p).
-    "q4_0_dx": FamilyInfo(
-        name="q4_0_dx", isas=("neon", "dotprod", "i8mm"), lhs="qai8dxp", rhs="qsi4c32p",
-        op_suffix={"neon": "neon", "dotprod": "neon_dotprod", "i8mm": "neon_i8mm"},
-        default_kr={"neon": 8, "dotprod": 8, "i8mm": 16},
-        default_sr={"neon": 2, "dotprod": 2, "i8mm": 2},
-        quantized=True,
-    ),
+    "q4_0_dx": _q4_family("q4_0_dx", "qai8dxp"),
 }
 
 # CPU features each ISA needs (names as reported by tilegen.runtime.cpu).

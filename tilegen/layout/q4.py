@@ -128,8 +128,38 @@ class _Interleaved:
         return k // self.bl
 
 
+class _LhsRowBlocks(_Interleaved):
+    """Sizes and offsets of the packed-LHS layouts: ceil(m / mr) row blocks of
+    ``row_block_stride(k)`` bytes."""
+
+    def packed_size(self, m: int, k: int) -> int:
+        return -(-m // self.mr) * self.row_block_stride(k)
+
+    def packed_offset(self, m_idx: int, k: int) -> int:
+        return (m_idx // self.mr) * self.row_block_stride(k)
+
+    def region_size(self, m: int, k: int, m_idx_start: int = 0) -> int:
+        """Bytes a pack call for m rows starting at m_idx_start can touch."""
+        if m == 0:
+            return 0
+        return -(-((m_idx_start % self.mr) + m) // self.mr) * self.row_block_stride(k)
+
+
+class _RhsGroups(_Interleaved):
+    """Sizes and offsets of the packed-RHS layouts: ceil(n / nr) groups of
+    ``group_stride(k)`` bytes."""
+
+    def packed_size(self, n: int, k: int) -> int:
+        return -(-n // self.nr) * self.group_stride(k)
+
+    def packed_offset(self, n_idx: int, k: int) -> int:
+        if n_idx % self.nr:
+            raise LayoutError(f"n_idx={n_idx} is not a multiple of nr={self.nr}")
+        return (n_idx // self.nr) * self.group_stride(k)
+
+
 @dataclass(frozen=True)
-class QAI8DXP(_Interleaved):
+class QAI8DXP(_LhsRowBlocks):
     """KleidiAI ``qai8dxp<mr>x<L>``: per-row asymmetric int8, L = kr/sr interleave (LAYOUTS 3).
 
     Row block of ``mr`` rows (stride ``mr*(K32+8)``, ``K32 = roundup(k, 32)``)::
@@ -198,17 +228,7 @@ class QAI8DXP(_Interleaved):
         return (t // self.L) * self.mr * self.L + x * self.L + t % self.L
 
     # -- sizes (runtime) -----------------------------------------------------------------
-    def packed_size(self, m: int, k: int) -> int:
-        return -(-m // self.mr) * self.row_block_stride(k)
 
-    def packed_offset(self, m_idx: int, k: int) -> int:
-        return (m_idx // self.mr) * self.row_block_stride(k)
-
-    def region_size(self, m: int, k: int, m_idx_start: int = 0) -> int:
-        """Bytes a pack call for m rows starting at m_idx_start can touch."""
-        if m == 0:
-            return 0
-        return -(-((m_idx_start % self.mr) + m) // self.mr) * self.row_block_stride(k)
 
     # -- quantisation ------------------------------------------------------------------
     @staticmethod
@@ -298,7 +318,7 @@ class QAI8DXP(_Interleaved):
 # LHS: qsi8d32p (per-block symmetric int8, f16 scales)
 # ----------------------------------------------------------------------------------------
 @dataclass(frozen=True)
-class QSI8D32P(_Interleaved):
+class QSI8D32P(_LhsRowBlocks):
     """KleidiAI ``qsi8d32p<mr>x<L>``: per-bl-block symmetric int8 with f16 scales.
 
     Group of ``mr`` rows, per k-block ``b`` (``block_stride = mr*(bl+2)`` bytes)::
@@ -371,16 +391,7 @@ class QSI8D32P(_Interleaved):
         return self.data_offset(b) + (eb // self.L) * self.mr * self.L + x * self.L + eb % self.L
 
     # -- sizes -------------------------------------------------------------------------
-    def packed_size(self, m: int, k: int) -> int:
-        return -(-m // self.mr) * self.row_block_stride(k)
 
-    def packed_offset(self, m_idx: int, k: int) -> int:
-        return (m_idx // self.mr) * self.row_block_stride(k)
-
-    def region_size(self, m: int, k: int, m_idx_start: int = 0) -> int:
-        if m == 0:
-            return 0
-        return -(-((m_idx_start % self.mr) + m) // self.mr) * self.row_block_stride(k)
 
     # -- quantisation ------------------------------------------------------------------
     def quantize_rows(self, x: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
@@ -449,7 +460,7 @@ class QSI8D32P(_Interleaved):
 # RHS: qsi4c32p (s1s0 input, bf16 scales, rsum, bias)
 # ----------------------------------------------------------------------------------------
 @dataclass(frozen=True)
-class QSI4C32P(_Interleaved):
+class QSI4C32P(_RhsGroups):
     """KleidiAI ``qsi4c32p<nr>x<L>`` from ``kai_rhs_pack_nxk_qsi4c32p_qsu4c32s1s0`` (LAYOUTS 4).
 
     Group of ``nr`` rows (stride ``nr*(B*(bl/2+2) + 8)``, ``B = k/bl``)::
@@ -535,13 +546,6 @@ class QSI4C32P(_Interleaved):
         return self.num_blocks(k) * self.block_bytes + 4 * self.nr
 
     # -- sizes -------------------------------------------------------------------------
-    def packed_size(self, n: int, k: int) -> int:
-        return -(-n // self.nr) * self.group_stride(k)
-
-    def packed_offset(self, n_idx: int, k: int) -> int:
-        if n_idx % self.nr:
-            raise LayoutError(f"n_idx={n_idx} is not a multiple of nr={self.nr}")
-        return (n_idx // self.nr) * self.group_stride(k)
 
     # -- packers -----------------------------------------------------------------------
     def _check_k(self, k: int) -> int:
@@ -689,7 +693,7 @@ class QSI4C32P(_Interleaved):
 # RHS: qsi4c32pscalef16 (q4_0-style rows, f16 scales; llama.cpp's Q4_0 path)
 # ----------------------------------------------------------------------------------------
 @dataclass(frozen=True)
-class QSI4C32PScaleF16(_Interleaved):
+class QSI4C32PScaleF16(_RhsGroups):
     """KleidiAI's ``kai_rhs_pack_nxk_qsi4c32pscalef16_qsu4c32s16s0`` output (LAYOUTS 5).
 
     Group of ``nr`` rows (stride ``nr*B*(bl/2+2)``), per block ``b``
@@ -769,13 +773,6 @@ class QSI4C32PScaleF16(_Interleaved):
         return b * self.block_stride + 2 * self.nr
 
     # -- sizes -------------------------------------------------------------------------
-    def packed_size(self, n: int, k: int) -> int:
-        return -(-n // self.nr) * self.group_stride(k)
-
-    def packed_offset(self, n_idx: int, k: int) -> int:
-        if n_idx % self.nr:
-            raise LayoutError(f"n_idx={n_idx} is not a multiple of nr={self.nr}")
-        return (n_idx // self.nr) * self.group_stride(k)
 
     # -- packers -----------------------------------------------------------------------
     def _shape(self, raw: np.ndarray, n, k) -> tuple[int, int]:

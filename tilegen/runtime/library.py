@@ -14,7 +14,7 @@ from pathlib import Path
 import numpy as np
 
 from ..generator.spec import KernelSpec
-from ..layout import F32PackedRHS, LayoutError, StridedF32, lhs_layout_for, rhs_layout_for
+from ..layout import LayoutError, StridedF32, lhs_layout_for, rhs_layout_for
 from .cpu import CpuInfo, detect
 from .select import KIND_FAMILY, KernelPair, build_table
 from .threads import default_threads, run_parallel, split
@@ -216,7 +216,7 @@ class Kernel:
 
     def lhs_packed_offset(self, m_idx: int, k: int, bl: int = 32) -> int:
         lay = self.lhs_layout(bl)
-        return 4 * k * m_idx if lay is None else lay.packed_offset(m_idx, k)
+        return StridedF32().offset(m_idx, 0, 4 * k) if lay is None else lay.packed_offset(m_idx, k)
 
     def dst_offset(self, m_idx: int, n_idx: int, dst_stride: int) -> int:
         return StridedF32().offset(m_idx, n_idx, dst_stride)

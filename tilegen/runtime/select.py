@@ -29,11 +29,6 @@ class KernelPair:
             f |= self.gemv.features
         return frozenset(f)
 
-    @property
-    def rhs_key(self) -> tuple:
-        k = self.gemm
-        return (k.family, k.nr, k.kr, k.sr)
-
     def pick(self, m: int, gemv_threshold: int = 1):
         return self.gemv if (m <= gemv_threshold and self.gemv is not None) else self.gemm
 

@@ -13,7 +13,7 @@ import threading
 from concurrent.futures import ThreadPoolExecutor
 from typing import Callable, Sequence
 
-__all__ = ["split", "default_threads", "run_parallel", "pool_size"]
+__all__ = ["split", "default_threads", "run_parallel"]
 
 _lock = threading.Lock()
 _pool: ThreadPoolExecutor | None = None
@@ -59,10 +59,6 @@ def _get_pool(workers: int) -> ThreadPoolExecutor:
             if old is not None:
                 old.shutdown(wait=False)
         return _pool
-
-
-def pool_size() -> int:
-    return _pool_workers
 
 
 def run_parallel(tasks: Sequence[Callable[[], None]]) -> None:
