@@ -217,3 +217,44 @@ def matmul_bias(libdir: str, kind: str, w, x, bias, clamp):
 
 def check_abi(libdir: str) -> dict:
     return tilegen.load(libdir).check_abi()
+
+
+def vl_info(libdir: str, name: str) -> dict:
+    """The library's vector lengths and the concrete tile of kernel `name` on this CPU."""
+    lib = _lib(libdir)
+    k = lib.kernels[name]
+    out = {"vl_bytes": dict(lib.vl_bytes), "runnable": lib.runnable(k)}
+    if out["runnable"]:
+        out.update(mr=k.mr, nr=k.nr, rhs_format=k.rhs_layout().format,
+                   lhs_format=None if k.lhs_layout() is None else k.lhs_layout().format)
+    return out
+
+
+def run_scalable_cases(libdir: str, name: str, cases: list[dict]) -> dict:
+    """Like run_f32_cases, plus SVCR read after every call (SME CPUs) and the ABI probe."""
+    lib = _lib(libdir)
+    kern = lib.kernel(name)
+    sme = "sme" in lib.cpu.features
+    outs, svcr = [], []
+    for c in cases:
+        m, n, k = c["m"], c["n"], c["k"]
+        dst_base = c["dst_base"].copy()
+        kern(c["lhs_base"][:m, :k], c["packed"], dst_base[:m, :n], c["clamp_min"], c["clamp_max"])
+        outs.append(dst_base)
+        svcr.append(lib.svcr() if sme else 0)
+    return {"outs": outs, "svcr": svcr}
+
+
+def check_abi_of(libdir: str, names: list[str]) -> dict:
+    res = _lib(libdir).check_abi()
+    return {n: res.get(n) for n in names}
+
+
+def refused(libdir: str, name: str) -> str:
+    """The error a call of kernel `name` raises on this CPU ('' if it would run)."""
+    lib = _lib(libdir)
+    try:
+        lib.kernel(name)
+    except Exception as e:      # noqa: BLE001 - the message is the result
+        return f"{type(e).__name__}: {e}"
+    return ""

@@ -88,3 +88,19 @@ def test_fma_reference_is_fused():
     ref = np.array([float(np.float32(np.longdouble(a) * np.longdouble(b) + np.longdouble(c)))
                     for a, b, c in zip(x[:2000], y[:2000], z[:2000])], dtype=np.float32)
     assert np.array_equal(r[:2000], ref)
+
+
+def test_f32_packed_lhs_roundtrip_and_geometry():
+    from tilegen.layout import F32PackedLHS
+    rng = np.random.default_rng(3)
+    x = rng.normal(size=(13, 7)).astype(np.float32)
+    lay = F32PackedLHS(mr=8)
+    p = lay.pack(x)
+    assert p.nbytes == lay.packed_size(13, 7) == 2 * 8 * 7 * 4
+    blk = p.view(np.float32).reshape(2, 7, 8)
+    assert np.array_equal(blk[0], x[:8].T) and np.array_equal(blk[1][:, :5], x[8:].T)
+    assert not blk[1][:, 5:].any()                      # rows past m are zero
+    assert np.array_equal(lay.unpack(p, 13, 7), x)
+    assert lay.packed_offset(8, 7) == 8 * 7 * 4
+    with pytest.raises(LayoutError):
+        lay.packed_offset(3, 7)

@@ -42,7 +42,16 @@ def test_nr_must_be_multiple_of_4(nr):
 @pytest.mark.parametrize("kw,match", [
     (dict(family="f64", isa="neon", mr=1, nr=4), "unknown family"),
     (dict(family="f32", isa="avx", mr=1, nr=4), "unknown isa"),
-    (dict(family="f32", isa="sme", mr=1, nr=4), "no template"),
+    (dict(family="q4_0", isa="sme", mr=1, nr=4), "no template"),
+    (dict(family="f32", isa="sme", mr=1, nr=4), "give nr in VL units"),
+    (dict(family="f32", isa="neon", mr=1, nr=4, nr_vl=True), "fixed length"),
+    (dict(family="f32", isa="sve", mr=9, nr=2, nr_vl=True), "z0-z7"),
+    (dict(family="f32", isa="sve", mr=2, nr=2, mr_vl=True, nr_vl=True), "fixed row count"),
+    (dict(family="f32", isa="sve", mr=7, nr=4, nr_vl=True), "vector registers"),
+    (dict(family="f32", isa="sve", mr=1, nr=9, nr_vl=True), "exceeds 8vl"),
+    (dict(family="f32", isa="sme", mr=4, nr=2, mr_vl=True, nr_vl=True), "ZA f32 tiles"),
+    (dict(family="f32", isa="sme2", mr=3, nr=1, mr_vl=True, nr_vl=True), "group of 3"),
+    (dict(family="f32", isa="sme", mr=2, nr=2, nr_vl=True), "whole ZA tiles"),
     (dict(family="f32", isa="neon", mr=0, nr=4), "mr must be >= 1"),
     (dict(family="f32", isa="neon", mr=2.0, nr=4), "mr must be an int"),
     (dict(family="f32", isa="neon", mr=2, nr=4, kr=2), "kr and sr must be 1"),
@@ -103,3 +112,19 @@ def test_q4_names_and_register_blocking():
         "matmul_clamp_f32_qai8dxp1x4_qsi4c32p4x4_1x4_neon_dotprod"
     r = allocate(parse_spec("q4_0:dotprod:16x4"))
     assert r.mr_reg == 8 and r.needs.total <= 32      # 16 rows = 2 register blocks of 8
+
+
+@pytest.mark.parametrize("text,name,mr,nr", [
+    ("f32:sve:6x4vl", "matmul_clamp_f32_f32_f32p4vlx1b_6x4vl_sve_mla", 6, 32),
+    ("f32:sme:2vlx2vl", "matmul_clamp_f32_f32p2vlx1_f32p2vlx1b_2vlx2vl_sme_mopa", 16, 16),
+    ("f32:sme2:1vlx4vl", "matmul_clamp_f32_f32p1vlx1_f32p4vlx1b_1vlx4vl_sme2_mopa", 8, 32),
+])
+def test_vl_scaled_specs(text, name, mr, nr):
+    s = parse_spec(text)
+    assert s.name == name and s.spec_string == text and s.vl_scaled
+    assert (s.mr_at(32), s.nr_at(32)) == (mr, nr)          # 256-bit vectors: 8 f32 lanes
+    assert s.vl_kind == ("sme" if s.isa.startswith("sme") else "sve")
+    with pytest.raises(SpecError, match="vector length"):
+        s.n_step
+    with pytest.raises(SpecError, match="16..256 bytes"):
+        s.nr_at(24)

@@ -22,7 +22,7 @@ from ..generator.render import render
 from ..generator import packers as _packers
 from .cheader import getters_c, header
 from ..generator.packers import PackerSpec, packer_for
-from ..generator.render import ABI_PROBE, Rendered, render_abi_probe
+from ..generator.render import ABI_PROBE, Rendered, render_abi_probe, render_vl_query
 from ..generator.spec import KernelSpec, parse_spec
 from .targets import Target, TargetError, default_specs, get_target
 from .toolchain import Toolchain, ToolchainError, discover
@@ -57,9 +57,12 @@ def kernel_entry(spec: KernelSpec, symbol: str) -> dict:
         "spec": spec.spec_string,
         "family": spec.family,
         "isa": spec.isa,
-        "tile": {"mr": spec.mr, "nr": spec.nr, "kr": spec.kr, "sr": spec.sr},
-        "m_step": spec.m_step,
-        "n_step": spec.n_step,
+        "tile": {"mr": spec.mr, "nr": spec.nr, "kr": spec.kr, "sr": spec.sr,
+                 "mr_vl": spec.mr_vl, "nr_vl": spec.nr_vl},
+        # VL-scaled tiles: steps in VL units ("2vl"), resolved by the runtime from the CPU's VL
+        "m_step": spec.mr_str if spec.mr_vl else spec.m_step,
+        "n_step": spec.nr_str if spec.nr_vl else spec.n_step,
+        "vl_kind": spec.vl_kind,
         "features": list(spec.features),
         "lhs_format": spec.lhs_format,
         "rhs_format": spec.rhs_format,
@@ -187,6 +190,8 @@ def build_library(specs: Iterable[KernelSpec | PackerSpec | str] | None = None, 
     objs.append(_support_object(tc, out, "tilegen_getters.c", getters_c(kspecs), "the getters",
                                 "-O2", "-ffreestanding", "-fno-stack-protector"))
     objs.append(_support_object(tc, out, f"{ABI_PROBE}.S", render_abi_probe(fmt), "the ABI probe"))
+    objs.append(_support_object(tc, out, "tilegen_vl_query.S", render_vl_query(fmt),
+                                "the vector-length queries"))
     (out / HEADER_NAME).write_text(header(kspecs, packer_list))
     lib = out / library_filename(fmt)
     p = _run(tc.link_cmd(objs, lib))

@@ -10,7 +10,7 @@ from dataclasses import dataclass, field
 
 from .spec import KernelSpec, SpecError
 
-__all__ = ["VectorNeeds", "F32NeonRegs", "Q4NeonRegs", "allocate", "NUM_VREGS"]
+__all__ = ["VectorNeeds", "F32NeonRegs", "F32SveRegs", "SmeF32Regs", "Q4NeonRegs", "allocate", "NUM_VREGS"]
 
 NUM_VREGS = 32
 # Allocation orders: caller-saved registers first so that small tiles save nothing.
@@ -254,7 +254,107 @@ def _allocate_q4_neon(spec: KernelSpec) -> Q4NeonRegs:
     )
 
 
-_ALLOCATORS = {("f32", "neon"): _allocate_f32_neon,
+@dataclass(frozen=True)
+class F32SveRegs(F32NeonRegs):
+    """Registers of the f32 SVE FMLA kernel: Z registers numbered as the NEON ones (acc[row][vec]
+    holds one VL of columns), ``pred[j]`` the store predicate of column vector j."""
+
+    pred: tuple[int, ...] = ()
+
+
+_SVE_MAX_VECS = 8     # st1w/ld1w immediate offsets reach vector 7 of a panel row
+
+
+def _allocate_f32_sve(spec: KernelSpec) -> F32SveRegs:
+    mr, nv = spec.mr, spec.nr
+    if spec.mr_vl:
+        raise SpecError(f"sve f32 kernels have a fixed row count: give mr as a number "
+                        f"(e.g. 6x{spec.nr_str}), got mr={spec.mr_str}")
+    if spec.kr != 1 or spec.sr != 1:
+        raise SpecError(f"the f32 family reads f32p panels: kr and sr must be 1 "
+                        f"(got kr={spec.kr}, sr={spec.sr})")
+    if nv > _SVE_MAX_VECS:
+        raise SpecError(f"nr={spec.nr_str} exceeds {_SVE_MAX_VECS}vl (vector offsets of one "
+                        f"panel row must fit the ld1w/st1w immediate)")
+    needs = VectorNeeds((("accumulators", mr * nv), ("LHS", mr), ("RHS", _RHS_BUFFERS)))
+    if needs.total > NUM_VREGS:
+        raise SpecError(f"mr={mr}, nr={spec.nr_str} needs {needs.total} vector registers "
+                        f"({needs.describe()}), {NUM_VREGS} exist")
+    if mr > 8:
+        raise SpecError(f"mr={mr} > 8: the indexed FMLA reads its LHS vector from z0-z7, "
+                        f"one per row")
+    base = _allocate_f32_neon(KernelSpec("f32", "neon", mr, 4 * nv))
+    # LHS vectors (the indexed operand) in z0-z7, then the RHS buffers, then accumulators
+    vp = _Pool("v", list(range(8)) + [r for r in _V_ORDER if r >= 8], "vector registers")
+    lhs = tuple(vp.take(mr))
+    rhs = tuple(vp.take(_RHS_BUFFERS))
+    flat = vp.take(mr * nv)
+    acc = tuple(tuple(flat[r * nv:(r + 1) * nv]) for r in range(mr))
+    return F32SveRegs(acc=acc, lhs=lhs, rhs=rhs, gpr=base.gpr, lhs_ptr=base.lhs_ptr,
+                      saved_x=base.saved_x,
+                      saved_d=tuple(sorted(r for r in vp.used if r in _V_CALLEE_SAVED)),
+                      needs=needs, pred=tuple(range(1, nv + 1)))
+
+
+@dataclass(frozen=True)
+class SmeF32Regs(_Frame):
+    """Registers of the f32 SME outer-product kernel (``mu x nu`` ZA tiles of VL x VL f32).
+
+    ``tile[i][j]`` is the ZA tile number holding rows i*VL.., columns j*VL..; the LHS column
+    of a k step is ``lhs[i]``, the RHS row ``rhs[j]``.  Streaming mode clears the whole vector
+    file, so every SME kernel saves d8-d15 (``saved_d``)."""
+
+    tile: tuple[tuple[int, ...], ...]
+    lhs: tuple[tuple[int, ...], ...]     # lhs[set][i]: two register sets, k steps alternate
+    rhs: tuple[tuple[int, ...], ...]
+    row_pred: tuple[int, ...]
+    col_pred: tuple[int, ...]
+    clamp: tuple[int, int]               # z registers holding clamp_min, clamp_max
+    tmp: tuple[int, ...]                 # vectors for the ZA slice store path
+    gpr: dict[str, int] = field(hash=False)
+    saved_x: tuple[int, ...] = ()
+    saved_d: tuple[int, ...] = tuple(range(8, 16))
+    needs: VectorNeeds = VectorNeeds(())
+    counter_pred: int = 8                # pn8: SME2 multi-vector loads
+
+
+_ZA_F32_TILES = 4
+_SME_SCALARS = ("n_rem", "rhs_ptr", "dst_tile", "dst_row", "k_cnt", "lhs_ptr", "tmp",
+                "lhs_blk_stride", "dst_blk_stride", "vlw", "rows")
+# Z registers: two k-steps in flight (sets A and B); SME2 multi-vector loads need each LHS
+# and RHS group to start at a multiple of its length, so groups start at multiples of 4.
+_SME_SETS = ((0, 4), (24, 28))
+
+
+def _allocate_f32_sme(spec: KernelSpec) -> SmeF32Regs:
+    if not (spec.mr_vl and spec.nr_vl):
+        raise SpecError(f"sme f32 outer-product tiles are whole ZA tiles: give mr and nr in VL "
+                        f"units (e.g. 2vlx2vl), got {spec.mr_str}x{spec.nr_str}")
+    if spec.kr != 1 or spec.sr != 1:
+        raise SpecError(f"the f32 family reads f32p panels: kr and sr must be 1 "
+                        f"(got kr={spec.kr}, sr={spec.sr})")
+    mu, nu = spec.mr, spec.nr
+    if mu * nu > _ZA_F32_TILES:
+        raise SpecError(f"{spec.mr_str}x{spec.nr_str} needs {mu * nu} ZA f32 tiles, "
+                        f"{_ZA_F32_TILES} exist (za0.s-za3.s)")
+    if spec.isa == "sme2" and (mu == 3 or nu == 3):
+        raise SpecError(f"sme2 multi-vector loads take 1, 2 or 4 vectors: {spec.mr_str}x"
+                        f"{spec.nr_str} has a group of 3")
+    lhs = tuple(tuple(range(a, a + mu)) for a, _ in _SME_SETS)
+    rhs = tuple(tuple(range(b, b + nu)) for _, b in _SME_SETS)
+    xp = _Pool("x", _X_ORDER, "general-purpose registers")
+    gpr = dict(zip(_SME_SCALARS, xp.take(len(_SME_SCALARS))))
+    needs = VectorNeeds((("LHS", 2 * mu), ("RHS", 2 * nu), ("clamp", 2), ("store", nu)))
+    return SmeF32Regs(
+        tile=tuple(tuple(i * nu + j for j in range(nu)) for i in range(mu)),
+        lhs=lhs, rhs=rhs, row_pred=tuple(range(1, mu + 1)),
+        col_pred=tuple(range(mu + 1, mu + nu + 1)), clamp=(16, 17),
+        tmp=tuple(range(20, 20 + nu)), gpr=gpr,
+        saved_x=tuple(sorted(r for r in xp.used if r in _X_CALLEE_SAVED)), needs=needs)
+
+
+_ALLOCATORS = {("f32", "neon"): _allocate_f32_neon, ("f32", "sve"): _allocate_f32_sve,
+               ("f32", "sme"): _allocate_f32_sme, ("f32", "sme2"): _allocate_f32_sme,
                ("q4_0", "neon"): _allocate_q4_neon, ("q4_0_dx", "neon"): _allocate_q4_neon,
                ("q4_0", "dotprod"): _allocate_q4_neon, ("q4_0", "i8mm"): _allocate_q4_neon,
                ("q4_0_dx", "dotprod"): _allocate_q4_neon, ("q4_0_dx", "i8mm"): _allocate_q4_neon}

@@ -63,13 +63,24 @@ def save_plan(regs) -> list[tuple[tuple[str, ...], int]]:
     return plan
 
 
+# family/ISA pairs served by another ISA's template (SME2 adds multi-vector forms to SME's)
+_SHARED_TEMPLATES = {("f32", "sme2"): "f32_sme"}
+
+
+def _template_name(spec: KernelSpec) -> str:
+    if spec.family == "f32" and spec.isa == "sme2" and spec.mr == 1 and not spec.mr_vl:
+        return "f32_sme2_gemv.S.j2"
+    return _SHARED_TEMPLATES.get((spec.family, spec.isa), f"{spec.family}_{spec.isa}") + ".S.j2"
+
+
 def render(spec: KernelSpec, fmt: str = "elf") -> Rendered:
     _check_format(fmt)
     regs = allocate(spec)
     # q4 templates walk their (block-length dependent) layouts sequentially and take no
     # constants from the layout object; the f32 template reads its panel geometry from it.
-    layout = rhs_layout_for(spec) if spec.family == "f32" else None
-    template = _env().get_template(f"{spec.family}_{spec.isa}.S.j2")
+    # VL-scaled kernels compute their strides at run time (addvl, cntw); none from a layout.
+    layout = rhs_layout_for(spec) if spec.family == "f32" and not spec.vl_scaled else None
+    template = _env().get_template(_template_name(spec))
     sym = symbol_for(spec.name, fmt)
     text = template.render(
         spec=spec, R=regs, L=layout, fmt=fmt, sym=sym, saves=save_plan(regs),
@@ -86,6 +97,17 @@ def render_abi_probe(fmt: str = "elf") -> str:
     _check_format(fmt)
     return _env().get_template("abi_probe.S.j2").render(
         fmt=fmt, sym=symbol_for(ABI_PROBE, fmt), lp=".L" if fmt == "elf" else "L",
+        version=__version__)
+
+
+VL_QUERIES = ("tilegen_sve_vl_bytes", "tilegen_sme_svl_bytes", "tilegen_svcr")
+
+
+def render_vl_query(fmt: str = "elf") -> str:
+    """The vector-length and streaming-state queries every library carries."""
+    _check_format(fmt)
+    return _env().get_template("vl_query.S.j2").render(
+        fmt=fmt, prefix="_" if fmt == "macho" else "", lp=".L" if fmt == "elf" else "L",
         version=__version__)
 
 

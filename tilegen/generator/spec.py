@@ -10,7 +10,7 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 
-__all__ = ["SpecError", "KernelSpec", "FamilyInfo", "FAMILIES", "ISA_FEATURES", "parse_spec"]
+__all__ = ["SpecError", "KernelSpec", "FamilyInfo", "FAMILIES", "ISA_FEATURES", "SCALABLE_ISAS", "parse_spec"]
 
 
 class SpecError(ValueError):
@@ -42,10 +42,15 @@ def _q4_family(name: str, lhs: str) -> FamilyInfo:
     )
 
 
+_F32_ISAS = ("neon", "sve", "sme", "sme2")
+
 FAMILIES: dict[str, FamilyInfo] = {
+    # f32 GEMM: NEON/SVE FMLA, SME FMOPA outer products (SME2: multi-vector loads and the
+    # ZA-array FMLA gemv).
     "f32": FamilyInfo(
-        name="f32", isas=("neon",), lhs="f32", rhs="f32p", op_suffix={"neon": "neon_mla"},
-        default_kr={"neon": 1}, default_sr={"neon": 1},
+        name="f32", isas=_F32_ISAS, lhs="f32", rhs="f32p",
+        op_suffix={"neon": "neon_mla", "sve": "sve_mla", "sme": "sme_mopa", "sme2": "sme2_mopa"},
+        default_kr={i: 1 for i in _F32_ISAS}, default_sr={i: 1 for i in _F32_ISAS},
     ),
     # llama.cpp's q4_0 path: LHS per-32-block symmetric int8 (f16 scale), RHS int4 from
     # ggml block_q4_0 with f16 scales (KleidiAI matmul_clamp_f32_qsi8d32p_qsi4c32p).
@@ -65,6 +70,8 @@ ISA_FEATURES: dict[str, tuple[str, ...]] = {
     "sme": ("sme",),
     "sme2": ("sme", "sme2"),
 }
+# ISAs whose vector length is only known at run time (tiles are given in VL units).
+SCALABLE_ISAS = ("sve", "sve2", "sme", "sme2")
 
 
 @dataclass(frozen=True)
@@ -77,6 +84,8 @@ class KernelSpec:
     nr: int
     kr: int | None = None
     sr: int | None = None
+    mr_vl: bool = False     # mr is a multiple of the vector length (``"2vl"``: 2 x VL/32 bits)
+    nr_vl: bool = False     # nr likewise (one VL unit = as many 32-bit lanes as a vector has)
 
     def __post_init__(self) -> None:
         fam = FAMILIES.get(self.family)
@@ -98,6 +107,15 @@ class KernelSpec:
                 raise SpecError(f"{field} must be an int, got {v!r}")
             if v < 1:
                 raise SpecError(f"{field} must be >= 1, got {field}={v}")
+        for field in ("mr_vl", "nr_vl"):
+            if not isinstance(getattr(self, field), bool):
+                raise SpecError(f"{field} must be a bool, got {getattr(self, field)!r}")
+        if self.isa in SCALABLE_ISAS and not self.nr_vl:
+            raise SpecError(f"{self.isa} kernels are vector-length agnostic: give nr in VL units "
+                            f"(e.g. {self.mr}x4vl), got nr={self.nr}")
+        if self.isa not in SCALABLE_ISAS and (self.mr_vl or self.nr_vl):
+            raise SpecError(f"{self.isa} vectors have a fixed length: mr/nr in VL units need "
+                            f"sve, sme or sme2")
 
     # -- derived facts -------------------------------------------------------------
     @property
@@ -109,13 +127,48 @@ class KernelSpec:
         """CPU features required to run the kernel."""
         return ISA_FEATURES[self.isa]
 
+    # -- vector-length scaling ----------------------------------------------------------
+    @property
+    def vl_scaled(self) -> bool:
+        """Whether the tile (and so packed sizes, offsets, steps) depends on the VL."""
+        return self.mr_vl or self.nr_vl
+
+    @property
+    def vl_kind(self) -> str | None:
+        """Which vector length scales the tile: ``"sve"`` (cntb), ``"sme"`` (streaming, rdsvl)."""
+        if not self.vl_scaled:
+            return None
+        return "sme" if self.isa.startswith("sme") else "sve"
+
+    def mr_at(self, vl_bytes: int | None = None) -> int:
+        """Rows of the tile on a CPU whose (relevant) vector length is ``vl_bytes``."""
+        return self.mr * _vl_units(self, vl_bytes) if self.mr_vl else self.mr
+
+    def nr_at(self, vl_bytes: int | None = None) -> int:
+        """Columns of the tile on a CPU whose vector length is ``vl_bytes``."""
+        return self.nr * _vl_units(self, vl_bytes) if self.nr_vl else self.nr
+
     @property
     def m_step(self) -> int:
-        return self.mr
+        """Rows per step; VL-scaled tiles need :meth:`mr_at` with the CPU's vector length."""
+        return self.mr_at()
 
     @property
     def n_step(self) -> int:
-        return self.nr
+        return self.nr_at()
+
+    @property
+    def mr_str(self) -> str:
+        return f"{self.mr}vl" if self.mr_vl else str(self.mr)
+
+    @property
+    def nr_str(self) -> str:
+        return f"{self.nr}vl" if self.nr_vl else str(self.nr)
+
+    @property
+    def packs_f32_lhs(self) -> bool:
+        """f32 kernels whose LHS is packed (SME outer products read k-major row blocks)."""
+        return self.family == "f32" and self.isa in ("sme", "sme2") and self.mr_vl
 
     @property
     def L(self) -> int:
@@ -126,33 +179,36 @@ class KernelSpec:
     def lhs_mr(self) -> int:
         """Rows interleaved in one packed LHS row block (1 for gemv tiles, else 4)."""
         if not self.info.quantized:
-            return 1
+            return self.mr if self.packs_f32_lhs else 1
         return 1 if self.mr == 1 else 4
 
     @property
     def lhs_format(self) -> str:
         """Packed LHS format name, e.g. ``qsi8d32p4x8`` (``f32`` when unpacked)."""
         if not self.info.quantized:
-            return self.info.lhs
+            return f"f32p{self.mr_str}x1" if self.packs_f32_lhs else self.info.lhs
         return f"{self.info.lhs}{self.lhs_mr}x{self.L}"
 
     @property
     def rhs_format(self) -> str:
         """Packed RHS format name, e.g. ``f32p16x1b`` or ``qsi4c32p4x8``."""
         if self.family == "f32":
-            return f"{self.info.rhs}{self.nr}x{self.kr}b"
+            return f"{self.info.rhs}{self.nr_str}x{self.kr}b"
         return f"{self.info.rhs}{self.nr}x{self.L}"
 
     @property
     def name(self) -> str:
         """Kernel name, KleidiAI grammar:
         ``matmul_clamp_<dst>_<lhs>_<rhs>_<mr>x<nr>_<isa>_<op>``."""
+        op = self.info.op_suffix[self.isa]
+        if self.isa == "sme2" and self.mr == 1 and not self.mr_vl:
+            op = "sme2_mla"      # the gemv accumulates in the ZA array with FMLA, no outer product
         return (f"matmul_clamp_f32_{self.lhs_format}_{self.rhs_format}_"
-                f"{self.mr}x{self.nr}_{self.info.op_suffix[self.isa]}")
+                f"{self.mr_str}x{self.nr_str}_{op}")
 
     @property
     def spec_string(self) -> str:
-        s = f"{self.family}:{self.isa}:{self.mr}x{self.nr}"
+        s = f"{self.family}:{self.isa}:{self.mr_str}x{self.nr_str}"
         if self.kr != self.info.default_kr[self.isa] or self.sr != self.info.default_sr[self.isa]:
             s += f":k{self.kr}:s{self.sr}"
         return s
@@ -168,13 +224,24 @@ class KernelSpec:
         return self.spec_string
 
 
+def _vl_units(spec: KernelSpec, vl_bytes: int | None) -> int:
+    if vl_bytes is None:
+        raise SpecError(f"{spec.name}: the tile is in vector-length units; its size needs the "
+                        f"CPU's {spec.vl_kind} vector length (mr_at/nr_at with vl_bytes)")
+    if isinstance(vl_bytes, bool) or not isinstance(vl_bytes, int) or vl_bytes < 16 \
+            or vl_bytes > 256 or vl_bytes % 16:
+        raise SpecError(f"vector length must be 16..256 bytes in steps of 16, got {vl_bytes!r}")
+    return vl_bytes // 4
+
+
 _SPEC_RE = re.compile(
-    r"^(?P<family>[a-z0-9_]+):(?P<isa>[a-z0-9]+):(?P<mr>\d+)x(?P<nr>\d+)"
+    r"^(?P<family>[a-z0-9_]+):(?P<isa>[a-z0-9]+):(?P<mr>\d+)(?P<mrvl>vl)?x(?P<nr>\d+)(?P<nrvl>vl)?"
     r"(?::k(?P<kr>\d+))?(?::s(?P<sr>\d+))?$")
 
 
 def parse_spec(text: str) -> KernelSpec:
-    """Parse ``FAMILY:ISA:MRxNR[:kKR][:sSR]`` (e.g. ``f32:neon:6x16``) into a validated spec."""
+    """Parse ``FAMILY:ISA:MRxNR[:kKR][:sSR]`` (e.g. ``f32:neon:6x16``, ``f32:sve:6x4vl``) into
+    a validated spec; ``vl`` after mr or nr counts in vector-length units."""
     m = _SPEC_RE.match(text.strip())
     if not m:
         raise SpecError(
@@ -182,4 +249,5 @@ def parse_spec(text: str) -> KernelSpec:
             f"e.g. f32:neon:6x16")
     kr = int(m["kr"]) if m["kr"] else None
     sr = int(m["sr"]) if m["sr"] else None
-    return KernelSpec(m["family"], m["isa"], int(m["mr"]), int(m["nr"]), kr=kr, sr=sr).validate()
+    return KernelSpec(m["family"], m["isa"], int(m["mr"]), int(m["nr"]), kr=kr, sr=sr,
+                      mr_vl=bool(m["mrvl"]), nr_vl=bool(m["nrvl"])).validate()

@@ -3,7 +3,7 @@
 A layout object is the single source of truth for a format: the generator takes its
 byte offsets and strides from it, the runtime its packed sizes and numpy packers.
 """
-from .f32 import F32PackedRHS, StridedF32
+from .f32 import F32PackedLHS, F32PackedRHS, StridedF32
 from .base import LayoutError, lhs_layout_for, rhs_layout_for
 
-__all__ = ["F32PackedRHS", "StridedF32", "LayoutError", "rhs_layout_for", "lhs_layout_for"]
+__all__ = ["F32PackedLHS", "F32PackedRHS", "StridedF32", "LayoutError", "rhs_layout_for", "lhs_layout_for"]

@@ -27,24 +27,40 @@ def roundup(a: int, b: int) -> int:
     return -(-a // b) * b
 
 
+def _dims(spec, vl: int | None) -> tuple[int, int]:
+    """Concrete (mr, nr) of a spec; VL-scaled tiles need the CPU's vector length in bytes."""
+    from ..generator.spec import SpecError
+    try:
+        return spec.mr_at(vl), spec.nr_at(vl)
+    except SpecError as e:
+        raise LayoutError(str(e)) from None
+
+
 @lru_cache(maxsize=1024)   # layout objects are immutable; the runtime asks on every call
-def rhs_layout_for(spec, bl: int = 32):
-    """The packed-RHS layout object a kernel spec reads (``bl``: block length of q4 formats)."""
+def rhs_layout_for(spec, bl: int = 32, vl: int | None = None):
+    """The packed-RHS layout object a kernel spec reads (``bl``: block length of q4 formats;
+    ``vl``: vector length in bytes, for tiles given in VL units)."""
+    _, nr = _dims(spec, vl)
     if spec.family == "f32":
         from .f32 import F32PackedRHS
-        return F32PackedRHS(nr=spec.nr, kr=spec.kr)
+        return F32PackedRHS(nr=nr, kr=spec.kr)
     if spec.family == "q4_0":
         from .q4 import QSI4C32PScaleF16
-        return QSI4C32PScaleF16(nr=spec.nr, kr=spec.kr, sr=spec.sr, bl=bl)
+        return QSI4C32PScaleF16(nr=nr, kr=spec.kr, sr=spec.sr, bl=bl)
     if spec.family == "q4_0_dx":
         from .q4 import QSI4C32P
-        return QSI4C32P(nr=spec.nr, kr=spec.kr, sr=spec.sr, bl=bl)
+        return QSI4C32P(nr=nr, kr=spec.kr, sr=spec.sr, bl=bl)
     raise LayoutError(f"no RHS layout for family {spec.family!r}")
 
 
 @lru_cache(maxsize=1024)
-def lhs_layout_for(spec, bl: int = 32):
+def lhs_layout_for(spec, bl: int = 32, vl: int | None = None):
     """The packed-LHS layout object a kernel spec reads (None: unpacked f32 rows)."""
+    if spec.family == "f32":
+        if not spec.packs_f32_lhs:
+            return None
+        from .f32 import F32PackedLHS
+        return F32PackedLHS(mr=_dims(spec, vl)[0])
     if spec.family == "q4_0":
         from .q4 import QSI8D32P
         return QSI8D32P(mr=spec.lhs_mr, kr=spec.kr, sr=spec.sr, bl=bl)

@@ -119,3 +119,61 @@ class F32PackedRHS:
         bias = a[:, 0, :].reshape(-1)[:n].copy()
         w_kn = a[:, 1:, :].transpose(1, 0, 2).reshape(k, panels * self.nr)[:, :n]
         return np.ascontiguousarray(w_kn.T), bias
+
+
+@dataclass(frozen=True)
+class F32PackedLHS:
+    """``f32p<mr>x1`` (the SME outer-product kernels' LHS): rows cut into blocks of ``mr``;
+    each block holds, for t = 0..k-1, the ``mr`` values ``x[block rows][t]`` (a k-major
+    transpose of the block).  Rows past m are zero."""
+
+    mr: int
+    elem_bytes: int = 4
+
+    @property
+    def name(self) -> str:
+        return f"f32p{self.mr}x1"
+
+    format = name
+
+    @property
+    def stride_expr(self) -> str:
+        """Bytes per row block as an expression in k."""
+        return f"k * {self.mr * self.elem_bytes}"
+
+    def block_stride(self, k: int) -> int:
+        return eval_expr(self.stride_expr, k=k)
+
+    def packed_size(self, m: int, k: int) -> int:
+        return roundup(m, self.mr) // self.mr * self.block_stride(k)
+
+    def region_size(self, m: int, k: int, m_idx_start: int = 0) -> int:
+        """Bytes packing m rows from a block start (m_idx_start a multiple of mr) writes."""
+        if m_idx_start % self.mr:
+            raise LayoutError(f"m_idx_start={m_idx_start} is not a multiple of mr={self.mr}")
+        return self.packed_size(m, k)
+
+    def packed_offset(self, m_idx: int, k: int) -> int:
+        if m_idx % self.mr:
+            raise LayoutError(f"m_idx={m_idx} is not a multiple of mr={self.mr}")
+        return m_idx // self.mr * self.block_stride(k)
+
+    def pack(self, x: np.ndarray) -> np.ndarray:
+        """Pack f32 rows (m, k) into uint8 bytes."""
+        x = np.asarray(x)
+        if x.ndim != 2 or x.dtype != np.float32:
+            raise LayoutError(f"LHS must be 2-D float32, got {x.dtype} {x.shape}")
+        m, k = x.shape
+        if m < 1 or k < 1:
+            raise LayoutError(f"LHS needs m >= 1 and k >= 1, got shape {x.shape}")
+        blocks = roundup(m, self.mr) // self.mr
+        xp = np.zeros((blocks * self.mr, k), dtype=F32)
+        xp[:m] = x
+        out = xp.reshape(blocks, self.mr, k).transpose(0, 2, 1)
+        return np.ascontiguousarray(out).reshape(-1).view(np.uint8)
+
+    def unpack(self, packed: np.ndarray, m: int, k: int) -> np.ndarray:
+        blocks = roundup(m, self.mr) // self.mr
+        a = np.asarray(packed, dtype=np.uint8)[: self.packed_size(m, k)].view(F32)
+        return np.ascontiguousarray(a.reshape(blocks, k, self.mr).transpose(0, 2, 1)
+                                    .reshape(-1, k)[:m])

@@ -168,11 +168,14 @@ class Kernel:
     Sizes and offsets come from the layout objects of the kernel's formats.
     """
 
-    def __init__(self, entry: dict, fn) -> None:
+    def __init__(self, entry: dict, fn, vl_bytes: int | None = None) -> None:
         self.entry = entry
         self.name: str = entry["name"]
         t = entry["tile"]
-        self.spec = KernelSpec(entry["family"], entry["isa"], t["mr"], t["nr"], t["kr"], t["sr"])
+        self.spec = KernelSpec(entry["family"], entry["isa"], t["mr"], t["nr"], t["kr"], t["sr"],
+                               mr_vl=t.get("mr_vl", False), nr_vl=t.get("nr_vl", False))
+        # the CPU's vector length for this kernel's ISA (None: the CPU lacks it)
+        self.vl_bytes = vl_bytes if self.spec.vl_scaled else None
         self.family = self.spec.family
         self.features = frozenset(entry["features"])
         self.rhs_format: str = entry["rhs_format"]
@@ -187,22 +190,30 @@ class Kernel:
         else:
             self._probe(self, args)
 
-    mr = property(lambda self: self.spec.mr)
-    nr = property(lambda self: self.spec.nr)
+    def _vl(self) -> int | None:
+        if self.spec.vl_scaled and self.vl_bytes is None:
+            raise ArgumentError(f"kernel {self.name} has a tile in {self.spec.vl_kind} vector-"
+                                f"length units and this CPU has no {self.spec.vl_kind.upper()} "
+                                f"(or it is disabled)")
+        return self.vl_bytes
+
+    # geometry on this CPU (VL-scaled tiles resolved with the vector length read at load)
+    mr = property(lambda self: self.spec.mr_at(self._vl()))
+    nr = property(lambda self: self.spec.nr_at(self._vl()))
     kr = property(lambda self: self.spec.kr)
     sr = property(lambda self: self.spec.sr)
-    m_step = property(lambda self: self.spec.m_step)
-    n_step = property(lambda self: self.spec.n_step)
+    m_step = mr
+    n_step = nr
 
     def __repr__(self) -> str:
         return f"<Kernel {self.name}>"
 
     # -- geometry (KleidiAI getters) -------------------------------------------------
     def rhs_layout(self, bl: int = 32):
-        return rhs_layout_for(self.spec, bl)
+        return rhs_layout_for(self.spec, bl, self._vl())
 
     def lhs_layout(self, bl: int = 32):
-        return lhs_layout_for(self.spec, bl)
+        return lhs_layout_for(self.spec, bl, self._vl())
 
     def rhs_packed_size(self, n: int, k: int, bl: int = 32) -> int:
         return self.rhs_layout(bl).packed_size(n, k)
@@ -226,36 +237,52 @@ class Kernel:
 
     def rhs_matches(self, packed: "PackedWeights") -> bool:
         """Whether ``packed`` is in the RHS layout (format and nr/kr/sr) this kernel reads."""
-        fmt = self.rhs_format if self.family == "f32" else self.rhs_layout(packed.bl or 32).format
+        if self.spec.vl_scaled and self.vl_bytes is None:
+            return False
+        fmt = self.rhs_layout(packed.bl or 32).format
         return (packed.format, packed.nr, packed.kr, packed.sr) == (fmt, self.nr, self.kr, self.sr)
 
     # -- calls --------------------------------------------------------------------------
     def __call__(self, lhs: np.ndarray, rhs_packed, dst: np.ndarray,
                  clamp_min: float = -FLT_MAX, clamp_max: float = FLT_MAX, *,
                  k: int | None = None, bl: int | None = None) -> np.ndarray:
-        """f32: dst = clamp(lhs @ W + bias), lhs (m, k) f32 rows.
+        """f32: dst = clamp(lhs @ W + bias), lhs (m, k) f32 rows (packed-LHS kernels: rows,
+        packed here, or bytes from ``lhs_layout().pack``).
         q4: dst = clamp(dequant(lhs_packed) @ dequant(W)), lhs = packed LHS bytes, with k and
         bl taken from PackedWeights (or given)."""
         if self.family == "f32":
-            return self._call_f32(lhs, rhs_packed, dst, clamp_min, clamp_max)
+            return self._call_f32(lhs, rhs_packed, dst, clamp_min, clamp_max, k)
         return self._call_q4(lhs, rhs_packed, dst, clamp_min, clamp_max, k, bl)
 
-    def _call_f32(self, lhs, rhs_packed, dst, clamp_min, clamp_max):
-        lhs = _check_matrix("lhs", lhs)
-        m, k = lhs.shape
-        dst = _check_matrix("dst", dst, rows=m, writeable=True)
+    def _call_f32(self, lhs, rhs_packed, dst, clamp_min, clamp_max, k=None):
+        packed_lhs = self.spec.packs_f32_lhs
+        if packed_lhs and isinstance(lhs, np.ndarray) and lhs.dtype == np.uint8:
+            dst = _check_matrix("dst", dst, writeable=True)   # already packed: m from dst
+            m = dst.shape[0]
+            if k is None:
+                if not isinstance(rhs_packed, PackedWeights):
+                    raise ArgumentError("k is needed when both lhs and rhs_packed are raw bytes")
+                k = rhs_packed.k
+            lbuf = _check_bytes("lhs", lhs, self.lhs_packed_size(m, k))
+        else:
+            lhs = _check_matrix("lhs", lhs)
+            m, k = lhs.shape
+            dst = _check_matrix("dst", dst, rows=m, writeable=True)
+            lbuf = self.lhs_layout().pack(lhs) if packed_lhs else lhs
         n = dst.shape[1]
+        lay = self.rhs_layout()
         if isinstance(rhs_packed, PackedWeights):
-            if rhs_packed.format != self.rhs_format:
+            if (rhs_packed.format, rhs_packed.nr) != (lay.format, self.nr):
                 raise ArgumentError(f"packed weights are {rhs_packed.format}, kernel {self.name} "
-                                    f"reads {self.rhs_format}")
+                                    f"reads {lay.format} on this CPU")
             if (rhs_packed.n, rhs_packed.k) != (n, k):
                 raise ArgumentError(f"packed weights are n={rhs_packed.n}, k={rhs_packed.k}; "
                                     f"the call needs n={n}, k={k}")
             rhs_packed = rhs_packed.data
         buf = _check_bytes("rhs_packed", rhs_packed, self.rhs_packed_size(n, k))
         cmin, cmax = _clamps(clamp_min, clamp_max)
-        self._invoke(m, n, k, lhs.ctypes.data, _row_stride(lhs), buf.ctypes.data,
+        stride = 4 * k if packed_lhs else _row_stride(lbuf)
+        self._invoke(m, n, k, lbuf.ctypes.data, stride, buf.ctypes.data,
                      dst.ctypes.data, _row_stride(dst), 4, cmin, cmax)
         return dst
 
@@ -381,12 +408,14 @@ class Library:
         self.kernels: dict[str, Kernel] = {}
         self._tables: dict[str, list[KernelPair]] = {}
         self.gemv_threshold = 1
+        self.vl_bytes = self._read_vls()
         for e in entries:
             try:
                 fn = getattr(self._dll, e["name"])
             except AttributeError:
                 raise LoadError(f"kernel {e['name']} is in the manifest but not in {self.path.name}") from None
-            self.kernels[e["name"]] = Kernel(e, fn)
+            kind = e.get("vl_kind")
+            self.kernels[e["name"]] = Kernel(e, fn, self.vl_bytes.get(kind) if kind else None)
         self._abi = getattr(self._dll, self.manifest.get("abi_probe") or "tilegen_abi_call", None)
         if self._abi is not None:
             self._abi.restype = ctypes.c_uint64
@@ -402,9 +431,36 @@ class Library:
     def __repr__(self) -> str:
         return f"<tilegen.Library {self.path} with {len(self.kernels)} kernels>"
 
+    def _query(self, name: str):
+        fn = getattr(self._dll, name, None)
+        if fn is not None:
+            fn.restype, fn.argtypes = ctypes.c_uint64, []
+        return fn
+
+    def _read_vls(self) -> dict[str, int]:
+        """Vector lengths in bytes, read once through the library (cntb; rdsvl), for the
+        scalable ISAs this CPU has (and, for SME, has enabled)."""
+        vls: dict[str, int] = {}
+        for kind, fname in (("sve", "tilegen_sve_vl_bytes"), ("sme", "tilegen_sme_svl_bytes")):
+            if kind in self.cpu.features:
+                fn = self._query(fname)
+                if fn is None:
+                    continue      # library built before VL-scaled kernels existed
+                vls[kind] = int(fn())
+        return vls
+
+    def svcr(self) -> int:
+        """PSTATE.SM | PSTATE.ZA << 1 as the SVCR register reads now (SME CPUs only)."""
+        if "sme" not in self.cpu.features:
+            raise ArgumentError("SVCR exists only on SME CPUs (with SME enabled: TILEGEN_SME=1)")
+        fn = self._query("tilegen_svcr")
+        if fn is None:
+            raise LoadError(f"{self.path.name} has no SVCR query (rebuild it with this tilegen)")
+        return int(fn())
+
     # -- ABI conformance --------------------------------------------------------------
     ABI_BITS = ([f"x{19 + i}" for i in range(10)] + [f"d{8 + i}" for i in range(8)] +
-                ["sp", "fpcr"])
+                ["sp", "fpcr", "svcr"])
 
     def _probe_call(self, obj, args) -> int:
         block = np.zeros(15, np.uint64)
@@ -419,6 +475,7 @@ class Library:
         block[:len(ints)] = ints
         block[8:8 + len(floats)] = floats
         block[10:10 + len(stack)] = stack
+        block[14] = 1 if "sme" in self.cpu.features else 0     # SVCR readable: check it
         fnptr = ctypes.cast(obj._fn, ctypes.c_void_p).value
         return int(self._abi(fnptr, block.ctypes.data))
 
@@ -430,7 +487,7 @@ class Library:
         rng = np.random.default_rng(0)
         results: dict[str, list[str]] = {}
         for obj in [*self.kernels.values(), *self.packers.values()]:
-            if not obj.features <= self.cpu.features:
+            if not (self.runnable(obj) if isinstance(obj, Kernel) else obj.features <= self.cpu.features):
                 continue
             masks: list[int] = []
             obj._probe = lambda o, a: masks.append(self._probe_call(o, a))
@@ -461,7 +518,8 @@ class Library:
 
     # -- kernels --------------------------------------------------------------------
     def runnable(self, kernel: Kernel) -> bool:
-        return kernel.features <= self.cpu.features
+        return kernel.features <= self.cpu.features and (
+            not kernel.spec.vl_scaled or kernel.vl_bytes is not None)
 
     def kernel(self, name: str) -> Kernel:
         try:
@@ -488,7 +546,8 @@ class Library:
         self._tables[kind] = list(pairs)
 
     def _pairs(self, kind: str) -> list[KernelPair]:
-        pairs = [p for p in self.table(kind) if p.features <= self.cpu.features]
+        pairs = [p for p in self.table(kind) if p.features <= self.cpu.features
+                 and all(self.runnable(k) for k in (p.gemm, p.gemv) if k is not None)]
         if not pairs:
             raise ArgumentError(f"no kernel for {kind} weights in {self.path.name} runs on this "
                                 f"CPU (features: {', '.join(sorted(self.cpu.features))})")
@@ -574,7 +633,9 @@ class Library:
             if isinstance(v, bool) or not isinstance(v, (int, np.integer)) or v < 1:
                 raise ArgumentError(f"{nm} must be a positive int, got {v!r}")
         kern = self._pairs(op)[0].pick(m, self.gemv_threshold)
-        return 0 if kern.family == "f32" else kern.lhs_packed_size(m, k, 32)
+        if kern.family == "f32" and not kern.spec.packs_f32_lhs:
+            return 0
+        return kern.lhs_packed_size(m, k, 32)
 
     def matmul(self, x: np.ndarray, packed: PackedWeights, bias: np.ndarray | None = None,
                clamp: tuple[float, float] | None = None, threads: int | None = None,
@@ -622,8 +683,17 @@ class Library:
         kern = self.select(packed, m)
         dst = out.reshape(m, packed.n)
         k, bl = packed.k, packed.bl
-        if kern.family == "f32":
+        if kern.family == "f32" and not kern.spec.packs_f32_lhs:
             lhs = x2
+        elif kern.family == "f32":   # SME outer products: k-major row blocks, split over m
+            lay = kern.lhs_layout()
+            lhs = np.empty(lay.packed_size(m, k), np.uint8)
+
+            def pack_part(m0, m1):
+                off = lay.packed_offset(m0, k)
+                lhs[off:off + lay.packed_size(m1 - m0, k)] = lay.pack(x2[m0:m1])
+            run_parallel([lambda a=a, b=b: pack_part(a, b)
+                          for a, b in split(m, kern.m_step, nthreads)])
         else:   # quantise + pack the activations, split over m in multiples of m_step
             lhs = np.zeros(kern.lhs_packed_size(m, k, bl), np.uint8)
             lay = kern.lhs_layout(bl)
@@ -643,10 +713,7 @@ class Library:
             roff = kern.rhs_packed_offset(n0, k, bl or 32)
             sub = PackedWeights(packed.format, n1 - n0, k, packed.nr, packed.kr, packed.sr,
                                 rhs[roff:], packed.has_bias, bl, packed.kind)
-            if kern.family == "f32":
-                kern(lhs, sub, dst[:, n0:n1], cmin, cmax)
-            else:
-                kern(lhs, sub, dst[:, n0:n1], cmin, cmax)
+            kern(lhs, sub, dst[:, n0:n1], cmin, cmax)
         run_parallel([lambda a=a, b=b: part(a, b) for a, b in split(packed.n, kern.n_step, nthreads)])
         return out
 

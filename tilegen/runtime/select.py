@@ -39,16 +39,28 @@ class KernelPair:
 def build_table(kernels: Iterable, family: str) -> list[KernelPair]:
     """Default ordered table for ``family`` from a library's kernels."""
     ks = [k for k in kernels if k.family == family]
-    gemms = [k for k in ks if k.mr > 1] or ks
+    # tiles compared as specs (VL units stay symbolic: 6x4vl pairs with 1x4vl at every VL)
+    gemms = [k for k in ks if k.spec.mr > 1 or k.spec.mr_vl] or ks
+
+    def rhs_key(k):
+        s = k.spec
+        return (s.nr, s.nr_vl, s.vl_kind, s.kr, s.sr)
+
+    def gemv(k):
+        return k.spec.mr == 1 and not k.spec.mr_vl
+
     table = []
     for g in gemms:
-        key = (g.nr, g.kr, g.sr)
-        gemvs = [v for v in ks if v.mr == 1 and (v.nr, v.kr, v.sr) == key]
+        gemvs = [v for v in ks if gemv(v) and rhs_key(v) == rhs_key(g)]
         # prefer a gemv of the gemm's own ISA, then any the CPU may run
         gemvs.sort(key=lambda v: (v.spec.isa != g.spec.isa, ISA_PREFERENCE.index(v.spec.isa)))
-        table.append(KernelPair(g, gemvs[0] if gemvs else (g if g.mr == 1 else None)))
+        table.append(KernelPair(g, gemvs[0] if gemvs else (g if gemv(g) else None)))
+
+    def size(k):   # lanes of a 128-bit vector per VL unit, to compare fixed and scaled tiles
+        s = k.spec
+        return s.mr * (4 if s.mr_vl else 1), s.nr * (4 if s.nr_vl else 1)
     # best ISA first; within it, gemm kernels that have a gemv partner, then the biggest tile
     table.sort(key=lambda p: (ISA_PREFERENCE.index(p.gemm.spec.isa), p.gemv is None,
-                              -p.gemm.mr * p.gemm.nr,
-                              -p.gemm.nr, p.gemm.name))
+                              -size(p.gemm)[0] * size(p.gemm)[1],
+                              -size(p.gemm)[1], p.gemm.name))
     return table

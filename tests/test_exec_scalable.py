@@ -1,0 +1,142 @@
+"""SVE and SME/SME2 f32 kernels (tiles in vector-length units) at every vector length.
+
+Each kernel runs in an emulated aarch64 Python with the VL set through qemu; the packed
+RHS is made on the host with the concrete panel width the guest library reports, and the
+results must equal the f32 FMA-chain reference bit for bit (and float64 within 1e-5*sqrt(k)).
+SME kernels must leave PSTATE.SM and PSTATE.ZA clear (SVCR == 0) after every call.
+"""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+import tilegen
+from tilegen.layout import F32PackedRHS
+from tilegen.reference import matmul_f32, matmul_f64
+
+from conftest import guest
+
+SENTINEL = np.float32(-12345.5)
+VLS = (128, 256, 512, 1024, 2048)
+SVE_TILES = ("6x4vl", "8x2vl", "4x4vl", "1x4vl", "3x1vl")
+SME_TILES = ("2vlx2vl", "1vlx4vl", "4vlx1vl")
+SME2_TILES = ("2vlx2vl", "1vlx4vl", "4vlx1vl")
+SVE_RUNS = [("max", v) for v in VLS] + [("neoverse-n2", None), ("neoverse-v1", None), ("a64fx", None)]
+SVE_NATIVE_VL = {"neoverse-n2": 128, "neoverse-v1": 256, "a64fx": 512}
+SME_ENV = {"TILEGEN_SME": "1"}
+
+
+def _specs(isa, tiles):
+    return [tilegen.parse_spec(f"f32:{isa}:{t}") for t in tiles]
+
+
+@pytest.fixture(scope="module")
+def scal_lib(tmp_path_factory):
+    out = tmp_path_factory.mktemp("scalable")
+    specs = _specs("sve", SVE_TILES) + _specs("sme", SME_TILES) + _specs("sme2", SME2_TILES)
+    tilegen.build_library(specs, target="linux-aarch64-all", out_dir=out)
+    return out
+
+
+def _sme_guest(vl, isa_env=None):
+    env = dict(SME_ENV, **({"TILEGEN_ISA": isa_env} if isa_env else {}))
+    return guest_env("max", None, vl, env)
+
+
+_env_sessions = {}
+
+
+def guest_env(cpu, sve_vl, sme_vl, env):
+    from conftest import _sessions, TESTS_DIR
+    from tilegen.emulate.remote import GuestSession
+    key = (cpu, sve_vl, sme_vl, tuple(sorted(env.items())))
+    s = _sessions.get(key)
+    if s is None:
+        s = _sessions[key] = GuestSession(cpu, sve_vl, sme_vl, paths=[str(TESTS_DIR)], env=env)
+    return s
+
+
+def _shapes(mr, nr, rng):
+    fixed = [(1, 1, 1), (mr, nr, 8), (mr + 1, nr + 1, 5), (2 * mr + 3, 2 * nr - 1, 17),
+             (1, 2 * nr + 3, 33), (min(7, mr), 13, 4)]
+    rand = [(int(rng.integers(1, 2 * mr + 2)), int(rng.integers(1, 2 * nr + 2)),
+             int(rng.integers(1, 40))) for _ in range(2)]
+    return fixed + rand
+
+
+def _run(sess, lib, name, seed):
+    info = sess.call("guest_calls:vl_info", str(lib), name)
+    assert info["runnable"], info
+    mr, nr = info["mr"], info["nr"]
+    rng = np.random.default_rng(seed)
+    cases, refs = [], []
+    for i, (m, n, k) in enumerate(_shapes(mr, nr, rng)):
+        lhs_base = (rng.normal(size=(m + 1, k + 3)) * 2).astype(np.float32)
+        w = (rng.normal(size=(n, k)) * 2).astype(np.float32)
+        bias = rng.normal(size=n).astype(np.float32)
+        lo, hi = (-3.4028234663852886e38, 3.4028234663852886e38)
+        if i % 2:
+            ref = matmul_f64(lhs_base[:m, :k], w, bias, -np.inf, np.inf)
+            lo, hi = (float(np.float32(q)) for q in np.quantile(ref, [0.2, 0.8]))
+        cases.append(dict(m=m, n=n, k=k, lhs_base=lhs_base, packed=F32PackedRHS(nr).pack(w, bias),
+                          dst_base=np.full((m + 2, n + 3), SENTINEL, np.float32),
+                          clamp_min=lo, clamp_max=hi))
+        refs.append((w, bias))
+    res = sess.call("guest_calls:run_scalable_cases", str(lib), name, cases)
+    assert res["svcr"] == [0] * len(cases), f"{name}: SVCR after return {res['svcr']}"
+    for c, (w, bias), out in zip(cases, refs, res["outs"]):
+        m, n, k = c["m"], c["n"], c["k"]
+        lhs = c["lhs_base"][:m, :k]
+        got = out[:m, :n]
+        assert (out[m:, :] == SENTINEL).all() and (out[:, n:] == SENTINEL).all(), (name, m, n, k)
+        exact = matmul_f32(lhs, w, bias, c["clamp_min"], c["clamp_max"])
+        assert np.array_equal(got.view(np.uint32), exact.view(np.uint32)), \
+            f"{name} m={m} n={n} k={k}: {np.sum(got != exact)} outputs differ from the FMA chain"
+        ref = matmul_f64(lhs, w, bias, c["clamp_min"], c["clamp_max"])
+        scale = np.abs(lhs.astype(np.float64)) @ np.abs(w.astype(np.float64)).T + np.abs(bias) + 1e-30
+        assert np.all(np.abs(got - ref) <= 1e-5 * np.sqrt(k) * scale), (name, m, n, k)
+    return info
+
+
+@pytest.mark.parametrize("cpu,vl", SVE_RUNS, ids=[f"{c}-{v or 'default'}" for c, v in SVE_RUNS])
+def test_sve_f32_every_vl(cpu, vl, scal_lib):
+    sess = guest(cpu, sve_vl=vl)
+    want = vl or SVE_NATIVE_VL[cpu]
+    for spec in _specs("sve", SVE_TILES):
+        info = _run(sess, scal_lib, spec.name, seed=want + spec.mr)
+        assert info["vl_bytes"]["sve"] == want // 8
+        assert info["nr"] == spec.nr * want // 32 and info["mr"] == spec.mr
+        assert info["rhs_format"] == f"f32p{info['nr']}x1b"
+
+
+@pytest.mark.parametrize("isa,tiles", [("sme", SME_TILES), ("sme2", SME2_TILES)])
+@pytest.mark.parametrize("vl", VLS)
+def test_sme_f32_every_svl(isa, tiles, vl, scal_lib):
+    sess = _sme_guest(vl)
+    for spec in _specs(isa, tiles):
+        info = _run(sess, scal_lib, spec.name, seed=vl + spec.mr * 7 + spec.nr)
+        assert info["vl_bytes"]["sme"] == vl // 8
+        assert (info["mr"], info["nr"]) == (spec.mr * vl // 32, spec.nr * vl // 32)
+        assert info["lhs_format"] == f"f32p{info['mr']}x1"
+
+
+@pytest.mark.parametrize("vl", (128, 512))
+def test_scalable_kernels_conform_to_the_abi(vl, scal_lib):
+    names = [s.name for s in _specs("sve", SVE_TILES) + _specs("sme", SME_TILES)
+             + _specs("sme2", SME2_TILES)]
+    res = guest_env("max", vl, vl, SME_ENV).call("guest_calls:check_abi_of", str(scal_lib), names)
+    assert res == {n: [] for n in names}
+
+
+def test_refused_without_the_isa(scal_lib):
+    sve = _specs("sve", ("6x4vl",))[0].name
+    sme = _specs("sme", ("2vlx2vl",))[0].name
+    sme2 = _specs("sme2", ("2vlx2vl",))[0].name
+    # no SVE on neoverse-n1; SME is opt-in (TILEGEN_SME defaults to 0) even on max
+    assert "ArgumentError" in guest("neoverse-n1").call("guest_calls:refused", str(scal_lib), sve)
+    assert "sme" in guest("max").call("guest_calls:refused", str(scal_lib), sme)
+    # SME without SME2: SME kernels run, SME2 kernels are refused (never gated on SME alone)
+    only_sme = _sme_guest(256, isa_env="neon,sve,sve2,sme")
+    assert only_sme.call("guest_calls:refused", str(scal_lib), sme) == ""
+    msg = only_sme.call("guest_calls:refused", str(scal_lib), sme2)
+    assert "ArgumentError" in msg and "sme2" in msg
