@@ -18,12 +18,18 @@ F32_EXTRA_TILES = ("3x8", "7x12", "2x28", "13x4")
 _sessions: dict[tuple, GuestSession] = {}
 
 
-def guest(cpu: str, sve_vl: int | None = None, sme_vl: int | None = None) -> GuestSession:
-    key = (cpu, sve_vl, sme_vl)
+def guest(cpu: str, sve_vl: int | None = None, sme_vl: int | None = None,
+          env: dict[str, str] | None = None) -> GuestSession:
+    """A persistent guest Python per (CPU model, vector lengths, environment)."""
+    key = (cpu, sve_vl, sme_vl, tuple(sorted((env or {}).items())))
     s = _sessions.get(key)
     if s is None:
-        s = _sessions[key] = GuestSession(cpu, sve_vl, sme_vl, paths=[str(TESTS_DIR)])
+        s = _sessions[key] = GuestSession(cpu, sve_vl, sme_vl, paths=[str(TESTS_DIR)], env=env)
     return s
+
+
+# SME kernels are opt-in at run time (the seed's rule); tests that run them enable it.
+SME_ON = {"TILEGEN_SME": "1"}
 
 
 def pytest_sessionfinish(session, exitstatus):

@@ -9,19 +9,20 @@ import pytest
 import tilegen
 from tilegen.build import library as build_library_mod
 
-from conftest import guest
+from conftest import SME_ON, guest
 from test_runtime_ops import all_lib  # noqa: F401 - shared session fixture
 
 
-def _check(libdir, cpu):
-    return guest(cpu).call("guest_calls:check_abi", str(libdir))
+def _check(libdir, cpu, env=None):
+    return guest(cpu, env=env).call("guest_calls:check_abi", str(libdir))
 
 
-@pytest.mark.parametrize("cpu", ["cortex-a53", "neoverse-n1", "max"])
+@pytest.mark.parametrize("cpu", ["cortex-a53", "neoverse-n1", "neoverse-v1", "max", "max-sme"])
 def test_every_routine_preserves_callee_saved_state(all_lib, cpu):
-    res = _check(all_lib, cpu)
+    sme = cpu.endswith("-sme")
+    res = _check(all_lib, cpu.removesuffix("-sme"), SME_ON if sme else None)
     assert res and all(v == [] for v in res.values()), {k: v for k, v in res.items() if v}
-    if cpu == "max":   # every kernel and packer of the default library ran
+    if sme:   # every kernel and packer of the default library ran (SVCR checked for SME)
         import json
         man = json.loads((all_lib / "manifest.json").read_text())
         assert len(res) == len(man["kernels"]) + len(man["packers"])

@@ -37,3 +37,20 @@ def test_missing_llvm_mca(monkeypatch):
     monkeypatch.setattr("tilegen.analyze.shutil.which", lambda name: None)
     with pytest.raises(AnalyzeError, match="apt-get install llvm-19"):
         analyze(tilegen.parse_spec("f32:neon:4x16"), "neoverse-v2")
+
+
+def test_sve_loops_scale_with_the_model_vl_and_sme_by_instruction_mix():
+    from tilegen.analyze import AnalyzeError, analyze, instruction_mix
+    from tilegen.generator import parse_spec
+    s = parse_spec("f32:sve:6x4vl")
+    n2, v1 = analyze(s, "neoverse-n2"), analyze(s, "neoverse-v1")
+    assert v1.macs_per_iter == 2 * n2.macs_per_iter == 2 * 4 * 6 * 4 * 4   # 256 vs 128 bits
+    assert n2.efficiency > 0.98 and v1.efficiency > 0.98
+    with pytest.raises(AnalyzeError, match="no SVE"):
+        analyze(s, "apple-m4")
+    sme = parse_spec("f32:sme2:2vlx2vl")
+    with pytest.raises(AnalyzeError, match="no useful SME model"):
+        analyze(sme, "neoverse-v2")
+    mix = instruction_mix(sme)
+    assert (mix.mac_insns, mix.insns) == (8, 16)      # 2 k steps x 4 FMOPA, 4 multi-vector loads
+    assert instruction_mix(parse_spec("f32:sme:2vlx2vl")).ratio < mix.ratio

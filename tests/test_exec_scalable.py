@@ -14,16 +14,15 @@ import tilegen
 from tilegen.layout import F32PackedRHS
 from tilegen.reference import matmul_f32, matmul_f64
 
-from conftest import guest
+from conftest import SME_ON, guest
 
 SENTINEL = np.float32(-12345.5)
 VLS = (128, 256, 512, 1024, 2048)
-SVE_TILES = ("6x4vl", "8x2vl", "4x4vl", "1x4vl", "3x1vl")
+SVE_TILES = ("6x4vl", "8x2vl", "4x4vl", "1x4vl", "3x1vl", "3x8vl", "1x8vl")
 SME_TILES = ("2vlx2vl", "1vlx4vl", "4vlx1vl")
-SME2_TILES = ("2vlx2vl", "1vlx4vl", "4vlx1vl")
+SME2_TILES = ("2vlx2vl", "1vlx4vl", "4vlx1vl", "1x4vl", "1x2vl")
 SVE_RUNS = [("max", v) for v in VLS] + [("neoverse-n2", None), ("neoverse-v1", None), ("a64fx", None)]
 SVE_NATIVE_VL = {"neoverse-n2": 128, "neoverse-v1": 256, "a64fx": 512}
-SME_ENV = {"TILEGEN_SME": "1"}
 
 
 def _specs(isa, tiles):
@@ -39,21 +38,8 @@ def scal_lib(tmp_path_factory):
 
 
 def _sme_guest(vl, isa_env=None):
-    env = dict(SME_ENV, **({"TILEGEN_ISA": isa_env} if isa_env else {}))
-    return guest_env("max", None, vl, env)
-
-
-_env_sessions = {}
-
-
-def guest_env(cpu, sve_vl, sme_vl, env):
-    from conftest import _sessions, TESTS_DIR
-    from tilegen.emulate.remote import GuestSession
-    key = (cpu, sve_vl, sme_vl, tuple(sorted(env.items())))
-    s = _sessions.get(key)
-    if s is None:
-        s = _sessions[key] = GuestSession(cpu, sve_vl, sme_vl, paths=[str(TESTS_DIR)], env=env)
-    return s
+    env = dict(SME_ON, **({"TILEGEN_ISA": isa_env} if isa_env else {}))
+    return guest("max", None, vl, env)
 
 
 def _shapes(mr, nr, rng):
@@ -116,15 +102,15 @@ def test_sme_f32_every_svl(isa, tiles, vl, scal_lib):
     for spec in _specs(isa, tiles):
         info = _run(sess, scal_lib, spec.name, seed=vl + spec.mr * 7 + spec.nr)
         assert info["vl_bytes"]["sme"] == vl // 8
-        assert (info["mr"], info["nr"]) == (spec.mr * vl // 32, spec.nr * vl // 32)
-        assert info["lhs_format"] == f"f32p{info['mr']}x1"
+        assert (info["mr"], info["nr"]) == (spec.mr_at(vl // 8), spec.nr * vl // 32)
+        assert info["lhs_format"] == (f"f32p{info['mr']}x1" if spec.mr_vl else None)
 
 
 @pytest.mark.parametrize("vl", (128, 512))
 def test_scalable_kernels_conform_to_the_abi(vl, scal_lib):
     names = [s.name for s in _specs("sve", SVE_TILES) + _specs("sme", SME_TILES)
              + _specs("sme2", SME2_TILES)]
-    res = guest_env("max", vl, vl, SME_ENV).call("guest_calls:check_abi_of", str(scal_lib), names)
+    res = guest("max", vl, vl, SME_ON).call("guest_calls:check_abi_of", str(scal_lib), names)
     assert res == {n: [] for n in names}
 
 

@@ -12,9 +12,17 @@ from tilegen.emulate.remote import GuestError
 from tilegen.layout.ggml import quantize_q4_0
 from tilegen.reference import matmul_f32
 
-from conftest import guest
+from conftest import SME_ON, guest
 
-OPS_CPUS = ("cortex-a53", "neoverse-n1", "neoverse-v1", "neoverse-n2", "a64fx", "max")
+OPS_CPUS = ("cortex-a53", "neoverse-n1", "neoverse-v1", "neoverse-n2", "a64fx", "max", "max-sme")
+EXPECTED_F32 = {      # (gemm, gemv) per best f32 ISA: gemv reads the gemm's packed weights
+    "neon": ("matmul_clamp_f32_f32_f32p16x1b_6x16_neon_mla",
+             "matmul_clamp_f32_f32_f32p16x1b_1x16_neon_mla"),
+    "sve": ("matmul_clamp_f32_f32_f32p8vlx1b_3x8vl_sve_mla",
+            "matmul_clamp_f32_f32_f32p8vlx1b_1x8vl_sve_mla"),
+    "sme": ("matmul_clamp_f32_f32p1vlx1_f32p4vlx1b_1vlx4vl_sme2_mopa",
+            "matmul_clamp_f32_f32_f32p4vlx1b_1x4vl_sme2_mla"),
+}
 EXPECTED_Q4_0 = {   # (gemm, gemv) suffixes each CPU must select
     "cortex-a53": ("_4x4_neon", "qsi8d32p1x4_qsi4c32p4x4_1x4_neon"),
     "a64fx": ("_4x4_neon", "qsi8d32p1x4_qsi4c32p4x4_1x4_neon"),        # SVE but no dotprod
@@ -34,12 +42,14 @@ def all_lib(tmp_path_factory) -> Path:
 
 @pytest.mark.parametrize("cpu", OPS_CPUS)
 def test_every_op_on_every_cpu(cpu, all_lib, tmp_path):
-    g = guest(cpu)
+    sme = cpu.endswith("-sme")          # max with SME enabled (opt-in: TILEGEN_SME=1)
+    cpu = cpu.removesuffix("-sme")
+    g = guest(cpu, env=SME_ON if sme else None)
     picks = g.call("guest_calls:picks", str(all_lib))
     gemm, gemv = picks["q4_0"]
     assert gemm.endswith(EXPECTED_Q4_0[cpu][0]) and gemv.endswith(EXPECTED_Q4_0[cpu][1]), picks
-    assert picks["f32"] == ("matmul_clamp_f32_f32_f32p16x1b_6x16_neon_mla",
-                            "matmul_clamp_f32_f32_f32p16x1b_1x16_neon_mla")
+    f32 = "sme" if sme else "sve" if cpu in ("neoverse-v1", "neoverse-n2", "a64fx", "max") else "neon"
+    assert picks["f32"] == EXPECTED_F32[f32], picks
     rng = np.random.default_rng(len(cpu))
     n, k = 45, 128
     w = rng.normal(size=(n, k)).astype(np.float32)
@@ -50,7 +60,7 @@ def test_every_op_on_every_cpu(cpu, all_lib, tmp_path):
         ref = matmul_f32(x.reshape(-1, k), wk.astype(np.float32), None, -np.inf, np.inf)
         for o in r["outs"]:
             assert np.array_equal(o.reshape(-1, n), ref)
-        assert r["ws"] == 0
+        assert r["ws"] == 0 or sme      # SME outer products pack the f32 LHS
     # q4_0: threads bit-identical, vs gguf dequant, get_rows exact, save/load round trip
     saved = str(tmp_path / "w.tgpw")
     r = g.call("guest_calls:run_ops", str(all_lib), "q4_0", w, x, (1, 2, 3, 8),

@@ -18,11 +18,15 @@ from dataclasses import dataclass
 from .generator.render import render
 from .generator.spec import KernelSpec
 
-__all__ = ["AnalyzeError", "LoopReport", "hot_loop", "analyze", "MODELS", "MAC_MNEMONICS"]
+__all__ = ["AnalyzeError", "LoopReport", "InstructionMix", "hot_loop", "analyze",
+           "instruction_mix", "MODELS", "MAC_MNEMONICS", "MODEL_SVE_VL"]
 
 MODELS = ("neoverse-v2", "neoverse-n2", "neoverse-v1", "apple-m4")
 MAC_MNEMONICS = ("fmla", "sdot", "udot", "smmla", "ummla", "bfmmla", "fmopa", "smopa")
-_MATTR = "+neon,+dotprod,+i8mm,+bf16,+fullfp16"
+_MATTR = "+neon,+dotprod,+i8mm,+bf16,+fullfp16,+sve,+sve2"
+# SVE vector length of each llvm-mca model's CPU (bits): scales the MAC count of VL-agnostic
+# loops; models without SVE are absent.
+MODEL_SVE_VL = {"neoverse-v2": 128, "neoverse-n2": 128, "neoverse-v1": 256, "a64fx": 512}
 
 
 class AnalyzeError(RuntimeError):
@@ -99,8 +103,45 @@ def _mca(lines: list[str], model: str) -> str:
     return p.stdout
 
 
+@dataclass(frozen=True)
+class InstructionMix:
+    """SME kernels (llvm-mca has no SME model): MAC instructions per hot-loop instruction."""
+
+    kernel: str
+    mac_insns: int
+    insns: int
+
+    @property
+    def ratio(self) -> float:
+        return self.mac_insns / self.insns
+
+    def as_dict(self) -> dict:
+        return {"kernel": self.kernel, "mac_insns": self.mac_insns, "insns": self.insns,
+                "mac_per_insn": self.ratio}
+
+    def row(self) -> str:
+        return f"{self.kernel:<62} {self.mac_insns:6d} {self.insns:6d} {self.ratio:8.3f}"
+
+
+MIX_HEADER = f"{'kernel (SME: no llvm-mca model)':<62} {'MACins':>6} {'insns':>6} {'MAC/ins':>8}"
+
+
+def instruction_mix(spec: KernelSpec) -> InstructionMix:
+    insns, _ = hot_loop(render(spec).text)
+    macs = sum(1 for i in insns if i.split()[0] in MAC_MNEMONICS)
+    return InstructionMix(spec.name, macs, len(insns))
+
+
 def analyze(spec: KernelSpec, model: str) -> LoopReport:
+    if spec.isa.startswith("sme"):
+        raise AnalyzeError(f"{spec.name}: llvm-mca has no useful SME model; SME kernels are "
+                           f"measured by instruction_mix (MAC instructions per loop instruction)")
+    if spec.isa.startswith("sve") and model not in MODEL_SVE_VL:
+        raise AnalyzeError(f"{spec.name}: model {model} has no SVE (models with SVE: "
+                           f"{', '.join(MODEL_SVE_VL)})")
     insns, macs = hot_loop(render(spec).text)
+    if spec.vl_scaled:      # the marker counts MACs per 128 bits of vector length
+        macs = macs * MODEL_SVE_VL[model] // 128
     body = [re.sub(r"(b\.\w+|b|cbnz|cbz)\s+(\S+,\s*)?\S+$",
                    lambda mm: f"{mm.group(1)} {mm.group(2) or ''}.Lmca_top", i) for i in insns]
     out = _mca(body, model)

@@ -91,19 +91,29 @@ def _cmd_analyze(a: argparse.Namespace) -> int:
     from .analyze import HEADER, MODELS, AnalyzeError, analyze
     from .build import default_specs, get_target
     from .generator import parse_spec
+    from .analyze import MIX_HEADER, MODEL_SVE_VL, instruction_mix
     specs = [parse_spec(k) for k in a.kernel] if a.kernel else default_specs(get_target(a.target))
     models = a.cpu_model or list(MODELS)
+    sme = [s for s in specs if s.isa.startswith("sme")]
     try:
-        reports = [analyze(s, m) for s in specs for m in models]
+        # SVE loops on the models that have SVE; SME by instruction mix (no llvm-mca model)
+        reports = [analyze(s, m) for s in specs if s not in sme for m in models
+                   if not s.isa.startswith("sve") or m in MODEL_SVE_VL or a.cpu_model]
+        mixes = [instruction_mix(s) for s in sme]
     except AnalyzeError as e:
         print(f"tilegen analyze: error: {e}", file=sys.stderr)
         return 2
     if a.json:
-        print(_json.dumps([r.as_dict() for r in reports], indent=2))
+        print(_json.dumps([r.as_dict() for r in reports] + [x.as_dict() for x in mixes], indent=2))
     else:
-        print(HEADER)
-        for r in reports:
-            print(r.row())
+        if reports:
+            print(HEADER)
+            for r in reports:
+                print(r.row())
+        if mixes:
+            print(MIX_HEADER)
+            for x in mixes:
+                print(x.row())
     if a.plot:
         try:
             import matplotlib

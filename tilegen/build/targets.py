@@ -61,6 +61,9 @@ for _p in _PRESETS:
 DEFAULT_KERNELS: tuple[str, ...] = (
     "f32:neon:6x16", "f32:neon:4x16", "f32:neon:8x8", "f32:neon:4x24",
     "f32:neon:5x12", "f32:neon:1x16", "f32:neon:1x4",
+    # scalable f32: SVE FMLA gemm + gemv pairs (panel width in VL units), SME2/SME outer products
+    "f32:sve:3x8vl", "f32:sve:1x8vl", "f32:sve:6x4vl", "f32:sve:1x4vl",
+    "f32:sme2:1vlx4vl", "f32:sme2:1x4vl", "f32:sme2:2vlx2vl", "f32:sme:2vlx2vl",
     "q4_0:i8mm:16x4", "q4_0:dotprod:1x4:k16:s2",
     "q4_0:dotprod:16x4", "q4_0:dotprod:1x4",
     "q4_0:neon:4x4", "q4_0:neon:1x4",

@@ -265,6 +265,12 @@ class F32SveRegs(F32NeonRegs):
 _SVE_MAX_VECS = 8     # st1w/ld1w immediate offsets reach vector 7 of a panel row
 
 
+def _store_preds(nv: int) -> tuple[int, ...]:
+    """Store predicates (st1w takes p0-p7): p1.. per vector; an eighth reuses p0, which the
+    template re-arms with ptrue at the next tile."""
+    return tuple(range(1, min(nv, 7) + 1)) + ((0,) if nv == 8 else ())
+
+
 def _allocate_f32_sve(spec: KernelSpec) -> F32SveRegs:
     mr, nv = spec.mr, spec.nr
     if spec.mr_vl:
@@ -293,7 +299,7 @@ def _allocate_f32_sve(spec: KernelSpec) -> F32SveRegs:
     return F32SveRegs(acc=acc, lhs=lhs, rhs=rhs, gpr=base.gpr, lhs_ptr=base.lhs_ptr,
                       saved_x=base.saved_x,
                       saved_d=tuple(sorted(r for r in vp.used if r in _V_CALLEE_SAVED)),
-                      needs=needs, pred=tuple(range(1, nv + 1)))
+                      needs=needs, pred=_store_preds(nv))
 
 
 @dataclass(frozen=True)
@@ -353,8 +359,48 @@ def _allocate_f32_sme(spec: KernelSpec) -> SmeF32Regs:
         saved_x=tuple(sorted(r for r in xp.used if r in _X_CALLEE_SAVED)), needs=needs)
 
 
+@dataclass(frozen=True)
+class Sme2GemvRegs(_Frame):
+    """Registers of the f32 SME2 gemv (1 x nu VL): ZA-array FMLA over nu vectors (vgx<nu>)."""
+
+    rhs: tuple[tuple[int, ...], ...]     # rhs[set]: nu consecutive vectors, two k steps in flight
+    lhs: tuple[int, ...]                 # lhs[set]: broadcast LHS value
+    clamp: tuple[int, int]
+    gpr: dict[str, int] = field(hash=False)
+    saved_x: tuple[int, ...] = ()
+    saved_d: tuple[int, ...] = tuple(range(8, 16))
+    needs: VectorNeeds = VectorNeeds(())
+    counter_pred: int = 8                # pn8: all lanes; pn9: store predicate (vlx<nu>)
+
+
+_SME2_GEMV_SCALARS = ("n_rem", "rhs_ptr", "dst_ptr", "lhs_ptr", "k_cnt", "tmp", "col")
+
+
+def _allocate_f32_sme2_gemv(spec: KernelSpec) -> Sme2GemvRegs:
+    nu = spec.nr
+    if nu not in (2, 4):
+        raise SpecError(f"the sme2 gemv accumulates nr in one ZA vector group: nr must be 2vl or "
+                        f"4vl (vgx2/vgx4), got {spec.nr_str}")
+    if spec.kr != 1 or spec.sr != 1:
+        raise SpecError(f"the f32 family reads f32p panels: kr and sr must be 1 "
+                        f"(got kr={spec.kr}, sr={spec.sr})")
+    xp = _Pool("x", _X_ORDER, "general-purpose registers")
+    gpr = dict(zip(_SME2_GEMV_SCALARS, xp.take(len(_SME2_GEMV_SCALARS))))
+    # the single-vector operand of multi-vector FMLA must be one of z0-z15
+    return Sme2GemvRegs(rhs=(tuple(range(0, nu)), tuple(range(16, 16 + nu))), lhs=(4, 5),
+                        clamp=(24, 25), gpr=gpr,
+                        saved_x=tuple(sorted(r for r in xp.used if r in _X_CALLEE_SAVED)),
+                        needs=VectorNeeds((("RHS", 2 * nu), ("LHS", 2), ("clamp", 2))))
+
+
+def _allocate_f32_sme2(spec: KernelSpec):
+    if spec.mr == 1 and not spec.mr_vl:
+        return _allocate_f32_sme2_gemv(spec)
+    return _allocate_f32_sme(spec)
+
+
 _ALLOCATORS = {("f32", "neon"): _allocate_f32_neon, ("f32", "sve"): _allocate_f32_sve,
-               ("f32", "sme"): _allocate_f32_sme, ("f32", "sme2"): _allocate_f32_sme,
+               ("f32", "sme"): _allocate_f32_sme, ("f32", "sme2"): _allocate_f32_sme2,
                ("q4_0", "neon"): _allocate_q4_neon, ("q4_0_dx", "neon"): _allocate_q4_neon,
                ("q4_0", "dotprod"): _allocate_q4_neon, ("q4_0", "i8mm"): _allocate_q4_neon,
                ("q4_0_dx", "dotprod"): _allocate_q4_neon, ("q4_0_dx", "i8mm"): _allocate_q4_neon}
