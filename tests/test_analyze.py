@@ -37,3 +37,10 @@ def test_missing_llvm_mca(monkeypatch):
     monkeypatch.setattr("tilegen.analyze.shutil.which", lambda name: None)
     with pytest.raises(AnalyzeError, match="apt-get install llvm-19"):
         analyze(tilegen.parse_spec("f32:neon:4x16"), "neoverse-v2")
+
+
+def test_plain_neon_q4_kernels_are_modelled():
+    # SMULL/SMULL2 + SADALP are the plain-NEON kernels' multiply-accumulates
+    r = analyze(tilegen.parse_spec("q4_0:neon:4x4"), "neoverse-n2")
+    assert r.macs_per_iter == 32 * 4 * 4 and 0 < r.efficiency <= 1.0
+    assert r.block32_cycles > r.cycles_per_iter

@@ -18,10 +18,12 @@ from dataclasses import dataclass
 from .generator.render import render
 from .generator.spec import KernelSpec
 
-__all__ = ["AnalyzeError", "LoopReport", "hot_loop", "analyze", "MODELS", "MAC_MNEMONICS"]
+__all__ = ["AnalyzeError", "LoopReport", "hot_loop", "analyze", "mca_tool", "MODELS", "MAC_MNEMONICS"]
 
 MODELS = ("neoverse-v2", "neoverse-n2", "neoverse-v1", "apple-m4")
-MAC_MNEMONICS = ("fmla", "sdot", "udot", "smmla", "ummla", "bfmmla", "fmopa", "smopa")
+# plain-NEON q4 kernels multiply with SMULL/SMULL2 (int8 -> int16) and accumulate with SADALP
+MAC_MNEMONICS = ("fmla", "sdot", "udot", "smmla", "ummla", "bfmmla", "fmopa", "smopa",
+                 "smull", "smull2", "smlal", "smlal2", "sadalp")
 _MATTR = "+neon,+dotprod,+i8mm,+bf16,+fullfp16"
 
 
@@ -87,10 +89,16 @@ def _branchless(insns: list[str]) -> list[str]:
     return [i for i in insns if not re.match(r"(b\.\w+|b|cbnz|cbz|tbz|tbnz)\s", i)]
 
 
-def _mca(lines: list[str], model: str) -> str:
+def mca_tool() -> str:
+    """Path of llvm-mca, or AnalyzeError saying how to install it."""
     tool = shutil.which("llvm-mca-19") or shutil.which("llvm-mca")
     if tool is None:
         raise AnalyzeError("llvm-mca not found: apt-get install llvm-19")
+    return tool
+
+
+def _mca(lines: list[str], model: str) -> str:
+    tool = mca_tool()
     src = ".Lmca_top:\n" + "\n".join(lines) + "\n"
     p = subprocess.run([tool, "-mtriple=aarch64", f"-mcpu={model}", f"-mattr={_MATTR}",
                         "-iterations=200"], input=src, capture_output=True, text=True)
@@ -100,16 +108,19 @@ def _mca(lines: list[str], model: str) -> str:
 
 
 def analyze(spec: KernelSpec, model: str) -> LoopReport:
-    insns, macs = hot_loop(render(spec).text)
+    text = render(spec).text
+    insns, macs = hot_loop(text)
     body = [re.sub(r"(b\.\w+|b|cbnz|cbz)\s+(\S+,\s*)?\S+$",
                    lambda mm: f"{mm.group(1)} {mm.group(2) or ''}.Lmca_top", i) for i in insns]
     out = _mca(body, model)
     total = int(re.search(r"Total Cycles:\s+(\d+)", out).group(1))
     iters = int(re.search(r"Iterations:\s+(\d+)", out).group(1))
     mac_lines = [i for i in insns if i.split()[0] in MAC_MNEMONICS]
+    if not mac_lines:
+        raise AnalyzeError(f"{spec.name}: no multiply-accumulate ({', '.join(MAC_MNEMONICS)}) "
+                           f"in the marked hot loop")
     bound = float(re.search(r"Block RThroughput:\s+([\d.]+)", _mca(mac_lines, model)).group(1))
     cpi = total / iters
-    text = render(spec).text
     block = _region(text, "tilegen:block-begin", "tilegen:block-end")
     if block is not None:       # q4: one 32-k block = scale loads + one chunk + conversion
         out = _mca(_branchless(block), model)
