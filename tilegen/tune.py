@@ -1,6 +1,7 @@
 """Tile search: every tile the register allocator accepts, ranked by the llvm-mca model.
 
     candidates(target, family, regime)  -> tiles the allocator accepts (ISAs: family ∩ target)
+    distinct(cands)                     -> one representative per kernel code
     score(cands, model)                 -> llvm-mca reports (thread pool, cached per process)
     rank(scores)                        -> best first
     pick_pair(gemm, gemv)               -> gemm + gemv kernels that read one packed RHS
@@ -25,7 +26,7 @@ from .generator.spec import FAMILIES, ISA_FEATURES, KernelSpec, SpecError
 from .layout.base import rhs_layout_for
 
 __all__ = ["TuneError", "Candidate", "Score", "Ranking", "Pair", "REGIMES", "tunable_isas",
-           "candidates", "distinct", "score", "rank", "tune", "pick_pair", "tuned_entry", "clear_cache"]
+           "candidates", "distinct", "score", "rank", "rank_key", "tune", "pick_pair", "tuned_entry", "clear_cache"]
 
 REGIMES = ("gemm", "gemv")
 # The grid the allocator is asked about (it decides; nothing here is a list of valid tiles).
