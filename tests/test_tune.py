@@ -259,3 +259,22 @@ def test_cli_write_json_list_and_reset(tmp_path):
     assert p.returncode == 2 and "is not valid JSON" in p.stderr
     p = _cli("tune", "--target", "neoverse-n2", "--reset", env=env)
     assert p.returncode == 0 and not (tmp_path / "neoverse-n2.json").exists()
+
+
+def test_kernels_llvm_mca_cannot_model_are_listed_not_fatal(monkeypatch):
+    import tilegen.tune as tune_mod
+    real = tune_mod.analyze
+
+    def fake(spec, model):
+        if spec.isa == "dotprod":
+            raise AnalyzeError(f"{spec.name}: no model for this one")
+        return real(spec, model)
+
+    tune_mod.clear_cache()
+    monkeypatch.setattr(tune_mod, "analyze", fake)
+    r = tune(get_target("neoverse-n1"), "q4_0", "gemv", nrs=(4, 8))
+    assert {s.spec.isa for s in r.scores} == {"neon"}
+    assert r.not_modelled and all("no model for this one" in why for _, why in r.not_modelled)
+    with pytest.raises(TuneError, match="llvm-mca models none of the .* no model for this one"):
+        tune(get_target("neoverse-n1"), "q4_0", "gemv", isa="dotprod", nrs=(4,))
+    tune_mod.clear_cache()

@@ -178,7 +178,8 @@ def _cmd_tune(a: argparse.Namespace) -> int:
         out = {"target": tgt.name, "model": rankings[needed[0]].model, "family": a.family,
                "rankings": {reg: [dict(s.as_dict(), same_code=list(
                    rankings[reg].same_code.get(s.spec.spec_string, ())))
-                   for s in rankings[reg].scores[:a.top]] for reg in shown}}
+                   for s in rankings[reg].scores[:a.top]] for reg in shown},
+               "not_modelled": {reg: [list(x) for x in rankings[reg].not_modelled] for reg in shown}}
         if pair is not None:
             out["written"] = {"path": str(written), "gemm": pair.gemm.spec.spec_string,
                               "gemv": pair.gemv.spec.spec_string, "shared_rhs": pair.shared_rhs}
@@ -186,6 +187,8 @@ def _cmd_tune(a: argparse.Namespace) -> int:
         return 0
     for reg in shown:
         print("\n".join(_tune_table(rankings[reg], a.top)))
+        for spec, why in rankings[reg].not_modelled:
+            print(f"not modelled: {spec}: {why}", file=sys.stderr)
         print()
     if pair is not None:
         for role, s, best in (("gemm", pair.gemm, pair.best_gemm), ("gemv", pair.gemv, pair.best_gemv)):

@@ -18,7 +18,7 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Iterable, Sequence
 
-from .analyze import LoopReport, analyze, mca_tool
+from .analyze import AnalyzeError, LoopReport, analyze, mca_tool
 from .build.targets import Target
 from .build.tuned import TunedFamily
 from .generator.regalloc import allocate
@@ -99,6 +99,7 @@ class Ranking:
     n_tiles: int = 0               # accepted tiles (several may render one kernel)
     same_code: dict[str, tuple[str, ...]] = field(default_factory=dict, compare=False)
     # representative spec -> the other accepted tiles that render its code
+    not_modelled: tuple[tuple[str, str], ...] = ()     # (spec, why) analyze could not model
 
     @property
     def best(self) -> Score:
@@ -221,12 +222,23 @@ def _analyze(spec: KernelSpec, model: str) -> LoopReport:
     return r
 
 
-def score(cands: Sequence[Candidate], model: str, jobs: int | None = None) -> list[Score]:
-    """llvm-mca reports of ``cands`` on ``model``, in the same order."""
+def score(cands: Sequence[Candidate], model: str,
+          jobs: int | None = None) -> tuple[list[Score], list[tuple[KernelSpec, str]]]:
+    """llvm-mca reports of ``cands`` on ``model`` (same order), and the kernels analyze
+    cannot model with the reason (AnalyzeError; a missing llvm-mca is raised at once)."""
     mca_tool()          # fail fast, with the install hint, when llvm-mca is missing
+
+    def one(c: Candidate) -> LoopReport | AnalyzeError:
+        try:
+            return _analyze(c.spec, model)
+        except AnalyzeError as e:
+            return e
+
     with ThreadPoolExecutor(max_workers=jobs or os.cpu_count() or 1) as ex:
-        reports = list(ex.map(lambda c: _analyze(c.spec, model), cands))
-    return [Score(c, r) for c, r in zip(cands, reports)]
+        reports = list(ex.map(one, cands))
+    scores = [Score(c, r) for c, r in zip(cands, reports) if isinstance(r, LoopReport)]
+    failed = [(c.spec, str(r)) for c, r in zip(cands, reports) if isinstance(r, AnalyzeError)]
+    return scores, failed
 
 
 def rank_key(s: Score, best: float, tol: float = TOLERANCE) -> tuple:
@@ -258,9 +270,14 @@ def tune(target: Target, family: str, regime: str, isa: str | None = None, m: in
                         f"{target.name}" + (f" with mr <= {m}" if m is not None else ""))
     groups = distinct(cands)
     reps = [c for c in (_candidate(r) for r in groups) if c is not None]
-    return Ranking(target.name, model, family, regime, tuple(rank(score(reps, model, jobs))),
-                   len(cands), {r.spec_string: tuple(s.spec_string for s in v if s != r)
-                                for r, v in groups.items()})
+    scores, failed = score(reps, model, jobs)
+    if not scores:
+        raise TuneError(f"llvm-mca models none of the {len(reps)} {family} {regime} kernels on "
+                        f"{model}: {failed[0][1]}")
+    return Ranking(target.name, model, family, regime, tuple(rank(scores)), len(cands),
+                   {r.spec_string: tuple(s.spec_string for s in v if s != r)
+                    for r, v in groups.items()},
+                   tuple((sp.spec_string, why) for sp, why in failed))
 
 
 def pick_pair(gemm: Ranking, gemv: Ranking) -> Pair:
