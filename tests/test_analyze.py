@@ -54,3 +54,10 @@ def test_sve_loops_scale_with_the_model_vl_and_sme_by_instruction_mix():
     mix = instruction_mix(sme)
     assert (mix.mac_insns, mix.insns) == (8, 16)      # 2 k steps x 4 FMOPA, 4 multi-vector loads
     assert instruction_mix(parse_spec("f32:sme:2vlx2vl")).ratio < mix.ratio
+
+
+def test_plain_neon_q4_kernels_are_modelled():
+    # SMULL/SMULL2 + SADALP are the plain-NEON kernels' multiply-accumulates
+    r = analyze(tilegen.parse_spec("q4_0:neon:4x4"), "neoverse-n2")
+    assert r.macs_per_iter == 32 * 4 * 4 and 0 < r.efficiency <= 1.0
+    assert r.block32_cycles > r.cycles_per_iter

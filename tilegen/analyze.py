@@ -19,10 +19,12 @@ from .generator.render import render
 from .generator.spec import KernelSpec
 
 __all__ = ["AnalyzeError", "LoopReport", "InstructionMix", "hot_loop", "analyze",
-           "instruction_mix", "MODELS", "MAC_MNEMONICS", "MODEL_SVE_VL"]
+           "instruction_mix", "mca_tool", "MODELS", "MAC_MNEMONICS", "MODEL_SVE_VL"]
 
 MODELS = ("neoverse-v2", "neoverse-n2", "neoverse-v1", "apple-m4")
-MAC_MNEMONICS = ("fmla", "sdot", "udot", "smmla", "ummla", "bfmmla", "fmopa", "smopa")
+# plain-NEON q4 kernels multiply with SMULL/SMULL2 (int8 -> int16) and accumulate with SADALP
+MAC_MNEMONICS = ("fmla", "sdot", "udot", "smmla", "ummla", "bfmmla", "fmopa", "smopa",
+                 "smull", "smull2", "smlal", "smlal2", "sadalp")
 _MATTR = "+neon,+dotprod,+i8mm,+bf16,+fullfp16,+sve,+sve2"
 # SVE vector length of each llvm-mca model's CPU (bits): scales the MAC count of VL-agnostic
 # loops; models without SVE are absent.
@@ -91,10 +93,16 @@ def _branchless(insns: list[str]) -> list[str]:
     return [i for i in insns if not re.match(r"(b\.\w+|b|cbnz|cbz|tbz|tbnz)\s", i)]
 
 
-def _mca(lines: list[str], model: str) -> str:
+def mca_tool() -> str:
+    """Path of llvm-mca, or AnalyzeError saying how to install it."""
     tool = shutil.which("llvm-mca-19") or shutil.which("llvm-mca")
     if tool is None:
         raise AnalyzeError("llvm-mca not found: apt-get install llvm-19")
+    return tool
+
+
+def _mca(lines: list[str], model: str) -> str:
+    tool = mca_tool()
     src = ".Lmca_top:\n" + "\n".join(lines) + "\n"
     p = subprocess.run([tool, "-mtriple=aarch64", f"-mcpu={model}", f"-mattr={_MATTR}",
                         "-iterations=200"], input=src, capture_output=True, text=True)
@@ -139,7 +147,8 @@ def analyze(spec: KernelSpec, model: str) -> LoopReport:
     if spec.isa.startswith("sve") and model not in MODEL_SVE_VL:
         raise AnalyzeError(f"{spec.name}: model {model} has no SVE (models with SVE: "
                            f"{', '.join(MODEL_SVE_VL)})")
-    insns, macs = hot_loop(render(spec).text)
+    text = render(spec).text
+    insns, macs = hot_loop(text)
     if spec.vl_scaled:      # the marker counts MACs per 128 bits of vector length
         macs = macs * MODEL_SVE_VL[model] // 128
     body = [re.sub(r"(b\.\w+|b|cbnz|cbz)\s+(\S+,\s*)?\S+$",
@@ -148,9 +157,11 @@ def analyze(spec: KernelSpec, model: str) -> LoopReport:
     total = int(re.search(r"Total Cycles:\s+(\d+)", out).group(1))
     iters = int(re.search(r"Iterations:\s+(\d+)", out).group(1))
     mac_lines = [i for i in insns if i.split()[0] in MAC_MNEMONICS]
+    if not mac_lines:
+        raise AnalyzeError(f"{spec.name}: no multiply-accumulate ({', '.join(MAC_MNEMONICS)}) "
+                           f"in the marked hot loop")
     bound = float(re.search(r"Block RThroughput:\s+([\d.]+)", _mca(mac_lines, model)).group(1))
     cpi = total / iters
-    text = render(spec).text
     block = _region(text, "tilegen:block-begin", "tilegen:block-end")
     if block is not None:       # q4: one 32-k block = scale loads + one chunk + conversion
         out = _mca(_branchless(block), model)

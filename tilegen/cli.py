@@ -1,4 +1,4 @@
-"""`tilegen` command line: generate, build, list, targets, info, emulate."""
+"""`tilegen` command line: generate, build, list, targets, info, analyze, tune, check-abi, emulate."""
 from __future__ import annotations
 
 import argparse
@@ -140,6 +140,78 @@ def _cmd_analyze(a: argparse.Namespace) -> int:
     return 0
 
 
+def _tune_table(r, top: int) -> list[str]:
+    lines = [f"{r.family} {r.regime} on {r.target} (llvm-mca -mcpu={r.model}): {r.n_tiles} tiles "
+             f"the allocator accepts, {len(r.scores)} distinct kernels (+N: tiles with the same code)",
+             f"{'rank':>4} {'spec':<28} {'kernel':<62} {'cyc/it':>7} {'eff':>6} {'MAC/cyc':>7} "
+             f"{'cyc/32k':>8} {'MAC/cyc32k':>10} {'vregs':>5} {'RHS B/MAC':>9}"]
+    for i, s in enumerate(r.scores[:top], 1):
+        rep = s.report
+        more = len(r.same_code.get(s.spec.spec_string, ()))
+        label = s.spec.spec_string + (f" (+{more})" if more else "")
+        lines.append(f"{i:>4} {label:<28} {s.spec.name:<62} {rep.cycles_per_iter:7.2f} "
+                     f"{100 * rep.efficiency:5.1f}% {rep.macs_per_cycle:7.1f} {s.block_cycles:8.1f} "
+                     f"{s.value:10.2f} {s.cand.vregs:5d} {s.cand.rhs_bytes_per_mac:9.4f}")
+    return lines
+
+
+def _cmd_tune(a: argparse.Namespace) -> int:
+    import json as _json
+    from .analyze import AnalyzeError
+    from .build import get_target
+    from .build.tuned import reset_tuned, write_tuned
+    from .tune import REGIMES, TuneError, pick_pair, tune, tuned_entry
+    tgt = get_target(a.target)
+    if a.reset:
+        path = reset_tuned(tgt, a.family, a.tuned_dir)
+        what = f"{a.family} of {tgt.name}" if a.family else tgt.name
+        print(f"reset {what}: {path if path else 'nothing was tuned'}")
+        return 0
+    if not a.family:
+        raise SystemExit("tilegen tune: --family is required (unless --reset)")
+    if a.m is not None and a.m < 1:
+        raise SystemExit(f"tilegen tune: --m must be >= 1, got {a.m}")
+    shown = list(REGIMES) if a.m is None else ["gemv" if a.m == 1 else "gemm"]
+    needed = list(REGIMES) if a.write else shown
+    try:
+        rankings = {reg: tune(tgt, a.family, reg, isa=a.isa,
+                              m=a.m if (reg == "gemm" and a.m and a.m > 1) else None, jobs=a.jobs)
+                    for reg in needed}
+        pair = pick_pair(rankings["gemm"], rankings["gemv"]) if a.write else None
+    except (TuneError, AnalyzeError) as e:
+        print(f"tilegen tune: error: {e}", file=sys.stderr)
+        return 2
+    written = None
+    if pair is not None:
+        written = write_tuned(tgt, rankings["gemm"].model, tuned_entry(a.family, pair), a.tuned_dir)
+    if a.json:
+        out = {"target": tgt.name, "model": rankings[needed[0]].model, "family": a.family,
+               "rankings": {reg: [dict(s.as_dict(), same_code=list(
+                   rankings[reg].same_code.get(s.spec.spec_string, ())))
+                   for s in rankings[reg].scores[:a.top]] for reg in shown},
+               "not_modelled": {reg: [list(x) for x in rankings[reg].not_modelled] for reg in shown}}
+        if pair is not None:
+            out["written"] = {"path": str(written), "gemm": pair.gemm.spec.spec_string,
+                              "gemv": pair.gemv.spec.spec_string, "shared_rhs": pair.shared_rhs}
+        print(_json.dumps(out, indent=2))
+        return 0
+    for reg in shown:
+        print("\n".join(_tune_table(rankings[reg], a.top)))
+        for spec, why in rankings[reg].not_modelled:
+            print(f"not modelled: {spec}: {why}", file=sys.stderr)
+        print()
+    if pair is not None:
+        for role, s, best in (("gemm", pair.gemm, pair.best_gemm), ("gemv", pair.gemv, pair.best_gemv)):
+            note = "" if s is best else (f" (best alone: {best.spec.spec_string}, "
+                                         f"{best.value:.2f}; this one {100 * s.value / best.value:.0f}%)")
+            print(f"{role}: {s.spec.spec_string:<26} {s.value:8.2f} MACs/cycle per 32-k block{note}")
+        if not pair.shared_rhs:
+            print(f"warning: no {a.family} gemm/gemv pair shares a packed RHS layout (nr, kr, sr); "
+                  f"wrote the two winners, each needs its own packed weights", file=sys.stderr)
+        print(f"wrote {written}")
+    return 0
+
+
 def _cmd_check_abi(a: argparse.Namespace) -> int:
     from .runtime.cpu import detect
     if not detect().is_arm64:   # x86-64 host: run this same command in the emulated Python
@@ -206,6 +278,25 @@ def main(argv: list[str] | None = None) -> int:
     an.add_argument("--json", action="store_true")
     an.add_argument("--plot", metavar="PNG")
     an.set_defaults(fn=_cmd_analyze)
+
+    tu = sub.add_parser("tune", help="rank every tile the allocator accepts by the llvm-mca model")
+    tu.add_argument("--target", required=True, help="CPU preset with an llvm-mca model")
+    tu.add_argument("--family", help="kernel family (f32, q4_0, q4_0_dx)")
+    tu.add_argument("--m", type=int, metavar="M",
+                    help="1: gemv tiles (mr == 1); M > 1: gemm tiles with 1 < mr <= M "
+                         "(default: both regimes)")
+    tu.add_argument("--isa", help="only this ISA (default: the family's ISAs the target has)")
+    tu.add_argument("--top", type=int, default=10, help="rows per table (default 10)")
+    tu.add_argument("--write", action="store_true",
+                    help="write the best gemm + gemv pair to the target's tuned file, which "
+                         "default builds then use (tunes both regimes)")
+    tu.add_argument("--reset", action="store_true",
+                    help="remove the tuned file (or only --family's entry) and exit")
+    tu.add_argument("--tuned-dir", metavar="DIR",
+                    help="tuned files directory (default $TILEGEN_TUNED_DIR, else the package's)")
+    tu.add_argument("--jobs", type=int, help="parallel llvm-mca runs (default: CPU count)")
+    tu.add_argument("--json", action="store_true")
+    tu.set_defaults(fn=_cmd_tune)
 
     ca = sub.add_parser("check-abi", help="run every kernel of LIB through the AAPCS64 probe")
     ca.add_argument("lib")

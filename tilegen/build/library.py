@@ -144,8 +144,11 @@ def build_library(specs: Iterable[KernelSpec | PackerSpec | str] | None = None, 
     tgt = target if isinstance(target, Target) else get_target(target)
     fmt = fmt or tgt.fmt
     extra_packers: list[PackerSpec] = []
+    preferred: set[str] = set()
     if specs is None:
         spec_list = default_specs(tgt)
+        from .tuned import tuned_specs
+        preferred = {s.name for s in tuned_specs(tgt)}   # the runtime tries these first
     else:
         spec_list = []
         for s in specs:
@@ -207,8 +210,8 @@ def build_library(specs: Iterable[KernelSpec | PackerSpec | str] | None = None, 
         "library": lib.name,
         "sha256": _sha256(lib),
         "toolchain": tc.describe(),
-        "kernels": [kernel_entry(r.spec, r.symbol) for r in rendered
-                    if isinstance(r.spec, KernelSpec)],
+        "kernels": [dict(kernel_entry(r.spec, r.symbol), preferred=r.spec.name in preferred)
+                    for r in rendered if isinstance(r.spec, KernelSpec)],
         "packers": [packer_entry(r.spec, r.symbol) for r in rendered
                     if isinstance(r.spec, PackerSpec)],
         "header": HEADER_NAME,

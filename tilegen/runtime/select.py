@@ -2,7 +2,8 @@
 
 Each entry pairs a gemm kernel with the gemv kernel that reads the same packed RHS
 (same family, nr, kr, sr), so weights packed once serve both.  The first entry whose
-kernels the CPU can run wins; m <= gemv_threshold uses the gemv kernel.
+kernels the CPU can run wins; m <= gemv_threshold uses the gemv kernel.  Order: best ISA,
+then tuned kernels (``tilegen tune --write``), then pairs with a gemv, then the biggest tile.
 """
 from __future__ import annotations
 
@@ -60,7 +61,9 @@ def build_table(kernels: Iterable, family: str) -> list[KernelPair]:
         s = k.spec
         return s.mr * (4 if s.mr_vl else 1), s.nr * (4 if s.nr_vl else 1)
     # best ISA first; within it, gemm kernels that have a gemv partner, then the biggest tile
-    table.sort(key=lambda p: (ISA_PREFERENCE.index(p.gemm.spec.isa), p.gemv is None,
+    # (tuned kernels -- manifest "preferred", from `tilegen tune --write` -- lead their ISA)
+    table.sort(key=lambda p: (ISA_PREFERENCE.index(p.gemm.spec.isa),
+                              not p.gemm.entry.get("preferred", False), p.gemv is None,
                               -size(p.gemm)[0] * size(p.gemm)[1],
                               -size(p.gemm)[1], p.gemm.name))
     return table

@@ -1,0 +1,297 @@
+"""`tilegen tune`: tile enumeration, llvm-mca ranking, tuned files read by default_specs."""
+from __future__ import annotations
+
+import json
+import re
+import subprocess
+import sys
+
+import pytest
+
+import tilegen
+from tilegen.analyze import AnalyzeError, LoopReport
+from tilegen.build import TargetError, default_specs, get_target
+from tilegen.build.tuned import TunedError, TunedFamily, read_tuned, reset_tuned, write_tuned
+from tilegen.generator.spec import KernelSpec, SpecError, parse_spec
+from tilegen.tune import (F32_MR, NR, TOLERANCE, Candidate, Ranking, Score, TuneError, candidates,
+                          distinct, pick_pair, rank, rank_key, tunable_isas, tune, tuned_entry)
+
+V2 = get_target("neoverse-v2")
+
+
+def _specs(cands):
+    return {c.spec.spec_string for c in cands}
+
+
+def test_candidates_are_exactly_the_accepted_tiles():
+    gemm = candidates(V2, "f32", "gemm")
+    gemv = candidates(V2, "f32", "gemv")
+    got = _specs(gemm) | _specs(gemv)
+    for mr in F32_MR:
+        for nr in NR:
+            spec = KernelSpec("f32", "neon", mr, nr)
+            try:
+                spec.validate()
+                accepted = True
+            except SpecError:
+                accepted = False
+            assert (spec.spec_string in got) == accepted, spec
+    assert {"f32:neon:6x16", "f32:neon:8x8", "f32:neon:4x24"} <= _specs(gemm)
+    assert "f32:neon:8x16" not in _specs(gemm)          # 42 vector registers
+    assert {"f32:neon:1x16", "f32:neon:1x4"} <= _specs(gemv)
+
+
+def test_q4_candidates_include_known_good_and_follow_the_regime():
+    gemm = candidates(V2, "q4_0", "gemm")
+    gemv = candidates(V2, "q4_0", "gemv")
+    for c in gemm + gemv:
+        c.spec.validate()
+    assert {"q4_0:i8mm:16x4", "q4_0:dotprod:16x4", "q4_0:neon:4x4", "q4_0:i8mm:4x8"} <= _specs(gemm)
+    assert {"q4_0:dotprod:1x4", "q4_0:dotprod:1x4:k16:s2", "q4_0:neon:1x4"} <= _specs(gemv)
+    assert all(c.spec.mr > 1 for c in gemm) and all(c.spec.mr == 1 for c in gemv)
+    assert all(c.spec.sr == 2 for c in gemm + gemv)      # the q4_0 RHS layout needs sr=2
+    assert max(c.spec.mr for c in candidates(V2, "q4_0", "gemm", m=8)) == 8
+
+
+def test_isas_are_the_family_and_target_intersection():
+    assert tunable_isas(V2, "q4_0") == ["neon", "dotprod", "i8mm"]
+    assert tunable_isas(get_target("cortex-a53"), "q4_0_dx") == ["neon"]
+    assert {c.spec.isa for c in candidates(get_target("neoverse-n1"), "q4_0", "gemm")} == {
+        "neon", "dotprod"}
+    with pytest.raises(TuneError, match="cannot run isa 'i8mm'"):
+        tunable_isas(get_target("neoverse-n1"), "q4_0", "i8mm")
+    with pytest.raises(TuneError, match="no template for isa 'dotprod'"):
+        tunable_isas(V2, "f32", "dotprod")
+
+
+def test_unknown_family_target_or_model_is_a_clear_error():
+    with pytest.raises(TuneError, match="unknown family 'q8'; known: f32, q4_0, q4_0_dx"):
+        candidates(V2, "q8", "gemm")
+    with pytest.raises(TargetError, match="unknown target 'neoverse-v9'"):
+        get_target("neoverse-v9")
+    with pytest.raises(TuneError, match="no llvm-mca model"):
+        tune(get_target("generic-armv8"), "f32", "gemm")
+    with pytest.raises(TuneError, match="accepts no q4_0 gemm tile .* mr <= 2"):
+        tune(V2, "q4_0", "gemm", m=2)
+
+
+def _norm(spec: KernelSpec) -> str:
+    text = tilegen.generate(spec)
+    return "\n".join(ln.replace(spec.name, "KERNEL") for ln in text.splitlines()
+                     if not ln.startswith("// kernel:"))
+
+
+def test_same_code_groups_really_render_the_same_code():
+    cands = candidates(V2, "q4_0_dx", "gemm", mrs=(4, 8, 16), nrs=(4,))
+    groups = distinct(cands)
+    assert sum(len(v) for v in groups.values()) == len(cands)
+    rep_16x4 = next(r for r, v in groups.items() if KernelSpec("q4_0_dx", "i8mm", 16, 4) in v)
+    assert rep_16x4.mr < 16                     # the allocator runs 16x4 in passes of fewer rows
+    for rep, members in groups.items():
+        for s in members:
+            assert _norm(s) == _norm(rep), (s, rep)
+
+
+def _fake(spec: str, value: float, vregs: int, bpm: float = 1.0) -> Score:
+    s = parse_spec(spec)
+    rows = s.mr
+    cycles = 32 * rows * s.nr / value           # block cost that gives `value` MACs/cycle
+    rep = LoopReport(s.name, "m", cycles / 8, cycles / 8, 4 * rows * s.nr, cycles)
+    return Score(Candidate(s, vregs, rows, bpm), rep)
+
+
+def test_rank_orders_by_score_then_registers_then_rhs_bytes():
+    a = _fake("f32:neon:6x16", 16.0, 32, 0.67)
+    b = _fake("f32:neon:3x12", 15.95, 14, 1.33)      # within 1% of a: fewer registers wins
+    c = _fake("f32:neon:4x12", 15.95, 14, 1.00)      # ... and then fewer RHS bytes per MAC
+    d = _fake("f32:neon:8x8", 14.0, 26, 0.5)         # clearly slower: last despite its bytes
+    assert [s.spec.spec_string for s in rank([d, a, b, c])] == [
+        "f32:neon:4x12", "f32:neon:3x12", "f32:neon:6x16", "f32:neon:8x8"]
+    assert [s.spec.spec_string for s in rank([d, a, b, c], tol=1e-4)][0] == "f32:neon:6x16"
+
+
+def test_real_ranking_is_consistent_with_its_scores():
+    r = tune(V2, "f32", "gemm", mrs=(2, 4, 6, 8), nrs=(8, 12, 16))
+    best = max(s.value for s in r.scores)
+    keys = [rank_key(s, best) for s in r.scores]
+    assert keys == sorted(keys) and len(r.scores) >= 8
+    assert r.best.value >= (1 - TOLERANCE) * best
+    for s in r.scores:          # the score is MACs per cycle of one 32-k block
+        if not s.spec.vl_scaled:   # SVE tiles: columns at the model's VL (128 bits on v2)
+            assert s.value == pytest.approx(32 * s.spec.mr * s.spec.nr / s.block_cycles)
+        assert s.value == pytest.approx(s.block_macs / s.block_cycles)
+        assert s.value == pytest.approx(s.report.macs_per_cycle)
+    assert r.best.report.efficiency > 0.95
+
+
+def _ranking(regime: str, scores: list[Score]) -> Ranking:
+    return Ranking("neoverse-v2", "neoverse-v2", "q4_0", regime, tuple(rank(scores)))
+
+
+def test_pick_pair_shares_the_packed_rhs():
+    gemm = _ranking("gemm", [_fake("q4_0:i8mm:4x8", 43.0, 29), _fake("q4_0:i8mm:4x4", 40.0, 20),
+                             _fake("q4_0:dotprod:8x4", 34.0, 29)])
+    gemv = _ranking("gemv", [_fake("q4_0:dotprod:1x20", 22.0, 24),
+                             _fake("q4_0:dotprod:1x4:k16:s2", 18.0, 12),
+                             _fake("q4_0:dotprod:1x8:k16:s2", 19.0, 15)])
+    p = pick_pair(gemm, gemv)
+    assert p.shared_rhs and p.gemm.cand.rhs_key == p.gemv.cand.rhs_key
+    # 4x8+1x8 keeps min(43/43, 19/22) = 86%; 4x4+1x4 only min(40/43, 18/22) = 82%
+    assert (p.gemm.spec.spec_string, p.gemv.spec.spec_string) == (
+        "q4_0:i8mm:4x8", "q4_0:dotprod:1x8:k16:s2")
+    assert p.best_gemv.spec.spec_string == "q4_0:dotprod:1x20"
+    lone = pick_pair(gemm, _ranking("gemv", [_fake("q4_0:dotprod:1x20", 22.0, 24)]))
+    assert not lone.shared_rhs and lone.gemv.spec.spec_string == "q4_0:dotprod:1x20"
+
+
+def test_write_is_read_first_by_default_specs(tmp_path, monkeypatch):
+    gemm = tune(V2, "f32", "gemm", mrs=(4, 6), nrs=(8, 16))
+    gemv = tune(V2, "f32", "gemv", nrs=(8, 16))
+    pair = pick_pair(gemm, gemv)
+    path = write_tuned(V2, "neoverse-v2", tuned_entry("f32", pair), tmp_path)
+    assert path == tmp_path / "neoverse-v2.json"
+    data = json.loads(path.read_text())
+    assert data["tilegen_tuned"] == 1 and data["families"]["f32"]["shared_rhs"] is True
+    specs = default_specs(V2, tuned_dir=tmp_path)
+    assert specs[:2] == [pair.gemm.spec, pair.gemv.spec]
+    assert len({s.name for s in specs}) == len(specs)           # deduplicated
+    assert len(specs) == len(default_specs(V2, tuned_dir=tmp_path / "none")) + sum(
+        s.spec_string not in tilegen.build.DEFAULT_KERNELS for s in specs[:2])
+    # an alias reads the preset's file; the environment variable selects the directory
+    monkeypatch.setenv("TILEGEN_TUNED_DIR", str(tmp_path))
+    assert default_specs(get_target("graviton4"))[:2] == specs[:2]
+    assert default_specs(get_target("neoverse-n2"))[0].spec_string == "f32:neon:6x16"
+    # a second family is merged, reset removes one family, then the file
+    write_tuned(V2, "neoverse-v2", TunedFamily("q4_0", parse_spec("q4_0:i8mm:4x8"),
+                                               parse_spec("q4_0:dotprod:1x8:k16:s2"), True), tmp_path)
+    assert set(read_tuned(V2, tmp_path).families) == {"f32", "q4_0"}
+    assert reset_tuned(V2, "f32", tmp_path) == path
+    assert set(read_tuned(V2, tmp_path).families) == {"q4_0"}
+    assert reset_tuned(V2, None, tmp_path) == path and not path.exists()
+    assert reset_tuned(V2, None, tmp_path) is None
+
+
+def _entry(**kw) -> dict:
+    e = {"gemm": "f32:neon:6x16", "gemv": "f32:neon:1x16", "shared_rhs": True}
+    e.update(kw)
+    return e
+
+
+@pytest.mark.parametrize("content, message", [
+    ("{not json", "is not valid JSON"),
+    (json.dumps([1, 2]), "expected a JSON object"),
+    (json.dumps({"tilegen_tuned": 2, "target": "neoverse-v2", "model": "x", "families": {}}),
+     '"tilegen_tuned" must be 1'),
+    (json.dumps({"tilegen_tuned": 1, "target": "neoverse-n2", "model": "x", "families": {}}),
+     "written for target 'neoverse-n2'"),
+    (json.dumps({"tilegen_tuned": 1, "target": "neoverse-v2", "model": "x",
+                 "families": {"q8": _entry()}}), "unknown family 'q8'"),
+    (json.dumps({"tilegen_tuned": 1, "target": "neoverse-v2", "model": "x",
+                 "families": {"f32": _entry(gemm="f32:neon:8x16")}}),
+     r"families.f32.gemm: mr=8, nr=16 needs 42 vector registers"),
+    (json.dumps({"tilegen_tuned": 1, "target": "neoverse-v2", "model": "x",
+                 "families": {"f32": _entry(gemv="f32:neon:4x16")}}), "needs mr == 1"),
+    (json.dumps({"tilegen_tuned": 1, "target": "neoverse-v2", "model": "x",
+                 "families": {"f32": _entry(gemm="q4_0:i8mm:4x8")}}), "is a q4_0 kernel"),
+    (json.dumps({"tilegen_tuned": 1, "target": "neoverse-v2", "model": "x",
+                 "families": {"f32": _entry(colour="red")}}), "unknown keys colour"),
+    (json.dumps({"tilegen_tuned": 1, "target": "neoverse-v2", "model": "x",
+                 "families": {"f32": _entry(gemm=None, gemv=None)}}), "neither a gemm nor a gemv"),
+])
+def test_bad_tuned_file_is_a_clear_error(tmp_path, content, message):
+    (tmp_path / "neoverse-v2.json").write_text(content)
+    with pytest.raises(TunedError, match=message) as e:
+        default_specs(V2, tuned_dir=tmp_path)
+    assert str(tmp_path / "neoverse-v2.json") in str(e.value)
+    assert "tilegen tune --target neoverse-v2 --reset" in str(e.value)
+
+
+def test_tuned_kernel_the_target_cannot_run(tmp_path):
+    n1 = get_target("neoverse-n1")
+    (tmp_path / "neoverse-n1.json").write_text(json.dumps({
+        "tilegen_tuned": 1, "target": "neoverse-n1", "model": "neoverse-n1",
+        "families": {"q4_0": {"gemm": "q4_0:i8mm:4x8", "gemv": None}}}))
+    with pytest.raises(TunedError, match="needs i8mm, which target neoverse-n1 lacks"):
+        default_specs(n1, tuned_dir=tmp_path)
+
+
+def test_missing_llvm_mca(monkeypatch):
+    monkeypatch.setattr("tilegen.analyze.shutil.which", lambda name: None)
+    with pytest.raises(AnalyzeError, match="apt-get install llvm-19"):
+        tune(V2, "f32", "gemv", nrs=(4,))
+
+
+def _cli(*args, env=None):
+    import os
+    e = dict(os.environ, **(env or {}))
+    return subprocess.run([sys.executable, "-m", "tilegen", *args], capture_output=True, text=True,
+                          env=e)
+
+
+def test_cli_smoke_gemv_top3():
+    p = _cli("tune", "--target", "neoverse-v2", "--family", "f32", "--m", "1", "--top", "3")
+    assert p.returncode == 0, p.stderr
+    rows = [ln for ln in p.stdout.splitlines() if re.match(r"\s+\d+ f32:(neon|sve):1x\d+", ln)]
+    assert len(rows) == 3 and "gemm" not in p.stdout
+    assert "f32 gemv on neoverse-v2 (llvm-mca -mcpu=neoverse-v2)" in p.stdout
+
+
+def test_cli_errors():
+    p = _cli("tune", "--target", "neoverse-v9", "--family", "f32")
+    assert p.returncode == 2 and "unknown target 'neoverse-v9'" in p.stderr
+    p = _cli("tune", "--target", "neoverse-v2", "--family", "q8")
+    assert p.returncode == 2 and "unknown family 'q8'" in p.stderr
+    p = _cli("tune", "--target", "generic-armv8", "--family", "f32")
+    assert p.returncode == 2 and "no llvm-mca model" in p.stderr
+
+
+def test_cli_write_json_list_and_reset(tmp_path):
+    env = {"TILEGEN_TUNED_DIR": str(tmp_path)}
+    p = _cli("tune", "--target", "neoverse-n2", "--family", "f32", "--m", "1", "--top", "2",
+             "--write", "--json", env=env)
+    assert p.returncode == 0, p.stderr
+    out = json.loads(p.stdout)
+    assert list(out["rankings"]) == ["gemv"] and len(out["rankings"]["gemv"]) == 2
+    w = out["written"]
+    assert w["shared_rhs"] and w["path"] == str(tmp_path / "neoverse-n2.json")
+    listed = _cli("list", "--target", "neoverse-n2", env=env).stdout.split()
+    assert listed[0] == w["gemm"] and listed[2] == w["gemv"]
+    (tmp_path / "neoverse-n2.json").write_text("{")
+    p = _cli("build", "--target", "neoverse-n2", "-o", str(tmp_path / "lib"), env=env)
+    assert p.returncode == 2 and "is not valid JSON" in p.stderr
+    p = _cli("tune", "--target", "neoverse-n2", "--reset", env=env)
+    assert p.returncode == 0 and not (tmp_path / "neoverse-n2.json").exists()
+
+
+def test_kernels_llvm_mca_cannot_model_are_listed_not_fatal(monkeypatch):
+    import tilegen.tune as tune_mod
+    real = tune_mod.analyze
+
+    def fake(spec, model):
+        if spec.isa == "dotprod":
+            raise AnalyzeError(f"{spec.name}: no model for this one")
+        return real(spec, model)
+
+    tune_mod.clear_cache()
+    monkeypatch.setattr(tune_mod, "analyze", fake)
+    r = tune(get_target("neoverse-n1"), "q4_0", "gemv", nrs=(4, 8))
+    assert {s.spec.isa for s in r.scores} == {"neon"}
+    assert r.not_modelled and all("no model for this one" in why for _, why in r.not_modelled)
+    with pytest.raises(TuneError, match="llvm-mca models none of the .* no model for this one"):
+        tune(get_target("neoverse-n1"), "q4_0", "gemv", isa="dotprod", nrs=(4,))
+    tune_mod.clear_cache()
+
+
+def test_tuned_pair_is_what_the_runtime_picks(tmp_path, monkeypatch):
+    """`tune --write` output -> build (manifest marks the kernels preferred) -> the runtime's
+    first table entry for the family on an emulated CPU."""
+    from conftest import guest
+    write_tuned(V2, "neoverse-v2", TunedFamily("q4_0", parse_spec("q4_0:i8mm:4x8"),
+                                               parse_spec("q4_0:dotprod:1x8:k16:s2"), True), tmp_path)
+    monkeypatch.setenv("TILEGEN_TUNED_DIR", str(tmp_path))
+    res = tilegen.build_library(None, target="neoverse-v2", out_dir=tmp_path / "lib")
+    pref = sorted(k["spec"] for k in res.manifest["kernels"] if k["preferred"])
+    assert pref == ["q4_0:dotprod:1x8:k16:s2", "q4_0:i8mm:4x8"]
+    picks = guest("max").call("guest_calls:picks", str(tmp_path / "lib"))
+    assert picks["q4_0"] == ("matmul_clamp_f32_qsi8d32p4x8_qsi4c32p8x8_4x8_neon_i8mm",
+                             "matmul_clamp_f32_qsi8d32p1x8_qsi4c32p8x8_1x8_neon_dotprod"), picks

@@ -1,0 +1,329 @@
+"""Tile search: every tile the register allocator accepts, ranked by the llvm-mca model.
+
+    candidates(target, family, regime)  -> tiles the allocator accepts (ISAs: family ∩ target)
+    distinct(cands)                     -> one representative per kernel code
+    score(cands, model)                 -> llvm-mca reports (thread pool, cached per process)
+    rank(scores)                        -> best first
+    pick_pair(gemm, gemv)               -> gemm + gemv kernels that read one packed RHS
+
+Score of a tile: MACs per cycle over a whole 32-k block (q4: scale loads and conversion
+included; f32: eight 4-k hot-loop iterations), compared at ``tol`` (1%) of the best; ties go
+to fewer vector registers, then fewer packed-RHS bytes per MAC, then the smaller tile.
+"""
+from __future__ import annotations
+
+import os
+import threading
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+from typing import Iterable, Sequence
+
+from .analyze import AnalyzeError, LoopReport, analyze, mca_tool
+from .build.targets import Target
+from .build.tuned import TunedFamily
+from .generator.regalloc import allocate
+from .generator.spec import FAMILIES, ISA_FEATURES, SCALABLE_ISAS, KernelSpec, SpecError
+from .layout.base import rhs_layout_for
+
+__all__ = ["TuneError", "Candidate", "Score", "Ranking", "Pair", "REGIMES", "tunable_isas",
+           "candidates", "distinct", "score", "rank", "rank_key", "tune", "pick_pair", "tuned_entry", "clear_cache"]
+
+REGIMES = ("gemm", "gemv")
+# The grid the allocator is asked about (it decides; nothing here is a list of valid tiles).
+F32_MR = tuple(range(1, 17))
+Q4_MR = tuple(range(1, 33))
+NR = tuple(range(4, 33, 4))
+VL_UNITS = tuple(range(1, 9))      # nr (and SME mr) in vector-length units for scalable ISAs
+Q4_KR_SR = tuple((kr, sr) for kr in (4, 8, 16, 32) for sr in (1, 2, 4))
+_K_FOR_BYTES = 4096         # k at which packed-RHS bytes per MAC are measured (bias amortised)
+TOLERANCE = 0.01
+
+
+class TuneError(ValueError):
+    """A tune request that cannot be served (unknown family, no model, no tile...)."""
+
+
+@dataclass(frozen=True)
+class Candidate:
+    spec: KernelSpec
+    vregs: int              # vector registers the allocator uses
+    rows: int               # rows the hot loop computes at once (q4: the allocator's mr_reg)
+    rhs_bytes_per_mac: float
+
+    @property
+    def rhs_key(self) -> tuple[int, int, int]:
+        """What the packed RHS depends on (the runtime pairs gemm and gemv by it)."""
+        return (self.spec.nr, int(self.spec.kr), int(self.spec.sr))
+
+
+@dataclass(frozen=True)
+class Score:
+    cand: Candidate
+    report: LoopReport
+
+    @property
+    def spec(self) -> KernelSpec:
+        return self.cand.spec
+
+    @property
+    def block_macs(self) -> int:
+        s = self.spec
+        if s.vl_scaled:     # at the VL of the model's CPU
+            from .analyze import MODEL_SVE_VL
+            vl = MODEL_SVE_VL[self.report.model] // 8
+            return 32 * s.mr_at(vl) * s.nr_at(vl)
+        return 32 * self.cand.rows * s.nr
+
+    @property
+    def block_cycles(self) -> float:
+        blk = self.report.block32_cycles
+        return blk if blk is not None else 8 * self.report.cycles_per_iter
+
+    @property
+    def value(self) -> float:
+        """MACs per cycle over one 32-k block of the tile (the primary score)."""
+        return self.block_macs / self.block_cycles
+
+    def as_dict(self) -> dict:
+        return {"spec": self.spec.spec_string, "kernel": self.spec.name,
+                "isa": self.spec.isa, "mr": self.spec.mr, "nr": self.spec.nr,
+                "kr": self.spec.kr, "sr": self.spec.sr, "rows": self.cand.rows,
+                "cycles_per_iter": self.report.cycles_per_iter,
+                "efficiency": self.report.efficiency,
+                "macs_per_cycle": self.report.macs_per_cycle,
+                "block32_cycles": self.block_cycles, "block32_macs_per_cycle": self.value,
+                "vregs": self.cand.vregs, "rhs_bytes_per_mac": self.cand.rhs_bytes_per_mac}
+
+
+@dataclass(frozen=True)
+class Ranking:
+    target: str
+    model: str
+    family: str
+    regime: str
+    scores: tuple[Score, ...]      # distinct kernels, best first
+    n_tiles: int = 0               # accepted tiles (several may render one kernel)
+    same_code: dict[str, tuple[str, ...]] = field(default_factory=dict, compare=False)
+    # representative spec -> the other accepted tiles that render its code
+    not_modelled: tuple[tuple[str, str], ...] = ()     # (spec, why) analyze could not model
+
+    @property
+    def best(self) -> Score:
+        return self.scores[0]
+
+
+@dataclass(frozen=True)
+class Pair:
+    gemm: Score
+    gemv: Score
+    shared_rhs: bool        # gemv reads the gemm's packed RHS
+    best_gemm: Score        # unconstrained winners, for the report
+    best_gemv: Score
+
+
+def tunable_isas(target: Target, family: str, isa: str | None = None) -> list[str]:
+    """The family's ISAs the target can run (only ``isa`` if given)."""
+    fam = FAMILIES.get(family)
+    if fam is None:
+        raise TuneError(f"unknown family {family!r}; known: {', '.join(sorted(FAMILIES))}")
+    isas = [i for i in fam.isas if set(ISA_FEATURES[i]) <= target.features]
+    if isa is not None:
+        if isa not in fam.isas:
+            raise TuneError(f"family {family!r} has no template for isa {isa!r}; "
+                            f"available: {', '.join(fam.isas)}")
+        if isa not in isas:
+            raise TuneError(f"target {target.name} cannot run isa {isa!r} (features "
+                            f"{', '.join(sorted(target.features))})")
+        isas = [isa]
+    if not isas:
+        raise TuneError(f"target {target.name} runs none of {family}'s ISAs ({', '.join(fam.isas)})")
+    return isas
+
+
+def _candidate(spec: KernelSpec) -> Candidate | None:
+    try:
+        regs = allocate(spec)
+    except SpecError:
+        return None
+    # VL-scaled tiles: bytes per MAC do not depend on the VL; measure them at 128 bits
+    vl = 16 if spec.vl_scaled else None
+    rows = getattr(regs, "mr_reg", spec.mr)       # VL-scaled: in VL units
+    nr = spec.nr_at(vl)
+    rhs = rhs_layout_for(spec, 32, vl).packed_size(nr, _K_FOR_BYTES)
+    return Candidate(spec, regs.needs.total, rows, rhs / (rows * nr * _K_FOR_BYTES))
+
+
+def candidates(target: Target, family: str, regime: str, isa: str | None = None,
+               m: int | None = None, mrs: Sequence[int] | None = None,
+               nrs: Sequence[int] | None = None) -> list[Candidate]:
+    """Every tile of the grid the allocator accepts, for ``regime`` ("gemv": mr == 1;
+    "gemm": mr > 1, and mr <= m if ``m`` is given).  ``mrs``/``nrs`` narrow the grid."""
+    if regime not in REGIMES:
+        raise TuneError(f"unknown regime {regime!r}; known: {', '.join(REGIMES)}")
+    isas = tunable_isas(target, family, isa)
+    quant = FAMILIES[family].quantized
+    grid_mr = mrs if mrs is not None else (Q4_MR if quant else F32_MR)
+    grid_nr = nrs if nrs is not None else NR
+    krsr: Iterable[tuple[int | None, int | None]] = Q4_KR_SR if quant else ((None, None),)
+    out: list[Candidate] = []
+    seen: set[KernelSpec] = set()
+    for i in isas:
+        scalable = i in SCALABLE_ISAS
+        rows = [(mr, False) for mr in grid_mr]
+        if i.startswith("sme") and regime == "gemm":     # ZA tiles: rows in VL units too
+            rows += [(mu, True) for mu in (1, 2, 4)]
+        for mr, mr_vl in rows:
+            if not mr_vl and ((regime == "gemv") != (mr == 1)
+                              or (m is not None and regime == "gemm" and mr > m)):
+                continue
+            for nr in (VL_UNITS if scalable else grid_nr):    # nrs narrows fixed widths
+                for kr, sr in krsr:
+                    try:
+                        spec = KernelSpec(family, i, mr, nr, kr=kr, sr=sr, nr_vl=scalable,
+                                          mr_vl=mr_vl)
+                    except SpecError:
+                        continue
+                    c = _candidate(spec) if spec not in seen else None
+                    seen.add(spec)
+                    if c is not None:
+                        out.append(c)
+    return out
+
+
+def _canonical_key(spec: KernelSpec) -> tuple:
+    info = spec.info
+    return (spec.sr != info.default_sr[spec.isa], spec.kr != info.default_kr[spec.isa],
+            spec.spec_string)
+
+
+def distinct(cands: Sequence[Candidate]) -> dict[KernelSpec, list[KernelSpec]]:
+    """Group tiles that render one kernel's code: representative -> the tiles it stands for.
+
+    A q4 tile the allocator computes in passes of ``rows`` < mr rows is the ``rows``-row
+    tile's code under another name; kr/sr variants with one kr/sr ratio share name, code and
+    packed bytes.  The representative has mr == rows and the family's default sr, then kr."""
+    groups: dict[tuple, list[Candidate]] = {}
+    for c in cands:
+        s = c.spec
+        groups.setdefault((s.isa, c.rows, s.nr, s.L, s.mr_vl, s.nr_vl), []).append(c)
+    out: dict[KernelSpec, list[KernelSpec]] = {}
+    for (isa, rows, nr, _, mr_vl, nr_vl), cs in groups.items():
+        variants = {c.spec for c in cs if c.spec.mr == rows}
+        if not variants:        # the grid left the rows-row tile out: the same kr/sr variants
+            variants = {KernelSpec(c.spec.family, isa, rows, nr, c.spec.kr, c.spec.sr,
+                                   mr_vl=mr_vl, nr_vl=nr_vl) for c in cs}
+        rep = min(variants, key=_canonical_key)
+        out[rep] = [c.spec for c in cs]
+    return out
+
+
+_cache: dict[tuple[KernelSpec, str], LoopReport] = {}
+_lock = threading.Lock()
+
+
+def clear_cache() -> None:
+    with _lock:
+        _cache.clear()
+
+
+def _analyze(spec: KernelSpec, model: str) -> LoopReport:
+    key = (spec, model)
+    with _lock:
+        hit = _cache.get(key)
+    if hit is not None:
+        return hit
+    r = analyze(spec, model)
+    with _lock:
+        _cache[key] = r
+    return r
+
+
+def score(cands: Sequence[Candidate], model: str,
+          jobs: int | None = None) -> tuple[list[Score], list[tuple[KernelSpec, str]]]:
+    """llvm-mca reports of ``cands`` on ``model`` (same order), and the kernels analyze
+    cannot model with the reason (AnalyzeError; a missing llvm-mca is raised at once)."""
+    mca_tool()          # fail fast, with the install hint, when llvm-mca is missing
+
+    def one(c: Candidate) -> LoopReport | AnalyzeError:
+        try:
+            return _analyze(c.spec, model)
+        except AnalyzeError as e:
+            return e
+
+    with ThreadPoolExecutor(max_workers=jobs or os.cpu_count() or 1) as ex:
+        reports = list(ex.map(one, cands))
+    scores = [Score(c, r) for c, r in zip(cands, reports) if isinstance(r, LoopReport)]
+    failed = [(c.spec, str(r)) for c, r in zip(cands, reports) if isinstance(r, AnalyzeError)]
+    return scores, failed
+
+
+def rank_key(s: Score, best: float, tol: float = TOLERANCE) -> tuple:
+    """Sort key: score at ``tol`` of ``best``, then vregs, RHS bytes/MAC, tile size."""
+    return (-round(s.value / best / tol), s.cand.vregs, s.cand.rhs_bytes_per_mac,
+            s.spec.mr, s.spec.nr, s.spec.spec_string)
+
+
+def rank(scores: Iterable[Score], tol: float = TOLERANCE) -> list[Score]:
+    ss = list(scores)
+    if not ss:
+        return []
+    best = max(s.value for s in ss)
+    return sorted(ss, key=lambda s: rank_key(s, best, tol))
+
+
+def tune(target: Target, family: str, regime: str, isa: str | None = None, m: int | None = None,
+         model: str | None = None, jobs: int | None = None, mrs: Sequence[int] | None = None,
+         nrs: Sequence[int] | None = None) -> Ranking:
+    """Rank the distinct kernels of every accepted ``family``/``regime`` tile on ``model``
+    (default: the target's llvm-mca model)."""
+    model = model or target.llvm_cpu
+    if not model:
+        raise TuneError(f"target {target.name} has no llvm-mca model (llvm_cpu); tune a CPU "
+                        f"preset instead (see `tilegen targets`)")
+    cands = candidates(target, family, regime, isa, m, mrs, nrs)
+    if not cands:
+        raise TuneError(f"the register allocator accepts no {family} {regime} tile for "
+                        f"{target.name}" + (f" with mr <= {m}" if m is not None else ""))
+    groups = distinct(cands)
+    reps = [c for c in (_candidate(r) for r in groups) if c is not None]
+    scores, failed = score(reps, model, jobs)
+    if not scores:
+        raise TuneError(f"llvm-mca models none of the {len(reps)} {family} {regime} kernels on "
+                        f"{model}: {failed[0][1]}")
+    return Ranking(target.name, model, family, regime, tuple(rank(scores)), len(cands),
+                   {r.spec_string: tuple(s.spec_string for s in v if s != r)
+                    for r, v in groups.items()},
+                   tuple((sp.spec_string, why) for sp, why in failed))
+
+
+def pick_pair(gemm: Ranking, gemv: Ranking) -> Pair:
+    """The gemm and gemv kernels to ship together.
+
+    The unconstrained winners if they read the same packed RHS (nr, kr, sr); else, over the
+    RHS layouts both rankings have, the pair whose worse kernel loses least against its
+    winner (max of min(gemm/best gemm, gemv/best gemv)).  No common layout: the winners,
+    ``shared_rhs=False``."""
+    bg, bv = gemm.best, gemv.best
+    if bg.cand.rhs_key == bv.cand.rhs_key:
+        return Pair(bg, bv, True, bg, bv)
+    first_g: dict[tuple, Score] = {}
+    first_v: dict[tuple, Score] = {}
+    for s in gemm.scores:
+        first_g.setdefault(s.cand.rhs_key, s)
+    for s in gemv.scores:
+        first_v.setdefault(s.cand.rhs_key, s)
+    common = [k for k in first_g if k in first_v]
+    if not common:
+        return Pair(bg, bv, False, bg, bv)
+
+    def merit(k: tuple) -> tuple[float, float]:
+        rg, rv = first_g[k].value / bg.value, first_v[k].value / bv.value
+        return (min(rg, rv), rg)
+
+    k = max(common, key=merit)
+    return Pair(first_g[k], first_v[k], True, bg, bv)
+
+
+def tuned_entry(family: str, pair: Pair) -> TunedFamily:
+    return TunedFamily(family, pair.gemm.spec, pair.gemv.spec, pair.shared_rhs,
+                       {"gemm": round(pair.gemm.value, 3), "gemv": round(pair.gemv.value, 3)})
