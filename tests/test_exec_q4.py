@@ -45,14 +45,16 @@ def _lhs_rows(rng, m, k):
     return (rng.normal(size=(m, k)) * 3).astype(np.float32)   # "normal data" of issue #3
 
 
-def _pack(spec, rng, m, n, k, bl):
-    """(lhs_packed, rhs_packed, exact reference, float reference inputs)"""
+def _pack(spec, rng, m, n, k, bl, nr=None):
+    """(lhs_packed, rhs_packed, exact reference, float reference inputs); ``nr``: the panel
+    width on the CPU for tiles in VL units."""
     P = spec.lhs_mr
+    nr = spec.nr if nr is None else nr
     x = _lhs_rows(rng, m, k)
     w = rng.normal(size=(n, k)).astype(np.float32)
     if spec.family == "q4_0":
         lhs_lay = QSI8D32P(P, spec.kr, spec.sr, bl)
-        rhs_lay = QSI4C32PScaleF16(spec.nr, spec.kr, spec.sr, bl)
+        rhs_lay = QSI4C32PScaleF16(nr, spec.kr, spec.sr, bl)
         if bl == 32:
             raw = quantize_q4_0(w)
             rhs = rhs_lay.pack(raw)
@@ -64,7 +66,7 @@ def _pack(spec, rng, m, n, k, bl):
             rhs = rhs_lay.pack(raw)
         lhs = lhs_lay.pack(x)
         ref = lambda cmin, cmax: matmul_qsi8d32p_qsi4c32pscalef16(
-            lhs, rhs, m, n, k, bl, P, spec.nr, spec.kr, spec.sr, cmin, cmax)
+            lhs, rhs, m, n, k, bl, P, nr, spec.kr, spec.sr, cmin, cmax)
         if bl == 32:   # gguf's own Q4_0 dequantisation of the raw ggml blocks
             import gguf
             deq = gguf.quants.dequantize(raw, gguf.GGMLQuantizationType.Q4_0).reshape(n, k)
@@ -73,7 +75,7 @@ def _pack(spec, rng, m, n, k, bl):
         bias = None
     else:
         lhs_lay = QAI8DXP(P, spec.kr, spec.sr)
-        rhs_lay = QSI4C32P(spec.nr, spec.kr, spec.sr, bl)
+        rhs_lay = QSI4C32P(nr, spec.kr, spec.sr, bl)
         u4 = rng.integers(0, 16, size=(n, k), dtype=np.uint8)
         s1s0 = (u4[:, 0::2] | (u4[:, 1::2] << 4)).astype(np.uint8)
         scale = (rng.uniform(0.002, 0.02, size=(n, k // bl)).astype(np.float32)
@@ -83,13 +85,14 @@ def _pack(spec, rng, m, n, k, bl):
         rhs = rhs_lay.pack(s1s0, bf16, bias)
         lhs = lhs_lay.pack(x)
         ref = lambda cmin, cmax: matmul_qai8dxp_qsi4c32p(
-            lhs, rhs, m, n, k, bl, P, spec.nr, spec.kr, spec.sr, cmin, cmax)
+            lhs, rhs, m, n, k, bl, P, nr, spec.kr, spec.sr, cmin, cmax)
         deq = rhs_lay.dequantize_rows(rhs, n, k, np.arange(n))
     return lhs, rhs, ref, x, deq, bias
 
 
-def _shapes(spec, rng):
-    mr, nr = spec.mr, spec.nr
+def _shapes(spec, rng, mr=None, nr=None):
+    mr = spec.mr if mr is None else mr
+    nr = spec.nr if nr is None else nr
     ms = [1, mr, mr + 1, 2 * mr + 3 if mr > 1 else 1, int(rng.integers(1, 3 * mr + 1))]
     ns = [nr + 1, 3 * nr - 1, 1, int(rng.integers(1, 4 * nr))]
     ks = [1, 2, 3, 5, 8]

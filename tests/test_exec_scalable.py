@@ -126,3 +126,58 @@ def test_refused_without_the_isa(scal_lib):
     assert only_sme.call("guest_calls:refused", str(scal_lib), sme) == ""
     msg = only_sme.call("guest_calls:refused", str(scal_lib), sme2)
     assert "ArgumentError" in msg and "sme2" in msg
+
+
+# -- SVE int4 x int8 (q4_0, q4_0_dx): SDOT / SMMLA on Z registers -------------------------
+Q4_SVE = [(f, i, t) for f in ("q4_0", "q4_0_dx") for i, t in
+          (("sve_dotprod", "8x1vl"), ("sve_dotprod", "4x2vl"), ("sve_dotprod", "1x2vl"),
+           ("sve_dotprod", "1x1vl"), ("sve_i8mm", "8x1vl"), ("sve_i8mm", "16x1vl"),
+           ("sve_i8mm", "4x2vl"), ("sve_dotprod", "1x1vl:k16"), ("sve_dotprod", "1x2vl:k16"))]
+Q4_SVE_RUNS = [("max", v) for v in VLS] + [("neoverse-n2", None), ("neoverse-v1", None)]
+
+
+def _q4_specs():
+    return [tilegen.parse_spec(f"{f}:{i}:{t}") for f, i, t in Q4_SVE]
+
+
+@pytest.fixture(scope="module")
+def q4_sve_lib(tmp_path_factory):
+    out = tmp_path_factory.mktemp("q4sve")
+    tilegen.build_library(_q4_specs(), target="linux-aarch64-all", out_dir=out)
+    return out
+
+
+@pytest.mark.parametrize("cpu,vl", Q4_SVE_RUNS, ids=[f"{c}-{v or 'default'}" for c, v in Q4_SVE_RUNS])
+def test_sve_q4_every_vl(cpu, vl, q4_sve_lib):
+    from test_exec_q4 import SENTINEL as Q4_SENTINEL, _pack, _shapes
+    sess = guest(cpu, sve_vl=vl)
+    want = vl or SVE_NATIVE_VL[cpu]
+    for spec in _q4_specs():
+        info = sess.call("guest_calls:vl_info", str(q4_sve_lib), spec.name)
+        assert info["runnable"] and info["nr"] == spec.nr * want // 32, (spec.name, info)
+        rng = np.random.default_rng(want + sum(map(ord, spec.name)))
+        cases, refs = [], []
+        for i, (m, n, k, bl) in enumerate(_shapes(spec, rng, nr=info["nr"])):
+            lhs, rhs, ref, x, deq, bias = _pack(spec, rng, m, n, k, bl, nr=info["nr"])
+            free = ref(-3.4028234663852886e38, 3.4028234663852886e38)
+            cmin, cmax = -3.4028234663852886e38, 3.4028234663852886e38
+            if i % 2 and free.size > 1:
+                cmin, cmax = (float(np.float32(q)) for q in np.quantile(free, [0.15, 0.85]))
+            cases.append(dict(m=m, n=n, k=k, bl=bl, lhs_packed=lhs, rhs_packed=rhs,
+                              clamp_min=cmin, clamp_max=cmax, sentinel=Q4_SENTINEL))
+            refs.append(ref(cmin, cmax))
+        outs = sess.call("guest_calls:run_q4_cases", str(q4_sve_lib), spec.name, cases)
+        for c, exact, out in zip(cases, refs, outs):
+            m, n, k = c["m"], c["n"], c["k"]
+            got = out[:m, :n]
+            assert (out[m:] == Q4_SENTINEL).all() and (out[:, n:] == Q4_SENTINEL).all(), spec.name
+            assert np.array_equal(got, exact), \
+                f"{spec.name} VL={want} m={m} n={n} k={k}: {np.sum(got != exact)} differ"
+
+
+def test_sve_q4_refused_without_dotprod_or_i8mm(q4_sve_lib):
+    # a64fx has SVE but neither dotprod nor i8mm; neoverse-n1 has dotprod but no SVE
+    for cpu in ("a64fx", "neoverse-n1"):
+        for spec in _q4_specs():
+            msg = guest(cpu).call("guest_calls:refused", str(q4_sve_lib), spec.name)
+            assert "ArgumentError" in msg, (cpu, spec.name, msg)

@@ -27,9 +27,9 @@ EXPECTED_Q4_0 = {   # (gemm, gemv) suffixes each CPU must select
     "cortex-a53": ("_4x4_neon", "qsi8d32p1x4_qsi4c32p4x4_1x4_neon"),
     "a64fx": ("_4x4_neon", "qsi8d32p1x4_qsi4c32p4x4_1x4_neon"),        # SVE but no dotprod
     "neoverse-n1": ("_16x4_neon_dotprod", "qsi8d32p1x4_qsi4c32p4x4_1x4_neon_dotprod"),
-    "neoverse-v1": ("_16x4_neon_i8mm", "qsi8d32p1x8_qsi4c32p4x8_1x4_neon_dotprod"),
-    "neoverse-n2": ("_16x4_neon_i8mm", "qsi8d32p1x8_qsi4c32p4x8_1x4_neon_dotprod"),
-    "max": ("_16x4_neon_i8mm", "qsi8d32p1x8_qsi4c32p4x8_1x4_neon_dotprod"),
+    "neoverse-v1": ("_16x1vl_sve_i8mm", "qsi8d32p1x8_qsi4c32p1vlx8_1x1vl_sve_dotprod"),
+    "neoverse-n2": ("_16x1vl_sve_i8mm", "qsi8d32p1x8_qsi4c32p1vlx8_1x1vl_sve_dotprod"),
+    "max": ("_16x1vl_sve_i8mm", "qsi8d32p1x8_qsi4c32p1vlx8_1x1vl_sve_dotprod"),
 }
 
 

@@ -54,7 +54,8 @@ def test_q4_candidates_include_known_good_and_follow_the_regime():
 
 
 def test_isas_are_the_family_and_target_intersection():
-    assert tunable_isas(V2, "q4_0") == ["neon", "dotprod", "i8mm"]
+    assert tunable_isas(V2, "q4_0") == ["neon", "dotprod", "i8mm", "sve_dotprod", "sve_i8mm"]
+    assert tunable_isas(get_target("a64fx"), "q4_0") == ["neon"]    # SVE, no dotprod or i8mm
     assert tunable_isas(get_target("cortex-a53"), "q4_0_dx") == ["neon"]
     assert {c.spec.isa for c in candidates(get_target("neoverse-n1"), "q4_0", "gemm")} == {
         "neon", "dotprod"}

@@ -71,7 +71,7 @@ class Score:
         if s.vl_scaled:     # at the VL of the model's CPU
             from .analyze import MODEL_SVE_VL
             vl = MODEL_SVE_VL[self.report.model] // 8
-            return 32 * s.mr_at(vl) * s.nr_at(vl)
+            return 32 * (s.mr_at(vl) if s.mr_vl else self.cand.rows) * s.nr_at(vl)
         return 32 * self.cand.rows * s.nr
 
     @property

@@ -65,6 +65,10 @@ DEFAULT_KERNELS: tuple[str, ...] = (
     # scalable f32: SVE FMLA gemm + gemv pairs (panel width in VL units), SME2/SME outer products
     "f32:sve:3x8vl", "f32:sve:1x8vl", "f32:sve:6x4vl", "f32:sve:1x4vl",
     "f32:sme2:1vlx4vl", "f32:sme2:1x4vl", "f32:sme2:2vlx2vl", "f32:sme:2vlx2vl",
+    # SVE (VL units; at 256 bits these are llama.cpp's 16x8 sve_i8mm + 1x8 sve_dotprod)
+    "q4_0:sve_i8mm:16x1vl", "q4_0:sve_dotprod:1x1vl:k16:s2",
+    "q4_0:sve_dotprod:8x1vl", "q4_0:sve_dotprod:1x1vl",
+    "q4_0_dx:sve_i8mm:8x1vl", "q4_0_dx:sve_dotprod:1x1vl:k16:s2",
     "q4_0:i8mm:16x4", "q4_0:dotprod:1x4:k16:s2",
     "q4_0:dotprod:16x4", "q4_0:dotprod:1x4",
     "q4_0:neon:4x4", "q4_0:neon:1x4",

@@ -399,11 +399,113 @@ def _allocate_f32_sme2(spec: KernelSpec):
     return _allocate_f32_sme(spec)
 
 
+@dataclass(frozen=True)
+class Q4SveRegs(Q4NeonRegs):
+    """Registers of the SVE int4 x int8 kernels (same roles as the NEON ones, Z registers;
+    one column vector ``cv`` holds VL/32 columns).  mm: ``iacc[group][row pair][2*cv + h]``,
+    dot8 (gemv): ``iacc[2*cv + h]``,
+    half h of column vector cv (SMMLA gives 2x2 blocks per 128-bit segment).  ``pred[cv]``
+    is the store predicate of column vector cv."""
+
+    pred: tuple[int, ...] = ()
+
+
+def _q4_sve_needs(spec: KernelSpec, mode: str, mr_reg: int, P: int) -> VectorNeeds:
+    G, nv = mr_reg // P, spec.nr
+    lhs = {"dot4": 2 * G if P == 4 else 2, "dot8": 2, "mm": 4 * G}[mode]
+    iacc = 2 * nv if mode == "dot8" else mr_reg * nv
+    parts = [("f32 accumulators", mr_reg * nv), ("int32 accumulators", iacc),
+             ("LHS", lhs), ("RHS", 2), ("column scales", nv)]
+    if spec.family == "q4_0":
+        parts.append(("LHS scales", G))
+    parts.append(("scratch", 3))
+    return VectorNeeds(tuple(parts))
+
+
+def _allocate_q4_sve(spec: KernelSpec) -> Q4SveRegs:
+    mr, nv, L = spec.mr, spec.nr, spec.L
+    if spec.mr_vl:
+        raise SpecError(f"sve q4 kernels have a fixed row count: give mr as a number, "
+                        f"got mr={spec.mr_str}")
+    if spec.kr % spec.sr:
+        raise SpecError(f"kr={spec.kr} must be a multiple of sr={spec.sr}")
+    if spec.family == "q4_0" and spec.sr != 2:
+        raise SpecError(f"the q4_0 RHS layout (qsi4c32pscalef16) needs sr=2, got sr={spec.sr}")
+    if mr != 1 and mr % 4:
+        raise SpecError(f"mr={mr} must be 1 (gemv) or a multiple of 4 (LHS packed 4 rows "
+                        f"at a time)")
+    if nv > 7:
+        raise SpecError(f"nr={spec.nr_str} exceeds 7vl (per-column-vector offsets and store "
+                        f"predicates p1-p7)")
+    if spec.isa == "sve_dotprod":
+        if L == 8 and mr == 1:
+            mode = "dot8"       # gemv reading the i8mm kernels' packed RHS (kr/sr = 8)
+        elif L != 4:
+            raise SpecError(f"sve_dotprod kernels need kr/sr = 4 (SDOT by 32-bit lane), or "
+                            f"kr/sr = 8 for gemv (mr=1); got mr={mr}, kr={spec.kr}, sr={spec.sr}")
+        else:
+            mode = "dot4"
+    else:
+        if L != 8 or mr % 4:
+            raise SpecError(f"sve_i8mm (SMMLA, 2x8 int8 per 128-bit segment) needs kr/sr = 8 "
+                            f"and mr a multiple of 4; got mr={mr}, kr={spec.kr}, sr={spec.sr}")
+        mode = "mm"
+    P = spec.lhs_mr
+    chosen = None
+    for mr_reg in [r for r in range(mr, 0, -P) if mr % r == 0 and r % P == 0]:
+        needs = _q4_sve_needs(spec, mode, mr_reg, P)
+        G = mr_reg // P
+        # z0-z7 operands: LHS scales (q4_0), LHS lanes for the indexed SDOT (dot4), and the
+        # first two LHS registers (dx epilogue's per-row values)
+        low = (G if spec.family == "q4_0" else 0) + (dict(needs.parts)["LHS"] if mode == "dot4" else 2)
+        if needs.total <= NUM_VREGS and low <= 8 and \
+                len(_Q4_SCALARS) + 2 * G <= len(_X_ORDER):
+            chosen = (mr_reg, needs)
+            break
+    if chosen is None:
+        needs = _q4_sve_needs(spec, mode, P, P)
+        raise SpecError(f"mr={P}, nr={spec.nr_str} needs {needs.total} vector registers "
+                        f"({needs.describe()}), {NUM_VREGS} exist (LHS and LHS scales, indexed "
+                        f"operands, in z0-z7)")
+    mr_reg, needs = chosen
+    G = mr_reg // P
+    # indexed operands (LHS lanes, LHS scales, epilogue row values) must live in z0-z7
+    vp = _Pool("v", list(range(8)) + [r for r in _V_ORDER if r >= 8], "vector registers")
+    dl = vp.take(G) if spec.family == "q4_0" else []
+    lhs = vp.take(dict(needs.parts)["LHS"])
+    rhs = vp.take(2)
+    tmp = vp.take(3)
+    scale = vp.take(nv)
+    if mode == "dot4":
+        flat = vp.take(mr_reg * nv)
+        iacc = tuple(tuple(flat[r * nv:(r + 1) * nv]) for r in range(mr_reg))
+    elif mode == "dot8":     # [2*cv + h]: half h of column vector cv, 2 lanes per column
+        iacc = tuple(vp.take(2 * nv))
+    else:
+        flat = vp.take(G * 2 * 2 * nv)
+        iacc = tuple(tuple(tuple(flat[(g * 2 + rp) * 2 * nv:(g * 2 + rp + 1) * 2 * nv])
+                           for rp in range(2)) for g in range(G))
+    fl = vp.take(mr_reg * nv)
+    facc = tuple(tuple(fl[r * nv:(r + 1) * nv]) for r in range(mr_reg))
+    xp = _Pool("x", _X_ORDER, "general-purpose registers")
+    gpr = dict(zip(_Q4_SCALARS, xp.take(len(_Q4_SCALARS))))
+    lo, hi = tuple(xp.take(G)), tuple(xp.take(G))
+    return Q4SveRegs(
+        mode=mode, mr_reg=mr_reg, lhs_mr=P, groups=G, facc=facc, iacc=iacc, lhs=tuple(lhs),
+        rhs=tuple(rhs), mask=-1, scale=tuple(scale), dl=tuple(dl), tmp=tuple(tmp), gpr=gpr,
+        lo=lo, hi=hi,
+        saved_x=tuple(sorted(r for r in xp.used if r in _X_CALLEE_SAVED)),
+        saved_d=tuple(sorted(r for r in vp.used if r in _V_CALLEE_SAVED)),
+        needs=needs, pred=tuple(range(1, nv + 1)))
+
+
 _ALLOCATORS = {("f32", "neon"): _allocate_f32_neon, ("f32", "sve"): _allocate_f32_sve,
                ("f32", "sme"): _allocate_f32_sme, ("f32", "sme2"): _allocate_f32_sme2,
                ("q4_0", "neon"): _allocate_q4_neon, ("q4_0_dx", "neon"): _allocate_q4_neon,
                ("q4_0", "dotprod"): _allocate_q4_neon, ("q4_0", "i8mm"): _allocate_q4_neon,
-               ("q4_0_dx", "dotprod"): _allocate_q4_neon, ("q4_0_dx", "i8mm"): _allocate_q4_neon}
+               ("q4_0_dx", "dotprod"): _allocate_q4_neon, ("q4_0_dx", "i8mm"): _allocate_q4_neon,
+               ("q4_0", "sve_dotprod"): _allocate_q4_sve, ("q4_0", "sve_i8mm"): _allocate_q4_sve,
+               ("q4_0_dx", "sve_dotprod"): _allocate_q4_sve, ("q4_0_dx", "sve_i8mm"): _allocate_q4_sve}
 
 
 def allocate(spec: KernelSpec):

@@ -34,10 +34,12 @@ class FamilyInfo:
 def _q4_family(name: str, lhs: str) -> FamilyInfo:
     """The int4 x int8 families share ISAs, suffixes and default interleave (kr, sr)."""
     return FamilyInfo(
-        name=name, isas=("neon", "dotprod", "i8mm"), lhs=lhs, rhs="qsi4c32p",
-        op_suffix={"neon": "neon", "dotprod": "neon_dotprod", "i8mm": "neon_i8mm"},
-        default_kr={"neon": 8, "dotprod": 8, "i8mm": 16},
-        default_sr={"neon": 2, "dotprod": 2, "i8mm": 2},
+        name=name, isas=("neon", "dotprod", "i8mm", "sve_dotprod", "sve_i8mm"), lhs=lhs,
+        rhs="qsi4c32p",
+        op_suffix={"neon": "neon", "dotprod": "neon_dotprod", "i8mm": "neon_i8mm",
+                   "sve_dotprod": "sve_dotprod", "sve_i8mm": "sve_i8mm"},
+        default_kr={"neon": 8, "dotprod": 8, "i8mm": 16, "sve_dotprod": 8, "sve_i8mm": 16},
+        default_sr={"neon": 2, "dotprod": 2, "i8mm": 2, "sve_dotprod": 2, "sve_i8mm": 2},
         quantized=True,
     )
 
@@ -69,9 +71,12 @@ ISA_FEATURES: dict[str, tuple[str, ...]] = {
     "sve2": ("sve", "sve2"),
     "sme": ("sme",),
     "sme2": ("sme", "sme2"),
+    # int8 dot product / matrix multiply on Z registers: SVE plus the feature (as the seed)
+    "sve_dotprod": ("sve", "dotprod"),
+    "sve_i8mm": ("sve", "i8mm"),
 }
 # ISAs whose vector length is only known at run time (tiles are given in VL units).
-SCALABLE_ISAS = ("sve", "sve2", "sme", "sme2")
+SCALABLE_ISAS = ("sve", "sve2", "sme", "sme2", "sve_dotprod", "sve_i8mm")
 
 
 @dataclass(frozen=True)
@@ -194,7 +199,7 @@ class KernelSpec:
         """Packed RHS format name, e.g. ``f32p16x1b`` or ``qsi4c32p4x8``."""
         if self.family == "f32":
             return f"{self.info.rhs}{self.nr_str}x{self.kr}b"
-        return f"{self.info.rhs}{self.nr}x{self.L}"
+        return f"{self.info.rhs}{self.nr_str}x{self.L}"
 
     @property
     def name(self) -> str:
@@ -235,7 +240,7 @@ def _vl_units(spec: KernelSpec, vl_bytes: int | None) -> int:
 
 
 _SPEC_RE = re.compile(
-    r"^(?P<family>[a-z0-9_]+):(?P<isa>[a-z0-9]+):(?P<mr>\d+)(?P<mrvl>vl)?x(?P<nr>\d+)(?P<nrvl>vl)?"
+    r"^(?P<family>[a-z0-9_]+):(?P<isa>[a-z0-9_]+):(?P<mr>\d+)(?P<mrvl>vl)?x(?P<nr>\d+)(?P<nrvl>vl)?"
     r"(?::k(?P<kr>\d+))?(?::s(?P<sr>\d+))?$")
 
 

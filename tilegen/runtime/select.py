@@ -2,8 +2,8 @@
 
 Each entry pairs a gemm kernel with the gemv kernel that reads the same packed RHS
 (same family, nr, kr, sr), so weights packed once serve both.  The first entry whose
-kernels the CPU can run wins; m <= gemv_threshold uses the gemv kernel.  Order: best ISA,
-then tuned kernels (``tilegen tune --write``), then pairs with a gemv, then the biggest tile.
+kernels the CPU can run wins; m <= gemv_threshold uses the gemv kernel.  Order: tuned
+kernels (``tilegen tune --write``), then best ISA, pairs with a gemv, the biggest tile.
 """
 from __future__ import annotations
 
@@ -15,7 +15,7 @@ __all__ = ["KernelPair", "build_table", "KIND_FAMILY", "ISA_PREFERENCE"]
 # weight kind -> kernel family that consumes it
 KIND_FAMILY = {"f32": "f32", "f16": "f32", "q4_0": "q4_0", "q4_0_dx": "q4_0_dx"}
 # preferred ISAs first (the seed: SME > SVE > i8mm > dotprod > NEON)
-ISA_PREFERENCE = ("sme2", "sme", "sve2", "sve", "i8mm", "dotprod", "neon")
+ISA_PREFERENCE = ("sme2", "sme", "sve2", "sve", "sve_i8mm", "sve_dotprod", "i8mm", "dotprod", "neon")
 
 
 @dataclass(frozen=True)
@@ -61,9 +61,10 @@ def build_table(kernels: Iterable, family: str) -> list[KernelPair]:
         s = k.spec
         return s.mr * (4 if s.mr_vl else 1), s.nr * (4 if s.nr_vl else 1)
     # best ISA first; within it, gemm kernels that have a gemv partner, then the biggest tile
-    # (tuned kernels -- manifest "preferred", from `tilegen tune --write` -- lead their ISA)
-    table.sort(key=lambda p: (ISA_PREFERENCE.index(p.gemm.spec.isa),
-                              not p.gemm.entry.get("preferred", False), p.gemv is None,
+    # tuned kernels (manifest "preferred", from `tilegen tune --write`) come first: the
+    # tuner compared them with every ISA of the target
+    table.sort(key=lambda p: (not p.gemm.entry.get("preferred", False),
+                              ISA_PREFERENCE.index(p.gemm.spec.isa), p.gemv is None,
                               -size(p.gemm)[0] * size(p.gemm)[1],
                               -size(p.gemm)[1], p.gemm.name))
     return table
