@@ -258,3 +258,7 @@ def refused(libdir: str, name: str) -> str:
     except Exception as e:      # noqa: BLE001 - the message is the result
         return f"{type(e).__name__}: {e}"
     return ""
+
+
+def svcr_now(libdir: str) -> int:
+    return _lib(libdir).svcr()

@@ -499,13 +499,51 @@ def _allocate_q4_sve(spec: KernelSpec) -> Q4SveRegs:
         needs=needs, pred=tuple(range(1, nv + 1)))
 
 
+@dataclass(frozen=True)
+class Q4Sme2Regs(Q4SveRegs):
+    """SME2 int4 gemv: int32 sums in one ZA-array vector group (SDOT vgx<nv> by lane); the
+    unpacked nibbles of a k step's nv RHS vectors in two aligned multi-vector groups."""
+
+    lo_grp: tuple[int, ...] = ()
+    hi_grp: tuple[int, ...] = ()
+
+
+def _allocate_q4_sme2(spec: KernelSpec) -> Q4Sme2Regs:
+    nv = spec.nr
+    if spec.mr != 1 or spec.mr_vl:
+        raise SpecError(f"sme2 q4 kernels are gemv (ZA-array SDOT): mr must be 1, got "
+                        f"mr={spec.mr_str}")
+    if nv not in (2, 4):
+        raise SpecError(f"sme2 q4 gemv: nr must be 2vl or 4vl (SDOT vgx2/vgx4), got {spec.nr_str}")
+    if spec.L != 4:
+        raise SpecError(f"sme2 q4 gemv reads 4-byte groups (SDOT by lane): kr/sr must be 4, "
+                        f"got kr={spec.kr}, sr={spec.sr}")
+    if spec.family == "q4_0" and spec.sr != 2:
+        raise SpecError(f"the q4_0 RHS layout (qsi4c32pscalef16) needs sr=2, got sr={spec.sr}")
+    xp = _Pool("x", _X_ORDER, "general-purpose registers")
+    gpr = dict(zip(_Q4_SCALARS, xp.take(len(_Q4_SCALARS))))
+    lo, hi = tuple(xp.take(1)), tuple(xp.take(1))
+    facc = (tuple(range(20, 20 + nv)),)
+    return Q4Sme2Regs(
+        mode="za4", mr_reg=1, lhs_mr=1, groups=1, facc=facc, iacc=(), lhs=(0, 1), rhs=(7, 7),
+        mask=-1, scale=tuple(range(16, 16 + nv)), dl=(2,) if spec.family == "q4_0" else (),
+        tmp=(3, 5, 6), gpr=gpr, lo=lo, hi=hi,
+        saved_x=tuple(sorted(r for r in xp.used if r in _X_CALLEE_SAVED)),
+        saved_d=tuple(range(8, 16)),          # streaming mode clears the vector file
+        needs=VectorNeeds((("f32 accumulators", nv), ("LHS", 2), ("unpacked RHS", 2 * nv),
+                           ("column scales", nv), ("scratch", 3))),
+        pred=tuple(range(1, nv + 1)), lo_grp=tuple(range(8, 8 + nv)),
+        hi_grp=tuple(range(12, 12 + nv)))
+
+
 _ALLOCATORS = {("f32", "neon"): _allocate_f32_neon, ("f32", "sve"): _allocate_f32_sve,
                ("f32", "sme"): _allocate_f32_sme, ("f32", "sme2"): _allocate_f32_sme2,
                ("q4_0", "neon"): _allocate_q4_neon, ("q4_0_dx", "neon"): _allocate_q4_neon,
                ("q4_0", "dotprod"): _allocate_q4_neon, ("q4_0", "i8mm"): _allocate_q4_neon,
                ("q4_0_dx", "dotprod"): _allocate_q4_neon, ("q4_0_dx", "i8mm"): _allocate_q4_neon,
                ("q4_0", "sve_dotprod"): _allocate_q4_sve, ("q4_0", "sve_i8mm"): _allocate_q4_sve,
-               ("q4_0_dx", "sve_dotprod"): _allocate_q4_sve, ("q4_0_dx", "sve_i8mm"): _allocate_q4_sve}
+               ("q4_0_dx", "sve_dotprod"): _allocate_q4_sve, ("q4_0_dx", "sve_i8mm"): _allocate_q4_sve,
+               ("q4_0", "sme2"): _allocate_q4_sme2, ("q4_0_dx", "sme2"): _allocate_q4_sme2}
 
 
 def allocate(spec: KernelSpec):

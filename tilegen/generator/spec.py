@@ -34,12 +34,14 @@ class FamilyInfo:
 def _q4_family(name: str, lhs: str) -> FamilyInfo:
     """The int4 x int8 families share ISAs, suffixes and default interleave (kr, sr)."""
     return FamilyInfo(
-        name=name, isas=("neon", "dotprod", "i8mm", "sve_dotprod", "sve_i8mm"), lhs=lhs,
+        name=name, isas=("neon", "dotprod", "i8mm", "sve_dotprod", "sve_i8mm", "sme2"), lhs=lhs,
         rhs="qsi4c32p",
         op_suffix={"neon": "neon", "dotprod": "neon_dotprod", "i8mm": "neon_i8mm",
-                   "sve_dotprod": "sve_dotprod", "sve_i8mm": "sve_i8mm"},
-        default_kr={"neon": 8, "dotprod": 8, "i8mm": 16, "sve_dotprod": 8, "sve_i8mm": 16},
-        default_sr={"neon": 2, "dotprod": 2, "i8mm": 2, "sve_dotprod": 2, "sve_i8mm": 2},
+                   "sve_dotprod": "sve_dotprod", "sve_i8mm": "sve_i8mm", "sme2": "sme2_sdot"},
+        default_kr={"neon": 8, "dotprod": 8, "i8mm": 16, "sve_dotprod": 8, "sve_i8mm": 16,
+                    "sme2": 8},
+        default_sr={"neon": 2, "dotprod": 2, "i8mm": 2, "sve_dotprod": 2, "sve_i8mm": 2,
+                    "sme2": 2},
         quantized=True,
     )
 
@@ -206,7 +208,7 @@ class KernelSpec:
         """Kernel name, KleidiAI grammar:
         ``matmul_clamp_<dst>_<lhs>_<rhs>_<mr>x<nr>_<isa>_<op>``."""
         op = self.info.op_suffix[self.isa]
-        if self.isa == "sme2" and self.mr == 1 and not self.mr_vl:
+        if self.family == "f32" and self.isa == "sme2" and self.mr == 1 and not self.mr_vl:
             op = "sme2_mla"      # the gemv accumulates in the ZA array with FMLA, no outer product
         return (f"matmul_clamp_f32_{self.lhs_format}_{self.rhs_format}_"
                 f"{self.mr_str}x{self.nr_str}_{op}")
