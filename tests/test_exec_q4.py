@@ -45,10 +45,10 @@ def _lhs_rows(rng, m, k):
     return (rng.normal(size=(m, k)) * 3).astype(np.float32)   # "normal data" of issue #3
 
 
-def _pack(spec, rng, m, n, k, bl, nr=None):
-    """(lhs_packed, rhs_packed, exact reference, float reference inputs); ``nr``: the panel
-    width on the CPU for tiles in VL units."""
-    P = spec.lhs_mr
+def _pack(spec, rng, m, n, k, bl, nr=None, lhs_mr=None):
+    """(lhs_packed, rhs_packed, exact reference, float reference inputs); ``nr``/``lhs_mr``:
+    the panel width / LHS row-block height on the CPU for tiles in VL units."""
+    P = spec.lhs_mr if lhs_mr is None else lhs_mr
     nr = spec.nr if nr is None else nr
     x = _lhs_rows(rng, m, k)
     w = rng.normal(size=(n, k)).astype(np.float32)

@@ -231,3 +231,47 @@ def test_sme2_q4_refused_on_sme_only(q4_sme2_lib):
     msg = _sme_guest(256, isa_env="neon,sve,sve2,sme").call("guest_calls:refused", str(lib),
                                                              specs[0].name)
     assert "ArgumentError" in msg and "sme2" in msg
+
+
+# -- SME int4 gemm: SMOPA into int32 ZA tiles, folded per block into f32 ZA tiles ---------
+Q4_SME = [(f, t) for f in ("q4_0", "q4_0_dx") for t in ("1vlx2vl", "1vlx1vl")]
+
+
+@pytest.fixture(scope="module")
+def q4_sme_lib(tmp_path_factory):
+    out = tmp_path_factory.mktemp("q4sme")
+    specs = [tilegen.parse_spec(f"{f}:sme:{t}") for f, t in Q4_SME]
+    tilegen.build_library(specs, target="linux-aarch64-all", out_dir=out)
+    return out, specs
+
+
+@pytest.mark.parametrize("vl", VLS)
+def test_sme_q4_gemm_every_svl(vl, q4_sme_lib):
+    from test_exec_q4 import SENTINEL as Q4_SENTINEL, _pack, _shapes
+    lib, specs = q4_sme_lib
+    sess = _sme_guest(vl)
+    for spec in specs:
+        info = sess.call("guest_calls:vl_info", str(lib), spec.name)
+        mr, nr = vl // 32, spec.nr * vl // 32
+        assert info["runnable"] and (info["mr"], info["nr"]) == (mr, nr), (spec.name, info)
+        rng = np.random.default_rng(vl + sum(map(ord, spec.name)))
+        cases, refs = [], []
+        for i, (m, n, k, bl) in enumerate(_shapes(spec, rng, mr=mr, nr=nr)):
+            lhs, rhs, ref, x, deq, bias = _pack(spec, rng, m, n, k, bl, nr=nr, lhs_mr=mr)
+            free = ref(-3.4028234663852886e38, 3.4028234663852886e38)
+            cmin, cmax = -3.4028234663852886e38, 3.4028234663852886e38
+            if i % 2 and free.size > 1:
+                cmin, cmax = (float(np.float32(q)) for q in np.quantile(free, [0.15, 0.85]))
+            cases.append(dict(m=m, n=n, k=k, bl=bl, lhs_packed=lhs, rhs_packed=rhs,
+                              clamp_min=cmin, clamp_max=cmax, sentinel=Q4_SENTINEL))
+            refs.append(ref(cmin, cmax))
+        outs = sess.call("guest_calls:run_q4_cases", str(lib), spec.name, cases)
+        assert sess.call("guest_calls:svcr_now", str(lib)) == 0
+        for c, exact, out in zip(cases, refs, outs):
+            m, n, k = c["m"], c["n"], c["k"]
+            got = out[:m, :n]
+            assert (out[m:] == Q4_SENTINEL).all() and (out[:, n:] == Q4_SENTINEL).all(), spec.name
+            assert np.array_equal(got, exact), \
+                f"{spec.name} SVL={vl} m={m} n={n} k={k}: {np.sum(got != exact)} differ"
+    res = sess.call("guest_calls:check_abi_of", str(lib), [s.name for s in specs])
+    assert res == {s.name: [] for s in specs}

@@ -93,3 +93,20 @@ def test_comments_never_swallow_instructions(text):
     for line in tilegen.generate(tilegen.parse_spec(text)).splitlines():
         if "//" in line:
             assert line.strip().startswith("//"), line
+
+
+@pytest.mark.parametrize("text", ["f32:sme:2vlx2vl", "f32:sme2:1vlx4vl", "f32:sme2:1x4vl",
+                                  "q4_0:sme2:1x4vl", "q4_0:sme:1vlx2vl", "q4_0_dx:sme:1vlx1vl"])
+def test_sme_kernels_keep_za_index_registers_free(text):
+    """w8 (ZA-array vector select) and w12 (tile slice select) are the templates' own: the
+    allocator must not give x8/x12 a role, and only SVE/SME code may run in streaming mode."""
+    from tilegen.generator.regalloc import allocate
+    import re
+    spec = tilegen.parse_spec(text)
+    regs = allocate(spec)
+    assert not {8, 12} & set(regs.gpr.values()), regs.gpr
+    asm = tilegen.generate(spec)
+    body = asm[asm.index("smstart"):asm.index("smstop")]
+    # no Advanced SIMD register operand (v0.4s, q3, d1, s2 ...) between smstart and smstop
+    code = "\n".join(l.split("//")[0] for l in body.splitlines())
+    assert not re.search(r"\b(v\d+\.\d+[bhsd]|[qdsh]\d+)\b", code), text

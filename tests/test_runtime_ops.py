@@ -30,6 +30,8 @@ EXPECTED_Q4_0 = {   # (gemm, gemv) suffixes each CPU must select
     "neoverse-v1": ("_16x1vl_sve_i8mm", "qsi8d32p1x8_qsi4c32p1vlx8_1x1vl_sve_dotprod"),
     "neoverse-n2": ("_16x1vl_sve_i8mm", "qsi8d32p1x8_qsi4c32p1vlx8_1x1vl_sve_dotprod"),
     "max": ("_16x1vl_sve_i8mm", "qsi8d32p1x8_qsi4c32p1vlx8_1x1vl_sve_dotprod"),
+    "max-sme": ("qsi8d32p1vlx4_qsi4c32p2vlx4_1vlx2vl_sme_mopa",
+                "qsi8d32p1x4_qsi4c32p2vlx4_1x2vl_sme2_sdot"),
 }
 
 
@@ -47,7 +49,8 @@ def test_every_op_on_every_cpu(cpu, all_lib, tmp_path):
     g = guest(cpu, env=SME_ON if sme else None)
     picks = g.call("guest_calls:picks", str(all_lib))
     gemm, gemv = picks["q4_0"]
-    assert gemm.endswith(EXPECTED_Q4_0[cpu][0]) and gemv.endswith(EXPECTED_Q4_0[cpu][1]), picks
+    want = EXPECTED_Q4_0["max-sme" if sme else cpu]
+    assert gemm.endswith(want[0]) and gemv.endswith(want[1]), picks
     f32 = "sme" if sme else "sve" if cpu in ("neoverse-v1", "neoverse-n2", "a64fx", "max") else "neon"
     assert picks["f32"] == EXPECTED_F32[f32], picks
     rng = np.random.default_rng(len(cpu))
@@ -68,7 +71,7 @@ def test_every_op_on_every_cpu(cpu, all_lib, tmp_path):
     for o in r["outs"][1:]:
         assert np.array_equal(o, r["outs"][0])
     assert np.array_equal(r["reloaded"], r["outs"][0])
-    assert r["kernel"].endswith(EXPECTED_Q4_0[cpu][0]) and r["ws"] > 0
+    assert r["kernel"].endswith(want[0]) and r["ws"] > 0
     deq = gguf.quants.dequantize(quantize_q4_0(w), gguf.GGMLQuantizationType.Q4_0).reshape(n, k)
     f64 = x.reshape(-1, k).astype(np.float64) @ deq.astype(np.float64).T
     err = np.linalg.norm(r["outs"][0].reshape(-1, n) - f64) / np.linalg.norm(f64)
@@ -76,7 +79,7 @@ def test_every_op_on_every_cpu(cpu, all_lib, tmp_path):
     assert np.array_equal(r["rows"], deq[[3, 0, 44]])
     # m == 1 goes to the gemv kernel
     r1 = g.call("guest_calls:run_ops", str(all_lib), "q4_0", w, x[0, :1], (1,))
-    assert r1["kernel"].endswith(EXPECTED_Q4_0[cpu][1])
+    assert r1["kernel"].endswith(want[1])
     assert np.allclose(r1["outs"][0], r["outs"][0][0, :1], rtol=1e-5, atol=1e-4)
 
 

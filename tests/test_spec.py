@@ -42,7 +42,10 @@ def test_nr_must_be_multiple_of_4(nr):
 @pytest.mark.parametrize("kw,match", [
     (dict(family="f64", isa="neon", mr=1, nr=4), "unknown family"),
     (dict(family="f32", isa="avx", mr=1, nr=4), "unknown isa"),
-    (dict(family="q4_0", isa="sme", mr=1, nr=4), "no template"),
+    (dict(family="q4_0", isa="sve", mr=1, nr=4), "no template"),
+    (dict(family="q4_0", isa="sme", mr=2, nr=2, mr_vl=True, nr_vl=True), "1vlx1vl or 1vlx2vl"),
+    (dict(family="q4_0", isa="sme2", mr=4, nr=4, nr_vl=True), "gemv"),
+    (dict(family="q4_0_dx", isa="sve_i8mm", mr=6, nr=1, nr_vl=True), "multiple of 4"),
     (dict(family="f32", isa="sme", mr=1, nr=4), "give nr in VL units"),
     (dict(family="f32", isa="neon", mr=1, nr=4, nr_vl=True), "fixed length"),
     (dict(family="f32", isa="sve", mr=9, nr=2, nr_vl=True), "z0-z7"),

@@ -66,7 +66,7 @@ def kernel_entry(spec: KernelSpec, symbol: str) -> dict:
         "features": list(spec.features),
         "lhs_format": spec.lhs_format,
         "rhs_format": spec.rhs_format,
-        "lhs_mr": spec.lhs_mr,
+        "lhs_mr": spec.mr_str if spec.mr_vl and spec.info.quantized else spec.lhs_mr,
         "symbol": symbol,
         "signature": prototype(spec.family, spec.name),
         "params": [{"name": p.name, "ctype": p.ctype} for p in signature(spec.family)],

@@ -69,6 +69,8 @@ DEFAULT_KERNELS: tuple[str, ...] = (
     "q4_0:sve_i8mm:16x1vl", "q4_0:sve_dotprod:1x1vl:k16:s2",
     "q4_0:sve_dotprod:8x1vl", "q4_0:sve_dotprod:1x1vl",
     "q4_0_dx:sve_i8mm:8x1vl", "q4_0_dx:sve_dotprod:1x1vl:k16:s2",
+    # SME: SMOPA gemm + SME2 ZA-array SDOT gemv on one packed RHS (opt-in at run time)
+    "q4_0:sme:1vlx2vl", "q4_0:sme2:1x2vl", "q4_0_dx:sme:1vlx2vl", "q4_0_dx:sme2:1x2vl",
     "q4_0:i8mm:16x4", "q4_0:dotprod:1x4:k16:s2",
     "q4_0:dotprod:16x4", "q4_0:dotprod:1x4",
     "q4_0:neon:4x4", "q4_0:neon:1x4",

@@ -165,7 +165,7 @@ class PackerSpec:
 
 def packer_for(spec) -> PackerSpec | None:
     """The LHS packer a q4 kernel spec needs (None for unpacked-LHS families)."""
-    if not spec.info.quantized:
+    if not spec.info.quantized or spec.mr_vl:   # VL-row blocks: packed by the numpy layout
         return None
     return PackerSpec(spec.info.lhs, spec.lhs_mr, spec.kr, spec.sr)
 

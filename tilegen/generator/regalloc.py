@@ -19,6 +19,9 @@ _V_CALLEE_SAVED = frozenset(range(8, 16))          # low 64 bits (d8-d15) are ca
 # x0-x7 carry arguments, x18 is the platform register (macOS), x29/x30 frame/link.
 _X_ORDER = list(range(8, 18)) + list(range(19, 29))
 _X_CALLEE_SAVED = frozenset(range(19, 29))
+# SME templates index ZA with w8 (ZA-array vector select) and w12 (tile slice select): the
+# allocator keeps those two out of the pool.
+_SME_X_ORDER = [r for r in _X_ORDER if r not in (8, 12)]
 
 
 @dataclass(frozen=True)
@@ -348,7 +351,7 @@ def _allocate_f32_sme(spec: KernelSpec) -> SmeF32Regs:
                         f"{spec.nr_str} has a group of 3")
     lhs = tuple(tuple(range(a, a + mu)) for a, _ in _SME_SETS)
     rhs = tuple(tuple(range(b, b + nu)) for _, b in _SME_SETS)
-    xp = _Pool("x", _X_ORDER, "general-purpose registers")
+    xp = _Pool("x", _SME_X_ORDER, "general-purpose registers")
     gpr = dict(zip(_SME_SCALARS, xp.take(len(_SME_SCALARS))))
     needs = VectorNeeds((("LHS", 2 * mu), ("RHS", 2 * nu), ("clamp", 2), ("store", nu)))
     return SmeF32Regs(
@@ -384,7 +387,7 @@ def _allocate_f32_sme2_gemv(spec: KernelSpec) -> Sme2GemvRegs:
     if spec.kr != 1 or spec.sr != 1:
         raise SpecError(f"the f32 family reads f32p panels: kr and sr must be 1 "
                         f"(got kr={spec.kr}, sr={spec.sr})")
-    xp = _Pool("x", _X_ORDER, "general-purpose registers")
+    xp = _Pool("x", _SME_X_ORDER, "general-purpose registers")
     gpr = dict(zip(_SME2_GEMV_SCALARS, xp.take(len(_SME2_GEMV_SCALARS))))
     # the single-vector operand of multi-vector FMLA must be one of z0-z15
     return Sme2GemvRegs(rhs=(tuple(range(0, nu)), tuple(range(16, 16 + nu))), lhs=(4, 5),
@@ -520,7 +523,7 @@ def _allocate_q4_sme2(spec: KernelSpec) -> Q4Sme2Regs:
                         f"got kr={spec.kr}, sr={spec.sr}")
     if spec.family == "q4_0" and spec.sr != 2:
         raise SpecError(f"the q4_0 RHS layout (qsi4c32pscalef16) needs sr=2, got sr={spec.sr}")
-    xp = _Pool("x", _X_ORDER, "general-purpose registers")
+    xp = _Pool("x", _SME_X_ORDER, "general-purpose registers")
     gpr = dict(zip(_Q4_SCALARS, xp.take(len(_Q4_SCALARS))))
     lo, hi = tuple(xp.take(1)), tuple(xp.take(1))
     facc = (tuple(range(20, 20 + nv)),)
@@ -536,6 +539,53 @@ def _allocate_q4_sme2(spec: KernelSpec) -> Q4Sme2Regs:
         hi_grp=tuple(range(12, 12 + nv)))
 
 
+@dataclass(frozen=True)
+class Q4SmeRegs(_Frame):
+    """SME int4 x int8 outer products: 1vl x nu vl tile; ZA tiles 0..nu-1 hold the block's
+    int32 sums (SMOPA), tiles nu..2nu-1 the f32 accumulators (updated per block, one row
+    slice at a time)."""
+
+    nu: int
+    lhs: tuple[int, int]                 # LHS 4-byte groups of every row: low / high nibble halves
+    rhs: tuple[int, int]                 # unpacked RHS: low / high nibbles
+    scale: tuple[int, ...]               # column scales per column vector (f32)
+    dl: int                              # row scale broadcast (q4_0)
+    acc: int                             # one f32 row slice
+    tmp: tuple[int, ...]
+    clamp: tuple[int, int]
+    row_vals: tuple[int, int]            # dx epilogue: row offset, row scale (broadcast)
+    col_vals: tuple[int, int]            # dx epilogue: rsum, bias of one column vector
+    gpr: dict[str, int] = field(hash=False)
+    saved_x: tuple[int, ...] = ()
+    saved_d: tuple[int, ...] = tuple(range(8, 16))
+    needs: VectorNeeds = VectorNeeds(())
+
+
+_Q4_SME_SCALARS = ("n_rem", "rhs_ptr", "dst_tile", "dst_row", "blk_cnt", "chunk_cnt", "nchunks",
+                   "hioff", "lhs_rbs", "dst_blk_stride", "nblocks", "tmp", "lo", "hi", "dlp",
+                   "vlw", "rows", "colp")
+
+
+def _allocate_q4_sme(spec: KernelSpec) -> Q4SmeRegs:
+    if not (spec.mr_vl and spec.nr_vl) or spec.mr != 1 or spec.nr not in (1, 2):
+        raise SpecError(f"sme q4 outer-product tiles are 1vlx1vl or 1vlx2vl (int32 sums and f32 "
+                        f"accumulators share the four ZA tiles), got {spec.mr_str}x{spec.nr_str}")
+    if spec.L != 4:
+        raise SpecError(f"SMOPA reads 4-byte groups: kr/sr must be 4, got kr={spec.kr}, "
+                        f"sr={spec.sr}")
+    if spec.family == "q4_0" and spec.sr != 2:
+        raise SpecError(f"the q4_0 RHS layout (qsi4c32pscalef16) needs sr=2, got sr={spec.sr}")
+    nu = spec.nr
+    xp = _Pool("x", _SME_X_ORDER, "general-purpose registers")
+    gpr = dict(zip(_Q4_SME_SCALARS, xp.take(len(_Q4_SME_SCALARS))))
+    return Q4SmeRegs(
+        nu=nu, lhs=(0, 1), rhs=(2, 3), scale=tuple(range(4, 4 + nu)), dl=6, acc=7,
+        tmp=(16, 17, 18), clamp=(19, 20), row_vals=(21, 22), col_vals=(23, 24), gpr=gpr,
+        saved_x=tuple(sorted(r for r in xp.used if r in _X_CALLEE_SAVED)),
+        needs=VectorNeeds((("LHS", 2), ("RHS", 2), ("column scales", nu), ("row", 2),
+                           ("scratch", 3), ("clamp", 2), ("epilogue", 4))))
+
+
 _ALLOCATORS = {("f32", "neon"): _allocate_f32_neon, ("f32", "sve"): _allocate_f32_sve,
                ("f32", "sme"): _allocate_f32_sme, ("f32", "sme2"): _allocate_f32_sme2,
                ("q4_0", "neon"): _allocate_q4_neon, ("q4_0_dx", "neon"): _allocate_q4_neon,
@@ -543,7 +593,8 @@ _ALLOCATORS = {("f32", "neon"): _allocate_f32_neon, ("f32", "sve"): _allocate_f3
                ("q4_0_dx", "dotprod"): _allocate_q4_neon, ("q4_0_dx", "i8mm"): _allocate_q4_neon,
                ("q4_0", "sve_dotprod"): _allocate_q4_sve, ("q4_0", "sve_i8mm"): _allocate_q4_sve,
                ("q4_0_dx", "sve_dotprod"): _allocate_q4_sve, ("q4_0_dx", "sve_i8mm"): _allocate_q4_sve,
-               ("q4_0", "sme2"): _allocate_q4_sme2, ("q4_0_dx", "sme2"): _allocate_q4_sme2}
+               ("q4_0", "sme2"): _allocate_q4_sme2, ("q4_0_dx", "sme2"): _allocate_q4_sme2,
+               ("q4_0", "sme"): _allocate_q4_sme, ("q4_0_dx", "sme"): _allocate_q4_sme}
 
 
 def allocate(spec: KernelSpec):

@@ -65,7 +65,8 @@ def save_plan(regs) -> list[tuple[tuple[str, ...], int]]:
 
 # family/ISA pairs served by another ISA's template (SME2 adds multi-vector forms to SME's)
 _SHARED_TEMPLATES = {("f32", "sme2"): "f32_sme", **{(f, i): "q4_sve" for f in ("q4_0", "q4_0_dx")
-                                                    for i in ("sve_dotprod", "sve_i8mm", "sme2")}}
+                                                    for i in ("sve_dotprod", "sve_i8mm", "sme2")},
+                     ("q4_0", "sme"): "q4_sme", ("q4_0_dx", "sme"): "q4_sme"}
 
 
 def _template_name(spec: KernelSpec) -> str:

@@ -34,14 +34,15 @@ class FamilyInfo:
 def _q4_family(name: str, lhs: str) -> FamilyInfo:
     """The int4 x int8 families share ISAs, suffixes and default interleave (kr, sr)."""
     return FamilyInfo(
-        name=name, isas=("neon", "dotprod", "i8mm", "sve_dotprod", "sve_i8mm", "sme2"), lhs=lhs,
-        rhs="qsi4c32p",
+        name=name, isas=("neon", "dotprod", "i8mm", "sve_dotprod", "sve_i8mm", "sme", "sme2"),
+        lhs=lhs, rhs="qsi4c32p",
         op_suffix={"neon": "neon", "dotprod": "neon_dotprod", "i8mm": "neon_i8mm",
-                   "sve_dotprod": "sve_dotprod", "sve_i8mm": "sve_i8mm", "sme2": "sme2_sdot"},
+                   "sve_dotprod": "sve_dotprod", "sve_i8mm": "sve_i8mm", "sme": "sme_mopa",
+                   "sme2": "sme2_sdot"},
         default_kr={"neon": 8, "dotprod": 8, "i8mm": 16, "sve_dotprod": 8, "sve_i8mm": 16,
-                    "sme2": 8},
+                    "sme": 8, "sme2": 8},
         default_sr={"neon": 2, "dotprod": 2, "i8mm": 2, "sve_dotprod": 2, "sve_i8mm": 2,
-                    "sme2": 2},
+                    "sme": 2, "sme2": 2},
         quantized=True,
     )
 
@@ -184,17 +185,27 @@ class KernelSpec:
 
     @property
     def lhs_mr(self) -> int:
-        """Rows interleaved in one packed LHS row block (1 for gemv tiles, else 4)."""
+        """Rows interleaved in one packed LHS row block (1 for gemv tiles, else 4; tiles with
+        mr in VL units: mr itself, in VL units -- see :meth:`lhs_mr_at`)."""
         if not self.info.quantized:
             return self.mr if self.packs_f32_lhs else 1
+        if self.mr_vl:
+            return self.mr
         return 1 if self.mr == 1 else 4
+
+    def lhs_mr_at(self, vl_bytes: int | None = None) -> int:
+        """Rows of one packed LHS row block on a CPU with this vector length."""
+        if self.mr_vl:
+            return self.mr_at(vl_bytes)
+        return self.lhs_mr
 
     @property
     def lhs_format(self) -> str:
         """Packed LHS format name, e.g. ``qsi8d32p4x8`` (``f32`` when unpacked)."""
         if not self.info.quantized:
             return f"f32p{self.mr_str}x1" if self.packs_f32_lhs else self.info.lhs
-        return f"{self.info.lhs}{self.lhs_mr}x{self.L}"
+        mr = self.mr_str if self.mr_vl else self.lhs_mr
+        return f"{self.info.lhs}{mr}x{self.L}"
 
     @property
     def rhs_format(self) -> str:

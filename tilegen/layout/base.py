@@ -53,6 +53,14 @@ def rhs_layout_for(spec, bl: int = 32, vl: int | None = None):
     raise LayoutError(f"no RHS layout for family {spec.family!r}")
 
 
+def _lhs_mr(spec, vl: int | None) -> int:
+    from ..generator.spec import SpecError
+    try:
+        return spec.lhs_mr_at(vl)
+    except SpecError as e:
+        raise LayoutError(str(e)) from None
+
+
 @lru_cache(maxsize=1024)
 def lhs_layout_for(spec, bl: int = 32, vl: int | None = None):
     """The packed-LHS layout object a kernel spec reads (None: unpacked f32 rows)."""
@@ -63,8 +71,8 @@ def lhs_layout_for(spec, bl: int = 32, vl: int | None = None):
         return F32PackedLHS(mr=_dims(spec, vl)[0])
     if spec.family == "q4_0":
         from .q4 import QSI8D32P
-        return QSI8D32P(mr=spec.lhs_mr, kr=spec.kr, sr=spec.sr, bl=bl)
+        return QSI8D32P(mr=_lhs_mr(spec, vl), kr=spec.kr, sr=spec.sr, bl=bl)
     if spec.family == "q4_0_dx":
         from .q4 import QAI8DXP
-        return QAI8DXP(mr=spec.lhs_mr, kr=spec.kr, sr=spec.sr)
+        return QAI8DXP(mr=_lhs_mr(spec, vl), kr=spec.kr, sr=spec.sr)
     return None

@@ -697,7 +697,7 @@ class Library:
         else:   # quantise + pack the activations, split over m in multiples of m_step
             lhs = np.zeros(kern.lhs_packed_size(m, k, bl), np.uint8)
             lay = kern.lhs_layout(bl)
-            neon = self.packer(kern.spec.info.lhs, kern.spec.lhs_mr, kern.kr, kern.sr)
+            neon = self.packer(kern.spec.info.lhs, lay.mr, kern.kr, kern.sr)
 
             def pack_part(m0, m1):    # m0 is a multiple of m_step (and so of the LHS mr)
                 off = lay.packed_offset(m0, k)
