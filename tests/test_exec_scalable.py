@@ -275,3 +275,56 @@ def test_sme_q4_gemm_every_svl(vl, q4_sme_lib):
                 f"{spec.name} SVL={vl} m={m} n={n} k={k}: {np.sum(got != exact)} differ"
     res = sess.call("guest_calls:check_abi_of", str(lib), [s.name for s in specs])
     assert res == {s.name: [] for s in specs}
+
+
+# -- KleidiAI golden vectors through the scalable kernels at VL 128 -----------------------
+# At 128 bits one VL unit is 4 f32 lanes, so 1vl / 4vl panels are the vectors' nr=4 / nr=16
+# layouts byte for byte: the SVE kernels must reproduce KleidiAI's dst exactly.
+def _golden_cases():
+    from pathlib import Path
+    vec = Path(__file__).resolve().parents[2] / "shared" / "vectors"
+    table = {"qai8dxp4x8_qsi4c32p4x8": "q4_0_dx:sve_i8mm:8x1vl",
+             "qsi8d32p4x8_qsi4c32p4x8": "q4_0:sve_i8mm:16x1vl",
+             "qsi8d32p1x8_qsi4c32p4x8": "q4_0:sve_dotprod:1x1vl:k16",
+             "qai8dxp1x4_qsi4c32p4x4": "q4_0_dx:sve_dotprod:1x1vl",
+             "f32_f32p16x1b": "f32:sve:6x4vl"}
+    out = []
+    for f in sorted(vec.glob("*.npz")):
+        if not (f.name.startswith("matmul_clamp_f32_") or f.name.startswith("qsi8d32p_mm_")):
+            continue
+        hit = [s for key, s in table.items() if key in f.name]
+        if hit:
+            out.append((f, hit[0]))
+    return out
+
+
+GOLDEN = _golden_cases()
+
+
+def test_golden_vectors_cover_every_format():
+    assert len(GOLDEN) == 12 and len({s for _, s in GOLDEN}) == 5   # 2 f32 + 10 q4 vectors
+
+
+@pytest.mark.parametrize("path,text", GOLDEN, ids=[p.stem for p, _ in GOLDEN])
+def test_sve_kernels_reproduce_kleidiai_vectors(path, text, tmp_path):
+    z = np.load(path)
+    spec = tilegen.parse_spec(text)
+    lib = tmp_path / "lib"
+    tilegen.build_library([spec], target="linux-aarch64-all", out_dir=lib)
+    sess = guest("max", sve_vl=128)
+    m, n, k = (int(z[x]) for x in ("m", "n", "k"))
+    if spec.family == "f32":
+        sent = np.float32(-12345.5)
+        case = dict(m=m, n=n, k=k, lhs_base=np.ascontiguousarray(z["lhs"]).reshape(m, -1),
+                    packed=z["rhs_packed"], dst_base=np.full((m + 2, n + 3), sent, np.float32),
+                    clamp_min=float(z["clamp_min"]), clamp_max=float(z["clamp_max"]))
+        out = sess.call("guest_calls:run_scalable_cases", str(lib), spec.name, [case])["outs"][0]
+    else:
+        sent = np.float32(-4242.25)
+        case = dict(m=m, n=n, k=k, bl=int(z["bl"]), lhs_packed=z["lhs_packed"],
+                    rhs_packed=z["rhs_packed"], clamp_min=float(z["clamp_min"]),
+                    clamp_max=float(z["clamp_max"]), sentinel=sent)
+        out = sess.call("guest_calls:run_q4_cases", str(lib), spec.name, [case])[0]
+    got = out[:m, :n]
+    assert np.array_equal(got, z["dst"].reshape(m, n)), f"{np.sum(got != z['dst'].reshape(m, n))} differ"
+    assert (out[m:] == sent).all() and (out[:, n:] == sent).all()
