@@ -150,12 +150,15 @@ def guarded_f32_cases(libdir: str, name: str, cases: list[dict], placements=("en
         m, n, k = c["m"], c["n"], c["k"]
         res = []
         for at in placements:
-            lhs, _, _ = _strided_f32(m, k, c["lhs_stride"], at, 0, np.nan)
-            lhs[:] = c["lhs"]
+            if kern.spec.packs_f32_lhs:     # SME outer products: the packed LHS is guarded
+                lhs = _bytes_at(kern.lhs_layout().pack(c["lhs"]), kern.lhs_packed_size(m, k), at)
+            else:
+                lhs, _, _ = _strided_f32(m, k, c["lhs_stride"], at, 0, np.nan)
+                lhs[:] = c["lhs"]
             rhs = _bytes_at(c["packed"], kern.rhs_packed_size(n, k), at)
             dst, region, off = _strided_f32(m, n, c["dst_stride"], at, c["dst_stride"],
                                             c["sentinel"])
-            kern(lhs, rhs, dst, c["clamp_min"], c["clamp_max"])
+            kern(lhs, rhs, dst, c["clamp_min"], c["clamp_max"], k=k)
             res.append((region.copy(), off))
         out.append(res)
     return out

@@ -135,3 +135,76 @@ def test_library_packers_with_guard_pages(fmt, mr, kr, sr, q4_lib):
         ref = tilegen.pack_lhs(fmt, c["x"], mr=mr, kr=kr, sr=sr, bl=32, m_idx_start=c["m_idx_start"])
         for j in range(2):
             assert np.array_equal(outs[2 * i + j], ref), (fmt, c["x"].shape, j)
+
+
+# -- scalable kernels (tiles in VL units) at a wide vector length --------------------------
+SCALABLE_F32 = ("f32:sve:6x4vl", "f32:sve:1x8vl", "f32:sve:3x8vl", "f32:sme:2vlx2vl",
+                "f32:sme2:1vlx4vl", "f32:sme2:1x4vl")
+SCALABLE_Q4 = ("q4_0:sve_i8mm:16x1vl", "q4_0:sve_dotprod:1x1vl:k16", "q4_0_dx:sve_dotprod:8x1vl",
+               "q4_0:sme:1vlx2vl", "q4_0_dx:sme:1vlx1vl", "q4_0:sme2:1x2vl", "q4_0_dx:sme2:1x4vl")
+
+
+@pytest.fixture(scope="module")
+def scalable_lib(tmp_path_factory):
+    import tilegen
+    out = tmp_path_factory.mktemp("guard_scalable")
+    tilegen.build_library(list(SCALABLE_F32 + SCALABLE_Q4), target="linux-aarch64-all", out_dir=out)
+    return out
+
+
+def _scalable_guest(vl):
+    from conftest import SME_ON
+    return guest("max", vl, vl, SME_ON)
+
+
+@pytest.mark.parametrize("text", SCALABLE_F32)
+def test_scalable_f32_guard_pages(text, scalable_lib):
+    import tilegen
+    spec = tilegen.parse_spec(text)
+    g = _scalable_guest(512)
+    info = g.call("guest_calls:vl_info", str(scalable_lib), spec.name)
+    mr, nr = info["mr"], info["nr"]
+    rng = np.random.default_rng(sum(map(ord, "guard" + text)))
+    cases, refs = [], []
+    for i, (m, n, k) in enumerate(_f32_shapes(mr, nr, rng)[::2]):
+        lhs = (rng.normal(size=(m, k)) * 2).astype(np.float32)
+        w = (rng.normal(size=(n, k)) * 2).astype(np.float32)
+        bias = rng.normal(size=n).astype(np.float32)
+        cmin, cmax = _clamps(i, matmul_f32(lhs, w, bias, -np.inf, np.inf))
+        cases.append(dict(m=m, n=n, k=k, lhs=lhs, packed=F32PackedRHS(nr).pack(w, bias=bias),
+                          lhs_stride=k + (0, 1, 3, 5)[i % 4], dst_stride=n + (0, 2, 1, 3)[i % 4],
+                          clamp_min=cmin, clamp_max=cmax, sentinel=SENTINEL))
+        refs.append(matmul_f32(lhs, w, bias, cmin, cmax))
+    outs = g.call("guest_pack:guarded_f32_cases", str(scalable_lib), spec.name, cases, PLACEMENTS)
+    for c, exact, res in zip(cases, refs, outs):
+        for at, (region, off) in zip(PLACEMENTS, res):
+            what = f"{spec.name} VL=512 m={c['m']} n={c['n']} k={c['k']} guard at {at}"
+            got = _check_dst(region, off, c["m"], c["n"], c["dst_stride"], what)
+            assert np.array_equal(got.view(np.uint32), exact.view(np.uint32)), what
+
+
+@pytest.mark.parametrize("text", SCALABLE_Q4)
+def test_scalable_q4_guard_pages(text, scalable_lib):
+    import tilegen
+    spec = tilegen.parse_spec(text)
+    g = _scalable_guest(512)
+    info = g.call("guest_calls:vl_info", str(scalable_lib), spec.name)
+    mr, nr = info["mr"], info["nr"]
+    lhs_mr = mr if spec.mr_vl else spec.lhs_mr
+    rng = np.random.default_rng(sum(map(ord, "guard" + text)))
+    cases, refs = [], []
+    for i, (m, n, k) in enumerate(_q4_shapes(spec, rng)):
+        m = min(m, 2 * mr + 3) if spec.mr_vl else m
+        n = 1 + (n * nr) // (4 * spec.nr) if spec.nr_vl else n      # scale to the VL panel
+        lhs, rhs, ref, *_ = _pack(spec, rng, m, n, k, 32, nr=nr, lhs_mr=lhs_mr)
+        cmin, cmax = _clamps(i, ref(-FLT_MAX, FLT_MAX))
+        cases.append(dict(m=m, n=n, k=k, bl=32, lhs_packed=lhs, rhs_packed=rhs,
+                          dst_stride=n + (0, 1, 2, 3)[i % 4], clamp_min=cmin, clamp_max=cmax,
+                          sentinel=SENTINEL))
+        refs.append(ref(cmin, cmax))
+    outs = g.call("guest_pack:guarded_q4_cases", str(scalable_lib), spec.name, cases, PLACEMENTS)
+    for c, exact, res in zip(cases, refs, outs):
+        for at, (region, off) in zip(PLACEMENTS, res):
+            what = f"{spec.name} VL=512 m={c['m']} n={c['n']} k={c['k']} guard at {at}"
+            got = _check_dst(region, off, c["m"], c["n"], c["dst_stride"], what)
+            assert np.array_equal(got.view(np.uint32), exact.view(np.uint32)), what
