@@ -106,3 +106,61 @@ def test_fuzz_thread_counts(all_lib, kind, m, n, kb, threads, cpu, seed):
     x = rng.normal(size=(m, 32 * kb)).astype(np.float32)
     one, many = guest(cpu).call("guest_calls:matmul_threads", str(all_lib), w, x, kind, (1, threads))
     assert np.array_equal(one, many)
+
+
+# -- scalable kernels: random vector length, tile, shape, clamp -----------------------------
+SCALABLE_EXAMPLES = max(EXAMPLES // 5, 20)
+SCAL_SPECS = ("f32:sve:6x4vl", "f32:sve:1x8vl", "f32:sve:3x1vl", "f32:sme:2vlx2vl",
+              "f32:sme2:1vlx4vl", "f32:sme2:4vlx1vl", "f32:sme2:1x2vl")
+VLS = (128, 256, 512, 1024, 2048)
+
+
+@st.composite
+def scalable_cases(draw):
+    import tilegen
+    spec = tilegen.parse_spec(draw(st.sampled_from(SCAL_SPECS)))
+    vl = draw(st.sampled_from(VLS))
+    mr, nr = spec.mr_at(vl // 8), spec.nr_at(vl // 8)
+    return dict(spec=spec, vl=vl, m=draw(st.integers(1, 2 * mr + 1)),
+                n=draw(st.integers(1, 2 * nr + 1)), k=draw(st.integers(1, 24)),
+                lpad=draw(st.integers(0, 3)), dpad=draw(st.integers(0, 3)),
+                clamp=draw(st.one_of(st.none(), st.tuples(st.floats(-3, 0, width=32),
+                                                          st.floats(0, 3, width=32)))),
+                seed=draw(st.integers(0, 2**31)))
+
+
+def _scalable_fuzz_lib():
+    import tempfile
+    import tilegen
+    global _SCAL_LIB
+    if _SCAL_LIB is None:
+        _SCAL_LIB = tempfile.mkdtemp(prefix="tilegen-fuzz-scal-")
+        tilegen.build_library(list(SCAL_SPECS), target="linux-aarch64-all", out_dir=_SCAL_LIB)
+    return _SCAL_LIB
+
+
+_SCAL_LIB = None
+
+
+@settings(FUZZ, max_examples=SCALABLE_EXAMPLES)
+@given(c=scalable_cases())
+def test_fuzz_scalable_f32(c):
+    from conftest import SME_ON
+    spec, vl = c["spec"], c["vl"]
+    m, n, k = c["m"], c["n"], c["k"]
+    nr = spec.nr_at(vl // 8)
+    rng = np.random.default_rng(c["seed"])
+    lhs_base = rng.normal(size=(m, k + c["lpad"])).astype(np.float32)
+    w = rng.normal(size=(n, k)).astype(np.float32)
+    b = rng.normal(size=n).astype(np.float32)
+    cmin, cmax = c["clamp"] or (-3.4e38, 3.4e38)
+    case = dict(m=m, n=n, k=k, lhs_base=lhs_base, packed=F32PackedRHS(nr).pack(w, bias=b),
+                dst_base=np.full((m + 1, n + c["dpad"]), SENT, np.float32),
+                clamp_min=float(cmin), clamp_max=float(cmax))
+    sme = spec.isa.startswith("sme")
+    g = guest("max", None if sme else vl, vl if sme else None, SME_ON if sme else None)
+    res = g.call("guest_calls:run_scalable_cases", _scalable_fuzz_lib(), spec.name, [case])
+    out = res["outs"][0]
+    assert res["svcr"] == [0]
+    assert np.array_equal(out[:m, :n], matmul_f32(lhs_base[:, :k], w, b, cmin, cmax)), (spec.name, vl)
+    assert (out[m:] == SENT).all() and (out[:, n:] == SENT).all()
