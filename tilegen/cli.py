@@ -73,8 +73,12 @@ def _cmd_info(a: argparse.Namespace) -> int:
         from .runtime import load
         from .runtime.select import KIND_FAMILY
         lib = load(a.lib)
+        if lib.vl_bytes:
+            print("vector lengths read through the library: " + ", ".join(
+                f"{kind.upper()} {8 * b} bits" for kind, b in sorted(lib.vl_bytes.items())))
         for k in lib.kernels.values():
-            print(f"  {'ok  ' if lib.runnable(k) else 'no  '}{k.name}")
+            tile = f" ({k.mr}x{k.nr} here)" if k.spec.vl_scaled and lib.runnable(k) else ""
+            print(f"  {'ok  ' if lib.runnable(k) else 'no  '}{k.name}{tile}")
         for kind in KIND_FAMILY:
             try:
                 pair = lib._pairs(kind)[0]

@@ -447,6 +447,10 @@ class Library:
                 if fn is None:
                     continue      # library built before VL-scaled kernels existed
                 vls[kind] = int(fn())
+                os_bits = self.cpu.sve_vl if kind == "sve" else self.cpu.sme_vl
+                if os_bits is not None and os_bits != 8 * vls[kind]:
+                    raise LoadError(f"{kind.upper()} vector length: the library reads "
+                                    f"{8 * vls[kind]} bits, the OS reports {os_bits}")
         return vls
 
     def svcr(self) -> int:
