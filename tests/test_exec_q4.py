@@ -18,7 +18,8 @@ Q4_CPUS = ("cortex-a53", "neoverse-n1", "neoverse-v1", "neoverse-n2", "max")
 CPU_FEATURES = {"cortex-a53": {"neon"}, "neoverse-n1": {"neon", "dotprod"}}   # others: all three
 # (isa, tile, kr): the tiles of issue #3, plus 1x16 (a gemv tile KleidiAI does not ship)
 Q4_TILES = (("dotprod", "1x4", 8), ("dotprod", "1x8", 16), ("dotprod", "4x8", 8),
-            ("dotprod", "16x4", 8), ("i8mm", "4x8", 16), ("i8mm", "8x4", 16),
+            ("dotprod", "16x4", 8), ("dotprod", "12x4", 8), ("dotprod", "24x4", 8),
+            ("i8mm", "4x8", 16), ("i8mm", "8x4", 16),
             ("i8mm", "16x4", 16), ("dotprod", "1x16", 8),
             ("dotprod", "1x4", 16),   # llama.cpp's gemv partner of the i8mm 16x4 gemm
             ("neon", "1x4", 8), ("neon", "4x4", 8))   # plain-NEON fallback (SMULL/SADALP)

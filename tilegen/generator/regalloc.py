@@ -134,7 +134,7 @@ class Q4NeonRegs(_Frame):
     facc: tuple[tuple[int, ...], ...]      # facc[row][vec]: f32 results, 4 columns per vector
     iacc: tuple                            # dot4: [row][vec]; dot8: [pair]; mm: [group][row pair][col pair]
     lhs: tuple[int, ...]
-    rhs: tuple[int, ...]                   # unpacked low / high nibbles of one RHS vector
+    rhs: tuple[int, ...]                   # unpacked (low, high) nibbles of RHS vectors, in pairs
     mask: int                              # 0xF0 in every byte
     scale: tuple[int, ...]                 # per-column block scales (f32), nr/4 vectors
     dl: tuple[int, ...]                    # per-group LHS block scales (q4_0 family)
@@ -142,6 +142,7 @@ class Q4NeonRegs(_Frame):
     gpr: dict[str, int] = field(hash=False)
     lo: tuple[int, ...] = ()               # per-group pointer to the low-nibble LHS half
     hi: tuple[int, ...] = ()               # per-group pointer to the high-nibble LHS half
+    streamed: bool = False                 # LHS streamed per row block, block-end regs reused
     saved_x: tuple[int, ...] = ()
     saved_d: tuple[int, ...] = ()
     needs: VectorNeeds = VectorNeeds(())
@@ -153,7 +154,7 @@ class Q4NeonRegs(_Frame):
 
 
 _Q4_SCALARS = ("n_rem", "rhs_ptr", "dst_tile", "dst_row", "blk_cnt", "chunk_cnt", "nchunks",
-               "hioff", "lhs_rbs", "lhs_blk_stride", "dst_blk_stride", "nblocks", "tmp")
+               "hioff", "lhs_rbs", "lhs_blk_stride", "dst_blk_stride", "nblocks", "tmp", "blk_base")
 
 
 def _q4_mode(spec: KernelSpec) -> str:
@@ -178,14 +179,32 @@ def _q4_mode(spec: KernelSpec) -> str:
     raise SpecError(f"no q4 kernel for isa {spec.isa!r}")
 
 
+def _q4_streamed(mode: str, P: int) -> bool:
+    """Multi-row tiles (SDOT by lane over 4-row LHS blocks, SMMLA) stream the LHS: a segment's
+    RHS registers are unpacked once, then each row block's LHS is loaded into the same few
+    registers (renaming keeps the blocks independent).  The block scales, the scratch vectors
+    and the conversion reuse the hot loop's LHS/RHS registers once the chunk loop is done."""
+    return mode == "mm" or (mode == "dot4" and P == 4)
+
+
 def _q4_vector_needs(spec: KernelSpec, mode: str, mr_reg: int, P: int) -> VectorNeeds:
     G, nv = mr_reg // P, spec.nr // 4
     iacc = {"dot4": mr_reg * nv, "dot8": 2 * nv, "mm": mr_reg * nv, "neon4": 2 * mr_reg * nv}[mode]
-    lhs = {"dot4": 2 * G if P == 4 else 2, "dot8": 2, "mm": 4 * G,
+    dl = G if spec.family == "q4_0" else 0
+    if _q4_streamed(mode, P):
+        lhs, rhs = (4, spec.nr) if mode == "mm" else (2, 2 * nv)
+        parts = [("f32 accumulators", mr_reg * nv), ("int32 accumulators", iacc), ("LHS", lhs),
+                 ("RHS", rhs), ("nibble mask", 1)]
+        # after the chunk loop: 2 scratch + column scales + LHS scales in the LHS/RHS registers
+        extra = 2 + nv + dl - (lhs + rhs)
+        if extra > 0:
+            parts.append(("block scales and scratch beyond the LHS/RHS registers", extra))
+        return VectorNeeds(tuple(parts))
+    lhs = {"dot4": 2 * G if P == 4 else 2, "dot8": 2,
            "neon4": 2 * G if P == 4 else 2}[mode]
     parts = [("f32 accumulators", mr_reg * nv), ("int32 accumulators", iacc), ("LHS", lhs),
              ("RHS", 2), ("nibble mask", 1), ("column scales", nv)]
-    if spec.family == "q4_0":
+    if dl:
         parts.append(("LHS scales", G))
     parts.append(("scratch", 3))
     return VectorNeeds(tuple(parts))
@@ -218,13 +237,26 @@ def _allocate_q4_neon(spec: KernelSpec) -> Q4NeonRegs:
                         f"({needs.describe()}), {NUM_VREGS} exist")
     mr_reg, needs = chosen
     G, nv = mr_reg // P, nr // 4
+    n_dl = G if spec.family == "q4_0" else 0
     vp = _Pool("v", _V_ORDER, "vector registers")
-    rhs = vp.take(2)
-    mask = vp.take(1)[0]
-    tmp = vp.take(3)
-    lhs = vp.take(dict(needs.parts)["LHS"])
-    scale = vp.take(nv)
-    dl = vp.take(G) if spec.family == "q4_0" else []
+    parts = dict(needs.parts)
+    if _q4_streamed(mode, P):
+        rhs = vp.take(parts["RHS"])
+        lhs = vp.take(parts["LHS"])
+        mask = vp.take(1)[0]
+        # block-end registers: the (dead) RHS then LHS registers, then spares; t1/t2 are RHS
+        # registers so that the dx epilogue may hold lhs[0], lhs[1] at the same time
+        epi = rhs + lhs + vp.take(max(0, 2 + nv + n_dl - len(rhs) - len(lhs)))
+        tmp = [epi[0], epi[1], epi[0]]          # the third scratch serves neon4 only
+        scale = epi[2:2 + nv]
+        dl = epi[2 + nv:2 + nv + n_dl]
+    else:
+        rhs = vp.take(2)
+        mask = vp.take(1)[0]
+        tmp = vp.take(3)
+        lhs = vp.take(parts["LHS"])
+        scale = vp.take(nv)
+        dl = vp.take(G) if spec.family == "q4_0" else []
     if mode == "dot8":
         iacc = tuple(vp.take(2 * nv))
     elif mode == "neon4":   # [row][vec] -> (columns 0-1 partials, columns 2-3 partials)
@@ -247,7 +279,7 @@ def _allocate_q4_neon(spec: KernelSpec) -> Q4NeonRegs:
     return Q4NeonRegs(
         mode=mode, mr_reg=mr_reg, lhs_mr=P, groups=G, facc=facc, iacc=iacc, lhs=tuple(lhs),
         rhs=tuple(rhs), mask=mask, scale=tuple(scale), dl=tuple(dl), tmp=tuple(tmp), gpr=gpr,
-        lo=lo, hi=hi,
+        lo=lo, hi=hi, streamed=_q4_streamed(mode, P),
         saved_x=tuple(sorted(r for r in xp.used if r in _X_CALLEE_SAVED)),
         saved_d=tuple(sorted(r for r in vp.used if r in _V_CALLEE_SAVED)),
         needs=needs,
