@@ -128,3 +128,21 @@ def test_vl_scaled_specs(text, name, mr, nr):
         s.n_step
     with pytest.raises(SpecError, match="16..256 bytes"):
         s.nr_at(24)
+
+
+def test_q4_acc_mem_parameter():
+    s = parse_spec("q4_0:i8mm:24x4:am")
+    assert s.acc_mem and s.spec_string == "q4_0:i8mm:24x4:am"
+    assert s.name == "matmul_clamp_f32_qsi8d32p4x8_qsi4c32p4x8_24x4_neon_i8mm_am"
+    r = allocate(s)
+    assert r.mr_reg == 24 and r.needs.total <= 32 and r.acc_bytes == 24 * 16
+    assert r.frame_bytes % 16 == 0 and r.acc_offset % 16 == 0
+    assert r.acc_offset >= r.clamp_offset + 8 and r.acc_offset + r.acc_bytes <= r.frame_bytes
+    d = parse_spec("q4_0:i8mm:24x4")      # default: registers, KleidiAI name, 8-row blocks
+    assert not d.acc_mem and d.name.endswith("_neon_i8mm") and allocate(d).mr_reg == 8
+    assert parse_spec("q4_0_dx:dotprod:12x4").spec_string == "q4_0_dx:dotprod:12x4"
+    assert allocate(parse_spec("q4_0:dotprod:12x4")).mr_reg == 12
+    for bad, match in (("f32:neon:4x8:am", "q4 families"), ("q4_0:dotprod:1x8:am", "multi-row"),
+                       ("q4_0:neon:4x4:am", "multi-row")):
+        with pytest.raises(SpecError, match=match):
+            parse_spec(bad)
