@@ -18,17 +18,22 @@ Q4_CPUS = ("cortex-a53", "neoverse-n1", "neoverse-v1", "neoverse-n2", "max")
 CPU_FEATURES = {"cortex-a53": {"neon"}, "neoverse-n1": {"neon", "dotprod"}}   # others: all three
 # (isa, tile, kr): the tiles of issue #3, plus 1x16 (a gemv tile KleidiAI does not ship)
 Q4_TILES = (("dotprod", "1x4", 8), ("dotprod", "1x8", 16), ("dotprod", "4x8", 8),
-            ("dotprod", "16x4", 8), ("i8mm", "4x8", 16), ("i8mm", "8x4", 16),
+            ("dotprod", "16x4", 8), ("dotprod", "12x4", 8), ("dotprod", "24x4", 8),
+            ("i8mm", "4x8", 16), ("i8mm", "8x4", 16),
             ("i8mm", "16x4", 16), ("dotprod", "1x16", 8),
             ("dotprod", "1x4", 16),   # llama.cpp's gemv partner of the i8mm 16x4 gemm
-            ("neon", "1x4", 8), ("neon", "4x4", 8))   # plain-NEON fallback (SMULL/SADALP)
+            ("neon", "1x4", 8), ("neon", "4x4", 8),   # plain-NEON fallback (SMULL/SADALP)
+            # f32 accumulators in the frame (acc_mem, ":am"): 24-row register blocks
+            ("i8mm", "24x4:am", 16), ("i8mm", "8x8:am", 16), ("dotprod", "24x4:am", 8),
+            ("dotprod", "8x8:am", 8))
 FAMILIES = ("q4_0", "q4_0_dx")
 SENTINEL = np.float32(-4242.25)
 
 
 def _spec(family, isa, tile, kr):
+    tile, _, opt = tile.partition(":")
     mr, nr = map(int, tile.split("x"))
-    return tilegen.KernelSpec(family, isa, mr, nr, kr=kr, sr=2).validate()
+    return tilegen.KernelSpec(family, isa, mr, nr, kr=kr, sr=2, acc_mem=opt == "am").validate()
 
 
 ALL_SPECS = [_spec(f, i, t, kr) for f in FAMILIES for (i, t, kr) in Q4_TILES]

@@ -43,6 +43,7 @@ def test_nr_must_be_multiple_of_4(nr):
     (dict(family="f64", isa="neon", mr=1, nr=4), "unknown family"),
     (dict(family="f32", isa="avx", mr=1, nr=4), "unknown isa"),
     (dict(family="q4_0", isa="sve", mr=1, nr=4), "no template"),
+    (dict(family="q4_0", isa="sve_i8mm", mr=8, nr=1, nr_vl=True, acc_mem=True), "NEON q4 option"),
     (dict(family="q4_0", isa="sme", mr=2, nr=2, mr_vl=True, nr_vl=True), "1vlx1vl or 1vlx2vl"),
     (dict(family="q4_0", isa="sme2", mr=4, nr=4, nr_vl=True), "gemv"),
     (dict(family="q4_0_dx", isa="sve_i8mm", mr=6, nr=1, nr_vl=True), "multiple of 4"),
@@ -131,3 +132,21 @@ def test_vl_scaled_specs(text, name, mr, nr):
         s.n_step
     with pytest.raises(SpecError, match="16..256 bytes"):
         s.nr_at(24)
+
+
+def test_q4_acc_mem_parameter():
+    s = parse_spec("q4_0:i8mm:24x4:am")
+    assert s.acc_mem and s.spec_string == "q4_0:i8mm:24x4:am"
+    assert s.name == "matmul_clamp_f32_qsi8d32p4x8_qsi4c32p4x8_24x4_neon_i8mm_am"
+    r = allocate(s)
+    assert r.mr_reg == 24 and r.needs.total <= 32 and r.acc_bytes == 24 * 16
+    assert r.frame_bytes % 16 == 0 and r.acc_offset % 16 == 0
+    assert r.acc_offset >= r.clamp_offset + 8 and r.acc_offset + r.acc_bytes <= r.frame_bytes
+    d = parse_spec("q4_0:i8mm:24x4")      # default: registers, KleidiAI name, 8-row blocks
+    assert not d.acc_mem and d.name.endswith("_neon_i8mm") and allocate(d).mr_reg == 8
+    assert parse_spec("q4_0_dx:dotprod:12x4").spec_string == "q4_0_dx:dotprod:12x4"
+    assert allocate(parse_spec("q4_0:dotprod:12x4")).mr_reg == 12
+    for bad, match in (("f32:neon:4x8:am", "q4 families"), ("q4_0:dotprod:1x8:am", "multi-row"),
+                       ("q4_0:neon:4x4:am", "multi-row")):
+        with pytest.raises(SpecError, match=match):
+            parse_spec(bad)

@@ -296,3 +296,13 @@ def test_tuned_pair_is_what_the_runtime_picks(tmp_path, monkeypatch):
     picks = guest("max").call("guest_calls:picks", str(tmp_path / "lib"))
     assert picks["q4_0"] == ("matmul_clamp_f32_qsi8d32p4x8_qsi4c32p8x8_4x8_neon_i8mm",
                              "matmul_clamp_f32_qsi8d32p1x8_qsi4c32p8x8_1x8_neon_dotprod"), picks
+
+
+def test_q4_grid_scores_acc_mem():
+    cands = candidates(V2, "q4_0", "gemm", isa="i8mm", mrs=(8, 24), nrs=(4,))
+    specs = {c.spec.spec_string for c in cands}
+    assert {"q4_0:i8mm:24x4:am", "q4_0:i8mm:24x4", "q4_0:i8mm:8x4"} <= specs
+    groups = distinct(cands)
+    am = [r for r in groups if r.acc_mem]
+    assert am and all(r.spec_string.endswith(":am") for r in am)
+    assert next(c for c in cands if c.spec.spec_string == "q4_0:i8mm:24x4:am").rows == 24

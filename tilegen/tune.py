@@ -35,6 +35,7 @@ Q4_MR = tuple(range(1, 33))
 NR = tuple(range(4, 33, 4))
 VL_UNITS = tuple(range(1, 9))      # nr (and SME mr) in vector-length units for scalable ISAs
 Q4_KR_SR = tuple((kr, sr) for kr in (4, 8, 16, 32) for sr in (1, 2, 4))
+Q4_ACC_MEM = (False, True)      # q4: f32 accumulators in registers / in the frame (":am")
 _K_FOR_BYTES = 4096         # k at which packed-RHS bytes per MAC are measured (bias amortised)
 TOLERANCE = 0.01
 
@@ -87,7 +88,8 @@ class Score:
     def as_dict(self) -> dict:
         return {"spec": self.spec.spec_string, "kernel": self.spec.name,
                 "isa": self.spec.isa, "mr": self.spec.mr, "nr": self.spec.nr,
-                "kr": self.spec.kr, "sr": self.spec.sr, "rows": self.cand.rows,
+                "kr": self.spec.kr, "sr": self.spec.sr, "acc_mem": self.spec.acc_mem,
+                "rows": self.cand.rows,
                 "cycles_per_iter": self.report.cycles_per_iter,
                 "efficiency": self.report.efficiency,
                 "macs_per_cycle": self.report.macs_per_cycle,
@@ -177,10 +179,11 @@ def candidates(target: Target, family: str, regime: str, isa: str | None = None,
                               or (m is not None and regime == "gemm" and mr > m)):
                 continue
             for nr in (VL_UNITS if scalable else grid_nr):    # nrs narrows fixed widths
-                for kr, sr in krsr:
+                for (kr, sr), am in ((ks, a) for ks in krsr
+                                     for a in (Q4_ACC_MEM if quant else (False,))):
                     try:
                         spec = KernelSpec(family, i, mr, nr, kr=kr, sr=sr, nr_vl=scalable,
-                                          mr_vl=mr_vl)
+                                          mr_vl=mr_vl, acc_mem=am)
                     except SpecError:
                         continue
                     c = _candidate(spec) if spec not in seen else None
@@ -205,13 +208,13 @@ def distinct(cands: Sequence[Candidate]) -> dict[KernelSpec, list[KernelSpec]]:
     groups: dict[tuple, list[Candidate]] = {}
     for c in cands:
         s = c.spec
-        groups.setdefault((s.isa, c.rows, s.nr, s.L, s.mr_vl, s.nr_vl), []).append(c)
+        groups.setdefault((s.isa, c.rows, s.nr, s.L, s.mr_vl, s.nr_vl, s.acc_mem), []).append(c)
     out: dict[KernelSpec, list[KernelSpec]] = {}
-    for (isa, rows, nr, _, mr_vl, nr_vl), cs in groups.items():
+    for (isa, rows, nr, _, mr_vl, nr_vl, am), cs in groups.items():
         variants = {c.spec for c in cs if c.spec.mr == rows}
         if not variants:        # the grid left the rows-row tile out: the same kr/sr variants
             variants = {KernelSpec(c.spec.family, isa, rows, nr, c.spec.kr, c.spec.sr,
-                                   mr_vl=mr_vl, nr_vl=nr_vl) for c in cs}
+                                   mr_vl=mr_vl, nr_vl=nr_vl, acc_mem=am) for c in cs}
         rep = min(variants, key=_canonical_key)
         out[rep] = [c.spec for c in cs]
     return out

@@ -58,7 +58,8 @@ def kernel_entry(spec: KernelSpec, symbol: str) -> dict:
         "family": spec.family,
         "isa": spec.isa,
         "tile": {"mr": spec.mr, "nr": spec.nr, "kr": spec.kr, "sr": spec.sr,
-                 "mr_vl": spec.mr_vl, "nr_vl": spec.nr_vl},
+                 "mr_vl": spec.mr_vl, "nr_vl": spec.nr_vl,
+                 **({"acc_mem": spec.acc_mem} if spec.info.quantized else {})},
         # VL-scaled tiles: steps in VL units ("2vl"), resolved by the runtime from the CPU's VL
         "m_step": spec.mr_str if spec.mr_vl else spec.m_step,
         "n_step": spec.nr_str if spec.nr_vl else spec.n_step,

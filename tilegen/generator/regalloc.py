@@ -137,7 +137,7 @@ class Q4NeonRegs(_Frame):
     facc: tuple[tuple[int, ...], ...]      # facc[row][vec]: f32 results, 4 columns per vector
     iacc: tuple                            # dot4: [row][vec]; dot8: [pair]; mm: [group][row pair][col pair]
     lhs: tuple[int, ...]
-    rhs: tuple[int, ...]                   # unpacked low / high nibbles of one RHS vector
+    rhs: tuple[int, ...]                   # unpacked (low, high) nibbles of RHS vectors, in pairs
     mask: int                              # 0xF0 in every byte
     scale: tuple[int, ...]                 # per-column block scales (f32), nr/4 vectors
     dl: tuple[int, ...]                    # per-group LHS block scales (q4_0 family)
@@ -145,6 +145,9 @@ class Q4NeonRegs(_Frame):
     gpr: dict[str, int] = field(hash=False)
     lo: tuple[int, ...] = ()               # per-group pointer to the low-nibble LHS half
     hi: tuple[int, ...] = ()               # per-group pointer to the high-nibble LHS half
+    streamed: bool = False                 # LHS streamed per row block, block-end regs reused
+    acc_mem: bool = False                  # f32 accumulators in the frame; facc = final regs
+    fa: int = -1                           # acc_mem: the accumulator vector being updated
     saved_x: tuple[int, ...] = ()
     saved_d: tuple[int, ...] = ()
     needs: VectorNeeds = VectorNeeds(())
@@ -153,10 +156,25 @@ class Q4NeonRegs(_Frame):
     def n_vec(self) -> int:
         return len(self.facc[0])
 
+    @property
+    def acc_bytes(self) -> int:
+        """acc_mem: bytes of the f32 accumulator area (one vector per row and 4 columns)."""
+        return 16 * self.mr_reg * self.n_vec if self.acc_mem else 0
+
+    @property
+    def acc_offset(self) -> int:
+        """sp offset of the f32 accumulator area (above the clamp values, 16-byte aligned)."""
+        return (self.clamp_offset + 16 + 15) // 16 * 16
+
+    @property
+    def frame_bytes(self) -> int:
+        if not self.acc_mem:
+            return super().frame_bytes
+        return self.acc_offset + self.acc_bytes
 
 
 _Q4_SCALARS = ("n_rem", "rhs_ptr", "dst_tile", "dst_row", "blk_cnt", "chunk_cnt", "nchunks",
-               "hioff", "lhs_rbs", "lhs_blk_stride", "dst_blk_stride", "nblocks", "tmp")
+               "hioff", "lhs_rbs", "lhs_blk_stride", "dst_blk_stride", "nblocks", "tmp", "blk_base")
 
 
 def _q4_mode(spec: KernelSpec) -> str:
@@ -181,17 +199,49 @@ def _q4_mode(spec: KernelSpec) -> str:
     raise SpecError(f"no q4 kernel for isa {spec.isa!r}")
 
 
+def _q4_streamed(mode: str, P: int) -> bool:
+    """Multi-row tiles (SDOT by lane over 4-row LHS blocks, SMMLA) stream the LHS: a segment's
+    RHS registers are unpacked once, then each row block's LHS is loaded into the same few
+    registers (renaming keeps the blocks independent).  The block scales, the scratch vectors
+    and the conversion reuse the hot loop's LHS/RHS registers once the chunk loop is done."""
+    return mode == "mm" or (mode == "dot4" and P == 4)
+
+
 def _q4_vector_needs(spec: KernelSpec, mode: str, mr_reg: int, P: int) -> VectorNeeds:
     G, nv = mr_reg // P, spec.nr // 4
     iacc = {"dot4": mr_reg * nv, "dot8": 2 * nv, "mm": mr_reg * nv, "neon4": 2 * mr_reg * nv}[mode]
-    lhs = {"dot4": 2 * G if P == 4 else 2, "dot8": 2, "mm": 4 * G,
+    dl = G if spec.family == "q4_0" else 0
+    if spec.acc_mem:
+        # LHS: one register pair (SMMLA: the low-nibble pair, then the high one, renamed);
+        # block end: 2 scratch + the accumulator in flight + column scales + one row block's
+        # LHS scales, in the LHS/RHS registers first
+        lhs, rhs = 2, (spec.nr if mode == "mm" else 2 * nv)
+        parts = [("int32 accumulators", iacc), ("LHS", lhs), ("RHS", rhs), ("nibble mask", 1)]
+        extra = 3 + nv + (1 if dl else 0) - (lhs + rhs)
+        if extra > 0:
+            parts.append(("block scales and scratch beyond the LHS/RHS registers", extra))
+        return VectorNeeds(tuple(parts))
+    if _q4_streamed(mode, P):
+        lhs, rhs = (4, spec.nr) if mode == "mm" else (2, 2 * nv)
+        parts = [("f32 accumulators", mr_reg * nv), ("int32 accumulators", iacc), ("LHS", lhs),
+                 ("RHS", rhs), ("nibble mask", 1)]
+        # after the chunk loop: 2 scratch + column scales + LHS scales in the LHS/RHS registers
+        extra = 2 + nv + dl - (lhs + rhs)
+        if extra > 0:
+            parts.append(("block scales and scratch beyond the LHS/RHS registers", extra))
+        return VectorNeeds(tuple(parts))
+    lhs = {"dot4": 2 * G if P == 4 else 2, "dot8": 2,
            "neon4": 2 * G if P == 4 else 2}[mode]
     parts = [("f32 accumulators", mr_reg * nv), ("int32 accumulators", iacc), ("LHS", lhs),
              ("RHS", 2), ("nibble mask", 1), ("column scales", nv)]
-    if spec.family == "q4_0":
+    if dl:
         parts.append(("LHS scales", G))
     parts.append(("scratch", 3))
     return VectorNeeds(tuple(parts))
+
+
+def _flatten(t) -> list[int]:
+    return [t] if isinstance(t, int) else [v for x in t for v in _flatten(x)]
 
 
 def _allocate_q4_neon(spec: KernelSpec) -> Q4NeonRegs:
@@ -207,11 +257,16 @@ def _allocate_q4_neon(spec: KernelSpec) -> Q4NeonRegs:
                         f"at a time)")
     mode = _q4_mode(spec)
     P = spec.lhs_mr
+    if spec.acc_mem and not _q4_streamed(mode, P):
+        raise SpecError(f"acc_mem (f32 accumulators in memory) needs a multi-row dotprod tile "
+                        f"with kr/sr = 4 or an i8mm tile; got {spec.isa} mr={mr} kr/sr={spec.L}")
+    # acc_mem tiles address both LHS halves from one pointer per row block
+    ptrs = 1 if spec.acc_mem else 2
     candidates = [r for r in range(mr, 0, -P) if mr % r == 0 and r % P == 0]
     chosen = None
     for mr_reg in candidates:
         needs = _q4_vector_needs(spec, mode, mr_reg, P)
-        n_gpr = len(_Q4_SCALARS) + 2 * (mr_reg // P)
+        n_gpr = len(_Q4_SCALARS) + ptrs * (mr_reg // P)
         if needs.total <= NUM_VREGS and n_gpr <= len(_X_ORDER):
             chosen = (mr_reg, needs)
             break
@@ -221,13 +276,37 @@ def _allocate_q4_neon(spec: KernelSpec) -> Q4NeonRegs:
                         f"({needs.describe()}), {NUM_VREGS} exist")
     mr_reg, needs = chosen
     G, nv = mr_reg // P, nr // 4
+    n_dl = G if spec.family == "q4_0" else 0
     vp = _Pool("v", _V_ORDER, "vector registers")
-    rhs = vp.take(2)
-    mask = vp.take(1)[0]
-    tmp = vp.take(3)
-    lhs = vp.take(dict(needs.parts)["LHS"])
-    scale = vp.take(nv)
-    dl = vp.take(G) if spec.family == "q4_0" else []
+    parts = dict(needs.parts)
+    fa = -1
+    if spec.acc_mem:
+        rhs = vp.take(parts["RHS"])
+        lhs = vp.take(parts["LHS"])
+        mask = vp.take(1)[0]
+        n_epi = 3 + nv + (1 if n_dl else 0)
+        epi = rhs + lhs + vp.take(max(0, n_epi - len(rhs) - len(lhs)))
+        tmp = [epi[0], epi[1], epi[0]]
+        fa = epi[2]
+        scale = epi[3:3 + nv]
+        dl = [epi[3 + nv]] * n_dl if n_dl else []     # one row block at a time
+    elif _q4_streamed(mode, P):
+        rhs = vp.take(parts["RHS"])
+        lhs = vp.take(parts["LHS"])
+        mask = vp.take(1)[0]
+        # block-end registers: the (dead) RHS then LHS registers, then spares; t1/t2 are RHS
+        # registers so that the dx epilogue may hold lhs[0], lhs[1] at the same time
+        epi = rhs + lhs + vp.take(max(0, 2 + nv + n_dl - len(rhs) - len(lhs)))
+        tmp = [epi[0], epi[1], epi[0]]          # the third scratch serves neon4 only
+        scale = epi[2:2 + nv]
+        dl = epi[2 + nv:2 + nv + n_dl]
+    else:
+        rhs = vp.take(2)
+        mask = vp.take(1)[0]
+        tmp = vp.take(3)
+        lhs = vp.take(parts["LHS"])
+        scale = vp.take(nv)
+        dl = vp.take(G) if spec.family == "q4_0" else []
     if mode == "dot8":
         iacc = tuple(vp.take(2 * nv))
     elif mode == "neon4":   # [row][vec] -> (columns 0-1 partials, columns 2-3 partials)
@@ -242,15 +321,19 @@ def _allocate_q4_neon(spec: KernelSpec) -> Q4NeonRegs:
         flat = vp.take(G * 2 * npair)
         iacc = tuple(tuple(tuple(flat[(g * 2 + rp) * npair:(g * 2 + rp + 1) * npair])
                            for rp in range(2)) for g in range(G))
-    fl = vp.take(mr_reg * nv)
+    if spec.acc_mem:    # after the block loop the int32 accumulators receive the results
+        fl = [v for v in _flatten(iacc)]
+    else:
+        fl = vp.take(mr_reg * nv)
     facc = tuple(tuple(fl[r * nv:(r + 1) * nv]) for r in range(mr_reg))
     xp = _Pool("x", _X_ORDER, "general-purpose registers")
     gpr = dict(zip(_Q4_SCALARS, xp.take(len(_Q4_SCALARS))))
-    lo, hi = tuple(xp.take(G)), tuple(xp.take(G))
+    lo = tuple(xp.take(G))
+    hi = () if spec.acc_mem else tuple(xp.take(G))
     return Q4NeonRegs(
         mode=mode, mr_reg=mr_reg, lhs_mr=P, groups=G, facc=facc, iacc=iacc, lhs=tuple(lhs),
         rhs=tuple(rhs), mask=mask, scale=tuple(scale), dl=tuple(dl), tmp=tuple(tmp), gpr=gpr,
-        lo=lo, hi=hi,
+        lo=lo, hi=hi, streamed=_q4_streamed(mode, P), acc_mem=spec.acc_mem, fa=fa,
         saved_x=tuple(sorted(r for r in xp.used if r in _X_CALLEE_SAVED)),
         saved_d=tuple(sorted(r for r in vp.used if r in _V_CALLEE_SAVED)),
         needs=needs,

@@ -94,6 +94,10 @@ class KernelSpec:
     sr: int | None = None
     mr_vl: bool = False     # mr is a multiple of the vector length (``"2vl"``: 2 x VL/32 bits)
     nr_vl: bool = False     # nr likewise (one VL unit = as many 32-bit lanes as a vector has)
+    # q4 multi-row tiles: the f32 accumulators live in the stack frame between blocks (one load
+    # and one store per output vector and k-block), so that more rows fit the registers at once
+    # (spec suffix ``:am``, name suffix ``_am``).  Default off: the KleidiAI register tiles.
+    acc_mem: bool = False
 
     def __post_init__(self) -> None:
         fam = FAMILIES.get(self.family)
@@ -115,12 +119,18 @@ class KernelSpec:
                 raise SpecError(f"{field} must be an int, got {v!r}")
             if v < 1:
                 raise SpecError(f"{field} must be >= 1, got {field}={v}")
-        for field in ("mr_vl", "nr_vl"):
+        for field in ("mr_vl", "nr_vl", "acc_mem"):
             if not isinstance(getattr(self, field), bool):
                 raise SpecError(f"{field} must be a bool, got {getattr(self, field)!r}")
         if self.isa in SCALABLE_ISAS and not self.nr_vl:
             raise SpecError(f"{self.isa} kernels are vector-length agnostic: give nr in VL units "
                             f"(e.g. {self.mr}x4vl), got nr={self.nr}")
+        if self.acc_mem and self.isa not in ("neon", "dotprod", "i8mm"):
+            raise SpecError(f"acc_mem (f32 accumulators in memory) is a NEON q4 option; "
+                            f"isa {self.isa!r} has none")
+        if self.acc_mem and not self.info.quantized:
+            raise SpecError(f"acc_mem (f32 accumulators in memory) exists for the q4 families, "
+                            f"not {self.family!r}")
         if self.isa not in SCALABLE_ISAS and (self.mr_vl or self.nr_vl):
             raise SpecError(f"{self.isa} vectors have a fixed length: mr/nr in VL units need "
                             f"sve, sme or sme2")
@@ -222,13 +232,15 @@ class KernelSpec:
         if self.family == "f32" and self.isa == "sme2" and self.mr == 1 and not self.mr_vl:
             op = "sme2_mla"      # the gemv accumulates in the ZA array with FMLA, no outer product
         return (f"matmul_clamp_f32_{self.lhs_format}_{self.rhs_format}_"
-                f"{self.mr_str}x{self.nr_str}_{op}")
+                f"{self.mr_str}x{self.nr_str}_{op}" + ("_am" if self.acc_mem else ""))
 
     @property
     def spec_string(self) -> str:
         s = f"{self.family}:{self.isa}:{self.mr_str}x{self.nr_str}"
         if self.kr != self.info.default_kr[self.isa] or self.sr != self.info.default_sr[self.isa]:
             s += f":k{self.kr}:s{self.sr}"
+        if self.acc_mem:
+            s += ":am"
         return s
 
     def validate(self) -> "KernelSpec":
@@ -254,18 +266,19 @@ def _vl_units(spec: KernelSpec, vl_bytes: int | None) -> int:
 
 _SPEC_RE = re.compile(
     r"^(?P<family>[a-z0-9_]+):(?P<isa>[a-z0-9_]+):(?P<mr>\d+)(?P<mrvl>vl)?x(?P<nr>\d+)(?P<nrvl>vl)?"
-    r"(?::k(?P<kr>\d+))?(?::s(?P<sr>\d+))?$")
+    r"(?::k(?P<kr>\d+))?(?::s(?P<sr>\d+))?(?P<am>:am)?$")
 
 
 def parse_spec(text: str) -> KernelSpec:
-    """Parse ``FAMILY:ISA:MRxNR[:kKR][:sSR]`` (e.g. ``f32:neon:6x16``, ``f32:sve:6x4vl``) into
-    a validated spec; ``vl`` after mr or nr counts in vector-length units."""
+    """Parse ``FAMILY:ISA:MRxNR[:kKR][:sSR][:am]`` (e.g. ``f32:neon:6x16``, ``f32:sve:6x4vl``,
+    ``q4_0:i8mm:24x4:am``) into a validated spec; ``vl`` after mr or nr counts in vector-length
+    units, ``:am`` keeps a q4 tile's f32 accumulators in memory (KernelSpec.acc_mem)."""
     m = _SPEC_RE.match(text.strip())
     if not m:
         raise SpecError(
-            f"cannot parse kernel spec {text!r}; expected FAMILY:ISA:MRxNR[:kKR][:sSR], "
+            f"cannot parse kernel spec {text!r}; expected FAMILY:ISA:MRxNR[:kKR][:sSR][:am], "
             f"e.g. f32:neon:6x16")
     kr = int(m["kr"]) if m["kr"] else None
     sr = int(m["sr"]) if m["sr"] else None
     return KernelSpec(m["family"], m["isa"], int(m["mr"]), int(m["nr"]), kr=kr, sr=sr,
-                      mr_vl=bool(m["mrvl"]), nr_vl=bool(m["nrvl"])).validate()
+                      mr_vl=bool(m["mrvl"]), nr_vl=bool(m["nrvl"]), acc_mem=bool(m["am"])).validate()

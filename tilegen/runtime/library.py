@@ -173,7 +173,8 @@ class Kernel:
         self.name: str = entry["name"]
         t = entry["tile"]
         self.spec = KernelSpec(entry["family"], entry["isa"], t["mr"], t["nr"], t["kr"], t["sr"],
-                               mr_vl=t.get("mr_vl", False), nr_vl=t.get("nr_vl", False))
+                               mr_vl=t.get("mr_vl", False), nr_vl=t.get("nr_vl", False),
+                               acc_mem=t.get("acc_mem", False))
         # the CPU's vector length for this kernel's ISA (None: the CPU lacks it)
         self.vl_bytes = vl_bytes if self.spec.vl_scaled else None
         self.family = self.spec.family
