@@ -1,0 +1,80 @@
+"""The tuned presets shipped in tilegen/build/tuned/ (written by `tilegen tune --write`): every
+kernel they add to a default build runs bit-exact in emulation, and the runtime picks them."""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+import tilegen
+from tilegen.build import get_target
+from tilegen.build.tuned import read_tuned, tuned_dir
+from tilegen.layout import F32PackedRHS
+from tilegen.reference import matmul_f32
+
+from conftest import guest
+from test_exec_q4 import SENTINEL, _pack, _shapes
+
+PRESETS = sorted(p.stem for p in tuned_dir().glob("*.json"))
+
+
+def test_presets_are_shipped_and_valid():
+    assert {"neoverse-n1", "neoverse-n2", "neoverse-v1", "neoverse-v2"} <= set(PRESETS)
+    for name in PRESETS:
+        tf = read_tuned(get_target(name))
+        assert tf is not None and set(tf.families) == {"f32", "q4_0", "q4_0_dx"}
+
+
+def _tuned_specs():
+    seen = {}
+    for name in PRESETS:
+        for fam in read_tuned(get_target(name)).families.values():
+            for s in (fam.gemm, fam.gemv):
+                seen[s.name] = s
+    return [seen[n] for n in sorted(seen)]
+
+
+@pytest.fixture(scope="module")
+def tuned_lib(tmp_path_factory):
+    out = tmp_path_factory.mktemp("tuned")
+    tilegen.build_library(_tuned_specs(), target="linux-aarch64-all", out_dir=out)
+    return out
+
+
+@pytest.mark.parametrize("spec", _tuned_specs(), ids=lambda s: s.spec_string)
+def test_tuned_kernel_bit_exact(spec, tuned_lib):
+    g = guest("max", sve_vl=256)
+    info = g.call("guest_calls:vl_info", str(tuned_lib), spec.name)
+    mr, nr = info["mr"], info["nr"]
+    rng = np.random.default_rng(sum(map(ord, spec.name)))
+    if spec.family == "f32":
+        cases, refs = [], []
+        for m, n, k in [(1, 1, 1), (mr, nr, 8), (mr + 1, nr + 1, 5), (2 * mr + 3, 2 * nr - 1, 17)]:
+            lhs = rng.normal(size=(m, k + 2)).astype(np.float32)
+            w = rng.normal(size=(n, k)).astype(np.float32)
+            b = rng.normal(size=n).astype(np.float32)
+            cases.append(dict(m=m, n=n, k=k, lhs_base=lhs, packed=F32PackedRHS(nr).pack(w, b),
+                              dst_base=np.full((m + 1, n + 2), SENTINEL, np.float32),
+                              clamp_min=-3.4e38, clamp_max=3.4e38))
+            refs.append(matmul_f32(lhs[:, :k], w, b, -3.4e38, 3.4e38))
+        outs = g.call("guest_calls:run_f32_cases", str(tuned_lib), spec.name, cases)
+    else:
+        cases, refs = [], []
+        for m, n, k, bl in _shapes(spec, rng, nr=nr):
+            lhs, rhs, ref, *_ = _pack(spec, rng, m, n, k, bl, nr=nr)
+            cases.append(dict(m=m, n=n, k=k, bl=bl, lhs_packed=lhs, rhs_packed=rhs,
+                              clamp_min=-3.4e38, clamp_max=3.4e38, sentinel=SENTINEL))
+            refs.append(ref(-3.4e38, 3.4e38))
+        outs = g.call("guest_calls:run_q4_cases", str(tuned_lib), spec.name, cases)
+    for c, exact, out in zip(cases, refs, outs):
+        m, n = c["m"], c["n"]
+        assert np.array_equal(out[:m, :n], exact), (spec.name, m, n, c["k"])
+        assert (out[m:] == SENTINEL).all() and (out[:, n:] == SENTINEL).all()
+
+
+def test_runtime_picks_the_tuned_pair(tmp_path):
+    tf = read_tuned(get_target("neoverse-v2"))
+    tilegen.build_library(None, target="neoverse-v2", out_dir=tmp_path)
+    picks = guest("max", sve_vl=256).call("guest_calls:picks", str(tmp_path))
+    for kind in ("f32", "q4_0", "q4_0_dx"):
+        fam = tf.families[kind]
+        assert picks[kind] == (fam.gemm.name, fam.gemv.name), (kind, picks[kind])
