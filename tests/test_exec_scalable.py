@@ -147,32 +147,41 @@ def q4_sve_lib(tmp_path_factory):
     return out
 
 
+def _run_q4(sess, lib, spec, vl_bits, sme=False):
+    """Every shape of the q4 sweep through kernel ``spec`` on a CPU with ``vl_bits`` vectors,
+    bit-exact against the packed-integer reference; SME kernels also leave SVCR clear."""
+    from test_exec_q4 import SENTINEL as Q4_SENTINEL, _pack, _shapes
+    info = sess.call("guest_calls:vl_info", str(lib), spec.name)
+    mr, nr = spec.mr_at(vl_bits // 8), spec.nr_at(vl_bits // 8)
+    assert info["runnable"] and (info["mr"], info["nr"]) == (mr, nr), (spec.name, info)
+    lhs_mr = mr if spec.mr_vl else spec.lhs_mr
+    rng = np.random.default_rng(vl_bits + sum(map(ord, spec.name)))
+    cases, refs = [], []
+    for i, (m, n, k, bl) in enumerate(_shapes(spec, rng, mr=mr, nr=nr)):
+        lhs, rhs, ref, *_ = _pack(spec, rng, m, n, k, bl, nr=nr, lhs_mr=lhs_mr)
+        free = ref(-3.4028234663852886e38, 3.4028234663852886e38)
+        cmin, cmax = -3.4028234663852886e38, 3.4028234663852886e38
+        if i % 2 and free.size > 1:
+            cmin, cmax = (float(np.float32(q)) for q in np.quantile(free, [0.15, 0.85]))
+        cases.append(dict(m=m, n=n, k=k, bl=bl, lhs_packed=lhs, rhs_packed=rhs,
+                          clamp_min=cmin, clamp_max=cmax, sentinel=Q4_SENTINEL))
+        refs.append(ref(cmin, cmax))
+    outs = sess.call("guest_calls:run_q4_cases", str(lib), spec.name, cases)
+    if sme:
+        assert sess.call("guest_calls:svcr_now", str(lib)) == 0
+    for c, exact, out in zip(cases, refs, outs):
+        m, n, k = c["m"], c["n"], c["k"]
+        got = out[:m, :n]
+        assert (out[m:] == Q4_SENTINEL).all() and (out[:, n:] == Q4_SENTINEL).all(), spec.name
+        assert np.array_equal(got, exact), \
+            f"{spec.name} VL={vl_bits} m={m} n={n} k={k}: {np.sum(got != exact)} differ"
+
+
 @pytest.mark.parametrize("cpu,vl", Q4_SVE_RUNS, ids=[f"{c}-{v or 'default'}" for c, v in Q4_SVE_RUNS])
 def test_sve_q4_every_vl(cpu, vl, q4_sve_lib):
-    from test_exec_q4 import SENTINEL as Q4_SENTINEL, _pack, _shapes
     sess = guest(cpu, sve_vl=vl)
-    want = vl or SVE_NATIVE_VL[cpu]
     for spec in _q4_specs():
-        info = sess.call("guest_calls:vl_info", str(q4_sve_lib), spec.name)
-        assert info["runnable"] and info["nr"] == spec.nr * want // 32, (spec.name, info)
-        rng = np.random.default_rng(want + sum(map(ord, spec.name)))
-        cases, refs = [], []
-        for i, (m, n, k, bl) in enumerate(_shapes(spec, rng, nr=info["nr"])):
-            lhs, rhs, ref, x, deq, bias = _pack(spec, rng, m, n, k, bl, nr=info["nr"])
-            free = ref(-3.4028234663852886e38, 3.4028234663852886e38)
-            cmin, cmax = -3.4028234663852886e38, 3.4028234663852886e38
-            if i % 2 and free.size > 1:
-                cmin, cmax = (float(np.float32(q)) for q in np.quantile(free, [0.15, 0.85]))
-            cases.append(dict(m=m, n=n, k=k, bl=bl, lhs_packed=lhs, rhs_packed=rhs,
-                              clamp_min=cmin, clamp_max=cmax, sentinel=Q4_SENTINEL))
-            refs.append(ref(cmin, cmax))
-        outs = sess.call("guest_calls:run_q4_cases", str(q4_sve_lib), spec.name, cases)
-        for c, exact, out in zip(cases, refs, outs):
-            m, n, k = c["m"], c["n"], c["k"]
-            got = out[:m, :n]
-            assert (out[m:] == Q4_SENTINEL).all() and (out[:, n:] == Q4_SENTINEL).all(), spec.name
-            assert np.array_equal(got, exact), \
-                f"{spec.name} VL={want} m={m} n={n} k={k}: {np.sum(got != exact)} differ"
+        _run_q4(sess, q4_sve_lib, spec, vl or SVE_NATIVE_VL[cpu])
 
 
 def test_sve_q4_refused_without_dotprod_or_i8mm(q4_sve_lib):
@@ -183,98 +192,39 @@ def test_sve_q4_refused_without_dotprod_or_i8mm(q4_sve_lib):
             assert "ArgumentError" in msg, (cpu, spec.name, msg)
 
 
-# -- SME2 int4 gemv: SDOT by lane into a ZA-array vector group, in streaming mode ---------
-Q4_SME2 = [(f, t) for f in ("q4_0", "q4_0_dx") for t in ("1x4vl", "1x2vl")]
-
-
-@pytest.fixture(scope="module")
-def q4_sme2_lib(tmp_path_factory):
-    out = tmp_path_factory.mktemp("q4sme2")
-    specs = [tilegen.parse_spec(f"{f}:sme2:{t}") for f, t in Q4_SME2]
-    tilegen.build_library(specs, target="linux-aarch64-all", out_dir=out)
-    return out, specs
-
-
-@pytest.mark.parametrize("vl", VLS)
-def test_sme2_q4_gemv_every_svl(vl, q4_sme2_lib):
-    from test_exec_q4 import SENTINEL as Q4_SENTINEL, _pack, _shapes
-    lib, specs = q4_sme2_lib
-    sess = _sme_guest(vl)
-    for spec in specs:
-        info = sess.call("guest_calls:vl_info", str(lib), spec.name)
-        assert info["runnable"] and info["nr"] == spec.nr * vl // 32, (spec.name, info)
-        rng = np.random.default_rng(vl + sum(map(ord, spec.name)))
-        cases, refs = [], []
-        for i, (m, n, k, bl) in enumerate(_shapes(spec, rng, nr=info["nr"])):
-            lhs, rhs, ref, x, deq, bias = _pack(spec, rng, m, n, k, bl, nr=info["nr"])
-            free = ref(-3.4028234663852886e38, 3.4028234663852886e38)
-            cmin, cmax = -3.4028234663852886e38, 3.4028234663852886e38
-            if i % 2 and free.size > 1:
-                cmin, cmax = (float(np.float32(q)) for q in np.quantile(free, [0.15, 0.85]))
-            cases.append(dict(m=m, n=n, k=k, bl=bl, lhs_packed=lhs, rhs_packed=rhs,
-                              clamp_min=cmin, clamp_max=cmax, sentinel=Q4_SENTINEL))
-            refs.append(ref(cmin, cmax))
-        outs = sess.call("guest_calls:run_q4_cases", str(lib), spec.name, cases)
-        assert sess.call("guest_calls:svcr_now", str(lib)) == 0
-        for c, exact, out in zip(cases, refs, outs):
-            m, n, k = c["m"], c["n"], c["k"]
-            got = out[:m, :n]
-            assert (out[m:] == Q4_SENTINEL).all() and (out[:, n:] == Q4_SENTINEL).all(), spec.name
-            assert np.array_equal(got, exact), \
-                f"{spec.name} SVL={vl} m={m} n={n} k={k}: {np.sum(got != exact)} differ"
-    res = sess.call("guest_calls:check_abi_of", str(lib), [s.name for s in specs])
-    assert res == {s.name: [] for s in specs}
-
-
-def test_sme2_q4_refused_on_sme_only(q4_sme2_lib):
-    lib, specs = q4_sme2_lib
-    msg = _sme_guest(256, isa_env="neon,sve,sve2,sme").call("guest_calls:refused", str(lib),
-                                                             specs[0].name)
-    assert "ArgumentError" in msg and "sme2" in msg
-
-
-# -- SME int4 gemm: SMOPA into int32 ZA tiles, folded per block into f32 ZA tiles ---------
-Q4_SME = [(f, t) for f in ("q4_0", "q4_0_dx") for t in ("1vlx2vl", "1vlx1vl")]
+# -- SME int4: SMOPA gemm (int32 ZA tiles folded per block into f32 ZA tiles) and the SME2
+#    gemv (SDOT by lane into a ZA-array vector group), in streaming mode -----------------
+Q4_SME = [f"{f}:{t}" for f in ("q4_0", "q4_0_dx")
+          for t in ("sme:1vlx2vl", "sme:1vlx1vl", "sme2:1x4vl", "sme2:1x2vl")]
 
 
 @pytest.fixture(scope="module")
 def q4_sme_lib(tmp_path_factory):
     out = tmp_path_factory.mktemp("q4sme")
-    specs = [tilegen.parse_spec(f"{f}:sme:{t}") for f, t in Q4_SME]
+    specs = [tilegen.parse_spec(t) for t in Q4_SME]
     tilegen.build_library(specs, target="linux-aarch64-all", out_dir=out)
     return out, specs
 
 
 @pytest.mark.parametrize("vl", VLS)
-def test_sme_q4_gemm_every_svl(vl, q4_sme_lib):
-    from test_exec_q4 import SENTINEL as Q4_SENTINEL, _pack, _shapes
+def test_sme_q4_every_svl(vl, q4_sme_lib):
     lib, specs = q4_sme_lib
     sess = _sme_guest(vl)
     for spec in specs:
-        info = sess.call("guest_calls:vl_info", str(lib), spec.name)
-        mr, nr = vl // 32, spec.nr * vl // 32
-        assert info["runnable"] and (info["mr"], info["nr"]) == (mr, nr), (spec.name, info)
-        rng = np.random.default_rng(vl + sum(map(ord, spec.name)))
-        cases, refs = [], []
-        for i, (m, n, k, bl) in enumerate(_shapes(spec, rng, mr=mr, nr=nr)):
-            lhs, rhs, ref, x, deq, bias = _pack(spec, rng, m, n, k, bl, nr=nr, lhs_mr=mr)
-            free = ref(-3.4028234663852886e38, 3.4028234663852886e38)
-            cmin, cmax = -3.4028234663852886e38, 3.4028234663852886e38
-            if i % 2 and free.size > 1:
-                cmin, cmax = (float(np.float32(q)) for q in np.quantile(free, [0.15, 0.85]))
-            cases.append(dict(m=m, n=n, k=k, bl=bl, lhs_packed=lhs, rhs_packed=rhs,
-                              clamp_min=cmin, clamp_max=cmax, sentinel=Q4_SENTINEL))
-            refs.append(ref(cmin, cmax))
-        outs = sess.call("guest_calls:run_q4_cases", str(lib), spec.name, cases)
-        assert sess.call("guest_calls:svcr_now", str(lib)) == 0
-        for c, exact, out in zip(cases, refs, outs):
-            m, n, k = c["m"], c["n"], c["k"]
-            got = out[:m, :n]
-            assert (out[m:] == Q4_SENTINEL).all() and (out[:, n:] == Q4_SENTINEL).all(), spec.name
-            assert np.array_equal(got, exact), \
-                f"{spec.name} SVL={vl} m={m} n={n} k={k}: {np.sum(got != exact)} differ"
+        _run_q4(sess, lib, spec, vl, sme=True)
     res = sess.call("guest_calls:check_abi_of", str(lib), [s.name for s in specs])
     assert res == {s.name: [] for s in specs}
+
+
+def test_sme2_q4_refused_on_sme_only(q4_sme_lib):
+    lib, specs = q4_sme_lib
+    only_sme = _sme_guest(256, isa_env="neon,sve,sve2,sme")
+    for spec in specs:
+        msg = only_sme.call("guest_calls:refused", str(lib), spec.name)
+        if spec.isa == "sme2":
+            assert "ArgumentError" in msg and "sme2" in msg, msg
+        else:
+            assert msg == "", msg
 
 
 # -- KleidiAI golden vectors through the scalable kernels at VL 128 -----------------------
