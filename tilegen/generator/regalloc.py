@@ -244,17 +244,22 @@ def _flatten(t) -> list[int]:
     return [t] if isinstance(t, int) else [v for x in t for v in _flatten(x)]
 
 
-def _allocate_q4_neon(spec: KernelSpec) -> Q4NeonRegs:
-    mr, nr = spec.mr, spec.nr
-    if nr % 4:
-        raise SpecError(f"nr={nr} must be a multiple of 4 (one int32x4 vector per 4 columns)")
+def _check_q4_packing(spec: KernelSpec) -> None:
+    """Rules of the packed q4 layouts every q4 allocator shares (interleave, rows per block)."""
     if spec.kr % spec.sr:
         raise SpecError(f"kr={spec.kr} must be a multiple of sr={spec.sr}")
     if spec.family == "q4_0" and spec.sr != 2:
         raise SpecError(f"the q4_0 RHS layout (qsi4c32pscalef16) needs sr=2, got sr={spec.sr}")
-    if mr != 1 and mr % 4:
-        raise SpecError(f"mr={mr} must be 1 (gemv) or a multiple of 4 (LHS packed 4 rows "
+    if not spec.mr_vl and spec.mr != 1 and spec.mr % 4:
+        raise SpecError(f"mr={spec.mr} must be 1 (gemv) or a multiple of 4 (LHS packed 4 rows "
                         f"at a time)")
+
+
+def _allocate_q4_neon(spec: KernelSpec) -> Q4NeonRegs:
+    mr, nr = spec.mr, spec.nr
+    if nr % 4:
+        raise SpecError(f"nr={nr} must be a multiple of 4 (one int32x4 vector per 4 columns)")
+    _check_q4_packing(spec)
     mode = _q4_mode(spec)
     P = spec.lhs_mr
     if spec.acc_mem and not _q4_streamed(mode, P):
@@ -513,13 +518,7 @@ def _allocate_q4_sve(spec: KernelSpec) -> Q4SveRegs:
     if spec.mr_vl:
         raise SpecError(f"sve q4 kernels have a fixed row count: give mr as a number, "
                         f"got mr={spec.mr_str}")
-    if spec.kr % spec.sr:
-        raise SpecError(f"kr={spec.kr} must be a multiple of sr={spec.sr}")
-    if spec.family == "q4_0" and spec.sr != 2:
-        raise SpecError(f"the q4_0 RHS layout (qsi4c32pscalef16) needs sr=2, got sr={spec.sr}")
-    if mr != 1 and mr % 4:
-        raise SpecError(f"mr={mr} must be 1 (gemv) or a multiple of 4 (LHS packed 4 rows "
-                        f"at a time)")
+    _check_q4_packing(spec)
     if nv > 7:
         raise SpecError(f"nr={spec.nr_str} exceeds 7vl (per-column-vector offsets and store "
                         f"predicates p1-p7)")
@@ -604,8 +603,7 @@ def _allocate_q4_sme2(spec: KernelSpec) -> Q4Sme2Regs:
     if spec.L != 4:
         raise SpecError(f"sme2 q4 gemv reads 4-byte groups (SDOT by lane): kr/sr must be 4, "
                         f"got kr={spec.kr}, sr={spec.sr}")
-    if spec.family == "q4_0" and spec.sr != 2:
-        raise SpecError(f"the q4_0 RHS layout (qsi4c32pscalef16) needs sr=2, got sr={spec.sr}")
+    _check_q4_packing(spec)
     xp = _Pool("x", _SME_X_ORDER, "general-purpose registers")
     gpr = dict(zip(_Q4_SCALARS, xp.take(len(_Q4_SCALARS))))
     lo, hi = tuple(xp.take(1)), tuple(xp.take(1))
@@ -656,8 +654,7 @@ def _allocate_q4_sme(spec: KernelSpec) -> Q4SmeRegs:
     if spec.L != 4:
         raise SpecError(f"SMOPA reads 4-byte groups: kr/sr must be 4, got kr={spec.kr}, "
                         f"sr={spec.sr}")
-    if spec.family == "q4_0" and spec.sr != 2:
-        raise SpecError(f"the q4_0 RHS layout (qsi4c32pscalef16) needs sr=2, got sr={spec.sr}")
+    _check_q4_packing(spec)
     nu = spec.nr
     xp = _Pool("x", _SME_X_ORDER, "general-purpose registers")
     gpr = dict(zip(_Q4_SME_SCALARS, xp.take(len(_Q4_SME_SCALARS))))
