@@ -38,6 +38,14 @@ def f32_cases(draw):
 @given(c=f32_cases())
 def test_fuzz_f32(f32_lib, c):
     mr, nr = map(int, c["tile"].split("x"))
+    case, ref = _f32_case(c, nr)
+    name = f"matmul_clamp_f32_f32_f32p{nr}x1b_{mr}x{nr}_neon_mla"
+    out = guest(c["cpu"]).call("guest_calls:run_f32_cases", str(f32_lib), name, [case])[0]
+    _check_f32(out, c, ref)
+
+
+def _f32_case(c, nr):
+    """The drawn f32 case (rows, packed weights, sentinel dst) and its FMA-chain reference."""
     m, n, k = c["m"], c["n"], c["k"]
     rng = np.random.default_rng(c["seed"])
     lhs_base = rng.normal(size=(m, k + c["lpad"])).astype(np.float32)
@@ -47,9 +55,11 @@ def test_fuzz_f32(f32_lib, c):
     case = dict(m=m, n=n, k=k, lhs_base=lhs_base, packed=F32PackedRHS(nr).pack(w, bias=b),
                 dst_base=np.full((m + 1, n + c["dpad"]), SENT, np.float32),
                 clamp_min=float(cmin), clamp_max=float(cmax))
-    name = f"matmul_clamp_f32_f32_f32p{nr}x1b_{mr}x{nr}_neon_mla"
-    out = guest(c["cpu"]).call("guest_calls:run_f32_cases", str(f32_lib), name, [case])[0]
-    ref = matmul_f32(lhs_base[:, :k], w, b, cmin, cmax)
+    return case, matmul_f32(lhs_base[:, :k], w, b, cmin, cmax)
+
+
+def _check_f32(out, c, ref):
+    m, n = c["m"], c["n"]
     assert np.array_equal(out[:m, :n], ref)
     assert (out[m:] == SENT).all() and (out[:, n:] == SENT).all()
 
@@ -147,20 +157,9 @@ _SCAL_LIB = None
 def test_fuzz_scalable_f32(c):
     from conftest import SME_ON
     spec, vl = c["spec"], c["vl"]
-    m, n, k = c["m"], c["n"], c["k"]
-    nr = spec.nr_at(vl // 8)
-    rng = np.random.default_rng(c["seed"])
-    lhs_base = rng.normal(size=(m, k + c["lpad"])).astype(np.float32)
-    w = rng.normal(size=(n, k)).astype(np.float32)
-    b = rng.normal(size=n).astype(np.float32)
-    cmin, cmax = c["clamp"] or (-3.4e38, 3.4e38)
-    case = dict(m=m, n=n, k=k, lhs_base=lhs_base, packed=F32PackedRHS(nr).pack(w, bias=b),
-                dst_base=np.full((m + 1, n + c["dpad"]), SENT, np.float32),
-                clamp_min=float(cmin), clamp_max=float(cmax))
+    case, ref = _f32_case(c, spec.nr_at(vl // 8))
     sme = spec.isa.startswith("sme")
     g = guest("max", None if sme else vl, vl if sme else None, SME_ON if sme else None)
     res = g.call("guest_calls:run_scalable_cases", _scalable_fuzz_lib(), spec.name, [case])
-    out = res["outs"][0]
     assert res["svcr"] == [0]
-    assert np.array_equal(out[:m, :n], matmul_f32(lhs_base[:, :k], w, b, cmin, cmax)), (spec.name, vl)
-    assert (out[m:] == SENT).all() and (out[:, n:] == SENT).all()
+    _check_f32(res["outs"][0], c, ref)

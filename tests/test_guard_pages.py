@@ -63,23 +63,8 @@ def _check_dst(region: np.ndarray, off: int, m: int, n: int, stride: int, what) 
     return region[idx]
 
 
-@pytest.mark.parametrize("cpu", ["cortex-a53", "max"])
-@pytest.mark.parametrize("tile", F32_TILES + F32_EXTRA_TILES)
-def test_f32_guard_pages(tile, cpu, f32_lib):
-    mr, nr = map(int, tile.split("x"))
-    name = f"matmul_clamp_f32_f32_f32p{nr}x1b_{mr}x{nr}_neon_mla"
-    rng = np.random.default_rng(sum(map(ord, "guard" + tile + cpu)))
-    cases, refs = [], []
-    for i, (m, n, k) in enumerate(_f32_shapes(mr, nr, rng)):
-        lhs = (rng.normal(size=(m, k)) * 2).astype(np.float32)
-        w = (rng.normal(size=(n, k)) * 2).astype(np.float32)
-        bias = rng.normal(size=n).astype(np.float32)
-        cmin, cmax = _clamps(i, matmul_f32(lhs, w, bias, -np.inf, np.inf))
-        cases.append(dict(m=m, n=n, k=k, lhs=lhs, packed=F32PackedRHS(nr).pack(w, bias=bias),
-                          lhs_stride=k + (0, 1, 3, 5)[i % 4], dst_stride=n + (0, 2, 1, 3)[i % 4],
-                          clamp_min=cmin, clamp_max=cmax, sentinel=SENTINEL))
-        refs.append(matmul_f32(lhs, w, bias, cmin, cmax))
-    outs = guest(cpu).call("guest_pack:guarded_f32_cases", str(f32_lib), name, cases, PLACEMENTS)
+def _check_guarded(name, cases, refs, outs) -> None:
+    """Every placement of every case: nothing outside dst changed, results bit-exact."""
     assert len(outs) == len(cases)
     for c, exact, res in zip(cases, refs, outs):
         m, n, k = c["m"], c["n"], c["k"]
@@ -91,29 +76,48 @@ def test_f32_guard_pages(tile, cpu, f32_lib):
                 f"{what}: {np.sum(got != exact)} outputs differ from the reference"
 
 
-@pytest.mark.parametrize("spec", ALL_SPECS, ids=lambda s: s.name)
-def test_q4_guard_pages(spec, q4_lib):
-    rng = np.random.default_rng(sum(map(ord, "guard" + spec.name)))
+def _guard_f32(g, lib, name, nr, shapes, rng) -> None:
+    cases, refs = [], []
+    for i, (m, n, k) in enumerate(shapes):
+        lhs = (rng.normal(size=(m, k)) * 2).astype(np.float32)
+        w = (rng.normal(size=(n, k)) * 2).astype(np.float32)
+        bias = rng.normal(size=n).astype(np.float32)
+        cmin, cmax = _clamps(i, matmul_f32(lhs, w, bias, -np.inf, np.inf))
+        cases.append(dict(m=m, n=n, k=k, lhs=lhs, packed=F32PackedRHS(nr).pack(w, bias=bias),
+                          lhs_stride=k + (0, 1, 3, 5)[i % 4], dst_stride=n + (0, 2, 1, 3)[i % 4],
+                          clamp_min=cmin, clamp_max=cmax, sentinel=SENTINEL))
+        refs.append(matmul_f32(lhs, w, bias, cmin, cmax))
+    outs = g.call("guest_pack:guarded_f32_cases", str(lib), name, cases, PLACEMENTS)
+    _check_guarded(name, cases, refs, outs)
+
+
+def _guard_q4(g, lib, spec, shapes, rng, nr=None, lhs_mr=None) -> None:
     bl = 32
     cases, refs = [], []
-    for i, (m, n, k) in enumerate(_q4_shapes(spec, rng)):
-        lhs, rhs, ref, *_ = _pack(spec, rng, m, n, k, bl)
+    for i, (m, n, k) in enumerate(shapes):
+        lhs, rhs, ref, *_ = _pack(spec, rng, m, n, k, bl, nr=nr, lhs_mr=lhs_mr)
         cmin, cmax = _clamps(i, ref(-FLT_MAX, FLT_MAX))
         cases.append(dict(m=m, n=n, k=k, bl=bl, lhs_packed=lhs, rhs_packed=rhs,
                           dst_stride=n + (0, 1, 2, 3)[i % 4], clamp_min=cmin, clamp_max=cmax,
                           sentinel=SENTINEL))
         refs.append(ref(cmin, cmax))
-    outs = guest("max").call("guest_pack:guarded_q4_cases", str(q4_lib), spec.name, cases,
-                             PLACEMENTS)
-    assert len(outs) == len(cases)
-    for c, exact, res in zip(cases, refs, outs):
-        m, n, k = c["m"], c["n"], c["k"]
-        assert len(res) == len(PLACEMENTS)
-        for at, (region, off) in zip(PLACEMENTS, res):
-            what = f"{spec.name} m={m} n={n} k={k} guard at {at}"
-            got = _check_dst(region, off, m, n, c["dst_stride"], what)
-            assert np.array_equal(got.view(np.uint32), exact.view(np.uint32)), \
-                f"{what}: {np.sum(got != exact)} outputs differ from the reference"
+    outs = g.call("guest_pack:guarded_q4_cases", str(lib), spec.name, cases, PLACEMENTS)
+    _check_guarded(spec.name, cases, refs, outs)
+
+
+@pytest.mark.parametrize("cpu", ["cortex-a53", "max"])
+@pytest.mark.parametrize("tile", F32_TILES + F32_EXTRA_TILES)
+def test_f32_guard_pages(tile, cpu, f32_lib):
+    mr, nr = map(int, tile.split("x"))
+    name = f"matmul_clamp_f32_f32_f32p{nr}x1b_{mr}x{nr}_neon_mla"
+    rng = np.random.default_rng(sum(map(ord, "guard" + tile + cpu)))
+    _guard_f32(guest(cpu), f32_lib, name, nr, _f32_shapes(mr, nr, rng), rng)
+
+
+@pytest.mark.parametrize("spec", ALL_SPECS, ids=lambda s: s.name)
+def test_q4_guard_pages(spec, q4_lib):
+    rng = np.random.default_rng(sum(map(ord, "guard" + spec.name)))
+    _guard_q4(guest("max"), q4_lib, spec, _q4_shapes(spec, rng), rng)
 
 
 @pytest.mark.parametrize("fmt,mr,kr,sr", [("qsi8d32p", 4, 8, 2), ("qsi8d32p", 1, 16, 2),
@@ -165,22 +169,7 @@ def test_scalable_f32_guard_pages(text, scalable_lib):
     info = g.call("guest_calls:vl_info", str(scalable_lib), spec.name)
     mr, nr = info["mr"], info["nr"]
     rng = np.random.default_rng(sum(map(ord, "guard" + text)))
-    cases, refs = [], []
-    for i, (m, n, k) in enumerate(_f32_shapes(mr, nr, rng)[::2]):
-        lhs = (rng.normal(size=(m, k)) * 2).astype(np.float32)
-        w = (rng.normal(size=(n, k)) * 2).astype(np.float32)
-        bias = rng.normal(size=n).astype(np.float32)
-        cmin, cmax = _clamps(i, matmul_f32(lhs, w, bias, -np.inf, np.inf))
-        cases.append(dict(m=m, n=n, k=k, lhs=lhs, packed=F32PackedRHS(nr).pack(w, bias=bias),
-                          lhs_stride=k + (0, 1, 3, 5)[i % 4], dst_stride=n + (0, 2, 1, 3)[i % 4],
-                          clamp_min=cmin, clamp_max=cmax, sentinel=SENTINEL))
-        refs.append(matmul_f32(lhs, w, bias, cmin, cmax))
-    outs = g.call("guest_pack:guarded_f32_cases", str(scalable_lib), spec.name, cases, PLACEMENTS)
-    for c, exact, res in zip(cases, refs, outs):
-        for at, (region, off) in zip(PLACEMENTS, res):
-            what = f"{spec.name} VL=512 m={c['m']} n={c['n']} k={c['k']} guard at {at}"
-            got = _check_dst(region, off, c["m"], c["n"], c["dst_stride"], what)
-            assert np.array_equal(got.view(np.uint32), exact.view(np.uint32)), what
+    _guard_f32(g, scalable_lib, spec.name, nr, _f32_shapes(mr, nr, rng)[::2], rng)
 
 
 @pytest.mark.parametrize("text", SCALABLE_Q4)
@@ -190,21 +179,10 @@ def test_scalable_q4_guard_pages(text, scalable_lib):
     g = _scalable_guest(512)
     info = g.call("guest_calls:vl_info", str(scalable_lib), spec.name)
     mr, nr = info["mr"], info["nr"]
-    lhs_mr = mr if spec.mr_vl else spec.lhs_mr
     rng = np.random.default_rng(sum(map(ord, "guard" + text)))
-    cases, refs = [], []
-    for i, (m, n, k) in enumerate(_q4_shapes(spec, rng)):
+    shapes = []
+    for m, n, k in _q4_shapes(spec, rng):
         m = min(m, 2 * mr + 3) if spec.mr_vl else m
         n = 1 + (n * nr) // (4 * spec.nr) if spec.nr_vl else n      # scale to the VL panel
-        lhs, rhs, ref, *_ = _pack(spec, rng, m, n, k, 32, nr=nr, lhs_mr=lhs_mr)
-        cmin, cmax = _clamps(i, ref(-FLT_MAX, FLT_MAX))
-        cases.append(dict(m=m, n=n, k=k, bl=32, lhs_packed=lhs, rhs_packed=rhs,
-                          dst_stride=n + (0, 1, 2, 3)[i % 4], clamp_min=cmin, clamp_max=cmax,
-                          sentinel=SENTINEL))
-        refs.append(ref(cmin, cmax))
-    outs = g.call("guest_pack:guarded_q4_cases", str(scalable_lib), spec.name, cases, PLACEMENTS)
-    for c, exact, res in zip(cases, refs, outs):
-        for at, (region, off) in zip(PLACEMENTS, res):
-            what = f"{spec.name} VL=512 m={c['m']} n={c['n']} k={c['k']} guard at {at}"
-            got = _check_dst(region, off, c["m"], c["n"], c["dst_stride"], what)
-            assert np.array_equal(got.view(np.uint32), exact.view(np.uint32)), what
+        shapes.append((m, n, k))
+    _guard_q4(g, scalable_lib, spec, shapes, rng, nr=nr, lhs_mr=mr if spec.mr_vl else spec.lhs_mr)
