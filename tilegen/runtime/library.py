@@ -688,21 +688,13 @@ class Library:
         kern = self.select(packed, m)
         dst = out.reshape(m, packed.n)
         k, bl = packed.k, packed.bl
-        if kern.family == "f32" and not kern.spec.packs_f32_lhs:
+        lay = kern.lhs_layout(bl or 32)
+        if lay is None:     # f32 rows as they are
             lhs = x2
-        elif kern.family == "f32":   # SME outer products: k-major row blocks, split over m
-            lay = kern.lhs_layout()
-            lhs = np.empty(lay.packed_size(m, k), np.uint8)
-
-            def pack_part(m0, m1):
-                off = lay.packed_offset(m0, k)
-                lhs[off:off + lay.packed_size(m1 - m0, k)] = lay.pack(x2[m0:m1])
-            run_parallel([lambda a=a, b=b: pack_part(a, b)
-                          for a, b in split(m, kern.m_step, nthreads)])
-        else:   # quantise + pack the activations, split over m in multiples of m_step
-            lhs = np.zeros(kern.lhs_packed_size(m, k, bl), np.uint8)
-            lay = kern.lhs_layout(bl)
-            neon = self.packer(kern.spec.info.lhs, lay.mr, kern.kr, kern.sr)
+        else:   # packed activations (q4: quantised), split over m in multiples of m_step
+            lhs = np.zeros(lay.packed_size(m, k), np.uint8)
+            neon = (self.packer(kern.spec.info.lhs, lay.mr, kern.kr, kern.sr)
+                    if kern.spec.info.quantized else None)
 
             def pack_part(m0, m1):    # m0 is a multiple of m_step (and so of the LHS mr)
                 off = lay.packed_offset(m0, k)
