@@ -21,8 +21,9 @@ VLS = (128, 256, 512, 1024, 2048)
 SVE_TILES = ("6x4vl", "8x2vl", "4x4vl", "1x4vl", "3x1vl", "3x8vl", "1x8vl")
 SME_TILES = ("2vlx2vl", "1vlx4vl", "4vlx1vl", "1vlx3vl")
 SME2_TILES = ("2vlx2vl", "1vlx4vl", "4vlx1vl", "1x4vl", "1x2vl")
-SVE_RUNS = [("max", v) for v in VLS] + [("neoverse-n2", None), ("neoverse-v1", None), ("a64fx", None)]
-SVE_NATIVE_VL = {"neoverse-n2": 128, "neoverse-v1": 256, "a64fx": 512}
+SVE_RUNS = [("max", v) for v in VLS] + [("neoverse-n2", None), ("neoverse-v1", None),
+                                        ("a64fx", None), ("cortex-a710", None)]
+SVE_NATIVE_VL = {"neoverse-n2": 128, "neoverse-v1": 256, "a64fx": 512, "cortex-a710": 128}
 
 
 def _specs(isa, tiles):
@@ -133,7 +134,8 @@ Q4_SVE = [(f, i, t) for f in ("q4_0", "q4_0_dx") for i, t in
           (("sve_dotprod", "8x1vl"), ("sve_dotprod", "4x2vl"), ("sve_dotprod", "1x2vl"),
            ("sve_dotprod", "1x1vl"), ("sve_i8mm", "8x1vl"), ("sve_i8mm", "16x1vl"),
            ("sve_i8mm", "4x2vl"), ("sve_dotprod", "1x1vl:k16"), ("sve_dotprod", "1x2vl:k16"))]
-Q4_SVE_RUNS = [("max", v) for v in VLS] + [("neoverse-n2", None), ("neoverse-v1", None)]
+Q4_SVE_RUNS = [("max", v) for v in VLS] + [("neoverse-n2", None), ("neoverse-v1", None),
+                                           ("cortex-a710", None)]
 
 
 def _q4_specs():

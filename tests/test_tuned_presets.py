@@ -40,9 +40,17 @@ def tuned_lib(tmp_path_factory):
     return out
 
 
+CPUS = ("cortex-a53", "neoverse-n1", "neoverse-v1", "neoverse-n2", "max")
+
+
+@pytest.mark.parametrize("cpu", CPUS)
 @pytest.mark.parametrize("spec", _tuned_specs(), ids=lambda s: s.spec_string)
-def test_tuned_kernel_bit_exact(spec, tuned_lib):
-    g = guest("max", sve_vl=256)
+def test_tuned_kernel_bit_exact(spec, cpu, tuned_lib):
+    g = guest(cpu, sve_vl=256) if cpu == "max" else guest(cpu)
+    feats = set(g.call("guest_calls:machine")["features"])
+    if not set(spec.features) <= feats:     # the runtime refuses it on this CPU
+        assert "ArgumentError" in g.call("guest_calls:refused", str(tuned_lib), spec.name)
+        return
     info = g.call("guest_calls:vl_info", str(tuned_lib), spec.name)
     mr, nr = info["mr"], info["nr"]
     rng = np.random.default_rng(sum(map(ord, spec.name)))
