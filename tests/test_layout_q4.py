@@ -294,7 +294,7 @@ def test_qsi4c32p_pack_vectors(path):
         for blk in range(k // bl):
             o = g * GS + lay.block_offset(blk) + lay.scale_offset_in_block + 2 * i
             assert z["packed"][o:o + 2].view("<u2")[0] == z["scale_bf16"][src, blk]
-    # worked bytes of LAYOUTS.md 4.4
+    # worked bytes of docs/layouts.md#qsi4c32p
     if path.stem == "rhs_qsi4c32p_s1s0_n8_k64_nr4_kr8_sr2_bl32":
         assert list(z["packed"][:4]) == [0x53, 0x81, 0x19, 0xB3]
     # dequantize: (u - 8) * f32(bf16)
@@ -557,7 +557,7 @@ def test_matmul_qsi8d32p_qsi4c32pscalef16_vectors(path):
 
 
 def test_reference_clamp_order():
-    """max first, then min: clamp_min > clamp_max gives clamp_max (LAYOUTS 7.2)."""
+    """max first, then min: clamp_min > clamp_max gives clamp_max (docs/layouts.md#arith-qai8dxp)."""
     z = np.load(_vectors("matmul_clamp_f32_qai8dxp1x4_*_m1_*.npz")[0])
     dst = matmul_qai8dxp_qsi4c32p(z["lhs_packed"], z["rhs_packed"], *_geom(z), 1.0, -1.0)
     assert np.all(dst == -1.0)

@@ -42,7 +42,7 @@ SPECS = ([PackerSpec("qai8dxp", *t) for t in QAI8DXP_TILES]
 
 
 # --------------------------------------------------------------------------------------------
-# numpy model (written from LAYOUTS.md 3 / LAYOUT-QSI8D32P.md 1-3); tilegen.layout.q4 is used
+# numpy model (written from docs/layouts.md#qai8dxp and #qsi8d32p); tilegen.layout.q4 is used
 # as well when it exists.
 F = np.float32
 

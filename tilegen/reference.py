@@ -1,7 +1,7 @@
 """numpy reference arithmetic for the kernels (bit-exact where the spec defines the bits).
 
-``fma_f32`` is an exact binary32 fused multiply-add for finite inputs (LAYOUTS.md §11);
-``matmul_f32`` reproduces the f32 kernel's sequential FMA chain bit for bit (§8.2).
+``fma_f32`` is an exact binary32 fused multiply-add for finite inputs (docs/layouts.md#fma-f32);
+``matmul_f32`` reproduces the f32 kernel's sequential FMA chain bit for bit (docs/layouts.md#arith-f32).
 """
 from __future__ import annotations
 

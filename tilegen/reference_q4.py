@@ -1,8 +1,9 @@
 """Bit-exact numpy references of KleidiAI's int8 x int4 matmul kernels.
 
-* :func:`matmul_qai8dxp_qsi4c32p` — ``kai_matmul_clamp_f32_qai8dxp*_qsi4c32p*`` (LAYOUTS.md 7.2)
+* :func:`matmul_qai8dxp_qsi4c32p` — ``kai_matmul_clamp_f32_qai8dxp*_qsi4c32p*``
+  (docs/layouts.md#arith-qai8dxp)
 * :func:`matmul_qsi8d32p_qsi4c32pscalef16` — ``kai_matmul_clamp_f32_qsi8d32p*_qsi4c32p*``
-  reading section-5 (scalef16) weights (LAYOUTS.md 7b.3, LAYOUT-QSI8D32P.md 6.2)
+  reading qsi4c32pscalef16 weights (docs/layouts.md#arith-qsi8d32p)
 
 Both read the packed buffers through the layout objects' unpack methods, so they check the
 layouts as much as the arithmetic.  Only dst[0:m, 0:n] is produced.

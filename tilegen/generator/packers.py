@@ -1,7 +1,7 @@
 """LHS "quantize and pack" routines (KleidiAI ``lhs_quant_pack_*_f32``) as generated NEON code.
 
-Two formats, byte-identical to KleidiAI (``shared/docs/LAYOUTS.md`` section 3 and 7b,
-``shared/docs/LAYOUT-QSI8D32P.md`` sections 1-3):
+Two formats, byte-identical to KleidiAI (``docs/layouts.md``, sections ``#qai8dxp`` and
+``#qsi8d32p``):
 
 ``qai8dxp``
     per-row asymmetric int8 with an int32 offset (= -zero point) and an f32 ``1/scale`` per row;

@@ -1,6 +1,6 @@
 """f32 layouts: plain strided f32 matrices and KleidiAI's ``f32p<nr>x1b`` packed RHS.
 
-``f32p<nr>x1b`` (LAYOUTS.md section 6): the n columns are cut into panels of ``nr``;
+``f32p<nr>x1b`` (docs/layouts.md#f32p-rhs): the n columns are cut into panels of ``nr``;
 each panel holds ``nr`` f32 bias values, then ``k`` rows of ``nr`` f32 weights
 (row ``t`` = ``W[t][panel columns]``).  Columns past n are zero in bias and data.
 """

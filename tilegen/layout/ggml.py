@@ -1,4 +1,4 @@
-"""ggml ``block_q4_0`` (LAYOUTS.md section 2): quantiser and dequantiser in numpy.
+"""ggml ``block_q4_0`` (docs/layouts.md#ggml-q4_0): quantiser and dequantiser in numpy.
 
 A Q4_0 row of ``k`` values (k a multiple of 32) is ``k/32`` blocks of 18 bytes::
 
@@ -17,7 +17,7 @@ unsigned with zero point 8: ``x_j = (q_j - 8) * f32(d)``.
 * ``d`` stored as f16 (round to nearest even; ``max = +0.0`` gives ``d = -0.0`` = 0x8000 like ggml).
 
 Both functions also take ``bl`` (a multiple of 32) for the "q4_0-style" rows with longer blocks
-that ``kai_run_rhs_pack_nxk_qsi4c32pscalef16_qsu4c32s16s0`` reads (LAYOUTS.md section 5.2):
+that ``kai_run_rhs_pack_nxk_qsi4c32pscalef16_qsu4c32s16s0`` reads (docs/layouts.md#qsi4c32pscalef16):
 ``[f16 d][bl/2 bytes]`` per block, byte ``j`` = element ``j`` (low) | element ``j + bl/2`` (high).
 Only ``bl = 32`` is a ggml format.
 """

@@ -1,13 +1,13 @@
 """int8 LHS / int4 RHS layouts of KleidiAI's quantised matmul kernels, byte for byte.
 
 =====================  ==============================================  ==========================
-class                  KleidiAI packer                                 spec
+class                  KleidiAI packer                                 docs/layouts.md
 =====================  ==============================================  ==========================
-:class:`QAI8DXP`       ``kai_run_lhs_quant_pack_qai8dxp_f32``          LAYOUTS.md section 3
-:class:`QSI8D32P`      ``kai_run_lhs_quant_pack_qsi8d32p_f32``          LAYOUT-QSI8D32P.md 1-3,
-                       (``rounding="even"``: ``..._qsi8d32p4x8sb_f32_neon``)  LAYOUTS.md 7b.2
-:class:`QSI4C32P`      ``kai_run_rhs_pack_nxk_qsi4c32p_qsu4c32s1s0``    LAYOUTS.md section 4
-:class:`QSI4C32PScaleF16` ``kai_run_rhs_pack_nxk_qsi4c32pscalef16_qsu4c32s16s0``  LAYOUTS.md 5
+:class:`QAI8DXP`       ``kai_run_lhs_quant_pack_qai8dxp_f32``          layouts.md#qai8dxp
+:class:`QSI8D32P`      ``kai_run_lhs_quant_pack_qsi8d32p_f32``          layouts.md#qsi8d32p
+                       (``rounding="even"``: ``..._qsi8d32p4x8sb_f32_neon``)
+:class:`QSI4C32P`      ``kai_run_rhs_pack_nxk_qsi4c32p_qsu4c32s1s0``    layouts.md#qsi4c32p
+:class:`QSI4C32PScaleF16` ``kai_run_rhs_pack_nxk_qsi4c32pscalef16_qsu4c32s16s0``  layouts.md#qsi4c32pscalef16
 =====================  ==============================================  ==========================
 
 Each class is a frozen dataclass holding the format's geometry parameters.  It gives the
@@ -160,7 +160,7 @@ class _RhsGroups(_Interleaved):
 
 @dataclass(frozen=True)
 class QAI8DXP(_LhsRowBlocks):
-    """KleidiAI ``qai8dxp<mr>x<L>``: per-row asymmetric int8, L = kr/sr interleave (LAYOUTS 3).
+    """KleidiAI ``qai8dxp<mr>x<L>``: per-row asymmetric int8, L = kr/sr interleave (docs/layouts.md#qai8dxp).
 
     Row block of ``mr`` rows (stride ``mr*(K32+8)``, ``K32 = roundup(k, 32)``)::
 
@@ -233,7 +233,8 @@ class QAI8DXP(_LhsRowBlocks):
     # -- quantisation ------------------------------------------------------------------
     @staticmethod
     def quantize_rows(x: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-        """(m, k) float32 -> (q int8 (m, k), offset int32 (m,), rscale float32 (m,)) (LAYOUTS 3.3)."""
+        """(m, k) float32 -> (q int8 (m, k), offset int32 (m,), rscale float32 (m,))
+        (docs/layouts.md#qai8dxp-quant)."""
         f = np.float32
         mx = x.max(axis=1)
         mn = x.min(axis=1)
@@ -330,7 +331,7 @@ class QSI8D32P(_LhsRowBlocks):
     ``kai_lhs_quant_pack_qsi8d32p4x8sb_f32_neon`` (FCVTNS).  This model follows the layout for
     every ``m_idx_start`` and geometry; KleidiAI's own 4x8sb code exists only for (4, 16, 2) and
     agrees with it only when ``m_idx_start % 4 == 0`` (or fewer than 4 rows are packed) and the
-    source rows are contiguous (LAYOUT-QSI8D32P.md 3).
+    source rows are contiguous (docs/layouts.md#qsi8d32p-quant).
     """
 
     mr: int
@@ -461,7 +462,7 @@ class QSI8D32P(_LhsRowBlocks):
 # ----------------------------------------------------------------------------------------
 @dataclass(frozen=True)
 class QSI4C32P(_RhsGroups):
-    """KleidiAI ``qsi4c32p<nr>x<L>`` from ``kai_rhs_pack_nxk_qsi4c32p_qsu4c32s1s0`` (LAYOUTS 4).
+    """KleidiAI ``qsi4c32p<nr>x<L>`` from ``kai_rhs_pack_nxk_qsi4c32p_qsu4c32s1s0`` (docs/layouts.md#qsi4c32p).
 
     Group of ``nr`` rows (stride ``nr*(B*(bl/2+2) + 8)``, ``B = k/bl``)::
 
@@ -694,7 +695,7 @@ class QSI4C32P(_RhsGroups):
 # ----------------------------------------------------------------------------------------
 @dataclass(frozen=True)
 class QSI4C32PScaleF16(_RhsGroups):
-    """KleidiAI's ``kai_rhs_pack_nxk_qsi4c32pscalef16_qsu4c32s16s0`` output (LAYOUTS 5).
+    """KleidiAI's ``kai_rhs_pack_nxk_qsi4c32pscalef16_qsu4c32s16s0`` output (docs/layouts.md#qsi4c32pscalef16).
 
     Group of ``nr`` rows (stride ``nr*B*(bl/2+2)``), per block ``b``
     (``block_stride = nr*(bl/2+2)``)::
@@ -705,7 +706,7 @@ class QSI4C32PScaleF16(_RhsGroups):
 
     Source row = ``B`` blocks of ``[f16 d][bl/2 bytes]``; byte q = element q (low nibble) and
     element q + bl/2 (high nibble), unsigned with zero point 8.  For bl = 32 a source row is a
-    row of ggml ``block_q4_0``.  The consumers pair element q with q + bl/2 (LAYOUTS 5.3).
+    row of ggml ``block_q4_0``.  The consumers pair element q with q + bl/2 (same section).
     """
 
     nr: int
