@@ -227,9 +227,6 @@ class QAI8DXP(_LhsRowBlocks):
         """Offset of (slot x, element t) inside a row block."""
         return (t // self.L) * self.mr * self.L + x * self.L + t % self.L
 
-    # -- sizes (runtime) -----------------------------------------------------------------
-
-
     # -- quantisation ------------------------------------------------------------------
     @staticmethod
     def quantize_rows(x: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
@@ -391,9 +388,6 @@ class QSI8D32P(_LhsRowBlocks):
         b, eb = divmod(e, self.bl)
         return self.data_offset(b) + (eb // self.L) * self.mr * self.L + x * self.L + eb % self.L
 
-    # -- sizes -------------------------------------------------------------------------
-
-
     # -- quantisation ------------------------------------------------------------------
     def quantize_rows(self, x: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         """(m, k) float32 -> (q int8 (m, k), f16 scale bits uint16 (m, k/bl))."""
@@ -545,8 +539,6 @@ class QSI4C32P(_RhsGroups):
 
     def bias_offset(self, k: int) -> int:
         return self.num_blocks(k) * self.block_bytes + 4 * self.nr
-
-    # -- sizes -------------------------------------------------------------------------
 
     # -- packers -----------------------------------------------------------------------
     def _check_k(self, k: int) -> int:
@@ -772,8 +764,6 @@ class QSI4C32PScaleF16(_RhsGroups):
 
     def data_offset(self, b: int) -> int:
         return b * self.block_stride + 2 * self.nr
-
-    # -- sizes -------------------------------------------------------------------------
 
     # -- packers -----------------------------------------------------------------------
     def _shape(self, raw: np.ndarray, n, k) -> tuple[int, int]:
