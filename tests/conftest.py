@@ -9,7 +9,7 @@ import tilegen
 from tilegen.emulate.remote import GuestSession
 
 TESTS_DIR = Path(__file__).resolve().parent
-# qemu CPU models the execution tests run on (issue #2).
+# qemu CPU models the execution tests run on.
 EXEC_CPUS = ("cortex-a53", "neoverse-n1", "neoverse-v1", "max")
 F32_TILES = ("6x16", "4x16", "8x8", "4x24", "5x12", "1x16", "1x4")
 # tiles no KleidiAI kernel has, which the allocator accepts
@@ -28,7 +28,7 @@ def guest(cpu: str, sve_vl: int | None = None, sme_vl: int | None = None,
     return s
 
 
-# SME kernels are opt-in at run time (the seed's rule); tests that run them enable it.
+# SME kernels are opt-in at run time (TILEGEN_SME); tests that run them enable it.
 SME_ON = {"TILEGEN_SME": "1"}
 
 

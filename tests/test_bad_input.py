@@ -1,4 +1,4 @@
-"""Table of malformed calls across the public API (issue #8 item 4).  Each runs in the guest
+"""Table of malformed calls across the public API.  Each runs in the guest
 Python, a separate process: a crash would surface as GuestCrashed, a test failure."""
 from __future__ import annotations
 

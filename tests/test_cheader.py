@@ -1,5 +1,5 @@
 """The generated C header and getters: compile a C client for aarch64, link it to the library,
-run it under qemu (issue #6)."""
+run it under qemu."""
 from __future__ import annotations
 
 import shutil

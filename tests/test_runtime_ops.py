@@ -1,4 +1,4 @@
-"""The user-facing ops over a full default library on every CPU model (issue #5)."""
+"""The user-facing ops over a full default library on every CPU model."""
 from __future__ import annotations
 
 from pathlib import Path

@@ -57,7 +57,7 @@ for _p in _PRESETS:
         TARGETS[_a] = _p
 
 # What a default build contains, per family; filtered by each target's features.
-# q4 gemm kernels come with the gemv partner that reads the same packed weights (the seed's
+# q4 gemm kernels come with the gemv partner that reads the same packed weights (llama.cpp's
 # pairs: i8mm 16x4 kr16 + dotprod 1x4 kr16; dotprod 16x4 kr8 + 1x4 kr8), NEON fallback last.
 DEFAULT_KERNELS: tuple[str, ...] = (
     "f32:neon:6x16", "f32:neon:4x16", "f32:neon:8x8", "f32:neon:4x24",

@@ -74,7 +74,7 @@ ISA_FEATURES: dict[str, tuple[str, ...]] = {
     "sve2": ("sve", "sve2"),
     "sme": ("sme",),
     "sme2": ("sme", "sme2"),
-    # int8 dot product / matrix multiply on Z registers: SVE plus the feature (as the seed)
+    # int8 dot product / matrix multiply on Z registers: SVE plus the feature
     "sve_dotprod": ("sve", "dotprod"),
     "sve_i8mm": ("sve", "i8mm"),
 }

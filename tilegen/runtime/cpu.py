@@ -77,7 +77,7 @@ def _sme_mode() -> str:
 
 
 def _apply_override(feats: set[str]) -> set[str]:
-    if _sme_mode() == "0":        # SME kernels are opt-in, as in the seed
+    if _sme_mode() == "0":        # SME kernels are opt-in (TILEGEN_SME=1 or auto)
         feats = feats - {"sme", "sme2"}
     spec = os.environ.get("TILEGEN_ISA")
     if not spec:

@@ -715,7 +715,7 @@ class Library:
         return out
 
     def get_rows(self, packed: PackedWeights, rows) -> np.ndarray:
-        """Dequantise rows of packed weights (the seed's get_rows / embedding lookup)."""
+        """Dequantise rows of packed weights (get_rows: an embedding lookup)."""
         return dequantize_packed_rows(packed, rows)
 
 

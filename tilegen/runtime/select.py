@@ -14,7 +14,7 @@ __all__ = ["KernelPair", "build_table", "KIND_FAMILY", "ISA_PREFERENCE"]
 
 # weight kind -> kernel family that consumes it
 KIND_FAMILY = {"f32": "f32", "f16": "f32", "q4_0": "q4_0", "q4_0_dx": "q4_0_dx"}
-# preferred ISAs first (the seed: SME > SVE > i8mm > dotprod > NEON)
+# preferred ISAs first: SME > SVE > i8mm > dotprod > NEON
 ISA_PREFERENCE = ("sme2", "sme", "sve2", "sve", "sve_i8mm", "sve_dotprod", "i8mm", "dotprod", "neon")
 
 

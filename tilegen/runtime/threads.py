@@ -1,4 +1,4 @@
-"""Threading: one persistent pool per process and the seed's work partitioning.
+"""Threading: one persistent pool per process, and how the work is partitioned over it.
 
 ctypes releases the GIL during a foreign call, so Python threads run kernels in parallel.
 Work is split like llama.cpp's kleidiai.cpp: LHS packing over m in multiples of the kernel's
