@@ -16,7 +16,7 @@ import subprocess
 from dataclasses import dataclass
 
 from .generator.render import render
-from .generator.spec import KernelSpec
+from .generator.spec import ISAS, KernelSpec
 
 __all__ = ["AnalyzeError", "LoopReport", "InstructionMix", "hot_loop", "analyze",
            "instruction_mix", "mca_tool", "MODELS", "MAC_MNEMONICS", "MODEL_SVE_VL"]
@@ -25,7 +25,8 @@ MODELS = ("neoverse-v2", "neoverse-n2", "neoverse-v1", "apple-m4")
 # plain-NEON q4 kernels multiply with SMULL/SMULL2 (int8 -> int16) and accumulate with SADALP
 MAC_MNEMONICS = ("fmla", "sdot", "udot", "smmla", "ummla", "bfmmla", "fmopa", "smopa",
                  "smull", "smull2", "smlal", "smlal2", "sadalp")
-_MATTR = "+neon,+dotprod,+i8mm,+bf16,+fullfp16,+sve,+sve2"
+# every modelled ISA's features (the ISA records), so that any kernel assembles for llvm-mca
+_MATTR = ",".join(dict.fromkeys(f for i in ISAS.values() for f in i.mattr.split(",") if f))
 # SVE vector length of each llvm-mca model's CPU (bits): scales the MAC count of VL-agnostic
 # loops; models without SVE are absent.
 MODEL_SVE_VL = {"neoverse-v2": 128, "neoverse-n2": 128, "neoverse-v1": 256, "a64fx": 512}
@@ -141,10 +142,10 @@ def instruction_mix(spec: KernelSpec) -> InstructionMix:
 
 
 def analyze(spec: KernelSpec, model: str) -> LoopReport:
-    if spec.isa.startswith("sme"):
+    if spec.isa_info.vl_kind == "sme":
         raise AnalyzeError(f"{spec.name}: llvm-mca has no useful SME model; SME kernels are "
                            f"measured by instruction_mix (MAC instructions per loop instruction)")
-    if spec.isa.startswith("sve") and model not in MODEL_SVE_VL:
+    if spec.isa_info.vl_kind == "sve" and model not in MODEL_SVE_VL:
         raise AnalyzeError(f"{spec.name}: model {model} has no SVE (models with SVE: "
                            f"{', '.join(MODEL_SVE_VL)})")
     text = render(spec).text

@@ -22,7 +22,8 @@ from .analyze import AnalyzeError, LoopReport, analyze, mca_tool
 from .build.targets import Target
 from .build.tuned import TunedFamily
 from .generator.regalloc import allocate
-from .generator.spec import FAMILIES, ISA_FEATURES, SCALABLE_ISAS, KernelSpec, SpecError
+from .generator.spec import FAMILIES, ISAS, KernelSpec, SpecError
+from .layout.base import rhs_identity
 from .layout.base import rhs_layout_for
 
 __all__ = ["TuneError", "Candidate", "Score", "Ranking", "Pair", "REGIMES", "tunable_isas",
@@ -52,9 +53,9 @@ class Candidate:
     rhs_bytes_per_mac: float
 
     @property
-    def rhs_key(self) -> tuple[int, int, int]:
-        """What the packed RHS depends on (the runtime pairs gemm and gemv by it)."""
-        return (self.spec.nr, int(self.spec.kr), int(self.spec.sr))
+    def rhs_key(self) -> tuple:
+        """The packed RHS this kernel reads (the runtime pairs gemm and gemv by it)."""
+        return rhs_identity(self.spec)
 
 
 @dataclass(frozen=True)
@@ -128,7 +129,7 @@ def tunable_isas(target: Target, family: str, isa: str | None = None) -> list[st
     fam = FAMILIES.get(family)
     if fam is None:
         raise TuneError(f"unknown family {family!r}; known: {', '.join(sorted(FAMILIES))}")
-    isas = [i for i in fam.isas if set(ISA_FEATURES[i]) <= target.features]
+    isas = [i for i in fam.isas if set(ISAS[i].features) <= target.features]
     if isa is not None:
         if isa not in fam.isas:
             raise TuneError(f"family {family!r} has no template for isa {isa!r}; "
@@ -170,9 +171,9 @@ def candidates(target: Target, family: str, regime: str, isa: str | None = None,
     out: list[Candidate] = []
     seen: set[KernelSpec] = set()
     for i in isas:
-        scalable = i in SCALABLE_ISAS
+        scalable = ISAS[i].scalable
         rows = [(mr, False) for mr in grid_mr]
-        if i.startswith("sme") and regime == "gemm":     # ZA tiles: rows in VL units too
+        if ISAS[i].vl_kind == "sme" and regime == "gemm":     # ZA tiles: rows in VL units too
             rows += [(mu, True) for mu in (1, 2, 4)]
         for mr, mr_vl in rows:
             if not mr_vl and ((regime == "gemv") != (mr == 1)
@@ -195,7 +196,7 @@ def candidates(target: Target, family: str, regime: str, isa: str | None = None,
 
 def _canonical_key(spec: KernelSpec) -> tuple:
     info = spec.info
-    return (spec.sr != info.default_sr[spec.isa], spec.kr != info.default_kr[spec.isa],
+    return (spec.sr != info.impls[spec.isa].sr, spec.kr != info.impls[spec.isa].kr,
             spec.spec_string)
 
 

@@ -109,11 +109,11 @@ def default_specs(target: Target, isas: list[str] | None = None,
     The target's tuned kernels (``tilegen tune --write``, see :mod:`tilegen.build.tuned`; read
     from ``tuned_dir``, else ``$TILEGEN_TUNED_DIR``, else the package) come first, then
     DEFAULT_KERNELS; a kernel name appears once (its first occurrence wins)."""
-    from ..generator.spec import ISA_FEATURES
+    from ..generator.spec import ISAS
     from .tuned import tuned_specs
     for isa in isas or ():
-        if isa not in ISA_FEATURES:
-            raise TargetError(f"unknown isa {isa!r}; known: {', '.join(ISA_FEATURES)}")
+        if isa not in ISAS:
+            raise TargetError(f"unknown isa {isa!r}; known: {', '.join(ISAS)}")
     specs = tuned_specs(target, tuned_dir) + [parse_spec(s) for s in DEFAULT_KERNELS]
     seen: set[str] = set()
     out = []

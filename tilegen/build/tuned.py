@@ -9,9 +9,9 @@ else ``tilegen/build/tuned/`` in the package.  Format (version 1)::
       "model": "neoverse-v2",             # llvm-mca -mcpu the scores were computed with
       "families": {
         "q4_0": {
-          "gemm": "q4_0:i8mm:16x4",       # spec string, mr > 1
-          "gemv": "q4_0:dotprod:1x4:k16:s2",   # spec string, mr == 1 (or null)
-          "shared_rhs": true,             # gemv reads the gemm's packed RHS (same nr, kr, sr)
+          "gemm": "q4_0:i8mm:16x4",       # spec string, a gemm tile (not spec.is_gemv)
+          "gemv": "q4_0:dotprod:1x4:k16:s2",   # spec string, spec.is_gemv (or null)
+          "shared_rhs": true,             # gemv reads the gemm's packed RHS (layout.same_rhs)
           "scores": {"gemm": 42.1, "gemv": 9.8}   # MACs/cycle over a 32-k block (information)
         }
       }
@@ -94,9 +94,9 @@ def _spec(path: Path, target: Target, family: str, role: str, text) -> KernelSpe
         raise TunedError(f"{where}: {e}") from None
     if spec.family != family:
         raise TunedError(f"{where}: {text!r} is a {spec.family} kernel, not {family}")
-    if (role == "gemv") != (spec.mr == 1):
-        raise TunedError(f"{where}: {text!r} has mr={spec.mr}; a {role} kernel needs "
-                         f"{'mr == 1' if role == 'gemv' else 'mr > 1'}")
+    if (role == "gemv") != spec.is_gemv:
+        raise TunedError(f"{where}: {text!r} has mr={spec.mr_str}; a {role} kernel needs "
+                         f"{'mr == 1' if role == 'gemv' else 'mr > 1 or mr in VL units'}")
     if not target.supports(spec):
         missing = ", ".join(sorted(set(spec.features) - target.features))
         raise TunedError(f"{where}: {text!r} needs {missing}, which target {target.name} lacks")

@@ -1,7 +1,7 @@
 """Kernel generator: specs, validation, register allocation, rendering."""
-from .spec import KernelSpec, SpecError, parse_spec, FAMILIES, ISA_FEATURES
+from .spec import KernelSpec, SpecError, parse_spec, FAMILIES, ISAS
 from .regalloc import allocate
 from .render import generate, render, symbol_for, FORMATS
 
-__all__ = ["KernelSpec", "SpecError", "parse_spec", "FAMILIES", "ISA_FEATURES", "allocate",
+__all__ = ["KernelSpec", "SpecError", "parse_spec", "FAMILIES", "ISAS", "allocate",
            "generate", "render", "symbol_for", "FORMATS"]

@@ -485,7 +485,7 @@ def _allocate_f32_sme2_gemv(spec: KernelSpec) -> Sme2GemvRegs:
 
 
 def _allocate_f32_sme2(spec: KernelSpec):
-    if spec.mr == 1 and not spec.mr_vl:
+    if spec.is_gemv:
         return _allocate_f32_sme2_gemv(spec)
     return _allocate_f32_sme(spec)
 
@@ -595,7 +595,7 @@ class Q4Sme2Regs(Q4SveRegs):
 
 def _allocate_q4_sme2(spec: KernelSpec) -> Q4Sme2Regs:
     nv = spec.nr
-    if spec.mr != 1 or spec.mr_vl:
+    if not spec.is_gemv:
         raise SpecError(f"sme2 q4 kernels are gemv (ZA-array SDOT): mr must be 1, got "
                         f"mr={spec.mr_str}")
     if nv not in (2, 4):
@@ -666,21 +666,18 @@ def _allocate_q4_sme(spec: KernelSpec) -> Q4SmeRegs:
                            ("scratch", 3), ("clamp", 2), ("epilogue", 4))))
 
 
-_ALLOCATORS = {("f32", "neon"): _allocate_f32_neon, ("f32", "sve"): _allocate_f32_sve,
-               ("f32", "sme"): _allocate_f32_sme, ("f32", "sme2"): _allocate_f32_sme2,
-               ("q4_0", "neon"): _allocate_q4_neon, ("q4_0_dx", "neon"): _allocate_q4_neon,
-               ("q4_0", "dotprod"): _allocate_q4_neon, ("q4_0", "i8mm"): _allocate_q4_neon,
-               ("q4_0_dx", "dotprod"): _allocate_q4_neon, ("q4_0_dx", "i8mm"): _allocate_q4_neon,
-               ("q4_0", "sve_dotprod"): _allocate_q4_sve, ("q4_0", "sve_i8mm"): _allocate_q4_sve,
-               ("q4_0_dx", "sve_dotprod"): _allocate_q4_sve, ("q4_0_dx", "sve_i8mm"): _allocate_q4_sve,
-               ("q4_0", "sme2"): _allocate_q4_sme2, ("q4_0_dx", "sme2"): _allocate_q4_sme2,
-               ("q4_0", "sme"): _allocate_q4_sme, ("q4_0_dx", "sme"): _allocate_q4_sme}
+# allocator name (``IsaImpl.allocator`` of the family records in spec.py) -> function
+ALLOCATORS = {"f32_neon": _allocate_f32_neon, "f32_sve": _allocate_f32_sve,
+              "f32_sme": _allocate_f32_sme, "f32_sme2": _allocate_f32_sme2,
+              "q4_neon": _allocate_q4_neon, "q4_sve": _allocate_q4_sve,
+              "q4_sme": _allocate_q4_sme, "q4_sme2": _allocate_q4_sme2}
 
 
 def allocate(spec: KernelSpec):
     """Allocate registers for ``spec`` or raise :class:`SpecError` naming the violated rule."""
     try:
-        fn = _ALLOCATORS[(spec.family, spec.isa)]
+        fn = ALLOCATORS[spec.impl.allocator]
     except KeyError:
-        raise SpecError(f"no register allocator for {spec.family}/{spec.isa}") from None
+        raise SpecError(f"no register allocator {spec.impl.allocator!r} for "
+                        f"{spec.family}/{spec.isa}") from None
     return fn(spec)

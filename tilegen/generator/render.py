@@ -15,7 +15,7 @@ import jinja2
 from .. import __version__
 from ..layout import rhs_layout_for
 from .regalloc import allocate
-from .spec import KernelSpec, SpecError
+from .spec import ISAS, KernelSpec, SpecError
 
 __all__ = ["FORMATS", "Rendered", "symbol_for", "render", "generate"]
 
@@ -36,11 +36,13 @@ def _check_format(fmt: str) -> None:
 
 @lru_cache(maxsize=1)
 def _env() -> jinja2.Environment:
-    return jinja2.Environment(
+    env = jinja2.Environment(
         loader=jinja2.FileSystemLoader(str(TEMPLATE_DIR)),
         trim_blocks=True, lstrip_blocks=True, keep_trailing_newline=True,
         undefined=jinja2.StrictUndefined, autoescape=False,
     )
+    env.globals["ISAS"] = ISAS     # common.S.j2's arch macro reads the .arch line from the record
+    return env
 
 
 @dataclass(frozen=True)
@@ -63,18 +65,6 @@ def save_plan(regs) -> list[tuple[tuple[str, ...], int]]:
     return plan
 
 
-# family/ISA pairs served by another ISA's template (SME2 adds multi-vector forms to SME's)
-_SHARED_TEMPLATES = {("f32", "sme2"): "f32_sme", **{(f, i): "q4_sve" for f in ("q4_0", "q4_0_dx")
-                                                    for i in ("sve_dotprod", "sve_i8mm", "sme2")},
-                     ("q4_0", "sme"): "q4_sme", ("q4_0_dx", "sme"): "q4_sme"}
-
-
-def _template_name(spec: KernelSpec) -> str:
-    if spec.family == "f32" and spec.isa == "sme2" and spec.mr == 1 and not spec.mr_vl:
-        return "f32_sme2_gemv.S.j2"
-    return _SHARED_TEMPLATES.get((spec.family, spec.isa), f"{spec.family}_{spec.isa}") + ".S.j2"
-
-
 def render(spec: KernelSpec, fmt: str = "elf") -> Rendered:
     _check_format(fmt)
     regs = allocate(spec)
@@ -82,7 +72,7 @@ def render(spec: KernelSpec, fmt: str = "elf") -> Rendered:
     # constants from the layout object; the f32 template reads its panel geometry from it.
     # VL-scaled kernels compute their strides at run time (addvl, cntw); none from a layout.
     layout = rhs_layout_for(spec) if spec.family == "f32" and not spec.vl_scaled else None
-    template = _env().get_template(_template_name(spec))
+    template = _env().get_template(spec.template)
     sym = symbol_for(spec.name, fmt)
     text = template.render(
         spec=spec, R=regs, L=layout, fmt=fmt, sym=sym, saves=save_plan(regs),

@@ -10,7 +10,7 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 
-__all__ = ["SpecError", "KernelSpec", "FamilyInfo", "FAMILIES", "ISA_FEATURES", "SCALABLE_ISAS", "parse_spec"]
+__all__ = ["SpecError", "KernelSpec", "Isa", "ISAS", "IsaImpl", "FamilyInfo", "FAMILIES", "parse_spec"]
 
 
 class SpecError(ValueError):
@@ -18,44 +18,95 @@ class SpecError(ValueError):
 
 
 @dataclass(frozen=True)
-class FamilyInfo:
-    """Static facts about an operation family."""
+class Isa:
+    """Everything tilegen knows about one instruction set: the one record per ISA."""
 
     name: str
-    isas: tuple[str, ...]          # ISAs a template exists for
+    features: tuple[str, ...]       # CPU features the kernels need (tilegen.runtime.cpu names)
+    arch: str                       # assembler ``.arch`` line
+    rank: int                       # runtime preference: lower first
+    vl_kind: str | None = None      # scalable: which vector length scales tiles ("sve": cntb,
+    #                                 "sme": streaming, rdsvl); None: fixed 128-bit vectors
+    acc_mem: bool = False           # q4 tiles may keep f32 accumulators in memory (":am")
+    mattr: str = ""                 # llvm-mca -mattr features of this ISA's instructions
+
+    @property
+    def scalable(self) -> bool:
+        return self.vl_kind is not None
+
+
+_SVE_ARCH = "armv9-a+sve2+i8mm+dotprod"
+_SME_ARCH = "armv9-a+sme2+sve2+i8mm"
+ISAS: dict[str, Isa] = {i.name: i for i in (
+    Isa("sme2", ("sme", "sme2"), _SME_ARCH, 0, "sme"),
+    Isa("sme", ("sme",), _SME_ARCH, 1, "sme"),
+    Isa("sve2", ("sve", "sve2"), _SVE_ARCH, 2, "sve", mattr="+sve,+sve2"),
+    Isa("sve", ("sve",), _SVE_ARCH, 3, "sve", mattr="+sve"),
+    # int8 dot product / matrix multiply on Z registers: SVE plus the NEON feature
+    Isa("sve_i8mm", ("sve", "i8mm"), _SVE_ARCH, 4, "sve", mattr="+sve,+i8mm"),
+    Isa("sve_dotprod", ("sve", "dotprod"), _SVE_ARCH, 5, "sve", mattr="+sve,+dotprod"),
+    Isa("i8mm", ("neon", "i8mm"), "armv8.6-a+dotprod+i8mm", 6, acc_mem=True, mattr="+neon,+i8mm"),
+    Isa("dotprod", ("neon", "dotprod"), "armv8.2-a+dotprod", 7, acc_mem=True,
+        mattr="+neon,+dotprod"),
+    Isa("neon", ("neon",), "armv8-a", 8, acc_mem=True, mattr="+neon"),
+)}
+
+
+@dataclass(frozen=True)
+class IsaImpl:
+    """How one family is realised on one ISA: name suffix, default interleave, template and
+    register allocator (``templates/<template>.S.j2``, ``regalloc.ALLOCATORS[allocator]``)."""
+
+    op: str                          # ISA/instruction suffix of the kernel name
+    template: str
+    allocator: str
+    kr: int = 1                      # kr / sr when the spec gives none
+    sr: int = 1
+    gemv_op: str | None = None       # gemv tiles (mr == 1) with a strategy of their own
+    gemv_template: str | None = None
+
+
+@dataclass(frozen=True)
+class FamilyInfo:
+    """The one record per operation family."""
+
+    name: str
     lhs: str                        # LHS format stem (KleidiAI naming)
     rhs: str                        # RHS packed format stem
-    op_suffix: dict[str, str]       # isa -> ISA/instruction suffix used in the name
-    default_kr: dict[str, int]      # isa -> kr when the spec gives none
-    default_sr: dict[str, int]
+    impls: dict[str, IsaImpl]       # isa -> realisation
+    kinds: tuple[str, ...]          # runtime weight kinds the family consumes
     quantized: bool = False
+
+    @property
+    def isas(self) -> tuple[str, ...]:
+        return tuple(self.impls)
 
 
 def _q4_family(name: str, lhs: str) -> FamilyInfo:
-    """The int4 x int8 families share ISAs, suffixes and default interleave (kr, sr)."""
+    """The int4 x int8 families share ISAs, templates, allocators and default interleave."""
+    def q4(op: str, strategy: str, kr: int, allocator: str | None = None) -> IsaImpl:
+        return IsaImpl(op, strategy, allocator or strategy, kr=kr, sr=2)
     return FamilyInfo(
-        name=name, isas=("neon", "dotprod", "i8mm", "sve_dotprod", "sve_i8mm", "sme", "sme2"),
-        lhs=lhs, rhs="qsi4c32p",
-        op_suffix={"neon": "neon", "dotprod": "neon_dotprod", "i8mm": "neon_i8mm",
-                   "sve_dotprod": "sve_dotprod", "sve_i8mm": "sve_i8mm", "sme": "sme_mopa",
-                   "sme2": "sme2_sdot"},
-        default_kr={"neon": 8, "dotprod": 8, "i8mm": 16, "sve_dotprod": 8, "sve_i8mm": 16,
-                    "sme": 8, "sme2": 8},
-        default_sr={"neon": 2, "dotprod": 2, "i8mm": 2, "sve_dotprod": 2, "sve_i8mm": 2,
-                    "sme": 2, "sme2": 2},
-        quantized=True,
+        name=name, lhs=lhs, rhs="qsi4c32p", kinds=(name,), quantized=True,
+        impls={"neon": q4("neon", "q4_neon", 8), "dotprod": q4("neon_dotprod", "q4_neon", 8),
+               "i8mm": q4("neon_i8mm", "q4_neon", 16),
+               "sve_dotprod": q4("sve_dotprod", "q4_sve", 8),
+               "sve_i8mm": q4("sve_i8mm", "q4_sve", 16),
+               "sme": q4("sme_mopa", "q4_sme", 8),
+               "sme2": q4("sme2_sdot", "q4_sve", 8, allocator="q4_sme2")},
     )
 
-
-_F32_ISAS = ("neon", "sve", "sme", "sme2")
 
 FAMILIES: dict[str, FamilyInfo] = {
     # f32 GEMM: NEON/SVE FMLA, SME FMOPA outer products (SME2: multi-vector loads and the
     # ZA-array FMLA gemv).
     "f32": FamilyInfo(
-        name="f32", isas=_F32_ISAS, lhs="f32", rhs="f32p",
-        op_suffix={"neon": "neon_mla", "sve": "sve_mla", "sme": "sme_mopa", "sme2": "sme2_mopa"},
-        default_kr={i: 1 for i in _F32_ISAS}, default_sr={i: 1 for i in _F32_ISAS},
+        name="f32", lhs="f32", rhs="f32p", kinds=("f32", "f16"),
+        impls={"neon": IsaImpl("neon_mla", "f32_neon", "f32_neon"),
+               "sve": IsaImpl("sve_mla", "f32_sve", "f32_sve"),
+               "sme": IsaImpl("sme_mopa", "f32_sme", "f32_sme"),
+               "sme2": IsaImpl("sme2_mopa", "f32_sme", "f32_sme2", gemv_op="sme2_mla",
+                               gemv_template="f32_sme2_gemv")},
     ),
     # llama.cpp's q4_0 path: LHS per-32-block symmetric int8 (f16 scale), RHS int4 from
     # ggml block_q4_0 with f16 scales (KleidiAI matmul_clamp_f32_qsi8d32p_qsi4c32p).
@@ -64,22 +115,6 @@ FAMILIES: dict[str, FamilyInfo] = {
     # (KleidiAI matmul_clamp_f32_qai8dxp_qsi4c32p).
     "q4_0_dx": _q4_family("q4_0_dx", "qai8dxp"),
 }
-
-# CPU features each ISA needs (names as reported by tilegen.runtime.cpu).
-ISA_FEATURES: dict[str, tuple[str, ...]] = {
-    "neon": ("neon",),
-    "dotprod": ("neon", "dotprod"),
-    "i8mm": ("neon", "i8mm"),
-    "sve": ("sve",),
-    "sve2": ("sve", "sve2"),
-    "sme": ("sme",),
-    "sme2": ("sme", "sme2"),
-    # int8 dot product / matrix multiply on Z registers: SVE plus the feature
-    "sve_dotprod": ("sve", "dotprod"),
-    "sve_i8mm": ("sve", "i8mm"),
-}
-# ISAs whose vector length is only known at run time (tiles are given in VL units).
-SCALABLE_ISAS = ("sve", "sve2", "sme", "sme2", "sve_dotprod", "sve_i8mm")
 
 
 @dataclass(frozen=True)
@@ -103,16 +138,16 @@ class KernelSpec:
         fam = FAMILIES.get(self.family)
         if fam is None:
             raise SpecError(f"unknown family {self.family!r}; known: {', '.join(sorted(FAMILIES))}")
-        if self.isa not in ISA_FEATURES:
-            raise SpecError(f"unknown isa {self.isa!r}; known: {', '.join(ISA_FEATURES)}")
+        if self.isa not in ISAS:
+            raise SpecError(f"unknown isa {self.isa!r}; known: {', '.join(ISAS)}")
         if self.isa not in fam.isas:
             raise SpecError(
                 f"family {self.family!r} has no template for isa {self.isa!r}; "
                 f"available: {', '.join(fam.isas)}")
         if self.kr is None:
-            object.__setattr__(self, "kr", fam.default_kr[self.isa])
+            object.__setattr__(self, "kr", fam.impls[self.isa].kr)
         if self.sr is None:
-            object.__setattr__(self, "sr", fam.default_sr[self.isa])
+            object.__setattr__(self, "sr", fam.impls[self.isa].sr)
         for field in ("mr", "nr", "kr", "sr"):
             v = getattr(self, field)
             if isinstance(v, bool) or not isinstance(v, int):
@@ -122,16 +157,17 @@ class KernelSpec:
         for field in ("mr_vl", "nr_vl", "acc_mem"):
             if not isinstance(getattr(self, field), bool):
                 raise SpecError(f"{field} must be a bool, got {getattr(self, field)!r}")
-        if self.isa in SCALABLE_ISAS and not self.nr_vl:
+        isa = ISAS[self.isa]
+        if isa.scalable and not self.nr_vl:
             raise SpecError(f"{self.isa} kernels are vector-length agnostic: give nr in VL units "
                             f"(e.g. {self.mr}x4vl), got nr={self.nr}")
-        if self.acc_mem and self.isa not in ("neon", "dotprod", "i8mm"):
+        if self.acc_mem and not isa.acc_mem:
             raise SpecError(f"acc_mem (f32 accumulators in memory) is a NEON q4 option; "
                             f"isa {self.isa!r} has none")
         if self.acc_mem and not self.info.quantized:
             raise SpecError(f"acc_mem (f32 accumulators in memory) exists for the q4 families, "
                             f"not {self.family!r}")
-        if self.isa not in SCALABLE_ISAS and (self.mr_vl or self.nr_vl):
+        if not isa.scalable and (self.mr_vl or self.nr_vl):
             raise SpecError(f"{self.isa} vectors have a fixed length: mr/nr in VL units need "
                             f"sve, sme or sme2")
 
@@ -141,9 +177,30 @@ class KernelSpec:
         return FAMILIES[self.family]
 
     @property
+    def isa_info(self) -> Isa:
+        return ISAS[self.isa]
+
+    @property
+    def impl(self) -> IsaImpl:
+        """How the family is realised on this ISA (template, allocator, name suffix)."""
+        return self.info.impls[self.isa]
+
+    @property
     def features(self) -> tuple[str, ...]:
         """CPU features required to run the kernel."""
-        return ISA_FEATURES[self.isa]
+        return ISAS[self.isa].features
+
+    @property
+    def is_gemv(self) -> bool:
+        """One-row tiles (mr == 1, not in VL units): the kernels for m = 1."""
+        return self.mr == 1 and not self.mr_vl
+
+    @property
+    def template(self) -> str:
+        """Template file name (``templates/``) that renders this kernel."""
+        impl = self.impl
+        return ((impl.gemv_template if self.is_gemv and impl.gemv_template else impl.template)
+                + ".S.j2")
 
     # -- vector-length scaling ----------------------------------------------------------
     @property
@@ -156,7 +213,7 @@ class KernelSpec:
         """Which vector length scales the tile: ``"sve"`` (cntb), ``"sme"`` (streaming, rdsvl)."""
         if not self.vl_scaled:
             return None
-        return "sme" if self.isa.startswith("sme") else "sve"
+        return ISAS[self.isa].vl_kind
 
     def mr_at(self, vl_bytes: int | None = None) -> int:
         """Rows of the tile on a CPU whose (relevant) vector length is ``vl_bytes``."""
@@ -186,7 +243,7 @@ class KernelSpec:
     @property
     def packs_f32_lhs(self) -> bool:
         """f32 kernels whose LHS is packed (SME outer products read k-major row blocks)."""
-        return self.family == "f32" and self.isa in ("sme", "sme2") and self.mr_vl
+        return self.family == "f32" and ISAS[self.isa].vl_kind == "sme" and self.mr_vl
 
     @property
     def L(self) -> int:
@@ -228,16 +285,15 @@ class KernelSpec:
     def name(self) -> str:
         """Kernel name, KleidiAI grammar:
         ``matmul_clamp_<dst>_<lhs>_<rhs>_<mr>x<nr>_<isa>_<op>``."""
-        op = self.info.op_suffix[self.isa]
-        if self.family == "f32" and self.isa == "sme2" and self.mr == 1 and not self.mr_vl:
-            op = "sme2_mla"      # the gemv accumulates in the ZA array with FMLA, no outer product
+        impl = self.impl
+        op = impl.gemv_op if self.is_gemv and impl.gemv_op else impl.op
         return (f"matmul_clamp_f32_{self.lhs_format}_{self.rhs_format}_"
                 f"{self.mr_str}x{self.nr_str}_{op}" + ("_am" if self.acc_mem else ""))
 
     @property
     def spec_string(self) -> str:
         s = f"{self.family}:{self.isa}:{self.mr_str}x{self.nr_str}"
-        if self.kr != self.info.default_kr[self.isa] or self.sr != self.info.default_sr[self.isa]:
+        if self.kr != self.impl.kr or self.sr != self.impl.sr:
             s += f":k{self.kr}:s{self.sr}"
         if self.acc_mem:
             s += ":am"

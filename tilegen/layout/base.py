@@ -53,6 +53,25 @@ def rhs_layout_for(spec, bl: int = 32, vl: int | None = None):
     raise LayoutError(f"no RHS layout for family {spec.family!r}")
 
 
+_ALL_VLS = tuple(range(16, 257, 16))
+
+
+def rhs_identity(spec) -> tuple:
+    """What a kernel's packed RHS is, as a hashable key: its layout objects at every vector
+    length the tile can meet (one layout for fixed-width tiles) and which VL scales them.
+    Two kernels read the same packed weights exactly when their keys are equal."""
+    vls = _ALL_VLS if spec.vl_scaled else (None,)
+    return (spec.vl_kind, tuple(rhs_layout_for(spec, 32, v) for v in vls))
+
+
+def same_rhs(a, b, vl: int | None = None) -> bool:
+    """Whether kernel specs ``a`` and ``b`` read the same packed RHS (equal layout objects):
+    at vector length ``vl`` (bytes) if given, else at every vector length."""
+    if vl is None:
+        return rhs_identity(a) == rhs_identity(b)
+    return rhs_layout_for(a, 32, vl) == rhs_layout_for(b, 32, vl)
+
+
 def _lhs_mr(spec, vl: int | None) -> int:
     from ..generator.spec import SpecError
     try:

@@ -1,7 +1,7 @@
 """Kernel selection: an ordered table per weight kind, like llama.cpp's kernels.cpp.
 
 Each entry pairs a gemm kernel with the gemv kernel that reads the same packed RHS
-(same family, nr, kr, sr), so weights packed once serve both.  The first entry whose
+(equal layout objects, :func:`tilegen.layout.base.same_rhs`), so weights packed once serve both.  The first entry whose
 kernels the CPU can run wins; m <= gemv_threshold uses the gemv kernel.  Order: tuned
 kernels (``tilegen tune --write``), then best ISA, pairs with a gemv, the biggest tile.
 """
@@ -10,12 +10,13 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Iterable
 
-__all__ = ["KernelPair", "build_table", "KIND_FAMILY", "ISA_PREFERENCE"]
+from ..generator.spec import FAMILIES, ISAS
+from ..layout.base import same_rhs
 
-# weight kind -> kernel family that consumes it
-KIND_FAMILY = {"f32": "f32", "f16": "f32", "q4_0": "q4_0", "q4_0_dx": "q4_0_dx"}
-# preferred ISAs first: SME > SVE > i8mm > dotprod > NEON
-ISA_PREFERENCE = ("sme2", "sme", "sve2", "sve", "sve_i8mm", "sve_dotprod", "i8mm", "dotprod", "neon")
+__all__ = ["KernelPair", "build_table", "KIND_FAMILY"]
+
+# weight kind -> kernel family that consumes it (FamilyInfo.kinds)
+KIND_FAMILY = {kind: fam.name for fam in FAMILIES.values() for kind in fam.kinds}
 
 
 @dataclass(frozen=True)
@@ -41,21 +42,14 @@ def build_table(kernels: Iterable, family: str) -> list[KernelPair]:
     """Default ordered table for ``family`` from a library's kernels."""
     ks = [k for k in kernels if k.family == family]
     # tiles compared as specs (VL units stay symbolic: 6x4vl pairs with 1x4vl at every VL)
-    gemms = [k for k in ks if k.spec.mr > 1 or k.spec.mr_vl] or ks
-
-    def rhs_key(k):
-        s = k.spec
-        return (s.nr, s.nr_vl, s.vl_kind, s.kr, s.sr)
-
-    def gemv(k):
-        return k.spec.mr == 1 and not k.spec.mr_vl
+    gemms = [k for k in ks if not k.spec.is_gemv] or ks
 
     table = []
     for g in gemms:
-        gemvs = [v for v in ks if gemv(v) and rhs_key(v) == rhs_key(g)]
+        gemvs = [v for v in ks if v.spec.is_gemv and same_rhs(v.spec, g.spec)]
         # prefer a gemv of the gemm's own ISA, then any the CPU may run
-        gemvs.sort(key=lambda v: (v.spec.isa != g.spec.isa, ISA_PREFERENCE.index(v.spec.isa)))
-        table.append(KernelPair(g, gemvs[0] if gemvs else (g if gemv(g) else None)))
+        gemvs.sort(key=lambda v: (v.spec.isa != g.spec.isa, ISAS[v.spec.isa].rank))
+        table.append(KernelPair(g, gemvs[0] if gemvs else (g if g.spec.is_gemv else None)))
 
     def size(k):   # lanes of a 128-bit vector per VL unit, to compare fixed and scaled tiles
         s = k.spec
@@ -64,7 +58,7 @@ def build_table(kernels: Iterable, family: str) -> list[KernelPair]:
     # tuned kernels (manifest "preferred", from `tilegen tune --write`) come first: the
     # tuner compared them with every ISA of the target
     table.sort(key=lambda p: (not p.gemm.entry.get("preferred", False),
-                              ISA_PREFERENCE.index(p.gemm.spec.isa), p.gemv is None,
+                              ISAS[p.gemm.spec.isa].rank, p.gemv is None,
                               -size(p.gemm)[0] * size(p.gemm)[1],
                               -size(p.gemm)[1], p.gemm.name))
     return table
