@@ -41,9 +41,8 @@ def call_kernel(kern) -> str:
     dst = np.zeros((m, n), np.float32)
     if kern.family == "f32":
         kern(x, kern.rhs_layout().pack(w), dst)
-        ref = x @ w.T
     else:
         kern(kern.lhs_layout(32).pack(x), kern.rhs_layout(32).pack_from_float(w), dst, k=k, bl=32)
-        ref = x @ w.T
+    ref = x @ w.T
     err = float(np.max(np.abs(dst - ref)) / (np.max(np.abs(ref)) + 1e-6))
     return "ok" if err < 0.1 else f"wrong result (relative error {err:.3g})"
