@@ -9,13 +9,15 @@ import os
 import struct
 import sys
 from dataclasses import dataclass, field
+from functools import lru_cache
 from pathlib import Path
 
 import numpy as np
 
-from ..generator.spec import KernelSpec
+from ..generator.spec import ISAS, KernelSpec, parse_spec
 from ..layout import LayoutError, StridedF32, lhs_layout_for, rhs_layout_for
 from .cpu import CpuInfo, detect
+from .integrity import check_entries, check_image
 from .select import KIND_FAMILY, KernelPair, build_table
 from .threads import default_threads, run_parallel, split
 
@@ -33,6 +35,27 @@ class ArgumentError(TypeError, ValueError):
 
 class LoadError(RuntimeError):
     """The library directory is missing, does not match its manifest, or cannot run here."""
+
+
+@lru_cache(maxsize=None)
+def _kernel_spec(text: str) -> KernelSpec:
+    return parse_spec(text)
+
+
+@lru_cache(maxsize=None)
+def _packer_spec(text: str):
+    from ..generator.manifest import parse_packer_spec
+    return parse_packer_spec(text)
+
+
+def _require_features(what: str, name: str, features: frozenset, cpu: CpuInfo | None) -> None:
+    """ArgumentError unless the CPU (after TILEGEN_ISA / TILEGEN_SME) has ``features``."""
+    have = (cpu or detect()).features
+    missing = sorted(features - have)
+    if missing:
+        raise ArgumentError(f"{what} {name} needs {', '.join(missing)}, which this CPU lacks "
+                            f"(features: {', '.join(sorted(have)) or 'none'}; TILEGEN_ISA and "
+                            f"TILEGEN_SME restrict them)")
 
 
 @dataclass(frozen=True, eq=False)
@@ -165,27 +188,32 @@ def _clamps(clamp_min, clamp_max) -> tuple[float, float]:
 class Kernel:
     """One kernel of a loaded library; calling it checks every argument first.
 
-    Sizes and offsets come from the layout objects of the kernel's formats.
+    Sizes and offsets come from the layout objects of the kernel's formats; tile, features
+    and formats from ``parse_spec(entry["spec"])``.  A call on a CPU without the kernel's
+    features (``cpu``, default: :func:`tilegen.runtime.cpu.detect`) raises ArgumentError.
     """
 
-    def __init__(self, entry: dict, fn, vl_bytes: int | None = None) -> None:
+    def __init__(self, entry: dict, fn, vl_bytes: int | None = None,
+                 cpu: CpuInfo | None = None) -> None:
         self.entry = entry
-        self.name: str = entry["name"]
-        t = entry["tile"]
-        self.spec = KernelSpec(entry["family"], entry["isa"], t["mr"], t["nr"], t["kr"], t["sr"],
-                               mr_vl=t.get("mr_vl", False), nr_vl=t.get("nr_vl", False),
-                               acc_mem=t.get("acc_mem", False))
+        self.spec = _kernel_spec(entry["spec"])
+        self.name: str = self.spec.name
         # the CPU's vector length for this kernel's ISA (None: the CPU lacks it)
         self.vl_bytes = vl_bytes if self.spec.vl_scaled else None
         self.family = self.spec.family
-        self.features = frozenset(entry["features"])
-        self.rhs_format: str = entry["rhs_format"]
+        self.features = frozenset(self.spec.features)
+        self.rhs_format: str = self.spec.rhs_format
+        self._cpu = cpu
         self._fn = fn
         self._probe = None        # set by Library.check_abi: route calls through the ABI probe
         fn.restype = None
         fn.argtypes = [_CTYPES[p["ctype"]] for p in entry["params"]]
 
+    def _require_cpu(self) -> None:
+        _require_features(type(self).__name__.lower(), self.name, self.features, self._cpu)
+
     def _invoke(self, *args) -> None:
+        self._require_cpu()       # every foreign call: never an illegal instruction
         if self._probe is None:
             self._fn(*args)
         else:
@@ -251,6 +279,7 @@ class Kernel:
         packed here, or bytes from ``lhs_layout().pack``).
         q4: dst = clamp(dequant(lhs_packed) @ dequant(W)), lhs = packed LHS bytes, with k and
         bl taken from PackedWeights (or given)."""
+        self._require_cpu()
         if self.family == "f32":
             return self._call_f32(lhs, rhs_packed, dst, clamp_min, clamp_max, k)
         return self._call_q4(lhs, rhs_packed, dst, clamp_min, clamp_max, k, bl)
@@ -323,17 +352,18 @@ class Kernel:
 class Packer:
     """A generated NEON LHS quantise-and-pack routine (byte-identical to the numpy packer)."""
 
-    def __init__(self, entry: dict, fn) -> None:
-        from ..generator.packers import PackerSpec
+    def __init__(self, entry: dict, fn, cpu: CpuInfo | None = None) -> None:
         self.entry = entry
-        self.name: str = entry["name"]
-        self.spec = PackerSpec(entry["fmt"], entry["mr"], entry["kr"], entry["sr"], entry["rounding"])
-        self.features = frozenset(entry["features"])
+        self.spec = _packer_spec(entry["spec"])
+        self.name: str = self.spec.name
+        self.features = frozenset(ISAS[self.spec.isa].features)
+        self._cpu = cpu
         self._fn = fn
         self._probe = None
         fn.restype = None
         fn.argtypes = [_CTYPES[p["ctype"]] for p in entry["params"]]
 
+    _require_cpu = Kernel._require_cpu
     _invoke = Kernel._invoke
 
     def __repr__(self) -> str:
@@ -343,6 +373,7 @@ class Packer:
                  out: np.ndarray | None = None) -> np.ndarray:
         """Pack rows ``x`` (global row index of x[0] = m_idx_start); returns the touched region
         (``out`` if given: the bytes of the row block holding row m_idx_start onwards)."""
+        self._require_cpu()
         x = _check_matrix("x", x)
         m, k = x.shape
         if isinstance(m_idx_start, bool) or not isinstance(m_idx_start, (int, np.integer)) \
@@ -387,25 +418,30 @@ class Library:
             self.path = self.directory / self.manifest["library"]
             want = self.manifest["sha256"]
             entries = self.manifest["kernels"]
+            packers = self.manifest.get("packers", [])
         except (KeyError, TypeError) as e:
             raise LoadError(f"{mpath} lacks field {e}") from None
         if not self.path.exists():
             raise LoadError(f"library {self.path} named by the manifest does not exist")
-        got = hashlib.sha256(self.path.read_bytes()).hexdigest()
+        blob = self.path.read_bytes()
+        got = hashlib.sha256(blob).hexdigest()
         if got != want:
             raise LoadError(f"{self.path.name} does not match its manifest (sha256 {got[:16]}… "
                             f"!= {want[:16]}…): rebuild it or use the matching manifest")
-        self.cpu = cpu or detect()
         fmt = self.manifest.get("format", "elf")
+        check_image(blob, fmt, self.path.name)
+        self.cpu = cpu or detect()
         here = "macho" if sys.platform == "darwin" else "elf"
         if fmt != here or not self.cpu.is_arm64:
             raise LoadError(f"{self.path.name} is an aarch64 {fmt} library; this is "
                             f"{sys.platform}/{self.cpu.machine}. Run under `tilegen emulate` "
                             f"on x86-64 hosts")
+        check_entries(entries, packers, fmt, self.path.name)
         try:
             self._dll = ctypes.CDLL(str(self.path.resolve()))
         except OSError as e:
             raise LoadError(f"cannot load {self.path}: {e}") from None
+        self._check_digest(entries, packers, fmt)
         self.kernels: dict[str, Kernel] = {}
         self._tables: dict[str, list[KernelPair]] = {}
         self.gemv_threshold = 1
@@ -416,18 +452,35 @@ class Library:
             except AttributeError:
                 raise LoadError(f"kernel {e['name']} is in the manifest but not in {self.path.name}") from None
             kind = e.get("vl_kind")
-            self.kernels[e["name"]] = Kernel(e, fn, self.vl_bytes.get(kind) if kind else None)
+            self.kernels[e["name"]] = Kernel(e, fn, self.vl_bytes.get(kind) if kind else None,
+                                             cpu=self.cpu)
         self._abi = getattr(self._dll, self.manifest.get("abi_probe") or "tilegen_abi_call", None)
         if self._abi is not None:
             self._abi.restype = ctypes.c_uint64
             self._abi.argtypes = [ctypes.c_void_p, ctypes.c_void_p]
         self.packers: dict[str, Packer] = {}
-        for e in self.manifest.get("packers", []):
+        for e in packers:
             try:
                 fn = getattr(self._dll, e["name"])
             except AttributeError:
                 raise LoadError(f"packer {e['name']} is in the manifest but not in {self.path.name}") from None
-            self.packers[e["name"]] = Packer(e, fn)
+            self.packers[e["name"]] = Packer(e, fn, cpu=self.cpu)
+
+    def _check_digest(self, entries: list, packers: list, fmt: str) -> None:
+        """LoadError unless the manifest's kernel table is the one the library was built with
+        (the library carries its digest, see :mod:`tilegen.generator.manifest`)."""
+        from ..generator.manifest import DIGEST_SYMBOL, table_digest
+        try:
+            carried = (ctypes.c_char * 64).in_dll(self._dll, DIGEST_SYMBOL).raw.decode("ascii")
+        except (ValueError, UnicodeDecodeError):
+            raise LoadError(f"{self.path.name} carries no kernel-table digest ({DIGEST_SYMBOL}); "
+                            f"rebuild it with this tilegen") from None
+        have = table_digest(entries, packers, fmt, self.manifest.get("abi_probe"))
+        if have != carried:
+            raise LoadError(f"the manifest's kernel table is not the one {self.path.name} was "
+                            f"built with (sha256 {have[:16]}… != {carried[:16]}…): kernels or "
+                            f"packers were added, removed or edited; rebuild the library or use "
+                            f"its manifest")
 
     def __repr__(self) -> str:
         return f"<tilegen.Library {self.path} with {len(self.kernels)} kernels>"
