@@ -10,10 +10,9 @@ from . import __version__
 
 def _cmd_generate(a: argparse.Namespace) -> int:
     from .generator import KernelSpec, render
-    mr, _, nr = a.tile.partition("x")
-    if not (mr.isdigit() and nr.isdigit()):
-        raise SystemExit(f"tilegen generate: --tile must be MRxNR (e.g. 6x16), got {a.tile!r}")
-    spec = KernelSpec(a.family, a.isa, int(mr), int(nr), kr=a.kr, sr=a.sr).validate()
+    from .generator.spec import parse_tile
+    mr, mr_vl, nr, nr_vl = parse_tile(a.tile)
+    spec = KernelSpec(a.family, a.isa, mr, nr, kr=a.kr, sr=a.sr, mr_vl=mr_vl, nr_vl=nr_vl).validate()
     r = render(spec, a.format)
     out = Path(a.output)
     out.mkdir(parents=True, exist_ok=True)
@@ -243,7 +242,8 @@ def main(argv: list[str] | None = None) -> int:
     g = sub.add_parser("generate", help="render one kernel to DIR/<name>.S")
     g.add_argument("--family", required=True)
     g.add_argument("--isa", required=True)
-    g.add_argument("--tile", required=True, help="MRxNR, e.g. 6x16")
+    g.add_argument("--tile", required=True,
+                   help="MRxNR, vl after mr or nr for vector-length units: 6x16, 4x4vl, 1vlx4vl")
     g.add_argument("--kr", type=int)
     g.add_argument("--sr", type=int)
     g.add_argument("--format", choices=("elf", "macho"), default="elf")

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from .spec import KernelSpec, SpecError
+from .spec import KernelSpec, SpecError, as_spec
 
 __all__ = ["VectorNeeds", "F32NeonRegs", "F32SveRegs", "SmeF32Regs", "Q4NeonRegs", "allocate", "NUM_VREGS"]
 
@@ -673,8 +673,10 @@ ALLOCATORS = {"f32_neon": _allocate_f32_neon, "f32_sve": _allocate_f32_sve,
               "q4_sme": _allocate_q4_sme, "q4_sme2": _allocate_q4_sme2}
 
 
-def allocate(spec: KernelSpec):
-    """Allocate registers for ``spec`` or raise :class:`SpecError` naming the violated rule."""
+def allocate(spec: KernelSpec | str):
+    """Allocate registers for ``spec`` (a KernelSpec or a spec string) or raise
+    :class:`SpecError` naming the violated rule."""
+    spec = as_spec(spec)
     try:
         fn = ALLOCATORS[spec.impl.allocator]
     except KeyError:
