@@ -124,28 +124,8 @@ def _cmd_analyze(a: argparse.Namespace) -> int:
             for x in mixes:
                 print(x.row())
     if a.plot:
-        try:
-            import matplotlib
-            matplotlib.use("Agg")
-            import matplotlib.pyplot as plt
-        except ImportError:
-            print("tilegen analyze: --plot needs matplotlib (pip install matplotlib)", file=sys.stderr)
-            return 2
-        names = sorted({r.kernel for r in reports})
-        fig, ax = plt.subplots(figsize=(max(6, len(names) * 0.9), 4.5))
-        width = 0.8 / len(models)
-        for i, m in enumerate(models):
-            eff = [next(100 * r.efficiency for r in reports if r.kernel == nm and r.model == m)
-                   for nm in names]
-            ax.bar([j + i * width for j in range(len(names))], eff, width, label=m)
-        ax.set_xticks([j + 0.4 - width / 2 for j in range(len(names))])
-        ax.set_xticklabels([nm.replace("matmul_clamp_f32_", "") for nm in names], rotation=60,
-                           ha="right", fontsize=7)
-        ax.set_ylabel("hot-loop efficiency (%)")
-        ax.set_ylim(0, 105)
-        ax.legend(fontsize=7)
-        fig.tight_layout()
-        fig.savefig(a.plot, dpi=120)
+        from .plot import efficiency_chart
+        efficiency_chart(reports, models, a.plot)
     return 0
 
 
@@ -345,6 +325,7 @@ def main(argv: list[str] | None = None) -> int:
     from .build import BuildError, TargetError, ToolchainError
     from .generator import SpecError
     from .layout import LayoutError
+    from .plot import PlotError
     from .runtime.library import LoadError
     from .tune import TuneError
     try:
@@ -355,7 +336,7 @@ def main(argv: list[str] | None = None) -> int:
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
         return 1
     except (CliError, SpecError, LayoutError, BuildError, TargetError, ToolchainError, LoadError,
-            AnalyzeError, TuneError, OSError) as e:
+            AnalyzeError, TuneError, PlotError, OSError) as e:
         print(f"tilegen {a.cmd}: error: {e}", file=sys.stderr)
         return 2
 
