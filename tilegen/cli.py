@@ -239,8 +239,12 @@ def _parser() -> argparse.ArgumentParser:
                    help="instruction set: neon, dotprod, i8mm, sve, sve_dotprod, sve_i8mm, sme, sme2")
     g.add_argument("--tile", required=True,
                    help="MRxNR, vl after mr or nr for vector-length units: 6x16, 4x4vl, 1vlx4vl")
-    g.add_argument("--kr", type=int, help="k interleave (default: the family's for the ISA)")
-    g.add_argument("--sr", type=int, help="k split (default: the family's for the ISA)")
+    g.add_argument("--kr", type=int,
+                   help="KleidiAI kr: k values per packed column step (default: the family's "
+                        "for the ISA)")
+    g.add_argument("--sr", type=int,
+                   help="KleidiAI sr: kr is split into sr chunks of kr/sr values (default: the "
+                        "family's for the ISA)")
     g.add_argument("--format", choices=("elf", "macho"), default="elf",
                    help="object format of the assembly (default elf)")
     g.add_argument("-o", "--output", default=".", metavar="DIR",
