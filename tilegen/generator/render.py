@@ -15,7 +15,7 @@ import jinja2
 from .. import __version__
 from ..layout import rhs_layout_for
 from .regalloc import allocate
-from .spec import ISAS, KernelSpec, SpecError
+from .spec import ISAS, KernelSpec, SpecError, as_spec
 
 __all__ = ["FORMATS", "Rendered", "symbol_for", "render", "generate"]
 
@@ -65,7 +65,9 @@ def save_plan(regs) -> list[tuple[tuple[str, ...], int]]:
     return plan
 
 
-def render(spec: KernelSpec, fmt: str = "elf") -> Rendered:
+def render(spec: KernelSpec | str, fmt: str = "elf") -> Rendered:
+    """Render ``spec`` (a KernelSpec or a spec string) for object format ``fmt``."""
+    spec = as_spec(spec)
     _check_format(fmt)
     regs = allocate(spec)
     # q4 templates walk their (block-length dependent) layouts sequentially and take no
@@ -103,6 +105,6 @@ def render_vl_query(fmt: str = "elf") -> str:
         version=__version__)
 
 
-def generate(spec: KernelSpec, format: str = "elf") -> str:  # noqa: A002 - public API name
-    """Assembly source of ``spec`` for object format ``format`` (``elf`` or ``macho``)."""
+def generate(spec: KernelSpec | str, format: str = "elf") -> str:  # noqa: A002 - public API name
+    """Assembly source of ``spec`` (a KernelSpec or a spec string such as ``f32:neon:6x16``) for object format ``format`` (``elf`` or ``macho``)."""
     return render(spec, format).text

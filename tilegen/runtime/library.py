@@ -432,6 +432,10 @@ class Library:
         check_image(blob, fmt, self.path.name)
         self.cpu = cpu or detect()
         here = "macho" if sys.platform == "darwin" else "elf"
+        if fmt == "macho" and here != "macho":
+            raise LoadError(f"{self.path.name} is a Mach-O library (apple-* targets build "
+                            f"Mach-O), which only macOS loads; for Linux (and `tilegen "
+                            f"emulate`) build an ELF one: tilegen build --format elf")
         if fmt != here or not self.cpu.is_arm64:
             raise LoadError(f"{self.path.name} is an aarch64 {fmt} library; this is "
                             f"{sys.platform}/{self.cpu.machine}. Run under `tilegen emulate` "
