@@ -103,11 +103,11 @@ def _cmd_analyze(a: argparse.Namespace) -> int:
     from .analyze import MIX_HEADER, MODEL_SVE_VL, instruction_mix
     specs = [parse_spec(k) for k in a.kernel] if a.kernel else default_specs(get_target(a.target))
     models = a.cpu_model or list(MODELS)
-    sme = [s for s in specs if s.isa.startswith("sme")]
+    sme = [s for s in specs if s.isa_info.vl_kind == "sme"]
     try:
         # SVE loops on the models that have SVE; SME by instruction mix (no llvm-mca model)
         reports = [analyze(s, m) for s in specs if s not in sme for m in models
-                   if not s.isa.startswith("sve") or m in MODEL_SVE_VL or a.cpu_model]
+                   if s.isa_info.vl_kind != "sve" or m in MODEL_SVE_VL or a.cpu_model]
         mixes = [instruction_mix(s) for s in sme]
     except AnalyzeError as e:
         print(f"tilegen analyze: error: {e}", file=sys.stderr)

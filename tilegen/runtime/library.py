@@ -429,7 +429,6 @@ class Library:
             raise LoadError(f"{self.path.name} does not match its manifest (sha256 {got[:16]}… "
                             f"!= {want[:16]}…): rebuild it or use the matching manifest")
         fmt = self.manifest.get("format", "elf")
-        check_image(blob, fmt, self.path.name)
         self.cpu = cpu or detect()
         here = "macho" if sys.platform == "darwin" else "elf"
         if fmt == "macho" and here != "macho":
@@ -440,6 +439,7 @@ class Library:
             raise LoadError(f"{self.path.name} is an aarch64 {fmt} library; this is "
                             f"{sys.platform}/{self.cpu.machine}. Run under `tilegen emulate` "
                             f"on x86-64 hosts")
+        check_image(blob, fmt, self.path.name)
         check_entries(entries, packers, fmt, self.path.name)
         try:
             self._dll = ctypes.CDLL(str(self.path.resolve()))
