@@ -293,3 +293,28 @@ def test_reference_close_to_float64():
         d = matmul_bf16(lp, rp, m, n, k, lhs, rhs, -FLT_MAX, FLT_MAX)
         e = matmul_bf16_f64(lp, rp, m, n, k, lhs, rhs)
         assert np.abs(d - e).max() <= 1e-6 * np.abs(e).max()
+
+
+def test_api_dispatch():
+    from tilegen.layout import api
+    assert api.layout_for("bf16p12x4b") == BF16PRhs4B(12)
+    assert api.layout_for("bf16px4b", nr=12, kr=4, sr=1, bl=32) == BF16PRhs4B(12)
+    assert api.layout_for("bf16p32x2b") == BF16PRhs2B(32) == api.layout_for("bf16px2b", nr=32)
+    assert api.layout_for("bf16p8x4") == BF16PLhs4(8)
+    assert api.layout_for("bf16px2", mr=16) == BF16PLhs2(16)
+    with pytest.raises(LayoutError):
+        api.layout_for("bf16p12x4b", nr=8)
+    with pytest.raises(LayoutError):
+        api.layout_for("bf16px2b")
+    rng = np.random.default_rng(61)
+    w = rng.standard_normal((10, 7)).astype(np.float32)
+    x = rng.standard_normal((3, 7)).astype(np.float32)
+    b = rng.standard_normal(10).astype(np.float32)
+    assert np.array_equal(api.pack_rhs("bf16px4b", w, nr=12, bias=b), BF16PRhs4B(12).pack(w, b))
+    assert np.array_equal(api.pack_rhs("bf16p16x2b", np.ascontiguousarray(w.T), nr=16, kr=2, bias=b, layout="kn"),
+                          BF16PRhs2B(16).pack(w, b))
+    assert np.array_equal(api.pack_lhs("bf16px4", x, mr=8, kr=4, sr=1), BF16PLhs4(8).pack(x))
+    assert np.array_equal(api.pack_lhs("bf16p16x2", x, mr=16, kr=2, sr=1), BF16PLhs2(16).pack(x))
+    buf = BF16PRhs4B(12).pack(w, b)
+    assert np.array_equal(api.dequantize_rows(buf, "bf16p12x4b", 10, 7, 12, 4, 1, 32, [0, 9]),
+                          BF16PRhs4B(12).dequantize_rows(buf, 10, 7, [0, 9]))

@@ -266,3 +266,21 @@ def test_q8_0_path_end_to_end():
     exp = x.astype(np.float64) @ dequantize_q8_0(raw, n, k).astype(np.float64).T + bias
     rel = np.abs(d - exp).max() / np.abs(exp).max()
     assert rel < 0.03
+
+
+def test_api_dispatch():
+    from tilegen.layout import api
+    lay = api.layout_for("qsi8cxp", nr=4, kr=8)
+    assert lay == QSI8CXP(4, 8) and lay.name == "qsi8cxp4x8"
+    assert api.layout_for("qsi8cxp", nr=4, kr=8, sr=1, bl=32) == lay          # bl ignored
+    w = _w(51, 9, 64)
+    bias = np.arange(9, dtype=np.float32)
+    raw = quantize_q8_0(w)
+    assert np.array_equal(api.pack_rhs("qsi8cxp", w, nr=4, kr=8, bias=bias), lay.pack_from_float(w, bias))
+    assert np.array_equal(api.pack_rhs("qsi8cxp", ggml=raw, nr=4, kr=8, n=9, k=64, bias=bias),
+                          lay.pack_from_ggml(raw, 9, 64, bias))
+    buf = lay.pack_from_ggml(raw, 9, 64)
+    assert np.array_equal(api.dequantize_rows(buf, "qsi8cxp", 9, 64, 4, 8, 1, 32, [3]),
+                          lay.dequantize_rows(buf, 9, 64, [3]))
+    with pytest.raises(LayoutError):
+        api.layout_for("qsi8cxp", nr=4, kr=8, sr=2)
