@@ -27,7 +27,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from .base import LayoutError, eval_expr, roundup
-from .q4 import _RhsGroups, _check_pos, _rows_index, _u8
+from .q4 import _RhsGroups, _check_pos, _round_half_away, _rows_index, _u8
 
 __all__ = ["QSI8CXP", "QK8_0", "BLOCK_Q8_0_BYTES", "quantize_q8_0", "split_q8_0", "join_q8_0",
            "dequantize_q8_0", "requantize_q8_0", "requant_error_q8_0"]
@@ -47,13 +47,6 @@ def _check_q8_k(k: int) -> int:
     if k < 1 or k % QK8_0:
         raise LayoutError(f"k={k} must be a positive multiple of {QK8_0} for Q8_0 rows")
     return k
-
-
-def _round_half_away(v: np.ndarray) -> np.ndarray:
-    """C roundf / lround on float32 values (v - trunc(v) is exact in f32)."""
-    t = np.trunc(v)
-    f = v - t
-    return t + np.where(np.abs(f) >= np.float32(0.5), np.sign(v), np.float32(0)).astype(v.dtype)
 
 
 def quantize_q8_0(w: np.ndarray) -> np.ndarray:
