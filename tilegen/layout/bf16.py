@@ -3,11 +3,11 @@
 =====================  ==================================================  =====================
 class                  KleidiAI packer                                     docs/layouts.md
 =====================  ==================================================  =====================
-:class:`BF16PLhs4`     ``kai_run_lhs_quant_pack_bf16p8x4_f32_neon``        layouts.md#bf16p-lhs4
+:class:`BF16PLhs4`     ``kai_run_lhs_quant_pack_bf16p8x4_f32_neon``        layouts.md#bf16p
                        (mr = 1: ``..._bf16p1x4_f32_neon``)
-:class:`BF16PRhs4B`    ``kai_run_rhs_quant_pack_kxn_bf16p12x4biasf32_f32_neon``  layouts.md#bf16p-rhs4b
-:class:`BF16PLhs2`     ``kai_run_lhs_pack_bf16p2vlx2_f32_sme``              layouts.md#bf16p-lhs2
-:class:`BF16PRhs2B`    ``kai_run_rhs_pack_kxn_bf16p2vlx2b_f32_x32_sme``     layouts.md#bf16p-rhs2b
+:class:`BF16PRhs4B`    ``kai_run_rhs_quant_pack_kxn_bf16p12x4biasf32_f32_neon``  layouts.md#bf16p
+:class:`BF16PLhs2`     ``kai_run_lhs_pack_bf16p2vlx2_f32_sme``              layouts.md#bf16p
+:class:`BF16PRhs2B`    ``kai_run_rhs_pack_kxn_bf16p2vlx2b_f32_x32_sme``     layouts.md#bf16p
 =====================  ==================================================  =====================
 
 ``x4`` layouts feed NEON BFMMLA (a 2x4 by 4x2 bf16 product per instruction), ``x2`` layouts
