@@ -13,7 +13,7 @@ from pathlib import Path
 import jinja2
 
 from .. import __version__
-from ..layout import rhs_layout_for
+from ..layout import lhs_layout_for, rhs_layout_for
 from .regalloc import allocate
 from .spec import ISAS, KernelSpec, SpecError, as_spec
 
@@ -74,10 +74,13 @@ def render(spec: KernelSpec | str, fmt: str = "elf") -> Rendered:
     # constants from the layout object; the f32 template reads its panel geometry from it.
     # VL-scaled kernels compute their strides at run time (addvl, cntw); none from a layout.
     layout = rhs_layout_for(spec) if spec.family == "f32" and not spec.vl_scaled else None
+    lhs_layout = None
+    if spec.family == "q8_0":    # every offset and stride of the q8 template comes from these
+        layout, lhs_layout = rhs_layout_for(spec), lhs_layout_for(spec)
     template = _env().get_template(spec.template)
     sym = symbol_for(spec.name, fmt)
     text = template.render(
-        spec=spec, R=regs, L=layout, fmt=fmt, sym=sym, saves=save_plan(regs),
+        spec=spec, R=regs, L=layout, LL=lhs_layout, fmt=fmt, sym=sym, saves=save_plan(regs),
         lp=".L" if fmt == "elf" else "L", version=__version__,
     )
     return Rendered(spec=spec, fmt=fmt, symbol=sym, text=text)

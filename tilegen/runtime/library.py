@@ -282,6 +282,9 @@ class Kernel:
         self._require_cpu()
         if self.family == "f32":
             return self._call_f32(lhs, rhs_packed, dst, clamp_min, clamp_max, k)
+        if self.family == "q8_0":    # no block length: tilegen.runtime.q8
+            from .q8 import call_q8
+            return call_q8(self, lhs, rhs_packed, dst, clamp_min, clamp_max, k)
         return self._call_q4(lhs, rhs_packed, dst, clamp_min, clamp_max, k, bl)
 
     def _call_f32(self, lhs, rhs_packed, dst, clamp_min, clamp_max, k=None):
@@ -641,6 +644,9 @@ class Library:
                                     f"{sorted({p.gemm.nr for p in self._pairs(kind)})}")
         kern = pairs[0].gemm
         try:
+            if kind == "q8_0":      # per-channel int8 (tilegen.runtime.q8)
+                from .q8 import pack_q8_0
+                return pack_q8_0(kern, w, bias, from_ggml, n, k)
             if kind in ("f32", "f16"):
                 w = np.asarray(w)
                 if kind == "f16":
