@@ -137,3 +137,38 @@ def test_q8_kernels_match_kleidiai_vectors(path, q8_lib):
         for c, w, out in zip(cases[sl], want[sl], outs):
             assert (out[m:] == SENTINEL).all() and (out[:, n:] == SENTINEL).all()
             assert np.array_equal(out[:m, :n], w), f"{name}: {np.sum(out[:m, :n] != w)} differ"
+
+
+GUARD_SPECS = ("q8_0:dotprod:1x4", "q8_0:dotprod:1x4:k8:s1", "q8_0:dotprod:16x4", "q8_0:i8mm:16x4",
+               "q8_0:i8mm:8x8", "q8_0:neon:4x4", "q8_0:neon:1x4")
+
+
+@pytest.mark.parametrize("text", GUARD_SPECS)
+def test_q8_guard_pages(text, q8_lib):
+    """Packed LHS, packed RHS and a strided dst flush against PROT_NONE pages (both ends, see
+    tests/test_guard_pages.py): no access outside, nothing outside m x n written, bit-exact."""
+    from test_guard_pages import PLACEMENTS, SENTINEL as GUARD_SENTINEL, _check_guarded
+    spec = tilegen.parse_spec(text)
+    rng = np.random.default_rng(sum(map(ord, "guard" + text)))
+    mr, nr = spec.mr, spec.nr
+    shapes = [(1, 1, 1), (mr, nr, 32), (mr + 1, nr + 1, 31), (2 * mr + 3, 3 * nr - 1, 70),
+              (3 * mr - 1 if mr > 1 else 1, 2 * nr + 3, 100), (5, 13, 257)]
+    cases, refs = [], []
+    for i, (m, n, k) in enumerate(shapes):
+        c, r = _case(spec, rng, m, n, k, clamped=bool(i % 2))
+        c.update(dst_stride=n + (0, 1, 2, 3)[i % 4], sentinel=GUARD_SENTINEL)
+        cases.append(c)
+        refs.append(r)
+    outs = guest("max").call("guest_pack:guarded_q4_cases", str(q8_lib), spec.name, cases,
+                             PLACEMENTS)
+    _check_guarded(spec.name, cases, refs, outs)
+
+
+@pytest.mark.parametrize("cpu", ["cortex-a53", "neoverse-n1", "max"])
+def test_q8_kernels_preserve_callee_saved_state(cpu, q8_lib):
+    """Every q8 kernel the CPU runs (and its LHS packer) through the ABI probe."""
+    res = guest(cpu).call("guest_calls:check_abi", str(q8_lib))
+    assert all(v == [] for v in res.values()), {k: v for k, v in res.items() if v}
+    ran = {k for k in res if "qsi8cxp" in k}
+    want = {s.name for s in ALL_SPECS if set(s.features) <= CPU_FEATURES.get(cpu, {"neon", "dotprod", "i8mm"})}
+    assert ran == want
