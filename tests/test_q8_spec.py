@@ -51,3 +51,30 @@ def test_q8_template_reads_offsets_from_the_layouts():
     from tilegen.generator.regalloc import allocate
     assert allocate("q8_0:i8mm:16x8").mr_reg == 8 and allocate("q8_0:i8mm:16x4").mr_reg == 16
     assert render("q8_0:i8mm:16x8").text.count("smmla") == render("q8_0:i8mm:8x8").text.count("smmla")
+
+
+def test_q8_header_getters_and_macho(tmp_path):
+    """Mach-O renders; the C header declares the q8 kernels with KleidiAI's signature and
+    compiles; the getters come from the layouts' stride expressions."""
+    import shutil
+    import subprocess
+
+    import tilegen
+    from tilegen.build.cheader import getters_c
+    assert "_matmul_clamp_f32_qai8dxp4x8_qsi8cxp4x8_16x4_neon_i8mm:" in generate("q8_0:i8mm:16x4", "macho")
+    spec = parse_spec("q8_0:i8mm:16x4")
+    src = getters_c([spec])
+    assert f"get_rhs_packed_offset_{spec.name}(size_t n_idx, size_t k, size_t bl) {{ return (n_idx / 4) * (4 * ((k + 31) / 32 * 32 + 12)); }}" in src
+    assert f"get_lhs_packed_offset_{spec.name}(size_t m_idx, size_t k) {{ return (m_idx / 4) * (4 * ((k + 31) / 32 * 32 + 8)); }}" in src
+    tilegen.build_library(["q8_0:i8mm:16x4", "q8_0:dotprod:1x4:k8:s1"], target="neoverse-v1",
+                          out_dir=tmp_path)
+    h = (tmp_path / "tilegen_kernels.h").read_text()
+    assert (f"void {spec.name}(size_t m, size_t n, size_t k, const void* lhs_packed, "
+            f"const void* rhs_packed, void* dst, size_t dst_stride_row, size_t dst_stride_col, "
+            f"float scalar_min, float scalar_max);") in h
+    clang = shutil.which("clang-19")
+    if clang:
+        (tmp_path / "t.c").write_text('#include "tilegen_kernels.h"\nint main(void){return 0;}\n')
+        p = subprocess.run([clang, "--target=aarch64-linux-gnu", "-fsyntax-only", "-ffreestanding",
+                            f"-I{tmp_path}", str(tmp_path / "t.c")], capture_output=True, text=True)
+        assert p.returncode == 0, p.stderr

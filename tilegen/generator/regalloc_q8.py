@@ -53,6 +53,10 @@ class Q8NeonRegs(_Frame):
     tmp: tuple[int, ...]                 # hot-loop scratch (dot8 / neon: duplicated LHS, products)
     gpr: dict[str, int] = field(hash=False)
     lo: tuple[int, ...] = ()             # one pointer per LHS row block
+    # gemv (dot4, dot8): further int32 accumulator sets, shaped like acc[0] (dot4) or iacc
+    # (dot8); consecutive chunks of k go to different sets (independent SDOT chains), summed
+    # after the loop (int32 addition wraps exactly like one chain)
+    split: tuple[tuple[int, ...], ...] = ()
     saved_x: tuple[int, ...] = ()
     saved_d: tuple[int, ...] = ()
     needs: VectorNeeds = VectorNeeds(())
@@ -65,7 +69,7 @@ class Q8NeonRegs(_Frame):
     def iacc_flat(self) -> tuple[int, ...]:
         def flat(t):
             return (t,) if isinstance(t, int) else tuple(v for x in t for v in flat(x))
-        return flat(self.iacc)
+        return flat(self.iacc) + flat(self.split)
 
 
 def _check_layouts(spec: KernelSpec) -> None:
@@ -129,7 +133,10 @@ def _mode(spec: KernelSpec) -> str:
     raise SpecError(f"q8_0 has no NEON strategy for isa {spec.isa!r}")
 
 
-def _needs(spec: KernelSpec, mode: str, mr_reg: int, P: int) -> VectorNeeds:
+_GEMV_SPLIT = {"dot4": 4, "dot8": 2}     # accumulator sets of the gemv strategies
+
+
+def _needs(spec: KernelSpec, mode: str, mr_reg: int, P: int, split: int = 1) -> VectorNeeds:
     G, nv = mr_reg // P, spec.nr // 4
     if mode == "dot4":
         iacc, lhs, rhs, tmp = mr_reg * nv, (G if P == 4 else 2), nv, 0
@@ -140,6 +147,8 @@ def _needs(spec: KernelSpec, mode: str, mr_reg: int, P: int) -> VectorNeeds:
     else:   # neon: per row 2 int32 vectors per column vector; LHS 8 bytes per row and chunk
         iacc, lhs, rhs, tmp = 2 * mr_reg * nv, (2 * G if P == 4 else 2), 2 * nv, 3
     parts = [("int32 accumulators", iacc), ("LHS", lhs), ("RHS", rhs)]
+    if split > 1:
+        parts.append(("further accumulator sets", (split - 1) * iacc))
     if tmp:
         parts.append(("scratch", tmp))
     extra = _EPILOGUE - (lhs + rhs + tmp)
@@ -182,6 +191,12 @@ def allocate_q8_neon(spec: KernelSpec) -> Q8NeonRegs:
         raise SpecError(f"tile {mr}x{nr}: {rows} nr={nr} needs {needs.total} vector registers "
                         f"({needs.describe()}), {NUM_VREGS} exist")
     mr_reg, needs = chosen
+    split = 1
+    if mode in _GEMV_SPLIT and P == 1:
+        for sp in range(_GEMV_SPLIT[mode], 1, -1):
+            if _needs(spec, mode, mr_reg, P, sp).total <= NUM_VREGS:
+                split, needs = sp, _needs(spec, mode, mr_reg, P, sp)
+                break
     G, nv = mr_reg // P, nr // 4
     parts = dict(needs.parts)
     vp = _Pool("v", _V_ORDER, "vector registers")
@@ -207,12 +222,15 @@ def allocate_q8_neon(spec: KernelSpec) -> Q8NeonRegs:
     else:
         iacc = tuple(tuple(flat[r * 2 * nv:(r + 1) * 2 * nv]) for r in range(mr_reg))
         acc = tuple(tuple(iacc[r][2 * cv] for cv in range(nv)) for r in range(mr_reg))
+    per = len(flat)
+    more = vp.take((split - 1) * per)
+    split_sets = tuple(tuple(more[i * per:(i + 1) * per]) for i in range(split - 1))
     xp = _Pool("x", _X_ORDER, "general-purpose registers")
     gpr = dict(zip(_Q8_SCALARS, xp.take(len(_Q8_SCALARS))))
     lo = tuple(xp.take(G))
     return Q8NeonRegs(
         mode=mode, mr_reg=mr_reg, lhs_mr=P, groups=G, acc=acc, iacc=iacc, lhs=lhs, rhs=rhs,
-        ep=ep, tmp=tmp, gpr=gpr, lo=lo,
+        ep=ep, tmp=tmp, gpr=gpr, lo=lo, split=split_sets,
         saved_x=tuple(sorted(r for r in xp.used if r in _X_CALLEE_SAVED)),
         saved_d=tuple(sorted(r for r in vp.used if r in _V_CALLEE_SAVED)),
         needs=needs)
