@@ -104,3 +104,30 @@ def test_q8_from_ggml_and_bias(cpu, q8_default_lib):
     ref = np.clip(f64, -1.5, 2.0)      # int8 x int8: error relative to the unclamped range
     assert np.max(np.abs(yb - ref)) <= 1e-2 * np.abs(f64).max()
     assert yb.min() >= -1.5 and yb.max() <= 2.0
+
+
+def test_q8_gguf_tensor(q8_default_lib, tmp_path):
+    """A Q8_0 GGUF tensor loads as qsi8cxp weights (requantised) and runs bit-exactly."""
+    import gguf
+    rng = np.random.default_rng(3)
+    n, k = 20, 64
+    w = rng.normal(size=(n, k)).astype(np.float32)
+    path = tmp_path / "q8.gguf"
+    wr = gguf.GGUFWriter(str(path), "llama")
+    q = gguf.quants.quantize(w, gguf.GGMLQuantizationType.Q8_0)
+    assert np.array_equal(q.reshape(-1).view(np.uint8), quantize_q8_0(w).reshape(-1))
+    wr.add_tensor("blk.0.q8", q, raw_dtype=gguf.GGMLQuantizationType.Q8_0)
+    wr.write_header_to_file()
+    wr.write_kv_data_to_file()
+    wr.write_tensors_to_file()
+    wr.close()
+    x = rng.normal(size=(6, k)).astype(np.float32)
+    rows = np.array([0, 19, 4])
+    y, got_rows, fmt = guest("neoverse-v1").call("guest_calls:gguf_matmul", str(q8_default_lib),
+                                                 str(path), "blk.0.q8", x, rows)
+    packed = QSI8CXP(4, 8).pack_from_ggml(quantize_q8_0(w), n, k)
+    assert fmt == "qsi8cxp"
+    assert np.array_equal(y, _ref(x, packed, n, k, 4, 4, 8))
+    assert np.array_equal(got_rows, QSI8CXP(4, 8).dequantize_rows(packed, n, k, rows))
+    from tilegen.gguf import load_tensor
+    assert np.array_equal(load_tensor(path, "blk.0.q8").data, packed)

@@ -635,7 +635,9 @@ class Library:
 
         kind "f32" / "f16": (n, k) weights (or (k, n) with layout="kn"), f16 converted to f32.
         kind "q4_0" / "q4_0_dx": float32 (n, k) weights quantised like ggml's Q4_0, or raw ggml
-        block_q4_0 bytes via ``from_ggml=`` (with n, k)."""
+        block_q4_0 bytes via ``from_ggml=`` (with n, k).
+        kind "q8_0": float32 (n, k) weights quantised per channel (tilegen.runtime.q8), or raw
+        ggml block_q8_0 bytes via ``from_ggml=`` (with n, k), requantised per channel."""
         pairs = self._pairs(kind)
         if nr is not None:
             pairs = [p for p in pairs if p.gemm.nr == nr]
