@@ -172,3 +172,29 @@ def test_q8_kernels_preserve_callee_saved_state(cpu, q8_lib):
     ran = {k for k in res if "qsi8cxp" in k}
     want = {s.name for s in ALL_SPECS if set(s.features) <= CPU_FEATURES.get(cpu, {"neon", "dotprod", "i8mm"})}
     assert ran == want
+
+
+@pytest.mark.parametrize("path", _vector_files(), ids=lambda p: p.stem)
+def test_q8_packers_and_getters_match_kleidiai_vectors(path, q8_lib):
+    """The library's generated NEON LHS packers write KleidiAI's bytes for every geometry of
+    the vectors (and for m_idx_start = 2), and the kernels' sizes/offsets are KleidiAI's."""
+    z = np.load(path)
+    m, n, k = (int(v) for v in z["shape_mnk"])
+    x = z["lhs_f32"]
+    g = guest("neoverse-n1")
+    for stem, s in KLEIDIAI_Q8.items():
+        spec = tilegen.parse_spec(s)
+        mr, nr, kr, sr = (int(z[f"{stem}__{f}"]) for f in ("mr", "nr", "kr", "sr"))
+        got = g.call("guest_calls:lib_pack_lhs", str(q8_lib), "qai8dxp", x, mr, kr, sr, 32, 0)
+        wr = z[f"{stem}__lhs_packed_written"]
+        assert got.size == wr.size and np.array_equal(got[wr], z[f"{stem}__lhs_packed"][wr]), stem
+        L, LL = QSI8CXP(nr, kr), QAI8DXP(mr, kr, sr)
+        sizes = [LL.packed_size(m, k), L.packed_size(n, k), L.group_stride(k), 4 * m * n,
+                 LL.packed_offset(mr, k), L.packed_offset(nr, k),
+                 LL.packed_offset(spec.m_step, k), L.packed_offset(spec.n_step, k)]
+        assert sizes == [int(v) for v in z[f"{stem}__sizes"]], stem
+        assert (spec.m_step, spec.n_step) == (int(z[f"{stem}__m_step"]), int(z[f"{stem}__n_step"]))
+    got = g.call("guest_calls:lib_pack_lhs", str(q8_lib), "qai8dxp", x, 4, 8, 1, 32, 2)
+    want, wr = z["mstart2_mr4_kr8_sr1__lhs_packed"], z["mstart2_mr4_kr8_sr1__lhs_packed_written"]
+    assert np.array_equal(got[wr[:got.size]], want[:got.size][wr[:got.size]])
+    assert not wr[got.size:].any()
