@@ -8,8 +8,8 @@ Strategies, by ISA and interleave (``kr``; ``sr`` is 1):
           of a vector, SDOT against 2 columns x 8 k; column halves are added at the end.
 ``mm``    i8mm, kr = 8, mr a multiple of 4: SMMLA of (2 rows x 8 k) by (2 columns x 8 k).
 ``neon``  plain NEON, kr = 8 (no dot product instruction): SMULL/SMULL2 give the int16 products
-          of 8 k values with 2 columns (|q*w| <= 128*128 fits int16), SADDLP widens pairs to
-          int32, ADDP folds them: the column-pair layout of dot8, per row.
+          of 8 k values with 2 columns (|q*w| <= 128*128 fits int16), SADALP adds them pairwise
+          into one int32 vector per row and column; ADDP folds the lanes after the loop.
 
 The whole k range is summed in int32 (as KleidiAI does); the epilogue adds ``offset*rsum`` in
 int32 and applies the scales in f32 from registers that served the hot loop.
@@ -39,7 +39,8 @@ class Q8NeonRegs(_Frame):
     tile row ``row`` -- in dot4 mode from the start; in mm mode the SMMLA accumulators are
     ``iacc[group][row pair][column pair]`` and are rearranged into ``acc`` (same registers)
     after the k loop; in dot8 mode ``iacc[column pair]`` and ``acc[0][cv] = iacc[2cv]``
-    after the pairwise add.  ``neon``: ``iacc[row][column pair]`` like dot8 per row."""
+    after the pairwise add.  ``neon``: ``iacc[row][column]``, ``acc[row][cv] = iacc[row][4cv]``
+    after the lanes are folded."""
 
     mode: str
     mr_reg: int                          # rows computed at once (the tile is mr_reg-row blocks)
@@ -144,8 +145,8 @@ def _needs(spec: KernelSpec, mode: str, mr_reg: int, P: int, split: int = 1) -> 
         iacc, lhs, rhs, tmp = 2 * nv, 2, 2 * nv, 1
     elif mode == "mm":
         iacc, lhs, rhs, tmp = mr_reg * nv, 2 * G, 2 * nv, 0
-    else:   # neon: per row 2 int32 vectors per column vector; LHS 8 bytes per row and chunk
-        iacc, lhs, rhs, tmp = 2 * mr_reg * nv, (2 * G if P == 4 else 2), 2 * nv, 3
+    else:   # neon: per row one int32 vector per column; LHS 8 bytes per row and chunk
+        iacc, lhs, rhs, tmp = 4 * mr_reg * nv, (2 * G if P == 4 else 2), 2 * nv, 3
     parts = [("int32 accumulators", iacc), ("LHS", lhs), ("RHS", rhs)]
     if split > 1:
         parts.append(("further accumulator sets", (split - 1) * iacc))
@@ -220,8 +221,8 @@ def allocate_q8_neon(spec: KernelSpec) -> Q8NeonRegs:
         acc = tuple(tuple(iacc[r // 4][(r % 4) // 2][2 * q + (r % 2)] for q in range(nv))
                     for r in range(mr_reg))
     else:
-        iacc = tuple(tuple(flat[r * 2 * nv:(r + 1) * 2 * nv]) for r in range(mr_reg))
-        acc = tuple(tuple(iacc[r][2 * cv] for cv in range(nv)) for r in range(mr_reg))
+        iacc = tuple(tuple(flat[r * nr:(r + 1) * nr]) for r in range(mr_reg))
+        acc = tuple(tuple(iacc[r][4 * cv] for cv in range(nv)) for r in range(mr_reg))
     per = len(flat)
     more = vp.take((split - 1) * per)
     split_sets = tuple(tuple(more[i * per:(i + 1) * per]) for i in range(split - 1))
