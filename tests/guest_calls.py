@@ -262,3 +262,68 @@ def refused(libdir: str, name: str) -> str:
 
 def svcr_now(libdir: str) -> int:
     return _lib(libdir).svcr()
+
+
+def mixed_threads_race(libdir: str, w, xs, kind="f32", rounds=100):
+    """Each round: a fresh pool, then len(xs) Python threads released together, thread i
+    calling matmul(xs[i], threads=i + 1).  Returns (errors, rounds with a result that differs
+    from the threads=1 result, threads left over besides the main one and the current pool)."""
+    import threading
+    from tilegen.runtime import threads as pool_mod
+    lib = _lib(libdir)
+    pw = lib.pack_weights(w, kind=kind)
+    serial = [lib.matmul(x, pw, threads=1) for x in xs]
+    errors: list[str] = []
+    bad_rounds = 0
+    for _ in range(rounds):
+        with pool_mod._lock:
+            pool_mod._pool = None          # every round grows the pool from nothing
+        start = threading.Barrier(len(xs))
+        got = [None] * len(xs)
+
+        def worker(i):
+            start.wait()
+            try:
+                got[i] = lib.matmul(xs[i], pw, threads=i + 1)
+            except Exception as e:      # noqa: BLE001 - reported to the host
+                errors.append(f"{type(e).__name__}: {e}")
+        ts = [threading.Thread(target=worker, args=(i,)) for i in range(len(xs))]
+        for t in ts:
+            t.start()
+        for t in ts:
+            t.join()
+        if not all(g is not None and np.array_equal(g, s) for g, s in zip(got, serial)):
+            bad_rounds += 1
+    import gc
+    import time
+    gc.collect()
+    for _ in range(100):            # the replaced pools' threads exit
+        if threading.active_count() <= 1 + pool_mod._pool_workers:
+            break
+        time.sleep(0.02)
+    return sorted(set(errors)), bad_rounds, threading.active_count() - 1 - pool_mod._pool_workers
+
+
+def matmul_out_alias(libdir: str, kind: str, w, x, bias=None, alias="x", threads=1):
+    """matmul with out= sharing memory with x ("x") or with the call-time bias ("bias":
+    bias is row 0 of out).  Returns (result, result is out)."""
+    lib = _lib(libdir)
+    pw = lib.pack_weights(w, kind=kind)
+    x = x.copy()
+    if alias == "x":
+        out = x
+    else:
+        out = np.zeros(x.shape[:-1] + (pw.n,), np.float32)
+        out.reshape(-1, pw.n)[0] = bias
+        bias = out.reshape(-1, pw.n)[0]
+    y = lib.matmul(x, pw, bias=bias, out=out, threads=threads)
+    return y.copy(), y is out
+
+
+def matmul_try(libdir: str, kind: str, w, x, **kw):
+    """matmul, or the error it raises as (type name, message)."""
+    lib = _lib(libdir)
+    try:
+        return lib.matmul(x, lib.pack_weights(w, kind=kind), **kw)
+    except Exception as e:      # noqa: BLE001 - the error is the result
+        return type(e).__name__, str(e)

@@ -1,0 +1,21 @@
+"""Calling the ops: concurrent callers, out= aliasing, clamp, Inf/NaN, threads=, TILEGEN_ISA."""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from conftest import guest
+from test_runtime_ops import all_lib  # noqa: F401 - shared session fixture
+
+
+@pytest.mark.parametrize("kind", ["f32", "q4_0"])
+def test_mixed_threads_race(kind, all_lib):
+    """8 Python threads, thread i with threads=i + 1, 100 rounds, the pool rebuilt each round."""
+    rng = np.random.default_rng(21)
+    n, k = 128, 32                  # n splits into 8 parts for the 16- and 4-column kernels
+    w = rng.normal(size=(n, k)).astype(np.float32)
+    xs = [rng.normal(size=(int(rng.integers(2, 9)), k)).astype(np.float32) for _ in range(8)]
+    errors, bad_rounds, stray = guest("cortex-a53").call("guest_calls:mixed_threads_race",
+                                                         str(all_lib), w, xs, kind, 100)
+    assert errors == [] and bad_rounds == 0
+    assert stray <= 0           # replaced pools do not leave threads behind
