@@ -4,6 +4,8 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
+from tilegen.reference import matmul_f32
+
 from conftest import guest
 from test_runtime_ops import all_lib  # noqa: F401 - shared session fixture
 
@@ -19,3 +21,23 @@ def test_mixed_threads_race(kind, all_lib):
                                                          str(all_lib), w, xs, kind, 100)
     assert errors == [] and bad_rounds == 0
     assert stray <= 0           # replaced pools do not leave threads behind
+
+
+@pytest.mark.parametrize("kind", ["f32", "q4_0"])
+@pytest.mark.parametrize("alias", ["x", "bias"])
+def test_out_aliasing_inputs(kind, alias, all_lib):
+    """out= sharing memory with x (n == k) or with the call-time bias gives the same result as
+    a separate out."""
+    rng = np.random.default_rng(22)
+    k = 64
+    w = rng.normal(size=(k, k)).astype(np.float32)
+    x = rng.normal(size=(2, 7, k)).astype(np.float32)
+    b = rng.normal(size=k).astype(np.float32) if alias == "bias" else None
+    g = guest("cortex-a53")
+    for threads in (1, 3):
+        want = g.call("guest_calls:matmul_try", str(all_lib), kind, w, x, bias=b, threads=threads)
+        y, same = g.call("guest_calls:matmul_out_alias", str(all_lib), kind, w, x, b, alias, threads)
+        assert same and np.array_equal(y, want)
+    if kind == "f32":
+        ref = matmul_f32(x.reshape(-1, k), w, None, -np.inf, np.inf)
+        assert np.array_equal(want.reshape(-1, k), ref if b is None else ref + b)

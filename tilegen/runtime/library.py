@@ -648,21 +648,16 @@ class Library:
         """``clamp(x @ W.T + bias)`` for x of shape (m, k) or (..., m, k); float32 result.
 
         A bias packed with the weights is applied inside the kernel; ``bias=`` given here is
-        added to the kernel's result (one f32 add) before the clamp."""
-        if bias is not None:
-            b = np.asarray(bias)
-            if b.dtype != np.float32 or b.shape != (getattr(packed, "n", -1),):
-                raise ArgumentError(f"bias must be float32 of shape ({getattr(packed, 'n', '?')},), "
-                                    f"got {b.dtype} {b.shape}")
-            y = self.matmul(x, packed, None, None, threads, out)
-            y += b
-            if clamp is not None:
-                cmin, cmax = _clamps(*clamp)
-                np.minimum(np.maximum(y, np.float32(cmin), out=y), np.float32(cmax), out=y)
-            return y
+        added to the kernel's result (one f32 add) before the clamp.  ``out`` may share memory
+        with x or bias: the result is then computed apart and copied into it."""
         if not isinstance(packed, PackedWeights):
             raise ArgumentError(f"weights must be PackedWeights (see lib.pack_weights), "
                                 f"got {type(packed).__name__}")
+        if bias is not None:
+            bias = np.asarray(bias)
+            if bias.dtype != np.float32 or bias.shape != (packed.n,):
+                raise ArgumentError(f"bias must be float32 of shape ({packed.n},), "
+                                    f"got {bias.dtype} {bias.shape}")
         if not isinstance(x, np.ndarray) or x.dtype != np.float32:
             raise ArgumentError(f"x must be a float32 numpy array, got "
                                 f"{getattr(x, 'dtype', type(x).__name__)}")
@@ -673,6 +668,7 @@ class Library:
         nthreads = default_threads() if threads is None else threads
         if isinstance(nthreads, bool) or not isinstance(nthreads, int) or nthreads < 1:
             raise ArgumentError(f"threads must be a positive int, got {threads!r}")
+        cmin, cmax = (-FLT_MAX, FLT_MAX) if clamp is None else _clamps(*clamp)
         lead = x.shape[:-1]
         x2 = np.ascontiguousarray(x.reshape(-1, packed.k))
         m = x2.shape[0]
@@ -684,9 +680,25 @@ class Library:
         elif not isinstance(out, np.ndarray) or out.shape != shape or out.dtype != np.float32 \
                 or not out.flags.c_contiguous or not out.flags.writeable:
             raise ArgumentError(f"out must be a writeable C-contiguous float32 array of shape {shape}")
-        cmin, cmax = (-FLT_MAX, FLT_MAX) if clamp is None else _clamps(*clamp)
-        kern = self.select(packed, m)
+        elif any(a is not None and np.shares_memory(out, a) for a in (x, bias, packed.data)):
+            # the kernels read x while they write out, and the bias is read after them
+            out[...] = self.matmul(x, packed, bias, clamp, threads)
+            return out
         dst = out.reshape(m, packed.n)
+        if bias is None:
+            self._run(x2, packed, dst, cmin, cmax, nthreads)
+        else:
+            self._run(x2, packed, dst, -FLT_MAX, FLT_MAX, nthreads)
+            dst += bias
+            if clamp is not None:
+                np.minimum(np.maximum(dst, np.float32(cmin), out=dst), np.float32(cmax), out=dst)
+        return out
+
+    def _run(self, x2: np.ndarray, packed: PackedWeights, dst: np.ndarray, cmin: float,
+             cmax: float, nthreads: int) -> None:
+        """dst = clamp(x2 @ W.T) for contiguous rows x2 (m, k), split over nthreads."""
+        m = x2.shape[0]
+        kern = self.select(packed, m)
         k, bl = packed.k, packed.bl
         lay = kern.lhs_layout(bl or 32)
         if lay is None:     # f32 rows as they are
@@ -712,7 +724,6 @@ class Library:
                                 rhs[roff:], packed.has_bias, bl, packed.kind)
             kern(lhs, sub, dst[:, n0:n1], cmin, cmax)
         run_parallel([lambda a=a, b=b: part(a, b) for a, b in split(packed.n, kern.n_step, nthreads)])
-        return out
 
     def get_rows(self, packed: PackedWeights, rows) -> np.ndarray:
         """Dequantise rows of packed weights (get_rows: an embedding lookup)."""
