@@ -72,6 +72,7 @@ def _bad_kernel_args(what: str, nr: int = 8):
         "empty lhs": (np.ones((0, 6), f), packed, np.zeros((0, 10), f)),
         "clamp not a number": (lhs, packed, dst, "low", 1.0),
         "clamp NaN": (lhs, packed, dst, float("nan"), 1.0),
+        "clamp min > max": (lhs, packed, dst, 1.0, -1.0),
     }
     return cases if what == "*" else cases[what]
 
@@ -79,7 +80,8 @@ def _bad_kernel_args(what: str, nr: int = 8):
 BAD_KERNEL_CALLS = ["lhs float64", "lhs 1-D", "lhs list", "lhs columns strided",
                     "lhs rows reversed", "lhs misaligned", "dst rows mismatch", "dst int32",
                     "dst read-only", "dst broadcast", "packed too small", "packed float32",
-                    "packed strided", "k mismatch", "empty lhs", "clamp not a number", "clamp NaN"]
+                    "packed strided", "k mismatch", "empty lhs", "clamp not a number", "clamp NaN",
+                    "clamp min > max"]
 
 
 def bad_kernel_call(libdir: str, name: str, what: str):

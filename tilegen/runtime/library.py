@@ -5,6 +5,7 @@ import ctypes
 import hashlib
 import json
 import math
+import numbers
 import os
 import struct
 import sys
@@ -152,14 +153,36 @@ def _check_bytes(name: str, buf, need: int) -> np.ndarray:
     return buf
 
 
+def _is_number(v) -> bool:
+    return isinstance(v, numbers.Real) and not isinstance(v, (bool, np.bool_))
+
+
 def _clamps(clamp_min, clamp_max) -> tuple[float, float]:
-    try:
-        cmin, cmax = float(clamp_min), float(clamp_max)
-    except (TypeError, ValueError):
-        raise ArgumentError(f"clamp values must be numbers, got {clamp_min!r}, {clamp_max!r}") from None
+    """Kernel clamp bounds as floats: numbers, not NaN, min <= max (infinities allowed)."""
+    if not (_is_number(clamp_min) and _is_number(clamp_max)):
+        raise ArgumentError(f"clamp values must be numbers, got {clamp_min!r}, {clamp_max!r}")
+    cmin, cmax = float(clamp_min), float(clamp_max)
     if math.isnan(cmin) or math.isnan(cmax):
         raise ArgumentError("clamp values must not be NaN")
+    if cmin > cmax:
+        raise ArgumentError(f"clamp min {cmin} > max {cmax}")
     return cmin, cmax
+
+
+def _clamp_pair(clamp) -> tuple[float, float] | None:
+    """matmul's clamp=: None (no clamp) or a (min, max) pair of numbers."""
+    if clamp is None:
+        return None
+    form = "clamp must be a (min, max) pair of numbers or None"
+    if isinstance(clamp, (str, bytes)):
+        raise ArgumentError(f"{form}, got {clamp!r}")
+    try:
+        lo, hi = clamp
+    except (TypeError, ValueError):
+        raise ArgumentError(f"{form}, got {clamp!r}") from None
+    if not (_is_number(lo) and _is_number(hi)):
+        raise ArgumentError(f"{form}, got {clamp!r}")
+    return _clamps(lo, hi)
 
 
 class Kernel:
@@ -668,7 +691,8 @@ class Library:
         nthreads = default_threads() if threads is None else threads
         if isinstance(nthreads, bool) or not isinstance(nthreads, int) or nthreads < 1:
             raise ArgumentError(f"threads must be a positive int, got {threads!r}")
-        cmin, cmax = (-FLT_MAX, FLT_MAX) if clamp is None else _clamps(*clamp)
+        clamp = _clamp_pair(clamp)
+        cmin, cmax = (-FLT_MAX, FLT_MAX) if clamp is None else clamp
         lead = x.shape[:-1]
         x2 = np.ascontiguousarray(x.reshape(-1, packed.k))
         m = x2.shape[0]
