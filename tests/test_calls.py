@@ -41,3 +41,88 @@ def test_out_aliasing_inputs(kind, alias, all_lib):
     if kind == "f32":
         ref = matmul_f32(x.reshape(-1, k), w, None, -np.inf, np.inf)
         assert np.array_equal(want.reshape(-1, k), ref if b is None else ref + b)
+
+
+def _with_non_finite(rng, m, k):
+    x = rng.normal(size=(m, k)).astype(np.float32)
+    x[0, 3] = np.inf
+    x[1, 5] = -np.inf
+    x[2, 7] = np.nan
+    x[3, 1], x[3, 2] = np.inf, -np.inf        # inf - inf: NaN
+    x[4, :] = 1e20                            # overflows float32 to +-inf
+    return x
+
+
+@pytest.mark.filterwarnings("ignore::RuntimeWarning")     # the references overflow
+@pytest.mark.parametrize("cpu", ["cortex-a53", "max", "max-sme"])
+def test_f32_inf_nan_propagate(cpu, all_lib):
+    """No clamp by default: Inf and NaN come out as numpy's float32 arithmetic gives them."""
+    from conftest import SME_ON
+    g = guest(cpu.removesuffix("-sme"), env=SME_ON if cpu.endswith("-sme") else None)
+    rng = np.random.default_rng(23)
+    n, k = 40, 48
+    w = rng.normal(size=(n, k)).astype(np.float32)
+    w[:, 0] = np.where(w[:, 0] > 0, 1e20, -1e20)    # row 4: +-1e40 terms
+    x = _with_non_finite(rng, 9, k)
+    ref = matmul_f32(x, w, None, -np.inf, np.inf)
+    assert np.isinf(ref).any() and np.isnan(ref).any()
+    f64 = x.astype(np.float64) @ w.astype(np.float64).T
+    # rows 0-3 do not overflow: same Inf / NaN positions as float64 numpy
+    assert np.array_equal(np.isnan(ref[:4]), np.isnan(f64[:4]))
+    assert np.array_equal(np.isposinf(ref[:4]), np.isposinf(f64[:4]))
+    for kind, wk in (("f32", w), ("f16", None)):
+        if wk is None:          # f16 weights: the same f32 kernels on the converted weights
+            wk = (w / 1e16).astype(np.float16)
+            want = matmul_f32(x, wk.astype(np.float32), None, -np.inf, np.inf)
+        else:
+            want = ref
+        for threads in (1, 2):
+            y = g.call("guest_calls:matmul_try", str(all_lib), kind, wk, x, threads=threads)
+            assert np.array_equal(y, want, equal_nan=True), (kind, threads)
+
+
+@pytest.mark.filterwarnings("ignore::RuntimeWarning")
+def test_kernel_default_is_no_clamp(all_lib):
+    from tilegen.layout import F32PackedRHS
+    rng = np.random.default_rng(24)
+    w = rng.normal(size=(16, 8)).astype(np.float32)
+    x = _with_non_finite(rng, 6, 8)
+    dst = np.zeros((6, 16), np.float32)
+    y = guest("cortex-a53").call("guest_calls:kernel_call", str(all_lib),
+                                 "matmul_clamp_f32_f32_f32p16x1b_6x16_neon_mla", x,
+                                 F32PackedRHS(16).pack(w), dst)
+    assert np.array_equal(y, matmul_f32(x, w, None, -np.inf, np.inf), equal_nan=True)
+
+
+Q4_LIMITS = {   # largest |x| whose activation scale the LHS format can store
+    "q4_0": 127 * float(np.finfo(np.float16).max),     # per-block amax/127 in f16
+    "q4_0_dx": float(np.finfo(np.float32).max) / 2,    # per-row f32 range max - min
+}
+
+
+@pytest.mark.parametrize("kind", ["q4_0", "q4_0_dx"])
+def test_q4_activations_beyond_the_scale_format(kind, all_lib):
+    import gguf
+    from tilegen.layout.ggml import quantize_q4_0
+    g = guest("cortex-a53")
+    rng = np.random.default_rng(25)
+    n, k = 12, 64
+    w = rng.normal(size=(n, k)).astype(np.float32)
+    x = rng.normal(size=(5, k)).astype(np.float32)
+    limit = Q4_LIMITS[kind]
+    for bad in (np.nextafter(np.float32(limit), np.float32(np.inf)), np.inf, -np.inf, np.nan):
+        xb = x.copy()
+        xb[2, 9] = bad
+        r = g.call("guest_calls:matmul_try", str(all_lib), kind, w, xb)
+        assert isinstance(r, tuple) and r[0] == "ArgumentError", (bad, r)
+        assert f"{limit:g}" in r[1], r[1]
+    # at the limit the result is still right
+    big = float(np.float32(limit / 2 if kind == "q4_0" else 1e30))
+    xb = x / np.abs(x).max() * np.float32(big)
+    xb[2, 9] = -np.float32(limit) if kind == "q4_0" else xb[2, 9]
+    y = g.call("guest_calls:matmul_try", str(all_lib), kind, w, xb)
+    assert isinstance(y, np.ndarray) and np.isfinite(y).all(), y
+    deq = gguf.quants.dequantize(quantize_q4_0(w), gguf.GGMLQuantizationType.Q4_0).reshape(n, k)
+    f64 = xb.astype(np.float64) @ deq.astype(np.float64).T
+    assert np.linalg.norm(y - f64) / np.linalg.norm(f64) <= 2e-2
+

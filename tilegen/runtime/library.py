@@ -26,6 +26,13 @@ MANIFEST_NAME = "manifest.json"
 _CTYPES = {"size_t": ctypes.c_size_t, "float": ctypes.c_float, "const void*": ctypes.c_void_p,
            "void*": ctypes.c_void_p}
 FLT_MAX = float(np.finfo(np.float32).max)
+INF = math.inf
+# Largest |x| the quantised LHS formats can represent: their activation scales must be finite.
+ACTIVATION_LIMITS = {
+    "qsi8d32p": (127 * float(np.finfo(np.float16).max),
+                 "the per-block scale max|x|/127 is stored as f16, largest 65504"),
+    "qai8dxp": (FLT_MAX / 2, "the per-row range max(x) - min(x) must be a finite float32"),
+}
 
 
 class ArgumentError(TypeError, ValueError):
@@ -268,7 +275,7 @@ class Kernel:
 
     # -- calls --------------------------------------------------------------------------
     def __call__(self, lhs: np.ndarray, rhs_packed, dst: np.ndarray,
-                 clamp_min: float = -FLT_MAX, clamp_max: float = FLT_MAX, *,
+                 clamp_min: float = -INF, clamp_max: float = INF, *,
                  k: int | None = None, bl: int | None = None) -> np.ndarray:
         """f32: dst = clamp(lhs @ W + bias), lhs (m, k) f32 rows (packed-LHS kernels: rows,
         packed here, or bytes from ``lhs_layout().pack``).
@@ -692,7 +699,7 @@ class Library:
         if isinstance(nthreads, bool) or not isinstance(nthreads, int) or nthreads < 1:
             raise ArgumentError(f"threads must be a positive int, got {threads!r}")
         clamp = _clamp_pair(clamp)
-        cmin, cmax = (-FLT_MAX, FLT_MAX) if clamp is None else clamp
+        cmin, cmax = (-INF, INF) if clamp is None else clamp     # no clamp: Inf/NaN pass
         lead = x.shape[:-1]
         x2 = np.ascontiguousarray(x.reshape(-1, packed.k))
         m = x2.shape[0]
@@ -712,7 +719,7 @@ class Library:
         if bias is None:
             self._run(x2, packed, dst, cmin, cmax, nthreads)
         else:
-            self._run(x2, packed, dst, -FLT_MAX, FLT_MAX, nthreads)
+            self._run(x2, packed, dst, -INF, INF, nthreads)
             dst += bias
             if clamp is not None:
                 np.minimum(np.maximum(dst, np.float32(cmin), out=dst), np.float32(cmax), out=dst)
@@ -723,6 +730,12 @@ class Library:
         """dst = clamp(x2 @ W.T) for contiguous rows x2 (m, k), split over nthreads."""
         m = x2.shape[0]
         kern = self.select(packed, m)
+        if kern.spec.info.lhs in ACTIVATION_LIMITS:
+            limit, why = ACTIVATION_LIMITS[kern.spec.info.lhs]
+            amax = float(np.abs(x2).max())      # NaN when x has a NaN
+            if not amax <= limit:
+                raise ArgumentError(f"{packed.kind} activations must be finite with |x| <= "
+                                    f"{limit:g} ({why}); got max |x| = {amax:g}")
         k, bl = packed.k, packed.bl
         lay = kern.lhs_layout(bl or 32)
         if lay is None:     # f32 rows as they are
