@@ -126,3 +126,48 @@ def test_q4_activations_beyond_the_scale_format(kind, all_lib):
     f64 = xb.astype(np.float64) @ deq.astype(np.float64).T
     assert np.linalg.norm(y - f64) / np.linalg.norm(f64) <= 2e-2
 
+
+def test_threads_any_integral(all_lib):
+    rng = np.random.default_rng(26)
+    w = rng.normal(size=(40, 32)).astype(np.float32)
+    x = rng.normal(size=(6, 32)).astype(np.float32)
+    g = guest("cortex-a53")
+    for kind in ("f32", "q4_0"):
+        want = g.call("guest_calls:matmul_try", str(all_lib), kind, w, x, threads=1)
+        assert isinstance(want, np.ndarray), want
+        for t in (np.int64(2), np.int32(3), np.uint8(8)):
+            y = g.call("guest_calls:matmul_try", str(all_lib), kind, w, x, threads=t)
+            assert isinstance(y, np.ndarray) and np.array_equal(y, want), (kind, t, y)
+
+
+@pytest.mark.parametrize("spec,sme,want", [
+    ("dotprod", "0", {"neon", "dotprod"}),
+    ("i8mm", "0", {"neon", "i8mm"}),
+    ("sve2", "0", {"neon", "sve", "sve2"}),
+    ("sme2", "1", {"neon", "sme", "sme2"}),
+    ("neon,bf16", "0", {"neon", "bf16"}),
+])
+def test_isa_override_implies_base_features(spec, sme, want, monkeypatch):
+    from tilegen.runtime import cpu
+    monkeypatch.setenv("TILEGEN_ISA", spec)
+    monkeypatch.setenv("TILEGEN_SME", sme)
+    assert cpu._apply_override(set(cpu.KNOWN_FEATURES)) == want
+    # it still only removes: a CPU without the feature does not get it
+    assert cpu._apply_override({"neon"}) == {"neon"}
+
+
+def test_isa_override_unknown_feature(monkeypatch):
+    from tilegen.runtime import cpu
+    monkeypatch.setenv("TILEGEN_ISA", "neon,avx2")
+    with pytest.raises(ValueError, match=r"unknown features \['avx2'\].*known: neon, dotprod"):
+        cpu._apply_override({"neon"})
+
+
+def test_isa_override_dotprod_alone_keeps_neon(all_lib):
+    from pathlib import Path
+    from tilegen.emulate.remote import GuestSession
+    with GuestSession("max", paths=[str(Path(__file__).parent)], env={"TILEGEN_ISA": "dotprod"}) as g:
+        assert g.call("guest_calls:machine")["features"] == ["dotprod", "neon"]
+        picks = g.call("guest_calls:picks", str(all_lib))
+    assert picks["q4_0"][0].endswith("_16x4_neon_dotprod")
+    assert picks["f32"][0].endswith("_neon_mla")

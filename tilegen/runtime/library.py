@@ -6,6 +6,7 @@ import hashlib
 import json
 import math
 import numbers
+import operator
 import os
 import struct
 import sys
@@ -158,6 +159,19 @@ def _check_bytes(name: str, buf, need: int) -> np.ndarray:
     if buf.nbytes < need:
         raise ArgumentError(f"{name} has {buf.nbytes} bytes, the call needs {need}")
     return buf
+
+
+def _threads(threads) -> int:
+    """threads=: any integral (int, numpy integer, ``__index__``) >= 1; bool is refused."""
+    try:
+        if isinstance(threads, (bool, np.bool_)):
+            raise TypeError
+        n = operator.index(threads)
+    except TypeError:
+        raise ArgumentError(f"threads must be a positive int, got {threads!r}") from None
+    if n < 1:
+        raise ArgumentError(f"threads must be a positive int, got {threads!r}")
+    return n
 
 
 def _is_number(v) -> bool:
@@ -695,9 +709,7 @@ class Library:
             raise ArgumentError(f"x must have shape (m, k) or (..., m, k), got {x.shape}")
         if x.shape[-1] != packed.k:
             raise ArgumentError(f"x has k={x.shape[-1]}, packed weights have k={packed.k}")
-        nthreads = default_threads() if threads is None else threads
-        if isinstance(nthreads, bool) or not isinstance(nthreads, int) or nthreads < 1:
-            raise ArgumentError(f"threads must be a positive int, got {threads!r}")
+        nthreads = default_threads() if threads is None else _threads(threads)
         clamp = _clamp_pair(clamp)
         cmin, cmax = (-INF, INF) if clamp is None else clamp     # no clamp: Inf/NaN pass
         lead = x.shape[:-1]
