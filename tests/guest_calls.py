@@ -299,7 +299,7 @@ def mixed_threads_race(libdir: str, w, xs, kind="f32", rounds=100):
     import gc
     import time
     gc.collect()
-    for _ in range(100):            # the replaced pools' threads exit
+    for _ in range(500):            # the replaced pools' threads exit
         if threading.active_count() <= 1 + pool_mod._pool_workers:
             break
         time.sleep(0.02)
