@@ -270,34 +270,39 @@ def mixed_threads_race(libdir: str, w, xs, kind="f32", rounds=100):
     """Each round: a fresh pool, then len(xs) Python threads released together, thread i
     calling matmul(xs[i], threads=i + 1).  Returns (errors, rounds with a result that differs
     from the threads=1 result, threads left over besides the main one and the current pool)."""
+    import gc
+    import sys
     import threading
+    import time
     from tilegen.runtime import threads as pool_mod
     lib = _lib(libdir)
     pw = lib.pack_weights(w, kind=kind)
     serial = [lib.matmul(x, pw, threads=1) for x in xs]
     errors: list[str] = []
     bad_rounds = 0
-    for _ in range(rounds):
-        with pool_mod._lock:
-            pool_mod._pool = None          # every round grows the pool from nothing
-        start = threading.Barrier(len(xs))
-        got = [None] * len(xs)
 
-        def worker(i):
-            start.wait()
-            try:
-                got[i] = lib.matmul(xs[i], pw, threads=i + 1)
-            except Exception as e:      # noqa: BLE001 - reported to the host
-                errors.append(f"{type(e).__name__}: {e}")
-        ts = [threading.Thread(target=worker, args=(i,)) for i in range(len(xs))]
-        for t in ts:
-            t.start()
-        for t in ts:
-            t.join()
-        if not all(g is not None and np.array_equal(g, s) for g, s in zip(got, serial)):
-            bad_rounds += 1
-    import gc
-    import time
+    def worker(i, start, got):
+        start.wait()
+        try:
+            got[i] = lib.matmul(xs[i], pw, threads=i + 1)
+        except Exception as e:      # noqa: BLE001 - reported to the host
+            errors.append(f"{type(e).__name__}: {e}")
+    interval = sys.getswitchinterval()
+    sys.setswitchinterval(1e-6)         # switch threads often: more interleavings per round
+    try:
+        for _ in range(rounds):
+            with pool_mod._lock:
+                pool_mod._pool = None          # every round grows the pool from nothing
+            start, got = threading.Barrier(len(xs)), [None] * len(xs)
+            ts = [threading.Thread(target=worker, args=(i, start, got)) for i in range(len(xs))]
+            for t in ts:
+                t.start()
+            for t in ts:
+                t.join()
+            if not all(g is not None and np.array_equal(g, s) for g, s in zip(got, serial)):
+                bad_rounds += 1
+    finally:
+        sys.setswitchinterval(interval)
     gc.collect()
     for _ in range(500):            # the replaced pools' threads exit
         if threading.active_count() <= 1 + pool_mod._pool_workers:
