@@ -163,13 +163,13 @@ def _check_bytes(name: str, buf, need: int) -> np.ndarray:
 
 def _threads(threads) -> int:
     """threads=: any integral (int, numpy integer, ``__index__``) >= 1; bool is refused."""
-    try:
-        if isinstance(threads, (bool, np.bool_)):
-            raise TypeError
-        n = operator.index(threads)
-    except TypeError:
-        raise ArgumentError(f"threads must be a positive int, got {threads!r}") from None
-    if n < 1:
+    n = None
+    if not isinstance(threads, (bool, np.bool_)):
+        try:
+            n = operator.index(threads)
+        except TypeError:
+            pass
+    if n is None or n < 1:
         raise ArgumentError(f"threads must be a positive int, got {threads!r}")
     return n
 
@@ -195,8 +195,6 @@ def _clamp_pair(clamp) -> tuple[float, float] | None:
     if clamp is None:
         return None
     form = "clamp must be a (min, max) pair of numbers or None"
-    if isinstance(clamp, (str, bytes)):
-        raise ArgumentError(f"{form}, got {clamp!r}")
     try:
         lo, hi = clamp
     except (TypeError, ValueError):
