@@ -56,47 +56,77 @@ class PackedWeights:
 
     # -- persistence: pack once, load per run ---------------------------------------
     MAGIC = b"TILEGENPW"
-    VERSION = 1
+    VERSION = 2       # 1: no header checksum
 
     def _meta(self) -> dict:
         return {"format": self.format, "n": self.n, "k": self.k, "nr": self.nr, "kr": self.kr,
                 "sr": self.sr, "bl": self.bl, "has_bias": self.has_bias, "kind": self.kind,
-                "nbytes": self.nbytes,
-                "sha256": hashlib.sha256(np.ascontiguousarray(self.data).tobytes()).hexdigest()}
+                "nbytes": self.nbytes, "sha256": _sha256(self.data).hexdigest()}
 
     def save(self, path: str | os.PathLike) -> None:
-        """Write ``MAGIC, u32 version, u32 header length, JSON header, data`` to ``path``."""
+        """Write ``MAGIC, u32 version, u32 header length, JSON header, sha256 of all the bytes
+        before it, data`` to ``path``; the header holds the data's size and sha256."""
         hdr = json.dumps(self._meta(), sort_keys=True).encode()
+        head = self.MAGIC + struct.pack("<II", self.VERSION, len(hdr)) + hdr
         with open(path, "wb") as f:
-            f.write(self.MAGIC + struct.pack("<II", self.VERSION, len(hdr)) + hdr)
-            f.write(np.ascontiguousarray(self.data).tobytes())
+            f.write(head + hashlib.sha256(head).digest())
+            for part in _chunks(self.data):
+                f.write(part)
 
     @classmethod
     def load(cls, path: str | os.PathLike) -> "PackedWeights":
         """Read a file written by :meth:`save`; any mismatch raises :class:`LoadError`."""
-        blob = Path(path).read_bytes()
-        head = len(cls.MAGIC) + 8
-        if len(blob) < head or not blob.startswith(cls.MAGIC):
-            raise LoadError(f"{path} is not a tilegen packed-weights file")
-        version, hlen = struct.unpack("<II", blob[len(cls.MAGIC):head])
-        if version != cls.VERSION:
-            raise LoadError(f"{path}: packed-weights version {version}, this tilegen reads {cls.VERSION}")
+        pre = len(cls.MAGIC) + 8
         try:
-            meta = json.loads(blob[head:head + hlen])
-            data = np.frombuffer(blob, np.uint8, offset=head + hlen).copy()
-            if data.nbytes != meta["nbytes"]:
-                raise LoadError(f"{path} is truncated: {data.nbytes} of {meta['nbytes']} data bytes")
-            if hashlib.sha256(data.tobytes()).hexdigest() != meta["sha256"]:
-                raise LoadError(f"{path}: data does not match its checksum (corrupted file)")
+            size = os.stat(path).st_size
+            with open(path, "rb") as f:
+                head = f.read(pre)
+                if len(head) < pre or not head.startswith(cls.MAGIC):
+                    raise LoadError(f"{path} is not a tilegen packed-weights file")
+                version, hlen = struct.unpack("<II", head[len(cls.MAGIC):])
+                if version < cls.VERSION:
+                    raise LoadError(f"{path}: packed-weights file format version {version} (written "
+                                    f"by an older tilegen); this tilegen reads version {cls.VERSION}: "
+                                    f"pack the weights again and save them")
+                if version != cls.VERSION:
+                    raise LoadError(f"{path}: packed-weights file format version {version}, this "
+                                    f"tilegen reads version {cls.VERSION}")
+                if pre + hlen + 32 > size:
+                    raise LoadError(f"{path} is truncated: {size} bytes, its header alone needs "
+                                    f"{pre + hlen + 32}")
+                hdr = f.read(hlen)
+                digest = f.read(32)
+                if hashlib.sha256(head + hdr).digest() != digest:
+                    raise LoadError(f"{path}: header does not match its checksum (corrupted file)")
+                data_off = pre + hlen + 32
+                try:
+                    meta = json.loads(hdr)
+                    nbytes = int(meta["nbytes"])
+                except (ValueError, KeyError, TypeError) as e:
+                    raise LoadError(f"{path}: bad packed-weights header ({e})") from None
+                have = size - data_off
+                if have < nbytes:
+                    raise LoadError(f"{path} is truncated: {have} of {nbytes} data bytes")
+                if have > nbytes:
+                    extra = have - nbytes
+                    raise LoadError(f"{path} has {extra} extra byte{'s' if extra > 1 else ''} "
+                                    f"after its {nbytes} data bytes")
+                data = np.frombuffer(f.read(nbytes), np.uint8).copy()
+        except OSError as e:
+            raise LoadError(f"cannot read {path}: {e}") from None
+        if _sha256(data).hexdigest() != meta.get("sha256"):
+            raise LoadError(f"{path}: data does not match its checksum (corrupted file)")
+        try:
             pw = cls(meta["format"], meta["n"], meta["k"], meta["nr"], meta["kr"], meta["sr"], data,
                      meta["has_bias"], meta["bl"], meta["kind"])
+            from ..layout.api import layout_for
+            lay = layout_for(pw.format, nr=pw.nr, kr=pw.kr, sr=pw.sr, bl=pw.bl or 32)
+            need = lay.packed_size(pw.n, pw.k)
         except (ValueError, KeyError, TypeError) as e:
             raise LoadError(f"{path}: bad packed-weights header ({e})") from None
-        from ..layout.api import layout_for
-        lay = layout_for(pw.format, nr=pw.nr, kr=pw.kr, sr=pw.sr, bl=pw.bl or 32)
-        if lay.packed_size(pw.n, pw.k) != data.nbytes:
+        if need != data.nbytes:
             raise LoadError(f"{path}: {data.nbytes} bytes but {pw.format} n={pw.n} k={pw.k} needs "
-                            f"{lay.packed_size(pw.n, pw.k)}")
+                            f"{need}")
         return pw
 
     @classmethod
@@ -110,6 +140,23 @@ class PackedWeights:
         except LayoutError as e:
             raise ArgumentError(str(e)) from None
         return cls(lay.format, n, k, nr, kr, sr, data, False, 32, "q4_0")
+
+
+_CHUNK = 1 << 24
+
+
+def _chunks(a: np.ndarray):
+    """The bytes of array ``a`` as buffers of at most 16 MiB (no copy of a contiguous array)."""
+    flat = np.ascontiguousarray(a).reshape(-1).view(np.uint8)
+    for i in range(0, flat.size, _CHUNK):
+        yield flat[i:i + _CHUNK]
+
+
+def _sha256(a: np.ndarray):
+    h = hashlib.sha256()
+    for part in _chunks(a):
+        h.update(part)
+    return h
 
 
 def _check_matrix(name: str, a, rows: int | None = None, cols: int | None = None,
