@@ -68,14 +68,25 @@ class PackedWeights:
         before it, data`` to ``path``; the header holds the data's size and sha256."""
         hdr = json.dumps(self._meta(), sort_keys=True).encode()
         head = self.MAGIC + struct.pack("<II", self.VERSION, len(hdr)) + hdr
-        with open(path, "wb") as f:
-            f.write(head + hashlib.sha256(head).digest())
-            for part in _chunks(self.data):
-                f.write(part)
+        # written beside the target, then renamed over it: weights loaded (memory-mapped) from
+        # the old file keep reading the old file
+        tmp = f"{os.fspath(path)}.{os.getpid()}.tmp"
+        try:
+            with open(tmp, "wb") as f:
+                f.write(head + hashlib.sha256(head).digest())
+                for part in _chunks(self.data):
+                    f.write(part)
+            os.replace(tmp, path)
+        finally:
+            if os.path.exists(tmp):
+                os.unlink(tmp)
 
     @classmethod
     def load(cls, path: str | os.PathLike) -> "PackedWeights":
-        """Read a file written by :meth:`save`; any mismatch raises :class:`LoadError`."""
+        """Read a file written by :meth:`save`; any mismatch raises :class:`LoadError`.
+
+        The data is a read-only memory map of the file (verified against its checksum once);
+        the file must not be changed in place while the weights are in use."""
         pre = len(cls.MAGIC) + 8
         try:
             size = os.stat(path).st_size
@@ -111,10 +122,12 @@ class PackedWeights:
                     extra = have - nbytes
                     raise LoadError(f"{path} has {extra} extra byte{'s' if extra > 1 else ''} "
                                     f"after its {nbytes} data bytes")
-                data = np.frombuffer(f.read(nbytes), np.uint8).copy()
+            # read-only memory map: the file's pages are the data (no copy)
+            data = (np.asarray(np.memmap(path, np.uint8, "r", offset=data_off, shape=(nbytes,)))
+                    if nbytes else np.zeros(0, np.uint8))
         except OSError as e:
             raise LoadError(f"cannot read {path}: {e}") from None
-        if _sha256(data).hexdigest() != meta.get("sha256"):
+        if _sha256(data).hexdigest() != meta.get("sha256"):      # hashed in 16 MiB chunks
             raise LoadError(f"{path}: data does not match its checksum (corrupted file)")
         try:
             pw = cls(meta["format"], meta["n"], meta["k"], meta["nr"], meta["kr"], meta["sr"], data,
