@@ -262,3 +262,17 @@ def refused(libdir: str, name: str) -> str:
 
 def svcr_now(libdir: str) -> int:
     return _lib(libdir).svcr()
+
+
+def ggml_bytes_and_empty_rows(libdir: str, raw, n: int, k: int) -> dict:
+    """pack_weights(from_ggml=) given bytes-like objects; get_rows of no rows."""
+    lib = _lib(libdir)
+    out = {}
+    for kind in ("q4_0", "q4_0_dx"):
+        ref = lib.pack_weights(kind=kind, from_ggml=raw, n=n, k=k)
+        out[kind] = [np.array_equal(lib.pack_weights(kind=kind, from_ggml=wrap(raw.tobytes()),
+                                                     n=n, k=k).data, ref.data)
+                     for wrap in (bytes, bytearray, memoryview)]
+        out[kind + " rows"] = lib.get_rows(ref, [])
+    out["f32 rows"] = lib.get_rows(lib.pack_weights(np.ones((n, k), np.float32)), [])
+    return out

@@ -122,3 +122,61 @@ def test_loading_a_large_file_costs_its_size_once(tmp_path):
     assert (probe, nbytes) == (want_probe, size)
     grew = (peak - base) * 1024
     assert grew <= 1.1 * size, f"peak RSS grew by {grew / size:.2f}x the file size"
+
+
+@pytest.mark.parametrize("wrap", [bytes, bytearray, memoryview])
+def test_ggml_bytes_like_inputs(wrap):
+    from tilegen.layout.ggml import quantize_q4_0
+    rng = np.random.default_rng(31)
+    n, k = 10, 64
+    raw = quantize_q4_0(rng.normal(size=(n, k)).astype(np.float32))
+    want = tilegen.PackedWeights.from_q4_0(raw, n, k)
+    got = tilegen.PackedWeights.from_q4_0(wrap(raw.tobytes()), n, k)
+    assert np.array_equal(got.data, want.data)
+    for fmt in ("qsi4c32p", "qsi4c32pscalef16"):
+        ref = tilegen.pack_rhs(fmt, nr=4, kr=8, sr=2, ggml=raw, n=n, k=k)
+        assert np.array_equal(tilegen.pack_rhs(fmt, nr=4, kr=8, sr=2, ggml=wrap(raw.tobytes()),
+                                               n=n, k=k), ref)
+
+
+def test_truncated_gguf_is_a_load_error(tmp_path):
+    gguf = pytest.importorskip("gguf")
+    from tilegen.gguf import load_tensor
+    rng = np.random.default_rng(32)
+    w = rng.normal(size=(24, 96)).astype(np.float32)
+    path = tmp_path / "t.gguf"
+    wr = gguf.GGUFWriter(str(path), "llama")
+    wr.add_tensor("q4", gguf.quants.quantize(w, gguf.GGMLQuantizationType.Q4_0),
+                  raw_dtype=gguf.GGMLQuantizationType.Q4_0)
+    wr.write_header_to_file()
+    wr.write_kv_data_to_file()
+    wr.write_tensors_to_file()
+    wr.close()
+    assert load_tensor(path, "q4").n == 24
+    blob = path.read_bytes()
+    for cut in (20, 100, len(blob) // 2):       # the last 16 bytes are alignment padding
+        path.write_bytes(blob[:-cut])
+        with pytest.raises(LoadError, match="is truncated") as e:
+            load_tensor(path, "q4")
+        assert "reshape" not in str(e.value)
+
+
+@pytest.mark.parametrize("kind", ["f32", "q4_0", "q4_0_dx"])
+def test_get_rows_of_no_rows(kind):
+    from tilegen.layout.q4 import QSI4C32P
+    from tilegen.runtime.library import dequantize_packed_rows
+    rng = np.random.default_rng(33)
+    n, k = 9, 64
+    w = rng.normal(size=(n, k)).astype(np.float32)
+    if kind == "f32":
+        pw = _f32_weights(n, k)
+    elif kind == "q4_0":
+        from tilegen.layout.ggml import quantize_q4_0
+        pw = tilegen.PackedWeights.from_q4_0(quantize_q4_0(w), n, k)
+    else:
+        lay = QSI4C32P(4, 8, 2)
+        pw = tilegen.PackedWeights(lay.format, n, k, 4, 8, 2, lay.pack_from_float(w), False, 32, kind)
+    for rows in ([], (), np.array([], np.int64)):
+        got = dequantize_packed_rows(pw, rows)
+        assert got.shape == (0, k) and got.dtype == np.float32
+    assert dequantize_packed_rows(pw, [n - 1]).shape == (1, k)

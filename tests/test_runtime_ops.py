@@ -170,3 +170,14 @@ def test_call_time_bias_and_clamp(kind, all_lib):
     assert y.min() >= -2.0 and y.max() <= 3.0
     with pytest.raises(GuestError, match="bias must be float32"):
         guest("max").call("guest_calls:matmul_bias", str(all_lib), kind, w, x, b[:3], None)
+
+
+def test_ggml_bytes_like_and_get_rows_of_no_rows(all_lib):
+    rng = np.random.default_rng(41)
+    n, k = 13, 64
+    raw = quantize_q4_0(rng.normal(size=(n, k)).astype(np.float32))
+    r = guest("max").call("guest_calls:ggml_bytes_and_empty_rows", str(all_lib), raw, n, k)
+    assert r["q4_0"] == r["q4_0_dx"] == [True, True, True]
+    for kind in ("q4_0", "q4_0_dx", "f32"):
+        rows = r[kind + " rows"]
+        assert rows.shape == (0, k) and rows.dtype == np.float32

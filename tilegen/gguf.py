@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import os
+import struct
 
 import numpy as np
 
@@ -16,9 +17,15 @@ def _reader(path):
     except ImportError:
         raise ImportError("reading GGUF needs the gguf package: pip install gguf") from None
     try:
+        size = os.stat(path).st_size
         return gguf, gguf.GGUFReader(os.fspath(path))
-    except (OSError, ValueError) as e:
+    except OSError as e:
         raise LoadError(f"cannot read GGUF file {path}: {e}") from None
+    except (ValueError, IndexError, struct.error):
+        # the reader slices a memory map of the file: a field or tensor cut off by the end of
+        # the file comes out short, and numpy's reshape/view of it fails
+        raise LoadError(f"GGUF file {path} is truncated or corrupt: a header field or tensor "
+                        f"does not fit in its {size} bytes") from None
 
 
 def tensor_names(path) -> list[str]:

@@ -781,6 +781,8 @@ class Library:
 
 def dequantize_packed_rows(packed: PackedWeights, rows) -> np.ndarray:
     idx = np.asarray(rows)
+    if idx.size == 0 and idx.ndim == 1:      # [] and () come out as float64
+        idx = idx.astype(np.int64)
     if idx.dtype.kind not in "iu" or idx.ndim != 1:
         raise ArgumentError(f"rows must be a 1-D integer array, got {idx.dtype} {idx.shape}")
     if idx.size and (idx.min() < 0 or idx.max() >= packed.n):
