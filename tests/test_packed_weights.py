@@ -180,3 +180,39 @@ def test_get_rows_of_no_rows(kind):
         got = dequantize_packed_rows(pw, rows)
         assert got.shape == (0, k) and got.dtype == np.float32
     assert dequantize_packed_rows(pw, [n - 1]).shape == (1, k)
+
+
+_REPACK_GEOMETRIES = {
+    "f32p": [(4, 1, 1), (16, 1, 1), (20, 1, 1)],
+    "qsi4c32pscalef16": [(4, 16, 2), (4, 8, 2), (8, 4, 2), (16, 16, 2), (12, 2, 2)],
+    "qsi4c32p": [(4, 8, 2), (4, 16, 2), (8, 8, 1), (12, 4, 2), (16, 16, 4)],
+}
+
+
+@pytest.mark.parametrize("fmt", sorted(_REPACK_GEOMETRIES))
+def test_repack_between_layouts_of_a_format(fmt):
+    """Repacking is lossless: the bytes equal packing the same weights for the target."""
+    from tilegen.layout.api import layout_for, repack_rhs
+    rng = np.random.default_rng(51)
+    n, k = 13, 128
+    w = rng.normal(size=(n, k)).astype(np.float32)
+    bias = rng.normal(size=n).astype(np.float32) if fmt != "qsi4c32pscalef16" else None
+    lays = [layout_for(fmt, nr=nr, kr=kr, sr=sr, bl=32) for nr, kr, sr in _REPACK_GEOMETRIES[fmt]]
+    packed = [tilegen.pack_rhs(fmt, w, nr=lay.nr, kr=lay.kr, sr=getattr(lay, "sr", 1), bias=bias)
+              for lay in lays]
+    for src, ps in zip(lays, packed):
+        for dst, pd in zip(lays, packed):
+            assert np.array_equal(repack_rhs(ps, src, dst, n, k), pd), (src, dst)
+
+
+def test_repack_refuses_another_format():
+    from tilegen.layout import LayoutError
+    from tilegen.layout.api import layout_for, repack_rhs
+    rng = np.random.default_rng(52)
+    w = rng.normal(size=(8, 64)).astype(np.float32)
+    src = layout_for("qsi4c32pscalef16", nr=4, kr=16, sr=2)
+    ps = tilegen.pack_rhs("qsi4c32pscalef16", w, nr=4, kr=16, sr=2)
+    for dst in (layout_for("qsi4c32p", nr=4, kr=16, sr=2), layout_for("f32p", nr=4),
+                layout_for("qsi4c32pscalef16", nr=4, kr=16, sr=2, bl=64)):
+        with pytest.raises(LayoutError, match="cannot repack"):
+            repack_rhs(ps, src, dst, 8, 64)

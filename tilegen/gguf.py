@@ -37,8 +37,10 @@ def load_tensor(path, name: str, lib=None, *, nr: int | None = None) -> PackedWe
     """Tensor ``name`` (2-D: ne[0] = k, ne[1] = n) as PackedWeights.
 
     Q4_0 is repacked straight from its block_q4_0 bytes; F16/F32 are converted and packed for
-    the f32 kernels.  With ``lib`` the layout of that library's preferred kernel is used,
-    otherwise llama.cpp's defaults (q4_0: nr 4, kr 16, sr 2; f32: nr 16)."""
+    the f32 kernels.  With ``lib`` the layout of that library's preferred kernel is used
+    (with ``nr``: its preferred kernel of that nr), otherwise llama.cpp's defaults (q4_0: nr 4,
+    kr 16, sr 2; f32: nr 16) with ``nr`` replacing the default nr; ``lib.adopt`` repacks
+    such weights for a library's kernels."""
     gguf, r = _reader(path)
     t = next((t for t in r.tensors if t.name == name), None)
     if t is None:
@@ -52,8 +54,8 @@ def load_tensor(path, name: str, lib=None, *, nr: int | None = None) -> PackedWe
     if t.tensor_type == T.Q4_0:
         raw = data.reshape(-1).view(np.uint8)
         if lib is not None:
-            return lib.pack_weights(kind="q4_0", from_ggml=raw, n=n, k=k)
-        return PackedWeights.from_q4_0(raw, n, k)
+            return lib.pack_weights(kind="q4_0", from_ggml=raw, n=n, k=k, nr=nr)
+        return PackedWeights.from_q4_0(raw, n, k, nr=nr or 4)
     if t.tensor_type in (T.F16, T.F32):
         w = data.reshape(n, k)
         kind = "f16" if t.tensor_type == T.F16 else "f32"

@@ -15,6 +15,7 @@ import numpy as np
 
 from ..generator.spec import KernelSpec
 from ..layout import LayoutError, StridedF32, lhs_layout_for, rhs_layout_for
+from ..layout.base import same_rhs
 from .cpu import CpuInfo, detect
 from .select import KIND_FAMILY, KernelPair, build_table
 from .threads import default_threads, run_parallel, split
@@ -607,15 +608,46 @@ class Library:
         return self._tables[kind]
 
     def set_table(self, kind: str, pairs: list[KernelPair]) -> None:
+        """Replace the ordered kernel table of weight ``kind``: pairs of this library's kernels
+        (e.g. entries of :meth:`table`, or ``KernelPair(lib.kernels[gemm], lib.kernels[gemv])``
+        with ``KernelPair`` from ``tilegen.runtime.select``).  The first entry the CPU runs is
+        what pack_weights, adopt and workspace_size use; select (so matmul) uses the first
+        runnable entry that reads the weights' layout.  f32 and f16 have separate tables."""
         self.table(kind)
-        self._tables[kind] = list(pairs)
+        pairs = list(pairs)
+        if not pairs:
+            raise ArgumentError(f"the {kind} kernel table must not be empty")
+        fam = KIND_FAMILY[kind]
+        mine = set(map(id, self.kernels.values()))
+        for p in pairs:
+            if not isinstance(p, KernelPair):
+                raise ArgumentError(f"table entries must be KernelPair, got {type(p).__name__}")
+            for kern in (p.gemm, p.gemv):
+                if kern is None:
+                    continue
+                if id(kern) not in mine:
+                    raise ArgumentError(f"{kern!r} is not a kernel of {self.path.name}")
+                if kern.family != fam:
+                    raise ArgumentError(f"{kern.name} is not a {fam} kernel ({kind} weights "
+                                        f"need the {fam} family)")
+            if p.gemv is not None and not same_rhs(p.gemm.spec, p.gemv.spec):
+                raise ArgumentError(f"gemv {p.gemv.name} does not read the packed weights of "
+                                    f"gemm {p.gemm.name}")
+        self._tables[kind] = pairs
 
-    def _pairs(self, kind: str) -> list[KernelPair]:
+    def _pairs(self, kind: str, nr: int | None = None) -> list[KernelPair]:
+        """Runnable table entries for ``kind`` (with ``nr``: those whose gemm has that nr)."""
         pairs = [p for p in self.table(kind) if p.features <= self.cpu.features
                  and all(self.runnable(k) for k in (p.gemm, p.gemv) if k is not None)]
         if not pairs:
             raise ArgumentError(f"no kernel for {kind} weights in {self.path.name} runs on this "
                                 f"CPU (features: {', '.join(sorted(self.cpu.features))})")
+        if nr is not None:
+            some = [p for p in pairs if p.gemm.nr == nr]
+            if not some:
+                raise ArgumentError(f"no {kind} kernel with nr={nr}; available nr: "
+                                    f"{sorted({p.gemm.nr for p in pairs})}")
+            pairs = some
         return pairs
 
     def select(self, packed: PackedWeights, m: int) -> Kernel:
@@ -625,7 +657,34 @@ class Library:
             if p.gemm.rhs_matches(packed):
                 return p.pick(m, self.gemv_threshold)
         raise ArgumentError(f"no runnable kernel reads {packed.format} nr={packed.nr} "
-                            f"kr={packed.kr} sr={packed.sr}; repack the weights for this library")
+                            f"kr={packed.kr} sr={packed.sr}; lib.adopt(weights) repacks them "
+                            f"for this library")
+
+    def adopt(self, packed: PackedWeights, nr: int | None = None) -> PackedWeights:
+        """``packed`` in a layout a kernel of this library reads on this CPU.
+
+        Returned as it is when a runnable table entry reads it (with ``nr``: one of that nr).
+        Otherwise repacked, without loss, from any layout of its format (f32p: other nr;
+        qsi4c32p / qsi4c32pscalef16: other nr, kr, sr) into the layout of the first runnable
+        entry (with ``nr``: of that nr): new PackedWeights, the bytes ``pack_weights`` gives
+        for the same weights.  The repack costs about one pack_weights call."""
+        if not isinstance(packed, PackedWeights):
+            raise ArgumentError(f"weights must be PackedWeights, got {type(packed).__name__}")
+        pairs = self._pairs(packed.kind, nr)
+        if any(p.gemm.rhs_matches(packed) for p in pairs):
+            return packed
+        from ..layout.api import layout_for, repack_rhs
+        kern = pairs[0].gemm
+        bl = packed.bl or 32
+        try:
+            src = layout_for(packed.format, nr=packed.nr, kr=packed.kr, sr=packed.sr, bl=bl)
+            dst = kern.rhs_layout(bl)
+            data = repack_rhs(packed.data, src, dst, packed.n, packed.k)
+        except LayoutError as e:
+            raise ArgumentError(f"{packed.kind} weights in {packed.format} nr={packed.nr} "
+                                f"kr={packed.kr} sr={packed.sr}: {e} (kernel {kern.name})") from None
+        return PackedWeights(dst.format, packed.n, packed.k, kern.nr, kern.kr, kern.sr, data,
+                             packed.has_bias, packed.bl, packed.kind)
 
     # -- packing ----------------------------------------------------------------------
     def pack_weights(self, w=None, kind: str = "f32", bias: np.ndarray | None = None,
@@ -635,14 +694,10 @@ class Library:
 
         kind "f32" / "f16": (n, k) weights (or (k, n) with layout="kn"), f16 converted to f32.
         kind "q4_0" / "q4_0_dx": float32 (n, k) weights quantised like ggml's Q4_0, or raw ggml
-        block_q4_0 bytes via ``from_ggml=`` (with n, k)."""
-        pairs = self._pairs(kind)
-        if nr is not None:
-            pairs = [p for p in pairs if p.gemm.nr == nr]
-            if not pairs:
-                raise ArgumentError(f"no {kind} kernel with nr={nr}; available nr: "
-                                    f"{sorted({p.gemm.nr for p in self._pairs(kind)})}")
-        kern = pairs[0].gemm
+        block_q4_0 data via ``from_ggml=`` (bytes-like or a uint8 array; with n, k).
+        ``nr``: pack for the preferred kernel with that nr instead (:meth:`set_table` chooses
+        any kernel)."""
+        kern = self._pairs(kind, nr)[0].gemm
         try:
             if kind in ("f32", "f16"):
                 w = np.asarray(w)
@@ -708,7 +763,9 @@ class Library:
         """``clamp(x @ W.T + bias)`` for x of shape (m, k) or (..., m, k); float32 result.
 
         A bias packed with the weights is applied inside the kernel; ``bias=`` given here is
-        added to the kernel's result (one f32 add) before the clamp."""
+        added to the kernel's result (one f32 add) before the clamp.  Weights in a layout no
+        runnable kernel reads are repacked by :meth:`adopt` on every call (nothing is cached):
+        call ``packed = lib.adopt(packed)`` once to pay that once."""
         if bias is not None:
             b = np.asarray(bias)
             if b.dtype != np.float32 or b.shape != (getattr(packed, "n", -1),):
@@ -745,6 +802,7 @@ class Library:
                 or not out.flags.c_contiguous or not out.flags.writeable:
             raise ArgumentError(f"out must be a writeable C-contiguous float32 array of shape {shape}")
         cmin, cmax = (-FLT_MAX, FLT_MAX) if clamp is None else _clamps(*clamp)
+        packed = self.adopt(packed)       # a repack per call when no kernel reads its layout
         kern = self.select(packed, m)
         dst = out.reshape(m, packed.n)
         k, bl = packed.k, packed.bl
