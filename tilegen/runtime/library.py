@@ -57,7 +57,7 @@ class PackedWeights:
 
     # -- persistence: pack once, load per run ---------------------------------------
     MAGIC = b"TILEGENPW"
-    VERSION = 2       # 1: no header checksum
+    VERSION = 2       # version 1 files have no header checksum
 
     def _meta(self) -> dict:
         return {"format": self.format, "n": self.n, "k": self.k, "nr": self.nr, "kr": self.kr,
