@@ -32,7 +32,7 @@ import numpy as np
 
 from ..reference import fma_f32
 from .base import LayoutError, eval_expr, roundup
-from .ggml import dequantize_q4_0, quantize_q4_0, split_q4_0
+from .ggml import as_bytes, dequantize_q4_0, quantize_q4_0, split_q4_0
 
 __all__ = ["QAI8DXP", "QSI8D32P", "QSI4C32P", "QSI4C32PScaleF16",
            "f32_to_bf16_rne", "bf16_to_f32", "f16_bits_to_f32"]
@@ -677,7 +677,7 @@ class QSI4C32P(_RhsGroups):
         """float32 (len(rows), k) = (u - 8) * f32(bf16 scale), exact."""
         u, s, _, _ = self.unpack(packed, n, k, rows)
         R = u.shape[0]
-        vals = (u.astype(np.int16) - 8).astype(np.float32).reshape(R, -1, self.bl)
+        vals = (u.astype(np.int16) - 8).astype(np.float32).reshape(R, k // self.bl, self.bl)
         with np.errstate(invalid="ignore"):
             return (vals * bf16_to_f32(s)[..., None]).astype(np.float32).reshape(R, k)
 
@@ -791,8 +791,8 @@ class QSI4C32PScaleF16(_RhsGroups):
 
     def pack(self, raw: np.ndarray, n: int | None = None, k: int | None = None) -> np.ndarray:
         """Pack source rows (uint8 (n, B*(2+bl/2)), or flat with n and k); bl = 32 means ggml
-        block_q4_0 rows, byte for byte."""
-        raw = np.asarray(raw)
+        block_q4_0 rows, byte for byte; bytes-like objects are taken as flat bytes."""
+        raw = as_bytes(raw)
         if raw.dtype != np.uint8:
             raise LayoutError(f"source rows must be uint8 bytes, got {raw.dtype}")
         n, k = self._shape(raw, n, k)
