@@ -49,6 +49,7 @@ def _env() -> jinja2.Environment:
     env.filters["ilog2"] = _ilog2
     env.filters["vl"] = _vl_units
     env.filters["pl"] = _pl_units
+    env.filters["cntw"] = _cntw_units
     return env
 
 
@@ -81,6 +82,15 @@ def _pl_units(nbytes: int) -> int:
         raise SpecError(f"{nbytes} bytes per {VL_GRANULE}-byte granule is not a whole number "
                         f"of predicate lengths")
     return nbytes // (VL_GRANULE // 8)
+
+
+def _cntw_units(nbytes: int) -> int:
+    """Bytes of a granule layout as a multiplier of cntw (words per vector; ``cntw x, all,
+    mul #n`` is n * VL/4 bytes)."""
+    if nbytes % (VL_GRANULE // 4):
+        raise SpecError(f"{nbytes} bytes per {VL_GRANULE}-byte granule is not a whole number "
+                        f"of VL/4")
+    return nbytes // (VL_GRANULE // 4)
 
 
 def template_layouts(spec: KernelSpec):
