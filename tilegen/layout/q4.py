@@ -340,8 +340,9 @@ class QAI8DXP(_LhsRowBlocks):
         nblk = need // S
         blk = b[:need].reshape(nblk, S)
         data = np.ascontiguousarray(blk[:, :mr * K32]).view(np.int8).reshape(nblk, K32 // L, mr, L)
-        offs = np.ascontiguousarray(blk[:, mr * K32:mr * K32 + 4 * mr]).view(I32)
-        rsc = np.ascontiguousarray(blk[:, mr * K32 + 4 * mr:]).view(F32)
+        o, r = self.offset_field_offset(k), self.rscale_offset(k)
+        offs = np.ascontiguousarray(blk[:, o:r]).view(I32)
+        rsc = np.ascontiguousarray(blk[:, r:]).view(F32)
         g = m_idx_start % mr + np.arange(m)
         rb, slot = g // mr, g % mr
         q = data[rb, :, slot, :].reshape(m, K32)
@@ -489,8 +490,9 @@ class QSI8D32P(_LhsRowBlocks):
             return np.zeros((0, k), np.int8), np.zeros((0, B), np.uint16)
         nblk = need // self.row_block_stride(k)
         blk = b[:need].reshape(nblk, B, self.block_stride)
-        scales = np.ascontiguousarray(blk[..., :2 * mr]).view(U16)                    # (nblk, B, mr)
-        data = np.ascontiguousarray(blk[..., 2 * mr:]).view(np.int8).reshape(nblk, B, bl // L, mr, L)
+        d0 = self.data_offset_in_block
+        scales = np.ascontiguousarray(blk[..., :d0]).view(U16)                        # (nblk, B, mr)
+        data = np.ascontiguousarray(blk[..., d0:]).view(np.int8).reshape(nblk, B, bl // L, mr, L)
         g = m_idx_start % mr + np.arange(m)
         rb, slot = g // mr, g % mr
         q = data[rb, :, :, slot, :].reshape(m, k)
@@ -962,8 +964,9 @@ class QSI4C32PScaleF16(_RhsGroups):
         idx = np.arange(n) if rows is None else _rows_index(rows, n)
         G = -(-n // nr)
         blk = b[:size].reshape(G, B, self.block_stride)
-        scales = blk[..., :2 * nr].reshape(G, B, nr, 2)
-        data = blk[..., 2 * nr:].reshape(G, B, bl // kr, nr, kr // 2)
+        s0, d0 = self.scale_offset_in_block, self.data_offset_in_block
+        scales = blk[..., s0:d0].reshape(G, B, nr, 2)
+        data = blk[..., d0:].reshape(G, B, bl // kr, nr, kr // 2)
         g, i = idx // nr, idx % nr
         d = scales[g, :, i, :]                                            # (R, B, 2)
         q = (data[g, :, :, i, :] ^ np.uint8(0x88)).reshape(idx.size, B, bl // 2)
