@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Idempotent set-up for a fresh x86-64 or aarch64 Debian/Ubuntu machine:
-#   toolchain (clang-19, lld-19, llvm-19 from apt), a venv with tilegen + test deps,
+#   toolchain (clang-19, lld-19, llvm-19 from apt), a venv with tilegen + the `test` extra
+#   (pytest, gguf, hypothesis, matplotlib for `analyze --plot`),
 #   and (x86-64 hosts) the emulator cache: qemu-user 11, an aarch64 Python sysroot, wheels.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -22,7 +23,7 @@ PY="${PYTHON:-python3}"
 if [ ! -x .venv/bin/python ]; then
     "$PY" -m venv .venv
 fi
-if ! .venv/bin/python -c 'import tilegen, pytest' >/dev/null 2>&1 \
+if ! .venv/bin/python -c 'import tilegen, pytest, matplotlib' >/dev/null 2>&1 \
         || [ pyproject.toml -nt .venv/.tilegen-installed ]; then
     .venv/bin/python -m pip install -q --upgrade pip >/dev/null
     .venv/bin/python -m pip install -q -e '.[test]'

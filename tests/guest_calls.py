@@ -334,3 +334,102 @@ def matmul_try(libdir: str, kind: str, w, x, **kw):
         return lib.matmul(x, lib.pack_weights(w, kind=kind), **kw)
     except Exception as e:      # noqa: BLE001 - the error is the result
         return type(e).__name__, str(e)
+
+
+def ggml_bytes_and_empty_rows(libdir: str, raw, n: int, k: int) -> dict:
+    """pack_weights(from_ggml=) given bytes-like objects; get_rows of no rows."""
+    lib = _lib(libdir)
+    out = {}
+    for kind in ("q4_0", "q4_0_dx"):
+        ref = lib.pack_weights(kind=kind, from_ggml=raw, n=n, k=k)
+        out[kind] = [np.array_equal(lib.pack_weights(kind=kind, from_ggml=wrap(raw.tobytes()),
+                                                     n=n, k=k).data, ref.data)
+                     for wrap in (bytes, bytearray, memoryview)]
+        out[kind + " rows"] = lib.get_rows(ref, [])
+    out["f32 rows"] = lib.get_rows(lib.pack_weights(np.ones((n, k), np.float32)), [])
+    return out
+
+
+def adopt_weights(libdir: str, w, x, bias, raw, gguf_path: str, name: str) -> dict:
+    """Weights packed for other layouts of their format: adopt, matmul, load_tensor(nr=)."""
+    from tilegen.gguf import load_tensor
+    from tilegen.layout.f32 import F32PackedRHS
+    from tilegen.layout.q4 import QSI4C32P
+    lib = _lib(libdir)
+    n, k = w.shape
+    out = {}
+    # q4_0 in llama.cpp's default layout (nr 4, kr 16, sr 2), read without a library
+    foreign = load_tensor(gguf_path, name)
+    native = lib.pack_weights(kind="q4_0", from_ggml=raw, n=n, k=k)
+    out["q4_0 geometry"] = [(p.nr, p.kr, p.sr) for p in (foreign, native)]
+    out["q4_0 readable"] = any(p.gemm.rhs_matches(foreign) for p in lib._pairs("q4_0"))
+    a = lib.adopt(foreign)
+    out["q4_0 adopted"] = ((a.format, a.nr, a.kr, a.sr) == (native.format, native.nr, native.kr,
+                                                             native.sr)
+                           and np.array_equal(a.data, native.data))
+    out["q4_0 foreign kept"] = a is foreign
+    out["q4_0 native kept"] = lib.adopt(native) is native
+    out["q4_0 y"] = [lib.matmul(x, foreign), lib.matmul(x, native)]
+    out["q4_0 y1"] = [lib.matmul(x[:1], foreign), lib.matmul(x[:1], native)]
+    # q4_0_dx in a qsi4c32p geometry no kernel reads
+    lay = QSI4C32P(12, 4, 2)
+    odd = tilegen.PackedWeights(lay.format, n, k, 12, 4, 2, lay.pack_from_float(w, bias), True,
+                                32, "q4_0_dx")
+    ref = lib.pack_weights(w, kind="q4_0_dx", bias=bias)
+    a = lib.adopt(odd)
+    out["q4_0_dx adopted"] = ((a.nr, a.kr, a.sr) == (ref.nr, ref.kr, ref.sr)
+                              and np.array_equal(a.data, ref.data))
+    out["q4_0_dx y"] = [lib.matmul(x, odd), lib.matmul(x, ref)]
+    # f32 with a panel width no kernel reads
+    lay = F32PackedRHS(20)
+    odd = tilegen.PackedWeights(lay.format, n, k, 20, 1, 1, lay.pack(w, bias=bias), True, None, "f32")
+    ref = lib.pack_weights(w, bias=bias)
+    a = lib.adopt(odd)
+    out["f32 adopted"] = (a.format == ref.format and a.has_bias and np.array_equal(a.data, ref.data))
+    out["f32 y"] = [lib.matmul(x, odd), lib.matmul(x, ref)]
+    # another format of the same kind cannot be repacked without loss
+    wrong = tilegen.PackedWeights("qsi4c32p", n, k, 12, 4, 2, lay.pack(w), False, 32, "q4_0")
+    try:
+        lib.adopt(wrong)
+        out["cross"] = ""
+    except tilegen.runtime.ArgumentError as e:
+        out["cross"] = str(e)
+    # load_tensor(nr=) with a library: an nr other than the preferred kernel's
+    pairs = lib._pairs("q4_0")
+    alt = next((p.gemm.nr for p in pairs if p.gemm.nr != pairs[0].gemm.nr), None)
+    if alt is not None:
+        t = load_tensor(gguf_path, name, lib=lib, nr=alt)
+        out["gguf nr"] = (alt, t.nr, lib.select(t, 5).nr)
+    out["gguf nr 8"] = load_tensor(gguf_path, name, nr=8).nr
+    return out
+
+
+def choose_kernel(libdir: str, w, x, suffix: str) -> dict:
+    """Force the q4_0 kernel with set_table; bad tables are refused."""
+    from tilegen.layout.base import same_rhs
+    from tilegen.runtime.select import KernelPair
+    lib = _lib(libdir)
+    table = lib.table("q4_0")
+    default = lib.matmul(x, lib.pack_weights(w, kind="q4_0"))
+    out = {}
+    try:
+        want = next(p for p in table if p.gemm.name.endswith(suffix))
+        lib.set_table("q4_0", [want])
+        pw = lib.pack_weights(w, kind="q4_0")
+        out["picked"] = [lib.select(pw, 5).name, lib.select(pw, 1).name]
+        out["want"] = [want.gemm.name, want.gemv.name]
+        out["y"] = [lib.matmul(x, pw), default]
+        errs = []
+        f32 = lib.table("f32")[0]
+        other = next(p.gemv for p in table
+                     if p.gemv is not None and not same_rhs(p.gemv.spec, want.gemm.spec))
+        for bad in ([], [f32], [KernelPair(want.gemm, other)], ["not a pair"]):
+            try:
+                lib.set_table("q4_0", bad)
+                errs.append("")
+            except tilegen.runtime.ArgumentError as e:
+                errs.append(str(e))
+        out["errors"] = errs
+    finally:
+        lib.set_table("q4_0", table)
+    return out

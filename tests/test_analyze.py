@@ -61,3 +61,34 @@ def test_plain_neon_q4_kernels_are_modelled():
     r = analyze(tilegen.parse_spec("q4_0:neon:4x4"), "neoverse-n2")
     assert r.macs_per_iter == 32 * 4 * 4 and 0 < r.efficiency <= 1.0
     assert r.block32_cycles > r.cycles_per_iter
+
+
+def test_plot_writes_a_png(tmp_path):
+    from tilegen.cli import main
+    from tilegen.plot import efficiency_chart
+    png = tmp_path / "eff.png"
+    assert main(["analyze", "--kernel", "f32:neon:4x16", "--kernel", "f32:neon:6x16",
+                 "--cpu-model", "neoverse-n2", "--cpu-model", "neoverse-v2",
+                 "--plot", str(png)]) == 0
+    assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    reports = [analyze(tilegen.parse_spec("f32:neon:4x16"), "neoverse-n2")]
+    efficiency_chart(reports, ["neoverse-n2", "apple-m4"], tmp_path / "one.png")  # no apple-m4 row
+    assert (tmp_path / "one.png").read_bytes()[:4] == b"\x89PNG"
+
+
+def test_plot_without_matplotlib_is_a_user_error(tmp_path, monkeypatch, capsys):
+    from tilegen.cli import main
+    monkeypatch.setitem(sys.modules, "matplotlib", None)      # import matplotlib fails
+    rc = main(["analyze", "--kernel", "f32:neon:4x16", "--cpu-model", "neoverse-n2",
+               "--plot", str(tmp_path / "x.png")])
+    err = capsys.readouterr().err
+    assert rc == 2 and err.startswith("tilegen analyze: error: ") and "tilegen[plot]" in err, err
+
+
+def test_matplotlib_is_in_the_plot_and_test_extras():
+    import tomllib
+    from pathlib import Path
+    extras = tomllib.loads((Path(__file__).parents[1] / "pyproject.toml").read_text())[
+        "project"]["optional-dependencies"]
+    for extra in ("plot", "test"):
+        assert any(d.startswith("matplotlib") for d in extras.get(extra, ())), extra

@@ -150,3 +150,16 @@ def test_q4_acc_mem_parameter():
                        ("q4_0:neon:4x4:am", "multi-row")):
         with pytest.raises(SpecError, match=match):
             parse_spec(bad)
+
+
+@pytest.mark.parametrize("text,block", [
+    ("q4_0:i8mm:8x12", "a block of 4 of its 8 rows"),
+    ("q4_0:i8mm:4x12", "mr=4, nr=12 needs"),
+    ("q4_0:sve_i8mm:8x7vl", "a block of 4 of its 8 rows"),
+    ("q4_0_dx:dotprod:12x32", "a block of 4 of its 12 rows")])
+def test_q4_refusal_names_the_tile_and_the_block_tried(text, block):
+    with pytest.raises(SpecError) as e:
+        parse_spec(text)
+    msg = str(e.value)
+    tile = text.split(":")[2]
+    assert msg.startswith(f"tile {tile}") and block in msg and "vector registers" in msg, msg

@@ -16,7 +16,7 @@ import subprocess
 from dataclasses import dataclass
 
 from .generator.render import render
-from .generator.spec import ISAS, KernelSpec
+from .generator.spec import ISAS, KernelSpec, as_spec
 
 __all__ = ["AnalyzeError", "LoopReport", "InstructionMix", "hot_loop", "analyze",
            "instruction_mix", "mca_tool", "MODELS", "MAC_MNEMONICS", "MODEL_SVE_VL"]
@@ -135,13 +135,15 @@ class InstructionMix:
 MIX_HEADER = f"{'kernel (SME: no llvm-mca model)':<62} {'MACins':>6} {'insns':>6} {'MAC/ins':>8}"
 
 
-def instruction_mix(spec: KernelSpec) -> InstructionMix:
+def instruction_mix(spec: KernelSpec | str) -> InstructionMix:
+    spec = as_spec(spec)
     insns, _ = hot_loop(render(spec).text)
     macs = sum(1 for i in insns if i.split()[0] in MAC_MNEMONICS)
     return InstructionMix(spec.name, macs, len(insns))
 
 
-def analyze(spec: KernelSpec, model: str) -> LoopReport:
+def analyze(spec: KernelSpec | str, model: str) -> LoopReport:
+    spec = as_spec(spec)
     if spec.isa_info.vl_kind == "sme":
         raise AnalyzeError(f"{spec.name}: llvm-mca has no useful SME model; SME kernels are "
                            f"measured by instruction_mix (MAC instructions per loop instruction)")

@@ -2,18 +2,23 @@
 from __future__ import annotations
 
 import argparse
+import json
+import os
 import sys
 from pathlib import Path
 
 from . import __version__
 
 
+class CliError(Exception):
+    """A user error: main prints ``tilegen <cmd>: error: <message>`` and returns 2."""
+
+
 def _cmd_generate(a: argparse.Namespace) -> int:
     from .generator import KernelSpec, render
-    mr, _, nr = a.tile.partition("x")
-    if not (mr.isdigit() and nr.isdigit()):
-        raise SystemExit(f"tilegen generate: --tile must be MRxNR (e.g. 6x16), got {a.tile!r}")
-    spec = KernelSpec(a.family, a.isa, int(mr), int(nr), kr=a.kr, sr=a.sr).validate()
+    from .generator.spec import parse_tile
+    mr, mr_vl, nr, nr_vl = parse_tile(a.tile)
+    spec = KernelSpec(a.family, a.isa, mr, nr, kr=a.kr, sr=a.sr, mr_vl=mr_vl, nr_vl=nr_vl).validate()
     r = render(spec, a.format)
     out = Path(a.output)
     out.mkdir(parents=True, exist_ok=True)
@@ -98,11 +103,11 @@ def _cmd_analyze(a: argparse.Namespace) -> int:
     from .analyze import MIX_HEADER, MODEL_SVE_VL, instruction_mix
     specs = [parse_spec(k) for k in a.kernel] if a.kernel else default_specs(get_target(a.target))
     models = a.cpu_model or list(MODELS)
-    sme = [s for s in specs if s.isa.startswith("sme")]
+    sme = [s for s in specs if s.isa_info.vl_kind == "sme"]
     try:
         # SVE loops on the models that have SVE; SME by instruction mix (no llvm-mca model)
         reports = [analyze(s, m) for s in specs if s not in sme for m in models
-                   if not s.isa.startswith("sve") or m in MODEL_SVE_VL or a.cpu_model]
+                   if s.isa_info.vl_kind != "sve" or m in MODEL_SVE_VL or a.cpu_model]
         mixes = [instruction_mix(s) for s in sme]
     except AnalyzeError as e:
         print(f"tilegen analyze: error: {e}", file=sys.stderr)
@@ -119,28 +124,8 @@ def _cmd_analyze(a: argparse.Namespace) -> int:
             for x in mixes:
                 print(x.row())
     if a.plot:
-        try:
-            import matplotlib
-            matplotlib.use("Agg")
-            import matplotlib.pyplot as plt
-        except ImportError:
-            print("tilegen analyze: --plot needs matplotlib (pip install matplotlib)", file=sys.stderr)
-            return 2
-        names = sorted({r.kernel for r in reports})
-        fig, ax = plt.subplots(figsize=(max(6, len(names) * 0.9), 4.5))
-        width = 0.8 / len(models)
-        for i, m in enumerate(models):
-            eff = [next(100 * r.efficiency for r in reports if r.kernel == nm and r.model == m)
-                   for nm in names]
-            ax.bar([j + i * width for j in range(len(names))], eff, width, label=m)
-        ax.set_xticks([j + 0.4 - width / 2 for j in range(len(names))])
-        ax.set_xticklabels([nm.replace("matmul_clamp_f32_", "") for nm in names], rotation=60,
-                           ha="right", fontsize=7)
-        ax.set_ylabel("hot-loop efficiency (%)")
-        ax.set_ylim(0, 105)
-        ax.legend(fontsize=7)
-        fig.tight_layout()
-        fig.savefig(a.plot, dpi=120)
+        from .plot import efficiency_chart
+        efficiency_chart(reports, models, a.plot)
     return 0
 
 
@@ -172,9 +157,9 @@ def _cmd_tune(a: argparse.Namespace) -> int:
         print(f"reset {what}: {path if path else 'nothing was tuned'}")
         return 0
     if not a.family:
-        raise SystemExit("tilegen tune: --family is required (unless --reset)")
+        raise CliError("--family is required (unless --reset)")
     if a.m is not None and a.m < 1:
-        raise SystemExit(f"tilegen tune: --m must be >= 1, got {a.m}")
+        raise CliError(f"--m must be >= 1, got {a.m}")
     shown = list(REGIMES) if a.m is None else ["gemv" if a.m == 1 else "gemm"]
     needed = list(REGIMES) if a.write else shown
     try:
@@ -218,7 +203,18 @@ def _cmd_tune(a: argparse.Namespace) -> int:
 
 def _cmd_check_abi(a: argparse.Namespace) -> int:
     from .runtime.cpu import detect
+    from .runtime.library import MANIFEST_NAME
     if not detect().is_arm64:   # x86-64 host: run this same command in the emulated Python
+        manifest = Path(a.lib) / MANIFEST_NAME
+        try:
+            fmt = json.loads(manifest.read_text()).get("format", "elf")
+        except FileNotFoundError:
+            raise CliError(f"no {MANIFEST_NAME} in {a.lib} (build one with `tilegen build`)") from None
+        except (OSError, ValueError, AttributeError) as e:
+            raise CliError(f"cannot read {manifest}: {e}") from None
+        if fmt != "elf":
+            raise CliError(f"{a.lib} holds a {fmt} library: the emulator runs Linux ELF "
+                           f"libraries (Mach-O needs macOS); build one with --format elf")
         from .emulate.cli import emulate_main
         return emulate_main(["--quiet", "--cpu", a.cpu, "--", "python", "-m", "tilegen",
                              "check-abi", str(Path(a.lib).resolve())])
@@ -231,39 +227,48 @@ def _cmd_check_abi(a: argparse.Namespace) -> int:
     return 1 if bad else 0
 
 
-def main(argv: list[str] | None = None) -> int:
-    argv = list(sys.argv[1:] if argv is None else argv)
-    if argv and argv[0] == "emulate":  # everything after `--` belongs to the guest command
-        from .emulate.cli import emulate_main
-        return emulate_main(argv[1:])
+def _parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="tilegen", description="Arm64 matmul micro-kernel generator")
-    p.add_argument("--version", action="version", version=f"tilegen {__version__}")
+    p.add_argument("--version", action="version", version=f"tilegen {__version__}",
+                   help="print the version and exit")
     sub = p.add_subparsers(dest="cmd", required=True)
 
     g = sub.add_parser("generate", help="render one kernel to DIR/<name>.S")
-    g.add_argument("--family", required=True)
-    g.add_argument("--isa", required=True)
-    g.add_argument("--tile", required=True, help="MRxNR, e.g. 6x16")
-    g.add_argument("--kr", type=int)
-    g.add_argument("--sr", type=int)
-    g.add_argument("--format", choices=("elf", "macho"), default="elf")
-    g.add_argument("-o", "--output", default=".")
+    g.add_argument("--family", required=True, help="kernel family: f32, q4_0, q4_0_dx")
+    g.add_argument("--isa", required=True,
+                   help="instruction set: neon, dotprod, i8mm, sve, sve_dotprod, sve_i8mm, sme, sme2")
+    g.add_argument("--tile", required=True,
+                   help="MRxNR, vl after mr or nr for vector-length units: 6x16, 4x4vl, 1vlx4vl")
+    g.add_argument("--kr", type=int,
+                   help="KleidiAI kr: k values per packed column step (default: the family's "
+                        "for the ISA)")
+    g.add_argument("--sr", type=int,
+                   help="KleidiAI sr: kr is split into sr chunks of kr/sr values (default: the "
+                        "family's for the ISA)")
+    g.add_argument("--format", choices=("elf", "macho"), default="elf",
+                   help="object format of the assembly (default elf)")
+    g.add_argument("-o", "--output", default=".", metavar="DIR",
+                   help="directory to write <name>.S to (default .)")
     g.set_defaults(fn=_cmd_generate)
 
     b = sub.add_parser("build", help="build a shared library + manifest for a target CPU")
-    b.add_argument("--target", default="generic-armv8")
+    b.add_argument("--target", default="generic-armv8",
+                   help="CPU preset (`tilegen targets`; default generic-armv8)")
     b.add_argument("--kernel", action="append", metavar="SPEC",
                    help="FAMILY:ISA:MRxNR[:kKR][:sSR]; repeatable (default: the target's kernels)")
     b.add_argument("--isa", help="only the preset's default kernels of these ISAs, e.g. neon,dotprod "
                                  "(--kernel adds more)")
-    b.add_argument("--format", choices=("elf", "macho"))
+    b.add_argument("--format", choices=("elf", "macho"),
+                   help="object format (default: the target's; apple-* targets are macho)")
     b.add_argument("--cc", help="compiler driver to use (else TILEGEN_CC, else discovery)")
-    b.add_argument("-o", "--output", default="out")
-    b.add_argument("-q", "--quiet", action="store_true")
+    b.add_argument("-o", "--output", default="out", metavar="DIR",
+                   help="output directory: library, manifest, sources (default out)")
+    b.add_argument("-q", "--quiet", action="store_true", help="print nothing on success")
     b.set_defaults(fn=_cmd_build)
 
     ls = sub.add_parser("list", help="kernels a default build contains")
-    ls.add_argument("--target", default="linux-aarch64-all")
+    ls.add_argument("--target", default="linux-aarch64-all",
+                    help="CPU preset (default linux-aarch64-all)")
     ls.set_defaults(fn=_cmd_list)
 
     t = sub.add_parser("targets", help="list CPU presets")
@@ -275,12 +280,15 @@ def main(argv: list[str] | None = None) -> int:
     i.set_defaults(fn=_cmd_info)
 
     an = sub.add_parser("analyze", help="llvm-mca model of each kernel's hot loop")
-    an.add_argument("--target", default="linux-aarch64-all")
-    an.add_argument("--kernel", action="append", metavar="SPEC")
+    an.add_argument("--target", default="linux-aarch64-all",
+                    help="analyze this preset's default kernels (default linux-aarch64-all)")
+    an.add_argument("--kernel", action="append", metavar="SPEC",
+                    help="analyze this kernel instead (repeatable)")
     an.add_argument("--cpu-model", action="append", metavar="MCPU",
                     help="llvm-mca -mcpu (repeatable; default neoverse-v2, -n2, -v1, apple-m4)")
-    an.add_argument("--json", action="store_true")
-    an.add_argument("--plot", metavar="PNG")
+    an.add_argument("--json", action="store_true", help="print JSON instead of tables")
+    an.add_argument("--plot", metavar="PNG",
+                    help="write a bar chart of the efficiencies to PNG (needs tilegen[plot])")
     an.set_defaults(fn=_cmd_analyze)
 
     tu = sub.add_parser("tune", help="rank every tile the allocator accepts by the llvm-mca model")
@@ -299,22 +307,40 @@ def main(argv: list[str] | None = None) -> int:
     tu.add_argument("--tuned-dir", metavar="DIR",
                     help="tuned files directory (default $TILEGEN_TUNED_DIR, else the package's)")
     tu.add_argument("--jobs", type=int, help="parallel llvm-mca runs (default: CPU count)")
-    tu.add_argument("--json", action="store_true")
+    tu.add_argument("--json", action="store_true", help="print JSON instead of tables")
     tu.set_defaults(fn=_cmd_tune)
 
     ca = sub.add_parser("check-abi", help="run every kernel of LIB through the AAPCS64 probe")
-    ca.add_argument("lib")
+    ca.add_argument("lib", help="library directory (from `tilegen build`)")
     ca.add_argument("--cpu", default="max", help="qemu model when emulating (default max)")
     ca.set_defaults(fn=_cmd_check_abi)
 
-    sub.add_parser("emulate", help="run CMD under qemu-user: emulate --cpu MODEL -- CMD...")
+    sub.add_parser("emulate", help="run CMD under qemu-user: emulate [--cpu MODEL] -- CMD...")
+    return p
 
-    a = p.parse_args(argv)
+
+def main(argv: list[str] | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    if argv and argv[0] == "emulate":  # everything after `--` belongs to the guest command
+        from .emulate.cli import emulate_main
+        return emulate_main(argv[1:])
+    a = _parser().parse_args(argv)
+    from .analyze import AnalyzeError
     from .build import BuildError, TargetError, ToolchainError
     from .generator import SpecError
+    from .layout import LayoutError
+    from .plot import PlotError
+    from .runtime.library import LoadError
+    from .tune import TuneError
     try:
-        return a.fn(a)
-    except (SpecError, BuildError, TargetError, ToolchainError) as e:
+        rc = a.fn(a)
+        sys.stdout.flush()      # a closed pipe raises here, not at interpreter exit
+        return rc
+    except BrokenPipeError:     # e.g. `tilegen list | head`: stop quietly
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return 1
+    except (CliError, SpecError, LayoutError, BuildError, TargetError, ToolchainError, LoadError,
+            AnalyzeError, TuneError, PlotError, OSError) as e:
         print(f"tilegen {a.cmd}: error: {e}", file=sys.stderr)
         return 2
 

@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import Iterable
 
 from .. import __version__
-from ..generator.abi import prototype, signature
+from ..generator.manifest import kernel_entry, packer_entry, render_digest, table_digest
 from ..generator.render import render
 from ..generator import packers as _packers
 from .cheader import getters_c, header
@@ -49,38 +49,6 @@ class BuildResult:
 
 def library_filename(fmt: str) -> str:
     return "libtilegen.dylib" if fmt == "macho" else "libtilegen.so"
-
-
-def kernel_entry(spec: KernelSpec, symbol: str) -> dict:
-    return {
-        "name": spec.name,
-        "spec": spec.spec_string,
-        "family": spec.family,
-        "isa": spec.isa,
-        "tile": {"mr": spec.mr, "nr": spec.nr, "kr": spec.kr, "sr": spec.sr,
-                 "mr_vl": spec.mr_vl, "nr_vl": spec.nr_vl,
-                 **({"acc_mem": spec.acc_mem} if spec.info.quantized else {})},
-        # VL-scaled tiles: steps in VL units ("2vl"), resolved by the runtime from the CPU's VL
-        "m_step": spec.mr_str if spec.mr_vl else spec.m_step,
-        "n_step": spec.nr_str if spec.nr_vl else spec.n_step,
-        "vl_kind": spec.vl_kind,
-        "features": list(spec.features),
-        "lhs_format": spec.lhs_format,
-        "rhs_format": spec.rhs_format,
-        "lhs_mr": spec.mr_str if spec.mr_vl and spec.info.quantized else spec.lhs_mr,
-        "symbol": symbol,
-        "signature": prototype(spec.family, spec.name),
-        "params": [{"name": p.name, "ctype": p.ctype} for p in signature(spec.family)],
-    }
-
-
-def packer_entry(spec: PackerSpec, symbol: str) -> dict:
-    return {
-        "name": spec.name, "spec": spec.spec_string, "fmt": spec.fmt, "mr": spec.mr,
-        "kr": spec.kr, "sr": spec.sr, "rounding": spec.rounding, "features": ["neon"],
-        "symbol": symbol, "signature": spec.c_signature,
-        "params": [{"name": n, "ctype": t} for n, t in spec.signature],
-    }
 
 
 def _sha256(path: Path) -> str:
@@ -197,6 +165,13 @@ def build_library(specs: Iterable[KernelSpec | PackerSpec | str] | None = None, 
     objs.append(_support_object(tc, out, "tilegen_vl_query.S", render_vl_query(fmt),
                                 "the vector-length queries"))
     (out / HEADER_NAME).write_text(header(kspecs, packer_list))
+    kernels = [dict(kernel_entry(r.spec, r.symbol), preferred=r.spec.name in preferred)
+               for r in rendered if isinstance(r.spec, KernelSpec)]
+    packers = [packer_entry(r.spec, r.symbol) for r in rendered if isinstance(r.spec, PackerSpec)]
+    # the library carries the digest of the table the manifest lists (checked at load)
+    objs.append(_support_object(tc, out, "tilegen_manifest_digest.S",
+                                render_digest(table_digest(kernels, packers, fmt, ABI_PROBE), fmt),
+                                "the kernel-table digest"))
     lib = out / library_filename(fmt)
     p = _run(tc.link_cmd(objs, lib))
     if p.returncode != 0:
@@ -211,10 +186,8 @@ def build_library(specs: Iterable[KernelSpec | PackerSpec | str] | None = None, 
         "library": lib.name,
         "sha256": _sha256(lib),
         "toolchain": tc.describe(),
-        "kernels": [dict(kernel_entry(r.spec, r.symbol), preferred=r.spec.name in preferred)
-                    for r in rendered if isinstance(r.spec, KernelSpec)],
-        "packers": [packer_entry(r.spec, r.symbol) for r in rendered
-                    if isinstance(r.spec, PackerSpec)],
+        "kernels": kernels,
+        "packers": packers,
         "header": HEADER_NAME,
         "abi_probe": ABI_PROBE,
     }

@@ -15,6 +15,8 @@ __all__ = ["emulate_main"]
 def _parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(
         prog="tilegen emulate",
+        usage="%(prog)s [-h] [--cpu MODEL] [--sve-vl BITS] [--sme-vl BITS] [--quiet]\n"
+              "                       (--provision-only | -- CMD...)",
         description="Run CMD on an emulated aarch64 CPU (qemu-user; native on aarch64 hosts). "
                     "`python` as CMD is the guest Python, which sees tilegen, numpy, pytest "
                     "and jinja2. Tools are provisioned into the cache on first use.",

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from .spec import KernelSpec, SpecError
+from .spec import KernelSpec, SpecError, as_spec
 
 __all__ = ["VectorNeeds", "F32NeonRegs", "F32SveRegs", "SmeF32Regs", "Q4NeonRegs", "allocate", "NUM_VREGS"]
 
@@ -255,6 +255,15 @@ def _check_q4_packing(spec: KernelSpec) -> None:
                         f"at a time)")
 
 
+def _q4_refusal(spec: KernelSpec, P: int, needs: VectorNeeds, note: str = "") -> SpecError:
+    """The refusal of a q4 tile whose smallest row block (``P`` rows, demand ``needs``) does
+    not fit: names the tile asked for and the block tried."""
+    rows = (f"mr={P}," if spec.mr == P else
+            f"a block of {P} of its {spec.mr} rows (the smallest block tried) with")
+    return SpecError(f"tile {spec.mr_str}x{spec.nr_str}: {rows} nr={spec.nr_str} needs "
+                     f"{needs.total} vector registers ({needs.describe()}), {NUM_VREGS} exist{note}")
+
+
 def _allocate_q4_neon(spec: KernelSpec) -> Q4NeonRegs:
     mr, nr = spec.mr, spec.nr
     if nr % 4:
@@ -276,9 +285,7 @@ def _allocate_q4_neon(spec: KernelSpec) -> Q4NeonRegs:
             chosen = (mr_reg, needs)
             break
     if chosen is None:
-        needs = _q4_vector_needs(spec, mode, P, P)
-        raise SpecError(f"mr={P}, nr={nr} needs {needs.total} vector registers "
-                        f"({needs.describe()}), {NUM_VREGS} exist")
+        raise _q4_refusal(spec, P, _q4_vector_needs(spec, mode, P, P))
     mr_reg, needs = chosen
     G, nv = mr_reg // P, nr // 4
     n_dl = G if spec.family == "q4_0" else 0
@@ -548,10 +555,8 @@ def _allocate_q4_sve(spec: KernelSpec) -> Q4SveRegs:
             chosen = (mr_reg, needs)
             break
     if chosen is None:
-        needs = _q4_sve_needs(spec, mode, P, P)
-        raise SpecError(f"mr={P}, nr={spec.nr_str} needs {needs.total} vector registers "
-                        f"({needs.describe()}), {NUM_VREGS} exist (LHS and LHS scales, indexed "
-                        f"operands, in z0-z7)")
+        raise _q4_refusal(spec, P, _q4_sve_needs(spec, mode, P, P),
+                          " (LHS and LHS scales, indexed operands, in z0-z7)")
     mr_reg, needs = chosen
     G = mr_reg // P
     # indexed operands (LHS lanes, LHS scales, epilogue row values) must live in z0-z7
@@ -673,8 +678,10 @@ ALLOCATORS = {"f32_neon": _allocate_f32_neon, "f32_sve": _allocate_f32_sve,
               "q4_sme": _allocate_q4_sme, "q4_sme2": _allocate_q4_sme2}
 
 
-def allocate(spec: KernelSpec):
-    """Allocate registers for ``spec`` or raise :class:`SpecError` naming the violated rule."""
+def allocate(spec: KernelSpec | str):
+    """Allocate registers for ``spec`` (a KernelSpec or a spec string) or raise
+    :class:`SpecError` naming the violated rule."""
+    spec = as_spec(spec)
     try:
         fn = ALLOCATORS[spec.impl.allocator]
     except KeyError:

@@ -10,7 +10,8 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 
-__all__ = ["SpecError", "KernelSpec", "Isa", "ISAS", "IsaImpl", "FamilyInfo", "FAMILIES", "parse_spec"]
+__all__ = ["SpecError", "KernelSpec", "Isa", "ISAS", "IsaImpl", "FamilyInfo", "FAMILIES", "parse_spec",
+           "parse_tile", "as_spec"]
 
 
 class SpecError(ValueError):
@@ -320,9 +321,25 @@ def _vl_units(spec: KernelSpec, vl_bytes: int | None) -> int:
     return vl_bytes // 4
 
 
+_TILE = r"(?P<mr>\d+)(?P<mrvl>vl)?x(?P<nr>\d+)(?P<nrvl>vl)?"
+_TILE_RE = re.compile(f"^{_TILE}$")
 _SPEC_RE = re.compile(
-    r"^(?P<family>[a-z0-9_]+):(?P<isa>[a-z0-9_]+):(?P<mr>\d+)(?P<mrvl>vl)?x(?P<nr>\d+)(?P<nrvl>vl)?"
+    rf"^(?P<family>[a-z0-9_]+):(?P<isa>[a-z0-9_]+):{_TILE}"
     r"(?::k(?P<kr>\d+))?(?::s(?P<sr>\d+))?(?P<am>:am)?$")
+
+
+def _tile(m: re.Match) -> tuple[int, bool, int, bool]:
+    return int(m["mr"]), bool(m["mrvl"]), int(m["nr"]), bool(m["nrvl"])
+
+
+def parse_tile(text: str) -> tuple[int, bool, int, bool]:
+    """Parse the tile of a spec string, ``MRxNR`` with ``vl`` after mr or nr for VL units
+    (``6x16``, ``4x4vl``, ``1vlx4vl``), into ``(mr, mr_vl, nr, nr_vl)``."""
+    m = _TILE_RE.match(text)
+    if not m:
+        raise SpecError(f"cannot parse tile {text!r}; expected MRxNR with optional vl units, "
+                        f"e.g. 6x16, 4x4vl, 1vlx4vl")
+    return _tile(m)
 
 
 def parse_spec(text: str) -> KernelSpec:
@@ -336,5 +353,16 @@ def parse_spec(text: str) -> KernelSpec:
             f"e.g. f32:neon:6x16")
     kr = int(m["kr"]) if m["kr"] else None
     sr = int(m["sr"]) if m["sr"] else None
-    return KernelSpec(m["family"], m["isa"], int(m["mr"]), int(m["nr"]), kr=kr, sr=sr,
-                      mr_vl=bool(m["mrvl"]), nr_vl=bool(m["nrvl"]), acc_mem=bool(m["am"])).validate()
+    mr, mr_vl, nr, nr_vl = _tile(m)
+    return KernelSpec(m["family"], m["isa"], mr, nr, kr=kr, sr=sr, mr_vl=mr_vl, nr_vl=nr_vl,
+                      acc_mem=bool(m["am"])).validate()
+
+
+def as_spec(spec: "KernelSpec | str") -> KernelSpec:
+    """``spec`` itself, or the parsed and validated spec of a spec string."""
+    if isinstance(spec, str):
+        return parse_spec(spec)
+    if not isinstance(spec, KernelSpec):
+        raise SpecError(f"expected a KernelSpec or a spec string (e.g. 'f32:neon:6x16'), "
+                        f"got {spec!r}")
+    return spec

@@ -11,13 +11,16 @@ import os
 import struct
 import sys
 from dataclasses import dataclass, field
+from functools import lru_cache
 from pathlib import Path
 
 import numpy as np
 
-from ..generator.spec import KernelSpec
+from ..generator.spec import ISAS, KernelSpec, parse_spec
 from ..layout import LayoutError, StridedF32, lhs_layout_for, rhs_layout_for
+from ..layout.base import same_rhs
 from .cpu import CpuInfo, detect
+from .integrity import check_entries, check_image
 from .select import KIND_FAMILY, KernelPair, build_table
 from .threads import default_threads, run_parallel, split
 
@@ -44,6 +47,27 @@ class LoadError(RuntimeError):
     """The library directory is missing, does not match its manifest, or cannot run here."""
 
 
+@lru_cache(maxsize=None)
+def _kernel_spec(text: str) -> KernelSpec:
+    return parse_spec(text)
+
+
+@lru_cache(maxsize=None)
+def _packer_spec(text: str):
+    from ..generator.manifest import parse_packer_spec
+    return parse_packer_spec(text)
+
+
+def _require_features(what: str, name: str, features: frozenset, cpu: CpuInfo | None) -> None:
+    """ArgumentError unless the CPU (after TILEGEN_ISA / TILEGEN_SME) has ``features``."""
+    have = (cpu or detect()).features
+    missing = sorted(features - have)
+    if missing:
+        raise ArgumentError(f"{what} {name} needs {', '.join(missing)}, which this CPU lacks "
+                            f"(features: {', '.join(sorted(have)) or 'none'}; TILEGEN_ISA and "
+                            f"TILEGEN_SME restrict them)")
+
+
 @dataclass(frozen=True, eq=False)
 class PackedWeights:
     """Weights packed once in a KleidiAI layout, ready for the kernels that read it."""
@@ -65,47 +89,90 @@ class PackedWeights:
 
     # -- persistence: pack once, load per run ---------------------------------------
     MAGIC = b"TILEGENPW"
-    VERSION = 1
+    VERSION = 2       # version 1 files have no header checksum
 
     def _meta(self) -> dict:
         return {"format": self.format, "n": self.n, "k": self.k, "nr": self.nr, "kr": self.kr,
                 "sr": self.sr, "bl": self.bl, "has_bias": self.has_bias, "kind": self.kind,
-                "nbytes": self.nbytes,
-                "sha256": hashlib.sha256(np.ascontiguousarray(self.data).tobytes()).hexdigest()}
+                "nbytes": self.nbytes, "sha256": _sha256(self.data).hexdigest()}
 
     def save(self, path: str | os.PathLike) -> None:
-        """Write ``MAGIC, u32 version, u32 header length, JSON header, data`` to ``path``."""
+        """Write ``MAGIC, u32 version, u32 header length, JSON header, sha256 of all the bytes
+        before it, data`` to ``path``; the header holds the data's size and sha256."""
         hdr = json.dumps(self._meta(), sort_keys=True).encode()
-        with open(path, "wb") as f:
-            f.write(self.MAGIC + struct.pack("<II", self.VERSION, len(hdr)) + hdr)
-            f.write(np.ascontiguousarray(self.data).tobytes())
+        head = self.MAGIC + struct.pack("<II", self.VERSION, len(hdr)) + hdr
+        # written beside the target, then renamed over it: weights loaded (memory-mapped) from
+        # the old file keep reading the old file
+        tmp = f"{os.fspath(path)}.{os.getpid()}.tmp"
+        try:
+            with open(tmp, "wb") as f:
+                f.write(head + hashlib.sha256(head).digest())
+                for part in _chunks(self.data):
+                    f.write(part)
+            os.replace(tmp, path)
+        finally:
+            if os.path.exists(tmp):
+                os.unlink(tmp)
 
     @classmethod
     def load(cls, path: str | os.PathLike) -> "PackedWeights":
-        """Read a file written by :meth:`save`; any mismatch raises :class:`LoadError`."""
-        blob = Path(path).read_bytes()
-        head = len(cls.MAGIC) + 8
-        if len(blob) < head or not blob.startswith(cls.MAGIC):
-            raise LoadError(f"{path} is not a tilegen packed-weights file")
-        version, hlen = struct.unpack("<II", blob[len(cls.MAGIC):head])
-        if version != cls.VERSION:
-            raise LoadError(f"{path}: packed-weights version {version}, this tilegen reads {cls.VERSION}")
+        """Read a file written by :meth:`save`; any mismatch raises :class:`LoadError`.
+
+        The data is a read-only memory map of the file (verified against its checksum once);
+        the file must not be changed in place while the weights are in use."""
+        pre = len(cls.MAGIC) + 8
         try:
-            meta = json.loads(blob[head:head + hlen])
-            data = np.frombuffer(blob, np.uint8, offset=head + hlen).copy()
-            if data.nbytes != meta["nbytes"]:
-                raise LoadError(f"{path} is truncated: {data.nbytes} of {meta['nbytes']} data bytes")
-            if hashlib.sha256(data.tobytes()).hexdigest() != meta["sha256"]:
-                raise LoadError(f"{path}: data does not match its checksum (corrupted file)")
+            size = os.stat(path).st_size
+            with open(path, "rb") as f:
+                head = f.read(pre)
+                if len(head) < pre or not head.startswith(cls.MAGIC):
+                    raise LoadError(f"{path} is not a tilegen packed-weights file")
+                version, hlen = struct.unpack("<II", head[len(cls.MAGIC):])
+                if version < cls.VERSION:
+                    raise LoadError(f"{path}: packed-weights file format version {version} (written "
+                                    f"by an older tilegen); this tilegen reads version {cls.VERSION}: "
+                                    f"pack the weights again and save them")
+                if version != cls.VERSION:
+                    raise LoadError(f"{path}: packed-weights file format version {version}, this "
+                                    f"tilegen reads version {cls.VERSION}")
+                if pre + hlen + 32 > size:
+                    raise LoadError(f"{path} is truncated: {size} bytes, its header alone needs "
+                                    f"{pre + hlen + 32}")
+                hdr = f.read(hlen)
+                digest = f.read(32)
+                if hashlib.sha256(head + hdr).digest() != digest:
+                    raise LoadError(f"{path}: header does not match its checksum (corrupted file)")
+                data_off = pre + hlen + 32
+                try:
+                    meta = json.loads(hdr)
+                    nbytes = int(meta["nbytes"])
+                except (ValueError, KeyError, TypeError) as e:
+                    raise LoadError(f"{path}: bad packed-weights header ({e})") from None
+                have = size - data_off
+                if have < nbytes:
+                    raise LoadError(f"{path} is truncated: {have} of {nbytes} data bytes")
+                if have > nbytes:
+                    extra = have - nbytes
+                    raise LoadError(f"{path} has {extra} extra byte{'s' if extra > 1 else ''} "
+                                    f"after its {nbytes} data bytes")
+            # read-only memory map: the file's pages are the data (no copy)
+            data = (np.asarray(np.memmap(path, np.uint8, "r", offset=data_off, shape=(nbytes,)))
+                    if nbytes else np.zeros(0, np.uint8))
+        except OSError as e:
+            raise LoadError(f"cannot read {path}: {e}") from None
+        if _sha256(data).hexdigest() != meta.get("sha256"):      # hashed in 16 MiB chunks
+            raise LoadError(f"{path}: data does not match its checksum (corrupted file)")
+        try:
             pw = cls(meta["format"], meta["n"], meta["k"], meta["nr"], meta["kr"], meta["sr"], data,
                      meta["has_bias"], meta["bl"], meta["kind"])
+            from ..layout.api import layout_for
+            lay = layout_for(pw.format, nr=pw.nr, kr=pw.kr, sr=pw.sr, bl=pw.bl or 32)
+            need = lay.packed_size(pw.n, pw.k)
         except (ValueError, KeyError, TypeError) as e:
             raise LoadError(f"{path}: bad packed-weights header ({e})") from None
-        from ..layout.api import layout_for
-        lay = layout_for(pw.format, nr=pw.nr, kr=pw.kr, sr=pw.sr, bl=pw.bl or 32)
-        if lay.packed_size(pw.n, pw.k) != data.nbytes:
+        if need != data.nbytes:
             raise LoadError(f"{path}: {data.nbytes} bytes but {pw.format} n={pw.n} k={pw.k} needs "
-                            f"{lay.packed_size(pw.n, pw.k)}")
+                            f"{need}")
         return pw
 
     @classmethod
@@ -119,6 +186,23 @@ class PackedWeights:
         except LayoutError as e:
             raise ArgumentError(str(e)) from None
         return cls(lay.format, n, k, nr, kr, sr, data, False, 32, "q4_0")
+
+
+_CHUNK = 1 << 24
+
+
+def _chunks(a: np.ndarray):
+    """The bytes of array ``a`` as buffers of at most 16 MiB (no copy of a contiguous array)."""
+    flat = np.ascontiguousarray(a).reshape(-1).view(np.uint8)
+    for i in range(0, flat.size, _CHUNK):
+        yield flat[i:i + _CHUNK]
+
+
+def _sha256(a: np.ndarray):
+    h = hashlib.sha256()
+    for part in _chunks(a):
+        h.update(part)
+    return h
 
 
 def _check_matrix(name: str, a, rows: int | None = None, cols: int | None = None,
@@ -207,27 +291,32 @@ def _clamp_pair(clamp) -> tuple[float, float] | None:
 class Kernel:
     """One kernel of a loaded library; calling it checks every argument first.
 
-    Sizes and offsets come from the layout objects of the kernel's formats.
+    Sizes and offsets come from the layout objects of the kernel's formats; tile, features
+    and formats from ``parse_spec(entry["spec"])``.  A call on a CPU without the kernel's
+    features (``cpu``, default: :func:`tilegen.runtime.cpu.detect`) raises ArgumentError.
     """
 
-    def __init__(self, entry: dict, fn, vl_bytes: int | None = None) -> None:
+    def __init__(self, entry: dict, fn, vl_bytes: int | None = None,
+                 cpu: CpuInfo | None = None) -> None:
         self.entry = entry
-        self.name: str = entry["name"]
-        t = entry["tile"]
-        self.spec = KernelSpec(entry["family"], entry["isa"], t["mr"], t["nr"], t["kr"], t["sr"],
-                               mr_vl=t.get("mr_vl", False), nr_vl=t.get("nr_vl", False),
-                               acc_mem=t.get("acc_mem", False))
+        self.spec = _kernel_spec(entry["spec"])
+        self.name: str = self.spec.name
         # the CPU's vector length for this kernel's ISA (None: the CPU lacks it)
         self.vl_bytes = vl_bytes if self.spec.vl_scaled else None
         self.family = self.spec.family
-        self.features = frozenset(entry["features"])
-        self.rhs_format: str = entry["rhs_format"]
+        self.features = frozenset(self.spec.features)
+        self.rhs_format: str = self.spec.rhs_format
+        self._cpu = cpu
         self._fn = fn
         self._probe = None        # set by Library.check_abi: route calls through the ABI probe
         fn.restype = None
         fn.argtypes = [_CTYPES[p["ctype"]] for p in entry["params"]]
 
+    def _require_cpu(self) -> None:
+        _require_features(type(self).__name__.lower(), self.name, self.features, self._cpu)
+
     def _invoke(self, *args) -> None:
+        self._require_cpu()       # every foreign call: never an illegal instruction
         if self._probe is None:
             self._fn(*args)
         else:
@@ -293,6 +382,7 @@ class Kernel:
         packed here, or bytes from ``lhs_layout().pack``).
         q4: dst = clamp(dequant(lhs_packed) @ dequant(W)), lhs = packed LHS bytes, with k and
         bl taken from PackedWeights (or given)."""
+        self._require_cpu()
         if self.family == "f32":
             return self._call_f32(lhs, rhs_packed, dst, clamp_min, clamp_max, k)
         return self._call_q4(lhs, rhs_packed, dst, clamp_min, clamp_max, k, bl)
@@ -365,17 +455,18 @@ class Kernel:
 class Packer:
     """A generated NEON LHS quantise-and-pack routine (byte-identical to the numpy packer)."""
 
-    def __init__(self, entry: dict, fn) -> None:
-        from ..generator.packers import PackerSpec
+    def __init__(self, entry: dict, fn, cpu: CpuInfo | None = None) -> None:
         self.entry = entry
-        self.name: str = entry["name"]
-        self.spec = PackerSpec(entry["fmt"], entry["mr"], entry["kr"], entry["sr"], entry["rounding"])
-        self.features = frozenset(entry["features"])
+        self.spec = _packer_spec(entry["spec"])
+        self.name: str = self.spec.name
+        self.features = frozenset(ISAS[self.spec.isa].features)
+        self._cpu = cpu
         self._fn = fn
         self._probe = None
         fn.restype = None
         fn.argtypes = [_CTYPES[p["ctype"]] for p in entry["params"]]
 
+    _require_cpu = Kernel._require_cpu
     _invoke = Kernel._invoke
 
     def __repr__(self) -> str:
@@ -385,6 +476,7 @@ class Packer:
                  out: np.ndarray | None = None) -> np.ndarray:
         """Pack rows ``x`` (global row index of x[0] = m_idx_start); returns the touched region
         (``out`` if given: the bytes of the row block holding row m_idx_start onwards)."""
+        self._require_cpu()
         x = _check_matrix("x", x)
         m, k = x.shape
         if isinstance(m_idx_start, bool) or not isinstance(m_idx_start, (int, np.integer)) \
@@ -429,25 +521,34 @@ class Library:
             self.path = self.directory / self.manifest["library"]
             want = self.manifest["sha256"]
             entries = self.manifest["kernels"]
+            packers = self.manifest.get("packers", [])
         except (KeyError, TypeError) as e:
             raise LoadError(f"{mpath} lacks field {e}") from None
         if not self.path.exists():
             raise LoadError(f"library {self.path} named by the manifest does not exist")
-        got = hashlib.sha256(self.path.read_bytes()).hexdigest()
+        blob = self.path.read_bytes()
+        got = hashlib.sha256(blob).hexdigest()
         if got != want:
             raise LoadError(f"{self.path.name} does not match its manifest (sha256 {got[:16]}… "
                             f"!= {want[:16]}…): rebuild it or use the matching manifest")
-        self.cpu = cpu or detect()
         fmt = self.manifest.get("format", "elf")
+        self.cpu = cpu or detect()
         here = "macho" if sys.platform == "darwin" else "elf"
+        if fmt == "macho" and here != "macho":
+            raise LoadError(f"{self.path.name} is a Mach-O library (apple-* targets build "
+                            f"Mach-O), which only macOS loads; for Linux (and `tilegen "
+                            f"emulate`) build an ELF one: tilegen build --format elf")
         if fmt != here or not self.cpu.is_arm64:
             raise LoadError(f"{self.path.name} is an aarch64 {fmt} library; this is "
                             f"{sys.platform}/{self.cpu.machine}. Run under `tilegen emulate` "
                             f"on x86-64 hosts")
+        check_image(blob, fmt, self.path.name)
+        check_entries(entries, packers, fmt, self.path.name)
         try:
             self._dll = ctypes.CDLL(str(self.path.resolve()))
         except OSError as e:
             raise LoadError(f"cannot load {self.path}: {e}") from None
+        self._check_digest(entries, packers, fmt)
         self.kernels: dict[str, Kernel] = {}
         self._tables: dict[str, list[KernelPair]] = {}
         self.gemv_threshold = 1
@@ -458,18 +559,35 @@ class Library:
             except AttributeError:
                 raise LoadError(f"kernel {e['name']} is in the manifest but not in {self.path.name}") from None
             kind = e.get("vl_kind")
-            self.kernels[e["name"]] = Kernel(e, fn, self.vl_bytes.get(kind) if kind else None)
+            self.kernels[e["name"]] = Kernel(e, fn, self.vl_bytes.get(kind) if kind else None,
+                                             cpu=self.cpu)
         self._abi = getattr(self._dll, self.manifest.get("abi_probe") or "tilegen_abi_call", None)
         if self._abi is not None:
             self._abi.restype = ctypes.c_uint64
             self._abi.argtypes = [ctypes.c_void_p, ctypes.c_void_p]
         self.packers: dict[str, Packer] = {}
-        for e in self.manifest.get("packers", []):
+        for e in packers:
             try:
                 fn = getattr(self._dll, e["name"])
             except AttributeError:
                 raise LoadError(f"packer {e['name']} is in the manifest but not in {self.path.name}") from None
-            self.packers[e["name"]] = Packer(e, fn)
+            self.packers[e["name"]] = Packer(e, fn, cpu=self.cpu)
+
+    def _check_digest(self, entries: list, packers: list, fmt: str) -> None:
+        """LoadError unless the manifest's kernel table is the one the library was built with
+        (the library carries its digest, see :mod:`tilegen.generator.manifest`)."""
+        from ..generator.manifest import DIGEST_SYMBOL, table_digest
+        try:
+            carried = (ctypes.c_char * 64).in_dll(self._dll, DIGEST_SYMBOL).raw.decode("ascii")
+        except (ValueError, UnicodeDecodeError):
+            raise LoadError(f"{self.path.name} carries no kernel-table digest ({DIGEST_SYMBOL}); "
+                            f"rebuild it with this tilegen") from None
+        have = table_digest(entries, packers, fmt, self.manifest.get("abi_probe"))
+        if have != carried:
+            raise LoadError(f"the manifest's kernel table is not the one {self.path.name} was "
+                            f"built with (sha256 {have[:16]}… != {carried[:16]}…): kernels or "
+                            f"packers were added, removed or edited; rebuild the library or use "
+                            f"its manifest")
 
     def __repr__(self) -> str:
         return f"<tilegen.Library {self.path} with {len(self.kernels)} kernels>"
@@ -589,15 +707,46 @@ class Library:
         return self._tables[kind]
 
     def set_table(self, kind: str, pairs: list[KernelPair]) -> None:
+        """Replace the ordered kernel table of weight ``kind``: pairs of this library's kernels
+        (e.g. entries of :meth:`table`, or ``KernelPair(lib.kernels[gemm], lib.kernels[gemv])``
+        with ``KernelPair`` from ``tilegen.runtime.select``).  The first entry the CPU runs is
+        what pack_weights, adopt and workspace_size use; select (so matmul) uses the first
+        runnable entry that reads the weights' layout.  f32 and f16 have separate tables."""
         self.table(kind)
-        self._tables[kind] = list(pairs)
+        pairs = list(pairs)
+        if not pairs:
+            raise ArgumentError(f"the {kind} kernel table must not be empty")
+        fam = KIND_FAMILY[kind]
+        mine = set(map(id, self.kernels.values()))
+        for p in pairs:
+            if not isinstance(p, KernelPair):
+                raise ArgumentError(f"table entries must be KernelPair, got {type(p).__name__}")
+            for kern in (p.gemm, p.gemv):
+                if kern is None:
+                    continue
+                if id(kern) not in mine:
+                    raise ArgumentError(f"{kern!r} is not a kernel of {self.path.name}")
+                if kern.family != fam:
+                    raise ArgumentError(f"{kern.name} is not a {fam} kernel ({kind} weights "
+                                        f"need the {fam} family)")
+            if p.gemv is not None and not same_rhs(p.gemm.spec, p.gemv.spec):
+                raise ArgumentError(f"gemv {p.gemv.name} does not read the packed weights of "
+                                    f"gemm {p.gemm.name}")
+        self._tables[kind] = pairs
 
-    def _pairs(self, kind: str) -> list[KernelPair]:
+    def _pairs(self, kind: str, nr: int | None = None) -> list[KernelPair]:
+        """Runnable table entries for ``kind`` (with ``nr``: those whose gemm has that nr)."""
         pairs = [p for p in self.table(kind) if p.features <= self.cpu.features
                  and all(self.runnable(k) for k in (p.gemm, p.gemv) if k is not None)]
         if not pairs:
             raise ArgumentError(f"no kernel for {kind} weights in {self.path.name} runs on this "
                                 f"CPU (features: {', '.join(sorted(self.cpu.features))})")
+        if nr is not None:
+            some = [p for p in pairs if p.gemm.nr == nr]
+            if not some:
+                raise ArgumentError(f"no {kind} kernel with nr={nr}; available nr: "
+                                    f"{sorted({p.gemm.nr for p in pairs})}")
+            pairs = some
         return pairs
 
     def select(self, packed: PackedWeights, m: int) -> Kernel:
@@ -607,7 +756,34 @@ class Library:
             if p.gemm.rhs_matches(packed):
                 return p.pick(m, self.gemv_threshold)
         raise ArgumentError(f"no runnable kernel reads {packed.format} nr={packed.nr} "
-                            f"kr={packed.kr} sr={packed.sr}; repack the weights for this library")
+                            f"kr={packed.kr} sr={packed.sr}; lib.adopt(weights) repacks them "
+                            f"for this library")
+
+    def adopt(self, packed: PackedWeights, nr: int | None = None) -> PackedWeights:
+        """``packed`` in a layout a kernel of this library reads on this CPU.
+
+        Returned as it is when a runnable table entry reads it (with ``nr``: one of that nr).
+        Otherwise repacked, without loss, from any layout of its format (f32p: other nr;
+        qsi4c32p / qsi4c32pscalef16: other nr, kr, sr) into the layout of the first runnable
+        entry (with ``nr``: of that nr): new PackedWeights, the bytes ``pack_weights`` gives
+        for the same weights.  The repack costs about one pack_weights call."""
+        if not isinstance(packed, PackedWeights):
+            raise ArgumentError(f"weights must be PackedWeights, got {type(packed).__name__}")
+        pairs = self._pairs(packed.kind, nr)
+        if any(p.gemm.rhs_matches(packed) for p in pairs):
+            return packed
+        from ..layout.api import layout_for, repack_rhs
+        kern = pairs[0].gemm
+        bl = packed.bl or 32
+        try:
+            src = layout_for(packed.format, nr=packed.nr, kr=packed.kr, sr=packed.sr, bl=bl)
+            dst = kern.rhs_layout(bl)
+            data = repack_rhs(packed.data, src, dst, packed.n, packed.k)
+        except LayoutError as e:
+            raise ArgumentError(f"{packed.kind} weights in {packed.format} nr={packed.nr} "
+                                f"kr={packed.kr} sr={packed.sr}: {e} (kernel {kern.name})") from None
+        return PackedWeights(dst.format, packed.n, packed.k, kern.nr, kern.kr, kern.sr, data,
+                             packed.has_bias, packed.bl, packed.kind)
 
     # -- packing ----------------------------------------------------------------------
     def pack_weights(self, w=None, kind: str = "f32", bias: np.ndarray | None = None,
@@ -617,14 +793,10 @@ class Library:
 
         kind "f32" / "f16": (n, k) weights (or (k, n) with layout="kn"), f16 converted to f32.
         kind "q4_0" / "q4_0_dx": float32 (n, k) weights quantised like ggml's Q4_0, or raw ggml
-        block_q4_0 bytes via ``from_ggml=`` (with n, k)."""
-        pairs = self._pairs(kind)
-        if nr is not None:
-            pairs = [p for p in pairs if p.gemm.nr == nr]
-            if not pairs:
-                raise ArgumentError(f"no {kind} kernel with nr={nr}; available nr: "
-                                    f"{sorted({p.gemm.nr for p in self._pairs(kind)})}")
-        kern = pairs[0].gemm
+        block_q4_0 data via ``from_ggml=`` (bytes-like or a uint8 array; with n, k).
+        ``nr``: pack for the preferred kernel with that nr instead (:meth:`set_table` chooses
+        any kernel)."""
+        kern = self._pairs(kind, nr)[0].gemm
         try:
             if kind in ("f32", "f16"):
                 w = np.asarray(w)
@@ -691,7 +863,9 @@ class Library:
 
         A bias packed with the weights is applied inside the kernel; ``bias=`` given here is
         added to the kernel's result (one f32 add) before the clamp.  ``out`` may share memory
-        with x or bias: the result is then computed apart and copied into it."""
+        with x or bias: the result is then computed apart and copied into it.  Weights in a
+        layout no runnable kernel reads are repacked by :meth:`adopt` on every call (nothing is
+        cached): call ``packed = lib.adopt(packed)`` once to pay that once."""
         if not isinstance(packed, PackedWeights):
             raise ArgumentError(f"weights must be PackedWeights (see lib.pack_weights), "
                                 f"got {type(packed).__name__}")
@@ -725,6 +899,7 @@ class Library:
             # the kernels read x while they write out, and the bias is read after them
             out[...] = self.matmul(x, packed, bias, clamp, threads)
             return out
+        packed = self.adopt(packed)       # a repack per call when no kernel reads its layout
         dst = out.reshape(m, packed.n)
         if bias is None:
             self._run(x2, packed, dst, cmin, cmax, nthreads)
@@ -779,6 +954,8 @@ class Library:
 
 def dequantize_packed_rows(packed: PackedWeights, rows) -> np.ndarray:
     idx = np.asarray(rows)
+    if idx.size == 0 and idx.ndim == 1:      # [] and () come out as float64
+        idx = idx.astype(np.int64)
     if idx.dtype.kind not in "iu" or idx.ndim != 1:
         raise ArgumentError(f"rows must be a 1-D integer array, got {idx.dtype} {idx.shape}")
     if idx.size and (idx.min() < 0 or idx.max() >= packed.n):

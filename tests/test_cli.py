@@ -1,0 +1,125 @@
+"""The `tilegen` command line: tile syntax, the error convention, help texts, pipes."""
+from __future__ import annotations
+
+import pytest
+
+import tilegen
+from tilegen import SpecError, parse_spec
+from tilegen.cli import main
+from tilegen.generator import allocate, render
+
+
+@pytest.mark.parametrize("tile,spec", [
+    ("6x16", ("f32", "neon", "6x16")), ("4x4vl", ("f32", "sve", "4x4vl")),
+    ("5x3vl", ("f32", "sve", "5x3vl")), ("1vlx4vl", ("f32", "sme", "1vlx4vl"))])
+def test_generate_tile_in_vl_units(tile, spec, tmp_path, capsys):
+    family, isa, _ = spec
+    assert main(["generate", "--family", family, "--isa", isa, "--tile", tile,
+                 "-o", str(tmp_path)]) == 0
+    name = capsys.readouterr().out.strip()
+    assert name == parse_spec(":".join(spec)).name
+    assert (tmp_path / f"{name}.S").read_text() == tilegen.generate(":".join(spec))
+
+
+def test_parse_tile_is_the_spec_grammar():
+    from tilegen.generator.spec import parse_tile
+    assert parse_tile("4x4vl") == (4, False, 4, True)
+    assert parse_tile("1vlx2vl") == (1, True, 2, True)
+    for bad in ("4X16", "4x", "x4", "4vx4", "4x4vlx", " 4x4"):
+        with pytest.raises(SpecError, match="MRxNR"):
+            parse_tile(bad)
+
+
+def test_entry_points_accept_spec_strings():
+    s = parse_spec("f32:neon:6x16")
+    assert tilegen.generate("f32:neon:6x16") == tilegen.generate(s)
+    assert render("f32:sve:4x4vl", "macho").text == render(parse_spec("f32:sve:4x4vl"), "macho").text
+    assert allocate("f32:neon:6x16") == allocate(s)
+    with pytest.raises(SpecError, match="cannot parse kernel spec"):
+        tilegen.generate("f32-neon-6x16")
+    with pytest.raises(SpecError, match="KernelSpec or a spec string"):
+        tilegen.generate(6)
+
+
+def _fake_lib(d, fmt: str):
+    """A library directory whose manifest names a (non-loadable) library of format ``fmt``."""
+    import hashlib
+    import json
+    d.mkdir()
+    (d / "libtilegen.dylib").write_bytes(b"not a library")
+    (d / "manifest.json").write_text(json.dumps({
+        "library": "libtilegen.dylib", "format": fmt, "kernels": [],
+        "sha256": hashlib.sha256(b"not a library").hexdigest()}))
+    return d
+
+
+def _no_emulator(*a, **k):
+    raise AssertionError("the emulator must not start")
+
+
+@pytest.mark.parametrize("argv,needle", [
+    (["info", "--lib", "{tmp}/missing"], "no manifest.json"),
+    (["check-abi", "{tmp}/missing"], "no manifest.json"),
+    (["check-abi", "{tmp}/macho"], "--format elf"),
+    (["build", "--kernel", "f32:neon:4x4", "-o", "{tmp}/file/out"], "file/out"),
+    (["generate", "--family", "f32", "--isa", "neon", "--tile", "4X16"], "4X16"),
+    (["tune", "--target", "neoverse-v2"], "--family is required"),
+    (["tune", "--target", "neoverse-v2", "--family", "f32", "--m", "0"], "--m must be >= 1"),
+])
+def test_user_errors_exit_2(argv, needle, tmp_path, capsys, monkeypatch):
+    import tilegen.emulate.cli
+    monkeypatch.setattr(tilegen.emulate.cli, "emulate_main", _no_emulator)
+    _fake_lib(tmp_path / "macho", "macho")
+    (tmp_path / "file").write_text("")
+    rc = main([x.replace("{tmp}", str(tmp_path)) for x in argv])
+    err = capsys.readouterr().err
+    assert rc == 2, err
+    assert err.startswith(f"tilegen {argv[0]}: error: ") and needle in err, err
+    assert "Traceback" not in err
+
+
+@pytest.mark.skipif(__import__("sys").platform == "darwin", reason="macOS loads Mach-O")
+def test_macho_library_message_names_macos_and_elf(tmp_path):
+    from tilegen.runtime.cpu import CpuInfo
+    from tilegen.runtime.library import Library, LoadError
+    with pytest.raises(LoadError) as e:   # an arm64 Linux CPU, as inside `tilegen emulate`
+        Library(_fake_lib(tmp_path / "lib", "macho"), cpu=CpuInfo("aarch64", frozenset({"neon"})))
+    msg = str(e.value)
+    assert "Mach-O" in msg and "macOS" in msg and "--format elf" in msg
+    assert "Run under" not in msg
+
+
+@pytest.mark.parametrize("argv", [["list"], ["targets", "-v"]])
+def test_closed_pipe_is_quiet(argv):
+    import subprocess
+    import sys
+    p = subprocess.Popen([sys.executable, "-m", "tilegen", *argv], stdout=subprocess.PIPE,
+                         stderr=subprocess.PIPE)
+    p.stdout.close()        # a reader that exits at once, like `| head -0`
+    err = p.stderr.read().decode()
+    p.wait()
+    assert "Traceback" not in err and "BrokenPipe" not in err, err
+
+
+def _walk(parser):
+    import argparse
+    for action in parser._actions:
+        if isinstance(action, argparse._SubParsersAction):
+            yield from ((f"{c.dest} command", c) for c in action._choices_actions)
+            for name, sub in action.choices.items():
+                yield from ((f"{name} {where}", act) for where, act in _walk(sub))
+        else:
+            yield action.dest, action
+
+
+def test_every_option_has_help():
+    from tilegen.cli import _parser
+    from tilegen.emulate.cli import _parser as emulate_parser
+    missing = [where for where, act in list(_walk(_parser())) + list(_walk(emulate_parser()))
+               if not act.help]
+    assert not missing
+
+
+def test_emulate_usage_shows_the_command():
+    from tilegen.emulate.cli import _parser as emulate_parser
+    assert "-- CMD" in emulate_parser().format_usage()

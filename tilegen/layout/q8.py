@@ -1,0 +1,299 @@
+"""int8 per-channel RHS layout of KleidiAI's ``qai8dxp x qsi8cxp`` kernels, and the ggml Q8_0 path.
+
+=====================  ==============================================  ==========================
+name                   KleidiAI / ggml                                 docs/layouts.md
+=====================  ==============================================  ==========================
+:class:`QSI8CXP`       ``kai_run_rhs_pack_nxk_qsi8cxp_qsi8cx_neon``     layouts.md#qsi8cxp
+:func:`quantize_q8_0`  ggml ``quantize_row_q8_0_ref``                   layouts.md#ggml-q8_0
+:func:`requantize_q8_0`  llama.cpp ``kleidiai.cpp`` Q8_0 repack         layouts.md#q8_0-requant
+=====================  ==============================================  ==========================
+
+The LHS of these kernels is :class:`tilegen.layout.q4.QAI8DXP` (the same packed activations the
+``qai8dxp x qsi4c32p`` kernels read).
+
+ggml ``block_q8_0`` (34 bytes per 32 values)::
+
+    struct block_q8_0 { uint16_t d;  /* f16 */  int8_t qs[32]; };     x_j = f32(d) * qs[j]
+
+The KleidiAI kernels take one f32 scale per output channel, not one per 32 values, so llama.cpp
+requantises a Q8_0 row before packing: every value is dequantised (``f32(d) * qs``), the row gets
+``scale = max|value| / 127`` and the values ``clamp(lround(value * (1/scale)), -127, 127)``.
+:func:`requant_error_q8_0` measures what that second rounding costs.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from .base import LayoutError, eval_expr, roundup
+from .q4 import _RhsGroups, _check_pos, _round_half_away, _rows_index, _u8
+
+__all__ = ["QSI8CXP", "QK8_0", "BLOCK_Q8_0_BYTES", "quantize_q8_0", "split_q8_0", "join_q8_0",
+           "dequantize_q8_0", "requantize_q8_0", "requant_error_q8_0"]
+
+F32 = np.dtype("<f4")
+I32 = np.dtype("<i4")
+
+QK8_0 = 32
+BLOCK_Q8_0_BYTES = 34
+
+
+# ----------------------------------------------------------------------------------------
+# ggml block_q8_0
+# ----------------------------------------------------------------------------------------
+def _check_q8_k(k: int) -> int:
+    k = int(k)
+    if k < 1 or k % QK8_0:
+        raise LayoutError(f"k={k} must be a positive multiple of {QK8_0} for Q8_0 rows")
+    return k
+
+
+def quantize_q8_0(w: np.ndarray) -> np.ndarray:
+    """float32 (n, k) -> uint8 (n, k/32*34): ggml ``quantize_row_q8_0_ref`` per row.
+
+    Per block of 32: ``amax = max|x|``, ``d = amax / 127`` (f32), ``id = 1/d`` (0 if d == 0),
+    ``qs = roundf(x * id)`` (f32 product, ties away), ``d`` stored as f16 (nearest even)."""
+    w = np.asarray(w)
+    if w.dtype != np.float32 or w.ndim != 2:
+        raise LayoutError(f"weights must be 2-D float32 (n, k), got {w.dtype} {w.shape}")
+    n, k = w.shape
+    _check_q8_k(k)
+    nb = k // QK8_0
+    blocks = np.ascontiguousarray(w).reshape(n, nb, QK8_0)
+    amax = np.abs(blocks).max(axis=-1)
+    d = (amax / np.float32(127)).astype(np.float32)
+    with np.errstate(divide="ignore", over="ignore", invalid="ignore"):
+        inv = np.where(d == 0, np.float32(0), np.float32(1) / d).astype(np.float32)
+        q = _round_half_away((blocks * inv[..., None]).astype(np.float32))
+        dh = d.astype(np.float16)
+    qs = q.astype(np.int8)
+    out = np.concatenate([dh.view(np.uint8).reshape(n, nb, 2), qs.view(np.uint8)], axis=-1)
+    return out.reshape(n, nb * BLOCK_Q8_0_BYTES)
+
+
+def split_q8_0(raw: np.ndarray, n: int, k: int) -> tuple[np.ndarray, np.ndarray]:
+    """Q8_0 bytes -> (qs int8 (n, k), d f16 bits uint16 (n, k/32))."""
+    k = _check_q8_k(k)
+    raw = np.asarray(raw)
+    if raw.dtype != np.uint8:
+        raise LayoutError(f"Q8_0 data must be uint8 bytes, got {raw.dtype}")
+    nb = k // QK8_0
+    if raw.size != n * nb * BLOCK_Q8_0_BYTES:
+        raise LayoutError(f"Q8_0 data for n={n}, k={k} must hold {n * nb * BLOCK_Q8_0_BYTES} bytes, "
+                          f"got shape {raw.shape}")
+    b = np.ascontiguousarray(raw).reshape(n, nb, BLOCK_Q8_0_BYTES)
+    d = np.ascontiguousarray(b[..., :2]).view("<u2").reshape(n, nb)
+    qs = np.ascontiguousarray(b[..., 2:]).view(np.int8).reshape(n, k)
+    return qs, d
+
+
+def join_q8_0(qs: np.ndarray, d_f16: np.ndarray) -> np.ndarray:
+    """Inverse of :func:`split_q8_0`."""
+    qs = np.asarray(qs, dtype=np.int8)
+    n, k = qs.shape
+    nb = _check_q8_k(k) // QK8_0
+    d = np.ascontiguousarray(np.asarray(d_f16, dtype="<u2").reshape(n, nb))
+    return np.concatenate([d.view(np.uint8).reshape(n, nb, 2),
+                           np.ascontiguousarray(qs).view(np.uint8).reshape(n, nb, QK8_0)],
+                          axis=-1).reshape(n, nb * BLOCK_Q8_0_BYTES)
+
+
+def dequantize_q8_0(raw: np.ndarray, n: int, k: int) -> np.ndarray:
+    """Q8_0 bytes -> float32 (n, k) = f32(d) * qs (one f32 multiply, exact here: 11 x 8 bits)."""
+    qs, d = split_q8_0(raw, n, k)
+    df = d.view(np.float16).astype(np.float32)
+    with np.errstate(invalid="ignore"):
+        return (df[..., None] * qs.astype(np.float32).reshape(n, -1, QK8_0)).astype(np.float32).reshape(n, k)
+
+
+def requantize_q8_0(raw: np.ndarray, n: int, k: int) -> tuple[np.ndarray, np.ndarray]:
+    """Q8_0 rows -> (q int8 (n, k), scale f32 (n,)) per output channel, as llama.cpp's KleidiAI
+    backend repacks Q8_0 weights (finite scales assumed)::
+
+        value     = f32(d) * qs                    (f32)
+        scale     = max|value| / 127  (0 if the row is all zero)
+        inv_scale = 1 / scale         (0 if scale == 0)
+        q         = clamp(lround(value * inv_scale), -127, 127)   (f32 product, ties away)
+    """
+    v = dequantize_q8_0(raw, n, k)
+    amax = np.max(np.abs(v), axis=1, initial=np.float32(0)).astype(np.float32)
+    scale = np.where(amax > 0, amax / np.float32(127), np.float32(0)).astype(np.float32)
+    with np.errstate(divide="ignore"):
+        inv = np.where(scale > 0, np.float32(1) / scale, np.float32(0)).astype(np.float32)
+    q = _round_half_away((v * inv[:, None]).astype(np.float32))
+    q = np.where(scale[:, None] > 0, q, 0)
+    return np.clip(q, -127, 127).astype(np.int8), scale
+
+
+def requant_error_q8_0(raw: np.ndarray, n: int, k: int) -> dict:
+    """Error the per-channel requantisation adds on top of Q8_0's own dequantisation.
+
+    ``ref = dequantize_q8_0(raw)`` (what ggml computes with), ``got = q * scale`` (what the
+    qsi8cxp kernels compute with, from :func:`requantize_q8_0`).  Returns float64 figures:
+    ``max_abs`` = max |got - ref|; ``max_rel_row`` = max over rows of max|got - ref| / max|ref|
+    (at most 1/254 plus f32 rounding: half a step of max|ref|/127); ``rms_rel`` = RMS(got - ref) /
+    RMS(ref) over the whole matrix."""
+    ref = dequantize_q8_0(raw, n, k).astype(np.float64)
+    q, s = requantize_q8_0(raw, n, k)
+    got = q.astype(np.float64) * s.astype(np.float64)[:, None]
+    err = np.abs(got - ref)
+    rowmax = np.abs(ref).max(axis=1)
+    rel_row = np.where(rowmax > 0, err.max(axis=1) / np.where(rowmax > 0, rowmax, 1), 0.0)
+    rms_ref = float(np.sqrt(np.mean(ref ** 2)))
+    return {"max_abs": float(err.max()), "max_rel_row": float(rel_row.max()),
+            "rms_rel": float(np.sqrt(np.mean((got - ref) ** 2)) / rms_ref) if rms_ref else 0.0}
+
+
+# ----------------------------------------------------------------------------------------
+# RHS: qsi8cxp (int8 per-channel weights)
+# ----------------------------------------------------------------------------------------
+@dataclass(frozen=True)
+class QSI8CXP(_RhsGroups):
+    """KleidiAI ``qsi8cxp<nr>x<kr>``: int8 weights with one f32 scale per output channel
+    (docs/layouts.md#qsi8cxp).
+
+    Group of ``nr`` columns (output channels), stride ``nr*(K32+12)``, ``K32 = roundup(k, 32)``::
+
+        +0              int8 data: K32/kr chunks of nr*kr bytes, chunk c = [col0: kr]...[col nr-1: kr]
+        +nr*K32         nr x int32 rsum  = lhs_zero_point * sum_t w[col][t]
+        +nr*K32+4*nr    nr x f32 scale   = scale[col] * scale_multiplier
+        +nr*K32+8*nr    nr x f32 bias    (0 without bias)
+
+    K padding (``k <= t < K32``) is 0.  The padding columns of the last group copy column n-1
+    (values, rsum, scale and bias).  llama.cpp packs with ``lhs_zero_point = 1`` and
+    ``scale_multiplier = 1.0``; the kernels add ``offset_lhs * rsum`` with the LHS's stored offset
+    (-zero point), so ``rsum`` must be the plain column sum.
+    """
+
+    nr: int
+    kr: int
+    sr: int = 1
+
+    def __post_init__(self) -> None:
+        _check_pos(nr=self.nr, kr=self.kr, sr=self.sr)
+        if self.sr != 1:
+            raise LayoutError(f"qsi8cxp needs sr=1, got sr={self.sr}")
+        if 32 % self.kr:
+            raise LayoutError(f"kr={self.kr} must divide 32")
+
+    # -- identity ---------------------------------------------------------------------
+    @property
+    def format(self) -> str:
+        return "qsi8cxp"
+
+    @property
+    def name(self) -> str:
+        return f"qsi8cxp{self.nr}x{self.kr}"
+
+    # -- geometry (generator) ------------------------------------------------------------
+    @staticmethod
+    def k_padded(k: int) -> int:
+        return roundup(k, 32)
+
+    @property
+    def stride_expr(self) -> str:
+        """Bytes per nr-group as an expression in k (one source for Python and C getters)."""
+        return f"{self.nr} * ((k + 31) // 32 * 32 + 12)"
+
+    def group_stride(self, k: int) -> int:
+        return eval_expr(self.stride_expr, k=k)
+
+    @property
+    def chunk_bytes(self) -> int:
+        """Bytes of one interleave chunk (nr columns x kr values)."""
+        return self.nr * self.kr
+
+    def data_offset(self, k: int) -> int:
+        return 0
+
+    def rsum_offset(self, k: int) -> int:
+        """Start of the nr int32 row sums inside a group."""
+        return self.nr * self.k_padded(k)
+
+    def scale_offset(self, k: int) -> int:
+        """Start of the nr f32 scales inside a group."""
+        return self.nr * self.k_padded(k) + 4 * self.nr
+
+    def bias_offset(self, k: int) -> int:
+        """Start of the nr f32 biases inside a group."""
+        return self.nr * self.k_padded(k) + 8 * self.nr
+
+    def element_offset(self, col: int, t: int) -> int:
+        """Offset of (column slot col, element t) inside a group."""
+        return (t // self.kr) * self.nr * self.kr + col * self.kr + t % self.kr
+
+    # -- packers -----------------------------------------------------------------------
+    def pack(self, q: np.ndarray, scale: np.ndarray, bias: np.ndarray | None = None, *,
+             lhs_zero_point: int = 1, scale_multiplier: float = 1.0) -> np.ndarray:
+        """int8 weights q (n, k), f32 scale (n,), optional f32 bias (n,) -> packed bytes."""
+        q = np.asarray(q)
+        if q.dtype != np.int8 or q.ndim != 2:
+            raise LayoutError(f"weights must be 2-D int8 (n, k), got {q.dtype} {q.shape}")
+        n, k = q.shape
+        if n < 1 or k < 1:
+            raise LayoutError(f"weights need n >= 1 and k >= 1, got shape {q.shape}")
+        s = np.asarray(scale)
+        if s.dtype != np.float32 or s.shape != (n,):
+            raise LayoutError(f"scale must be float32 of shape ({n},), got {s.dtype} {s.shape}")
+        if bias is None:
+            b = np.zeros(n, F32)
+        else:
+            b = np.asarray(bias)
+            if b.dtype != np.float32 or b.shape != (n,):
+                raise LayoutError(f"bias must be float32 of shape ({n},), got {b.dtype} {b.shape}")
+        nr, kr = self.nr, self.kr
+        K32 = self.k_padded(k)
+        G = -(-n // nr)
+        rows = np.minimum(np.arange(G * nr), n - 1)                # replicate column n-1
+        qp = np.zeros((G * nr, K32), np.int8)
+        qp[:, :k] = q[rows]
+        data = qp.reshape(G, nr, K32 // kr, kr).transpose(0, 2, 1, 3).reshape(G, nr * K32)
+        rsum = (q.astype(np.int64).sum(axis=1) * int(lhs_zero_point))[rows]
+        rsum = ((rsum + 2 ** 31) % 2 ** 32 - 2 ** 31).astype(I32)  # int32 arithmetic
+        sc = (s * np.float32(scale_multiplier)).astype(F32)[rows]
+        out = np.concatenate([data.view(np.uint8),
+                              rsum.view(np.uint8).reshape(G, 4 * nr),
+                              sc.view(np.uint8).reshape(G, 4 * nr),
+                              np.ascontiguousarray(b[rows]).view(np.uint8).reshape(G, 4 * nr)], axis=1)
+        return out.reshape(-1)
+
+    def pack_from_ggml(self, raw: np.ndarray, n: int, k: int, bias: np.ndarray | None = None) -> np.ndarray:
+        """Pack ggml Q8_0 rows ((n, k/32*34) bytes or flat) after :func:`requantize_q8_0`, as
+        llama.cpp's KleidiAI backend does (lhs_zero_point 1, scale_multiplier 1.0)."""
+        q, s = requantize_q8_0(raw, n, k)
+        return self.pack(q, s, bias)
+
+    def pack_from_float(self, w: np.ndarray, bias: np.ndarray | None = None) -> np.ndarray:
+        """:func:`quantize_q8_0` then :meth:`pack_from_ggml` (the GGUF path from f32 weights)."""
+        w = np.asarray(w)
+        raw = quantize_q8_0(w)
+        return self.pack_from_ggml(raw, w.shape[0], w.shape[1], bias)
+
+    # -- readers -----------------------------------------------------------------------
+    def unpack(self, packed: np.ndarray, n: int, k: int, rows=None
+               ) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+        """(q int8 (R, K32), rsum int32 (R,), scale f32 (R,), bias f32 (R,)) of ``rows``
+        (default all n); q includes the K padding."""
+        b = _u8(packed)
+        nr, kr = self.nr, self.kr
+        K32 = self.k_padded(k)
+        size = self.packed_size(n, k)
+        if b.size < size:
+            raise LayoutError(f"packed buffer holds {b.size} bytes, {size} needed for n={n}, k={k}")
+        idx = np.arange(n) if rows is None else _rows_index(rows, n)
+        G, GS = -(-n // nr), self.group_stride(k)
+        grp = b[:size].reshape(G, GS)
+        data = np.ascontiguousarray(grp[:, :nr * K32]).view(np.int8).reshape(G, K32 // kr, nr, kr)
+        tail = np.ascontiguousarray(grp[:, nr * K32:]).reshape(G, 3, 4 * nr)
+        rsum = np.ascontiguousarray(tail[:, 0]).view(I32)
+        scale = np.ascontiguousarray(tail[:, 1]).view(F32)
+        bias = np.ascontiguousarray(tail[:, 2]).view(F32)
+        g, i = idx // nr, idx % nr
+        q = data[g, :, i, :].reshape(idx.size, K32)
+        return q, rsum[g, i].astype(np.int32), scale[g, i].astype(np.float32), bias[g, i].astype(np.float32)
+
+    def dequantize_rows(self, packed: np.ndarray, n: int, k: int, rows) -> np.ndarray:
+        """float32 (len(rows), k) = q * scale (one f32 multiply: the weights the kernels use)."""
+        q, _, s, _ = self.unpack(packed, n, k, rows)
+        return (q[:, :k].astype(np.float32) * s[:, None]).astype(np.float32)
