@@ -72,6 +72,7 @@ def _bad_kernel_args(what: str, nr: int = 8):
         "empty lhs": (np.ones((0, 6), f), packed, np.zeros((0, 10), f)),
         "clamp not a number": (lhs, packed, dst, "low", 1.0),
         "clamp NaN": (lhs, packed, dst, float("nan"), 1.0),
+        "clamp min > max": (lhs, packed, dst, 1.0, -1.0),
     }
     return cases if what == "*" else cases[what]
 
@@ -79,7 +80,8 @@ def _bad_kernel_args(what: str, nr: int = 8):
 BAD_KERNEL_CALLS = ["lhs float64", "lhs 1-D", "lhs list", "lhs columns strided",
                     "lhs rows reversed", "lhs misaligned", "dst rows mismatch", "dst int32",
                     "dst read-only", "dst broadcast", "packed too small", "packed float32",
-                    "packed strided", "k mismatch", "empty lhs", "clamp not a number", "clamp NaN"]
+                    "packed strided", "k mismatch", "empty lhs", "clamp not a number", "clamp NaN",
+                    "clamp min > max"]
 
 
 def bad_kernel_call(libdir: str, name: str, what: str):
@@ -262,6 +264,76 @@ def refused(libdir: str, name: str) -> str:
 
 def svcr_now(libdir: str) -> int:
     return _lib(libdir).svcr()
+
+
+def mixed_threads_race(libdir: str, w, xs, kind="f32", rounds=100):
+    """Each round: a fresh pool, then len(xs) Python threads released together, thread i
+    calling matmul(xs[i], threads=i + 1).  Returns (errors, rounds with a result that differs
+    from the threads=1 result, threads left over besides the main one and the current pool)."""
+    import gc
+    import sys
+    import threading
+    import time
+    from tilegen.runtime import threads as pool_mod
+    lib = _lib(libdir)
+    pw = lib.pack_weights(w, kind=kind)
+    serial = [lib.matmul(x, pw, threads=1) for x in xs]
+    errors: list[str] = []
+    bad_rounds = 0
+
+    def worker(i, start, got):
+        start.wait()
+        try:
+            got[i] = lib.matmul(xs[i], pw, threads=i + 1)
+        except Exception as e:      # noqa: BLE001 - reported to the host
+            errors.append(f"{type(e).__name__}: {e}")
+    interval = sys.getswitchinterval()
+    sys.setswitchinterval(1e-6)         # switch threads often: more interleavings per round
+    try:
+        for _ in range(rounds):
+            with pool_mod._lock:
+                pool_mod._pool = None          # every round grows the pool from nothing
+            start, got = threading.Barrier(len(xs)), [None] * len(xs)
+            ts = [threading.Thread(target=worker, args=(i, start, got)) for i in range(len(xs))]
+            for t in ts:
+                t.start()
+            for t in ts:
+                t.join()
+            if not all(g is not None and np.array_equal(g, s) for g, s in zip(got, serial)):
+                bad_rounds += 1
+    finally:
+        sys.setswitchinterval(interval)
+    gc.collect()
+    for _ in range(500):            # the replaced pools' threads exit
+        if threading.active_count() <= 1 + pool_mod._pool_workers:
+            break
+        time.sleep(0.02)
+    return sorted(set(errors)), bad_rounds, threading.active_count() - 1 - pool_mod._pool_workers
+
+
+def matmul_out_alias(libdir: str, kind: str, w, x, bias=None, alias="x", threads=1):
+    """matmul with out= sharing memory with x ("x") or with the call-time bias ("bias":
+    bias is row 0 of out).  Returns (result, result is out)."""
+    lib = _lib(libdir)
+    pw = lib.pack_weights(w, kind=kind)
+    x = x.copy()
+    if alias == "x":
+        out = x
+    else:
+        out = np.zeros(x.shape[:-1] + (pw.n,), np.float32)
+        out.reshape(-1, pw.n)[0] = bias
+        bias = out.reshape(-1, pw.n)[0]
+    y = lib.matmul(x, pw, bias=bias, out=out, threads=threads)
+    return y.copy(), y is out
+
+
+def matmul_try(libdir: str, kind: str, w, x, **kw):
+    """matmul, or the error it raises as (type name, message)."""
+    lib = _lib(libdir)
+    try:
+        return lib.matmul(x, lib.pack_weights(w, kind=kind), **kw)
+    except Exception as e:      # noqa: BLE001 - the error is the result
+        return type(e).__name__, str(e)
 
 
 def ggml_bytes_and_empty_rows(libdir: str, raw, n: int, k: int) -> dict:

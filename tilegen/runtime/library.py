@@ -5,6 +5,8 @@ import ctypes
 import hashlib
 import json
 import math
+import numbers
+import operator
 import os
 import struct
 import sys
@@ -28,6 +30,13 @@ MANIFEST_NAME = "manifest.json"
 _CTYPES = {"size_t": ctypes.c_size_t, "float": ctypes.c_float, "const void*": ctypes.c_void_p,
            "void*": ctypes.c_void_p}
 FLT_MAX = float(np.finfo(np.float32).max)
+INF = math.inf
+# Largest |x| the quantised LHS formats can represent: their activation scales must be finite.
+ACTIVATION_LIMITS = {
+    "qsi8d32p": (127 * float(np.finfo(np.float16).max),
+                 "the per-block scale max|x|/127 is stored as f16, largest 65504"),
+    "qai8dxp": (FLT_MAX / 2, "the per-row range max(x) - min(x) must be a finite float32"),
+}
 
 
 class ArgumentError(TypeError, ValueError):
@@ -236,14 +245,47 @@ def _check_bytes(name: str, buf, need: int) -> np.ndarray:
     return buf
 
 
+def _threads(threads) -> int:
+    """threads=: any integral (int, numpy integer, ``__index__``) >= 1; bool is refused."""
+    n = None
+    if not isinstance(threads, (bool, np.bool_)):
+        try:
+            n = operator.index(threads)
+        except TypeError:
+            pass
+    if n is None or n < 1:
+        raise ArgumentError(f"threads must be a positive int, got {threads!r}")
+    return n
+
+
+def _is_number(v) -> bool:
+    return isinstance(v, numbers.Real) and not isinstance(v, (bool, np.bool_))
+
+
 def _clamps(clamp_min, clamp_max) -> tuple[float, float]:
-    try:
-        cmin, cmax = float(clamp_min), float(clamp_max)
-    except (TypeError, ValueError):
-        raise ArgumentError(f"clamp values must be numbers, got {clamp_min!r}, {clamp_max!r}") from None
+    """Kernel clamp bounds as floats: numbers, not NaN, min <= max (infinities allowed)."""
+    if not (_is_number(clamp_min) and _is_number(clamp_max)):
+        raise ArgumentError(f"clamp values must be numbers, got {clamp_min!r}, {clamp_max!r}")
+    cmin, cmax = float(clamp_min), float(clamp_max)
     if math.isnan(cmin) or math.isnan(cmax):
         raise ArgumentError("clamp values must not be NaN")
+    if cmin > cmax:
+        raise ArgumentError(f"clamp min {cmin} > max {cmax}")
     return cmin, cmax
+
+
+def _clamp_pair(clamp) -> tuple[float, float] | None:
+    """matmul's clamp=: None (no clamp) or a (min, max) pair of numbers."""
+    if clamp is None:
+        return None
+    form = "clamp must be a (min, max) pair of numbers or None"
+    try:
+        lo, hi = clamp
+    except (TypeError, ValueError):
+        raise ArgumentError(f"{form}, got {clamp!r}") from None
+    if not (_is_number(lo) and _is_number(hi)):
+        raise ArgumentError(f"{form}, got {clamp!r}")
+    return _clamps(lo, hi)
 
 
 class Kernel:
@@ -334,7 +376,7 @@ class Kernel:
 
     # -- calls --------------------------------------------------------------------------
     def __call__(self, lhs: np.ndarray, rhs_packed, dst: np.ndarray,
-                 clamp_min: float = -FLT_MAX, clamp_max: float = FLT_MAX, *,
+                 clamp_min: float = -INF, clamp_max: float = INF, *,
                  k: int | None = None, bl: int | None = None) -> np.ndarray:
         """f32: dst = clamp(lhs @ W + bias), lhs (m, k) f32 rows (packed-LHS kernels: rows,
         packed here, or bytes from ``lhs_layout().pack``).
@@ -820,23 +862,18 @@ class Library:
         """``clamp(x @ W.T + bias)`` for x of shape (m, k) or (..., m, k); float32 result.
 
         A bias packed with the weights is applied inside the kernel; ``bias=`` given here is
-        added to the kernel's result (one f32 add) before the clamp.  Weights in a layout no
-        runnable kernel reads are repacked by :meth:`adopt` on every call (nothing is cached):
-        call ``packed = lib.adopt(packed)`` once to pay that once."""
-        if bias is not None:
-            b = np.asarray(bias)
-            if b.dtype != np.float32 or b.shape != (getattr(packed, "n", -1),):
-                raise ArgumentError(f"bias must be float32 of shape ({getattr(packed, 'n', '?')},), "
-                                    f"got {b.dtype} {b.shape}")
-            y = self.matmul(x, packed, None, None, threads, out)
-            y += b
-            if clamp is not None:
-                cmin, cmax = _clamps(*clamp)
-                np.minimum(np.maximum(y, np.float32(cmin), out=y), np.float32(cmax), out=y)
-            return y
+        added to the kernel's result (one f32 add) before the clamp.  ``out`` may share memory
+        with x or bias: the result is then computed apart and copied into it.  Weights in a
+        layout no runnable kernel reads are repacked by :meth:`adopt` on every call (nothing is
+        cached): call ``packed = lib.adopt(packed)`` once to pay that once."""
         if not isinstance(packed, PackedWeights):
             raise ArgumentError(f"weights must be PackedWeights (see lib.pack_weights), "
                                 f"got {type(packed).__name__}")
+        if bias is not None:
+            bias = np.asarray(bias)
+            if bias.dtype != np.float32 or bias.shape != (packed.n,):
+                raise ArgumentError(f"bias must be float32 of shape ({packed.n},), "
+                                    f"got {bias.dtype} {bias.shape}")
         if not isinstance(x, np.ndarray) or x.dtype != np.float32:
             raise ArgumentError(f"x must be a float32 numpy array, got "
                                 f"{getattr(x, 'dtype', type(x).__name__)}")
@@ -844,9 +881,9 @@ class Library:
             raise ArgumentError(f"x must have shape (m, k) or (..., m, k), got {x.shape}")
         if x.shape[-1] != packed.k:
             raise ArgumentError(f"x has k={x.shape[-1]}, packed weights have k={packed.k}")
-        nthreads = default_threads() if threads is None else threads
-        if isinstance(nthreads, bool) or not isinstance(nthreads, int) or nthreads < 1:
-            raise ArgumentError(f"threads must be a positive int, got {threads!r}")
+        nthreads = default_threads() if threads is None else _threads(threads)
+        clamp = _clamp_pair(clamp)
+        cmin, cmax = (-INF, INF) if clamp is None else clamp     # no clamp: Inf/NaN pass
         lead = x.shape[:-1]
         x2 = np.ascontiguousarray(x.reshape(-1, packed.k))
         m = x2.shape[0]
@@ -858,10 +895,32 @@ class Library:
         elif not isinstance(out, np.ndarray) or out.shape != shape or out.dtype != np.float32 \
                 or not out.flags.c_contiguous or not out.flags.writeable:
             raise ArgumentError(f"out must be a writeable C-contiguous float32 array of shape {shape}")
-        cmin, cmax = (-FLT_MAX, FLT_MAX) if clamp is None else _clamps(*clamp)
+        elif any(a is not None and np.shares_memory(out, a) for a in (x, bias, packed.data)):
+            # the kernels read x while they write out, and the bias is read after them
+            out[...] = self.matmul(x, packed, bias, clamp, threads)
+            return out
         packed = self.adopt(packed)       # a repack per call when no kernel reads its layout
-        kern = self.select(packed, m)
         dst = out.reshape(m, packed.n)
+        if bias is None:
+            self._run(x2, packed, dst, cmin, cmax, nthreads)
+        else:
+            self._run(x2, packed, dst, -INF, INF, nthreads)
+            dst += bias
+            if clamp is not None:
+                np.minimum(np.maximum(dst, np.float32(cmin), out=dst), np.float32(cmax), out=dst)
+        return out
+
+    def _run(self, x2: np.ndarray, packed: PackedWeights, dst: np.ndarray, cmin: float,
+             cmax: float, nthreads: int) -> None:
+        """dst = clamp(x2 @ W.T) for contiguous rows x2 (m, k), split over nthreads."""
+        m = x2.shape[0]
+        kern = self.select(packed, m)
+        if kern.spec.info.lhs in ACTIVATION_LIMITS:
+            limit, why = ACTIVATION_LIMITS[kern.spec.info.lhs]
+            amax = float(np.abs(x2).max())      # NaN when x has a NaN
+            if not amax <= limit:
+                raise ArgumentError(f"{packed.kind} activations must be finite with |x| <= "
+                                    f"{limit:g} ({why}); got max |x| = {amax:g}")
         k, bl = packed.k, packed.bl
         lay = kern.lhs_layout(bl or 32)
         if lay is None:     # f32 rows as they are
@@ -887,7 +946,6 @@ class Library:
                                 rhs[roff:], packed.has_bias, bl, packed.kind)
             kern(lhs, sub, dst[:, n0:n1], cmin, cmax)
         run_parallel([lambda a=a, b=b: part(a, b) for a, b in split(packed.n, kern.n_step, nthreads)])
-        return out
 
     def get_rows(self, packed: PackedWeights, rows) -> np.ndarray:
         """Dequantise rows of packed weights (get_rows: an embedding lookup)."""
