@@ -24,6 +24,14 @@ def _stale():
     return tilegen.PackedWeights("f32p20x1b", 8, 16, 20, 1, 1, np.zeros(20 * 4 * 17, np.uint8))
 
 
+def _other_format():
+    """q4_0 weights (read as qsi4c32pscalef16) recorded in the qsi4c32p format."""
+    from tilegen.layout.q4 import QSI4C32P
+    lay = QSI4C32P(4, 8, 2)
+    return tilegen.PackedWeights(lay.format, 8, 64, 4, 8, 2,
+                                 np.zeros(lay.packed_size(8, 64), np.uint8), False, 32, "q4_0")
+
+
 def _ro_out():
     o = np.zeros((2, 8), f)
     o.flags.writeable = False
@@ -49,11 +57,24 @@ def _cases(lib, libdir, tmp):
         "matmul threads=0": (lambda: lib.matmul(x, pw, threads=0), "ArgumentError", "threads must be a positive int"),
         "matmul threads=-2": (lambda: lib.matmul(x, pw, threads=-2), "ArgumentError", "threads must be a positive int"),
         "matmul threads='2'": (lambda: lib.matmul(x, pw, threads="2"), "ArgumentError", "threads must be a positive int"),
+        "matmul threads=2.5": (lambda: lib.matmul(x, pw, threads=2.5), "ArgumentError", "threads must be a positive int"),
+        "matmul threads=2.0": (lambda: lib.matmul(x, pw, threads=np.float64(2)), "ArgumentError", "threads must be a positive int"),
+        "matmul threads=True": (lambda: lib.matmul(x, pw, threads=True), "ArgumentError", "threads must be a positive int"),
+        "matmul threads=np.int64(0)": (lambda: lib.matmul(x, pw, threads=np.int64(0)), "ArgumentError", "threads must be a positive int"),
         "matmul out wrong shape": (lambda: lib.matmul(x, pw, out=np.zeros((2, 9), f)), "ArgumentError", "out must be"),
         "matmul out read-only": (lambda: lib.matmul(x, pw, out=_ro_out()), "ArgumentError", "out must be"),
-        "matmul stale PackedWeights (nr not in library)": (lambda: lib.matmul(x, _stale()), "ArgumentError", "no runnable kernel reads f32p20x1b"),
+        "select stale PackedWeights (nr not in library)": (lambda: lib.select(_stale(), 2), "ArgumentError", "no runnable kernel reads f32p20x1b.*lib.adopt"),
+        "matmul PackedWeights of another format": (lambda: lib.matmul(np.ones((2, 64), f), _other_format()), "ArgumentError", "cannot repack qsi4c32p4x4"),
+        "adopt not PackedWeights": (lambda: lib.adopt(np.ones((8, 16), f)), "ArgumentError", "must be PackedWeights"),
+        "set_table empty": (lambda: lib.set_table("q4_0", []), "ArgumentError", "must not be empty"),
+        "pack_weights nr no kernel has": (lambda: lib.pack_weights(np.ones((8, 16), f), nr=7), "ArgumentError", "no f32 kernel with nr=7"),
         "matmul bias wrong shape": (lambda: lib.matmul(x, pw, bias=np.ones(3, f)), "ArgumentError", "bias must be float32"),
         "matmul clamp NaN": (lambda: lib.matmul(x, pw, clamp=(float("nan"), 1.0)), "ArgumentError", "NaN"),
+        "matmul clamp NaN max": (lambda: lib.matmul(x, pw, clamp=(0.0, float("nan"))), "ArgumentError", "NaN"),
+        "matmul clamp min > max": (lambda: lib.matmul(x, pw, clamp=(1, -1)), "ArgumentError", r"min 1\.0 > max -1\.0"),
+        "matmul clamp one value": (lambda: lib.matmul(x, pw, clamp=(0,)), "ArgumentError", r"a \(min, max\) pair of numbers or None"),
+        "matmul clamp scalar": (lambda: lib.matmul(x, pw, clamp=0), "ArgumentError", r"a \(min, max\) pair of numbers or None"),
+        "matmul clamp strings": (lambda: lib.matmul(x, pw, clamp=("0", "1")), "ArgumentError", r"a \(min, max\) pair of numbers or None"),
         "matmul empty x": (lambda: lib.matmul(np.ones((0, 16), f), pw), "ArgumentError", "no rows"),
         "pack_weights unknown kind": (lambda: lib.pack_weights(np.ones((8, 16), f), kind="q8"), "ArgumentError", "unknown weights kind"),
         "pack_weights f16 given float32": (lambda: lib.pack_weights(np.ones((8, 16), f), kind="f16"), "ArgumentError", "float16"),

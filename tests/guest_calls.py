@@ -72,6 +72,7 @@ def _bad_kernel_args(what: str, nr: int = 8):
         "empty lhs": (np.ones((0, 6), f), packed, np.zeros((0, 10), f)),
         "clamp not a number": (lhs, packed, dst, "low", 1.0),
         "clamp NaN": (lhs, packed, dst, float("nan"), 1.0),
+        "clamp min > max": (lhs, packed, dst, 1.0, -1.0),
     }
     return cases if what == "*" else cases[what]
 
@@ -79,7 +80,8 @@ def _bad_kernel_args(what: str, nr: int = 8):
 BAD_KERNEL_CALLS = ["lhs float64", "lhs 1-D", "lhs list", "lhs columns strided",
                     "lhs rows reversed", "lhs misaligned", "dst rows mismatch", "dst int32",
                     "dst read-only", "dst broadcast", "packed too small", "packed float32",
-                    "packed strided", "k mismatch", "empty lhs", "clamp not a number", "clamp NaN"]
+                    "packed strided", "k mismatch", "empty lhs", "clamp not a number", "clamp NaN",
+                    "clamp min > max"]
 
 
 def bad_kernel_call(libdir: str, name: str, what: str):
@@ -262,3 +264,172 @@ def refused(libdir: str, name: str) -> str:
 
 def svcr_now(libdir: str) -> int:
     return _lib(libdir).svcr()
+
+
+def mixed_threads_race(libdir: str, w, xs, kind="f32", rounds=100):
+    """Each round: a fresh pool, then len(xs) Python threads released together, thread i
+    calling matmul(xs[i], threads=i + 1).  Returns (errors, rounds with a result that differs
+    from the threads=1 result, threads left over besides the main one and the current pool)."""
+    import gc
+    import sys
+    import threading
+    import time
+    from tilegen.runtime import threads as pool_mod
+    lib = _lib(libdir)
+    pw = lib.pack_weights(w, kind=kind)
+    serial = [lib.matmul(x, pw, threads=1) for x in xs]
+    errors: list[str] = []
+    bad_rounds = 0
+
+    def worker(i, start, got):
+        start.wait()
+        try:
+            got[i] = lib.matmul(xs[i], pw, threads=i + 1)
+        except Exception as e:      # noqa: BLE001 - reported to the host
+            errors.append(f"{type(e).__name__}: {e}")
+    interval = sys.getswitchinterval()
+    sys.setswitchinterval(1e-6)         # switch threads often: more interleavings per round
+    try:
+        for _ in range(rounds):
+            with pool_mod._lock:
+                pool_mod._pool = None          # every round grows the pool from nothing
+            start, got = threading.Barrier(len(xs)), [None] * len(xs)
+            ts = [threading.Thread(target=worker, args=(i, start, got)) for i in range(len(xs))]
+            for t in ts:
+                t.start()
+            for t in ts:
+                t.join()
+            if not all(g is not None and np.array_equal(g, s) for g, s in zip(got, serial)):
+                bad_rounds += 1
+    finally:
+        sys.setswitchinterval(interval)
+    gc.collect()
+    for _ in range(500):            # the replaced pools' threads exit
+        if threading.active_count() <= 1 + pool_mod._pool_workers:
+            break
+        time.sleep(0.02)
+    return sorted(set(errors)), bad_rounds, threading.active_count() - 1 - pool_mod._pool_workers
+
+
+def matmul_out_alias(libdir: str, kind: str, w, x, bias=None, alias="x", threads=1):
+    """matmul with out= sharing memory with x ("x") or with the call-time bias ("bias":
+    bias is row 0 of out).  Returns (result, result is out)."""
+    lib = _lib(libdir)
+    pw = lib.pack_weights(w, kind=kind)
+    x = x.copy()
+    if alias == "x":
+        out = x
+    else:
+        out = np.zeros(x.shape[:-1] + (pw.n,), np.float32)
+        out.reshape(-1, pw.n)[0] = bias
+        bias = out.reshape(-1, pw.n)[0]
+    y = lib.matmul(x, pw, bias=bias, out=out, threads=threads)
+    return y.copy(), y is out
+
+
+def matmul_try(libdir: str, kind: str, w, x, **kw):
+    """matmul, or the error it raises as (type name, message)."""
+    lib = _lib(libdir)
+    try:
+        return lib.matmul(x, lib.pack_weights(w, kind=kind), **kw)
+    except Exception as e:      # noqa: BLE001 - the error is the result
+        return type(e).__name__, str(e)
+
+
+def ggml_bytes_and_empty_rows(libdir: str, raw, n: int, k: int) -> dict:
+    """pack_weights(from_ggml=) given bytes-like objects; get_rows of no rows."""
+    lib = _lib(libdir)
+    out = {}
+    for kind in ("q4_0", "q4_0_dx"):
+        ref = lib.pack_weights(kind=kind, from_ggml=raw, n=n, k=k)
+        out[kind] = [np.array_equal(lib.pack_weights(kind=kind, from_ggml=wrap(raw.tobytes()),
+                                                     n=n, k=k).data, ref.data)
+                     for wrap in (bytes, bytearray, memoryview)]
+        out[kind + " rows"] = lib.get_rows(ref, [])
+    out["f32 rows"] = lib.get_rows(lib.pack_weights(np.ones((n, k), np.float32)), [])
+    return out
+
+
+def adopt_weights(libdir: str, w, x, bias, raw, gguf_path: str, name: str) -> dict:
+    """Weights packed for other layouts of their format: adopt, matmul, load_tensor(nr=)."""
+    from tilegen.gguf import load_tensor
+    from tilegen.layout.f32 import F32PackedRHS
+    from tilegen.layout.q4 import QSI4C32P
+    lib = _lib(libdir)
+    n, k = w.shape
+    out = {}
+    # q4_0 in llama.cpp's default layout (nr 4, kr 16, sr 2), read without a library
+    foreign = load_tensor(gguf_path, name)
+    native = lib.pack_weights(kind="q4_0", from_ggml=raw, n=n, k=k)
+    out["q4_0 geometry"] = [(p.nr, p.kr, p.sr) for p in (foreign, native)]
+    out["q4_0 readable"] = any(p.gemm.rhs_matches(foreign) for p in lib._pairs("q4_0"))
+    a = lib.adopt(foreign)
+    out["q4_0 adopted"] = ((a.format, a.nr, a.kr, a.sr) == (native.format, native.nr, native.kr,
+                                                             native.sr)
+                           and np.array_equal(a.data, native.data))
+    out["q4_0 foreign kept"] = a is foreign
+    out["q4_0 native kept"] = lib.adopt(native) is native
+    out["q4_0 y"] = [lib.matmul(x, foreign), lib.matmul(x, native)]
+    out["q4_0 y1"] = [lib.matmul(x[:1], foreign), lib.matmul(x[:1], native)]
+    # q4_0_dx in a qsi4c32p geometry no kernel reads
+    lay = QSI4C32P(12, 4, 2)
+    odd = tilegen.PackedWeights(lay.format, n, k, 12, 4, 2, lay.pack_from_float(w, bias), True,
+                                32, "q4_0_dx")
+    ref = lib.pack_weights(w, kind="q4_0_dx", bias=bias)
+    a = lib.adopt(odd)
+    out["q4_0_dx adopted"] = ((a.nr, a.kr, a.sr) == (ref.nr, ref.kr, ref.sr)
+                              and np.array_equal(a.data, ref.data))
+    out["q4_0_dx y"] = [lib.matmul(x, odd), lib.matmul(x, ref)]
+    # f32 with a panel width no kernel reads
+    lay = F32PackedRHS(20)
+    odd = tilegen.PackedWeights(lay.format, n, k, 20, 1, 1, lay.pack(w, bias=bias), True, None, "f32")
+    ref = lib.pack_weights(w, bias=bias)
+    a = lib.adopt(odd)
+    out["f32 adopted"] = (a.format == ref.format and a.has_bias and np.array_equal(a.data, ref.data))
+    out["f32 y"] = [lib.matmul(x, odd), lib.matmul(x, ref)]
+    # another format of the same kind cannot be repacked without loss
+    wrong = tilegen.PackedWeights("qsi4c32p", n, k, 12, 4, 2, lay.pack(w), False, 32, "q4_0")
+    try:
+        lib.adopt(wrong)
+        out["cross"] = ""
+    except tilegen.runtime.ArgumentError as e:
+        out["cross"] = str(e)
+    # load_tensor(nr=) with a library: an nr other than the preferred kernel's
+    pairs = lib._pairs("q4_0")
+    alt = next((p.gemm.nr for p in pairs if p.gemm.nr != pairs[0].gemm.nr), None)
+    if alt is not None:
+        t = load_tensor(gguf_path, name, lib=lib, nr=alt)
+        out["gguf nr"] = (alt, t.nr, lib.select(t, 5).nr)
+    out["gguf nr 8"] = load_tensor(gguf_path, name, nr=8).nr
+    return out
+
+
+def choose_kernel(libdir: str, w, x, suffix: str) -> dict:
+    """Force the q4_0 kernel with set_table; bad tables are refused."""
+    from tilegen.layout.base import same_rhs
+    from tilegen.runtime.select import KernelPair
+    lib = _lib(libdir)
+    table = lib.table("q4_0")
+    default = lib.matmul(x, lib.pack_weights(w, kind="q4_0"))
+    out = {}
+    try:
+        want = next(p for p in table if p.gemm.name.endswith(suffix))
+        lib.set_table("q4_0", [want])
+        pw = lib.pack_weights(w, kind="q4_0")
+        out["picked"] = [lib.select(pw, 5).name, lib.select(pw, 1).name]
+        out["want"] = [want.gemm.name, want.gemv.name]
+        out["y"] = [lib.matmul(x, pw), default]
+        errs = []
+        f32 = lib.table("f32")[0]
+        other = next(p.gemv for p in table
+                     if p.gemv is not None and not same_rhs(p.gemv.spec, want.gemm.spec))
+        for bad in ([], [f32], [KernelPair(want.gemm, other)], ["not a pair"]):
+            try:
+                lib.set_table("q4_0", bad)
+                errs.append("")
+            except tilegen.runtime.ArgumentError as e:
+                errs.append(str(e))
+        out["errors"] = errs
+    finally:
+        lib.set_table("q4_0", table)
+    return out

@@ -24,9 +24,13 @@ def call_direct(libdir: str, name: str) -> str:
         return f"{type(e).__name__}: {e}"
 
 
-def call_packer_direct(libdir: str, name: str) -> str:
+def call_packer_direct(libdir: str, name: str, features: list[str] | None = None) -> str:
+    """Call packer `name`; with ``features``, on a CPU that has only those."""
+    import dataclasses
+    from tilegen.runtime.cpu import detect
+    cpu = None if features is None else dataclasses.replace(detect(), features=frozenset(features))
     try:
-        p = tilegen.load(libdir).packers[name]
+        p = tilegen.load(libdir, cpu=cpu).packers[name]
         p(np.ones((4, 64), np.float32), bl=32)
         return "ok"
     except Exception as e:  # noqa: BLE001

@@ -131,3 +131,21 @@ def test_q8_gguf_tensor(q8_default_lib, tmp_path):
     assert np.array_equal(got_rows, QSI8CXP(4, 8).dequantize_rows(packed, n, k, rows))
     from tilegen.gguf import load_tensor
     assert np.array_equal(load_tensor(path, "blk.0.q8").data, packed)
+
+
+@pytest.mark.parametrize("cpu", ["neoverse-n1", "max"])
+def test_q8_adopt_repacks_foreign_layouts(cpu, q8_default_lib):
+    """qsi8cxp weights in a layout no kernel of the library reads (nr 8) are repacked without
+    loss into the preferred layout; the result is the one of weights packed natively."""
+    rng = np.random.default_rng(21)
+    n, k = 19, 77
+    q = rng.integers(-127, 128, size=(n, k), dtype=np.int8)
+    s = rng.uniform(1e-3, 1e-2, size=n).astype(np.float32)
+    b = rng.normal(size=n).astype(np.float32)
+    x = rng.normal(size=(7, k)).astype(np.float32)
+    r = guest(cpu).call("guest_q8:adopt_q8", str(q8_default_lib), QSI8CXP(8, 8).pack(q, s, b),
+                        n, k, 8, 8, x)
+    kr = 4 if cpu == "neoverse-n1" else 8
+    assert not r["same"] and r["geometry"] == (4, kr, 1)
+    assert np.array_equal(r["data"], QSI8CXP(4, kr).pack(q, s, b))
+    assert np.array_equal(r["out"], _ref(x, r["data"], n, k, 4, 4, kr))

@@ -170,3 +170,67 @@ def test_call_time_bias_and_clamp(kind, all_lib):
     assert y.min() >= -2.0 and y.max() <= 3.0
     with pytest.raises(GuestError, match="bias must be float32"):
         guest("max").call("guest_calls:matmul_bias", str(all_lib), kind, w, x, b[:3], None)
+
+
+def test_ggml_bytes_like_and_get_rows_of_no_rows(all_lib):
+    rng = np.random.default_rng(41)
+    n, k = 13, 64
+    raw = quantize_q4_0(rng.normal(size=(n, k)).astype(np.float32))
+    r = guest("max").call("guest_calls:ggml_bytes_and_empty_rows", str(all_lib), raw, n, k)
+    assert r["q4_0"] == r["q4_0_dx"] == [True, True, True]
+    for kind in ("q4_0", "q4_0_dx", "f32"):
+        rows = r[kind + " rows"]
+        assert rows.shape == (0, k) and rows.dtype == np.float32
+
+
+def _gguf_q4(path, w):
+    wr = gguf.GGUFWriter(str(path), "llama")
+    q = gguf.quants.quantize(w, gguf.GGMLQuantizationType.Q4_0)
+    wr.add_tensor("q4", q, raw_dtype=gguf.GGMLQuantizationType.Q4_0)
+    wr.write_header_to_file()
+    wr.write_kv_data_to_file()
+    wr.write_tensors_to_file()
+    wr.close()
+    return q
+
+
+@pytest.mark.parametrize("cpu", ["neoverse-n1", "max"])
+def test_weights_of_other_layouts_are_adopted(cpu, all_lib, tmp_path):
+    rng = np.random.default_rng(61)
+    n, k = 21, 128
+    w = rng.normal(size=(n, k)).astype(np.float32)
+    x = rng.normal(size=(6, k)).astype(np.float32)
+    bias = rng.normal(size=n).astype(np.float32)
+    raw = _gguf_q4(tmp_path / "w.gguf", w)
+    r = guest(cpu).call("guest_calls:adopt_weights", str(all_lib), w, x, bias, raw,
+                        str(tmp_path / "w.gguf"), "q4")
+    assert r["q4_0 geometry"][0] == (4, 16, 2)
+    # neoverse-n1: no kernel reads kr=16 (those need i8mm); max: a NEON i8mm kernel does
+    assert r["q4_0 readable"] == (cpu == "max")
+    assert r["q4_0 foreign kept"] if r["q4_0 readable"] else r["q4_0 adopted"]
+    assert r["q4_0 native kept"]
+    for y in ("q4_0 y", "q4_0 y1"):
+        if r["q4_0 readable"]:      # read as it is, by another kernel than the native weights
+            assert np.allclose(*r[y], rtol=1e-4, atol=1e-3)
+        else:                       # adopted per call: the same kernel on the same bytes
+            assert np.array_equal(*r[y])
+    for kind in ("q4_0_dx", "f32"):
+        assert r[f"{kind} adopted"], kind
+        assert np.array_equal(*r[f"{kind} y"]), kind
+    assert "cannot repack" in r["cross"]
+    if cpu == "max":                # q4_0 kernels of several nr
+        alt, got, kernel_nr = r["gguf nr"]
+        assert got == kernel_nr == alt
+    assert r["gguf nr 8"] == 8
+
+
+def test_set_table_forces_a_kernel(all_lib):
+    rng = np.random.default_rng(62)
+    w = rng.normal(size=(19, 64)).astype(np.float32)
+    x = rng.normal(size=(7, 64)).astype(np.float32)
+    r = guest("max").call("guest_calls:choose_kernel", str(all_lib), w, x, "_4x4_neon")
+    assert r["picked"] == r["want"]
+    assert np.allclose(*r["y"], rtol=1e-5, atol=1e-4)
+    empty, family, gemv, junk = r["errors"]
+    assert "empty" in empty and "not a q4_0 kernel" in family
+    assert "does not read the packed weights" in gemv and "KernelPair" in junk

@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import os
+import struct
 
 import numpy as np
 
@@ -16,9 +17,15 @@ def _reader(path):
     except ImportError:
         raise ImportError("reading GGUF needs the gguf package: pip install gguf") from None
     try:
+        size = os.stat(path).st_size
         return gguf, gguf.GGUFReader(os.fspath(path))
-    except (OSError, ValueError) as e:
+    except OSError as e:
         raise LoadError(f"cannot read GGUF file {path}: {e}") from None
+    except (ValueError, IndexError, struct.error):
+        # the reader slices a memory map of the file: a field or tensor cut off by the end of
+        # the file comes out short, and numpy's reshape/view of it fails
+        raise LoadError(f"GGUF file {path} is truncated or corrupt: a header field or tensor "
+                        f"does not fit in its {size} bytes") from None
 
 
 def tensor_names(path) -> list[str]:
@@ -31,8 +38,10 @@ def load_tensor(path, name: str, lib=None, *, nr: int | None = None) -> PackedWe
 
     Q4_0 is repacked straight from its block_q4_0 bytes; Q8_0 is requantised per channel
     (qsi8cxp); F16/F32 are converted and packed for the f32 kernels.  With ``lib`` the layout of
-    that library's preferred kernel is used, otherwise llama.cpp's defaults (q4_0: nr 4, kr 16,
-    sr 2; q8_0: nr 4, kr 8; f32: nr 16)."""
+    that library's preferred kernel is used (with ``nr``: its preferred kernel of that nr),
+    otherwise llama.cpp's defaults (q4_0: nr 4, kr 16, sr 2; q8_0: nr 4, kr 8; f32: nr 16) with
+    ``nr`` replacing the default nr; ``lib.adopt`` repacks such weights for a library's
+    kernels."""
     gguf, r = _reader(path)
     t = next((t for t in r.tensors if t.name == name), None)
     if t is None:
@@ -46,12 +55,12 @@ def load_tensor(path, name: str, lib=None, *, nr: int | None = None) -> PackedWe
     if t.tensor_type == T.Q4_0:
         raw = data.reshape(-1).view(np.uint8)
         if lib is not None:
-            return lib.pack_weights(kind="q4_0", from_ggml=raw, n=n, k=k)
-        return PackedWeights.from_q4_0(raw, n, k)
+            return lib.pack_weights(kind="q4_0", from_ggml=raw, n=n, k=k, nr=nr)
+        return PackedWeights.from_q4_0(raw, n, k, nr=nr or 4)
     if t.tensor_type == T.Q8_0:      # requantised per channel for the q8_0 (qsi8cxp) kernels
         raw = data.reshape(-1).view(np.uint8)
         if lib is not None:
-            return lib.pack_weights(kind="q8_0", from_ggml=raw, n=n, k=k)
+            return lib.pack_weights(kind="q8_0", from_ggml=raw, n=n, k=k, nr=nr)
         from .layout.q8 import QSI8CXP
         lay = QSI8CXP(nr or 4, 8)
         return PackedWeights(lay.format, n, k, lay.nr, lay.kr, 1,

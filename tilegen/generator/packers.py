@@ -176,8 +176,10 @@ def render(spec: PackerSpec, fmt: str = "elf") -> str:
     if not isinstance(spec, PackerSpec):
         raise SpecError(f"expected a PackerSpec, got {type(spec).__name__}")
     template = _env().get_template(f"lhs_pack_{spec.fmt}_neon.S.j2")
+    # the layout's offsets do not depend on bl (a run-time argument of qsi8d32p); any valid bl
+    lay = spec.layout(ELEMS_PER_ITER if spec.fmt == "qsi8d32p" else None)
     return template.render(
-        spec=spec, fmt=fmt, sym=symbol_for(spec.name, fmt), lp=".L" if fmt == "elf" else "L",
+        spec=spec, LAY=lay, fmt=fmt, sym=symbol_for(spec.name, fmt), lp=".L" if fmt == "elf" else "L",
         version=__version__, MR=spec.mr, L=spec.L, KR=spec.kr, SR=spec.sr,
         even=spec.rounding == "even", EPI=ELEMS_PER_ITER,
     )

@@ -17,10 +17,13 @@ from ..layout import lhs_layout_for, rhs_layout_for
 from .regalloc import allocate
 from .spec import ISAS, KernelSpec, SpecError, as_spec
 
-__all__ = ["FORMATS", "Rendered", "symbol_for", "render", "generate"]
+__all__ = ["FORMATS", "Rendered", "symbol_for", "render", "generate", "template_layouts"]
 
 FORMATS = ("elf", "macho")
 TEMPLATE_DIR = Path(__file__).resolve().parent.parent / "templates"
+
+# Bytes of one 128-bit granule: SVE and SME vector lengths are multiples of it.
+VL_GRANULE = 16
 
 
 def symbol_for(name: str, fmt: str) -> str:
@@ -42,7 +45,63 @@ def _env() -> jinja2.Environment:
         undefined=jinja2.StrictUndefined, autoescape=False,
     )
     env.globals["ISAS"] = ISAS     # common.S.j2's arch macro reads the .arch line from the record
+    env.globals["require"] = _require
+    env.filters["ilog2"] = _ilog2
+    env.filters["vl"] = _vl_units
+    env.filters["pl"] = _pl_units
+    env.filters["cntw"] = _cntw_units
     return env
+
+
+def _require(cond, what: str) -> str:
+    """Template guard: a layout fact the instruction sequence relies on (e.g. two fields
+    adjacent for one ldp) must hold, else the template refuses instead of emitting wrong code."""
+    if not cond:
+        raise SpecError(f"template assumption does not hold for this layout: {what}")
+    return ""
+
+
+def _ilog2(v: int) -> int:
+    """Shift amount of a power-of-two layout quantity (lsl/lsr operands)."""
+    if v < 1 or v & (v - 1):
+        raise SpecError(f"layout quantity {v} is not a power of two (used as a shift)")
+    return v.bit_length() - 1
+
+
+def _vl_units(nbytes: int) -> int:
+    """Bytes of a granule layout (see template_layouts) in vector lengths (addvl, mul vl)."""
+    if nbytes % VL_GRANULE:
+        raise SpecError(f"{nbytes} bytes per {VL_GRANULE}-byte granule is not a whole number "
+                        f"of vector lengths")
+    return nbytes // VL_GRANULE
+
+
+def _pl_units(nbytes: int) -> int:
+    """Bytes of a granule layout in predicate lengths, VL/8 (addpl)."""
+    if nbytes % (VL_GRANULE // 8):
+        raise SpecError(f"{nbytes} bytes per {VL_GRANULE}-byte granule is not a whole number "
+                        f"of predicate lengths")
+    return nbytes // (VL_GRANULE // 8)
+
+
+def _cntw_units(nbytes: int) -> int:
+    """Bytes of a granule layout as a multiplier of cntw (words per vector; ``cntw x, all,
+    mul #n`` is n * VL/4 bytes)."""
+    if nbytes % (VL_GRANULE // 4):
+        raise SpecError(f"{nbytes} bytes per {VL_GRANULE}-byte granule is not a whole number "
+                        f"of VL/4")
+    return nbytes // (VL_GRANULE // 4)
+
+
+def template_layouts(spec: KernelSpec):
+    """(RHS, LHS) layout objects a kernel template takes its offsets from (LHS None: unpacked
+    f32 rows).  Fixed-width tiles get their concrete layouts.  VL-scaled tiles get the layouts
+    at one 128-bit granule (vl = VL_GRANULE bytes): every size and offset of those layouts is
+    proportional to the vector length, so the granule layout's byte count divided by 16 (filter
+    ``vl``) or 2 (``pl``) is the same quantity in units the addvl/addpl/``mul vl`` operands take
+    at every vector length."""
+    vl = VL_GRANULE if spec.vl_scaled else None
+    return rhs_layout_for(spec, 32, vl), lhs_layout_for(spec, 32, vl)
 
 
 @dataclass(frozen=True)
@@ -70,17 +129,14 @@ def render(spec: KernelSpec | str, fmt: str = "elf") -> Rendered:
     spec = as_spec(spec)
     _check_format(fmt)
     regs = allocate(spec)
-    # q4 templates walk their (block-length dependent) layouts sequentially and take no
-    # constants from the layout object; the f32 template reads its panel geometry from it.
-    # VL-scaled kernels compute their strides at run time (addvl, cntw); none from a layout.
-    layout = rhs_layout_for(spec) if spec.family == "f32" and not spec.vl_scaled else None
-    lhs_layout = None
-    if spec.family == "q8_0":    # every offset and stride of the q8 template comes from these
-        layout, lhs_layout = rhs_layout_for(spec), lhs_layout_for(spec)
+    # Every byte offset and stride of the packed operands comes from their layout objects
+    # (block-length dependent ones as the layout's per-block facts, combined with bl at run
+    # time); templates hold no format literals.
+    rhs, lhs = template_layouts(spec)
     template = _env().get_template(spec.template)
     sym = symbol_for(spec.name, fmt)
     text = template.render(
-        spec=spec, R=regs, L=layout, LL=lhs_layout, fmt=fmt, sym=sym, saves=save_plan(regs),
+        spec=spec, R=regs, RHS=rhs, LHS=lhs, fmt=fmt, sym=sym, saves=save_plan(regs),
         lp=".L" if fmt == "elf" else "L", version=__version__,
     )
     return Rendered(spec=spec, fmt=fmt, symbol=sym, text=text)

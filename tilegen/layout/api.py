@@ -33,7 +33,8 @@ from .q4 import QAI8DXP, QSI4C32P, QSI8D32P, QSI4C32PScaleF16
 from .q8 import QSI8CXP
 from .bf16 import BF16PLhs2, BF16PLhs4, BF16PRhs2B, BF16PRhs4B
 
-__all__ = ["pack_rhs", "pack_lhs", "dequantize_rows", "layout_for", "RHS_FORMATS", "LHS_FORMATS"]
+__all__ = ["pack_rhs", "pack_lhs", "dequantize_rows", "layout_for", "repack_rhs", "RHS_FORMATS",
+           "LHS_FORMATS"]
 
 RHS_FORMATS = ("f32p", "qsi4c32p", "qsi4c32pscalef16", "qsi8cxp", "bf16px4b", "bf16px2b")
 LHS_FORMATS = ("qai8dxp", "qsi8d32p", "bf16px4", "bf16px2")
@@ -209,3 +210,31 @@ def dequantize_rows(packed: np.ndarray, fmt: str, n: int, k: int, nr: int, kr: i
     if f not in RHS_FORMATS:
         raise LayoutError(f"unknown RHS format {fmt!r}; known: {', '.join(RHS_FORMATS)}")
     return layout_for(f, nr=nr, kr=kr, sr=sr, bl=bl).dequantize_rows(packed, n, k, rows)
+
+
+def repack_rhs(packed: np.ndarray, src, dst, n: int, k: int) -> np.ndarray:
+    """Packed RHS bytes of n x k weights in layout ``src``, re-laid out for layout ``dst`` of the
+    same format and block length (other nr/kr/sr): the bytes packing the same weights for
+    ``dst`` gives.  Lossless: each layout's unpack returns what its pack takes (f32p: weights
+    and bias; qsi4c32pscalef16: the q4_0 source rows; qsi4c32p: nibbles, bf16 scales, bias;
+    its row sums are recomputed in dst's order, as KleidiAI's packer computes them; qsi8cxp:
+    int8 weights, scales, bias)."""
+    if type(src) is not type(dst) or getattr(src, "bl", None) != getattr(dst, "bl", None):
+        raise LayoutError(f"cannot repack {src.name} (bl={getattr(src, 'bl', None)}) into "
+                          f"{dst.name} (bl={getattr(dst, 'bl', None)}): only layouts of one format "
+                          f"and block length hold the same values")
+    have, need = np.asarray(packed).nbytes, src.packed_size(n, k)
+    if have < need:
+        raise LayoutError(f"packed buffer holds {have} bytes, {src.name} needs {need} for n={n}, k={k}")
+    if isinstance(src, F32PackedRHS):
+        w, bias = src.unpack(packed, n, k)
+        return dst.pack(w, bias=bias)
+    if isinstance(src, QSI4C32PScaleF16):
+        return dst.pack(src.unpack(packed, n, k), n, k)
+    if isinstance(src, QSI4C32P):
+        u4, scale_bf16, _, bias = src.unpack(packed, n, k)
+        return dst.pack_u4(u4, scale_bf16, bias)
+    if isinstance(src, QSI8CXP):     # row sums recomputed (lhs_zero_point 1, as the kernels need)
+        q, _, scale, bias = src.unpack(packed, n, k)
+        return dst.pack(np.ascontiguousarray(q[:, :k]), scale, bias)
+    raise LayoutError(f"cannot repack {src.name}: not a packed-RHS layout")

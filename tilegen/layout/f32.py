@@ -137,9 +137,14 @@ class F32PackedLHS:
     format = name
 
     @property
+    def k_step_bytes(self) -> int:
+        """Bytes of one k step of a row block (its mr values)."""
+        return self.mr * self.elem_bytes
+
+    @property
     def stride_expr(self) -> str:
         """Bytes per row block as an expression in k."""
-        return f"k * {self.mr * self.elem_bytes}"
+        return f"k * {self.k_step_bytes}"
 
     def block_stride(self, k: int) -> int:
         return eval_expr(self.stride_expr, k=k)

@@ -31,7 +31,7 @@ QK4_0 = 32
 BLOCK_Q4_0_BYTES = 18
 
 __all__ = ["QK4_0", "BLOCK_Q4_0_BYTES", "quantize_q4_0", "dequantize_q4_0", "q4_0_row_bytes",
-           "split_q4_0", "join_q4_0"]
+           "split_q4_0", "join_q4_0", "as_bytes"]
 
 
 def _check_bl(bl: int) -> int:
@@ -77,11 +77,19 @@ def quantize_q4_0(w: np.ndarray, *, bl: int = QK4_0) -> np.ndarray:
     return out.reshape(n, nb * (2 + half))
 
 
+def as_bytes(raw) -> np.ndarray:
+    """q4_0 source data as a numpy array: bytes and bytearray as flat uint8 (no copy),
+    anything else (uint8 arrays, memoryviews) through ``np.asarray``."""
+    if isinstance(raw, (bytes, bytearray)):
+        return np.frombuffer(raw, np.uint8)
+    return np.asarray(raw)
+
+
 def split_q4_0(raw: np.ndarray, n: int, k: int, *, bl: int = QK4_0) -> tuple[np.ndarray, np.ndarray]:
     """q4_0(-style) bytes -> (u4 uint8 (n, k) in k order, d f16 bits uint16 (n, k/bl))."""
     bl = _check_bl(bl)
     rb = q4_0_row_bytes(k, bl)
-    raw = np.asarray(raw)
+    raw = as_bytes(raw)
     if raw.dtype != np.uint8:
         raise LayoutError(f"q4_0 data must be uint8 bytes, got {raw.dtype}")
     if raw.size != n * rb:

@@ -32,7 +32,7 @@ import numpy as np
 
 from ..reference import fma_f32
 from .base import LayoutError, eval_expr, roundup
-from .ggml import dequantize_q4_0, quantize_q4_0, split_q4_0
+from .ggml import as_bytes, dequantize_q4_0, quantize_q4_0, split_q4_0
 
 __all__ = ["QAI8DXP", "QSI8D32P", "QSI4C32P", "QSI4C32PScaleF16",
            "f32_to_bf16_rne", "bf16_to_f32", "f16_bits_to_f32"]
@@ -138,6 +138,12 @@ class _LhsRowBlocks(_Interleaved):
     def packed_offset(self, m_idx: int, k: int) -> int:
         return (m_idx // self.mr) * self.row_block_stride(k)
 
+    def k_span_bytes(self, n: int) -> int:
+        """Bytes that ``n`` consecutive k values of the row block's ``mr`` rows occupy in its
+        int8 data (``n`` a multiple of L, within one k-block): the distance a kernel moves
+        its LHS pointer to advance ``n`` values of k."""
+        return n * self.mr
+
     def region_size(self, m: int, k: int, m_idx_start: int = 0) -> int:
         """Bytes a pack call for m rows starting at m_idx_start can touch."""
         if m == 0:
@@ -195,14 +201,44 @@ class QAI8DXP(_LhsRowBlocks):
         return self.kr // self.sr
 
     # -- geometry (generator) ------------------------------------------------------------
-    @staticmethod
-    def k_padded(k: int) -> int:
-        return roundup(k, 32)
+    @property
+    def k_multiple(self) -> int:
+        """Rows are padded (repeating their last value) to a multiple of this many values."""
+        return 32
+
+    def k_padded(self, k: int) -> int:
+        return roundup(k, self.k_multiple)
+
+    @property
+    def offset_bytes(self) -> int:
+        """Bytes of one row's offset (-zero point, int32)."""
+        return 4
+
+    @property
+    def rscale_bytes(self) -> int:
+        """Bytes of one row's reciprocal scale (f32)."""
+        return 4
+
+    @property
+    def row_tail_bytes(self) -> int:
+        """Bytes each row adds to the row block after its int8 data (offset + rscale)."""
+        return self.offset_bytes + self.rscale_bytes
+
+    @property
+    def row_block_tail_bytes(self) -> int:
+        """Bytes after the int8 data of a row block: mr offsets, then mr rscales."""
+        return self.mr * self.row_tail_bytes
+
+    @property
+    def rscale_after_offset(self) -> int:
+        """Distance from the row block's offsets to its rscales (the mr int32 offsets)."""
+        return self.mr * self.offset_bytes
 
     @property
     def stride_expr(self) -> str:
         """Bytes per row block as an expression in k (one source for Python and C getters)."""
-        return f"{self.mr} * ((k + 31) // 32 * 32 + 8)"
+        km = self.k_multiple
+        return f"{self.mr} * ((k + {km - 1}) // {km} * {km} + {self.row_tail_bytes})"
 
     def row_block_stride(self, k: int) -> int:
         return eval_expr(self.stride_expr, k=k)
@@ -221,7 +257,7 @@ class QAI8DXP(_LhsRowBlocks):
 
     def rscale_offset(self, k: int) -> int:
         """Start of the mr f32 reciprocal scales inside a row block."""
-        return self.mr * self.k_padded(k) + 4 * self.mr
+        return self.offset_field_offset(k) + self.rscale_after_offset
 
     def element_offset(self, x: int, t: int) -> int:
         """Offset of (slot x, element t) inside a row block."""
@@ -304,8 +340,9 @@ class QAI8DXP(_LhsRowBlocks):
         nblk = need // S
         blk = b[:need].reshape(nblk, S)
         data = np.ascontiguousarray(blk[:, :mr * K32]).view(np.int8).reshape(nblk, K32 // L, mr, L)
-        offs = np.ascontiguousarray(blk[:, mr * K32:mr * K32 + 4 * mr]).view(I32)
-        rsc = np.ascontiguousarray(blk[:, mr * K32 + 4 * mr:]).view(F32)
+        o, r = self.offset_field_offset(k), self.rscale_offset(k)
+        offs = np.ascontiguousarray(blk[:, o:r]).view(I32)
+        rsc = np.ascontiguousarray(blk[:, r:]).view(F32)
         g = m_idx_start % mr + np.arange(m)
         rb, slot = g // mr, g % mr
         q = data[rb, :, slot, :].reshape(m, K32)
@@ -360,9 +397,19 @@ class QSI8D32P(_LhsRowBlocks):
     # -- geometry ----------------------------------------------------------------------
 
     @property
+    def scale_bytes(self) -> int:
+        """Bytes of one row's scale per k-block (f16)."""
+        return 2
+
+    @property
+    def data_offset_in_block(self) -> int:
+        """The k-block's int8 data follows its mr scales (which start the block)."""
+        return self.mr * self.scale_bytes
+
+    @property
     def block_stride(self) -> int:
         """Bytes of one k-block of one row group: mr f16 scales + mr*bl int8."""
-        return self.mr * (self.bl + 2)
+        return self.mr * (self.bl + self.scale_bytes)
 
     @property
     def chunk_bytes(self) -> int:
@@ -371,7 +418,7 @@ class QSI8D32P(_LhsRowBlocks):
     @property
     def stride_expr(self) -> str:
         """Bytes per row group as an expression in k and bl (Python and C getters)."""
-        return f"{self.mr} * (k // bl) * (bl + 2)"
+        return f"{self.mr} * (k // bl) * (bl + {self.scale_bytes})"
 
     def row_block_stride(self, k: int) -> int:
         self.num_blocks(k)
@@ -381,7 +428,7 @@ class QSI8D32P(_LhsRowBlocks):
         return b * self.block_stride
 
     def data_offset(self, b: int) -> int:
-        return b * self.block_stride + 2 * self.mr
+        return b * self.block_stride + self.data_offset_in_block
 
     def element_offset(self, x: int, e: int) -> int:
         """Offset of (slot x, element e of the row) inside a row group."""
@@ -443,8 +490,9 @@ class QSI8D32P(_LhsRowBlocks):
             return np.zeros((0, k), np.int8), np.zeros((0, B), np.uint16)
         nblk = need // self.row_block_stride(k)
         blk = b[:need].reshape(nblk, B, self.block_stride)
-        scales = np.ascontiguousarray(blk[..., :2 * mr]).view(U16)                    # (nblk, B, mr)
-        data = np.ascontiguousarray(blk[..., 2 * mr:]).view(np.int8).reshape(nblk, B, bl // L, mr, L)
+        d0 = self.data_offset_in_block
+        scales = np.ascontiguousarray(blk[..., :d0]).view(U16)                        # (nblk, B, mr)
+        data = np.ascontiguousarray(blk[..., d0:]).view(np.int8).reshape(nblk, B, bl // L, mr, L)
         g = m_idx_start % mr + np.arange(m)
         rb, slot = g // mr, g % mr
         q = data[rb, :, :, slot, :].reshape(m, k)
@@ -499,9 +547,19 @@ class QSI4C32P(_RhsGroups):
     # -- geometry ----------------------------------------------------------------------
 
     @property
+    def scale_bytes(self) -> int:
+        """Bytes of one column's scale per k-block (bf16)."""
+        return 2
+
+    @property
+    def block_scales_bytes(self) -> int:
+        """Bytes of a block's nr scales."""
+        return self.nr * self.scale_bytes
+
+    @property
     def block_bytes(self) -> int:
         """Bytes of one k-block of one nr-group (data + scales)."""
-        return self.nr * (self.bl // 2 + 2)
+        return self.block_data_bytes + self.block_scales_bytes
 
     @property
     def block_data_bytes(self) -> int:
@@ -510,7 +568,7 @@ class QSI4C32P(_RhsGroups):
     @property
     def scale_offset_in_block(self) -> int:
         """The block's nr bf16 scales follow its nibble bytes."""
-        return self.nr * self.bl // 2
+        return self.block_data_bytes
 
     @property
     def segment_bytes(self) -> int:
@@ -518,14 +576,56 @@ class QSI4C32P(_RhsGroups):
         return self.nr * self.L
 
     @property
+    def chunk_k(self) -> int:
+        """k values of one chunk (the unit the kernels' inner loop consumes)."""
+        return 32
+
+    @property
+    def chunk_k_step(self) -> int:
+        """k distance between the low-nibble elements of consecutive chunks (chunk c holds
+        elements c*32 .. c*32+31)."""
+        return self.chunk_k
+
+    @property
+    def pair_distance(self) -> int:
+        """k distance from a byte's low-nibble element to its high-nibble element."""
+        return self.chunk_k // 2
+
+    @property
     def chunk_bytes(self) -> int:
         """Bytes of one 32-element chunk of a block (16*nr)."""
-        return 16 * self.nr
+        return self.nr * self.chunk_k // 2
+
+    @property
+    def rsum_bytes(self) -> int:
+        """Bytes of one column's rsum (f32)."""
+        return 4
+
+    @property
+    def bias_bytes(self) -> int:
+        """Bytes of one column's bias (f32)."""
+        return 4
+
+    @property
+    def rsum_offset_in_tail(self) -> int:
+        """The group's tail (after its k-blocks) starts with the nr rsums ..."""
+        return 0
+
+    @property
+    def bias_offset_in_tail(self) -> int:
+        """... followed by the nr biases."""
+        return self.rsum_offset_in_tail + self.nr * self.rsum_bytes
+
+    @property
+    def tail_bytes(self) -> int:
+        """Bytes of a group's tail: nr rsums + nr biases."""
+        return self.nr * (self.rsum_bytes + self.bias_bytes)
 
     @property
     def stride_expr(self) -> str:
         """Bytes per nr-group as an expression in k and bl (Python and C getters)."""
-        return f"{self.nr} * ((k // bl) * (bl // 2 + 2) + 8)"
+        return (f"{self.nr} * ((k // bl) * (bl // 2 + {self.scale_bytes}) + "
+                f"{self.rsum_bytes + self.bias_bytes})")
 
     def group_stride(self, k: int) -> int:
         self.num_blocks(k)
@@ -535,10 +635,10 @@ class QSI4C32P(_RhsGroups):
         return b * self.block_bytes
 
     def rsum_offset(self, k: int) -> int:
-        return self.num_blocks(k) * self.block_bytes
+        return self.num_blocks(k) * self.block_bytes + self.rsum_offset_in_tail
 
     def bias_offset(self, k: int) -> int:
-        return self.num_blocks(k) * self.block_bytes + 4 * self.nr
+        return self.num_blocks(k) * self.block_bytes + self.bias_offset_in_tail
 
     # -- packers -----------------------------------------------------------------------
     def _check_k(self, k: int) -> int:
@@ -677,7 +777,7 @@ class QSI4C32P(_RhsGroups):
         """float32 (len(rows), k) = (u - 8) * f32(bf16 scale), exact."""
         u, s, _, _ = self.unpack(packed, n, k, rows)
         R = u.shape[0]
-        vals = (u.astype(np.int16) - 8).astype(np.float32).reshape(R, -1, self.bl)
+        vals = (u.astype(np.int16) - 8).astype(np.float32).reshape(R, k // self.bl, self.bl)
         with np.errstate(invalid="ignore"):
             return (vals * bf16_to_f32(s)[..., None]).astype(np.float32).reshape(R, k)
 
@@ -739,12 +839,49 @@ class QSI4C32PScaleF16(_RhsGroups):
         return self.num_blocks(k) * self.src_block_bytes
 
     @property
+    def scale_bytes(self) -> int:
+        """Bytes of one column's scale per k-block (f16)."""
+        return 2
+
+    @property
+    def scale_offset_in_block(self) -> int:
+        """The block's nr f16 scales start it ..."""
+        return 0
+
+    @property
+    def data_offset_in_block(self) -> int:
+        """... and its nibble bytes follow them."""
+        return self.scale_offset_in_block + self.nr * self.scale_bytes
+
+    @property
     def block_stride(self) -> int:
-        return self.nr * (self.bl // 2 + 2)
+        return self.nr * (self.bl // 2 + self.scale_bytes)
 
     @property
     def segment_bytes(self) -> int:
         return self.nr * self.kr // 2
+
+    @property
+    def chunk_k(self) -> int:
+        """k values of one chunk: 16 data bytes per column (the kernels' inner-loop unit)."""
+        return 32
+
+    @property
+    def chunk_bytes(self) -> int:
+        """Bytes of one chunk of a block (16*nr)."""
+        return self.nr * self.chunk_k // 2
+
+    @property
+    def chunk_k_step(self) -> int:
+        """k distance between the low-nibble elements of consecutive chunks: chunk c holds
+        elements 16c .. 16c+15 (low nibbles) and bl/2 + 16c .. (high nibbles)."""
+        return self.chunk_k // 2
+
+    @property
+    def pair_distance_bl_shift(self) -> int:
+        """A byte's high-nibble element is ``bl >> pair_distance_bl_shift`` after its low one
+        (bl is a run-time argument of the kernels)."""
+        return 1
 
     @property
     def segments_per_block(self) -> int:
@@ -753,17 +890,17 @@ class QSI4C32PScaleF16(_RhsGroups):
     @property
     def stride_expr(self) -> str:
         """Bytes per nr-group as an expression in k and bl (Python and C getters)."""
-        return f"{self.nr} * (k // bl) * (bl // 2 + 2)"
+        return f"{self.nr} * (k // bl) * (bl // 2 + {self.scale_bytes})"
 
     def group_stride(self, k: int) -> int:
         self.num_blocks(k)
         return eval_expr(self.stride_expr, k=k, bl=self.bl)
 
     def scale_offset(self, b: int) -> int:
-        return b * self.block_stride
+        return b * self.block_stride + self.scale_offset_in_block
 
     def data_offset(self, b: int) -> int:
-        return b * self.block_stride + 2 * self.nr
+        return b * self.block_stride + self.data_offset_in_block
 
     # -- packers -----------------------------------------------------------------------
     def _shape(self, raw: np.ndarray, n, k) -> tuple[int, int]:
@@ -791,8 +928,8 @@ class QSI4C32PScaleF16(_RhsGroups):
 
     def pack(self, raw: np.ndarray, n: int | None = None, k: int | None = None) -> np.ndarray:
         """Pack source rows (uint8 (n, B*(2+bl/2)), or flat with n and k); bl = 32 means ggml
-        block_q4_0 rows, byte for byte."""
-        raw = np.asarray(raw)
+        block_q4_0 rows, byte for byte; bytes-like objects are taken as flat bytes."""
+        raw = as_bytes(raw)
         if raw.dtype != np.uint8:
             raise LayoutError(f"source rows must be uint8 bytes, got {raw.dtype}")
         n, k = self._shape(raw, n, k)
@@ -827,8 +964,9 @@ class QSI4C32PScaleF16(_RhsGroups):
         idx = np.arange(n) if rows is None else _rows_index(rows, n)
         G = -(-n // nr)
         blk = b[:size].reshape(G, B, self.block_stride)
-        scales = blk[..., :2 * nr].reshape(G, B, nr, 2)
-        data = blk[..., 2 * nr:].reshape(G, B, bl // kr, nr, kr // 2)
+        s0, d0 = self.scale_offset_in_block, self.data_offset_in_block
+        scales = blk[..., s0:d0].reshape(G, B, nr, 2)
+        data = blk[..., d0:].reshape(G, B, bl // kr, nr, kr // 2)
         g, i = idx // nr, idx % nr
         d = scales[g, :, i, :]                                            # (R, B, 2)
         q = (data[g, :, :, i, :] ^ np.uint8(0x88)).reshape(idx.size, B, bl // 2)

@@ -1,7 +1,8 @@
 """CPU feature detection (Linux getauxval; macOS sysctlbyname).
 
 Features are reported as a set of names: neon, dotprod, i8mm, bf16, sve, sve2, sme, sme2.
-``TILEGEN_ISA=neon,dotprod`` restricts the set (it can only remove features the CPU has).
+``TILEGEN_ISA=dotprod`` restricts the set to the listed features and the ones they imply
+(see :func:`implied`); it can only remove features the CPU has.
 """
 from __future__ import annotations
 
@@ -12,7 +13,7 @@ import sys
 from dataclasses import dataclass
 from functools import lru_cache
 
-__all__ = ["CpuInfo", "detect", "KNOWN_FEATURES"]
+__all__ = ["CpuInfo", "detect", "implied", "KNOWN_FEATURES"]
 
 KNOWN_FEATURES = ("neon", "dotprod", "i8mm", "bf16", "sve", "sve2", "sme", "sme2")
 AT_HWCAP, AT_HWCAP2 = 16, 26
@@ -76,6 +77,20 @@ def _sme_mode() -> str:
     return mode
 
 
+def implied(features) -> set[str]:
+    """``features`` plus the features they imply: each implies neon (the base of every Arm64
+    CPU tilegen runs on), and a feature that names an ISA implies the features of its
+    ``spec.ISAS`` record (sve2: sve; sme2: sme), repeatedly."""
+    from ..generator.spec import ISAS
+    out, todo = set(), list(features)
+    while todo:
+        f = todo.pop()
+        if f not in out:
+            out.add(f)
+            todo.extend(ISAS[f].features if f in ISAS else ())
+    return out | {"neon"} if out else out
+
+
 def _apply_override(feats: set[str]) -> set[str]:
     if _sme_mode() == "0":        # SME kernels are opt-in (TILEGEN_SME=1 or auto)
         feats = feats - {"sme", "sme2"}
@@ -85,8 +100,9 @@ def _apply_override(feats: set[str]) -> set[str]:
     wanted = {f.strip() for f in spec.split(",") if f.strip()}
     unknown = wanted - set(KNOWN_FEATURES)
     if unknown:
-        raise ValueError(f"TILEGEN_ISA names unknown features {sorted(unknown)}; known: {KNOWN_FEATURES}")
-    return feats & wanted
+        raise ValueError(f"TILEGEN_ISA names unknown features {sorted(unknown)}; "
+                         f"known: {', '.join(KNOWN_FEATURES)}")
+    return feats & implied(wanted)
 
 
 @lru_cache(maxsize=None)

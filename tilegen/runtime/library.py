@@ -5,6 +5,8 @@ import ctypes
 import hashlib
 import json
 import math
+import numbers
+import operator
 import os
 import struct
 import sys
@@ -16,6 +18,7 @@ import numpy as np
 
 from ..generator.spec import ISAS, KernelSpec, parse_spec
 from ..layout import LayoutError, StridedF32, lhs_layout_for, rhs_layout_for
+from ..layout.base import same_rhs
 from .cpu import CpuInfo, detect
 from .integrity import check_entries, check_image
 from .select import KIND_FAMILY, KernelPair, build_table
@@ -27,6 +30,13 @@ MANIFEST_NAME = "manifest.json"
 _CTYPES = {"size_t": ctypes.c_size_t, "float": ctypes.c_float, "const void*": ctypes.c_void_p,
            "void*": ctypes.c_void_p}
 FLT_MAX = float(np.finfo(np.float32).max)
+INF = math.inf
+# Largest |x| the quantised LHS formats can represent: their activation scales must be finite.
+ACTIVATION_LIMITS = {
+    "qsi8d32p": (127 * float(np.finfo(np.float16).max),
+                 "the per-block scale max|x|/127 is stored as f16, largest 65504"),
+    "qai8dxp": (FLT_MAX / 2, "the per-row range max(x) - min(x) must be a finite float32"),
+}
 
 
 class ArgumentError(TypeError, ValueError):
@@ -79,47 +89,90 @@ class PackedWeights:
 
     # -- persistence: pack once, load per run ---------------------------------------
     MAGIC = b"TILEGENPW"
-    VERSION = 1
+    VERSION = 2       # version 1 files have no header checksum
 
     def _meta(self) -> dict:
         return {"format": self.format, "n": self.n, "k": self.k, "nr": self.nr, "kr": self.kr,
                 "sr": self.sr, "bl": self.bl, "has_bias": self.has_bias, "kind": self.kind,
-                "nbytes": self.nbytes,
-                "sha256": hashlib.sha256(np.ascontiguousarray(self.data).tobytes()).hexdigest()}
+                "nbytes": self.nbytes, "sha256": _sha256(self.data).hexdigest()}
 
     def save(self, path: str | os.PathLike) -> None:
-        """Write ``MAGIC, u32 version, u32 header length, JSON header, data`` to ``path``."""
+        """Write ``MAGIC, u32 version, u32 header length, JSON header, sha256 of all the bytes
+        before it, data`` to ``path``; the header holds the data's size and sha256."""
         hdr = json.dumps(self._meta(), sort_keys=True).encode()
-        with open(path, "wb") as f:
-            f.write(self.MAGIC + struct.pack("<II", self.VERSION, len(hdr)) + hdr)
-            f.write(np.ascontiguousarray(self.data).tobytes())
+        head = self.MAGIC + struct.pack("<II", self.VERSION, len(hdr)) + hdr
+        # written beside the target, then renamed over it: weights loaded (memory-mapped) from
+        # the old file keep reading the old file
+        tmp = f"{os.fspath(path)}.{os.getpid()}.tmp"
+        try:
+            with open(tmp, "wb") as f:
+                f.write(head + hashlib.sha256(head).digest())
+                for part in _chunks(self.data):
+                    f.write(part)
+            os.replace(tmp, path)
+        finally:
+            if os.path.exists(tmp):
+                os.unlink(tmp)
 
     @classmethod
     def load(cls, path: str | os.PathLike) -> "PackedWeights":
-        """Read a file written by :meth:`save`; any mismatch raises :class:`LoadError`."""
-        blob = Path(path).read_bytes()
-        head = len(cls.MAGIC) + 8
-        if len(blob) < head or not blob.startswith(cls.MAGIC):
-            raise LoadError(f"{path} is not a tilegen packed-weights file")
-        version, hlen = struct.unpack("<II", blob[len(cls.MAGIC):head])
-        if version != cls.VERSION:
-            raise LoadError(f"{path}: packed-weights version {version}, this tilegen reads {cls.VERSION}")
+        """Read a file written by :meth:`save`; any mismatch raises :class:`LoadError`.
+
+        The data is a read-only memory map of the file (verified against its checksum once);
+        the file must not be changed in place while the weights are in use."""
+        pre = len(cls.MAGIC) + 8
         try:
-            meta = json.loads(blob[head:head + hlen])
-            data = np.frombuffer(blob, np.uint8, offset=head + hlen).copy()
-            if data.nbytes != meta["nbytes"]:
-                raise LoadError(f"{path} is truncated: {data.nbytes} of {meta['nbytes']} data bytes")
-            if hashlib.sha256(data.tobytes()).hexdigest() != meta["sha256"]:
-                raise LoadError(f"{path}: data does not match its checksum (corrupted file)")
+            size = os.stat(path).st_size
+            with open(path, "rb") as f:
+                head = f.read(pre)
+                if len(head) < pre or not head.startswith(cls.MAGIC):
+                    raise LoadError(f"{path} is not a tilegen packed-weights file")
+                version, hlen = struct.unpack("<II", head[len(cls.MAGIC):])
+                if version < cls.VERSION:
+                    raise LoadError(f"{path}: packed-weights file format version {version} (written "
+                                    f"by an older tilegen); this tilegen reads version {cls.VERSION}: "
+                                    f"pack the weights again and save them")
+                if version != cls.VERSION:
+                    raise LoadError(f"{path}: packed-weights file format version {version}, this "
+                                    f"tilegen reads version {cls.VERSION}")
+                if pre + hlen + 32 > size:
+                    raise LoadError(f"{path} is truncated: {size} bytes, its header alone needs "
+                                    f"{pre + hlen + 32}")
+                hdr = f.read(hlen)
+                digest = f.read(32)
+                if hashlib.sha256(head + hdr).digest() != digest:
+                    raise LoadError(f"{path}: header does not match its checksum (corrupted file)")
+                data_off = pre + hlen + 32
+                try:
+                    meta = json.loads(hdr)
+                    nbytes = int(meta["nbytes"])
+                except (ValueError, KeyError, TypeError) as e:
+                    raise LoadError(f"{path}: bad packed-weights header ({e})") from None
+                have = size - data_off
+                if have < nbytes:
+                    raise LoadError(f"{path} is truncated: {have} of {nbytes} data bytes")
+                if have > nbytes:
+                    extra = have - nbytes
+                    raise LoadError(f"{path} has {extra} extra byte{'s' if extra > 1 else ''} "
+                                    f"after its {nbytes} data bytes")
+            # read-only memory map: the file's pages are the data (no copy)
+            data = (np.asarray(np.memmap(path, np.uint8, "r", offset=data_off, shape=(nbytes,)))
+                    if nbytes else np.zeros(0, np.uint8))
+        except OSError as e:
+            raise LoadError(f"cannot read {path}: {e}") from None
+        if _sha256(data).hexdigest() != meta.get("sha256"):      # hashed in 16 MiB chunks
+            raise LoadError(f"{path}: data does not match its checksum (corrupted file)")
+        try:
             pw = cls(meta["format"], meta["n"], meta["k"], meta["nr"], meta["kr"], meta["sr"], data,
                      meta["has_bias"], meta["bl"], meta["kind"])
+            from ..layout.api import layout_for
+            lay = layout_for(pw.format, nr=pw.nr, kr=pw.kr, sr=pw.sr, bl=pw.bl or 32)
+            need = lay.packed_size(pw.n, pw.k)
         except (ValueError, KeyError, TypeError) as e:
             raise LoadError(f"{path}: bad packed-weights header ({e})") from None
-        from ..layout.api import layout_for
-        lay = layout_for(pw.format, nr=pw.nr, kr=pw.kr, sr=pw.sr, bl=pw.bl or 32)
-        if lay.packed_size(pw.n, pw.k) != data.nbytes:
+        if need != data.nbytes:
             raise LoadError(f"{path}: {data.nbytes} bytes but {pw.format} n={pw.n} k={pw.k} needs "
-                            f"{lay.packed_size(pw.n, pw.k)}")
+                            f"{need}")
         return pw
 
     @classmethod
@@ -133,6 +186,23 @@ class PackedWeights:
         except LayoutError as e:
             raise ArgumentError(str(e)) from None
         return cls(lay.format, n, k, nr, kr, sr, data, False, 32, "q4_0")
+
+
+_CHUNK = 1 << 24
+
+
+def _chunks(a: np.ndarray):
+    """The bytes of array ``a`` as buffers of at most 16 MiB (no copy of a contiguous array)."""
+    flat = np.ascontiguousarray(a).reshape(-1).view(np.uint8)
+    for i in range(0, flat.size, _CHUNK):
+        yield flat[i:i + _CHUNK]
+
+
+def _sha256(a: np.ndarray):
+    h = hashlib.sha256()
+    for part in _chunks(a):
+        h.update(part)
+    return h
 
 
 def _check_matrix(name: str, a, rows: int | None = None, cols: int | None = None,
@@ -175,14 +245,47 @@ def _check_bytes(name: str, buf, need: int) -> np.ndarray:
     return buf
 
 
+def _threads(threads) -> int:
+    """threads=: any integral (int, numpy integer, ``__index__``) >= 1; bool is refused."""
+    n = None
+    if not isinstance(threads, (bool, np.bool_)):
+        try:
+            n = operator.index(threads)
+        except TypeError:
+            pass
+    if n is None or n < 1:
+        raise ArgumentError(f"threads must be a positive int, got {threads!r}")
+    return n
+
+
+def _is_number(v) -> bool:
+    return isinstance(v, numbers.Real) and not isinstance(v, (bool, np.bool_))
+
+
 def _clamps(clamp_min, clamp_max) -> tuple[float, float]:
-    try:
-        cmin, cmax = float(clamp_min), float(clamp_max)
-    except (TypeError, ValueError):
-        raise ArgumentError(f"clamp values must be numbers, got {clamp_min!r}, {clamp_max!r}") from None
+    """Kernel clamp bounds as floats: numbers, not NaN, min <= max (infinities allowed)."""
+    if not (_is_number(clamp_min) and _is_number(clamp_max)):
+        raise ArgumentError(f"clamp values must be numbers, got {clamp_min!r}, {clamp_max!r}")
+    cmin, cmax = float(clamp_min), float(clamp_max)
     if math.isnan(cmin) or math.isnan(cmax):
         raise ArgumentError("clamp values must not be NaN")
+    if cmin > cmax:
+        raise ArgumentError(f"clamp min {cmin} > max {cmax}")
     return cmin, cmax
+
+
+def _clamp_pair(clamp) -> tuple[float, float] | None:
+    """matmul's clamp=: None (no clamp) or a (min, max) pair of numbers."""
+    if clamp is None:
+        return None
+    form = "clamp must be a (min, max) pair of numbers or None"
+    try:
+        lo, hi = clamp
+    except (TypeError, ValueError):
+        raise ArgumentError(f"{form}, got {clamp!r}") from None
+    if not (_is_number(lo) and _is_number(hi)):
+        raise ArgumentError(f"{form}, got {clamp!r}")
+    return _clamps(lo, hi)
 
 
 class Kernel:
@@ -273,7 +376,7 @@ class Kernel:
 
     # -- calls --------------------------------------------------------------------------
     def __call__(self, lhs: np.ndarray, rhs_packed, dst: np.ndarray,
-                 clamp_min: float = -FLT_MAX, clamp_max: float = FLT_MAX, *,
+                 clamp_min: float = -INF, clamp_max: float = INF, *,
                  k: int | None = None, bl: int | None = None) -> np.ndarray:
         """f32: dst = clamp(lhs @ W + bias), lhs (m, k) f32 rows (packed-LHS kernels: rows,
         packed here, or bytes from ``lhs_layout().pack``).
@@ -607,15 +710,46 @@ class Library:
         return self._tables[kind]
 
     def set_table(self, kind: str, pairs: list[KernelPair]) -> None:
+        """Replace the ordered kernel table of weight ``kind``: pairs of this library's kernels
+        (e.g. entries of :meth:`table`, or ``KernelPair(lib.kernels[gemm], lib.kernels[gemv])``
+        with ``KernelPair`` from ``tilegen.runtime.select``).  The first entry the CPU runs is
+        what pack_weights, adopt and workspace_size use; select (so matmul) uses the first
+        runnable entry that reads the weights' layout.  f32 and f16 have separate tables."""
         self.table(kind)
-        self._tables[kind] = list(pairs)
+        pairs = list(pairs)
+        if not pairs:
+            raise ArgumentError(f"the {kind} kernel table must not be empty")
+        fam = KIND_FAMILY[kind]
+        mine = set(map(id, self.kernels.values()))
+        for p in pairs:
+            if not isinstance(p, KernelPair):
+                raise ArgumentError(f"table entries must be KernelPair, got {type(p).__name__}")
+            for kern in (p.gemm, p.gemv):
+                if kern is None:
+                    continue
+                if id(kern) not in mine:
+                    raise ArgumentError(f"{kern!r} is not a kernel of {self.path.name}")
+                if kern.family != fam:
+                    raise ArgumentError(f"{kern.name} is not a {fam} kernel ({kind} weights "
+                                        f"need the {fam} family)")
+            if p.gemv is not None and not same_rhs(p.gemm.spec, p.gemv.spec):
+                raise ArgumentError(f"gemv {p.gemv.name} does not read the packed weights of "
+                                    f"gemm {p.gemm.name}")
+        self._tables[kind] = pairs
 
-    def _pairs(self, kind: str) -> list[KernelPair]:
+    def _pairs(self, kind: str, nr: int | None = None) -> list[KernelPair]:
+        """Runnable table entries for ``kind`` (with ``nr``: those whose gemm has that nr)."""
         pairs = [p for p in self.table(kind) if p.features <= self.cpu.features
                  and all(self.runnable(k) for k in (p.gemm, p.gemv) if k is not None)]
         if not pairs:
             raise ArgumentError(f"no kernel for {kind} weights in {self.path.name} runs on this "
                                 f"CPU (features: {', '.join(sorted(self.cpu.features))})")
+        if nr is not None:
+            some = [p for p in pairs if p.gemm.nr == nr]
+            if not some:
+                raise ArgumentError(f"no {kind} kernel with nr={nr}; available nr: "
+                                    f"{sorted({p.gemm.nr for p in pairs})}")
+            pairs = some
         return pairs
 
     def select(self, packed: PackedWeights, m: int) -> Kernel:
@@ -625,7 +759,34 @@ class Library:
             if p.gemm.rhs_matches(packed):
                 return p.pick(m, self.gemv_threshold)
         raise ArgumentError(f"no runnable kernel reads {packed.format} nr={packed.nr} "
-                            f"kr={packed.kr} sr={packed.sr}; repack the weights for this library")
+                            f"kr={packed.kr} sr={packed.sr}; lib.adopt(weights) repacks them "
+                            f"for this library")
+
+    def adopt(self, packed: PackedWeights, nr: int | None = None) -> PackedWeights:
+        """``packed`` in a layout a kernel of this library reads on this CPU.
+
+        Returned as it is when a runnable table entry reads it (with ``nr``: one of that nr).
+        Otherwise repacked, without loss, from any layout of its format (f32p: other nr;
+        qsi4c32p / qsi4c32pscalef16: other nr, kr, sr) into the layout of the first runnable
+        entry (with ``nr``: of that nr): new PackedWeights, the bytes ``pack_weights`` gives
+        for the same weights.  The repack costs about one pack_weights call."""
+        if not isinstance(packed, PackedWeights):
+            raise ArgumentError(f"weights must be PackedWeights, got {type(packed).__name__}")
+        pairs = self._pairs(packed.kind, nr)
+        if any(p.gemm.rhs_matches(packed) for p in pairs):
+            return packed
+        from ..layout.api import layout_for, repack_rhs
+        kern = pairs[0].gemm
+        bl = packed.bl or 32
+        try:
+            src = layout_for(packed.format, nr=packed.nr, kr=packed.kr, sr=packed.sr, bl=bl)
+            dst = kern.rhs_layout(bl)
+            data = repack_rhs(packed.data, src, dst, packed.n, packed.k)
+        except LayoutError as e:
+            raise ArgumentError(f"{packed.kind} weights in {packed.format} nr={packed.nr} "
+                                f"kr={packed.kr} sr={packed.sr}: {e} (kernel {kern.name})") from None
+        return PackedWeights(dst.format, packed.n, packed.k, kern.nr, kern.kr, kern.sr, data,
+                             packed.has_bias, packed.bl, packed.kind)
 
     # -- packing ----------------------------------------------------------------------
     def pack_weights(self, w=None, kind: str = "f32", bias: np.ndarray | None = None,
@@ -635,16 +796,12 @@ class Library:
 
         kind "f32" / "f16": (n, k) weights (or (k, n) with layout="kn"), f16 converted to f32.
         kind "q4_0" / "q4_0_dx": float32 (n, k) weights quantised like ggml's Q4_0, or raw ggml
-        block_q4_0 bytes via ``from_ggml=`` (with n, k).
+        block_q4_0 data via ``from_ggml=`` (bytes-like or a uint8 array; with n, k).
         kind "q8_0": float32 (n, k) weights quantised per channel (tilegen.runtime.q8), or raw
-        ggml block_q8_0 bytes via ``from_ggml=`` (with n, k), requantised per channel."""
-        pairs = self._pairs(kind)
-        if nr is not None:
-            pairs = [p for p in pairs if p.gemm.nr == nr]
-            if not pairs:
-                raise ArgumentError(f"no {kind} kernel with nr={nr}; available nr: "
-                                    f"{sorted({p.gemm.nr for p in self._pairs(kind)})}")
-        kern = pairs[0].gemm
+        ggml block_q8_0 bytes via ``from_ggml=`` (with n, k), requantised per channel.
+        ``nr``: pack for the preferred kernel with that nr instead (:meth:`set_table` chooses
+        any kernel)."""
+        kern = self._pairs(kind, nr)[0].gemm
         try:
             if kind == "q8_0":      # per-channel int8 (tilegen.runtime.q8)
                 from .q8 import pack_q8_0
@@ -713,21 +870,18 @@ class Library:
         """``clamp(x @ W.T + bias)`` for x of shape (m, k) or (..., m, k); float32 result.
 
         A bias packed with the weights is applied inside the kernel; ``bias=`` given here is
-        added to the kernel's result (one f32 add) before the clamp."""
-        if bias is not None:
-            b = np.asarray(bias)
-            if b.dtype != np.float32 or b.shape != (getattr(packed, "n", -1),):
-                raise ArgumentError(f"bias must be float32 of shape ({getattr(packed, 'n', '?')},), "
-                                    f"got {b.dtype} {b.shape}")
-            y = self.matmul(x, packed, None, None, threads, out)
-            y += b
-            if clamp is not None:
-                cmin, cmax = _clamps(*clamp)
-                np.minimum(np.maximum(y, np.float32(cmin), out=y), np.float32(cmax), out=y)
-            return y
+        added to the kernel's result (one f32 add) before the clamp.  ``out`` may share memory
+        with x or bias: the result is then computed apart and copied into it.  Weights in a
+        layout no runnable kernel reads are repacked by :meth:`adopt` on every call (nothing is
+        cached): call ``packed = lib.adopt(packed)`` once to pay that once."""
         if not isinstance(packed, PackedWeights):
             raise ArgumentError(f"weights must be PackedWeights (see lib.pack_weights), "
                                 f"got {type(packed).__name__}")
+        if bias is not None:
+            bias = np.asarray(bias)
+            if bias.dtype != np.float32 or bias.shape != (packed.n,):
+                raise ArgumentError(f"bias must be float32 of shape ({packed.n},), "
+                                    f"got {bias.dtype} {bias.shape}")
         if not isinstance(x, np.ndarray) or x.dtype != np.float32:
             raise ArgumentError(f"x must be a float32 numpy array, got "
                                 f"{getattr(x, 'dtype', type(x).__name__)}")
@@ -735,9 +889,9 @@ class Library:
             raise ArgumentError(f"x must have shape (m, k) or (..., m, k), got {x.shape}")
         if x.shape[-1] != packed.k:
             raise ArgumentError(f"x has k={x.shape[-1]}, packed weights have k={packed.k}")
-        nthreads = default_threads() if threads is None else threads
-        if isinstance(nthreads, bool) or not isinstance(nthreads, int) or nthreads < 1:
-            raise ArgumentError(f"threads must be a positive int, got {threads!r}")
+        nthreads = default_threads() if threads is None else _threads(threads)
+        clamp = _clamp_pair(clamp)
+        cmin, cmax = (-INF, INF) if clamp is None else clamp     # no clamp: Inf/NaN pass
         lead = x.shape[:-1]
         x2 = np.ascontiguousarray(x.reshape(-1, packed.k))
         m = x2.shape[0]
@@ -749,9 +903,32 @@ class Library:
         elif not isinstance(out, np.ndarray) or out.shape != shape or out.dtype != np.float32 \
                 or not out.flags.c_contiguous or not out.flags.writeable:
             raise ArgumentError(f"out must be a writeable C-contiguous float32 array of shape {shape}")
-        cmin, cmax = (-FLT_MAX, FLT_MAX) if clamp is None else _clamps(*clamp)
-        kern = self.select(packed, m)
+        elif any(a is not None and np.shares_memory(out, a) for a in (x, bias, packed.data)):
+            # the kernels read x while they write out, and the bias is read after them
+            out[...] = self.matmul(x, packed, bias, clamp, threads)
+            return out
+        packed = self.adopt(packed)       # a repack per call when no kernel reads its layout
         dst = out.reshape(m, packed.n)
+        if bias is None:
+            self._run(x2, packed, dst, cmin, cmax, nthreads)
+        else:
+            self._run(x2, packed, dst, -INF, INF, nthreads)
+            dst += bias
+            if clamp is not None:
+                np.minimum(np.maximum(dst, np.float32(cmin), out=dst), np.float32(cmax), out=dst)
+        return out
+
+    def _run(self, x2: np.ndarray, packed: PackedWeights, dst: np.ndarray, cmin: float,
+             cmax: float, nthreads: int) -> None:
+        """dst = clamp(x2 @ W.T) for contiguous rows x2 (m, k), split over nthreads."""
+        m = x2.shape[0]
+        kern = self.select(packed, m)
+        if kern.spec.info.lhs in ACTIVATION_LIMITS:
+            limit, why = ACTIVATION_LIMITS[kern.spec.info.lhs]
+            amax = float(np.abs(x2).max())      # NaN when x has a NaN
+            if not amax <= limit:
+                raise ArgumentError(f"{packed.kind} activations must be finite with |x| <= "
+                                    f"{limit:g} ({why}); got max |x| = {amax:g}")
         k, bl = packed.k, packed.bl
         lay = kern.lhs_layout(bl or 32)
         if lay is None:     # f32 rows as they are
@@ -777,7 +954,6 @@ class Library:
                                 rhs[roff:], packed.has_bias, bl, packed.kind)
             kern(lhs, sub, dst[:, n0:n1], cmin, cmax)
         run_parallel([lambda a=a, b=b: part(a, b) for a, b in split(packed.n, kern.n_step, nthreads)])
-        return out
 
     def get_rows(self, packed: PackedWeights, rows) -> np.ndarray:
         """Dequantise rows of packed weights (get_rows: an embedding lookup)."""
@@ -786,6 +962,8 @@ class Library:
 
 def dequantize_packed_rows(packed: PackedWeights, rows) -> np.ndarray:
     idx = np.asarray(rows)
+    if idx.size == 0 and idx.ndim == 1:      # [] and () come out as float64
+        idx = idx.astype(np.int64)
     if idx.dtype.kind not in "iu" or idx.ndim != 1:
         raise ArgumentError(f"rows must be a 1-D integer array, got {idx.dtype} {idx.shape}")
     if idx.size and (idx.min() < 0 or idx.max() >= packed.n):

@@ -50,14 +50,16 @@ def split(total: int, step: int, parts: int) -> list[tuple[int, int]]:
 
 
 def _get_pool(workers: int) -> ThreadPoolExecutor:
+    """The shared pool, with at least ``workers`` threads.
+
+    A smaller pool is replaced, never shut down: other callers may hold it and still submit
+    to it.  Its idle threads exit once the last reference to it is dropped (the executor's
+    weakref callback wakes them)."""
     global _pool, _pool_workers
     with _lock:
         if _pool is None or _pool_workers < workers:
-            old = _pool
             _pool = ThreadPoolExecutor(max_workers=workers, thread_name_prefix="tilegen")
             _pool_workers = workers
-            if old is not None:
-                old.shutdown(wait=False)
         return _pool
 
 

@@ -1,0 +1,234 @@
+"""The templates take every packed-format offset from the layout objects (ruy's
+static_assert(offsetof) idea, run the other way round): perturb one layout fact and the
+rendered assembly must change where that fact is used -- or the template must refuse the
+layout.  A template that writes a format fact as a literal instead of reading it from the
+layout fails here: the fact's perturbation leaves its output unchanged (the fact is required
+for the kernel variant but never read, or read and ignored).
+
+Kernels: one representative of every (template, ISA, family, allocation mode, streamed /
+frame-accumulator variant, LHS rows per block, kr, sr, VL scaling, row-block grouping) in the
+tuner's grid over every target plus every target's default kernels; packers: every packer
+those kernels use plus both qsi8d32p roundings and a spread of mr x L.
+"""
+from __future__ import annotations
+
+import dataclasses
+import difflib
+import importlib
+import re
+
+import pytest
+
+from tilegen.build.targets import TARGETS, default_specs
+from tilegen.generator import packers
+from tilegen.generator.regalloc import allocate
+from tilegen.generator.spec import FAMILIES, SpecError
+from tilegen.tune import REGIMES, TuneError, candidates
+
+render_mod = importlib.import_module("tilegen.generator.render")   # the package exports render()
+
+# Layout facts each template kind must read (per layout class).  Perturbing any of them must
+# change the rendered text of every kernel that reads the layout, except where EXEMPT says
+# why a variant's instruction sequence does not depend on that fact.
+KERNEL_FACTS = {
+    "F32PackedRHS": {"bias_bytes", "row_bytes"},
+    "F32PackedLHS": {"k_step_bytes"},
+    "QSI4C32P": {"chunk_k", "chunk_bytes", "chunk_k_step", "pair_distance", "segment_bytes",
+                 "scale_offset_in_block", "block_scales_bytes", "rsum_offset_in_tail",
+                 "bias_offset_in_tail", "tail_bytes"},
+    "QSI4C32PScaleF16": {"chunk_k", "chunk_bytes", "chunk_k_step", "pair_distance_bl_shift",
+                         "segment_bytes", "scale_offset_in_block", "data_offset_in_block",
+                         "scale_bytes"},
+    "QAI8DXP": {"row_tail_bytes", "rscale_after_offset", "offset_bytes", "chunk_bytes",
+                "k_span_bytes"},
+    "QSI8D32P": {"scale_bytes", "data_offset_in_block", "chunk_bytes", "k_span_bytes"},
+}
+PACKER_FACTS = {
+    "QAI8DXP": {"k_multiple", "row_block_tail_bytes", "chunk_bytes",
+                "offset_bytes", "rscale_after_offset"},
+    "QSI8D32P": {"scale_bytes", "data_offset_in_block", "chunk_bytes", "scale_offset"},
+}
+
+
+def _exempt(spec, R, cls: str, fact: str) -> bool:
+    """Variants whose code does not depend on a fact (each with its reason)."""
+    neon = spec.template.startswith("q4_0")
+    if cls == "QSI4C32PScaleF16" and fact == "scale_bytes":
+        # read only where the scales are addressed by offset (NEON, streamed); elsewhere they
+        # are walked by post-indexed f16 loads (fcvtl/fcvt fix the 2-byte width)
+        return not (neon and getattr(R, "streamed", False))
+    if cls == "QAI8DXP" and fact == "offset_bytes":
+        # only the SME kernel steps through the offsets row by row; the others load all P
+        return not spec.template.startswith("q4_sme")
+    if cls in ("QAI8DXP", "QSI8D32P") and fact == "chunk_bytes":
+        # one-row LHS (P = 1) in dot4/neon4 mode: one 16-byte load covers 4 chunks (lanes)
+        return getattr(R, "lhs_mr", None) == 1 and R.mode in ("dot4", "neon4", "za4")
+    return False
+
+
+class _Probe:
+    """Forwards attribute reads to a layout object and records their names."""
+
+    def __init__(self, lay, seen: set):
+        self._lay, self._seen = lay, seen
+
+    def __getattr__(self, name):
+        self._seen.add(name)
+        return getattr(self._lay, name)
+
+
+def _perturbed(lay, fact: str):
+    """A copy of ``lay`` (same geometry) whose ``fact`` has another value, through a subclass
+    so that the layout's own derived offsets follow it.  Values stay powers of two / multiples
+    of the 16-byte granule where the original was one (shift and VL-unit operands)."""
+    cls = type(lay)
+    orig = getattr(cls, fact)
+    if isinstance(orig, property):
+        v = orig.fget(lay)
+        new = 2 * v if v else 16
+        over = property(lambda self, new=new: new)
+    else:                                                           # a method of one int
+        over = lambda self, *a, f=orig: 2 * f(self, *a) or 16       # noqa: E731
+    sub = type(cls.__name__, (cls,), {fact: over})
+    return sub(**{f.name: getattr(lay, f.name) for f in dataclasses.fields(lay)})
+
+
+def _grid() -> list:
+    out = {}
+    for tgt in dict.fromkeys(TARGETS.values()):
+        for s in default_specs(tgt):
+            out.setdefault(s.spec_string, s)
+        for fam in FAMILIES:
+            for regime in REGIMES:
+                try:
+                    cands = candidates(tgt, fam, regime)
+                except TuneError:
+                    continue
+                for c in cands:
+                    out.setdefault(c.spec.spec_string, c.spec)
+    reps = {}
+    for key, s in sorted(out.items()):
+        R = allocate(s)
+        variant = (s.template, s.isa, s.family, getattr(R, "mode", None),
+                   getattr(R, "streamed", None), getattr(R, "acc_mem", None),
+                   getattr(R, "lhs_mr", None), s.kr, s.sr, s.vl_scaled,
+                   getattr(R, "groups", 1) > 1)
+        reps.setdefault(variant, s)
+    return list(reps.values())
+
+
+GRID = _grid()
+
+
+def _packer_grid() -> list:
+    out = {}
+    for s in GRID:
+        p = packers.packer_for(s)
+        if p is not None:
+            out.setdefault(p.name, p)
+    for mr in (1, 4, 8):
+        for L in (4, 8, 16, 32):
+            out.setdefault(f"a{mr}x{L}", packers.PackerSpec("qai8dxp", mr, L, 1))
+            for rounding in packers.ROUNDINGS:
+                out.setdefault(f"s{mr}x{L}{rounding}",
+                               packers.PackerSpec("qsi8d32p", mr, 2 * L, 2, rounding))
+    return list(out.values())
+
+
+PACKERS = _packer_grid()
+
+_MNEMONIC = re.compile(r"^\s*([a-z][\w.]*)")
+
+
+def _check_substitution(before: str, after: str, what: str) -> None:
+    """Where the outputs have the same shape, every changed line is the same instruction with
+    other operands: the perturbed value took the original's place."""
+    a, b = before.splitlines(), after.splitlines()
+    if len(a) != len(b):
+        return                      # e.g. an addvl rebase moved: shape follows the offsets
+    for x, y in zip(a, b):
+        if x != y:
+            mx, my = _MNEMONIC.match(x), _MNEMONIC.match(y)
+            assert mx and my and mx.group(1) == my.group(1), f"{what}: {x!r} -> {y!r}"
+
+
+def _render_with(monkeypatch, spec, rhs, lhs) -> str:
+    monkeypatch.setattr(render_mod, "template_layouts", lambda s: (rhs, lhs))
+    return render_mod.render(spec).text
+
+
+def _outcome(fn):
+    try:
+        return fn()
+    except SpecError as e:          # a template guard refused the layout
+        return f"refused: {e}"
+
+
+@pytest.mark.parametrize("spec", GRID, ids=lambda s: s.spec_string)
+def test_kernel_offsets_come_from_layouts(spec, monkeypatch):
+    R = allocate(spec)
+    rhs, lhs = render_mod.template_layouts(spec)
+    base = render_mod.render(spec).text
+    seen_r, seen_l = set(), set()
+    probed = _render_with(monkeypatch, spec, _Probe(rhs, seen_r),
+                          None if lhs is None else _Probe(lhs, seen_l))
+    assert probed == base
+    checked = 0
+    for lay, seen, side in ((rhs, seen_r, "RHS"), (lhs, seen_l, "LHS")):
+        if lay is None:
+            continue
+        cls = type(lay).__name__
+        facts = KERNEL_FACTS[cls]
+        required = {f for f in facts if not _exempt(spec, R, cls, f)}
+        missing = required - seen
+        assert not missing, (f"{spec.spec_string}: template {spec.template} does not read "
+                             f"{side} {cls}.{sorted(missing)} (a format literal?)")
+        for fact in sorted(required):
+            p = _perturbed(lay, fact)
+            args = (p, lhs) if side == "RHS" else (rhs, p)
+            out = _outcome(lambda: _render_with(monkeypatch, spec, *args))
+            assert out != base, (f"{spec.spec_string}: perturbing {side} {cls}.{fact} leaves "
+                                 f"the asm unchanged (read but not used: a literal?)")
+            if not out.startswith("refused"):
+                _check_substitution(base, out, f"{spec.spec_string} {cls}.{fact}")
+            checked += 1
+    assert checked
+
+
+@pytest.mark.parametrize("pspec", PACKERS, ids=lambda p: p.spec_string)
+def test_packer_offsets_come_from_layouts(pspec, monkeypatch):
+    base = packers.render(pspec)
+    lay = pspec.layout(32 if pspec.fmt == "qsi8d32p" else None)
+    seen = set()
+    monkeypatch.setattr(packers.PackerSpec, "layout", lambda self, bl=None: _Probe(lay, seen))
+    assert packers.render(pspec) == base
+    cls = type(lay).__name__
+    # one row per block (mr = 1): rows are stored back to back, no chunk stride
+    required = PACKER_FACTS[cls] - ({"chunk_bytes"} if pspec.mr == 1 else set())
+    missing = required - seen
+    assert not missing, f"{pspec.name} does not read {cls}.{sorted(missing)} (a format literal?)"
+    for fact in sorted(PACKER_FACTS[cls] & seen):
+        p = _perturbed(lay, fact)
+        monkeypatch.setattr(packers.PackerSpec, "layout", lambda self, bl=None, p=p: p)
+        out = _outcome(lambda: packers.render(pspec))
+        assert out != base, f"{pspec.name}: perturbing {cls}.{fact} leaves the asm unchanged"
+        if not out.startswith("refused"):
+            _check_substitution(base, out, f"{pspec.name} {cls}.{fact}")
+
+
+def test_perturbation_shows_up_as_the_value():
+    """One hand-checked case: the qai8dxp row tail is the immediate of the row-block stride."""
+    from tilegen import KernelSpec
+    spec = KernelSpec("q4_0_dx", "dotprod", 4, 4).validate()
+    rhs, lhs = render_mod.template_layouts(spec)
+    assert lhs.row_tail_bytes == 8
+    base = render_mod.render(spec).text
+    p = _perturbed(lhs, "row_tail_bytes")
+    mp = pytest.MonkeyPatch()
+    try:
+        out = _render_with(mp, spec, rhs, p)
+    finally:
+        mp.undo()
+    diff = [ln for ln in difflib.unified_diff(base.splitlines(), out.splitlines(), lineterm="", n=0)
+            if ln[:1] in "+-" and not ln.startswith(("+++", "---"))]
+    assert len(diff) == 2 and diff[0].endswith(", x2, #8") and diff[1].endswith(", x2, #16"), diff

@@ -1,0 +1,218 @@
+"""PackedWeights files and the host side of weight packing (no Arm code runs here)."""
+from __future__ import annotations
+
+import json
+import os
+import struct
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+import tilegen
+from tilegen.layout.f32 import F32PackedRHS
+from tilegen.runtime import LoadError
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def _f32_weights(n: int = 24, k: int = 3, seed: int = 21) -> tilegen.PackedWeights:
+    rng = np.random.default_rng(seed)
+    w = rng.normal(size=(n, k)).astype(np.float32)
+    lay = F32PackedRHS(16)
+    return tilegen.PackedWeights(lay.format, n, k, 16, 1, 1, lay.pack(w), False, None, "f32")
+
+
+def test_every_flipped_bit_is_a_load_error(tmp_path):
+    pw = _f32_weights()
+    p = tmp_path / "w.tgpw"
+    pw.save(p)
+    blob = p.read_bytes()
+    again = tilegen.PackedWeights.load(p)
+    assert np.array_equal(again.data, pw.data) and (again.n, again.k, again.nr) == (24, 3, 16)
+    bad = tmp_path / "bad.tgpw"
+    data_start = len(blob) - pw.nbytes
+    for i in range(len(blob)):
+        # every bit of each byte before the data, one bit (cycling) of each data byte
+        for bit in (range(8) if i < data_start else (i % 8,)):
+            flipped = bytearray(blob)
+            flipped[i] ^= 1 << bit
+            bad.write_bytes(bytes(flipped))
+            with pytest.raises(LoadError):
+                tilegen.PackedWeights.load(bad)
+
+
+def test_edited_header_is_a_load_error(tmp_path):
+    p = tmp_path / "w.tgpw"
+    _f32_weights().save(p)
+    blob = p.read_bytes()
+    assert blob.count(b'"n": 24') == 1
+    # n=25 fits the same two 16-column panels: only a checksum over the header catches it
+    p.write_bytes(blob.replace(b'"n": 24', b'"n": 25'))
+    with pytest.raises(LoadError, match="checksum"):
+        tilegen.PackedWeights.load(p)
+
+
+def test_extra_trailing_byte_is_not_called_truncated(tmp_path):
+    p = tmp_path / "w.tgpw"
+    _f32_weights().save(p)
+    blob = p.read_bytes()
+    p.write_bytes(blob + b"\x01")
+    with pytest.raises(LoadError, match="1 extra byte") as e:
+        tilegen.PackedWeights.load(p)
+    assert "truncated" not in str(e.value)
+    p.write_bytes(blob[:-1])
+    with pytest.raises(LoadError, match="truncated"):
+        tilegen.PackedWeights.load(p)
+
+
+def test_old_version_file_is_a_clear_load_error(tmp_path):
+    """A file in the version-1 format (no header checksum) is refused by version."""
+    pw = _f32_weights()
+    import hashlib
+    meta = {"format": pw.format, "n": pw.n, "k": pw.k, "nr": pw.nr, "kr": pw.kr, "sr": pw.sr,
+            "bl": pw.bl, "has_bias": pw.has_bias, "kind": pw.kind, "nbytes": pw.nbytes,
+            "sha256": hashlib.sha256(pw.data.tobytes()).hexdigest()}
+    hdr = json.dumps(meta, sort_keys=True).encode()
+    p = tmp_path / "v1.tgpw"
+    p.write_bytes(b"TILEGENPW" + struct.pack("<II", 1, len(hdr)) + hdr + pw.data.tobytes())
+    with pytest.raises(LoadError, match=r"version 1 .*pack the weights again"):
+        tilegen.PackedWeights.load(p)
+
+
+_RSS_CHILD = """
+import sys
+import numpy as np
+import tilegen
+from tilegen.layout.api import layout_for
+
+
+def peak_kib():
+    with open("/proc/self/status") as f:
+        return int(next(l for l in f if l.startswith("VmHWM")).split()[1])
+
+
+with open("/proc/self/clear_refs", "w") as f:    # reset the peak RSS (the fork copied ours)
+    f.write("5")
+base = peak_kib()
+pw = tilegen.PackedWeights.load(sys.argv[1])
+probe = int(pw.data[::4096].astype(np.int64).sum())
+print(base, peak_kib(), probe, pw.nbytes)
+"""
+
+
+@pytest.mark.skipif(not os.path.exists("/proc/self/clear_refs"), reason="needs Linux /proc")
+def test_loading_a_large_file_costs_its_size_once(tmp_path):
+    n, k = 16384, 4095                   # 1024 panels of 16 x (1 + 4095) f32: 256 MiB
+    lay = F32PackedRHS(16)
+    size = lay.packed_size(n, k)
+    assert size == 256 << 20
+    rng = np.random.default_rng(13)
+    data = rng.integers(1, 256, size=size, dtype=np.uint8)
+    p = tmp_path / "big.tgpw"
+    tilegen.PackedWeights(lay.format, n, k, 16, 1, 1, data, False, None, "f32").save(p)
+    want_probe = int(data[::4096].astype(np.int64).sum())
+    del data
+    env = dict(os.environ, PYTHONPATH=str(ROOT))
+    out = subprocess.run([sys.executable, "-c", _RSS_CHILD, str(p)], capture_output=True, text=True,
+                         env=env, cwd=ROOT, check=True).stdout.split()
+    base, peak, probe, nbytes = (int(v) for v in out)
+    assert (probe, nbytes) == (want_probe, size)
+    grew = (peak - base) * 1024
+    assert grew <= 1.1 * size, f"peak RSS grew by {grew / size:.2f}x the file size"
+
+
+@pytest.mark.parametrize("wrap", [bytes, bytearray, memoryview])
+def test_ggml_bytes_like_inputs(wrap):
+    from tilegen.layout.ggml import quantize_q4_0
+    rng = np.random.default_rng(31)
+    n, k = 10, 64
+    raw = quantize_q4_0(rng.normal(size=(n, k)).astype(np.float32))
+    want = tilegen.PackedWeights.from_q4_0(raw, n, k)
+    got = tilegen.PackedWeights.from_q4_0(wrap(raw.tobytes()), n, k)
+    assert np.array_equal(got.data, want.data)
+    for fmt in ("qsi4c32p", "qsi4c32pscalef16"):
+        ref = tilegen.pack_rhs(fmt, nr=4, kr=8, sr=2, ggml=raw, n=n, k=k)
+        assert np.array_equal(tilegen.pack_rhs(fmt, nr=4, kr=8, sr=2, ggml=wrap(raw.tobytes()),
+                                               n=n, k=k), ref)
+
+
+def test_truncated_gguf_is_a_load_error(tmp_path):
+    gguf = pytest.importorskip("gguf")
+    from tilegen.gguf import load_tensor
+    rng = np.random.default_rng(32)
+    w = rng.normal(size=(24, 96)).astype(np.float32)
+    path = tmp_path / "t.gguf"
+    wr = gguf.GGUFWriter(str(path), "llama")
+    wr.add_tensor("q4", gguf.quants.quantize(w, gguf.GGMLQuantizationType.Q4_0),
+                  raw_dtype=gguf.GGMLQuantizationType.Q4_0)
+    wr.write_header_to_file()
+    wr.write_kv_data_to_file()
+    wr.write_tensors_to_file()
+    wr.close()
+    assert load_tensor(path, "q4").n == 24
+    blob = path.read_bytes()
+    for cut in (20, 100, len(blob) // 2):       # the last 16 bytes are alignment padding
+        path.write_bytes(blob[:-cut])
+        with pytest.raises(LoadError, match="is truncated") as e:
+            load_tensor(path, "q4")
+        assert "reshape" not in str(e.value)
+
+
+@pytest.mark.parametrize("kind", ["f32", "q4_0", "q4_0_dx"])
+def test_get_rows_of_no_rows(kind):
+    from tilegen.layout.q4 import QSI4C32P
+    from tilegen.runtime.library import dequantize_packed_rows
+    rng = np.random.default_rng(33)
+    n, k = 9, 64
+    w = rng.normal(size=(n, k)).astype(np.float32)
+    if kind == "f32":
+        pw = _f32_weights(n, k)
+    elif kind == "q4_0":
+        from tilegen.layout.ggml import quantize_q4_0
+        pw = tilegen.PackedWeights.from_q4_0(quantize_q4_0(w), n, k)
+    else:
+        lay = QSI4C32P(4, 8, 2)
+        pw = tilegen.PackedWeights(lay.format, n, k, 4, 8, 2, lay.pack_from_float(w), False, 32, kind)
+    for rows in ([], (), np.array([], np.int64)):
+        got = dequantize_packed_rows(pw, rows)
+        assert got.shape == (0, k) and got.dtype == np.float32
+    assert dequantize_packed_rows(pw, [n - 1]).shape == (1, k)
+
+
+_REPACK_GEOMETRIES = {
+    "f32p": [(4, 1, 1), (16, 1, 1), (20, 1, 1)],
+    "qsi4c32pscalef16": [(4, 16, 2), (4, 8, 2), (8, 4, 2), (16, 16, 2), (12, 2, 2)],
+    "qsi4c32p": [(4, 8, 2), (4, 16, 2), (8, 8, 1), (12, 4, 2), (16, 16, 4)],
+}
+
+
+@pytest.mark.parametrize("fmt", sorted(_REPACK_GEOMETRIES))
+def test_repack_between_layouts_of_a_format(fmt):
+    """Repacking is lossless: the bytes equal packing the same weights for the target."""
+    from tilegen.layout.api import layout_for, repack_rhs
+    rng = np.random.default_rng(51)
+    n, k = 13, 128
+    w = rng.normal(size=(n, k)).astype(np.float32)
+    bias = rng.normal(size=n).astype(np.float32) if fmt != "qsi4c32pscalef16" else None
+    lays = [layout_for(fmt, nr=nr, kr=kr, sr=sr, bl=32) for nr, kr, sr in _REPACK_GEOMETRIES[fmt]]
+    packed = [tilegen.pack_rhs(fmt, w, nr=lay.nr, kr=lay.kr, sr=getattr(lay, "sr", 1), bias=bias)
+              for lay in lays]
+    for src, ps in zip(lays, packed):
+        for dst, pd in zip(lays, packed):
+            assert np.array_equal(repack_rhs(ps, src, dst, n, k), pd), (src, dst)
+
+
+def test_repack_refuses_another_format():
+    from tilegen.layout import LayoutError
+    from tilegen.layout.api import layout_for, repack_rhs
+    rng = np.random.default_rng(52)
+    w = rng.normal(size=(8, 64)).astype(np.float32)
+    src = layout_for("qsi4c32pscalef16", nr=4, kr=16, sr=2)
+    ps = tilegen.pack_rhs("qsi4c32pscalef16", w, nr=4, kr=16, sr=2)
+    for dst in (layout_for("qsi4c32p", nr=4, kr=16, sr=2), layout_for("f32p", nr=4),
+                layout_for("qsi4c32pscalef16", nr=4, kr=16, sr=2, bl=64)):
+        with pytest.raises(LayoutError, match="cannot repack"):
+            repack_rhs(ps, src, dst, 8, 64)
