@@ -6,7 +6,8 @@ import struct
 
 import numpy as np
 
-from .runtime.library import ArgumentError, LoadError, PackedWeights
+from .runtime.errors import ArgumentError, LoadError
+from .runtime.packed import PackedWeights
 
 __all__ = ["load_tensor", "tensor_names"]
 
@@ -63,6 +64,5 @@ def load_tensor(path, name: str, lib=None, *, nr: int | None = None) -> PackedWe
             return lib.pack_weights(w, kind=kind, nr=nr)
         from .layout.f32 import F32PackedRHS
         lay = F32PackedRHS(nr or 16)
-        return PackedWeights(lay.name, n, k, lay.nr, 1, 1, lay.pack(w.astype(np.float32)), False,
-                             None, kind)
+        return PackedWeights(lay, n, k, lay.pack(w.astype(np.float32)), False, kind)
     raise ArgumentError(f"tensor {name!r} is {T(t.tensor_type).name}; supported: Q4_0, F16, F32")
