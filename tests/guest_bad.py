@@ -21,15 +21,16 @@ def _q4_inputs(lib):
 
 
 def _stale():
-    return tilegen.PackedWeights("f32p20x1b", 8, 16, 20, 1, 1, np.zeros(20 * 4 * 17, np.uint8))
+    from tilegen.layout.f32 import F32PackedRHS
+    return tilegen.PackedWeights(F32PackedRHS(20), 8, 16, np.zeros(20 * 4 * 17, np.uint8))
 
 
 def _other_format():
     """q4_0 weights (read as qsi4c32pscalef16) recorded in the qsi4c32p format."""
     from tilegen.layout.q4 import QSI4C32P
     lay = QSI4C32P(4, 8, 2)
-    return tilegen.PackedWeights(lay.format, 8, 64, 4, 8, 2,
-                                 np.zeros(lay.packed_size(8, 64), np.uint8), False, 32, "q4_0")
+    return tilegen.PackedWeights(lay, 8, 64, np.zeros(lay.packed_size(8, 64), np.uint8), False,
+                                 "q4_0")
 
 
 def _ro_out():
@@ -80,6 +81,8 @@ def _cases(lib, libdir, tmp):
         "pack_weights f16 given float32": (lambda: lib.pack_weights(np.ones((8, 16), f), kind="f16"), "ArgumentError", "float16"),
         "pack_weights ggml bytes without n": (lambda: lib.pack_weights(kind="q4_0", from_ggml=np.zeros(36, np.uint8), k=64), "ArgumentError", "needs n and k"),
         "pack_weights q4_0 k not multiple of 32": (lambda: lib.pack_weights(np.ones((4, 40), f), kind="q4_0"), "ArgumentError", "32"),
+        "pack_weights q4_0 with bias (its layout has none)": (lambda: lib.pack_weights(np.ones((4, 64), f), kind="q4_0", bias=np.ones(4, f)), "ArgumentError", "no bias"),
+        "pack_weights q4_0 ggml with bias": (lambda: lib.pack_weights(kind="q4_0", from_ggml=np.zeros(4 * 2 * 18, np.uint8), n=4, k=64, bias=np.ones(4, f)), "ArgumentError", "no bias"),
         "pack_weights 3-D weights": (lambda: lib.pack_weights(np.ones((2, 8, 16), f)), "ArgumentError", "2-D"),
         "get_rows index out of range": (lambda: lib.get_rows(pw, [8]), "ArgumentError", "out of range"),
         "get_rows negative index": (lambda: lib.get_rows(pw, [-1]), "ArgumentError", "out of range"),

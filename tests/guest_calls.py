@@ -373,8 +373,7 @@ def adopt_weights(libdir: str, w, x, bias, raw, gguf_path: str, name: str) -> di
     out["q4_0 y1"] = [lib.matmul(x[:1], foreign), lib.matmul(x[:1], native)]
     # q4_0_dx in a qsi4c32p geometry no kernel reads
     lay = QSI4C32P(12, 4, 2)
-    odd = tilegen.PackedWeights(lay.format, n, k, 12, 4, 2, lay.pack_from_float(w, bias), True,
-                                32, "q4_0_dx")
+    odd = tilegen.PackedWeights(lay, n, k, lay.pack_from_float(w, bias), True, "q4_0_dx")
     ref = lib.pack_weights(w, kind="q4_0_dx", bias=bias)
     a = lib.adopt(odd)
     out["q4_0_dx adopted"] = ((a.nr, a.kr, a.sr) == (ref.nr, ref.kr, ref.sr)
@@ -382,13 +381,13 @@ def adopt_weights(libdir: str, w, x, bias, raw, gguf_path: str, name: str) -> di
     out["q4_0_dx y"] = [lib.matmul(x, odd), lib.matmul(x, ref)]
     # f32 with a panel width no kernel reads
     lay = F32PackedRHS(20)
-    odd = tilegen.PackedWeights(lay.format, n, k, 20, 1, 1, lay.pack(w, bias=bias), True, None, "f32")
+    odd = tilegen.PackedWeights(lay, n, k, lay.pack(w, bias=bias), True, "f32")
     ref = lib.pack_weights(w, bias=bias)
     a = lib.adopt(odd)
     out["f32 adopted"] = (a.format == ref.format and a.has_bias and np.array_equal(a.data, ref.data))
     out["f32 y"] = [lib.matmul(x, odd), lib.matmul(x, ref)]
     # another format of the same kind cannot be repacked without loss
-    wrong = tilegen.PackedWeights("qsi4c32p", n, k, 12, 4, 2, lay.pack(w), False, 32, "q4_0")
+    wrong = tilegen.PackedWeights(QSI4C32P(12, 4, 2), n, k, lay.pack(w), False, "q4_0")
     try:
         lib.adopt(wrong)
         out["cross"] = ""

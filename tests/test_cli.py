@@ -81,7 +81,7 @@ def test_user_errors_exit_2(argv, needle, tmp_path, capsys, monkeypatch):
 @pytest.mark.skipif(__import__("sys").platform == "darwin", reason="macOS loads Mach-O")
 def test_macho_library_message_names_macos_and_elf(tmp_path):
     from tilegen.runtime.cpu import CpuInfo
-    from tilegen.runtime.library import Library, LoadError
+    from tilegen.runtime import Library, LoadError
     with pytest.raises(LoadError) as e:   # an arm64 Linux CPU, as inside `tilegen emulate`
         Library(_fake_lib(tmp_path / "lib", "macho"), cpu=CpuInfo("aarch64", frozenset({"neon"})))
     msg = str(e.value)

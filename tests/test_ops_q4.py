@@ -90,7 +90,7 @@ def test_kernel_geometry_comes_from_layouts(q4_lib):
     man = json.loads((q4_lib / "manifest.json").read_text())
     entry = next(e for e in man["kernels"] if e["name"].endswith("qsi8d32p4x8_qsi4c32p4x8_16x4_neon_i8mm"))
     assert (entry["m_step"], entry["n_step"], entry["tile"]["kr"], entry["lhs_mr"]) == (16, 4, 16, 4)
-    from tilegen.runtime.library import Kernel
+    from tilegen.runtime.binding import Kernel
 
     class _Fn:   # a stand-in for the ctypes function: geometry needs no Arm CPU
         restype = argtypes = None

@@ -22,7 +22,7 @@ def _f32_weights(n: int = 24, k: int = 3, seed: int = 21) -> tilegen.PackedWeigh
     rng = np.random.default_rng(seed)
     w = rng.normal(size=(n, k)).astype(np.float32)
     lay = F32PackedRHS(16)
-    return tilegen.PackedWeights(lay.format, n, k, 16, 1, 1, lay.pack(w), False, None, "f32")
+    return tilegen.PackedWeights(lay, n, k, lay.pack(w), False, "f32")
 
 
 def test_every_flipped_bit_is_a_load_error(tmp_path):
@@ -112,7 +112,7 @@ def test_loading_a_large_file_costs_its_size_once(tmp_path):
     rng = np.random.default_rng(13)
     data = rng.integers(1, 256, size=size, dtype=np.uint8)
     p = tmp_path / "big.tgpw"
-    tilegen.PackedWeights(lay.format, n, k, 16, 1, 1, data, False, None, "f32").save(p)
+    tilegen.PackedWeights(lay, n, k, data, False, "f32").save(p)
     want_probe = int(data[::4096].astype(np.int64).sum())
     del data
     env = dict(os.environ, PYTHONPATH=str(ROOT))
@@ -164,7 +164,7 @@ def test_truncated_gguf_is_a_load_error(tmp_path):
 @pytest.mark.parametrize("kind", ["f32", "q4_0", "q4_0_dx"])
 def test_get_rows_of_no_rows(kind):
     from tilegen.layout.q4 import QSI4C32P
-    from tilegen.runtime.library import dequantize_packed_rows
+    from tilegen.runtime.packed import dequantize_packed_rows
     rng = np.random.default_rng(33)
     n, k = 9, 64
     w = rng.normal(size=(n, k)).astype(np.float32)
@@ -175,7 +175,7 @@ def test_get_rows_of_no_rows(kind):
         pw = tilegen.PackedWeights.from_q4_0(quantize_q4_0(w), n, k)
     else:
         lay = QSI4C32P(4, 8, 2)
-        pw = tilegen.PackedWeights(lay.format, n, k, 4, 8, 2, lay.pack_from_float(w), False, 32, kind)
+        pw = tilegen.PackedWeights(lay, n, k, lay.pack_from_float(w), False, kind)
     for rows in ([], (), np.array([], np.int64)):
         got = dequantize_packed_rows(pw, rows)
         assert got.shape == (0, k) and got.dtype == np.float32

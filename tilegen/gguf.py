@@ -6,7 +6,8 @@ import struct
 
 import numpy as np
 
-from .runtime.library import ArgumentError, LoadError, PackedWeights
+from .runtime.errors import ArgumentError, LoadError
+from .runtime.packed import PackedWeights
 
 __all__ = ["load_tensor", "tensor_names"]
 
@@ -63,8 +64,7 @@ def load_tensor(path, name: str, lib=None, *, nr: int | None = None) -> PackedWe
             return lib.pack_weights(kind="q8_0", from_ggml=raw, n=n, k=k, nr=nr)
         from .layout.q8 import QSI8CXP
         lay = QSI8CXP(nr or 4, 8)
-        return PackedWeights(lay.format, n, k, lay.nr, lay.kr, 1,
-                             lay.pack_from_ggml(raw, n, k), False, None, "q8_0")
+        return PackedWeights(lay, n, k, lay.pack_from_ggml(raw, n, k), False, "q8_0")
     if t.tensor_type in (T.F16, T.F32):
         w = data.reshape(n, k)
         kind = "f16" if t.tensor_type == T.F16 else "f32"
@@ -72,6 +72,5 @@ def load_tensor(path, name: str, lib=None, *, nr: int | None = None) -> PackedWe
             return lib.pack_weights(w, kind=kind, nr=nr)
         from .layout.f32 import F32PackedRHS
         lay = F32PackedRHS(nr or 16)
-        return PackedWeights(lay.name, n, k, lay.nr, 1, 1, lay.pack(w.astype(np.float32)), False,
-                             None, kind)
+        return PackedWeights(lay, n, k, lay.pack(w.astype(np.float32)), False, kind)
     raise ArgumentError(f"tensor {name!r} is {T(t.tensor_type).name}; supported: Q4_0, Q8_0, F16, F32")

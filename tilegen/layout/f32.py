@@ -120,6 +120,13 @@ class F32PackedRHS:
         w_kn = a[:, 1:, :].transpose(1, 0, 2).reshape(k, panels * self.nr)[:, :n]
         return np.ascontiguousarray(w_kn.T), bias
 
+    def dequantize_rows(self, packed: np.ndarray, n: int, k: int, rows) -> np.ndarray:
+        """float32 (len(rows), k): the weights of ``rows`` (the panels hold them exactly)."""
+        idx = np.asarray(rows, dtype=np.int64).reshape(-1)
+        if idx.size and (idx.min() < 0 or idx.max() >= n):
+            raise LayoutError(f"row indices must be in [0, {n})")
+        return self.unpack(packed, n, k)[0][idx]
+
 
 @dataclass(frozen=True)
 class F32PackedLHS:

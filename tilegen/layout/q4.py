@@ -293,6 +293,12 @@ class QAI8DXP(_LhsRowBlocks):
         return q, (-nzp).astype(np.int32), rscale
 
     # -- packer ------------------------------------------------------------------------
+    @property
+    def activation_limit(self) -> tuple[float, str]:
+        """Largest |x| this format represents, and why: the per-row scale spans the range."""
+        return (float(np.finfo(np.float32).max) / 2,
+                "the per-row range max(x) - min(x) must be a finite float32")
+
     def pack(self, x: np.ndarray, m_idx_start: int = 0) -> np.ndarray:
         """Quantise and pack rows ``x`` (float32 (m, k), x[0] = global row m_idx_start)."""
         x = _rows_f32(x)
@@ -451,6 +457,12 @@ class QSI8D32P(_LhsRowBlocks):
             scale = d.astype(np.float16).view(np.uint16)
         q = _f32_to_i32_sat(r).astype(np.int8)          # low byte of the int32
         return q.reshape(m, k), scale
+
+    @property
+    def activation_limit(self) -> tuple[float, str]:
+        """Largest |x| this format represents, and why: the per-block scale is an f16."""
+        return (127 * float(np.finfo(np.float16).max),
+                "the per-block scale max|x|/127 is stored as f16, largest 65504")
 
     def pack(self, x: np.ndarray, m_idx_start: int = 0) -> np.ndarray:
         """Quantise and pack rows ``x`` (float32 (m, k), x[0] = global row m_idx_start)."""
@@ -942,14 +954,24 @@ class QSI4C32PScaleF16(_RhsGroups):
         data = data.transpose(0, 2, 3, 1, 4).reshape(G, B, nr * bl // 2)
         return np.concatenate([scales, data], axis=2).reshape(-1)
 
-    def pack_from_ggml(self, raw: np.ndarray, n: int | None = None, k: int | None = None) -> np.ndarray:
-        """:meth:`pack` for ggml block_q4_0 bytes (needs bl = 32)."""
+    @staticmethod
+    def _no_bias(bias) -> None:
+        if bias is not None:
+            raise LayoutError("qsi4c32pscalef16 weights carry no bias (KleidiAI's packer requires "
+                              "bias=NULL): pass the bias to matmul(bias=) instead")
+
+    def pack_from_ggml(self, raw: np.ndarray, n: int | None = None, k: int | None = None,
+                       bias: None = None) -> np.ndarray:
+        """:meth:`pack` for ggml block_q4_0 bytes (needs bl = 32); ``bias`` must be None."""
+        self._no_bias(bias)
         if self.bl != 32:
             raise LayoutError(f"ggml block_q4_0 data has bl=32, this layout has bl={self.bl}")
         return self.pack(raw, n, k)
 
-    def pack_from_float(self, w: np.ndarray) -> np.ndarray:
-        """Quantise float32 (n, k) like ggml Q4_0 (per bl-block; bl = 32 is ggml's) and pack."""
+    def pack_from_float(self, w: np.ndarray, bias: None = None) -> np.ndarray:
+        """Quantise float32 (n, k) like ggml Q4_0 (per bl-block; bl = 32 is ggml's) and pack;
+        ``bias`` must be None."""
+        self._no_bias(bias)
         return self.pack(quantize_q4_0(w, bl=self.bl))
 
     # -- readers -----------------------------------------------------------------------

@@ -1,6 +1,9 @@
 """Runtime: CPU features, ctypes loading, numpy packing, calling kernels."""
 from .cpu import CpuInfo, detect
-from .library import ArgumentError, Kernel, Library, LoadError, PackedWeights, Packer, load
+from .binding import Kernel, Packer
+from .errors import ArgumentError, LoadError
+from .library import Library, load
+from .packed import PackedWeights
 from ..layout.api import pack_lhs, pack_rhs, dequantize_rows
 
 __all__ = ["CpuInfo", "detect", "ArgumentError", "Kernel", "Library", "LoadError",

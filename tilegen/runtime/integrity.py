@@ -17,7 +17,7 @@ _LC_SEGMENT_64, _LC_SYMTAB = 0x19, 0x2
 
 
 def _error(msg: str):
-    from .library import LoadError
+    from .errors import LoadError
     return LoadError(msg)
 
 

@@ -1,4 +1,4 @@
-"""Runtime pieces of the q8_0 family (qai8dxp x qsi8cxp kernels): weight packing and calls.
+"""Runtime pieces of the q8_0 family (qai8dxp x qsi8cxp kernels): weight packing.
 
 Weights arrive as float (n, k) -- quantised here per output channel, symmetric:
 ``scale = max|w| / 127``, ``q = clamp(roundf(w * (1/scale)), -127, 127)`` (f32 arithmetic; an
@@ -12,7 +12,7 @@ import numpy as np
 from ..layout import LayoutError
 from ..layout.q4 import _round_half_away
 
-__all__ = ["quantize_per_channel", "pack_q8_0", "call_q8"]
+__all__ = ["quantize_per_channel", "pack_q8_0"]
 
 
 def quantize_per_channel(w) -> tuple[np.ndarray, np.ndarray]:
@@ -34,48 +34,18 @@ def quantize_per_channel(w) -> tuple[np.ndarray, np.ndarray]:
 
 def pack_q8_0(kern, w=None, bias=None, from_ggml=None, n=None, k=None):
     """PackedWeights for kernel ``kern`` (its qsi8cxp layout) from float or Q8_0 weights."""
-    from .library import ArgumentError, PackedWeights
+    from .errors import ArgumentError
+    from .packed import PackedWeights
     lay = kern.rhs_layout()
     if bias is not None:
         bias = np.asarray(bias)
     if from_ggml is not None:
         if n is None or k is None:
             raise ArgumentError("from_ggml= needs n and k")
-        data = lay.pack_from_ggml(from_ggml, int(n), int(k), bias)
+        data = lay.pack_from_ggml(np.frombuffer(from_ggml, np.uint8) if isinstance(
+            from_ggml, (bytes, bytearray, memoryview)) else from_ggml, int(n), int(k), bias)
     else:
         q, scale = quantize_per_channel(w)
         n, k = q.shape
         data = lay.pack(q, scale, bias)
-    return PackedWeights(lay.format, int(n), int(k), kern.nr, kern.kr, kern.sr, data,
-                         bias is not None, None, "q8_0")
-
-
-def call_q8(kern, lhs_packed, rhs_packed, dst, clamp_min, clamp_max, k=None):
-    """Check the arguments of a q8_0 kernel call and run it (dst (m, n) float32 view)."""
-    from .library import (ArgumentError, PackedWeights, _check_bytes, _check_matrix, _clamps,
-                          _row_stride)
-    dst = _check_matrix("dst", dst, writeable=True)
-    m, n = dst.shape
-    if isinstance(rhs_packed, PackedWeights):
-        if not kern.rhs_matches(rhs_packed):
-            raise ArgumentError(
-                f"packed weights are {rhs_packed.format} nr={rhs_packed.nr} kr={rhs_packed.kr} "
-                f"sr={rhs_packed.sr}; kernel {kern.name} reads {kern.rhs_layout().format} "
-                f"nr={kern.nr} kr={kern.kr} sr={kern.sr}")
-        if rhs_packed.n != n:
-            raise ArgumentError(f"packed weights have n={rhs_packed.n}, dst has {n} columns")
-        if k is not None and k != rhs_packed.k:
-            raise ArgumentError(f"k={k} but the packed weights have k={rhs_packed.k}")
-        k = rhs_packed.k
-        rhs_packed = rhs_packed.data
-    if k is None:
-        raise ArgumentError("k is needed when rhs_packed is raw bytes")
-    if isinstance(k, bool) or not isinstance(k, (int, np.integer)) or k < 1:
-        raise ArgumentError(f"k must be a positive int, got {k!r}")
-    k = int(k)
-    rbuf = _check_bytes("rhs_packed", rhs_packed, kern.rhs_packed_size(n, k))
-    lbuf = _check_bytes("lhs_packed", lhs_packed, kern.lhs_packed_size(m, k))
-    cmin, cmax = _clamps(clamp_min, clamp_max)
-    kern._invoke(m, n, k, lbuf.ctypes.data, rbuf.ctypes.data, dst.ctypes.data,
-                 _row_stride(dst), 4, cmin, cmax)
-    return dst
+    return PackedWeights(lay, int(n), int(k), data, bias is not None, "q8_0")

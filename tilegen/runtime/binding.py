@@ -1,0 +1,260 @@
+"""Kernel bindings: one ctypes function of a loaded library, its geometry and checked calls.
+
+Tile, features and formats come from ``parse_spec(entry["spec"])``; sizes and offsets from
+the layout objects of the kernel's formats.  Every foreign call first checks that the CPU has
+the routine's features (ArgumentError, never an illegal instruction)."""
+from __future__ import annotations
+
+import ctypes
+import math
+from functools import lru_cache
+
+import numpy as np
+
+from ..generator.spec import ISAS, KernelSpec, parse_spec
+from ..layout import LayoutError, StridedF32, lhs_layout_for, rhs_layout_for
+from .checks import check_bytes, check_matrix, clamp_bounds, positive_int, require_features, row_stride
+from .cpu import CpuInfo
+from .errors import ArgumentError
+from .packed import PackedWeights
+
+__all__ = ["Kernel", "Packer", "CTYPES"]
+
+CTYPES = {"size_t": ctypes.c_size_t, "float": ctypes.c_float, "const void*": ctypes.c_void_p,
+          "void*": ctypes.c_void_p}
+INF = math.inf
+
+
+@lru_cache(maxsize=None)
+def _kernel_spec(text: str) -> KernelSpec:
+    return parse_spec(text)
+
+
+@lru_cache(maxsize=None)
+def _packer_spec(text: str):
+    from ..generator.manifest import parse_packer_spec
+    return parse_packer_spec(text)
+
+
+class _Routine:
+    """What kernels and packers share: the ctypes function, its CPU gate, the ABI-probe hook."""
+
+    name: str
+    features: frozenset
+
+    def __init__(self, entry: dict, fn, cpu: CpuInfo | None) -> None:
+        self.entry = entry
+        self._cpu = cpu
+        self._fn = fn
+        self._probe = None        # set by tilegen.runtime.abi: route calls through the ABI probe
+        fn.restype = None
+        fn.argtypes = [CTYPES[p["ctype"]] for p in entry["params"]]
+
+    def _require_cpu(self) -> None:
+        require_features(type(self).__name__.lower(), self.name, self.features, self._cpu)
+
+    def _invoke(self, *args) -> None:
+        self._require_cpu()       # every foreign call: never an illegal instruction
+        if self._probe is None:
+            self._fn(*args)
+        else:
+            self._probe(self, args)
+
+    def __repr__(self) -> str:
+        return f"<{type(self).__name__} {self.name}>"
+
+
+class Kernel(_Routine):
+    """One kernel of a loaded library; calling it checks every argument first.
+
+    A call on a CPU without the kernel's features (``cpu``, default:
+    :func:`tilegen.runtime.cpu.detect`) raises ArgumentError."""
+
+    def __init__(self, entry: dict, fn, vl_bytes: int | None = None,
+                 cpu: CpuInfo | None = None) -> None:
+        self.spec = _kernel_spec(entry["spec"])
+        self.name: str = self.spec.name
+        # the CPU's vector length for this kernel's ISA (None: the CPU lacks it)
+        self.vl_bytes = vl_bytes if self.spec.vl_scaled else None
+        self.family = self.spec.family
+        self.features = frozenset(self.spec.features)
+        super().__init__(entry, fn, cpu)
+
+    def _vl(self) -> int | None:
+        if self.spec.vl_scaled and self.vl_bytes is None:
+            raise ArgumentError(f"kernel {self.name} has a tile in {self.spec.vl_kind} vector-"
+                                f"length units and this CPU has no {self.spec.vl_kind.upper()} "
+                                f"(or it is disabled)")
+        return self.vl_bytes
+
+    # geometry on this CPU (VL-scaled tiles resolved with the vector length read at load)
+    mr = property(lambda self: self.spec.mr_at(self._vl()))
+    nr = property(lambda self: self.spec.nr_at(self._vl()))
+    kr = property(lambda self: self.spec.kr)
+    sr = property(lambda self: self.spec.sr)
+    m_step = mr
+    n_step = nr
+
+    # -- geometry (KleidiAI getters) -------------------------------------------------
+    def rhs_layout(self, bl: int = 32):
+        return rhs_layout_for(self.spec, bl, self._vl())
+
+    def lhs_layout(self, bl: int = 32):
+        return lhs_layout_for(self.spec, bl, self._vl())
+
+    def rhs_packed_size(self, n: int, k: int, bl: int = 32) -> int:
+        return self.rhs_layout(bl).packed_size(n, k)
+
+    def rhs_packed_offset(self, n_idx: int, k: int, bl: int = 32) -> int:
+        return self.rhs_layout(bl).packed_offset(n_idx, k)
+
+    def lhs_packed_size(self, m: int, k: int, bl: int = 32) -> int:
+        lay = self.lhs_layout(bl)
+        return StridedF32().size(m, k, 4 * k) if lay is None else lay.packed_size(m, k)
+
+    def lhs_packed_offset(self, m_idx: int, k: int, bl: int = 32) -> int:
+        lay = self.lhs_layout(bl)
+        return StridedF32().offset(m_idx, 0, 4 * k) if lay is None else lay.packed_offset(m_idx, k)
+
+    def dst_offset(self, m_idx: int, n_idx: int, dst_stride: int) -> int:
+        return StridedF32().offset(m_idx, n_idx, dst_stride)
+
+    def dst_size(self, m: int, n: int) -> int:
+        return 4 * m * n
+
+    def rhs_matches(self, packed: PackedWeights) -> bool:
+        """Whether ``packed`` is in the RHS layout this kernel reads (equal layout objects)."""
+        if self.spec.vl_scaled and self.vl_bytes is None:
+            return False
+        return packed.layout == self.rhs_layout(packed.bl or 32)
+
+    def _weights(self, rhs_packed, n: int, k: int | None) -> tuple:
+        """(bytes, k, bl) of ``rhs_packed``: PackedWeights in this kernel's layout with n
+        columns (and k, if given), or raw bytes (k, bl: None)."""
+        if not isinstance(rhs_packed, PackedWeights):
+            return rhs_packed, k, None
+        if not self.rhs_matches(rhs_packed):
+            lay, want = rhs_packed.layout, self.rhs_layout(rhs_packed.bl or 32)
+            raise ArgumentError(f"packed weights are {lay.name} (kr={lay.kr}, sr={getattr(lay, 'sr', 1)}); "
+                                f"kernel {self.name} reads {want.name} (kr={want.kr}, "
+                                f"sr={getattr(want, 'sr', 1)}) on this CPU")
+        if rhs_packed.n != n:
+            raise ArgumentError(f"packed weights have n={rhs_packed.n}, dst has {n} columns")
+        if k is not None and k != rhs_packed.k:
+            raise ArgumentError(f"k={k} but the packed weights have k={rhs_packed.k}")
+        return rhs_packed.data, rhs_packed.k, rhs_packed.bl
+
+    # -- calls --------------------------------------------------------------------------
+    def __call__(self, lhs: np.ndarray, rhs_packed, dst: np.ndarray,
+                 clamp_min: float = -INF, clamp_max: float = INF, *,
+                 k: int | None = None, bl: int | None = None) -> np.ndarray:
+        """f32: dst = clamp(lhs @ W + bias), lhs (m, k) f32 rows (packed-LHS kernels: rows,
+        packed here, or bytes from ``lhs_layout().pack``).
+        q4: dst = clamp(dequant(lhs_packed) @ dequant(W)), lhs = packed LHS bytes, with k and
+        bl taken from PackedWeights (or given); q8_0 likewise, without bl."""
+        self._require_cpu()
+        cmin, cmax = clamp_bounds(clamp_min, clamp_max)
+        if self.family == "f32":
+            return self._call_f32(lhs, rhs_packed, dst, cmin, cmax, k)
+        if self.family == "q8_0":
+            return self._call_q8(lhs, rhs_packed, dst, cmin, cmax, k)
+        return self._call_q4(lhs, rhs_packed, dst, cmin, cmax, k, bl)
+
+    def _call_f32(self, lhs, rhs_packed, dst, cmin, cmax, k):
+        packed_lhs = self.spec.packs_f32_lhs
+        if packed_lhs and isinstance(lhs, np.ndarray) and lhs.dtype == np.uint8:
+            dst = check_matrix("dst", dst, writeable=True)       # already packed: m from dst
+            m, n = dst.shape
+            rbytes, k, _ = self._weights(rhs_packed, n, k)
+            if k is None:
+                raise ArgumentError("k is needed when both lhs and rhs_packed are raw bytes")
+            k = positive_int("k", k)
+            lbuf = check_bytes("lhs", lhs, self.lhs_packed_size(m, k))
+        else:
+            lhs = check_matrix("lhs", lhs)
+            m, k = lhs.shape
+            dst = check_matrix("dst", dst, rows=m, writeable=True)
+            n = dst.shape[1]
+            rbytes, k, _ = self._weights(rhs_packed, n, k)
+            lbuf = self.lhs_layout().pack(lhs) if packed_lhs else lhs
+        buf = check_bytes("rhs_packed", rbytes, self.rhs_packed_size(n, k))
+        stride = 4 * k if packed_lhs else row_stride(lbuf)
+        self._invoke(m, n, k, lbuf.ctypes.data, stride, buf.ctypes.data,
+                     dst.ctypes.data, row_stride(dst), 4, cmin, cmax)
+        return dst
+
+    def _call_q4(self, lhs_packed, rhs_packed, dst, cmin, cmax, k, bl):
+        dst = check_matrix("dst", dst, writeable=True)
+        m, n = dst.shape
+        given_bl = bl
+        rbytes, k, bl = self._weights(rhs_packed, n, k)
+        if isinstance(rhs_packed, PackedWeights):
+            if given_bl is not None and given_bl != bl:
+                raise ArgumentError(f"bl={given_bl} but the packed weights have bl={bl}")
+        else:
+            bl = given_bl
+        if k is None or bl is None:
+            raise ArgumentError("k and bl are needed when rhs_packed is raw bytes")
+        k, bl = positive_int("k", k), positive_int("bl", bl)
+        if bl % 32 or k % bl:
+            raise ArgumentError(f"need bl a multiple of 32 and k a multiple of bl; got k={k}, bl={bl}")
+        rbuf = check_bytes("rhs_packed", rbytes, self.rhs_packed_size(n, k, bl))
+        lbuf = check_bytes("lhs_packed", lhs_packed, self.lhs_packed_size(m, k, bl))
+        self._invoke(m, n, k, bl, lbuf.ctypes.data, rbuf.ctypes.data, dst.ctypes.data,
+                     row_stride(dst), 4, cmin, cmax)
+        return dst
+
+
+    def _call_q8(self, lhs_packed, rhs_packed, dst, cmin, cmax, k):
+        """qai8dxp x qsi8cxp: no block length (a bl= argument is ignored), any k >= 1."""
+        dst = check_matrix("dst", dst, writeable=True)
+        m, n = dst.shape
+        rbytes, k, _ = self._weights(rhs_packed, n, k)
+        if k is None:
+            raise ArgumentError("k is needed when rhs_packed is raw bytes")
+        k = positive_int("k", k)
+        rbuf = check_bytes("rhs_packed", rbytes, self.rhs_packed_size(n, k))
+        lbuf = check_bytes("lhs_packed", lhs_packed, self.lhs_packed_size(m, k))
+        self._invoke(m, n, k, lbuf.ctypes.data, rbuf.ctypes.data, dst.ctypes.data,
+                     row_stride(dst), 4, cmin, cmax)
+        return dst
+
+
+class Packer(_Routine):
+    """A generated NEON LHS quantise-and-pack routine (byte-identical to the numpy packer)."""
+
+    def __init__(self, entry: dict, fn, cpu: CpuInfo | None = None) -> None:
+        self.spec = _packer_spec(entry["spec"])
+        self.name: str = self.spec.name
+        self.features = frozenset(ISAS[self.spec.isa].features)
+        super().__init__(entry, fn, cpu)
+
+    def __call__(self, x: np.ndarray, bl: int = 32, m_idx_start: int = 0,
+                 out: np.ndarray | None = None) -> np.ndarray:
+        """Pack rows ``x`` (global row index of x[0] = m_idx_start); returns the touched region
+        (``out`` if given: the bytes of the row block holding row m_idx_start onwards)."""
+        self._require_cpu()
+        x = check_matrix("x", x)
+        m, k = x.shape
+        start = positive_int("m_idx_start", m_idx_start, minimum=0)
+        sp = self.spec
+        try:
+            lay = sp.layout(bl)
+            if sp.fmt == "qsi8d32p" and k % bl:
+                raise LayoutError(f"k={k} must be a multiple of bl={bl}")
+        except (LayoutError, ValueError) as e:
+            raise ArgumentError(str(e)) from None
+        need = lay.region_size(m, k, start)
+        if out is None:
+            out = np.zeros(need, np.uint8)
+        else:
+            out = check_bytes("out", out, need)
+            if not out.flags.writeable:
+                raise ArgumentError("out is read-only")
+        stride = row_stride(x)
+        src = x.ctypes.data
+        args = [m, k] + ([bl] if sp.fmt == "qsi8d32p" else []) + [sp.mr, sp.kr, sp.sr, start]
+        if sp.fmt == "qsi8d32p":   # KleidiAI convention: lhs = row 0 of the whole matrix
+            src -= start * stride
+        self._invoke(*args, src, stride, out.ctypes.data)
+        return out

@@ -1,0 +1,169 @@
+"""Packed weights: the bytes of one RHS layout, their file format, and row dequantisation."""
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import struct
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from ..layout import LayoutError
+from .errors import ArgumentError, LoadError
+
+__all__ = ["PackedWeights", "dequantize_packed_rows"]
+
+_CHUNK = 1 << 24
+
+
+def _chunks(a: np.ndarray):
+    """The bytes of array ``a`` as buffers of at most 16 MiB (no copy of a contiguous array)."""
+    flat = np.ascontiguousarray(a).reshape(-1).view(np.uint8)
+    for i in range(0, flat.size, _CHUNK):
+        yield flat[i:i + _CHUNK]
+
+
+def _sha256(a: np.ndarray):
+    h = hashlib.sha256()
+    for part in _chunks(a):
+        h.update(part)
+    return h
+
+
+@dataclass(frozen=True, eq=False)
+class PackedWeights:
+    """Weights packed once in a KleidiAI layout, ready for the kernels that read it.
+
+    ``layout`` is the RHS layout object (:mod:`tilegen.layout`) the bytes are in; format,
+    nr, kr, sr and bl are its geometry."""
+
+    layout: object
+    n: int
+    k: int
+    data: np.ndarray = field(repr=False)
+    has_bias: bool = False
+    kind: str = "f32"
+
+    format = property(lambda self: self.layout.format)
+    nr = property(lambda self: self.layout.nr)
+    kr = property(lambda self: self.layout.kr)
+    sr = property(lambda self: getattr(self.layout, "sr", 1))
+    bl = property(lambda self: getattr(self.layout, "bl", None))
+
+    @property
+    def nbytes(self) -> int:
+        return int(self.data.nbytes)
+
+    @classmethod
+    def from_q4_0(cls, raw, n: int, k: int, nr: int = 4, kr: int = 16, sr: int = 2) -> "PackedWeights":
+        """Repack raw ggml block_q4_0 bytes (n rows x k/32 blocks) for the q4_0 kernels with
+        this (nr, kr, sr) -- llama.cpp's i8mm/dotprod pair uses nr=4, kr=16, sr=2."""
+        from ..layout.q4 import QSI4C32PScaleF16
+        try:
+            lay = QSI4C32PScaleF16(nr, kr, sr, 32)
+            data = lay.pack_from_ggml(raw, n, k)
+        except LayoutError as e:
+            raise ArgumentError(str(e)) from None
+        return cls(lay, n, k, data, False, "q4_0")
+
+    # -- persistence: pack once, load per run ---------------------------------------
+    MAGIC = b"TILEGENPW"
+    VERSION = 2       # version 1 files have no header checksum
+
+    def _meta(self) -> dict:
+        return {"format": self.format, "n": self.n, "k": self.k, "nr": self.nr, "kr": self.kr,
+                "sr": self.sr, "bl": self.bl, "has_bias": self.has_bias, "kind": self.kind,
+                "nbytes": self.nbytes, "sha256": _sha256(self.data).hexdigest()}
+
+    def save(self, path: str | os.PathLike) -> None:
+        """Write ``MAGIC, u32 version, u32 header length, JSON header, sha256 of all the bytes
+        before it, data`` to ``path``; the header holds the data's size and sha256."""
+        hdr = json.dumps(self._meta(), sort_keys=True).encode()
+        head = self.MAGIC + struct.pack("<II", self.VERSION, len(hdr)) + hdr
+        # written beside the target, then renamed over it: weights loaded (memory-mapped) from
+        # the old file keep reading the old file
+        tmp = f"{os.fspath(path)}.{os.getpid()}.tmp"
+        try:
+            with open(tmp, "wb") as f:
+                f.write(head + hashlib.sha256(head).digest())
+                for part in _chunks(self.data):
+                    f.write(part)
+            os.replace(tmp, path)
+        finally:
+            if os.path.exists(tmp):
+                os.unlink(tmp)
+
+    @classmethod
+    def load(cls, path: str | os.PathLike) -> "PackedWeights":
+        """Read a file written by :meth:`save`; any mismatch raises :class:`LoadError`.
+
+        The data is a read-only memory map of the file (verified against its checksum once);
+        the file must not be changed in place while the weights are in use."""
+        pre = len(cls.MAGIC) + 8
+        try:
+            size = os.stat(path).st_size
+            with open(path, "rb") as f:
+                head = f.read(pre)
+                if len(head) < pre or not head.startswith(cls.MAGIC):
+                    raise LoadError(f"{path} is not a tilegen packed-weights file")
+                version, hlen = struct.unpack("<II", head[len(cls.MAGIC):])
+                if version < cls.VERSION:
+                    raise LoadError(f"{path}: packed-weights file format version {version} (written "
+                                    f"by an older tilegen); this tilegen reads version {cls.VERSION}: "
+                                    f"pack the weights again and save them")
+                if version != cls.VERSION:
+                    raise LoadError(f"{path}: packed-weights file format version {version}, this "
+                                    f"tilegen reads version {cls.VERSION}")
+                if pre + hlen + 32 > size:
+                    raise LoadError(f"{path} is truncated: {size} bytes, its header alone needs "
+                                    f"{pre + hlen + 32}")
+                hdr = f.read(hlen)
+                digest = f.read(32)
+                if hashlib.sha256(head + hdr).digest() != digest:
+                    raise LoadError(f"{path}: header does not match its checksum (corrupted file)")
+                data_off = pre + hlen + 32
+                try:
+                    meta = json.loads(hdr)
+                    nbytes = int(meta["nbytes"])
+                except (ValueError, KeyError, TypeError) as e:
+                    raise LoadError(f"{path}: bad packed-weights header ({e})") from None
+                have = size - data_off
+                if have < nbytes:
+                    raise LoadError(f"{path} is truncated: {have} of {nbytes} data bytes")
+                if have > nbytes:
+                    extra = have - nbytes
+                    raise LoadError(f"{path} has {extra} extra byte{'s' if extra > 1 else ''} "
+                                    f"after its {nbytes} data bytes")
+            # read-only memory map: the file's pages are the data (no copy)
+            data = (np.asarray(np.memmap(path, np.uint8, "r", offset=data_off, shape=(nbytes,)))
+                    if nbytes else np.zeros(0, np.uint8))
+        except OSError as e:
+            raise LoadError(f"cannot read {path}: {e}") from None
+        if _sha256(data).hexdigest() != meta.get("sha256"):      # hashed in 16 MiB chunks
+            raise LoadError(f"{path}: data does not match its checksum (corrupted file)")
+        try:
+            from ..layout.api import layout_for
+            lay = layout_for(meta["format"], nr=meta["nr"], kr=meta["kr"], sr=meta["sr"],
+                             bl=meta["bl"] or 32)
+            pw = cls(lay, meta["n"], meta["k"], data, meta["has_bias"], meta["kind"])
+            need = lay.packed_size(pw.n, pw.k)
+        except (ValueError, KeyError, TypeError) as e:
+            raise LoadError(f"{path}: bad packed-weights header ({e})") from None
+        if need != data.nbytes:
+            raise LoadError(f"{path}: {data.nbytes} bytes but {pw.format} n={pw.n} k={pw.k} needs "
+                            f"{need}")
+        return pw
+
+
+def dequantize_packed_rows(packed: PackedWeights, rows) -> np.ndarray:
+    """float32 (len(rows), k): the exact weights rows of ``packed`` represent (get_rows)."""
+    idx = np.asarray(rows)
+    if idx.size == 0 and idx.ndim == 1:      # [] and () come out as float64
+        idx = idx.astype(np.int64)
+    if idx.dtype.kind not in "iu" or idx.ndim != 1:
+        raise ArgumentError(f"rows must be a 1-D integer array, got {idx.dtype} {idx.shape}")
+    if idx.size and (idx.min() < 0 or idx.max() >= packed.n):
+        raise ArgumentError(f"row index out of range 0..{packed.n - 1}: "
+                            f"{int(idx.min())}..{int(idx.max())}")
+    return packed.layout.dequantize_rows(packed.data, packed.n, packed.k, idx)
