@@ -198,3 +198,17 @@ def test_q8_packers_and_getters_match_kleidiai_vectors(path, q8_lib):
     want, wr = z["mstart2_mr4_kr8_sr1__lhs_packed"], z["mstart2_mr4_kr8_sr1__lhs_packed_written"]
     assert np.array_equal(got[wr[:got.size]], want[:got.size][wr[:got.size]])
     assert not wr[got.size:].any()
+
+
+@pytest.mark.parametrize("text", list(KLEIDIAI_Q8.values()) + ["q8_0:neon:4x4"])
+def test_q8_large_shapes(text, q8_lib):
+    """Long k (many loop iterations), many column groups and row blocks."""
+    spec = tilegen.parse_spec(text)
+    cpu = "cortex-a53" if spec.isa == "neon" else "neoverse-n1" if spec.isa == "dotprod" else "max"
+    rng = np.random.default_rng(sum(map(ord, "large" + text)))
+    cases, refs = [], []
+    for i, (m, n, k) in enumerate([(37, 45, 1283), (2, 129, 4100), (21, 7, 4097)]):
+        c, r = _case(spec, rng, m, n, k, clamped=bool(i % 2))
+        cases.append(c)
+        refs.append(r)
+    _check(cases, refs, guest(cpu).call("guest_calls:run_q4_cases", str(q8_lib), spec.name, cases))
