@@ -97,7 +97,7 @@ def _cases(lib, libdir, tmp):
         "PackedWeights.load truncated": (lambda: _truncated(tmp, pw), "LoadError", "truncated"),
         "PackedWeights.load foreign file": (lambda: _junk(tmp), "LoadError", "not a tilegen"),
         "spec over the register budget": (lambda: tilegen.parse_spec("f32:neon:8x16"), "SpecError", "42 vector registers"),
-        "spec unknown family": (lambda: tilegen.KernelSpec("q8_0", "neon", 4, 4), "SpecError", "unknown family"),
+        "spec unknown family": (lambda: tilegen.KernelSpec("q5_k", "neon", 4, 4), "SpecError", "unknown family"),
         "spec unparsable string": (lambda: tilegen.parse_spec("f32/neon/4x4"), "SpecError", "cannot parse"),
         "spec unknown isa": (lambda: tilegen.KernelSpec("f32", "avx512", 4, 4), "SpecError", "unknown isa"),
         "build unknown target": (lambda: tilegen.build_library(["f32:neon:4x4"], target="pentium4", out_dir=tmp + "/b"), "TargetError", "unknown target"),

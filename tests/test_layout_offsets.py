@@ -42,6 +42,8 @@ KERNEL_FACTS = {
     "QAI8DXP": {"row_tail_bytes", "rscale_after_offset", "offset_bytes", "chunk_bytes",
                 "k_span_bytes"},
     "QSI8D32P": {"scale_bytes", "data_offset_in_block", "chunk_bytes", "k_span_bytes"},
+    "QSI8CXP": {"k_multiple", "chunk_bytes", "rsum_offset_in_tail", "scale_offset_in_tail",
+                "bias_offset_in_tail", "tail_bytes"},
 }
 PACKER_FACTS = {
     "QAI8DXP": {"k_multiple", "row_block_tail_bytes", "chunk_bytes",

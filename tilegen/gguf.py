@@ -37,11 +37,12 @@ def tensor_names(path) -> list[str]:
 def load_tensor(path, name: str, lib=None, *, nr: int | None = None) -> PackedWeights:
     """Tensor ``name`` (2-D: ne[0] = k, ne[1] = n) as PackedWeights.
 
-    Q4_0 is repacked straight from its block_q4_0 bytes; F16/F32 are converted and packed for
-    the f32 kernels.  With ``lib`` the layout of that library's preferred kernel is used
-    (with ``nr``: its preferred kernel of that nr), otherwise llama.cpp's defaults (q4_0: nr 4,
-    kr 16, sr 2; f32: nr 16) with ``nr`` replacing the default nr; ``lib.adopt`` repacks
-    such weights for a library's kernels."""
+    Q4_0 is repacked straight from its block_q4_0 bytes; Q8_0 is requantised per channel
+    (qsi8cxp); F16/F32 are converted and packed for the f32 kernels.  With ``lib`` the layout of
+    that library's preferred kernel is used (with ``nr``: its preferred kernel of that nr),
+    otherwise llama.cpp's defaults (q4_0: nr 4, kr 16, sr 2; q8_0: nr 4, kr 8; f32: nr 16) with
+    ``nr`` replacing the default nr; ``lib.adopt`` repacks such weights for a library's
+    kernels."""
     gguf, r = _reader(path)
     t = next((t for t in r.tensors if t.name == name), None)
     if t is None:
@@ -57,6 +58,13 @@ def load_tensor(path, name: str, lib=None, *, nr: int | None = None) -> PackedWe
         if lib is not None:
             return lib.pack_weights(kind="q4_0", from_ggml=raw, n=n, k=k, nr=nr)
         return PackedWeights.from_q4_0(raw, n, k, nr=nr or 4)
+    if t.tensor_type == T.Q8_0:      # requantised per channel for the q8_0 (qsi8cxp) kernels
+        raw = data.reshape(-1).view(np.uint8)
+        if lib is not None:
+            return lib.pack_weights(kind="q8_0", from_ggml=raw, n=n, k=k, nr=nr)
+        from .layout.q8 import QSI8CXP
+        lay = QSI8CXP(nr or 4, 8)
+        return PackedWeights(lay, n, k, lay.pack_from_ggml(raw, n, k), False, "q8_0")
     if t.tensor_type in (T.F16, T.F32):
         w = data.reshape(n, k)
         kind = "f16" if t.tensor_type == T.F16 else "f32"
@@ -65,4 +73,4 @@ def load_tensor(path, name: str, lib=None, *, nr: int | None = None) -> PackedWe
         from .layout.f32 import F32PackedRHS
         lay = F32PackedRHS(nr or 16)
         return PackedWeights(lay, n, k, lay.pack(w.astype(np.float32)), False, kind)
-    raise ArgumentError(f"tensor {name!r} is {T(t.tensor_type).name}; supported: Q4_0, F16, F32")
+    raise ArgumentError(f"tensor {name!r} is {T(t.tensor_type).name}; supported: Q4_0, Q8_0, F16, F32")

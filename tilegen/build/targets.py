@@ -77,6 +77,11 @@ DEFAULT_KERNELS: tuple[str, ...] = (
     "q4_0_dx:i8mm:4x8", "q4_0_dx:dotprod:1x8:k16:s2",
     "q4_0_dx:dotprod:16x4", "q4_0_dx:dotprod:1x4",
     "q4_0_dx:neon:4x4", "q4_0_dx:neon:1x4",
+    # q8_0 (qai8dxp x qsi8cxp): KleidiAI's pairs, i8mm 16x4 kr8 + dotprod 1x4 kr8 and
+    # dotprod 16x4 kr4 + 1x4 kr4; plain NEON 4x4 + 1x4 (kr8) last
+    "q8_0:i8mm:16x4", "q8_0:dotprod:1x4:k8:s1",
+    "q8_0:dotprod:16x4", "q8_0:dotprod:1x4",
+    "q8_0:neon:4x4", "q8_0:neon:1x4",
 )
 
 

@@ -30,6 +30,13 @@ SIGNATURES: dict[str, tuple[Param, ...]] = {
     ),
 }
 SIGNATURES["q4_0"] = SIGNATURES["q4_0_dx"] = SIGNATURES["q4"]
+# KleidiAI kai_run_matmul_clamp_f32_qai8dxp..._qsi8cxp... (no block length)
+SIGNATURES["q8_0"] = (
+    Param("m", "size_t"), Param("n", "size_t"), Param("k", "size_t"),
+    Param("lhs_packed", "const void*"), Param("rhs_packed", "const void*"),
+    Param("dst", "void*"), Param("dst_stride_row", "size_t"), Param("dst_stride_col", "size_t"),
+    Param("scalar_min", "float"), Param("scalar_max", "float"),
+)
 
 
 def signature(family: str) -> tuple[Param, ...]:

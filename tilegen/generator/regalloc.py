@@ -677,6 +677,9 @@ ALLOCATORS = {"f32_neon": _allocate_f32_neon, "f32_sve": _allocate_f32_sve,
               "q4_neon": _allocate_q4_neon, "q4_sve": _allocate_q4_sve,
               "q4_sme": _allocate_q4_sme, "q4_sme2": _allocate_q4_sme2}
 
+from .regalloc_q8 import allocate_q8_neon  # noqa: E402 - it builds on the helpers above
+ALLOCATORS["q8_neon"] = allocate_q8_neon
+
 
 def allocate(spec: KernelSpec | str):
     """Allocate registers for ``spec`` (a KernelSpec or a spec string) or raise

@@ -115,6 +115,14 @@ FAMILIES: dict[str, FamilyInfo] = {
     # LHS per-row asymmetric int8, RHS int4 per 32-block with bf16 scales, row sums and bias
     # (KleidiAI matmul_clamp_f32_qai8dxp_qsi4c32p).
     "q4_0_dx": _q4_family("q4_0_dx", "qai8dxp"),
+    # ggml Q8_0 weights requantised per channel: LHS per-row asymmetric int8, RHS int8 with an
+    # f32 scale, row sum and bias per column (KleidiAI matmul_clamp_f32_qai8dxp_qsi8cxp).
+    "q8_0": FamilyInfo(
+        name="q8_0", lhs="qai8dxp", rhs="qsi8cxp", kinds=("q8_0",), quantized=True,
+        impls={"neon": IsaImpl("neon", "q8_neon", "q8_neon", kr=8, sr=1),
+               "dotprod": IsaImpl("neon_dotprod", "q8_neon", "q8_neon", kr=4, sr=1),
+               "i8mm": IsaImpl("neon_i8mm", "q8_neon", "q8_neon", kr=8, sr=1)},
+    ),
 }
 
 

@@ -217,7 +217,8 @@ def repack_rhs(packed: np.ndarray, src, dst, n: int, k: int) -> np.ndarray:
     same format and block length (other nr/kr/sr): the bytes packing the same weights for
     ``dst`` gives.  Lossless: each layout's unpack returns what its pack takes (f32p: weights
     and bias; qsi4c32pscalef16: the q4_0 source rows; qsi4c32p: nibbles, bf16 scales, bias;
-    its row sums are recomputed in dst's order, as KleidiAI's packer computes them)."""
+    its row sums are recomputed in dst's order, as KleidiAI's packer computes them; qsi8cxp:
+    int8 weights, scales, bias)."""
     if type(src) is not type(dst) or getattr(src, "bl", None) != getattr(dst, "bl", None):
         raise LayoutError(f"cannot repack {src.name} (bl={getattr(src, 'bl', None)}) into "
                           f"{dst.name} (bl={getattr(dst, 'bl', None)}): only layouts of one format "
@@ -233,4 +234,7 @@ def repack_rhs(packed: np.ndarray, src, dst, n: int, k: int) -> np.ndarray:
     if isinstance(src, QSI4C32P):
         u4, scale_bf16, _, bias = src.unpack(packed, n, k)
         return dst.pack_u4(u4, scale_bf16, bias)
+    if isinstance(src, QSI8CXP):     # row sums recomputed (lhs_zero_point 1, as the kernels need)
+        q, _, scale, bias = src.unpack(packed, n, k)
+        return dst.pack(np.ascontiguousarray(q[:, :k]), scale, bias)
     raise LayoutError(f"cannot repack {src.name}: not a packed-RHS layout")

@@ -50,6 +50,9 @@ def rhs_layout_for(spec, bl: int = 32, vl: int | None = None):
     if spec.family == "q4_0_dx":
         from .q4 import QSI4C32P
         return QSI4C32P(nr=nr, kr=spec.kr, sr=spec.sr, bl=bl)
+    if spec.family == "q8_0":
+        from .q8 import QSI8CXP
+        return QSI8CXP(nr=nr, kr=spec.kr, sr=spec.sr)
     raise LayoutError(f"no RHS layout for family {spec.family!r}")
 
 
@@ -91,7 +94,7 @@ def lhs_layout_for(spec, bl: int = 32, vl: int | None = None):
     if spec.family == "q4_0":
         from .q4 import QSI8D32P
         return QSI8D32P(mr=_lhs_mr(spec, vl), kr=spec.kr, sr=spec.sr, bl=bl)
-    if spec.family == "q4_0_dx":
+    if spec.family in ("q4_0_dx", "q8_0"):
         from .q4 import QAI8DXP
         return QAI8DXP(mr=_lhs_mr(spec, vl), kr=spec.kr, sr=spec.sr)
     return None

@@ -187,14 +187,61 @@ class QSI8CXP(_RhsGroups):
         return f"qsi8cxp{self.nr}x{self.kr}"
 
     # -- geometry (generator) ------------------------------------------------------------
-    @staticmethod
-    def k_padded(k: int) -> int:
-        return roundup(k, 32)
+    # Block-relative facts (the kernel templates read these, never format literals): a group is
+    # the k data, K32/kr chunks of chunk_bytes, then a tail of nr rsums, nr scales, nr biases.
+    @property
+    def k_multiple(self) -> int:
+        """Rows are padded with zeros to a multiple of this many values."""
+        return 32
+
+    def k_padded(self, k: int) -> int:
+        return roundup(k, self.k_multiple)
+
+    @property
+    def rsum_bytes(self) -> int:
+        """Bytes of one column's row sum (int32)."""
+        return 4
+
+    @property
+    def scale_bytes(self) -> int:
+        """Bytes of one column's scale (f32)."""
+        return 4
+
+    @property
+    def bias_bytes(self) -> int:
+        """Bytes of one column's bias (f32)."""
+        return 4
+
+    @property
+    def col_tail_bytes(self) -> int:
+        """Bytes each column adds to the group after its int8 data (rsum + scale + bias)."""
+        return self.rsum_bytes + self.scale_bytes + self.bias_bytes
+
+    @property
+    def rsum_offset_in_tail(self) -> int:
+        """The tail (after the k data) starts with the nr row sums ..."""
+        return 0
+
+    @property
+    def scale_offset_in_tail(self) -> int:
+        """... then the nr scales ..."""
+        return self.rsum_offset_in_tail + self.nr * self.rsum_bytes
+
+    @property
+    def bias_offset_in_tail(self) -> int:
+        """... then the nr biases."""
+        return self.scale_offset_in_tail + self.nr * self.scale_bytes
+
+    @property
+    def tail_bytes(self) -> int:
+        """Bytes of the tail: from the end of the k data to the next group."""
+        return self.nr * self.col_tail_bytes
 
     @property
     def stride_expr(self) -> str:
         """Bytes per nr-group as an expression in k (one source for Python and C getters)."""
-        return f"{self.nr} * ((k + 31) // 32 * 32 + 12)"
+        km = self.k_multiple
+        return f"{self.nr} * ((k + {km - 1}) // {km} * {km} + {self.col_tail_bytes})"
 
     def group_stride(self, k: int) -> int:
         return eval_expr(self.stride_expr, k=k)
@@ -204,24 +251,28 @@ class QSI8CXP(_RhsGroups):
         """Bytes of one interleave chunk (nr columns x kr values)."""
         return self.nr * self.kr
 
+    def data_bytes(self, k: int) -> int:
+        """Bytes of the group's k data (K32/kr chunks)."""
+        return self.k_padded(k) // self.kr * self.chunk_bytes
+
     def data_offset(self, k: int) -> int:
         return 0
 
     def rsum_offset(self, k: int) -> int:
         """Start of the nr int32 row sums inside a group."""
-        return self.nr * self.k_padded(k)
+        return self.data_bytes(k) + self.rsum_offset_in_tail
 
     def scale_offset(self, k: int) -> int:
         """Start of the nr f32 scales inside a group."""
-        return self.nr * self.k_padded(k) + 4 * self.nr
+        return self.data_bytes(k) + self.scale_offset_in_tail
 
     def bias_offset(self, k: int) -> int:
         """Start of the nr f32 biases inside a group."""
-        return self.nr * self.k_padded(k) + 8 * self.nr
+        return self.data_bytes(k) + self.bias_offset_in_tail
 
     def element_offset(self, col: int, t: int) -> int:
         """Offset of (column slot col, element t) inside a group."""
-        return (t // self.kr) * self.nr * self.kr + col * self.kr + t % self.kr
+        return (t // self.kr) * self.chunk_bytes + col * self.kr + t % self.kr
 
     # -- packers -----------------------------------------------------------------------
     def pack(self, q: np.ndarray, scale: np.ndarray, bias: np.ndarray | None = None, *,

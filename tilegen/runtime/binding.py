@@ -151,11 +151,13 @@ class Kernel(_Routine):
         """f32: dst = clamp(lhs @ W + bias), lhs (m, k) f32 rows (packed-LHS kernels: rows,
         packed here, or bytes from ``lhs_layout().pack``).
         q4: dst = clamp(dequant(lhs_packed) @ dequant(W)), lhs = packed LHS bytes, with k and
-        bl taken from PackedWeights (or given)."""
+        bl taken from PackedWeights (or given); q8_0 likewise, without bl."""
         self._require_cpu()
         cmin, cmax = clamp_bounds(clamp_min, clamp_max)
         if self.family == "f32":
             return self._call_f32(lhs, rhs_packed, dst, cmin, cmax, k)
+        if self.family == "q8_0":
+            return self._call_q8(lhs, rhs_packed, dst, cmin, cmax, k)
         return self._call_q4(lhs, rhs_packed, dst, cmin, cmax, k, bl)
 
     def _call_f32(self, lhs, rhs_packed, dst, cmin, cmax, k):
@@ -199,6 +201,21 @@ class Kernel(_Routine):
         rbuf = check_bytes("rhs_packed", rbytes, self.rhs_packed_size(n, k, bl))
         lbuf = check_bytes("lhs_packed", lhs_packed, self.lhs_packed_size(m, k, bl))
         self._invoke(m, n, k, bl, lbuf.ctypes.data, rbuf.ctypes.data, dst.ctypes.data,
+                     row_stride(dst), 4, cmin, cmax)
+        return dst
+
+
+    def _call_q8(self, lhs_packed, rhs_packed, dst, cmin, cmax, k):
+        """qai8dxp x qsi8cxp: no block length (a bl= argument is ignored), any k >= 1."""
+        dst = check_matrix("dst", dst, writeable=True)
+        m, n = dst.shape
+        rbytes, k, _ = self._weights(rhs_packed, n, k)
+        if k is None:
+            raise ArgumentError("k is needed when rhs_packed is raw bytes")
+        k = positive_int("k", k)
+        rbuf = check_bytes("rhs_packed", rbytes, self.rhs_packed_size(n, k))
+        lbuf = check_bytes("lhs_packed", lhs_packed, self.lhs_packed_size(m, k))
+        self._invoke(m, n, k, lbuf.ctypes.data, rbuf.ctypes.data, dst.ctypes.data,
                      row_stride(dst), 4, cmin, cmax)
         return dst
 

@@ -265,10 +265,15 @@ class Library:
         kind "f32" / "f16": (n, k) weights (or (k, n) with layout="kn"), f16 converted to f32.
         kind "q4_0" / "q4_0_dx": float32 (n, k) weights quantised like ggml's Q4_0, or raw ggml
         block_q4_0 data via ``from_ggml=`` (bytes-like or a uint8 array; with n, k).
+        kind "q8_0": float32 (n, k) weights quantised per channel (tilegen.runtime.q8), or raw
+        ggml block_q8_0 bytes via ``from_ggml=`` (with n, k), requantised per channel.
         ``nr``: pack for the preferred kernel with that nr instead (:meth:`set_table` chooses
         any kernel)."""
         kern = self._pairs(kind, nr)[0].gemm
         try:
+            if kind == "q8_0":      # per-channel int8 (tilegen.runtime.q8)
+                from .q8 import pack_q8_0
+                return pack_q8_0(kern, w, bias, from_ggml, n, k)
             if kind in ("f32", "f16"):
                 w = np.asarray(w)
                 if kind == "f16":
@@ -316,7 +321,7 @@ class Library:
     # -- ops (tilegen.runtime.ops) -----------------------------------------------------
     def workspace_size(self, op: str, m: int, n: int, k: int) -> int:
         """Bytes of packed activations a matmul on ``op`` weights ("f32", "f16", "q4_0",
-        "q4_0_dx") of shape (n, k) needs for m rows (0 for f32: its LHS is not packed)."""
+        "q4_0_dx", "q8_0") of shape (n, k) needs for m rows (0 for f32: its LHS is not packed)."""
         return workspace_size(self, op, m, n, k)
 
     def matmul(self, x: np.ndarray, packed: PackedWeights, bias: np.ndarray | None = None,

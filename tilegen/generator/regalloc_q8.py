@@ -1,0 +1,237 @@
+"""Register allocation of the int8 x int8 kernels (family ``q8_0``: qai8dxp x qsi8cxp).
+
+Strategies, by ISA and interleave (``kr``; ``sr`` is 1):
+
+``dot4``  dotprod, kr = 4: SDOT by 32-bit lane; one LHS vector holds 4 rows x 4 k values of
+          a row block (gemv: 16 k values of the one row), one RHS vector 4 columns x 4 k.
+``dot8``  dotprod, kr = 8, gemv only (mr = 1): the row's 8 k values duplicated in both halves
+          of a vector, SDOT against 2 columns x 8 k; column halves are added at the end.
+``mm``    i8mm, kr = 8, mr a multiple of 4: SMMLA of (2 rows x 8 k) by (2 columns x 8 k).
+``neon``  plain NEON, kr = 8 (no dot product instruction): SMULL/SMULL2 give the int16 products
+          of 8 k values with 2 columns (|q*w| <= 128*128 fits int16), SADALP adds them pairwise
+          into one int32 vector per row and column; ADDP folds the lanes after the loop.
+
+The whole k range is summed in int32 (as KleidiAI does); the epilogue adds ``offset*rsum`` in
+int32 and applies the scales in f32 from registers that served the hot loop.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from .regalloc import (NUM_VREGS, VectorNeeds, _Frame, _Pool, _V_CALLEE_SAVED, _V_ORDER,
+                       _X_CALLEE_SAVED, _X_ORDER)
+from .spec import KernelSpec, SpecError
+
+__all__ = ["Q8NeonRegs", "allocate_q8_neon"]
+
+# epilogue vectors: rsum, scale, bias (one column vector), offset, rscale (one row block),
+# clamp min, clamp max, one product
+_EPILOGUE = 8
+_Q8_SCALARS = ("n_rem", "rhs_ptr", "dst_tile", "dst_row", "k_cnt", "nk", "lhs_rbs",
+               "lhs_blk_stride", "dst_blk_stride", "tmp")
+
+
+@dataclass(frozen=True)
+class Q8NeonRegs(_Frame):
+    """Registers of the q8_0 NEON kernels (numbers; templates add the prefix).
+
+    ``acc[row][cv]`` holds the int32 sums, then the f32 results, of columns 4cv..4cv+3 of
+    tile row ``row`` -- in dot4 mode from the start; in mm mode the SMMLA accumulators are
+    ``iacc[group][row pair][column pair]`` and are rearranged into ``acc`` (same registers)
+    after the k loop; in dot8 mode ``iacc[column pair]`` and ``acc[0][cv] = iacc[2cv]``
+    after the pairwise add.  ``neon``: ``iacc[row][column]``, ``acc[row][cv] = iacc[row][4cv]``
+    after the lanes are folded."""
+
+    mode: str
+    mr_reg: int                          # rows computed at once (the tile is mr_reg-row blocks)
+    lhs_mr: int                          # rows per packed LHS row block (1 or 4)
+    groups: int                          # LHS row blocks per mr_reg rows
+    acc: tuple[tuple[int, ...], ...]
+    iacc: tuple
+    lhs: tuple[int, ...]
+    rhs: tuple[int, ...]
+    ep: tuple[int, ...]                  # epilogue vectors (overlap lhs/rhs, see _EPILOGUE)
+    tmp: tuple[int, ...]                 # hot-loop scratch (dot8 / neon: duplicated LHS, products)
+    gpr: dict[str, int] = field(hash=False)
+    lo: tuple[int, ...] = ()             # one pointer per LHS row block
+    # gemv (dot4, dot8): further int32 accumulator sets, shaped like acc[0] (dot4) or iacc
+    # (dot8); consecutive chunks of k go to different sets (independent SDOT chains), summed
+    # after the loop (int32 addition wraps exactly like one chain)
+    split: tuple[tuple[int, ...], ...] = ()
+    saved_x: tuple[int, ...] = ()
+    saved_d: tuple[int, ...] = ()
+    needs: VectorNeeds = VectorNeeds(())
+
+    @property
+    def n_vec(self) -> int:
+        return len(self.acc[0])
+
+    @property
+    def iacc_flat(self) -> tuple[int, ...]:
+        def flat(t):
+            return (t,) if isinstance(t, int) else tuple(v for x in t for v in flat(x))
+        return flat(self.iacc) + flat(self.split)
+
+
+def _check_layouts(spec: KernelSpec) -> None:
+    """What the template assumes of the layout objects it reads its offsets from: one k
+    granule per loop iteration, fields after the k data at offsets linear in the granule count,
+    and the vector-sized runs of bytes each strategy loads."""
+    from ..layout import lhs_layout_for, rhs_layout_for
+    L, LL = rhs_layout_for(spec), lhs_layout_for(spec)
+    KG = L.k_padded(1)
+    if LL.k_padded(1) != KG or KG not in (16, 32, 64):
+        raise SpecError(f"{L.name} pads k to {KG}, {LL.name} to {LL.k_padded(1)}: the q8 kernels "
+                        f"need one common power-of-two granule")
+    for lay, fields in ((L, ("rsum_offset", "scale_offset", "bias_offset", "group_stride")),
+                        (LL, ("offset_field_offset", "rscale_offset", "row_block_stride"))):
+        step = (L.rsum_offset(KG) - L.rsum_offset(0)) if lay is L else \
+            (LL.offset_field_offset(KG) - LL.offset_field_offset(0))
+        for f in fields:
+            fn = getattr(lay, f)
+            if fn(2 * KG) - fn(KG) != step or fn(KG) - fn(0) != step:
+                raise SpecError(f"{lay.name}.{f} does not grow by {step} bytes per {KG} k values")
+        cols = range(lay.nr) if lay is L else range(lay.mr)
+        for x in cols:
+            for t in range(KG):
+                if lay.element_offset(x, t + KG) != lay.element_offset(x, t) + step:
+                    raise SpecError(f"{lay.name}: element ({x}, {t}) does not repeat per granule")
+    kr = spec.kr
+    for c in range(0, L.nr, 16 // kr):      # one RHS vector: 16/kr columns x kr values
+        for t in range(0, KG, kr):
+            base = L.element_offset(c, t)
+            if any(L.element_offset(c + i, t + e) != base + i * kr + e
+                   for i in range(16 // kr) for e in range(kr)):
+                raise SpecError(f"{L.name}: columns {c}.. of chunk {t // kr} are not one vector")
+    P = LL.mr
+    for t in range(0, KG, kr):              # one LHS chunk: P rows x kr values, contiguous
+        base = LL.element_offset(0, t)
+        if any(LL.element_offset(x, t + e) != base + x * kr + e for x in range(P) for e in range(kr)):
+            raise SpecError(f"{LL.name}: chunk {t // kr} is not contiguous")
+        if P == 1 and base != t or P > 1 and base % 16:
+            raise SpecError(f"{LL.name}: chunk {t // kr} starts at {base}")
+
+
+def _mode(spec: KernelSpec) -> str:
+    mr, kr = spec.mr, spec.kr
+    if spec.isa == "dotprod":
+        if kr == 4:
+            return "dot4"
+        if kr == 8 and mr == 1:
+            return "dot8"
+        raise SpecError(f"q8_0 dotprod kernels need kr=4 (SDOT by lane), or kr=8 for gemv "
+                        f"(mr=1); got mr={mr}, kr={kr}")
+    if spec.isa == "i8mm":
+        if kr != 8 or mr % 4:
+            raise SpecError(f"q8_0 i8mm (SMMLA, 2x8 int8 operands) needs kr=8 and mr a multiple "
+                            f"of 4; got mr={mr}, kr={kr}")
+        return "mm"
+    if spec.isa == "neon":
+        if kr != 8:
+            raise SpecError(f"q8_0 neon kernels (SMULL/SADALP over 8 k values) need kr=8, "
+                            f"got kr={kr}")
+        return "neon"
+    raise SpecError(f"q8_0 has no NEON strategy for isa {spec.isa!r}")
+
+
+_GEMV_SPLIT = {"dot4": 4, "dot8": 2}     # accumulator sets of the gemv strategies
+
+
+def _needs(spec: KernelSpec, mode: str, mr_reg: int, P: int, split: int = 1) -> VectorNeeds:
+    G, nv = mr_reg // P, spec.nr // 4
+    if mode == "dot4":
+        iacc, lhs, rhs, tmp = mr_reg * nv, (G if P == 4 else 2), nv, 0
+    elif mode == "dot8":
+        iacc, lhs, rhs, tmp = 2 * nv, 2, 2 * nv, 1
+    elif mode == "mm":
+        iacc, lhs, rhs, tmp = mr_reg * nv, 2 * G, 2 * nv, 0
+    else:   # neon: per row one int32 vector per column; LHS 8 bytes per row and chunk
+        iacc, lhs, rhs, tmp = 4 * mr_reg * nv, (2 * G if P == 4 else 2), 2 * nv, 3
+    parts = [("int32 accumulators", iacc), ("LHS", lhs), ("RHS", rhs)]
+    if split > 1:
+        parts.append(("further accumulator sets", (split - 1) * iacc))
+    if tmp:
+        parts.append(("scratch", tmp))
+    extra = _EPILOGUE - (lhs + rhs + tmp)
+    if extra > 0:
+        parts.append(("epilogue beyond the LHS/RHS registers", extra))
+    return VectorNeeds(tuple(parts))
+
+
+def allocate_q8_neon(spec: KernelSpec) -> Q8NeonRegs:
+    mr, nr = spec.mr, spec.nr
+    if spec.mr_vl or spec.nr_vl:
+        raise SpecError(f"q8_0 NEON tiles have fixed sizes, got {spec.mr_str}x{spec.nr_str}")
+    if nr % 4:
+        raise SpecError(f"nr={nr} must be a multiple of 4 (one int32x4 vector per 4 columns)")
+    if spec.sr != 1:
+        raise SpecError(f"the q8_0 layouts (qai8dxp / qsi8cxp) need sr=1, got sr={spec.sr}")
+    if 32 % spec.kr:
+        raise SpecError(f"kr={spec.kr} must divide 32 (qsi8cxp)")
+    if mr != 1 and mr % 4:
+        raise SpecError(f"mr={mr} must be 1 (gemv) or a multiple of 4 (LHS packed 4 rows at "
+                        f"a time)")
+    if spec.acc_mem:
+        raise SpecError("q8_0 kernels keep their int32 sums in registers: acc_mem (:am) is a q4 "
+                        "option")
+    if 32 * nr > 4095:
+        raise SpecError(f"nr={nr}: the RHS step of one 32-value k slice ({32 * nr} bytes) must "
+                        f"fit an add immediate (<= 4095)")
+    mode = _mode(spec)
+    _check_layouts(spec)
+    P = spec.lhs_mr
+    chosen = None
+    for mr_reg in [r for r in range(mr, 0, -P) if mr % r == 0 and r % P == 0]:
+        needs = _needs(spec, mode, mr_reg, P)
+        if needs.total <= NUM_VREGS and len(_Q8_SCALARS) + mr_reg // P <= len(_X_ORDER):
+            chosen = (mr_reg, needs)
+            break
+    if chosen is None:
+        needs = _needs(spec, mode, P, P)
+        rows = f"mr={P}," if mr == P else f"a block of {P} of its {mr} rows (the smallest tried) with"
+        raise SpecError(f"tile {mr}x{nr}: {rows} nr={nr} needs {needs.total} vector registers "
+                        f"({needs.describe()}), {NUM_VREGS} exist")
+    mr_reg, needs = chosen
+    split = 1
+    if mode in _GEMV_SPLIT and P == 1:
+        for sp in range(_GEMV_SPLIT[mode], 1, -1):
+            if _needs(spec, mode, mr_reg, P, sp).total <= NUM_VREGS:
+                split, needs = sp, _needs(spec, mode, mr_reg, P, sp)
+                break
+    G, nv = mr_reg // P, nr // 4
+    parts = dict(needs.parts)
+    vp = _Pool("v", _V_ORDER, "vector registers")
+    lhs = tuple(vp.take(parts["LHS"]))
+    rhs = tuple(vp.take(parts["RHS"]))
+    tmp = tuple(vp.take(parts.get("scratch", 0)))
+    ep = (lhs + rhs + tmp + tuple(vp.take(parts.get("epilogue beyond the LHS/RHS registers", 0))))[:_EPILOGUE]
+    flat = vp.take(parts["int32 accumulators"])
+    if mode == "dot4":
+        iacc = tuple(tuple(flat[r * nv:(r + 1) * nv]) for r in range(mr_reg))
+        acc = iacc
+    elif mode == "dot8":
+        iacc = tuple(flat)
+        acc = (tuple(flat[2 * cv] for cv in range(nv)),)
+    elif mode == "mm":
+        npair = nr // 2
+        iacc = tuple(tuple(tuple(flat[(g * 2 + rp) * npair:(g * 2 + rp + 1) * npair])
+                           for rp in range(2)) for g in range(G))
+        # after the rearrangement: rows 2rp / 2rp+1 of group g in the two registers of
+        # column pairs 2q / 2q+1
+        acc = tuple(tuple(iacc[r // 4][(r % 4) // 2][2 * q + (r % 2)] for q in range(nv))
+                    for r in range(mr_reg))
+    else:
+        iacc = tuple(tuple(flat[r * nr:(r + 1) * nr]) for r in range(mr_reg))
+        acc = tuple(tuple(iacc[r][4 * cv] for cv in range(nv)) for r in range(mr_reg))
+    per = len(flat)
+    more = vp.take((split - 1) * per)
+    split_sets = tuple(tuple(more[i * per:(i + 1) * per]) for i in range(split - 1))
+    xp = _Pool("x", _X_ORDER, "general-purpose registers")
+    gpr = dict(zip(_Q8_SCALARS, xp.take(len(_Q8_SCALARS))))
+    lo = tuple(xp.take(G))
+    return Q8NeonRegs(
+        mode=mode, mr_reg=mr_reg, lhs_mr=P, groups=G, acc=acc, iacc=iacc, lhs=lhs, rhs=rhs,
+        ep=ep, tmp=tmp, gpr=gpr, lo=lo, split=split_sets,
+        saved_x=tuple(sorted(r for r in xp.used if r in _X_CALLEE_SAVED)),
+        saved_d=tuple(sorted(r for r in vp.used if r in _V_CALLEE_SAVED)),
+        needs=needs)
