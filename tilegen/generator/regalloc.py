@@ -313,6 +313,16 @@ class Q4Regs(_Frame):
         return len(self.facc[0])
 
     @property
+    def macros(self) -> str:
+        """The template file of the strategy's phases (zero, chunk, convert)."""
+        return f"{Q4_STRATEGY_MACROS[self.mode]}.S.j2"
+
+    @property
+    def iacc_regs(self) -> list[int]:
+        """Every int32 accumulator, in the order of ``iacc``'s nesting."""
+        return _flatten(self.iacc)
+
+    @property
     def acc_bytes(self) -> int:
         """acc_mem: bytes of the f32 accumulator area (one vector per row and 4 columns)."""
         return 16 * self.mr_reg * self.n_vec if self.acc_mem else 0
@@ -329,6 +339,10 @@ class Q4Regs(_Frame):
         return self.acc_offset + self.acc_bytes
 
 
+# q4 strategy (``Q4Regs.mode``) -> its macro file in templates/ (the hot loop and block end
+# that q4_neon.S.j2 / q4_sve.S.j2 run)
+Q4_STRATEGY_MACROS = {"dot4": "q4_sdot_lane", "dot8": "q4_sdot_pair", "mm": "q4_smmla",
+                      "neon4": "q4_smull", "za4": "q4_za_sdot"}
 _Q4_SCALARS = ("n_rem", "rhs_ptr", "dst_tile", "dst_row", "blk_cnt", "chunk_cnt", "nchunks",
                "hioff", "lhs_rbs", "lhs_blk_stride", "dst_blk_stride", "nblocks", "tmp", "blk_base")
 _Q4_EXTRA = "block scales and scratch beyond the LHS/RHS registers"
