@@ -31,7 +31,7 @@ _GPR_CHART = ("scalars", "LHS row pointers")
 
 @dataclass(frozen=True)
 class VectorNeeds:
-    """Register demand of a tile, by purpose (for messages and reports)."""
+    """Register demand of a tile, by purpose (for messages and reports): a bank's tally."""
 
     parts: tuple[tuple[str, int], ...]
 
@@ -106,9 +106,10 @@ class _Bank:
 
 class RegisterPool:
     """The register file of one kernel: a GPR bank ``x`` and a vector (V/Z) bank ``v``, each
-    with its accounts (``chart``: the purposes, in report order).  Allocators take registers
-    from it; ``refusal`` judges the tally, ``saved_x``/``saved_d`` are the callee-saved
-    registers taken, ``needs`` the vector tally."""
+    with its accounts (``chart``: the vector purposes, in report order).  Allocators take
+    registers from the banks; ``refusal``/``settle``/``fits`` judge the tally, ``frame()`` gives
+    the record's saved_x/saved_d (the callee-saved registers taken) and needs (the vector
+    tally).  ``streaming``: SME kernels, which save all of d8-d15."""
 
     def __init__(self, chart: tuple[str, ...], *, v_order: list[int] = _V_ORDER,
                  x_order: list[int] = _X_ORDER, streaming: bool = False) -> None:
@@ -218,9 +219,9 @@ _RHS_BUFFERS = 2
 _SVE_MAX_VECS = 8     # st1w/ld1w immediate offsets reach vector 7 of a panel row
 
 
-def _f32_fma_pool(spec: KernelSpec, v_order: list[int], lhs_within: int | None = None):
+def _f32_fma_regs(spec: KernelSpec, v_order: list[int], lhs_within: int | None = None) -> dict:
     """The f32 FMLA kernels' registers (NEON and SVE): RHS buffers, LHS, accumulators; the
-    scalars and one LHS row pointer per row.  Settled (refused) by the caller."""
+    scalars and one LHS row pointer per row; refused if they do not fit."""
     mr, nv = spec.mr, (spec.nr if spec.nr_vl else spec.nr // 4)
     pool = RegisterPool(_F32_CHART, v_order=v_order)
     if lhs_within is None:
@@ -235,8 +236,8 @@ def _f32_fma_pool(spec: KernelSpec, v_order: list[int], lhs_within: int | None =
     gpr = pool.scalars(_F32_SCALARS)
     lhs_ptr = tuple(pool.x.take(mr, "LHS row pointers"))
     pool.settle(f"mr={mr}, nr={spec.nr_str}")
-    return pool, dict(acc=acc, lhs=tuple(lhs), rhs=tuple(rhs), gpr=gpr, lhs_ptr=lhs_ptr,
-                      **pool.frame())
+    return dict(acc=acc, lhs=tuple(lhs), rhs=tuple(rhs), gpr=gpr, lhs_ptr=lhs_ptr,
+                **pool.frame())
 
 
 def _allocate_f32_neon(spec: KernelSpec) -> F32NeonRegs:
@@ -245,8 +246,7 @@ def _allocate_f32_neon(spec: KernelSpec) -> F32NeonRegs:
     if spec.kr != 1 or spec.sr != 1:
         raise SpecError(f"the f32 family reads f32p{spec.nr}x1b panels: kr and sr must be 1 "
                         f"(got kr={spec.kr}, sr={spec.sr})")
-    _, regs = _f32_fma_pool(spec, _V_ORDER)
-    return F32NeonRegs(**regs)
+    return F32NeonRegs(**_f32_fma_regs(spec, _V_ORDER))
 
 
 def _store_preds(nv: int) -> tuple[int, ...]:
@@ -266,8 +266,7 @@ def _allocate_f32_sve(spec: KernelSpec) -> F32SveRegs:
     if nv > _SVE_MAX_VECS:
         raise SpecError(f"nr={spec.nr_str} exceeds {_SVE_MAX_VECS}vl (vector offsets of one "
                         f"panel row must fit the ld1w/st1w immediate)")
-    _, regs = _f32_fma_pool(spec, _Z_LOW_FIRST, lhs_within=8)
-    return F32SveRegs(pred=_store_preds(nv), **regs)
+    return F32SveRegs(pred=_store_preds(nv), **_f32_fma_regs(spec, _Z_LOW_FIRST, lhs_within=8))
 
 
 @dataclass(frozen=True)
