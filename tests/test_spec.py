@@ -163,3 +163,27 @@ def test_q4_refusal_names_the_tile_and_the_block_tried(text, block):
     msg = str(e.value)
     tile = text.split(":")[2]
     assert msg.startswith(f"tile {tile}") and block in msg and "vector registers" in msg, msg
+
+
+def test_register_pool_keeps_the_accounts():
+    from tilegen.generator.regalloc import RegisterPool
+    pool = RegisterPool(("accumulators", "LHS", "RHS"))
+    assert pool.v.take(2, "RHS") == [0, 1]
+    assert pool.v.take(8, "LHS") == [2, 3, 4, 5, 6, 7, 16, 17]     # caller-saved first
+    assert pool.v.reuse([0, 1], 3, "RHS") == [0, 1, 18]          # only the fresh one counts
+    assert pool.fits and pool.frame()["saved_d"] == ()
+    pool.v.take(14, "accumulators")                              # v19-v31, then v8
+    assert pool.fits and pool.frame()["saved_d"] == (8,)
+    assert pool.frame()["needs"].parts == (("accumulators", 14), ("LHS", 8), ("RHS", 3))
+    pool.v.take(10, "accumulators")                              # 35 > 32: still counted
+    assert not pool.fits
+    assert str(pool.refusal("mr=8, nr=12")) == (
+        "mr=8, nr=12 needs 35 vector registers (24 accumulators + 8 LHS + 3 RHS), 32 exist")
+    with pytest.raises(AssertionError, match="not an account"):
+        pool.v.take(1, "scratch")
+    gprs = RegisterPool(("LHS",))
+    gprs.scalars(tuple(f"s{i}" for i in range(7)))
+    gprs.x.take(14, "LHS row pointers")
+    assert str(gprs.refusal("mr=14, nr=4")) == (
+        "mr=14, nr=4 needs 21 general-purpose registers (7 scalars + 14 LHS row pointers), "
+        "20 are free besides the arguments")

@@ -1,8 +1,9 @@
 """Register allocation: from a tile shape to named AArch64 registers.
 
 The allocator is where tile-shape rules live: a tile is valid when its accumulators,
-operand registers and pointers fit the register file.  Every refusal is a
-:class:`SpecError` that names the budget and the numbers.
+operand registers and pointers fit the register file.  Allocators take their registers from
+a :class:`RegisterPool`, which keeps the tally of what was taken for what; a tile that does
+not fit is refused with that tally (a :class:`SpecError` naming the budget and the numbers).
 """
 from __future__ import annotations
 
@@ -10,23 +11,27 @@ from dataclasses import dataclass, field
 
 from .spec import KernelSpec, SpecError, as_spec
 
-__all__ = ["VectorNeeds", "F32NeonRegs", "F32SveRegs", "SmeF32Regs", "Q4NeonRegs", "allocate", "NUM_VREGS"]
+__all__ = ["VectorNeeds", "RegisterPool", "F32NeonRegs", "F32SveRegs", "SmeF32Regs",
+           "Sme2GemvRegs", "Q4Regs", "Q4SmeRegs", "allocate", "NUM_VREGS"]
 
 NUM_VREGS = 32
 # Allocation orders: caller-saved registers first so that small tiles save nothing.
 _V_ORDER = list(range(0, 8)) + list(range(16, 32)) + list(range(8, 16))
 _V_CALLEE_SAVED = frozenset(range(8, 16))          # low 64 bits (d8-d15) are callee-saved
+# Indexed (by-element) SVE operands must be z0-z7: that order hands them out first.
+_Z_LOW_FIRST = list(range(8)) + [r for r in _V_ORDER if r >= 8]
 # x0-x7 carry arguments, x18 is the platform register (macOS), x29/x30 frame/link.
 _X_ORDER = list(range(8, 18)) + list(range(19, 29))
 _X_CALLEE_SAVED = frozenset(range(19, 29))
 # SME templates index ZA with w8 (ZA-array vector select) and w12 (tile slice select): the
 # allocator keeps those two out of the pool.
 _SME_X_ORDER = [r for r in _X_ORDER if r not in (8, 12)]
+_GPR_CHART = ("scalars", "LHS row pointers")
 
 
 @dataclass(frozen=True)
 class VectorNeeds:
-    """Vector-register demand of a tile, by purpose (for messages and reports)."""
+    """Register demand of a tile, by purpose (for messages and reports): a bank's tally."""
 
     parts: tuple[tuple[str, int], ...]
 
@@ -38,17 +43,116 @@ class VectorNeeds:
         return " + ".join(f"{n} {what}" for what, n in self.parts)
 
 
-class _Pool:
-    def __init__(self, kind: str, order: list[int], budget_name: str) -> None:
-        self.kind, self.free, self.budget_name = kind, list(order), budget_name
-        self.used: list[int] = []
+class _Bank:
+    """One register bank: hands registers out in its allocation order and keeps the tally of
+    what each was taken for.  A take past the end still counts (the demand is what a refusal
+    reports) and hands out numbers past the bank, which ``RegisterPool.refusal`` never lets
+    reach a kernel."""
 
-    def take(self, n: int) -> list[int]:
-        if n > len(self.free):  # callers check budgets first; this is a safety net
-            raise SpecError(f"out of {self.budget_name}")
-        regs, self.free = self.free[:n], self.free[n:]
-        self.used += regs
+    def __init__(self, name: str, order: list[int], callee_saved: frozenset, chart: tuple[str, ...],
+                 budget: str) -> None:
+        self.name, self.order, self.callee_saved, self.budget = name, order, callee_saved, budget
+        self.tally = dict.fromkeys(chart, 0)        # the chart fixes the order of the report
+        self.used: list[int] = []
+        self.misplaced: list[str | None] = []      # rules of operands taken outside their range
+        self._next = 0
+
+    def take(self, n: int, role: str, within: int | None = None, rule: str | None = None) -> list[int]:
+        """``n`` fresh registers for ``role``; ``within``: they must be numbered below it (an
+        indexed operand), ``rule`` the refusal if not (default: the vector tally's)."""
+        idx = range(self._next, self._next + n)
+        self._next += n
+        regs = [self.order[i] if i < len(self.order) else 100 + i for i in idx]
+        if within is not None and any(r >= within for r in regs):
+            self.misplaced.append(rule)
+        self._count(role, regs)
         return regs
+
+    def reuse(self, held: list[int], n: int, role: str) -> list[int]:
+        """``n`` registers for ``role`` in a later phase: the (dead by then) ``held`` ones
+        first, fresh ones for the rest; only the fresh ones count."""
+        return held[:n] + self.take(max(0, n - len(held)), role)
+
+    def claim(self, regs, role: str, counted: bool = True) -> tuple[int, ...]:
+        """Fixed registers a template's instruction forms dictate (ZA-array groups, z0-z15
+        operands); ``counted=False`` keeps them out of the reported demand."""
+        regs = tuple(regs)
+        if set(regs) & set(self.used):
+            raise AssertionError(f"{self.name}: {role} claims taken registers {regs}")
+        if counted:
+            self._count(role, regs)
+        else:
+            self.used += regs
+        return regs
+
+    def _count(self, role: str, regs) -> None:
+        if role not in self.tally:
+            raise AssertionError(f"{self.name}: {role!r} is not an account of this kernel")
+        self.tally[role] += len(regs)
+        self.used += regs
+
+    @property
+    def needs(self) -> VectorNeeds:
+        return VectorNeeds(tuple((role, n) for role, n in self.tally.items() if n))
+
+    @property
+    def overdrawn(self) -> bool:
+        return self._next > len(self.order)
+
+    @property
+    def saved(self) -> tuple[int, ...]:
+        return tuple(sorted(set(r for r in self.used if r in self.callee_saved)))
+
+
+class RegisterPool:
+    """The register file of one kernel: a GPR bank ``x`` and a vector (V/Z) bank ``v``, each
+    with its accounts (``chart``: the vector purposes, in report order).  Allocators take
+    registers from the banks; ``refusal``/``settle``/``fits`` judge the tally, ``frame()`` gives
+    the record's saved_x/saved_d (the callee-saved registers taken) and needs (the vector
+    tally).  ``streaming``: SME kernels, which save all of d8-d15."""
+
+    def __init__(self, chart: tuple[str, ...], *, v_order: list[int] = _V_ORDER,
+                 x_order: list[int] = _X_ORDER, streaming: bool = False) -> None:
+        self.v = _Bank("vector registers", v_order, _V_CALLEE_SAVED, chart,
+                       f"{NUM_VREGS} exist")
+        self.x = _Bank("general-purpose registers", x_order, _X_CALLEE_SAVED, _GPR_CHART,
+                       f"{len(x_order)} are free besides the arguments")
+        self.streaming = streaming
+
+    def scalars(self, names: tuple[str, ...]) -> dict[str, int]:
+        return dict(zip(names, self.x.take(len(names), "scalars")))
+
+    def refusal(self, subject: str, note: str = "") -> SpecError | None:
+        """None if the tally fits the register file, else the refusal: vector total, then the
+        placement of indexed operands, then the GPR total."""
+        v = self.v.needs
+        rule = self.v.misplaced[0] if self.v.misplaced else None
+        if self.v.overdrawn or (self.v.misplaced and rule is None):
+            return SpecError(f"{subject} needs {v.total} vector registers ({v.describe()}), "
+                             f"{self.v.budget}{note}")
+        if rule is not None:
+            return SpecError(rule)
+        if self.x.overdrawn:
+            x = self.x.needs
+            return SpecError(f"{subject} needs {x.total} general-purpose registers "
+                             f"({x.describe()}), {self.x.budget}")
+        return None
+
+    def settle(self, subject: str, note: str = "") -> None:
+        err = self.refusal(subject, note)
+        if err is not None:
+            raise err
+
+    @property
+    def fits(self) -> bool:
+        return not (self.v.overdrawn or self.v.misplaced or self.x.overdrawn)
+
+    def frame(self) -> dict:
+        """The fields every register record carries: callee-saved registers and the demand.
+        Streaming mode clears the whole vector file: SME kernels save all of d8-d15."""
+        return dict(saved_x=self.x.saved,
+                    saved_d=tuple(range(8, 16)) if self.streaming else self.v.saved,
+                    needs=self.v.needs)
 
 
 class _Frame:
@@ -66,6 +170,11 @@ class _Frame:
         return 8 * (len(self.saved_x) + len(self.saved_d))
 
 
+def _rows(flat: list[int], n: int) -> tuple[tuple[int, ...], ...]:
+    """Consecutive runs of ``n`` registers: [row][vec] of a flat take."""
+    return tuple(tuple(flat[i:i + n]) for i in range(0, len(flat), n))
+
+
 @dataclass(frozen=True)
 class F32NeonRegs(_Frame):
     """Registers of the f32 NEON FMLA kernel (numbers; templates add the prefix)."""
@@ -74,87 +183,143 @@ class F32NeonRegs(_Frame):
     lhs: tuple[int, ...]                  # one vector per row: 4 consecutive k values
     rhs: tuple[int, ...]                  # streamed RHS vectors (double-buffered)
     gpr: dict[str, int] = field(hash=False)   # named scalar registers
-    lhs_ptr: tuple[int, ...] = ()         # one LHS row pointer per tile row
-    saved_x: tuple[int, ...] = ()         # callee-saved GPRs the kernel uses
-    saved_d: tuple[int, ...] = ()         # callee-saved d-registers the kernel uses
-    needs: VectorNeeds = VectorNeeds(())
+    lhs_ptr: tuple[int, ...]              # one LHS row pointer per tile row
+    saved_x: tuple[int, ...]              # callee-saved GPRs the kernel uses
+    saved_d: tuple[int, ...]              # callee-saved d-registers the kernel uses
+    needs: VectorNeeds
 
     @property
     def n_vec(self) -> int:
         return len(self.acc[0])
 
 
+@dataclass(frozen=True)
+class F32SveRegs(_Frame):
+    """Registers of the f32 SVE FMLA kernel: Z registers in the NEON kernel's roles (acc[row][vec]
+    holds one VL of columns), ``pred[j]`` the store predicate of column vector j."""
+
+    acc: tuple[tuple[int, ...], ...]
+    lhs: tuple[int, ...]                  # z0-z7: the indexed FMLA operand, one per row
+    rhs: tuple[int, ...]
+    gpr: dict[str, int] = field(hash=False)
+    lhs_ptr: tuple[int, ...]
+    pred: tuple[int, ...]
+    saved_x: tuple[int, ...]
+    saved_d: tuple[int, ...]
+    needs: VectorNeeds
+
+    @property
+    def n_vec(self) -> int:
+        return len(self.acc[0])
+
 
 _F32_SCALARS = ("n_rem", "rhs_ptr", "dst_tile", "dst_row", "k_cnt", "lhs_blk_stride", "dst_blk_stride")
+_F32_CHART = ("accumulators", "LHS", "RHS")
 _RHS_BUFFERS = 2
+_SVE_MAX_VECS = 8     # st1w/ld1w immediate offsets reach vector 7 of a panel row
+
+
+def _f32_fma_regs(spec: KernelSpec, v_order: list[int], lhs_within: int | None = None) -> dict:
+    """The f32 FMLA kernels' registers (NEON and SVE): RHS buffers, LHS, accumulators; the
+    scalars and one LHS row pointer per row; refused if they do not fit."""
+    mr, nv = spec.mr, (spec.nr if spec.nr_vl else spec.nr // 4)
+    pool = RegisterPool(_F32_CHART, v_order=v_order)
+    if lhs_within is None:
+        rhs = pool.v.take(_RHS_BUFFERS, "RHS")
+        lhs = pool.v.take(mr, "LHS")
+    else:     # LHS vectors (the indexed operand) in z0-z7, then the RHS buffers
+        lhs = pool.v.take(mr, "LHS", within=lhs_within,
+                          rule=f"mr={mr} > 8: the indexed FMLA reads its LHS vector from z0-z7, "
+                               f"one per row")
+        rhs = pool.v.take(_RHS_BUFFERS, "RHS")
+    acc = _rows(pool.v.take(mr * nv, "accumulators"), nv)
+    gpr = pool.scalars(_F32_SCALARS)
+    lhs_ptr = tuple(pool.x.take(mr, "LHS row pointers"))
+    pool.settle(f"mr={mr}, nr={spec.nr_str}")
+    return dict(acc=acc, lhs=tuple(lhs), rhs=tuple(rhs), gpr=gpr, lhs_ptr=lhs_ptr,
+                **pool.frame())
 
 
 def _allocate_f32_neon(spec: KernelSpec) -> F32NeonRegs:
-    mr, nr = spec.mr, spec.nr
-    if nr % 4:
-        raise SpecError(f"nr={nr} must be a multiple of 4 (one f32x4 vector per 4 columns)")
+    if spec.nr % 4:
+        raise SpecError(f"nr={spec.nr} must be a multiple of 4 (one f32x4 vector per 4 columns)")
     if spec.kr != 1 or spec.sr != 1:
-        raise SpecError(f"the f32 family reads f32p{nr}x1b panels: kr and sr must be 1 "
+        raise SpecError(f"the f32 family reads f32p{spec.nr}x1b panels: kr and sr must be 1 "
                         f"(got kr={spec.kr}, sr={spec.sr})")
-    n_vec = nr // 4
-    needs = VectorNeeds((("accumulators", mr * n_vec), ("LHS", mr), ("RHS", _RHS_BUFFERS)))
-    if needs.total > NUM_VREGS:
-        raise SpecError(f"mr={mr}, nr={nr} needs {needs.total} vector registers "
-                        f"({needs.describe()}), {NUM_VREGS} exist")
-    n_gpr = len(_F32_SCALARS) + mr
-    if n_gpr > len(_X_ORDER):
-        raise SpecError(f"mr={mr}, nr={nr} needs {n_gpr} general-purpose registers "
-                        f"({len(_F32_SCALARS)} scalars + {mr} LHS row pointers), "
-                        f"{len(_X_ORDER)} are free besides the arguments")
-    vp = _Pool("v", _V_ORDER, "vector registers")
-    rhs = vp.take(_RHS_BUFFERS)
-    lhs = vp.take(mr)
-    flat = vp.take(mr * n_vec)
-    acc = tuple(tuple(flat[r * n_vec:(r + 1) * n_vec]) for r in range(mr))
-    xp = _Pool("x", _X_ORDER, "general-purpose registers")
-    gpr = dict(zip(_F32_SCALARS, xp.take(len(_F32_SCALARS))))
-    lhs_ptr = tuple(xp.take(mr))
-    return F32NeonRegs(
-        acc=acc, lhs=tuple(lhs), rhs=tuple(rhs), gpr=gpr, lhs_ptr=lhs_ptr,
-        saved_x=tuple(sorted(r for r in xp.used if r in _X_CALLEE_SAVED)),
-        saved_d=tuple(sorted(r for r in vp.used if r in _V_CALLEE_SAVED)),
-        needs=needs,
-    )
+    return F32NeonRegs(**_f32_fma_regs(spec, _V_ORDER))
+
+
+def _store_preds(nv: int) -> tuple[int, ...]:
+    """Store predicates (st1w takes p0-p7): p1.. per vector; an eighth reuses p0, which the
+    template re-arms with ptrue at the next tile."""
+    return tuple(range(1, min(nv, 7) + 1)) + ((0,) if nv == 8 else ())
+
+
+def _allocate_f32_sve(spec: KernelSpec) -> F32SveRegs:
+    mr, nv = spec.mr, spec.nr
+    if spec.mr_vl:
+        raise SpecError(f"sve f32 kernels have a fixed row count: give mr as a number "
+                        f"(e.g. 6x{spec.nr_str}), got mr={spec.mr_str}")
+    if spec.kr != 1 or spec.sr != 1:
+        raise SpecError(f"the f32 family reads f32p panels: kr and sr must be 1 "
+                        f"(got kr={spec.kr}, sr={spec.sr})")
+    if nv > _SVE_MAX_VECS:
+        raise SpecError(f"nr={spec.nr_str} exceeds {_SVE_MAX_VECS}vl (vector offsets of one "
+                        f"panel row must fit the ld1w/st1w immediate)")
+    return F32SveRegs(pred=_store_preds(nv), **_f32_fma_regs(spec, _Z_LOW_FIRST, lhs_within=8))
 
 
 @dataclass(frozen=True)
-class Q4NeonRegs(_Frame):
-    """Registers of the int4 x int8 kernels (dotprod SDOT / i8mm SMMLA).
+class Q4Regs(_Frame):
+    """Registers of the int4 x int8 kernels on NEON and SVE (V or Z registers; the SVE ones
+    hold VL/32 columns per column vector) and of the SME2 gemv.
 
     The tile's ``mr`` rows are computed ``mr_reg`` rows at a time (``groups`` packed LHS row
     blocks of ``lhs_mr`` rows); ``mr_reg`` is the largest such block that fits the register file.
+    ``mode`` names the strategy whose macros the template runs (see templates/q4_*.S.j2).
     """
 
-    mode: str   # "dot4" (SDOT by lane), "dot8" (SDOT, column pairs), "mm" (SMMLA), "neon4" (SMULL+SADALP)
+    mode: str   # "dot4" (SDOT by lane), "dot8" (SDOT, column pairs), "mm" (SMMLA),
+                # "neon4" (SMULL+SADALP), "za4" (SME2: ZA-array SDOT by lane)
     mr_reg: int
     lhs_mr: int
     groups: int
-    facc: tuple[tuple[int, ...], ...]      # facc[row][vec]: f32 results, 4 columns per vector
-    iacc: tuple                            # dot4: [row][vec]; dot8: [pair]; mm: [group][row pair][col pair]
+    facc: tuple[tuple[int, ...], ...]      # facc[row][vec]: f32 results
+    iacc: tuple     # NEON dot4: [row][vec]; dot8: [pair]; mm: [group][row pair][col pair];
+                    # neon4: [row][vec] (cols 0-1, cols 2-3 partials); SVE dot8: [2*cv + h];
+                    # SVE mm: [group][row pair][2*cv + h]; za4: () (ZA array)
     lhs: tuple[int, ...]
     rhs: tuple[int, ...]                   # unpacked (low, high) nibbles of RHS vectors, in pairs
-    mask: int                              # 0xF0 in every byte
-    scale: tuple[int, ...]                 # per-column block scales (f32), nr/4 vectors
+    scale: tuple[int, ...]                 # per-column block scales (f32), one per column vector
     dl: tuple[int, ...]                    # per-group LHS block scales (q4_0 family)
     tmp: tuple[int, ...]                   # three scratch vectors
     gpr: dict[str, int] = field(hash=False)
-    lo: tuple[int, ...] = ()               # per-group pointer to the low-nibble LHS half
-    hi: tuple[int, ...] = ()               # per-group pointer to the high-nibble LHS half
+    lo: tuple[int, ...]                    # per-group pointer to the low-nibble LHS half
+    hi: tuple[int, ...]                    # per-group pointer to the high-nibble LHS half
+    saved_x: tuple[int, ...]
+    saved_d: tuple[int, ...]
+    needs: VectorNeeds
+    mask: int | None = None                # NEON: 0xF0 in every byte (SVE: an immediate)
     streamed: bool = False                 # LHS streamed per row block, block-end regs reused
     acc_mem: bool = False                  # f32 accumulators in the frame; facc = final regs
-    fa: int = -1                           # acc_mem: the accumulator vector being updated
-    saved_x: tuple[int, ...] = ()
-    saved_d: tuple[int, ...] = ()
-    needs: VectorNeeds = VectorNeeds(())
+    fa: int | None = None                  # acc_mem: the accumulator vector being updated
+    pred: tuple[int, ...] = ()             # SVE: store predicate of column vector cv
+    lo_grp: tuple[int, ...] = ()           # za4: the k step's unpacked low nibbles (vgx<nv>)
+    hi_grp: tuple[int, ...] = ()           # za4: ... high nibbles
 
     @property
     def n_vec(self) -> int:
         return len(self.facc[0])
+
+    @property
+    def macros(self) -> str:
+        """The template file of the strategy's phases (zero, chunk, convert)."""
+        return f"{Q4_STRATEGY_MACROS[self.mode]}.S.j2"
+
+    @property
+    def iacc_regs(self) -> list[int]:
+        """Every int32 accumulator, in the order of ``iacc``'s nesting."""
+        return _flatten(self.iacc)
 
     @property
     def acc_bytes(self) -> int:
@@ -173,8 +338,16 @@ class Q4NeonRegs(_Frame):
         return self.acc_offset + self.acc_bytes
 
 
+# q4 strategy (``Q4Regs.mode``) -> its macro file in templates/ (the hot loop and block end
+# that q4_neon.S.j2 / q4_sve.S.j2 run)
+Q4_STRATEGY_MACROS = {"dot4": "q4_sdot_lane", "dot8": "q4_sdot_pair", "mm": "q4_smmla",
+                      "neon4": "q4_smull", "za4": "q4_za_sdot"}
 _Q4_SCALARS = ("n_rem", "rhs_ptr", "dst_tile", "dst_row", "blk_cnt", "chunk_cnt", "nchunks",
                "hioff", "lhs_rbs", "lhs_blk_stride", "dst_blk_stride", "nblocks", "tmp", "blk_base")
+_Q4_EXTRA = "block scales and scratch beyond the LHS/RHS registers"
+# the q4 kernels' vector accounts, in report order
+_Q4_CHART = ("f32 accumulators", "int32 accumulators", "LHS", "RHS", "unpacked RHS",
+             "nibble mask", "column scales", "LHS scales", _Q4_EXTRA, "scratch")
 
 
 def _q4_mode(spec: KernelSpec) -> str:
@@ -207,43 +380,6 @@ def _q4_streamed(mode: str, P: int) -> bool:
     return mode == "mm" or (mode == "dot4" and P == 4)
 
 
-def _q4_vector_needs(spec: KernelSpec, mode: str, mr_reg: int, P: int) -> VectorNeeds:
-    G, nv = mr_reg // P, spec.nr // 4
-    iacc = {"dot4": mr_reg * nv, "dot8": 2 * nv, "mm": mr_reg * nv, "neon4": 2 * mr_reg * nv}[mode]
-    dl = G if spec.family == "q4_0" else 0
-    if spec.acc_mem:
-        # LHS: one register pair (SMMLA: the low-nibble pair, then the high one, renamed);
-        # block end: 2 scratch + the accumulator in flight + column scales + one row block's
-        # LHS scales, in the LHS/RHS registers first
-        lhs, rhs = 2, (spec.nr if mode == "mm" else 2 * nv)
-        parts = [("int32 accumulators", iacc), ("LHS", lhs), ("RHS", rhs), ("nibble mask", 1)]
-        extra = 3 + nv + (1 if dl else 0) - (lhs + rhs)
-        if extra > 0:
-            parts.append(("block scales and scratch beyond the LHS/RHS registers", extra))
-        return VectorNeeds(tuple(parts))
-    if _q4_streamed(mode, P):
-        lhs, rhs = (4, spec.nr) if mode == "mm" else (2, 2 * nv)
-        parts = [("f32 accumulators", mr_reg * nv), ("int32 accumulators", iacc), ("LHS", lhs),
-                 ("RHS", rhs), ("nibble mask", 1)]
-        # after the chunk loop: 2 scratch + column scales + LHS scales in the LHS/RHS registers
-        extra = 2 + nv + dl - (lhs + rhs)
-        if extra > 0:
-            parts.append(("block scales and scratch beyond the LHS/RHS registers", extra))
-        return VectorNeeds(tuple(parts))
-    lhs = {"dot4": 2 * G if P == 4 else 2, "dot8": 2,
-           "neon4": 2 * G if P == 4 else 2}[mode]
-    parts = [("f32 accumulators", mr_reg * nv), ("int32 accumulators", iacc), ("LHS", lhs),
-             ("RHS", 2), ("nibble mask", 1), ("column scales", nv)]
-    if dl:
-        parts.append(("LHS scales", G))
-    parts.append(("scratch", 3))
-    return VectorNeeds(tuple(parts))
-
-
-def _flatten(t) -> list[int]:
-    return [t] if isinstance(t, int) else [v for x in t for v in _flatten(x)]
-
-
 def _check_q4_packing(spec: KernelSpec) -> None:
     """Rules of the packed q4 layouts every q4 allocator shares (interleave, rows per block)."""
     if spec.kr % spec.sr:
@@ -255,149 +391,185 @@ def _check_q4_packing(spec: KernelSpec) -> None:
                         f"at a time)")
 
 
-def _q4_refusal(spec: KernelSpec, P: int, needs: VectorNeeds, note: str = "") -> SpecError:
-    """The refusal of a q4 tile whose smallest row block (``P`` rows, demand ``needs``) does
-    not fit: names the tile asked for and the block tried."""
+def _q4_first_fit(spec: KernelSpec, attempt, note: str = "") -> Q4Regs:
+    """Row blocks from the whole tile down to one packed LHS block (``P`` rows): the first
+    whose pool fits.  Else the refusal from the smallest block's tally, naming the tile
+    asked for and the block tried."""
+    P = spec.lhs_mr
+    for mr_reg in [r for r in range(spec.mr, 0, -P) if spec.mr % r == 0 and r % P == 0]:
+        pool, regs = attempt(mr_reg)
+        if pool.fits:
+            return Q4Regs(mr_reg=mr_reg, lhs_mr=P, groups=mr_reg // P, **regs, **pool.frame())
     rows = (f"mr={P}," if spec.mr == P else
             f"a block of {P} of its {spec.mr} rows (the smallest block tried) with")
-    return SpecError(f"tile {spec.mr_str}x{spec.nr_str}: {rows} nr={spec.nr_str} needs "
-                     f"{needs.total} vector registers ({needs.describe()}), {NUM_VREGS} exist{note}")
+    raise pool.refusal(f"tile {spec.mr_str}x{spec.nr_str}: {rows} nr={spec.nr_str}", note)
 
 
-def _allocate_q4_neon(spec: KernelSpec) -> Q4NeonRegs:
-    mr, nr = spec.mr, spec.nr
-    if nr % 4:
-        raise SpecError(f"nr={nr} must be a multiple of 4 (one int32x4 vector per 4 columns)")
-    _check_q4_packing(spec)
-    mode = _q4_mode(spec)
-    P = spec.lhs_mr
-    if spec.acc_mem and not _q4_streamed(mode, P):
-        raise SpecError(f"acc_mem (f32 accumulators in memory) needs a multi-row dotprod tile "
-                        f"with kr/sr = 4 or an i8mm tile; got {spec.isa} mr={mr} kr/sr={spec.L}")
-    # acc_mem tiles address both LHS halves from one pointer per row block
-    ptrs = 1 if spec.acc_mem else 2
-    candidates = [r for r in range(mr, 0, -P) if mr % r == 0 and r % P == 0]
-    chosen = None
-    for mr_reg in candidates:
-        needs = _q4_vector_needs(spec, mode, mr_reg, P)
-        n_gpr = len(_Q4_SCALARS) + ptrs * (mr_reg // P)
-        if needs.total <= NUM_VREGS and n_gpr <= len(_X_ORDER):
-            chosen = (mr_reg, needs)
-            break
-    if chosen is None:
-        raise _q4_refusal(spec, P, _q4_vector_needs(spec, mode, P, P))
-    mr_reg, needs = chosen
-    G, nv = mr_reg // P, nr // 4
+def _q4_neon_block(spec: KernelSpec, mode: str, mr_reg: int):
+    """Registers of one row block of ``mr_reg`` rows (NEON)."""
+    P, nv = spec.lhs_mr, spec.nr // 4
+    G = mr_reg // P
     n_dl = G if spec.family == "q4_0" else 0
-    vp = _Pool("v", _V_ORDER, "vector registers")
-    parts = dict(needs.parts)
-    fa = -1
+    streamed = _q4_streamed(mode, P)
+    pool = RegisterPool(_Q4_CHART)
+    v = pool.v
+    fa = None
     if spec.acc_mem:
-        rhs = vp.take(parts["RHS"])
-        lhs = vp.take(parts["LHS"])
-        mask = vp.take(1)[0]
-        n_epi = 3 + nv + (1 if n_dl else 0)
-        epi = rhs + lhs + vp.take(max(0, n_epi - len(rhs) - len(lhs)))
+        # LHS: one register pair (SMMLA: the low-nibble pair, then the high one, renamed);
+        # block end: 2 scratch + the accumulator in flight + column scales + one row block's
+        # LHS scales, in the LHS/RHS registers first
+        rhs = v.take(spec.nr if mode == "mm" else 2 * nv, "RHS")
+        lhs = v.take(2, "LHS")
+        mask = v.take(1, "nibble mask")[0]
+        epi = v.reuse(rhs + lhs, 3 + nv + (1 if n_dl else 0), _Q4_EXTRA)
         tmp = [epi[0], epi[1], epi[0]]
         fa = epi[2]
         scale = epi[3:3 + nv]
         dl = [epi[3 + nv]] * n_dl if n_dl else []     # one row block at a time
-    elif _q4_streamed(mode, P):
-        rhs = vp.take(parts["RHS"])
-        lhs = vp.take(parts["LHS"])
-        mask = vp.take(1)[0]
+    elif streamed:
+        rhs = v.take(spec.nr if mode == "mm" else 2 * nv, "RHS")
+        lhs = v.take(4 if mode == "mm" else 2, "LHS")
+        mask = v.take(1, "nibble mask")[0]
         # block-end registers: the (dead) RHS then LHS registers, then spares; t1/t2 are RHS
         # registers so that the dx epilogue may hold lhs[0], lhs[1] at the same time
-        epi = rhs + lhs + vp.take(max(0, 2 + nv + n_dl - len(rhs) - len(lhs)))
+        epi = v.reuse(rhs + lhs, 2 + nv + n_dl, _Q4_EXTRA)
         tmp = [epi[0], epi[1], epi[0]]          # the third scratch serves neon4 only
         scale = epi[2:2 + nv]
         dl = epi[2 + nv:2 + nv + n_dl]
     else:
-        rhs = vp.take(2)
-        mask = vp.take(1)[0]
-        tmp = vp.take(3)
-        lhs = vp.take(parts["LHS"])
-        scale = vp.take(nv)
-        dl = vp.take(G) if spec.family == "q4_0" else []
+        rhs = v.take(2, "RHS")
+        mask = v.take(1, "nibble mask")[0]
+        tmp = v.take(3, "scratch")
+        lhs = v.take(2 * G if P == 4 else 2, "LHS")
+        scale = v.take(nv, "column scales")
+        dl = v.take(n_dl, "LHS scales")
     if mode == "dot8":
-        iacc = tuple(vp.take(2 * nv))
+        iacc = tuple(v.take(2 * nv, "int32 accumulators"))
     elif mode == "neon4":   # [row][vec] -> (columns 0-1 partials, columns 2-3 partials)
-        flat = vp.take(2 * mr_reg * nv)
-        iacc = tuple(tuple((flat[2 * (r * nv + c)], flat[2 * (r * nv + c) + 1]) for c in range(nv))
-                     for r in range(mr_reg))
+        iacc = tuple(tuple(zip(*[iter(r)] * 2))
+                     for r in _rows(v.take(2 * mr_reg * nv, "int32 accumulators"), 2 * nv))
     elif mode == "dot4":
-        flat = vp.take(mr_reg * nv)
-        iacc = tuple(tuple(flat[r * nv:(r + 1) * nv]) for r in range(mr_reg))
+        iacc = _rows(v.take(mr_reg * nv, "int32 accumulators"), nv)
     else:  # mm: [group][row pair][col pair]
-        npair = nr // 2
-        flat = vp.take(G * 2 * npair)
-        iacc = tuple(tuple(tuple(flat[(g * 2 + rp) * npair:(g * 2 + rp + 1) * npair])
-                           for rp in range(2)) for g in range(G))
+        npair = spec.nr // 2
+        iacc = _rows(_rows(v.take(G * 2 * npair, "int32 accumulators"), npair), 2)
     if spec.acc_mem:    # after the block loop the int32 accumulators receive the results
-        fl = [v for v in _flatten(iacc)]
+        fl = _flatten(iacc)
     else:
-        fl = vp.take(mr_reg * nv)
-    facc = tuple(tuple(fl[r * nv:(r + 1) * nv]) for r in range(mr_reg))
-    xp = _Pool("x", _X_ORDER, "general-purpose registers")
-    gpr = dict(zip(_Q4_SCALARS, xp.take(len(_Q4_SCALARS))))
-    lo = tuple(xp.take(G))
-    hi = () if spec.acc_mem else tuple(xp.take(G))
-    return Q4NeonRegs(
-        mode=mode, mr_reg=mr_reg, lhs_mr=P, groups=G, facc=facc, iacc=iacc, lhs=tuple(lhs),
-        rhs=tuple(rhs), mask=mask, scale=tuple(scale), dl=tuple(dl), tmp=tuple(tmp), gpr=gpr,
-        lo=lo, hi=hi, streamed=_q4_streamed(mode, P), acc_mem=spec.acc_mem, fa=fa,
-        saved_x=tuple(sorted(r for r in xp.used if r in _X_CALLEE_SAVED)),
-        saved_d=tuple(sorted(r for r in vp.used if r in _V_CALLEE_SAVED)),
-        needs=needs,
-    )
+        fl = v.take(mr_reg * nv, "f32 accumulators")
+    gpr = pool.scalars(_Q4_SCALARS)
+    lo = tuple(pool.x.take(G, "LHS row pointers"))
+    # acc_mem tiles address both LHS halves from one pointer per row block
+    hi = () if spec.acc_mem else tuple(pool.x.take(G, "LHS row pointers"))
+    return pool, dict(
+        mode=mode, facc=_rows(fl, nv), iacc=iacc, lhs=tuple(lhs), rhs=tuple(rhs), mask=mask,
+        scale=tuple(scale), dl=tuple(dl), tmp=tuple(tmp), gpr=gpr, lo=lo, hi=hi,
+        streamed=streamed, acc_mem=spec.acc_mem, fa=fa)
 
 
-@dataclass(frozen=True)
-class F32SveRegs(F32NeonRegs):
-    """Registers of the f32 SVE FMLA kernel: Z registers numbered as the NEON ones (acc[row][vec]
-    holds one VL of columns), ``pred[j]`` the store predicate of column vector j."""
-
-    pred: tuple[int, ...] = ()
+def _flatten(t) -> list[int]:
+    return [t] if isinstance(t, int) else [v for x in t for v in _flatten(x)]
 
 
-_SVE_MAX_VECS = 8     # st1w/ld1w immediate offsets reach vector 7 of a panel row
+def _allocate_q4_neon(spec: KernelSpec) -> Q4Regs:
+    if spec.nr % 4:
+        raise SpecError(f"nr={spec.nr} must be a multiple of 4 (one int32x4 vector per 4 columns)")
+    _check_q4_packing(spec)
+    mode = _q4_mode(spec)
+    if spec.acc_mem and not _q4_streamed(mode, spec.lhs_mr):
+        raise SpecError(f"acc_mem (f32 accumulators in memory) needs a multi-row dotprod tile "
+                        f"with kr/sr = 4 or an i8mm tile; got {spec.isa} mr={spec.mr} kr/sr={spec.L}")
+    return _q4_first_fit(spec, lambda mr_reg: _q4_neon_block(spec, mode, mr_reg))
 
 
-def _store_preds(nv: int) -> tuple[int, ...]:
-    """Store predicates (st1w takes p0-p7): p1.. per vector; an eighth reuses p0, which the
-    template re-arms with ptrue at the next tile."""
-    return tuple(range(1, min(nv, 7) + 1)) + ((0,) if nv == 8 else ())
+def _q4_sve_mode(spec: KernelSpec) -> str:
+    mr, L = spec.mr, spec.L
+    if spec.isa == "sve_dotprod":
+        if L == 8 and mr == 1:
+            return "dot8"       # gemv reading the i8mm kernels' packed RHS (kr/sr = 8)
+        if L != 4:
+            raise SpecError(f"sve_dotprod kernels need kr/sr = 4 (SDOT by 32-bit lane), or "
+                            f"kr/sr = 8 for gemv (mr=1); got mr={mr}, kr={spec.kr}, sr={spec.sr}")
+        return "dot4"
+    if L != 8 or mr % 4:
+        raise SpecError(f"sve_i8mm (SMMLA, 2x8 int8 per 128-bit segment) needs kr/sr = 8 "
+                        f"and mr a multiple of 4; got mr={mr}, kr={spec.kr}, sr={spec.sr}")
+    return "mm"
 
 
-def _allocate_f32_sve(spec: KernelSpec) -> F32SveRegs:
-    mr, nv = spec.mr, spec.nr
+def _q4_sve_block(spec: KernelSpec, mode: str, mr_reg: int):
+    """Registers of one row block of ``mr_reg`` rows (SVE).  Indexed operands in z0-z7: the
+    LHS scales (q4_0), the LHS lanes of the indexed SDOT (dot4) and the first two LHS
+    registers (the dx epilogue's per-row values)."""
+    P, nv = spec.lhs_mr, spec.nr
+    G = mr_reg // P
+    pool = RegisterPool(_Q4_CHART, v_order=_Z_LOW_FIRST)
+    v = pool.v
+    dl = v.take(G if spec.family == "q4_0" else 0, "LHS scales", within=8)
+    if mode == "dot4":
+        lhs = v.take(2 * G if P == 4 else 2, "LHS", within=8)
+    else:
+        lhs = v.take(2, "LHS", within=8) + v.take(4 * G - 2 if mode == "mm" else 0, "LHS")
+    rhs = v.take(2, "RHS")
+    tmp = v.take(3, "scratch")
+    scale = v.take(nv, "column scales")
+    if mode == "dot4":
+        iacc = _rows(v.take(mr_reg * nv, "int32 accumulators"), nv)
+    elif mode == "dot8":     # [2*cv + h]: half h of column vector cv, 2 lanes per column
+        iacc = tuple(v.take(2 * nv, "int32 accumulators"))
+    else:                    # mm: [group][row pair][2*cv + h]
+        iacc = _rows(_rows(v.take(G * 2 * 2 * nv, "int32 accumulators"), 2 * nv), 2)
+    facc = _rows(v.take(mr_reg * nv, "f32 accumulators"), nv)
+    gpr = pool.scalars(_Q4_SCALARS)
+    lo, hi = tuple(pool.x.take(G, "LHS row pointers")), tuple(pool.x.take(G, "LHS row pointers"))
+    return pool, dict(
+        mode=mode, facc=facc, iacc=iacc, lhs=tuple(lhs), rhs=tuple(rhs), scale=tuple(scale),
+        dl=tuple(dl), tmp=tuple(tmp), gpr=gpr, lo=lo, hi=hi, pred=tuple(range(1, nv + 1)))
+
+
+def _allocate_q4_sve(spec: KernelSpec) -> Q4Regs:
     if spec.mr_vl:
-        raise SpecError(f"sve f32 kernels have a fixed row count: give mr as a number "
-                        f"(e.g. 6x{spec.nr_str}), got mr={spec.mr_str}")
-    if spec.kr != 1 or spec.sr != 1:
-        raise SpecError(f"the f32 family reads f32p panels: kr and sr must be 1 "
-                        f"(got kr={spec.kr}, sr={spec.sr})")
-    if nv > _SVE_MAX_VECS:
-        raise SpecError(f"nr={spec.nr_str} exceeds {_SVE_MAX_VECS}vl (vector offsets of one "
-                        f"panel row must fit the ld1w/st1w immediate)")
-    needs = VectorNeeds((("accumulators", mr * nv), ("LHS", mr), ("RHS", _RHS_BUFFERS)))
-    if needs.total > NUM_VREGS:
-        raise SpecError(f"mr={mr}, nr={spec.nr_str} needs {needs.total} vector registers "
-                        f"({needs.describe()}), {NUM_VREGS} exist")
-    if mr > 8:
-        raise SpecError(f"mr={mr} > 8: the indexed FMLA reads its LHS vector from z0-z7, "
-                        f"one per row")
-    base = _allocate_f32_neon(KernelSpec("f32", "neon", mr, 4 * nv))
-    # LHS vectors (the indexed operand) in z0-z7, then the RHS buffers, then accumulators
-    vp = _Pool("v", list(range(8)) + [r for r in _V_ORDER if r >= 8], "vector registers")
-    lhs = tuple(vp.take(mr))
-    rhs = tuple(vp.take(_RHS_BUFFERS))
-    flat = vp.take(mr * nv)
-    acc = tuple(tuple(flat[r * nv:(r + 1) * nv]) for r in range(mr))
-    return F32SveRegs(acc=acc, lhs=lhs, rhs=rhs, gpr=base.gpr, lhs_ptr=base.lhs_ptr,
-                      saved_x=base.saved_x,
-                      saved_d=tuple(sorted(r for r in vp.used if r in _V_CALLEE_SAVED)),
-                      needs=needs, pred=_store_preds(nv))
+        raise SpecError(f"sve q4 kernels have a fixed row count: give mr as a number, "
+                        f"got mr={spec.mr_str}")
+    _check_q4_packing(spec)
+    if spec.nr > 7:
+        raise SpecError(f"nr={spec.nr_str} exceeds 7vl (per-column-vector offsets and store "
+                        f"predicates p1-p7)")
+    mode = _q4_sve_mode(spec)
+    return _q4_first_fit(spec, lambda mr_reg: _q4_sve_block(spec, mode, mr_reg),
+                         " (LHS and LHS scales, indexed operands, in z0-z7)")
+
+
+def _allocate_q4_sme2(spec: KernelSpec) -> Q4Regs:
+    """SME2 int4 gemv: int32 sums in one ZA-array vector group (SDOT vgx<nv> by lane); the
+    unpacked nibbles of a k step's nv RHS vectors in two aligned multi-vector groups."""
+    nv = spec.nr
+    if not spec.is_gemv:
+        raise SpecError(f"sme2 q4 kernels are gemv (ZA-array SDOT): mr must be 1, got "
+                        f"mr={spec.mr_str}")
+    if nv not in (2, 4):
+        raise SpecError(f"sme2 q4 gemv: nr must be 2vl or 4vl (SDOT vgx2/vgx4), got {spec.nr_str}")
+    if spec.L != 4:
+        raise SpecError(f"sme2 q4 gemv reads 4-byte groups (SDOT by lane): kr/sr must be 4, "
+                        f"got kr={spec.kr}, sr={spec.sr}")
+    _check_q4_packing(spec)
+    pool = RegisterPool(_Q4_CHART, x_order=_SME_X_ORDER, streaming=True)
+    v = pool.v
+    # multi-vector groups start at a multiple of their length; indexed operands in z0-z7
+    facc = (v.claim(range(20, 20 + nv), "f32 accumulators"),)
+    lhs = v.claim((0, 1), "LHS")
+    lo_grp = v.claim(range(8, 8 + nv), "unpacked RHS")
+    hi_grp = v.claim(range(12, 12 + nv), "unpacked RHS")
+    scale = v.claim(range(16, 16 + nv), "column scales")
+    # z2 has never been in this kernel's reported demand (the tuner's vregs key): kept so
+    dl = v.claim((2,), "LHS scales", counted=False) if spec.family == "q4_0" else ()
+    tmp = v.claim((3, 5, 6), "scratch")
+    gpr = pool.scalars(_Q4_SCALARS)
+    lo, hi = tuple(pool.x.take(1, "LHS row pointers")), tuple(pool.x.take(1, "LHS row pointers"))
+    pool.settle(f"sme2 q4 gemv 1x{spec.nr_str}")
+    return Q4Regs(mode="za4", mr_reg=1, lhs_mr=1, groups=1, facc=facc, iacc=(), lhs=lhs, rhs=(),
+                  scale=scale, dl=dl, tmp=tmp, gpr=gpr, lo=lo, hi=hi,
+                  pred=tuple(range(1, nv + 1)), lo_grp=lo_grp, hi_grp=hi_grp, **pool.frame())
 
 
 @dataclass(frozen=True)
@@ -416,9 +588,9 @@ class SmeF32Regs(_Frame):
     clamp: tuple[int, int]               # z registers holding clamp_min, clamp_max
     tmp: tuple[int, ...]                 # vectors for the ZA slice store path
     gpr: dict[str, int] = field(hash=False)
-    saved_x: tuple[int, ...] = ()
-    saved_d: tuple[int, ...] = tuple(range(8, 16))
-    needs: VectorNeeds = VectorNeeds(())
+    saved_x: tuple[int, ...]
+    saved_d: tuple[int, ...]
+    needs: VectorNeeds
     counter_pred: int = 8                # pn8: SME2 multi-vector loads
 
 
@@ -428,6 +600,7 @@ _SME_SCALARS = ("n_rem", "rhs_ptr", "dst_tile", "dst_row", "k_cnt", "lhs_ptr", "
 # Z registers: two k-steps in flight (sets A and B); SME2 multi-vector loads need each LHS
 # and RHS group to start at a multiple of its length, so groups start at multiples of 4.
 _SME_SETS = ((0, 4), (24, 28))
+_SME_F32_CHART = ("LHS", "RHS", "clamp", "store")
 
 
 def _allocate_f32_sme(spec: KernelSpec) -> SmeF32Regs:
@@ -444,17 +617,19 @@ def _allocate_f32_sme(spec: KernelSpec) -> SmeF32Regs:
     if spec.isa == "sme2" and (mu == 3 or nu == 3):
         raise SpecError(f"sme2 multi-vector loads take 1, 2 or 4 vectors: {spec.mr_str}x"
                         f"{spec.nr_str} has a group of 3")
-    lhs = tuple(tuple(range(a, a + mu)) for a, _ in _SME_SETS)
-    rhs = tuple(tuple(range(b, b + nu)) for _, b in _SME_SETS)
-    xp = _Pool("x", _SME_X_ORDER, "general-purpose registers")
-    gpr = dict(zip(_SME_SCALARS, xp.take(len(_SME_SCALARS))))
-    needs = VectorNeeds((("LHS", 2 * mu), ("RHS", 2 * nu), ("clamp", 2), ("store", nu)))
+    pool = RegisterPool(_SME_F32_CHART, x_order=_SME_X_ORDER, streaming=True)
+    v = pool.v
+    lhs = tuple(v.claim(range(a, a + mu), "LHS") for a, _ in _SME_SETS)
+    rhs = tuple(v.claim(range(b, b + nu), "RHS") for _, b in _SME_SETS)
+    clamp = v.claim((16, 17), "clamp")
+    tmp = v.claim(range(20, 20 + nu), "store")
+    gpr = pool.scalars(_SME_SCALARS)
+    pool.settle(f"{spec.mr_str}x{spec.nr_str}")
     return SmeF32Regs(
         tile=tuple(tuple(i * nu + j for j in range(nu)) for i in range(mu)),
         lhs=lhs, rhs=rhs, row_pred=tuple(range(1, mu + 1)),
-        col_pred=tuple(range(mu + 1, mu + nu + 1)), clamp=(16, 17),
-        tmp=tuple(range(20, 20 + nu)), gpr=gpr,
-        saved_x=tuple(sorted(r for r in xp.used if r in _X_CALLEE_SAVED)), needs=needs)
+        col_pred=tuple(range(mu + 1, mu + nu + 1)), clamp=clamp, tmp=tmp, gpr=gpr,
+        **pool.frame())
 
 
 @dataclass(frozen=True)
@@ -465,9 +640,9 @@ class Sme2GemvRegs(_Frame):
     lhs: tuple[int, ...]                 # lhs[set]: broadcast LHS value
     clamp: tuple[int, int]
     gpr: dict[str, int] = field(hash=False)
-    saved_x: tuple[int, ...] = ()
-    saved_d: tuple[int, ...] = tuple(range(8, 16))
-    needs: VectorNeeds = VectorNeeds(())
+    saved_x: tuple[int, ...]
+    saved_d: tuple[int, ...]
+    needs: VectorNeeds
     counter_pred: int = 8                # pn8: all lanes; pn9: store predicate (vlx<nu>)
 
 
@@ -482,147 +657,21 @@ def _allocate_f32_sme2_gemv(spec: KernelSpec) -> Sme2GemvRegs:
     if spec.kr != 1 or spec.sr != 1:
         raise SpecError(f"the f32 family reads f32p panels: kr and sr must be 1 "
                         f"(got kr={spec.kr}, sr={spec.sr})")
-    xp = _Pool("x", _SME_X_ORDER, "general-purpose registers")
-    gpr = dict(zip(_SME2_GEMV_SCALARS, xp.take(len(_SME2_GEMV_SCALARS))))
+    pool = RegisterPool(("RHS", "LHS", "clamp"), x_order=_SME_X_ORDER, streaming=True)
+    v = pool.v
+    rhs = (v.claim(range(0, nu), "RHS"), v.claim(range(16, 16 + nu), "RHS"))
     # the single-vector operand of multi-vector FMLA must be one of z0-z15
-    return Sme2GemvRegs(rhs=(tuple(range(0, nu)), tuple(range(16, 16 + nu))), lhs=(4, 5),
-                        clamp=(24, 25), gpr=gpr,
-                        saved_x=tuple(sorted(r for r in xp.used if r in _X_CALLEE_SAVED)),
-                        needs=VectorNeeds((("RHS", 2 * nu), ("LHS", 2), ("clamp", 2))))
+    lhs = v.claim((4, 5), "LHS")
+    clamp = v.claim((24, 25), "clamp")
+    gpr = pool.scalars(_SME2_GEMV_SCALARS)
+    pool.settle(f"1x{spec.nr_str}")
+    return Sme2GemvRegs(rhs=rhs, lhs=lhs, clamp=clamp, gpr=gpr, **pool.frame())
 
 
 def _allocate_f32_sme2(spec: KernelSpec):
     if spec.is_gemv:
         return _allocate_f32_sme2_gemv(spec)
     return _allocate_f32_sme(spec)
-
-
-@dataclass(frozen=True)
-class Q4SveRegs(Q4NeonRegs):
-    """Registers of the SVE int4 x int8 kernels (same roles as the NEON ones, Z registers;
-    one column vector ``cv`` holds VL/32 columns).  mm: ``iacc[group][row pair][2*cv + h]``,
-    dot8 (gemv): ``iacc[2*cv + h]``,
-    half h of column vector cv (SMMLA gives 2x2 blocks per 128-bit segment).  ``pred[cv]``
-    is the store predicate of column vector cv."""
-
-    pred: tuple[int, ...] = ()
-
-
-def _q4_sve_needs(spec: KernelSpec, mode: str, mr_reg: int, P: int) -> VectorNeeds:
-    G, nv = mr_reg // P, spec.nr
-    lhs = {"dot4": 2 * G if P == 4 else 2, "dot8": 2, "mm": 4 * G}[mode]
-    iacc = 2 * nv if mode == "dot8" else mr_reg * nv
-    parts = [("f32 accumulators", mr_reg * nv), ("int32 accumulators", iacc),
-             ("LHS", lhs), ("RHS", 2), ("column scales", nv)]
-    if spec.family == "q4_0":
-        parts.append(("LHS scales", G))
-    parts.append(("scratch", 3))
-    return VectorNeeds(tuple(parts))
-
-
-def _allocate_q4_sve(spec: KernelSpec) -> Q4SveRegs:
-    mr, nv, L = spec.mr, spec.nr, spec.L
-    if spec.mr_vl:
-        raise SpecError(f"sve q4 kernels have a fixed row count: give mr as a number, "
-                        f"got mr={spec.mr_str}")
-    _check_q4_packing(spec)
-    if nv > 7:
-        raise SpecError(f"nr={spec.nr_str} exceeds 7vl (per-column-vector offsets and store "
-                        f"predicates p1-p7)")
-    if spec.isa == "sve_dotprod":
-        if L == 8 and mr == 1:
-            mode = "dot8"       # gemv reading the i8mm kernels' packed RHS (kr/sr = 8)
-        elif L != 4:
-            raise SpecError(f"sve_dotprod kernels need kr/sr = 4 (SDOT by 32-bit lane), or "
-                            f"kr/sr = 8 for gemv (mr=1); got mr={mr}, kr={spec.kr}, sr={spec.sr}")
-        else:
-            mode = "dot4"
-    else:
-        if L != 8 or mr % 4:
-            raise SpecError(f"sve_i8mm (SMMLA, 2x8 int8 per 128-bit segment) needs kr/sr = 8 "
-                            f"and mr a multiple of 4; got mr={mr}, kr={spec.kr}, sr={spec.sr}")
-        mode = "mm"
-    P = spec.lhs_mr
-    chosen = None
-    for mr_reg in [r for r in range(mr, 0, -P) if mr % r == 0 and r % P == 0]:
-        needs = _q4_sve_needs(spec, mode, mr_reg, P)
-        G = mr_reg // P
-        # z0-z7 operands: LHS scales (q4_0), LHS lanes for the indexed SDOT (dot4), and the
-        # first two LHS registers (dx epilogue's per-row values)
-        low = (G if spec.family == "q4_0" else 0) + (dict(needs.parts)["LHS"] if mode == "dot4" else 2)
-        if needs.total <= NUM_VREGS and low <= 8 and \
-                len(_Q4_SCALARS) + 2 * G <= len(_X_ORDER):
-            chosen = (mr_reg, needs)
-            break
-    if chosen is None:
-        raise _q4_refusal(spec, P, _q4_sve_needs(spec, mode, P, P),
-                          " (LHS and LHS scales, indexed operands, in z0-z7)")
-    mr_reg, needs = chosen
-    G = mr_reg // P
-    # indexed operands (LHS lanes, LHS scales, epilogue row values) must live in z0-z7
-    vp = _Pool("v", list(range(8)) + [r for r in _V_ORDER if r >= 8], "vector registers")
-    dl = vp.take(G) if spec.family == "q4_0" else []
-    lhs = vp.take(dict(needs.parts)["LHS"])
-    rhs = vp.take(2)
-    tmp = vp.take(3)
-    scale = vp.take(nv)
-    if mode == "dot4":
-        flat = vp.take(mr_reg * nv)
-        iacc = tuple(tuple(flat[r * nv:(r + 1) * nv]) for r in range(mr_reg))
-    elif mode == "dot8":     # [2*cv + h]: half h of column vector cv, 2 lanes per column
-        iacc = tuple(vp.take(2 * nv))
-    else:
-        flat = vp.take(G * 2 * 2 * nv)
-        iacc = tuple(tuple(tuple(flat[(g * 2 + rp) * 2 * nv:(g * 2 + rp + 1) * 2 * nv])
-                           for rp in range(2)) for g in range(G))
-    fl = vp.take(mr_reg * nv)
-    facc = tuple(tuple(fl[r * nv:(r + 1) * nv]) for r in range(mr_reg))
-    xp = _Pool("x", _X_ORDER, "general-purpose registers")
-    gpr = dict(zip(_Q4_SCALARS, xp.take(len(_Q4_SCALARS))))
-    lo, hi = tuple(xp.take(G)), tuple(xp.take(G))
-    return Q4SveRegs(
-        mode=mode, mr_reg=mr_reg, lhs_mr=P, groups=G, facc=facc, iacc=iacc, lhs=tuple(lhs),
-        rhs=tuple(rhs), mask=-1, scale=tuple(scale), dl=tuple(dl), tmp=tuple(tmp), gpr=gpr,
-        lo=lo, hi=hi,
-        saved_x=tuple(sorted(r for r in xp.used if r in _X_CALLEE_SAVED)),
-        saved_d=tuple(sorted(r for r in vp.used if r in _V_CALLEE_SAVED)),
-        needs=needs, pred=tuple(range(1, nv + 1)))
-
-
-@dataclass(frozen=True)
-class Q4Sme2Regs(Q4SveRegs):
-    """SME2 int4 gemv: int32 sums in one ZA-array vector group (SDOT vgx<nv> by lane); the
-    unpacked nibbles of a k step's nv RHS vectors in two aligned multi-vector groups."""
-
-    lo_grp: tuple[int, ...] = ()
-    hi_grp: tuple[int, ...] = ()
-
-
-def _allocate_q4_sme2(spec: KernelSpec) -> Q4Sme2Regs:
-    nv = spec.nr
-    if not spec.is_gemv:
-        raise SpecError(f"sme2 q4 kernels are gemv (ZA-array SDOT): mr must be 1, got "
-                        f"mr={spec.mr_str}")
-    if nv not in (2, 4):
-        raise SpecError(f"sme2 q4 gemv: nr must be 2vl or 4vl (SDOT vgx2/vgx4), got {spec.nr_str}")
-    if spec.L != 4:
-        raise SpecError(f"sme2 q4 gemv reads 4-byte groups (SDOT by lane): kr/sr must be 4, "
-                        f"got kr={spec.kr}, sr={spec.sr}")
-    _check_q4_packing(spec)
-    xp = _Pool("x", _SME_X_ORDER, "general-purpose registers")
-    gpr = dict(zip(_Q4_SCALARS, xp.take(len(_Q4_SCALARS))))
-    lo, hi = tuple(xp.take(1)), tuple(xp.take(1))
-    facc = (tuple(range(20, 20 + nv)),)
-    return Q4Sme2Regs(
-        mode="za4", mr_reg=1, lhs_mr=1, groups=1, facc=facc, iacc=(), lhs=(0, 1), rhs=(7, 7),
-        mask=-1, scale=tuple(range(16, 16 + nv)), dl=(2,) if spec.family == "q4_0" else (),
-        tmp=(3, 5, 6), gpr=gpr, lo=lo, hi=hi,
-        saved_x=tuple(sorted(r for r in xp.used if r in _X_CALLEE_SAVED)),
-        saved_d=tuple(range(8, 16)),          # streaming mode clears the vector file
-        needs=VectorNeeds((("f32 accumulators", nv), ("LHS", 2), ("unpacked RHS", 2 * nv),
-                           ("column scales", nv), ("scratch", 3))),
-        pred=tuple(range(1, nv + 1)), lo_grp=tuple(range(8, 8 + nv)),
-        hi_grp=tuple(range(12, 12 + nv)))
 
 
 @dataclass(frozen=True)
@@ -642,14 +691,15 @@ class Q4SmeRegs(_Frame):
     row_vals: tuple[int, int]            # dx epilogue: row offset, row scale (broadcast)
     col_vals: tuple[int, int]            # dx epilogue: rsum, bias of one column vector
     gpr: dict[str, int] = field(hash=False)
-    saved_x: tuple[int, ...] = ()
-    saved_d: tuple[int, ...] = tuple(range(8, 16))
-    needs: VectorNeeds = VectorNeeds(())
+    saved_x: tuple[int, ...]
+    saved_d: tuple[int, ...]
+    needs: VectorNeeds
 
 
 _Q4_SME_SCALARS = ("n_rem", "rhs_ptr", "dst_tile", "dst_row", "blk_cnt", "chunk_cnt", "nchunks",
                    "hioff", "lhs_rbs", "dst_blk_stride", "nblocks", "tmp", "lo", "hi", "dlp",
                    "vlw", "rows", "colp")
+_Q4_SME_CHART = ("LHS", "RHS", "column scales", "row", "scratch", "clamp", "epilogue")
 
 
 def _allocate_q4_sme(spec: KernelSpec) -> Q4SmeRegs:
@@ -661,14 +711,18 @@ def _allocate_q4_sme(spec: KernelSpec) -> Q4SmeRegs:
                         f"sr={spec.sr}")
     _check_q4_packing(spec)
     nu = spec.nr
-    xp = _Pool("x", _SME_X_ORDER, "general-purpose registers")
-    gpr = dict(zip(_Q4_SME_SCALARS, xp.take(len(_Q4_SME_SCALARS))))
-    return Q4SmeRegs(
-        nu=nu, lhs=(0, 1), rhs=(2, 3), scale=tuple(range(4, 4 + nu)), dl=6, acc=7,
-        tmp=(16, 17, 18), clamp=(19, 20), row_vals=(21, 22), col_vals=(23, 24), gpr=gpr,
-        saved_x=tuple(sorted(r for r in xp.used if r in _X_CALLEE_SAVED)),
-        needs=VectorNeeds((("LHS", 2), ("RHS", 2), ("column scales", nu), ("row", 2),
-                           ("scratch", 3), ("clamp", 2), ("epilogue", 4))))
+    pool = RegisterPool(_Q4_SME_CHART, x_order=_SME_X_ORDER, streaming=True)
+    v = pool.v
+    lhs, rhs = v.claim((0, 1), "LHS"), v.claim((2, 3), "RHS")
+    scale = v.claim(range(4, 4 + nu), "column scales")
+    dl, acc = v.claim((6, 7), "row")
+    tmp = v.claim((16, 17, 18), "scratch")
+    clamp = v.claim((19, 20), "clamp")
+    row_vals, col_vals = v.claim((21, 22), "epilogue"), v.claim((23, 24), "epilogue")
+    gpr = pool.scalars(_Q4_SME_SCALARS)
+    pool.settle(f"{spec.mr_str}x{spec.nr_str}")
+    return Q4SmeRegs(nu=nu, lhs=lhs, rhs=rhs, scale=scale, dl=dl, acc=acc, tmp=tmp, clamp=clamp,
+                     row_vals=row_vals, col_vals=col_vals, gpr=gpr, **pool.frame())
 
 
 # allocator name (``IsaImpl.allocator`` of the family records in spec.py) -> function
