@@ -18,8 +18,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from .regalloc import (NUM_VREGS, VectorNeeds, _Frame, _Pool, _V_CALLEE_SAVED, _V_ORDER,
-                       _X_CALLEE_SAVED, _X_ORDER)
+from .regalloc import RegisterPool, VectorNeeds, _Frame
 from .spec import KernelSpec, SpecError
 
 __all__ = ["Q8NeonRegs", "allocate_q8_neon"]
@@ -135,27 +134,54 @@ def _mode(spec: KernelSpec) -> str:
 
 
 _GEMV_SPLIT = {"dot4": 4, "dot8": 2}     # accumulator sets of the gemv strategies
+_Q8_CHART = ("int32 accumulators", "LHS", "RHS", "further accumulator sets", "scratch",
+             "epilogue beyond the LHS/RHS registers")
 
 
-def _needs(spec: KernelSpec, mode: str, mr_reg: int, P: int, split: int = 1) -> VectorNeeds:
-    G, nv = mr_reg // P, spec.nr // 4
+def _q8_block(spec: KernelSpec, mode: str, mr_reg: int, split: int = 1):
+    """The pool and the register fields of ``mr_reg`` rows at once with ``split`` int32
+    accumulator sets; the pool's tally is the demand."""
+    P, nr = spec.lhs_mr, spec.nr
+    G, nv = mr_reg // P, nr // 4
+    pool = RegisterPool(_Q8_CHART)
+    v = pool.v
     if mode == "dot4":
-        iacc, lhs, rhs, tmp = mr_reg * nv, (G if P == 4 else 2), nv, 0
+        n_lhs, n_rhs, n_tmp, n_acc = (G if P == 4 else 2), nv, 0, mr_reg * nv
     elif mode == "dot8":
-        iacc, lhs, rhs, tmp = 2 * nv, 2, 2 * nv, 1
+        n_lhs, n_rhs, n_tmp, n_acc = 2, 2 * nv, 1, 2 * nv
     elif mode == "mm":
-        iacc, lhs, rhs, tmp = mr_reg * nv, 2 * G, 2 * nv, 0
+        n_lhs, n_rhs, n_tmp, n_acc = 2 * G, 2 * nv, 0, mr_reg * nv
     else:   # neon: per row one int32 vector per column; LHS 8 bytes per row and chunk
-        iacc, lhs, rhs, tmp = 4 * mr_reg * nv, (2 * G if P == 4 else 2), 2 * nv, 3
-    parts = [("int32 accumulators", iacc), ("LHS", lhs), ("RHS", rhs)]
-    if split > 1:
-        parts.append(("further accumulator sets", (split - 1) * iacc))
-    if tmp:
-        parts.append(("scratch", tmp))
-    extra = _EPILOGUE - (lhs + rhs + tmp)
-    if extra > 0:
-        parts.append(("epilogue beyond the LHS/RHS registers", extra))
-    return VectorNeeds(tuple(parts))
+        n_lhs, n_rhs, n_tmp, n_acc = (2 * G if P == 4 else 2), 2 * nv, 3, 4 * mr_reg * nv
+    lhs = tuple(v.take(n_lhs, "LHS"))
+    rhs = tuple(v.take(n_rhs, "RHS"))
+    tmp = tuple(v.take(n_tmp, "scratch"))
+    # the epilogue reuses the (dead by then) LHS, RHS and scratch registers first
+    ep = tuple(v.reuse(list(lhs + rhs + tmp), _EPILOGUE, "epilogue beyond the LHS/RHS registers"))
+    flat = v.take(n_acc, "int32 accumulators")
+    if mode == "dot4":
+        iacc = tuple(tuple(flat[r * nv:(r + 1) * nv]) for r in range(mr_reg))
+        acc = iacc
+    elif mode == "dot8":
+        iacc = tuple(flat)
+        acc = (tuple(flat[2 * cv] for cv in range(nv)),)
+    elif mode == "mm":
+        npair = nr // 2
+        iacc = tuple(tuple(tuple(flat[(g * 2 + rp) * npair:(g * 2 + rp + 1) * npair])
+                           for rp in range(2)) for g in range(G))
+        # after the rearrangement: rows 2rp / 2rp+1 of group g in the two registers of
+        # column pairs 2q / 2q+1
+        acc = tuple(tuple(iacc[r // 4][(r % 4) // 2][2 * q + (r % 2)] for q in range(nv))
+                    for r in range(mr_reg))
+    else:
+        iacc = tuple(tuple(flat[r * nr:(r + 1) * nr]) for r in range(mr_reg))
+        acc = tuple(tuple(iacc[r][4 * cv] for cv in range(nv)) for r in range(mr_reg))
+    more = v.take((split - 1) * n_acc, "further accumulator sets")
+    split_sets = tuple(tuple(more[i * n_acc:(i + 1) * n_acc]) for i in range(split - 1))
+    gpr = pool.scalars(_Q8_SCALARS)
+    lo = tuple(pool.x.take(G, "LHS row pointers"))
+    return pool, dict(mode=mode, mr_reg=mr_reg, lhs_mr=P, groups=G, acc=acc, iacc=iacc, lhs=lhs,
+                      rhs=rhs, ep=ep, tmp=tmp, gpr=gpr, lo=lo, split=split_sets)
 
 
 def allocate_q8_neon(spec: KernelSpec) -> Q8NeonRegs:
@@ -180,58 +206,17 @@ def allocate_q8_neon(spec: KernelSpec) -> Q8NeonRegs:
     mode = _mode(spec)
     _check_layouts(spec)
     P = spec.lhs_mr
-    chosen = None
     for mr_reg in [r for r in range(mr, 0, -P) if mr % r == 0 and r % P == 0]:
-        needs = _needs(spec, mode, mr_reg, P)
-        if needs.total <= NUM_VREGS and len(_Q8_SCALARS) + mr_reg // P <= len(_X_ORDER):
-            chosen = (mr_reg, needs)
+        pool, regs = _q8_block(spec, mode, mr_reg)
+        if pool.fits:
             break
-    if chosen is None:
-        needs = _needs(spec, mode, P, P)
-        rows = f"mr={P}," if mr == P else f"a block of {P} of its {mr} rows (the smallest tried) with"
-        raise SpecError(f"tile {mr}x{nr}: {rows} nr={nr} needs {needs.total} vector registers "
-                        f"({needs.describe()}), {NUM_VREGS} exist")
-    mr_reg, needs = chosen
-    split = 1
-    if mode in _GEMV_SPLIT and P == 1:
-        for sp in range(_GEMV_SPLIT[mode], 1, -1):
-            if _needs(spec, mode, mr_reg, P, sp).total <= NUM_VREGS:
-                split, needs = sp, _needs(spec, mode, mr_reg, P, sp)
-                break
-    G, nv = mr_reg // P, nr // 4
-    parts = dict(needs.parts)
-    vp = _Pool("v", _V_ORDER, "vector registers")
-    lhs = tuple(vp.take(parts["LHS"]))
-    rhs = tuple(vp.take(parts["RHS"]))
-    tmp = tuple(vp.take(parts.get("scratch", 0)))
-    ep = (lhs + rhs + tmp + tuple(vp.take(parts.get("epilogue beyond the LHS/RHS registers", 0))))[:_EPILOGUE]
-    flat = vp.take(parts["int32 accumulators"])
-    if mode == "dot4":
-        iacc = tuple(tuple(flat[r * nv:(r + 1) * nv]) for r in range(mr_reg))
-        acc = iacc
-    elif mode == "dot8":
-        iacc = tuple(flat)
-        acc = (tuple(flat[2 * cv] for cv in range(nv)),)
-    elif mode == "mm":
-        npair = nr // 2
-        iacc = tuple(tuple(tuple(flat[(g * 2 + rp) * npair:(g * 2 + rp + 1) * npair])
-                           for rp in range(2)) for g in range(G))
-        # after the rearrangement: rows 2rp / 2rp+1 of group g in the two registers of
-        # column pairs 2q / 2q+1
-        acc = tuple(tuple(iacc[r // 4][(r % 4) // 2][2 * q + (r % 2)] for q in range(nv))
-                    for r in range(mr_reg))
     else:
-        iacc = tuple(tuple(flat[r * nr:(r + 1) * nr]) for r in range(mr_reg))
-        acc = tuple(tuple(iacc[r][4 * cv] for cv in range(nv)) for r in range(mr_reg))
-    per = len(flat)
-    more = vp.take((split - 1) * per)
-    split_sets = tuple(tuple(more[i * per:(i + 1) * per]) for i in range(split - 1))
-    xp = _Pool("x", _X_ORDER, "general-purpose registers")
-    gpr = dict(zip(_Q8_SCALARS, xp.take(len(_Q8_SCALARS))))
-    lo = tuple(xp.take(G))
-    return Q8NeonRegs(
-        mode=mode, mr_reg=mr_reg, lhs_mr=P, groups=G, acc=acc, iacc=iacc, lhs=lhs, rhs=rhs,
-        ep=ep, tmp=tmp, gpr=gpr, lo=lo, split=split_sets,
-        saved_x=tuple(sorted(r for r in xp.used if r in _X_CALLEE_SAVED)),
-        saved_d=tuple(sorted(r for r in vp.used if r in _V_CALLEE_SAVED)),
-        needs=needs)
+        rows = f"mr={P}," if mr == P else f"a block of {P} of its {mr} rows (the smallest tried) with"
+        raise pool.refusal(f"tile {mr}x{nr}: {rows} nr={nr}")
+    if mode in _GEMV_SPLIT and P == 1:      # gemv: independent SDOT chains while they fit
+        for sp in range(_GEMV_SPLIT[mode], 1, -1):
+            more, more_regs = _q8_block(spec, mode, mr_reg, sp)
+            if more.fits:
+                pool, regs = more, more_regs
+                break
+    return Q8NeonRegs(**regs, **pool.frame())
