@@ -765,7 +765,7 @@ class Library:
                 lay = kern.rhs_layout()
                 data = lay.pack(w, bias=bias, layout=layout)
                 n_, k_ = (w.shape if layout == "nk" else w.shape[::-1])
-                return PackedWeights(lay.name, n_, k_, kern.nr, kern.kr, kern.sr, data,
+                return PackedWeights(lay.format, n_, k_, kern.nr, kern.kr, kern.sr, data,
                                      bias is not None, None, kind)
             lay = kern.rhs_layout(32)
             if from_ggml is not None:
