@@ -95,8 +95,8 @@ class PackedLayout:
                 args[key] = v
             elif key in ("kr", "sr", "bl", "rounding") and hasattr(cls, key):
                 if v != getattr(cls, key):
-                    raise LayoutError(f"{cls.format} has {key}={getattr(cls, key)!r}, "
-                                      f"got {key}={v!r}")
+                    raise LayoutError(f"{cls.format} has fixed {key}: {key} must be "
+                                      f"{getattr(cls, key)!r}, got {v!r}")
             elif key != "bl":
                 raise LayoutError(f"unexpected geometry for {cls.format}: {key}")
         for f in fields.values():

@@ -387,7 +387,7 @@ class QSI8D32P(_LhsRowBlocks):
         if self.bl % L:
             raise LayoutError(f"L = kr/sr = {L} must divide bl={self.bl}")
         if self.rounding not in ("away", "even"):
-            raise LayoutError(f"rounding must be 'away' or 'even', got {self.rounding!r}")
+            raise LayoutError(f"rounding must be one of away, even; got {self.rounding!r}")
 
 
     # -- geometry ----------------------------------------------------------------------
