@@ -516,7 +516,7 @@ class Library:
                 fn = getattr(self._dll, e["name"])
             except AttributeError:
                 raise LoadError(f"kernel {e['name']} is in the manifest but not in {self.path.name}") from None
-            kind = e.get("vl_kind")
+            kind = _kernel_spec(e["spec"]).vl_kind
             self.kernels[e["name"]] = Kernel(e, fn, self.vl_bytes.get(kind) if kind else None,
                                              cpu=self.cpu)
         self._abi = getattr(self._dll, self.manifest.get("abi_probe") or "tilegen_abi_call", None)
