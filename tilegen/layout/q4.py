@@ -119,11 +119,14 @@ class _Interleaved(PackedLayout):
     """Shared by the q4 layouts: interleave chunk L = kr/sr and blocks of bl elements."""
 
     def _check_interleave(self, **positive) -> int:
-        """The rules every interleaved layout shares: positive geometry and a whole chunk
-        L = kr/sr; returns L."""
+        """The rules every interleaved layout shares: positive geometry, a whole chunk
+        L = kr/sr and (layouts with blocks, ``bl`` among ``positive``) ggml's block multiple
+        of 32; returns L."""
         _check_pos(kr=self.kr, sr=self.sr, **positive)
         if self.kr % self.sr:
             raise LayoutError(f"kr={self.kr} must be a multiple of sr={self.sr}")
+        if "bl" in positive and self.bl % 32:
+            raise LayoutError(f"bl={self.bl} must be a multiple of 32")
         return self.kr // self.sr
 
     @property
@@ -382,8 +385,6 @@ class QSI8D32P(_LhsRowBlocks):
 
     def __post_init__(self) -> None:
         L = self._check_interleave(mr=self.mr, bl=self.bl)
-        if self.bl % 32:
-            raise LayoutError(f"bl={self.bl} must be a multiple of 32")
         if self.bl % L:
             raise LayoutError(f"L = kr/sr = {L} must divide bl={self.bl}")
         if self.rounding not in ("away", "even"):
@@ -523,8 +524,6 @@ class QSI4C32P(_RhsGroups):
 
     def __post_init__(self) -> None:
         L = self._check_interleave(nr=self.nr, bl=self.bl)
-        if self.bl % 32:
-            raise LayoutError(f"bl={self.bl} must be a multiple of 32")
         if self.bl % self.kr:
             raise LayoutError(f"bl={self.bl} must be a multiple of kr={self.kr}")
         if self.nr % 4:
@@ -807,8 +806,6 @@ class QSI4C32PScaleF16(_RhsGroups):
         self._check_interleave(nr=self.nr, bl=self.bl)
         if self.kr > 16:
             raise LayoutError(f"qsi4c32pscalef16 needs kr <= 16, got kr={self.kr}")
-        if self.bl % 32:
-            raise LayoutError(f"bl={self.bl} must be a multiple of 32")
         if self.bl % self.kr:
             raise LayoutError(f"bl={self.bl} must be a multiple of kr={self.kr}")
 
