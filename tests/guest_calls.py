@@ -227,8 +227,8 @@ def vl_info(libdir: str, name: str) -> dict:
     k = lib.kernels[name]
     out = {"vl_bytes": dict(lib.vl_bytes), "runnable": lib.runnable(k)}
     if out["runnable"]:
-        out.update(mr=k.mr, nr=k.nr, rhs_format=k.rhs_layout().format,
-                   lhs_format=None if k.lhs_layout() is None else k.lhs_layout().format)
+        out.update(mr=k.mr, nr=k.nr, rhs_format=k.rhs_layout().name,
+                   lhs_format=None if k.lhs_layout() is None else k.lhs_layout().name)
     return out
 
 

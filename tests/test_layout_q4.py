@@ -588,9 +588,12 @@ def test_names_and_formats():
     assert QAI8DXP(4, 16, 2).name == "qai8dxp4x8" and QAI8DXP(1, 8, 2).name == "qai8dxp1x4"
     assert QSI8D32P(1, 16, 2).name == "qsi8d32p1x8" and QSI8D32P(4, 8, 2).format == "qsi8d32p"
     assert QSI4C32P(4, 16, 2, 32).name == "qsi4c32p4x8" and QSI4C32P(8, 16, 2).format == "qsi4c32p"
-    assert QSI4C32PScaleF16(4, 8, 2, 32).name == "qsi4c32p4x4"
+    # KleidiAI labels both int4 RHS formats qsi4c32p<nr>x<L>; the name tells them apart
+    assert QSI4C32PScaleF16(4, 8, 2, 32).label == "qsi4c32p4x4" == QSI4C32P(4, 8, 2).label
+    assert QSI4C32PScaleF16(4, 8, 2, 32).name == "qsi4c32p4x4scalef16"
     assert QSI4C32PScaleF16(4, 8, 2, 32).format == "qsi4c32pscalef16"
     assert QAI8DXP(4, 8, 2).format == "qai8dxp"
+    assert QSI4C32PScaleF16.label_for("1vl", 8, 2) == "qsi4c32p1vlx4"
 
 
 def test_geometry_numbers():

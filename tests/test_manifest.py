@@ -44,19 +44,28 @@ def test_untampered_library_runs(small_lib):
     assert g.call("guest_manifest:load_and_run", str(small_lib), I8MM) == "ok"
 
 
-@pytest.mark.parametrize("field,value", [("nr", 8), ("kr", 4)])
-def test_edited_tile_is_load_error(small_lib, tmp_path, field, value):
+@pytest.mark.parametrize("spec", ["f32:neon:6x8", "f32:neon:6x16:k4:s1", "f32:neon"])
+def test_edited_spec_is_load_error(small_lib, tmp_path, spec):
+    """The tile, features and formats come from the spec string; an entry whose spec does
+    not give its name (or is no spec) is refused."""
     lib = _copy(small_lib, tmp_path / "lib")
-    _edit(lib, F32, lambda e: e["tile"].__setitem__(field, value))
+    _edit(lib, F32, lambda e: e.__setitem__("spec", spec))
     got = guest("max").call("guest_manifest:load_and_run", str(lib), F32)
     assert got.startswith("LoadError:") and F32 in got, got
 
 
-def test_dropped_feature_is_load_error_not_sigill(small_lib, tmp_path):
+def test_edited_isa_is_load_error_not_sigill(small_lib, tmp_path):
     lib = _copy(small_lib, tmp_path / "lib")
-    _edit(lib, I8MM, lambda e: e["features"].remove("i8mm"))
+    _edit(lib, I8MM, lambda e: e.__setitem__("spec", "q4_0:dotprod:8x4"))
     got = guest("cortex-a53").call("guest_manifest:load_and_run", str(lib), I8MM)
     assert got.startswith("LoadError:") and I8MM in got, got
+
+
+def test_extra_field_is_load_error(small_lib, tmp_path):
+    lib = _copy(small_lib, tmp_path / "lib")
+    _edit(lib, F32, lambda e: e.__setitem__("features", ["neon"]))
+    got = guest("max").call("guest_manifest:load_and_run", str(lib), F32)
+    assert got.startswith("LoadError:") and F32 in got and "features" in got, got
 
 
 def test_edited_signature_is_load_error(small_lib, tmp_path):
@@ -85,7 +94,7 @@ def test_edited_table_is_load_error(small_lib, tmp_path, edit):
 
 def test_edited_packer_is_load_error(small_lib, tmp_path):
     lib = _copy(small_lib, tmp_path / "lib")
-    _edit(lib, PACKER, lambda e: e.__setitem__("mr", 8))
+    _edit(lib, PACKER, lambda e: e.__setitem__("spec", "lhs:qsi8d32p:8x8:k16:s2"))
     got = guest("max").call("guest_manifest:load_and_run", str(lib), F32)
     assert got.startswith("LoadError:") and PACKER in got, got
 

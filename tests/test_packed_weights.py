@@ -82,6 +82,20 @@ def test_old_version_file_is_a_clear_load_error(tmp_path):
         tilegen.PackedWeights.load(p)
 
 
+def test_file_recording_a_layout_name_loads(tmp_path):
+    """Files saved before formats were stems record f32 weights by the layout's full name
+    (``f32p16x1b``); loading resolves either through layout_for."""
+    from tilegen.layout.api import layout_for
+    pw = _f32_weights()
+    assert pw.format == "f32p"
+    old = tilegen.PackedWeights("f32p16x1b", pw.n, pw.k, 16, 1, 1, pw.data, False, None, "f32")
+    p = tmp_path / "old.tgpw"
+    old.save(p)
+    got = tilegen.PackedWeights.load(p)
+    assert np.array_equal(got.data, pw.data)
+    assert layout_for(got.format, nr=16, kr=1, sr=1, bl=32) == layout_for(pw.format, nr=16)
+
+
 _RSS_CHILD = """
 import sys
 import numpy as np

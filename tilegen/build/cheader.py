@@ -96,7 +96,7 @@ def header(specs: list[KernelSpec], packers: list[PackerSpec]) -> str:
                 f"    void (*run_matmul)({args});", "};", ""]
     for s in specs:
         out.append(f"/* {s.spec_string}: m_step {s.m_step}, n_step {s.n_step}, "
-                   f"LHS {s.lhs_format}, RHS {rhs_layout_for(s).format} {s.rhs_format} */")
+                   f"LHS {s.lhs_format}, RHS {rhs_layout_for(s).name} */")
         out.append(_proto(s.name, s.family))
         defs = _getter_defs(s)
         for name, params, _ in defs:

@@ -32,7 +32,7 @@ __all__ = ["BuildError", "BuildResult", "build_library", "library_filename", "MA
 
 MANIFEST_NAME = "manifest.json"
 HEADER_NAME = "tilegen_kernels.h"
-MANIFEST_VERSION = 1
+MANIFEST_VERSION = 2      # 2: kernel and packer entries are spec, name, symbol, params
 
 
 class BuildError(RuntimeError):

@@ -13,7 +13,7 @@ import hashlib
 import json
 import re
 
-from .abi import prototype, signature
+from .abi import signature
 from .packers import PackerSpec
 from .render import _check_format, symbol_for
 from .spec import KernelSpec, SpecError
@@ -27,35 +27,18 @@ KERNEL_FREE_FIELDS = ("preferred",)
 
 
 def kernel_entry(spec: KernelSpec, symbol: str) -> dict:
-    return {
-        "name": spec.name,
-        "spec": spec.spec_string,
-        "family": spec.family,
-        "isa": spec.isa,
-        "tile": {"mr": spec.mr, "nr": spec.nr, "kr": spec.kr, "sr": spec.sr,
-                 "mr_vl": spec.mr_vl, "nr_vl": spec.nr_vl,
-                 **({"acc_mem": spec.acc_mem} if spec.info.quantized else {})},
-        # VL-scaled tiles: steps in VL units ("2vl"), resolved by the runtime from the CPU's VL
-        "m_step": spec.mr_str if spec.mr_vl else spec.m_step,
-        "n_step": spec.nr_str if spec.nr_vl else spec.n_step,
-        "vl_kind": spec.vl_kind,
-        "features": list(spec.features),
-        "lhs_format": spec.lhs_format,
-        "rhs_format": spec.rhs_format,
-        "lhs_mr": spec.mr_str if spec.mr_vl and spec.info.quantized else spec.lhs_mr,
-        "symbol": symbol,
-        "signature": prototype(spec.family, spec.name),
-        "params": [{"name": p.name, "ctype": p.ctype} for p in signature(spec.family)],
-    }
+    """The manifest entry of a kernel: its spec string and what the loader binds (name,
+    object-file symbol, C parameters).  Everything else (tile, ISA features, formats, steps,
+    vector-length kind) the runtime derives from ``parse_spec(entry["spec"])``."""
+    return {"name": spec.name, "spec": spec.spec_string, "symbol": symbol,
+            "params": [{"name": p.name, "ctype": p.ctype} for p in signature(spec.family)]}
 
 
 def packer_entry(spec: PackerSpec, symbol: str) -> dict:
-    return {
-        "name": spec.name, "spec": spec.spec_string, "fmt": spec.fmt, "mr": spec.mr,
-        "kr": spec.kr, "sr": spec.sr, "rounding": spec.rounding, "features": ["neon"],
-        "symbol": symbol, "signature": spec.c_signature,
-        "params": [{"name": n, "ctype": t} for n, t in spec.signature],
-    }
+    """The manifest entry of an LHS packer (as :func:`kernel_entry`; the rest comes from
+    :func:`parse_packer_spec`)."""
+    return {"name": spec.name, "spec": spec.spec_string, "symbol": symbol,
+            "params": [{"name": n, "ctype": t} for n, t in spec.signature]}
 
 
 _PACKER_RE = re.compile(r"^lhs:(?P<fmt>[a-z0-9]+):(?P<mr>\d+)x(?P<L>\d+):k(?P<kr>\d+):s(?P<sr>\d+)"

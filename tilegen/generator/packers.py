@@ -58,12 +58,14 @@ ELEMS_PER_ITER = 32
 
 @lru_cache(maxsize=256)
 def _packer_layout(fmt: str, mr: int, kr: int, sr: int, rounding: str, bl: int | None):
-    from ..layout.q4 import QAI8DXP, QSI8D32P
-    if fmt == "qai8dxp":
-        return QAI8DXP(mr, kr, sr)
-    if bl is None or bl < 32 or bl % 32:
+    from ..layout.base import LayoutError
+    from ..layout.registry import layout_class
+    if fmt == "qsi8d32p" and (bl is None or bl < 32 or bl % 32):
         raise SpecError(f"qsi8d32p needs bl, a positive multiple of 32, got bl={bl!r}")
-    return QSI8D32P(mr, kr, sr, bl, rounding)
+    try:
+        return layout_class("lhs", fmt).for_geometry(mr, kr, sr, bl, rounding=rounding)
+    except LayoutError as e:
+        raise SpecError(f"{fmt} packer: {e}") from None
 
 
 @dataclass(frozen=True)
@@ -89,24 +91,14 @@ class PackerSpec:
         if self.mr > MR_MAX:
             raise SpecError(f"mr must be <= {MR_MAX} (largest mr of any consumer kernel; "
                             f"immediate encodings of the template), got mr={self.mr}")
-        if self.kr % self.sr:
-            raise SpecError(f"kr must be a multiple of sr (kr % sr == 0), got kr={self.kr}, "
-                            f"sr={self.sr}")
+        if not isinstance(self.rounding, str):
+            raise SpecError(f"rounding must be a string, got {self.rounding!r}")
+        self.layout(32)           # the layout's rules (interleave, rounding) at bl = 32
         L = self.kr // self.sr
-        if self.fmt == "qai8dxp":
-            if 32 % L:
-                raise SpecError(f"qai8dxp needs L = kr/sr to divide 32 (rows are padded to a "
-                                f"multiple of 32), got L={L} (kr={self.kr}, sr={self.sr})")
-            if self.rounding != "away":
-                raise SpecError(f"qai8dxp has fixed rounding (values ties-away, zero point "
-                                f"ties-even); rounding must be 'away', got {self.rounding!r}")
-        else:
-            if L % 4 or 32 % L:
-                raise SpecError(f"qsi8d32p needs L = kr/sr to be a multiple of 4 dividing 32 "
-                                f"(4, 8, 16 or 32), got L={L} (kr={self.kr}, sr={self.sr})")
-            if self.rounding not in ROUNDINGS:
-                raise SpecError(f"rounding must be one of {', '.join(ROUNDINGS)}, "
-                                f"got {self.rounding!r}")
+        if self.fmt == "qsi8d32p" and (L % 4 or 32 % L):
+            # one routine serves every bl: L must divide 32 (not only the bl of one call)
+            raise SpecError(f"qsi8d32p needs L = kr/sr to be a multiple of 4 dividing 32 "
+                            f"(4, 8, 16 or 32), got L={L} (kr={self.kr}, sr={self.sr})")
 
     # -- derived facts -------------------------------------------------------------
     @property
@@ -120,9 +112,10 @@ class PackerSpec:
 
     @property
     def name(self) -> str:
-        """KleidiAI grammar: ``lhs_quant_pack_<fmt><mr>x<L>[sb]_f32_neon``."""
-        sb = "sb" if self.rounding == "even" else ""
-        return f"lhs_quant_pack_{self.fmt}{self.mr}x{self.L}{sb}_f32_neon"
+        """KleidiAI grammar: ``lhs_quant_pack_<layout label>[sb]_f32_neon``."""
+        from ..layout.registry import layout_class
+        label = layout_class("lhs", self.fmt).label_for(self.mr, self.kr, self.sr)
+        return f"lhs_quant_pack_{label}{'sb' if self.rounding == 'even' else ''}_f32_neon"
 
     @property
     def spec_string(self) -> str:

@@ -72,8 +72,9 @@ class FamilyInfo:
     """The one record per operation family."""
 
     name: str
-    lhs: str                        # LHS format stem (KleidiAI naming)
-    rhs: str                        # RHS packed format stem
+    lhs: str                        # packed-LHS layout format (tilegen.layout.registry stem),
+    #                                 for kernels that pack their LHS (KernelSpec.packs_lhs)
+    rhs: str                        # packed-RHS layout format (registry stem)
     impls: dict[str, IsaImpl]       # isa -> realisation
     kinds: tuple[str, ...]          # runtime weight kinds the family consumes
     quantized: bool = False
@@ -83,12 +84,12 @@ class FamilyInfo:
         return tuple(self.impls)
 
 
-def _q4_family(name: str, lhs: str) -> FamilyInfo:
+def _q4_family(name: str, lhs: str, rhs: str) -> FamilyInfo:
     """The int4 x int8 families share ISAs, templates, allocators and default interleave."""
     def q4(op: str, strategy: str, kr: int, allocator: str | None = None) -> IsaImpl:
         return IsaImpl(op, strategy, allocator or strategy, kr=kr, sr=2)
     return FamilyInfo(
-        name=name, lhs=lhs, rhs="qsi4c32p", kinds=(name,), quantized=True,
+        name=name, lhs=lhs, rhs=rhs, kinds=(name,), quantized=True,
         impls={"neon": q4("neon", "q4_neon", 8), "dotprod": q4("neon_dotprod", "q4_neon", 8),
                "i8mm": q4("neon_i8mm", "q4_neon", 16),
                "sve_dotprod": q4("sve_dotprod", "q4_sve", 8),
@@ -102,7 +103,7 @@ FAMILIES: dict[str, FamilyInfo] = {
     # f32 GEMM: NEON/SVE FMLA, SME FMOPA outer products (SME2: multi-vector loads and the
     # ZA-array FMLA gemv).
     "f32": FamilyInfo(
-        name="f32", lhs="f32", rhs="f32p", kinds=("f32", "f16"),
+        name="f32", lhs="f32p", rhs="f32p", kinds=("f32", "f16"),
         impls={"neon": IsaImpl("neon_mla", "f32_neon", "f32_neon"),
                "sve": IsaImpl("sve_mla", "f32_sve", "f32_sve"),
                "sme": IsaImpl("sme_mopa", "f32_sme", "f32_sme"),
@@ -111,10 +112,10 @@ FAMILIES: dict[str, FamilyInfo] = {
     ),
     # llama.cpp's q4_0 path: LHS per-32-block symmetric int8 (f16 scale), RHS int4 from
     # ggml block_q4_0 with f16 scales (KleidiAI matmul_clamp_f32_qsi8d32p_qsi4c32p).
-    "q4_0": _q4_family("q4_0", "qsi8d32p"),
+    "q4_0": _q4_family("q4_0", "qsi8d32p", "qsi4c32pscalef16"),
     # LHS per-row asymmetric int8, RHS int4 per 32-block with bf16 scales, row sums and bias
     # (KleidiAI matmul_clamp_f32_qai8dxp_qsi4c32p).
-    "q4_0_dx": _q4_family("q4_0_dx", "qai8dxp"),
+    "q4_0_dx": _q4_family("q4_0_dx", "qai8dxp", "qsi4c32p"),
     # ggml Q8_0 weights requantised per channel: LHS per-row asymmetric int8, RHS int8 with an
     # f32 scale, row sum and bias per column (KleidiAI matmul_clamp_f32_qai8dxp_qsi8cxp).
     "q8_0": FamilyInfo(
@@ -276,19 +277,42 @@ class KernelSpec:
         return self.lhs_mr
 
     @property
+    def lhs_mr_str(self) -> str:
+        """:attr:`lhs_mr` as kernel names write it (``"2vl"`` in VL units)."""
+        return f"{self.lhs_mr}vl" if self.mr_vl else str(self.lhs_mr)
+
+    @property
+    def packs_lhs(self) -> bool:
+        """Whether the kernel reads a packed LHS (q4 families always, f32 on SME outer
+        products) rather than plain f32 rows."""
+        return self.info.quantized or self.packs_f32_lhs
+
+    @property
+    def lhs_layout_class(self):
+        """The packed-LHS layout class (the family's ``lhs`` format), None for f32 rows."""
+        if not self.packs_lhs:
+            return None
+        from ..layout.registry import layout_class   # later stage: the layouts own the names
+        return layout_class("lhs", self.info.lhs)
+
+    @property
+    def rhs_layout_class(self):
+        """The packed-RHS layout class (the family's ``rhs`` format)."""
+        from ..layout.registry import layout_class
+        return layout_class("rhs", self.info.rhs)
+
+    @property
     def lhs_format(self) -> str:
-        """Packed LHS format name, e.g. ``qsi8d32p4x8`` (``f32`` when unpacked)."""
-        if not self.info.quantized:
-            return f"f32p{self.mr_str}x1" if self.packs_f32_lhs else self.info.lhs
-        mr = self.mr_str if self.mr_vl else self.lhs_mr
-        return f"{self.info.lhs}{mr}x{self.L}"
+        """Packed LHS label (the layout's, e.g. ``qsi8d32p4x8``); ``f32`` for plain rows."""
+        cls = self.lhs_layout_class
+        if cls is None:
+            return "f32"                 # unpacked rows: the element type, as for dst
+        return cls.label_for(self.lhs_mr_str, self.kr, self.sr)
 
     @property
     def rhs_format(self) -> str:
-        """Packed RHS format name, e.g. ``f32p16x1b`` or ``qsi4c32p4x8``."""
-        if self.family == "f32":
-            return f"{self.info.rhs}{self.nr_str}x{self.kr}b"
-        return f"{self.info.rhs}{self.nr_str}x{self.L}"
+        """Packed RHS label (the layout's, e.g. ``f32p16x1b`` or ``qsi4c32p4x8``)."""
+        return self.rhs_layout_class.label_for(self.nr_str, self.kr, self.sr)
 
     @property
     def name(self) -> str:

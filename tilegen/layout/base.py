@@ -1,7 +1,10 @@
 """Shared helpers for layout objects."""
 from __future__ import annotations
 
+import dataclasses
+import re
 from functools import lru_cache
+from typing import ClassVar
 
 
 class LayoutError(ValueError):
@@ -27,6 +30,81 @@ def roundup(a: int, b: int) -> int:
     return -(-a // b) * b
 
 
+class PackedLayout:
+    """What every packed layout class says about its own name (docs/layouts.md#names).
+
+    * ``format`` (class attribute): the format's stem, unique among the layouts of one role
+      (``role``: ``"rhs"`` or ``"lhs"``); the key of :data:`tilegen.layout.registry.RHS_LAYOUTS`
+      / ``LHS_LAYOUTS`` and what :class:`~tilegen.runtime.PackedWeights` records.
+    * ``label``: the token KleidiAI kernel names use for the layout,
+      ``<prefix><rows>x<kr/sr><tail>`` (:meth:`label_for`; ``rows`` may be ``"2vl"``).  Labels of
+      two formats may coincide (KleidiAI calls both int4 RHS formats ``qsi4c32p<nr>x<L>``).
+    * ``name``: ``label`` followed by ``name_suffix``, the part of the format the label leaves
+      out (``"scalef16"``): unique across the formats of a role.  It names the tile rows and
+      L = kr/sr, not every geometry field (kr, sr and bl are the object's fields).
+
+    ``for_geometry`` is the one constructor path of both dispatchers (by kernel spec and by
+    format); attributes that are class constants rather than fields (``sr = 1`` of the f32p
+    and bf16 formats, qai8dxp's ``rounding``) are the only values those formats accept.
+    """
+
+    format: ClassVar[str]
+    role: ClassVar[str]                 # "rhs" (tile rows = nr) or "lhs" (tile rows = mr)
+    label_prefix: ClassVar[str]
+    label_tail: ClassVar[str] = ""
+    name_suffix: ClassVar[str] = ""
+
+    @classmethod
+    def label_for(cls, rows: int | str, kr: int, sr: int) -> str:
+        """The KleidiAI name token of this format for a tile of ``rows`` (an int, or e.g.
+        ``"2vl"`` for VL-scaled tiles) with interleave ``kr``/``sr``."""
+        return f"{cls.label_prefix}{rows}x{kr // sr}{cls.label_tail}"
+
+    @classmethod
+    def parse_name(cls, text: str) -> tuple[int, int] | None:
+        """(tile rows, L) of a :attr:`name` of this format, or None."""
+        m = re.fullmatch(rf"{re.escape(cls.label_prefix)}(\d+)x(\d+)"
+                         rf"{re.escape(cls.label_tail + cls.name_suffix)}", text)
+        return (int(m[1]), int(m[2])) if m else None
+
+    @property
+    def rows(self) -> int:
+        """Tile rows of the layout: ``nr`` (RHS) or ``mr`` (LHS)."""
+        return self.nr if self.role == "rhs" else self.mr
+
+    @property
+    def label(self) -> str:
+        return self.label_for(self.rows, self.kr, self.sr)
+
+    @property
+    def name(self) -> str:
+        return self.label + self.name_suffix
+
+    @classmethod
+    def for_geometry(cls, rows: int, kr: int | None = None, sr: int | None = None,
+                     bl: int | None = None, **options):
+        """The layout of this format for ``rows`` tile rows; ``None``: the format's default
+        (an error if it has none).  ``bl`` is ignored by formats without blocks."""
+        fields = {f.name: f for f in dataclasses.fields(cls)}
+        rows_field = "nr" if cls.role == "rhs" else "mr"
+        args = {rows_field: rows}
+        for key, v in (("kr", kr), ("sr", sr), ("bl", bl), *options.items()):
+            if v is None:
+                continue
+            if key in fields:
+                args[key] = v
+            elif key in ("kr", "sr", "bl", "rounding") and hasattr(cls, key):
+                if v != getattr(cls, key):
+                    raise LayoutError(f"{cls.format} has fixed {key}: {key} must be "
+                                      f"{getattr(cls, key)!r}, got {v!r}")
+            elif key != "bl":
+                raise LayoutError(f"unexpected geometry for {cls.format}: {key}")
+        for f in fields.values():
+            if f.name not in args and f.default is dataclasses.MISSING:
+                raise LayoutError(f"layout {cls.format} needs {f.name}=")
+        return cls(**args)
+
+
 def _dims(spec, vl: int | None) -> tuple[int, int]:
     """Concrete (mr, nr) of a spec; VL-scaled tiles need the CPU's vector length in bytes."""
     from ..generator.spec import SpecError
@@ -39,21 +117,10 @@ def _dims(spec, vl: int | None) -> tuple[int, int]:
 @lru_cache(maxsize=1024)   # layout objects are immutable; the runtime asks on every call
 def rhs_layout_for(spec, bl: int = 32, vl: int | None = None):
     """The packed-RHS layout object a kernel spec reads (``bl``: block length of q4 formats;
-    ``vl``: vector length in bytes, for tiles given in VL units)."""
+    ``vl``: vector length in bytes, for tiles given in VL units): the family's RHS format
+    (``FamilyInfo.rhs``) at the spec's geometry."""
     _, nr = _dims(spec, vl)
-    if spec.family == "f32":
-        from .f32 import F32PackedRHS
-        return F32PackedRHS(nr=nr, kr=spec.kr)
-    if spec.family == "q4_0":
-        from .q4 import QSI4C32PScaleF16
-        return QSI4C32PScaleF16(nr=nr, kr=spec.kr, sr=spec.sr, bl=bl)
-    if spec.family == "q4_0_dx":
-        from .q4 import QSI4C32P
-        return QSI4C32P(nr=nr, kr=spec.kr, sr=spec.sr, bl=bl)
-    if spec.family == "q8_0":
-        from .q8 import QSI8CXP
-        return QSI8CXP(nr=nr, kr=spec.kr, sr=spec.sr)
-    raise LayoutError(f"no RHS layout for family {spec.family!r}")
+    return spec.rhs_layout_class.for_geometry(nr, spec.kr, spec.sr, bl)
 
 
 _ALL_VLS = tuple(range(16, 257, 16))
@@ -86,15 +153,7 @@ def _lhs_mr(spec, vl: int | None) -> int:
 @lru_cache(maxsize=1024)
 def lhs_layout_for(spec, bl: int = 32, vl: int | None = None):
     """The packed-LHS layout object a kernel spec reads (None: unpacked f32 rows)."""
-    if spec.family == "f32":
-        if not spec.packs_f32_lhs:
-            return None
-        from .f32 import F32PackedLHS
-        return F32PackedLHS(mr=_dims(spec, vl)[0])
-    if spec.family == "q4_0":
-        from .q4 import QSI8D32P
-        return QSI8D32P(mr=_lhs_mr(spec, vl), kr=spec.kr, sr=spec.sr, bl=bl)
-    if spec.family in ("q4_0_dx", "q8_0"):
-        from .q4 import QAI8DXP
-        return QAI8DXP(mr=_lhs_mr(spec, vl), kr=spec.kr, sr=spec.sr)
-    return None
+    cls = spec.lhs_layout_class
+    if cls is None:
+        return None
+    return cls.for_geometry(_lhs_mr(spec, vl), spec.kr, spec.sr, bl)

@@ -25,7 +25,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from .base import LayoutError, eval_expr, roundup
+from .base import LayoutError, PackedLayout, eval_expr, roundup
 from .q4 import _check_pos, _rows_index, _u8, bf16_to_f32, f32_to_bf16_rne
 
 __all__ = ["BF16PLhs4", "BF16PRhs4B", "BF16PLhs2", "BF16PRhs2B", "f32_to_bf16_rne", "bf16_to_f32"]
@@ -43,11 +43,13 @@ def _f32_2d(x, what: str) -> np.ndarray:
     return x
 
 
-class _Bf16Blocks:
+class _Bf16Blocks(PackedLayout):
     """Shared geometry: k padded to a multiple of kr, blocks of ``tile`` rows or columns with
     the bf16 values ordered [k-chunk of kr][row or column of the tile][kr]."""
 
     kr: int
+    sr = 1
+    label_prefix = "bf16p"
 
     def k_padded(self, k: int) -> int:
         return roundup(k, self.kr)
@@ -86,19 +88,12 @@ class _Bf16Blocks:
 # ----------------------------------------------------------------------------------------
 class _Bf16Lhs(_Bf16Blocks):
     mr: int
+    role = "lhs"
     repeat_pad_rows = False
 
     @property
     def tile(self) -> int:
         return self.mr
-
-    @property
-    def format(self) -> str:
-        return self.name
-
-    @property
-    def name(self) -> str:
-        return f"bf16p{self.mr}x{self.kr}"
 
     @property
     def stride_expr(self) -> str:
@@ -145,6 +140,8 @@ class BF16PLhs4(_Bf16Lhs):
     Row block of ``mr`` rows, stride ``mr * roundup(k, 4) * 2``: bf16 values ordered
     [k-chunk of 4][row 0..mr)[4].  K padding 0; padding rows repeat the block's first row."""
 
+    format = "bf16px4"
+
     mr: int = 8
     kr: int = 4
     repeat_pad_rows = True
@@ -161,6 +158,8 @@ class BF16PLhs2(_Bf16Lhs):
 
     Row block of ``mr`` rows, stride ``mr * roundup(k, 2) * 2``: bf16 values ordered
     [k-pair][row 0..mr)[2].  K padding and padding rows 0."""
+
+    format = "bf16px2"
 
     mr: int
     kr: int = 2
@@ -184,18 +183,12 @@ class BF16PLhs2(_Bf16Lhs):
 # ----------------------------------------------------------------------------------------
 class _Bf16Rhs(_Bf16Blocks):
     nr: int
+    role = "rhs"
+    label_tail = "b"
 
     @property
     def tile(self) -> int:
         return self.nr
-
-    @property
-    def format(self) -> str:
-        return self.name
-
-    @property
-    def name(self) -> str:
-        return f"bf16p{self.nr}x{self.kr}b"
 
     @property
     def bias_bytes(self) -> int:
@@ -275,6 +268,8 @@ class BF16PRhs4B(_Bf16Rhs):
     values ordered [k-chunk of 4][col 0..nr)[4].  KleidiAI never writes the bias slots of padding
     columns (zero here)."""
 
+    format = "bf16px4b"
+
     nr: int = 12
     kr: int = 4
 
@@ -290,6 +285,8 @@ class BF16PRhs2B(_Bf16Rhs):
 
     Column block of ``nr``, stride ``nr * (4 + roundup(k, 2) * 2)``: nr f32 biases, then bf16
     values ordered [k-pair][col 0..nr)[2].  Padding columns 0 (bias and values)."""
+
+    format = "bf16px2b"
 
     nr: int
     kr: int = 2

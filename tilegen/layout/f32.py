@@ -10,7 +10,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from .base import LayoutError, eval_expr, roundup
+from .base import LayoutError, PackedLayout, eval_expr, roundup
 
 F32 = np.dtype("<f4")
 
@@ -32,8 +32,13 @@ class StridedF32:
 
 
 @dataclass(frozen=True)
-class F32PackedRHS:
+class F32PackedRHS(PackedLayout):
     """KleidiAI ``f32p<nr>x<kr>b``: bias-prefixed panels of nr columns (kr = 1)."""
+
+    format = "f32p"
+    role = "rhs"
+    label_prefix, label_tail = "f32p", "b"
+    sr = 1
 
     nr: int
     kr: int = 1
@@ -42,15 +47,6 @@ class F32PackedRHS:
     def __post_init__(self) -> None:
         if self.kr != 1:
             raise LayoutError(f"f32p layout supports kr=1 only, got kr={self.kr}")
-
-    @property
-    def name(self) -> str:
-        return f"f32p{self.nr}x{self.kr}b"
-
-    @property
-    def format(self) -> str:
-        """Format name as recorded in PackedWeights (the panel width is part of it)."""
-        return self.name
 
     # -- geometry used by the generator ---------------------------------------------
     @property
@@ -121,27 +117,27 @@ class F32PackedRHS:
         return np.ascontiguousarray(w_kn.T), bias
 
     def dequantize_rows(self, packed: np.ndarray, n: int, k: int, rows) -> np.ndarray:
-        """float32 (len(rows), k): the weights of ``rows`` (the panels hold them exactly)."""
+        """float32 (len(rows), k): the weights of the given rows (output channels)."""
+        w, _ = self.unpack(packed, n, k)
         idx = np.asarray(rows, dtype=np.int64).reshape(-1)
         if idx.size and (idx.min() < 0 or idx.max() >= n):
             raise LayoutError(f"row indices must be in [0, {n})")
-        return self.unpack(packed, n, k)[0][idx]
+        return w[idx]
 
 
 @dataclass(frozen=True)
-class F32PackedLHS:
+class F32PackedLHS(PackedLayout):
     """``f32p<mr>x1`` (the SME outer-product kernels' LHS): rows cut into blocks of ``mr``;
     each block holds, for t = 0..k-1, the ``mr`` values ``x[block rows][t]`` (a k-major
     transpose of the block).  Rows past m are zero."""
 
+    format = "f32p"
+    role = "lhs"
+    label_prefix = "f32p"
+    kr = sr = 1
+
     mr: int
     elem_bytes: int = 4
-
-    @property
-    def name(self) -> str:
-        return f"f32p{self.mr}x1"
-
-    format = name
 
     @property
     def k_step_bytes(self) -> int:

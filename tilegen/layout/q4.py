@@ -31,7 +31,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from ..reference import fma_f32
-from .base import LayoutError, eval_expr, roundup
+from .base import LayoutError, PackedLayout, eval_expr, roundup
 from .ggml import as_bytes, dequantize_q4_0, quantize_q4_0, split_q4_0
 
 __all__ = ["QAI8DXP", "QSI8D32P", "QSI4C32P", "QSI4C32PScaleF16",
@@ -115,8 +115,19 @@ def _rows_index(rows, n: int) -> np.ndarray:
 # ----------------------------------------------------------------------------------------
 # LHS: qai8dxp (dynamic per-row asymmetric int8)
 # ----------------------------------------------------------------------------------------
-class _Interleaved:
+class _Interleaved(PackedLayout):
     """Shared by the q4 layouts: interleave chunk L = kr/sr and blocks of bl elements."""
+
+    def _check_interleave(self, **positive) -> int:
+        """The rules every interleaved layout shares: positive geometry, a whole chunk
+        L = kr/sr and (layouts with blocks, ``bl`` among ``positive``) ggml's block multiple
+        of 32; returns L."""
+        _check_pos(kr=self.kr, sr=self.sr, **positive)
+        if self.kr % self.sr:
+            raise LayoutError(f"kr={self.kr} must be a multiple of sr={self.sr}")
+        if "bl" in positive and self.bl % 32:
+            raise LayoutError(f"bl={self.bl} must be a multiple of 32")
+        return self.kr // self.sr
 
     @property
     def L(self) -> int:
@@ -175,25 +186,19 @@ class QAI8DXP(_LhsRowBlocks):
         +mr*K32+4*mr  mr x f32 rscale (= 1/scale)
     """
 
+    format = "qai8dxp"
+    role = "lhs"
+    label_prefix = "qai8dxp"
+    rounding = "away"     # fixed: values ties-away, zero point ties-even
+
     mr: int
     kr: int
     sr: int
 
     def __post_init__(self) -> None:
-        _check_pos(mr=self.mr, kr=self.kr, sr=self.sr)
-        if self.kr % self.sr:
-            raise LayoutError(f"kr={self.kr} must be a multiple of sr={self.sr}")
-        if 32 % (self.kr // self.sr):
-            raise LayoutError(f"L = kr/sr = {self.kr // self.sr} must divide 32")
-
-    # -- identity ---------------------------------------------------------------------
-    @property
-    def format(self) -> str:
-        return "qai8dxp"
-
-    @property
-    def name(self) -> str:
-        return f"qai8dxp{self.mr}x{self.kr // self.sr}"
+        L = self._check_interleave(mr=self.mr)
+        if 32 % L:
+            raise LayoutError(f"L = kr/sr = {L} must divide 32")
 
     @property
     def L(self) -> int:
@@ -380,24 +385,16 @@ class QSI8D32P(_LhsRowBlocks):
     bl: int = 32
     rounding: str = "away"
 
+    format = "qsi8d32p"
+    role = "lhs"
+    label_prefix = "qsi8d32p"
+
     def __post_init__(self) -> None:
-        _check_pos(mr=self.mr, kr=self.kr, sr=self.sr, bl=self.bl)
-        if self.kr % self.sr:
-            raise LayoutError(f"kr={self.kr} must be a multiple of sr={self.sr}")
-        if self.bl % 32:
-            raise LayoutError(f"bl={self.bl} must be a multiple of 32")
-        if self.bl % (self.kr // self.sr):
-            raise LayoutError(f"L = kr/sr = {self.kr // self.sr} must divide bl={self.bl}")
+        L = self._check_interleave(mr=self.mr, bl=self.bl)
+        if self.bl % L:
+            raise LayoutError(f"L = kr/sr = {L} must divide bl={self.bl}")
         if self.rounding not in ("away", "even"):
-            raise LayoutError(f"rounding must be 'away' or 'even', got {self.rounding!r}")
-
-    @property
-    def format(self) -> str:
-        return "qsi8d32p"
-
-    @property
-    def name(self) -> str:
-        return f"qsi8d32p{self.mr}x{self.kr // self.sr}"
+            raise LayoutError(f"rounding must be one of away, even; got {self.rounding!r}")
 
 
     # -- geometry ----------------------------------------------------------------------
@@ -533,27 +530,18 @@ class QSI4C32P(_RhsGroups):
     sr: int
     bl: int = 32
 
+    format = "qsi4c32p"
+    role = "rhs"
+    label_prefix = "qsi4c32p"
+
     def __post_init__(self) -> None:
-        _check_pos(nr=self.nr, kr=self.kr, sr=self.sr, bl=self.bl)
-        if self.kr % self.sr:
-            raise LayoutError(f"kr={self.kr} must be a multiple of sr={self.sr}")
-        if self.bl % 32:
-            raise LayoutError(f"bl={self.bl} must be a multiple of 32")
+        L = self._check_interleave(nr=self.nr, bl=self.bl)
         if self.bl % self.kr:
             raise LayoutError(f"bl={self.bl} must be a multiple of kr={self.kr}")
         if self.nr % 4:
             raise LayoutError(f"nr={self.nr} must be a multiple of 4")
-        L = self.kr // self.sr
         if L % 2 or 16 % L:
             raise LayoutError(f"L = kr/sr = {L} must be even and divide 16")
-
-    @property
-    def format(self) -> str:
-        return "qsi4c32p"
-
-    @property
-    def name(self) -> str:
-        return f"qsi4c32p{self.nr}x{self.kr // self.sr}"
 
 
     # -- geometry ----------------------------------------------------------------------
@@ -818,26 +806,21 @@ class QSI4C32PScaleF16(_RhsGroups):
     sr: int = 2
     bl: int = 32
 
+    format = "qsi4c32pscalef16"
+    role = "rhs"
+    label_prefix = "qsi4c32p"         # KleidiAI's kernel names: qsi4c32p<nr>x<L>, as QSI4C32P
+    name_suffix = "scalef16"
+
     def __post_init__(self) -> None:
-        _check_pos(nr=self.nr, kr=self.kr, sr=self.sr, bl=self.bl)
+        _check_pos(sr=self.sr)
         if self.sr != 2:
             raise LayoutError(f"qsi4c32pscalef16 needs sr=2, got sr={self.sr}")
-        if self.kr % self.sr:
-            raise LayoutError(f"kr={self.kr} must be a multiple of sr={self.sr}")
+        self._check_interleave(nr=self.nr, bl=self.bl)
         if self.kr > 16:
             raise LayoutError(f"qsi4c32pscalef16 needs kr <= 16, got kr={self.kr}")
-        if self.bl % 32:
-            raise LayoutError(f"bl={self.bl} must be a multiple of 32")
         if self.bl % self.kr:
             raise LayoutError(f"bl={self.bl} must be a multiple of kr={self.kr}")
 
-    @property
-    def format(self) -> str:
-        return "qsi4c32pscalef16"
-
-    @property
-    def name(self) -> str:
-        return f"qsi4c32p{self.nr}x{self.kr // self.sr}"
 
 
     # -- geometry ----------------------------------------------------------------------

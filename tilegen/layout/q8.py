@@ -166,6 +166,10 @@ class QSI8CXP(_RhsGroups):
     (-zero point), so ``rsum`` must be the plain column sum.
     """
 
+    format = "qsi8cxp"
+    role = "rhs"
+    label_prefix = "qsi8cxp"
+
     nr: int
     kr: int
     sr: int = 1
@@ -176,15 +180,6 @@ class QSI8CXP(_RhsGroups):
             raise LayoutError(f"qsi8cxp needs sr=1, got sr={self.sr}")
         if 32 % self.kr:
             raise LayoutError(f"kr={self.kr} must divide 32")
-
-    # -- identity ---------------------------------------------------------------------
-    @property
-    def format(self) -> str:
-        return "qsi8cxp"
-
-    @property
-    def name(self) -> str:
-        return f"qsi8cxp{self.nr}x{self.kr}"
 
     # -- geometry (generator) ------------------------------------------------------------
     # Block-relative facts (the kernel templates read these, never format literals): a group is

@@ -26,7 +26,7 @@ INF = math.inf
 
 
 @lru_cache(maxsize=None)
-def _kernel_spec(text: str) -> KernelSpec:
+def kernel_spec(text: str) -> KernelSpec:
     return parse_spec(text)
 
 
@@ -72,7 +72,7 @@ class Kernel(_Routine):
 
     def __init__(self, entry: dict, fn, vl_bytes: int | None = None,
                  cpu: CpuInfo | None = None) -> None:
-        self.spec = _kernel_spec(entry["spec"])
+        self.spec = kernel_spec(entry["spec"])
         self.name: str = self.spec.name
         # the CPU's vector length for this kernel's ISA (None: the CPU lacks it)
         self.vl_bytes = vl_bytes if self.spec.vl_scaled else None

@@ -17,7 +17,7 @@ import numpy as np
 from ..layout import LayoutError
 from ..layout.base import same_rhs
 from .abi import check_abi
-from .binding import Kernel, Packer
+from .binding import Kernel, Packer, kernel_spec
 from .cpu import CpuInfo, detect
 from .errors import ArgumentError, LoadError
 from .integrity import check_entries, check_image
@@ -84,7 +84,7 @@ class Library:
                 fn = getattr(self._dll, e["name"])
             except AttributeError:
                 raise LoadError(f"kernel {e['name']} is in the manifest but not in {self.path.name}") from None
-            kind = e.get("vl_kind")
+            kind = kernel_spec(e["spec"]).vl_kind
             self.kernels[e["name"]] = Kernel(e, fn, self.vl_bytes.get(kind) if kind else None,
                                              cpu=self.cpu)
         self._abi = getattr(self._dll, self.manifest.get("abi_probe") or "tilegen_abi_call", None)
