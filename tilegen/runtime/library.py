@@ -300,10 +300,16 @@ class Library:
         return PackedWeights(lay, int(n), int(k), data, bias is not None, kind)
 
     def packer(self, fmt: str, mr: int, kr: int, sr: int, rounding: str = "away") -> Packer | None:
-        """The library's NEON packer for this LHS format and geometry (same L = kr/sr)."""
+        """The library's NEON packer for this LHS format and geometry (same L = kr/sr; None
+        when there is none, or the geometry is not one of the format's)."""
+        from ..layout.api import layout_for
+        try:
+            L = layout_for(fmt, mr=mr, kr=kr, sr=sr, rounding=rounding).L
+        except LayoutError:
+            return None
         for p in self.packers.values():
             sp = p.spec
-            if (sp.fmt, sp.mr, sp.L, sp.rounding) == (fmt, mr, kr // sr, rounding) and kr % sr == 0:
+            if (sp.fmt, sp.mr, sp.L, sp.rounding) == (fmt, mr, L, rounding):
                 return p
         return None
 
