@@ -19,11 +19,10 @@ import re
 
 import pytest
 
-from tilegen.build.targets import TARGETS, default_specs
 from tilegen.generator import packers
 from tilegen.generator.regalloc import allocate
-from tilegen.generator.spec import FAMILIES, SpecError
-from tilegen.tune import REGIMES, TuneError, candidates
+from tilegen.generator.spec import SpecError
+from tilegen.tune import grid_specs
 
 render_mod = importlib.import_module("tilegen.generator.render")   # the package exports render()
 
@@ -96,18 +95,7 @@ def _perturbed(lay, fact: str):
 
 
 def _grid() -> list:
-    out = {}
-    for tgt in dict.fromkeys(TARGETS.values()):
-        for s in default_specs(tgt):
-            out.setdefault(s.spec_string, s)
-        for fam in FAMILIES:
-            for regime in REGIMES:
-                try:
-                    cands = candidates(tgt, fam, regime)
-                except TuneError:
-                    continue
-                for c in cands:
-                    out.setdefault(c.spec.spec_string, c.spec)
+    out = grid_specs()
     reps = {}
     for key, s in sorted(out.items()):
         R = allocate(s)
