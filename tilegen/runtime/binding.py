@@ -196,10 +196,12 @@ class Kernel(_Routine):
         if k is None or bl is None:
             raise ArgumentError("k and bl are needed when rhs_packed is raw bytes")
         k, bl = positive_int("k", k), positive_int("bl", bl)
-        if bl % 32 or k % bl:
-            raise ArgumentError(f"need bl a multiple of 32 and k a multiple of bl; got k={k}, bl={bl}")
-        rbuf = check_bytes("rhs_packed", rbytes, self.rhs_packed_size(n, k, bl))
-        lbuf = check_bytes("lhs_packed", lhs_packed, self.lhs_packed_size(m, k, bl))
+        try:        # the layouts' rules on bl and k (bl a multiple of 32, k of bl)
+            rsize, lsize = self.rhs_packed_size(n, k, bl), self.lhs_packed_size(m, k, bl)
+        except LayoutError as e:
+            raise ArgumentError(f"k={k}, bl={bl}: {e}") from None
+        rbuf = check_bytes("rhs_packed", rbytes, rsize)
+        lbuf = check_bytes("lhs_packed", lhs_packed, lsize)
         self._invoke(m, n, k, bl, lbuf.ctypes.data, rbuf.ctypes.data, dst.ctypes.data,
                      row_stride(dst), 4, cmin, cmax)
         return dst
