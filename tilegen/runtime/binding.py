@@ -250,9 +250,9 @@ class Packer(_Routine):
             lay = sp.layout(bl)
             if sp.fmt == "qsi8d32p" and k % bl:
                 raise LayoutError(f"k={k} must be a multiple of bl={bl}")
+            need = lay.region_size(m, k, start)
         except (LayoutError, ValueError) as e:
             raise ArgumentError(str(e)) from None
-        need = lay.region_size(m, k, start)
         if out is None:
             out = np.zeros(need, np.uint8)
         else:
