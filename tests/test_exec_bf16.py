@@ -68,7 +68,7 @@ def _check(cases, refs, outs, what=""):
         assert (out[m:] == SENTINEL).all() and (out[:, n:] == SENTINEL).all(), \
             f"{what} m={m} n={n} k={k}: wrote outside dst"
         got = out[:m, :n]
-        assert np.array_equal(got, exact), f"{what} m={m} n={n} k={k}: {np.sum(got != exact)} differ"
+        assert np.array_equal(got, exact, equal_nan=True), f"{what} m={m} n={n} k={k}: {np.sum(got != exact)} differ"
 
 
 def test_specs_and_names():
