@@ -262,3 +262,36 @@ def test_bf16_close_to_float64():
     d = matmul_bf16(lp, rp, 9, 30, 131, L, R, -FMAX, FMAX)
     e = matmul_bf16_f64(lp, rp, 9, 30, 131, L, R)
     assert np.abs(d - e).max() <= 2e-6 * np.abs(e).max()
+
+
+@pytest.mark.parametrize("spec", ALL_SPECS, ids=lambda s: s.spec_string)
+def test_bf16_guard_pages(spec, bf16_lib):
+    """Packed LHS, packed RHS and a strided dst flush against PROT_NONE pages (after the last
+    byte, before the first): no access outside them, nothing outside m x n written, bit-exact."""
+    from test_guard_pages import PLACEMENTS, SENTINEL as GUARD_SENTINEL, _check_guarded
+    rng = np.random.default_rng(sum(map(ord, "guard" + spec.name)))
+    mr, nr = spec.mr, spec.nr
+    shapes = [(1, 1, 1), (mr, nr, 4), (mr + 1, nr + 1, 5), (2 * mr + 3, 3 * nr - 1, 17),
+              (3, 2 * nr + 3, 2), (int(rng.integers(1, 3 * mr + 2)), int(rng.integers(1, 4 * nr)),
+                                   int(rng.integers(1, 80)))]
+    cases, refs = [], []
+    for i, (m, n, k) in enumerate(shapes):
+        c, r = _case(spec, rng, m, n, k, clamped=bool(i % 2))
+        c.update(dst_stride=n + (0, 1, 2, 3)[i % 4], sentinel=GUARD_SENTINEL)
+        cases.append(c)
+        refs.append(r)
+    outs = guest("neoverse-n2").call("guest_pack:guarded_q4_cases", str(bf16_lib), spec.name,
+                                     cases, PLACEMENTS)
+    _check_guarded(spec.name, cases, refs, outs)
+
+
+@pytest.mark.parametrize("mr", (8, 1))
+def test_bf16_packer_guard_pages(mr, bf16_lib):
+    rng = np.random.default_rng(mr)
+    cases = [dict(x=rng.normal(size=(m, k)).astype(np.float32), bl=32, m_idx_start=0, pad=pad)
+             for m, k, pad in [(1, 1, 0), (5, 7, 3), (mr + 1, 9, 1), (9, 64, 0), (17, 70, 2)]]
+    outs = guest("cortex-a53").call("guest_pack:guarded_lib_pack_cases", str(bf16_lib), "bf16px4",
+                                    mr, 4, 1, cases)
+    for i, c in enumerate(cases):
+        for j in range(2):
+            assert np.array_equal(outs[2 * i + j], BF16PLhs4(mr).pack(c["x"])), (c["x"].shape, j)
