@@ -149,10 +149,16 @@ def test_kernels_reproduce_kleidiai_vectors(path, bf16_lib):
     assert np.array_equal(ours_r[wr], rhs_k[wr]) and ours_r.size == rhs_k.size
     lw = z[f"{stem}__lhs_packed_written"]
     assert np.array_equal(ours_l[lw], lhs_k[lw]) and ours_l.size == lhs_k.size
+    gemm = tilegen.parse_spec("bf16:bf16:8x12")
+    from tilegen.layout import lhs_layout_for, rhs_layout_for
+    L, R = lhs_layout_for(gemm), rhs_layout_for(gemm)
+    assert [gemm.m_step, gemm.n_step, gemm.lhs_mr, gemm.nr, gemm.kr, gemm.sr] == \
+        list(z[f"{stem}__params"])
+    assert [L.packed_size(m, k), R.packed_size(n, k), 4 * m * n, L.packed_offset(8, k),
+            R.packed_offset(12, k)] == list(z[f"{stem}__sizes"])
     g = guest("neoverse-n2")
     neon_l = g.call("guest_calls:lib_pack_lhs", str(bf16_lib), "bf16px4", x, 8, 4, 1, 32, 0)
     assert np.array_equal(neon_l, ours_l)
-    gemm = tilegen.parse_spec("bf16:bf16:8x12")
     cases, want = [], []
     for lhs, rhs in ((lhs_k, rhs_k), (ours_l, ours_r), (neon_l, ours_r)):
         for key, lo, hi in (("dst", -FMAX, FMAX), ("dst_clamped", cmin, cmax)):
