@@ -273,8 +273,9 @@ class KernelSpec:
 
     @property
     def lhs_mr(self) -> int:
-        """Rows interleaved in one packed LHS row block (1 for gemv tiles, else 4; tiles with
-        mr in VL units: mr itself, in VL units -- see :meth:`lhs_mr_at`)."""
+        """Rows interleaved in one packed LHS row block (quantized families: 1 for gemv tiles,
+        else 4; bf16 and f32 SME: mr; tiles with mr in VL units: mr itself, in VL units -- see
+        :meth:`lhs_mr_at`)."""
         if not self.info.quantized:
             return self.mr if self.packs_f32_lhs or self.info.packs_lhs else 1
         if self.mr_vl:
@@ -294,8 +295,8 @@ class KernelSpec:
 
     @property
     def packs_lhs(self) -> bool:
-        """Whether the kernel reads a packed LHS (q4 families always, f32 on SME outer
-        products) rather than plain f32 rows."""
+        """Whether the kernel reads a packed LHS (quantized families and bf16 always, f32 on
+        SME outer products) rather than plain f32 rows."""
         return self.info.quantized or self.info.packs_lhs or self.packs_f32_lhs
 
     @property
