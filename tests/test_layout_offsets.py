@@ -43,11 +43,14 @@ KERNEL_FACTS = {
     "QSI8D32P": {"scale_bytes", "data_offset_in_block", "chunk_bytes", "k_span_bytes"},
     "QSI8CXP": {"k_multiple", "chunk_bytes", "rsum_offset_in_tail", "scale_offset_in_tail",
                 "bias_offset_in_tail", "tail_bytes"},
+    "BF16PRhs4B": {"chunk_bytes", "bias_bytes", "data_offset", "group_stride"},
+    "BF16PLhs4": {"chunk_bytes", "row_block_stride"},
 }
 PACKER_FACTS = {
     "QAI8DXP": {"k_multiple", "row_block_tail_bytes", "chunk_bytes",
                 "offset_bytes", "rscale_after_offset"},
     "QSI8D32P": {"scale_bytes", "data_offset_in_block", "chunk_bytes", "scale_offset"},
+    "BF16PLhs4": {"chunk_bytes", "element_offset", "row_block_stride"},
 }
 
 

@@ -737,6 +737,8 @@ ALLOCATORS = {"f32_neon": _allocate_f32_neon, "f32_sve": _allocate_f32_sve,
 
 from .regalloc_q8 import allocate_q8_neon  # noqa: E402 - it builds on the helpers above
 ALLOCATORS["q8_neon"] = allocate_q8_neon
+from .regalloc_bf16 import allocate_bf16_neon  # noqa: E402
+ALLOCATORS["bf16_neon"] = allocate_bf16_neon
 
 
 def allocate(spec: KernelSpec | str):

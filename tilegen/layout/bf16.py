@@ -111,6 +111,13 @@ class _Bf16Lhs(_Bf16Blocks):
             raise LayoutError(f"m_idx={m_idx} is not a multiple of mr={self.mr}")
         return m_idx // self.mr * self.row_block_stride(k)
 
+    def region_size(self, m: int, k: int, m_idx_start: int = 0) -> int:
+        """Bytes a pack call for m rows starting at row m_idx_start (a multiple of mr) touches."""
+        if m_idx_start % self.mr:
+            raise LayoutError(f"bf16 LHS packing starts at a row block: m_idx_start="
+                              f"{m_idx_start} is not a multiple of mr={self.mr}")
+        return self.packed_size(m, k) if m else 0
+
     def pack(self, x: np.ndarray) -> np.ndarray:
         """f32 rows (m, k) -> bf16 row blocks; K padding 0.  Padding rows of the last block are
         0 (SME packer) or a copy of the block's first row (NEON packers)."""

@@ -151,12 +151,19 @@ class Kernel(_Routine):
         """f32: dst = clamp(lhs @ W + bias), lhs (m, k) f32 rows (packed-LHS kernels: rows,
         packed here, or bytes from ``lhs_layout().pack``).
         q4: dst = clamp(dequant(lhs_packed) @ dequant(W)), lhs = packed LHS bytes, with k and
-        bl taken from PackedWeights (or given); q8_0 likewise, without bl."""
+        bl taken from PackedWeights (or given); q8_0 likewise, without bl.
+        bf16: dst = clamp(bf16(lhs) @ W + bias), lhs packed bytes (bf16p<mr>x4) or f32 rows
+        (packed here by the layout object)."""
         self._require_cpu()
         cmin, cmax = clamp_bounds(clamp_min, clamp_max)
         if self.family == "f32":
             return self._call_f32(lhs, rhs_packed, dst, cmin, cmax, k)
         if self.family == "q8_0":
+            return self._call_q8(lhs, rhs_packed, dst, cmin, cmax, k)
+        if self.family == "bf16":
+            if isinstance(lhs, np.ndarray) and lhs.dtype == np.float32:   # rows, packed here
+                lhs = self.lhs_layout().pack(check_matrix("lhs", lhs, rows=dst.shape[0] if
+                                                          isinstance(dst, np.ndarray) else None))
             return self._call_q8(lhs, rhs_packed, dst, cmin, cmax, k)
         return self._call_q4(lhs, rhs_packed, dst, cmin, cmax, k, bl)
 
@@ -208,7 +215,8 @@ class Kernel(_Routine):
 
 
     def _call_q8(self, lhs_packed, rhs_packed, dst, cmin, cmax, k):
-        """qai8dxp x qsi8cxp: no block length (a bl= argument is ignored), any k >= 1."""
+        """qai8dxp x qsi8cxp (and bf16p x bf16p: the same arguments): no block length (a bl=
+        argument is ignored), any k >= 1."""
         dst = check_matrix("dst", dst, writeable=True)
         m, n = dst.shape
         rbytes, k, _ = self._weights(rhs_packed, n, k)
@@ -244,9 +252,9 @@ class Packer(_Routine):
             lay = sp.layout(bl)
             if sp.fmt == "qsi8d32p" and k % bl:
                 raise LayoutError(f"k={k} must be a multiple of bl={bl}")
+            need = lay.region_size(m, k, start)
         except (LayoutError, ValueError) as e:
             raise ArgumentError(str(e)) from None
-        need = lay.region_size(m, k, start)
         if out is None:
             out = np.zeros(need, np.uint8)
         else:
