@@ -315,9 +315,10 @@ class Library:
         when there is none, or the geometry is not one of the format's)."""
         from ..layout.api import layout_for
         try:
-            L = layout_for(fmt, mr=mr, kr=kr, sr=sr, rounding=rounding).L
+            layout_for(fmt, mr=mr, kr=kr, sr=sr)     # the format's rules on the geometry
         except LayoutError:
             return None
+        L = kr // sr
         for p in self.packers.values():
             sp = p.spec
             if (sp.fmt, sp.mr, sp.L, sp.rounding) == (fmt, mr, L, rounding):
