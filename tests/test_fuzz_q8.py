@@ -25,7 +25,9 @@ from test_exec_q8 import ALL_SPECS, CPU_FEATURES, SENTINEL
 EXAMPLES = int(os.environ.get("TILEGEN_FUZZ_EXAMPLES", "1000"))
 NEON_CPUS = ("cortex-a53", "neoverse-n1", "neoverse-v1", "max")
 # scalable q8_0 kernels and the (cpu, sve VL, sme SVL) runs they take; VL in bits
-SCALABLE_SPECS: tuple[str, ...] = ()
+SCALABLE_SPECS: tuple[str, ...] = (
+    "q8_0:sve_i8mm:16x1vl", "q8_0:sve_dotprod:1x1vl:k8:s1", "q8_0:sve_i8mm:8x2vl",
+    "q8_0:sve_dotprod:8x1vl", "q8_0:sve_dotprod:1x1vl", "q8_0:sve_dotprod:4x4vl")
 SVE_RUNS = (("max", 128, None), ("max", 256, None), ("max", 512, None), ("max", 2048, None),
             ("neoverse-v1", None, None), ("neoverse-n2", None, None))
 SME_RUNS = tuple(("max", None, v) for v in (128, 256, 512, 1024, 2048))

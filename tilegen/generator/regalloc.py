@@ -733,6 +733,8 @@ ALLOCATORS = {"f32_neon": _allocate_f32_neon, "f32_sve": _allocate_f32_sve,
 
 from .regalloc_q8 import allocate_q8_neon  # noqa: E402 - it builds on the helpers above
 ALLOCATORS["q8_neon"] = allocate_q8_neon
+from .regalloc_q8_sve import allocate_q8_sve  # noqa: E402
+ALLOCATORS["q8_sve"] = allocate_q8_sve
 
 
 def allocate(spec: KernelSpec | str):
