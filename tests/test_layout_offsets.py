@@ -85,8 +85,8 @@ def _perturbed(lay, fact: str):
     of the 16-byte granule where the original was one (shift and VL-unit operands)."""
     cls = type(lay)
     orig = getattr(cls, fact)
-    if isinstance(orig, property):
-        v = orig.fget(lay)
+    if isinstance(orig, (property, int)):                           # a property or a constant
+        v = orig.fget(lay) if isinstance(orig, property) else orig
         new = 2 * v if v else 16
         over = property(lambda self, new=new: new)
     else:                                                           # a method of one int

@@ -88,12 +88,21 @@ def test_file_recording_a_layout_name_loads(tmp_path):
     from tilegen.layout.api import layout_for
     pw = _f32_weights()
     assert pw.format == "f32p"
-    old = tilegen.PackedWeights("f32p16x1b", pw.n, pw.k, 16, 1, 1, pw.data, False, None, "f32")
     p = tmp_path / "old.tgpw"
-    old.save(p)
+    pw.save(p)
+    blob = p.read_bytes()      # the same file with the full name in its header (and checksum)
+    import hashlib
+    import json
+    import struct
+    pre = len(pw.MAGIC) + 8
+    hlen = struct.unpack("<I", blob[pre - 4:pre])[0]
+    meta = json.loads(blob[pre:pre + hlen])
+    meta["format"] = "f32p16x1b"
+    hdr = json.dumps(meta, sort_keys=True).encode()
+    head = pw.MAGIC + struct.pack("<II", pw.VERSION, len(hdr)) + hdr
+    p.write_bytes(head + hashlib.sha256(head).digest() + blob[pre + hlen + 32:])
     got = tilegen.PackedWeights.load(p)
-    assert np.array_equal(got.data, pw.data)
-    assert layout_for(got.format, nr=16, kr=1, sr=1, bl=32) == layout_for(pw.format, nr=16)
+    assert np.array_equal(got.data, pw.data) and got.layout == pw.layout == layout_for("f32p", nr=16)
 
 
 _RSS_CHILD = """

@@ -20,8 +20,8 @@ def test_q8_names_follow_kleidiai(text, name):
     assert spec.name == name
     assert parse_spec(spec.spec_string) == spec
     e = kernel_entry(spec, spec.name)
-    assert parse_spec(e["spec"]) == spec and e["family"] == "q8_0"
-    assert e["lhs_format"] == name.split("_")[3] and e["rhs_format"] == name.split("_")[4]
+    assert parse_spec(e["spec"]) == spec and spec.family == "q8_0" and e["name"] == name
+    assert spec.lhs_format == name.split("_")[3] and spec.rhs_format == name.split("_")[4]
     assert [p["name"] for p in e["params"]][:5] == ["m", "n", "k", "lhs_packed", "rhs_packed"]
 
 

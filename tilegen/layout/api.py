@@ -29,6 +29,7 @@ import numpy as np
 from .base import LayoutError
 from .f32 import F32PackedRHS
 from .q4 import QAI8DXP, QSI4C32P, QSI8D32P, QSI4C32PScaleF16
+from .q8 import QSI8CXP
 from .registry import LAYOUTS, LHS_LAYOUTS, RHS_LAYOUTS, layout_class
 
 __all__ = ["pack_rhs", "pack_lhs", "dequantize_rows", "layout_for", "repack_rhs", "RHS_FORMATS",

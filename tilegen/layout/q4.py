@@ -175,8 +175,32 @@ class _RhsGroups(_Interleaved):
         return (n_idx // self.nr) * self.group_stride(k)
 
 
+class _PaddedSlots:
+    """Blocks of ``slots`` rows (LHS) or columns (RHS) whose k values are padded to
+    ``k_multiple`` and interleaved in chunks of L, then ``slot_tail_bytes`` per slot."""
+
+    k_multiple = 32
+
+    def k_padded(self, k: int) -> int:
+        return roundup(k, self.k_multiple)
+
+    @property
+    def stride_expr(self) -> str:
+        """Bytes per block as an expression in k (one source for Python and C getters)."""
+        km = self.k_multiple
+        return f"{self.slots} * ((k + {km - 1}) // {km} * {km} + {self.slot_tail_bytes})"
+
+    def _stride(self, k: int) -> int:
+        return eval_expr(self.stride_expr, k=k)
+
+    @property
+    def chunk_bytes(self) -> int:
+        """Bytes of one interleave chunk (the block's slots x L values)."""
+        return self.slots * self.L
+
+
 @dataclass(frozen=True)
-class QAI8DXP(_LhsRowBlocks):
+class QAI8DXP(_PaddedSlots, _LhsRowBlocks):
     """KleidiAI ``qai8dxp<mr>x<L>``: per-row asymmetric int8, L = kr/sr interleave (docs/layouts.md#qai8dxp).
 
     Row block of ``mr`` rows (stride ``mr*(K32+8)``, ``K32 = roundup(k, 32)``)::
@@ -206,23 +230,10 @@ class QAI8DXP(_LhsRowBlocks):
         return self.kr // self.sr
 
     # -- geometry (generator) ------------------------------------------------------------
-    @property
-    def k_multiple(self) -> int:
-        """Rows are padded (repeating their last value) to a multiple of this many values."""
-        return 32
-
-    def k_padded(self, k: int) -> int:
-        return roundup(k, self.k_multiple)
-
-    @property
-    def offset_bytes(self) -> int:
-        """Bytes of one row's offset (-zero point, int32)."""
-        return 4
-
-    @property
-    def rscale_bytes(self) -> int:
-        """Bytes of one row's reciprocal scale (f32)."""
-        return 4
+    # rows are padded (repeating their last value) to a multiple of k_multiple values
+    slots = property(lambda self: self.mr)
+    offset_bytes = 4  # bytes of one row's offset (-zero point, int32)
+    rscale_bytes = 4  # bytes of one row's reciprocal scale (f32)
 
     @property
     def row_tail_bytes(self) -> int:
@@ -239,19 +250,10 @@ class QAI8DXP(_LhsRowBlocks):
         """Distance from the row block's offsets to its rscales (the mr int32 offsets)."""
         return self.mr * self.offset_bytes
 
-    @property
-    def stride_expr(self) -> str:
-        """Bytes per row block as an expression in k (one source for Python and C getters)."""
-        km = self.k_multiple
-        return f"{self.mr} * ((k + {km - 1}) // {km} * {km} + {self.row_tail_bytes})"
+    slot_tail_bytes = property(lambda self: self.row_tail_bytes)
 
     def row_block_stride(self, k: int) -> int:
-        return eval_expr(self.stride_expr, k=k)
-
-    @property
-    def chunk_bytes(self) -> int:
-        """Bytes of one interleave chunk (mr rows x L values)."""
-        return self.mr * self.L
+        return self._stride(k)
 
     def data_offset(self, k: int) -> int:
         return 0
@@ -399,10 +401,7 @@ class QSI8D32P(_LhsRowBlocks):
 
     # -- geometry ----------------------------------------------------------------------
 
-    @property
-    def scale_bytes(self) -> int:
-        """Bytes of one row's scale per k-block (f16)."""
-        return 2
+    scale_bytes = 2  # bytes of one row's scale per k-block (f16)
 
     @property
     def data_offset_in_block(self) -> int:
@@ -546,10 +545,7 @@ class QSI4C32P(_RhsGroups):
 
     # -- geometry ----------------------------------------------------------------------
 
-    @property
-    def scale_bytes(self) -> int:
-        """Bytes of one column's scale per k-block (bf16)."""
-        return 2
+    scale_bytes = 2  # bytes of one column's scale per k-block (bf16)
 
     @property
     def block_scales_bytes(self) -> int:
@@ -575,10 +571,7 @@ class QSI4C32P(_RhsGroups):
         """Bytes of one segment (nr slots x L bytes = 2L elements per slot)."""
         return self.nr * self.L
 
-    @property
-    def chunk_k(self) -> int:
-        """k values of one chunk (the unit the kernels' inner loop consumes)."""
-        return 32
+    chunk_k = 32  # k values of one chunk (the unit the kernels' inner loop consumes)
 
     @property
     def chunk_k_step(self) -> int:
@@ -596,20 +589,9 @@ class QSI4C32P(_RhsGroups):
         """Bytes of one 32-element chunk of a block (16*nr)."""
         return self.nr * self.chunk_k // 2
 
-    @property
-    def rsum_bytes(self) -> int:
-        """Bytes of one column's rsum (f32)."""
-        return 4
-
-    @property
-    def bias_bytes(self) -> int:
-        """Bytes of one column's bias (f32)."""
-        return 4
-
-    @property
-    def rsum_offset_in_tail(self) -> int:
-        """The group's tail (after its k-blocks) starts with the nr rsums ..."""
-        return 0
+    rsum_bytes = 4  # bytes of one column's rsum (f32)
+    bias_bytes = 4  # bytes of one column's bias (f32)
+    rsum_offset_in_tail = 0  # the group's tail (after its k-blocks) starts with the nr rsums 
 
     @property
     def bias_offset_in_tail(self) -> int:
@@ -833,15 +815,8 @@ class QSI4C32PScaleF16(_RhsGroups):
     def src_row_bytes(self, k: int) -> int:
         return self.num_blocks(k) * self.src_block_bytes
 
-    @property
-    def scale_bytes(self) -> int:
-        """Bytes of one column's scale per k-block (f16)."""
-        return 2
-
-    @property
-    def scale_offset_in_block(self) -> int:
-        """The block's nr f16 scales start it ..."""
-        return 0
+    scale_bytes = 2  # bytes of one column's scale per k-block (f16)
+    scale_offset_in_block = 0  # the block's nr f16 scales start it 
 
     @property
     def data_offset_in_block(self) -> int:
@@ -856,10 +831,7 @@ class QSI4C32PScaleF16(_RhsGroups):
     def segment_bytes(self) -> int:
         return self.nr * self.kr // 2
 
-    @property
-    def chunk_k(self) -> int:
-        """k values of one chunk: 16 data bytes per column (the kernels' inner-loop unit)."""
-        return 32
+    chunk_k = 32  # k values of one chunk: 16 data bytes per column (the kernels' inner-loop unit)
 
     @property
     def chunk_bytes(self) -> int:

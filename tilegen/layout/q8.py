@@ -26,8 +26,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from .base import LayoutError, eval_expr, roundup
-from .q4 import _RhsGroups, _check_pos, _round_half_away, _rows_index, _u8
+from .base import LayoutError
+from .q4 import _PaddedSlots, _RhsGroups, _check_pos, _round_half_away, _rows_index, _u8
 
 __all__ = ["QSI8CXP", "QK8_0", "BLOCK_Q8_0_BYTES", "quantize_q8_0", "split_q8_0", "join_q8_0",
            "dequantize_q8_0", "requantize_q8_0", "requant_error_q8_0"]
@@ -149,7 +149,7 @@ def requant_error_q8_0(raw: np.ndarray, n: int, k: int) -> dict:
 # RHS: qsi8cxp (int8 per-channel weights)
 # ----------------------------------------------------------------------------------------
 @dataclass(frozen=True)
-class QSI8CXP(_RhsGroups):
+class QSI8CXP(_PaddedSlots, _RhsGroups):
     """KleidiAI ``qsi8cxp<nr>x<kr>``: int8 weights with one f32 scale per output channel
     (docs/layouts.md#qsi8cxp).
 
@@ -184,38 +184,18 @@ class QSI8CXP(_RhsGroups):
     # -- geometry (generator) ------------------------------------------------------------
     # Block-relative facts (the kernel templates read these, never format literals): a group is
     # the k data, K32/kr chunks of chunk_bytes, then a tail of nr rsums, nr scales, nr biases.
-    @property
-    def k_multiple(self) -> int:
-        """Rows are padded with zeros to a multiple of this many values."""
-        return 32
-
-    def k_padded(self, k: int) -> int:
-        return roundup(k, self.k_multiple)
-
-    @property
-    def rsum_bytes(self) -> int:
-        """Bytes of one column's row sum (int32)."""
-        return 4
-
-    @property
-    def scale_bytes(self) -> int:
-        """Bytes of one column's scale (f32)."""
-        return 4
-
-    @property
-    def bias_bytes(self) -> int:
-        """Bytes of one column's bias (f32)."""
-        return 4
+    # columns are padded with zeros to a multiple of k_multiple values
+    slots = property(lambda self: self.nr)
+    rsum_bytes = 4  # bytes of one column's row sum (int32)
+    scale_bytes = 4  # bytes of one column's scale (f32)
+    bias_bytes = 4  # bytes of one column's bias (f32)
 
     @property
     def col_tail_bytes(self) -> int:
         """Bytes each column adds to the group after its int8 data (rsum + scale + bias)."""
         return self.rsum_bytes + self.scale_bytes + self.bias_bytes
 
-    @property
-    def rsum_offset_in_tail(self) -> int:
-        """The tail (after the k data) starts with the nr row sums ..."""
-        return 0
+    rsum_offset_in_tail = 0  # the tail (after the k data) starts with the nr row sums
 
     @property
     def scale_offset_in_tail(self) -> int:
@@ -232,19 +212,10 @@ class QSI8CXP(_RhsGroups):
         """Bytes of the tail: from the end of the k data to the next group."""
         return self.nr * self.col_tail_bytes
 
-    @property
-    def stride_expr(self) -> str:
-        """Bytes per nr-group as an expression in k (one source for Python and C getters)."""
-        km = self.k_multiple
-        return f"{self.nr} * ((k + {km - 1}) // {km} * {km} + {self.col_tail_bytes})"
+    slot_tail_bytes = property(lambda self: self.col_tail_bytes)
 
     def group_stride(self, k: int) -> int:
-        return eval_expr(self.stride_expr, k=k)
-
-    @property
-    def chunk_bytes(self) -> int:
-        """Bytes of one interleave chunk (nr columns x kr values)."""
-        return self.nr * self.kr
+        return self._stride(k)
 
     def data_bytes(self, k: int) -> int:
         """Bytes of the group's k data (K32/kr chunks)."""
