@@ -140,3 +140,102 @@ def test_sve_q8_reproduce_kleidiai_vectors(path, q8_sve_lib):
         for w, out in zip(want, outs):
             assert (out[m:] == SENTINEL).all() and (out[:, n:] == SENTINEL).all()
             assert np.array_equal(out[:m, :n], w), f"{text}: {np.sum(out[:m, :n] != w)} differ"
+
+
+# -- SME SMOPA gemm (int32 sums in ZA tiles) and the SME2 gemv (SDOT by lane into ZA-array
+#    groups), in streaming mode -----------------------------------------------------------
+Q8_SME = ("q8_0:sme:1vlx4vl", "q8_0:sme:1vlx2vl", "q8_0:sme:1vlx1vl", "q8_0:sme:1vlx3vl",
+          "q8_0:sme2:1x4vl", "q8_0:sme2:1x2vl")
+
+
+@pytest.fixture(scope="module")
+def q8_sme_lib(tmp_path_factory):
+    out = tmp_path_factory.mktemp("q8sme")
+    specs = [tilegen.parse_spec(t) for t in Q8_SME]
+    tilegen.build_library(specs, target="linux-aarch64-all", out_dir=out)
+    return out, specs
+
+
+def _sme_guest(vl, isa_env=None):
+    env = dict(SME_ON, **({"TILEGEN_ISA": isa_env} if isa_env else {}))
+    return guest("max", None, vl, env)
+
+
+@pytest.mark.parametrize("vl", VLS)
+def test_sme_q8_every_svl(vl, q8_sme_lib):
+    lib, specs = q8_sme_lib
+    sess = _sme_guest(vl)
+    for spec in specs:
+        run_q8(sess, lib, spec, vl, sme=True)
+    res = sess.call("guest_calls:check_abi_of", str(lib), [s.name for s in specs])
+    assert res == {s.name: [] for s in specs}
+
+
+def test_sme2_q8_refused_on_sme_only(q8_sme_lib):
+    lib, specs = q8_sme_lib
+    only_sme = _sme_guest(256, isa_env="neon,sve,sve2,sme")
+    for spec in specs:
+        msg = only_sme.call("guest_calls:refused", str(lib), spec.name)
+        if spec.isa == "sme2":
+            assert "ArgumentError" in msg and "sme2" in msg, msg
+        else:
+            assert msg == "", msg
+
+
+def test_sme_q8_pairs_share_the_packed_rhs():
+    p = tilegen.parse_spec
+    assert same_rhs(p("q8_0:sme:1vlx4vl"), p("q8_0:sme2:1x4vl"))
+    assert same_rhs(p("q8_0:sme:1vlx2vl"), p("q8_0:sme2:1x2vl"))
+
+
+# -- the default q8_0 kernels through the runtime: pack once, gemm for m > 1, gemv for m = 1 --
+DEFAULT_PICKS = {   # (cpu, sve VL, sme SVL) -> (gemm spec, gemv spec) of the default table
+    ("neoverse-v1", None, None): ("q8_0:sve_i8mm:16x1vl", "q8_0:sve_dotprod:1x1vl:k8:s1"),
+    ("neoverse-n2", None, None): ("q8_0:sve_i8mm:16x1vl", "q8_0:sve_dotprod:1x1vl:k8:s1"),
+    ("max", 512, None): ("q8_0:sve_i8mm:16x1vl", "q8_0:sve_dotprod:1x1vl:k8:s1"),
+    ("max", None, 256): ("q8_0:sme:1vlx4vl", "q8_0:sme2:1x4vl"),
+    ("max", None, 1024): ("q8_0:sme:1vlx4vl", "q8_0:sme2:1x4vl"),
+    ("neoverse-n1", None, None): ("q8_0:dotprod:16x4", "q8_0:dotprod:1x4"),
+}
+
+
+@pytest.fixture(scope="module")
+def q8_all_default_lib(tmp_path_factory):
+    from tilegen.build import default_specs, get_target
+    out = tmp_path_factory.mktemp("q8alldefault")
+    specs = [s for s in default_specs(get_target("linux-aarch64-all")) if s.family == "q8_0"]
+    tilegen.build_library(specs, target="linux-aarch64-all", out_dir=out)
+    return out
+
+
+@pytest.mark.parametrize("run", list(DEFAULT_PICKS), ids=lambda r: "-".join(map(str, r)))
+def test_q8_default_table_picks_scalable_pairs(run, q8_all_default_lib):
+    from tilegen.runtime.q8 import quantize_per_channel
+    cpu, sve_vl, sme_vl = run
+    sess = guest(cpu, sve_vl, sme_vl, SME_ON if sme_vl else None)
+    gemm, gemv = (tilegen.parse_spec(t) for t in DEFAULT_PICKS[run])
+    vl_bits = sme_vl or sve_vl or {"neoverse-v1": 256, "neoverse-n2": 128}.get(cpu, 128)
+    vlb = vl_bits // 8 if gemm.vl_scaled else None
+    rng = np.random.default_rng(vl_bits + len(cpu))
+    n, k = 3 * gemm.nr_at(vlb) + 5, 100
+    w = rng.normal(size=(n, k)).astype(np.float32)
+    x = rng.normal(size=(gemm.mr_at(vlb) + 3, k)).astype(np.float32)
+    r = sess.call("guest_calls:q4_ops", str(q8_all_default_lib), "q8_0", w, x, None, (1, 2))
+    assert (r["kernel"], r["gemv"]) == (gemm.name, gemv.name)
+    nr = gemm.nr_at(vlb)
+    assert r["nr"] == nr and r["kr"] == gemm.kr
+    q, s = quantize_per_channel(w)
+    assert np.array_equal(r["packed"], QSI8CXP(nr, gemm.kr).pack(q, s))
+
+    def ref(rows, spec):
+        mr = spec.lhs_mr_at(vlb)
+        lhs = QAI8DXP(mr, spec.kr, 1).pack(rows)
+        return matmul_qai8dxp_qsi8cxp(lhs, r["packed"], rows.shape[0], n, k, mr, nr, spec.kr, 1,
+                                      -FMAX, FMAX)
+    for o in r["outs"]:
+        assert np.array_equal(o, ref(x, gemm))
+    r1 = sess.call("guest_calls:run_ops", str(q8_all_default_lib), "q8_0", w, x[:1], (1,))
+    assert r1["kernel"] == gemv.name
+    assert np.array_equal(r1["outs"][0], ref(x[:1], gemv))
+    if sme_vl:
+        assert sess.call("guest_calls:svcr_now", str(q8_all_default_lib)) == 0

@@ -735,6 +735,9 @@ from .regalloc_q8 import allocate_q8_neon  # noqa: E402 - it builds on the helpe
 ALLOCATORS["q8_neon"] = allocate_q8_neon
 from .regalloc_q8_sve import allocate_q8_sve  # noqa: E402
 ALLOCATORS["q8_sve"] = allocate_q8_sve
+from .regalloc_q8_sme import allocate_q8_sme, allocate_q8_sme2  # noqa: E402
+ALLOCATORS["q8_sme"] = allocate_q8_sme
+ALLOCATORS["q8_sme2"] = allocate_q8_sme2
 
 
 def allocate(spec: KernelSpec | str):

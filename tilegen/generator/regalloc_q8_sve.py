@@ -54,6 +54,7 @@ class Q8SveRegs(_Frame):
     lo: tuple[int, ...] = ()
     pred: tuple[int, ...] = ()
     split: tuple[tuple[int, ...], ...] = ()
+    za_split: int = 1                    # za4: ZA-array offsets the k chunks rotate through
     saved_x: tuple[int, ...] = ()
     saved_d: tuple[int, ...] = ()
     needs: VectorNeeds = VectorNeeds(())

@@ -124,7 +124,9 @@ FAMILIES: dict[str, FamilyInfo] = {
                "dotprod": IsaImpl("neon_dotprod", "q8_neon", "q8_neon", kr=4, sr=1),
                "i8mm": IsaImpl("neon_i8mm", "q8_neon", "q8_neon", kr=8, sr=1),
                "sve_dotprod": IsaImpl("sve_dotprod", "q8_sve", "q8_sve", kr=4, sr=1),
-               "sve_i8mm": IsaImpl("sve_i8mm", "q8_sve", "q8_sve", kr=8, sr=1)},
+               "sve_i8mm": IsaImpl("sve_i8mm", "q8_sve", "q8_sve", kr=8, sr=1),
+               "sme": IsaImpl("sme_mopa", "q8_sme", "q8_sme", kr=4, sr=1),
+               "sme2": IsaImpl("sme2_sdot", "q8_sve", "q8_sme2", kr=4, sr=1)},
     ),
 }
 
