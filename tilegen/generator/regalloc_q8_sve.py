@@ -6,8 +6,8 @@ Strategies, by ISA and interleave (``kr``; ``sr`` is 1):
 ``dot4``  sve_dotprod, kr = 4: SDOT by 32-bit lane.  The LHS is read 16 bytes at a time,
           replicated per 128-bit segment (ld1rqb): 4 rows x 4 k values of a row block (lane r =
           row r), or 16 k values of the one row of a gemv tile (lane s = k step s).
-``dot8``  sve_dotprod, kr = 8, gemv only (mr = 1): the row's 8 k values replicated per 64-bit
-          lane (ld1rd), SDOT against the 2 columns x 8 k of each segment of the i8mm layout;
+``dot8``  sve_dotprod, kr = 8, gemv only (mr = 1): the row's 8 k values of a chunk broadcast
+          to every 64-bit lane (dup from the row's quadwords, ld1rqb), SDOT against the 2 columns x 8 k of each segment of the i8mm layout;
           the two partial sums per column are added after the k loop (uzp1/uzp2 on 32-bit lanes).
 ``mm``    sve_i8mm, kr = 8, mr a multiple of 4: SMMLA per segment, (2 rows x 8 k) by
           (2 columns x 8 k); the 2x2 int32 blocks go back to row order with uzp1/uzp2 on 64-bit
@@ -100,8 +100,8 @@ def _block(spec: KernelSpec, mode: str, mr_reg: int, split: int = 1):
     rule = "indexed SDOT operands (the LHS registers) must be z0-z7"
     if mode == "dot4":
         n_lhs, n_rhs, n_acc = 2, nv, mr_reg * nv
-    elif mode == "dot8":
-        n_lhs, n_rhs, n_acc = 2, 2 * nv, 2 * nv
+    elif mode == "dot8":     # the row's 32 bytes (two quadwords), two broadcast chunks
+        n_lhs, n_rhs, n_acc = 4, 2 * nv, 2 * nv
     else:
         n_lhs, n_rhs, n_acc = 4, 2 * nv, mr_reg * nv
     lhs = tuple(v.take(n_lhs, "LHS", within=8 if mode == "dot4" else None, rule=rule))
