@@ -239,3 +239,36 @@ def test_q8_default_table_picks_scalable_pairs(run, q8_all_default_lib):
     assert np.array_equal(r1["outs"][0], ref(x[:1], gemv))
     if sme_vl:
         assert sess.call("guest_calls:svcr_now", str(q8_all_default_lib)) == 0
+
+
+GUARD_RUNS = [("q8_0:sve_i8mm:16x1vl", 256, None), ("q8_0:sve_dotprod:1x1vl:k8:s1", 512, None),
+              ("q8_0:sve_dotprod:16x1vl", 128, None), ("q8_0:sve_dotprod:1x1vl", 2048, None),
+              ("q8_0:sme:1vlx4vl", None, 512), ("q8_0:sme2:1x4vl", None, 256)]
+
+
+@pytest.mark.parametrize("text,sve_vl,sme_vl", GUARD_RUNS, ids=[r[0] for r in GUARD_RUNS])
+def test_q8_scalable_guard_pages(text, sve_vl, sme_vl, tmp_path):
+    """Packed LHS, packed RHS and a strided dst flush against PROT_NONE pages (both ends, see
+    tests/test_guard_pages.py): no access outside, nothing outside m x n written, bit-exact."""
+    from test_exec_q8 import _case
+    from test_guard_pages import PLACEMENTS, SENTINEL as GUARD_SENTINEL, _check_guarded
+    spec = tilegen.parse_spec(text)
+    tilegen.build_library([spec], target="linux-aarch64-all", out_dir=tmp_path)
+    vlb = (sve_vl or sme_vl) // 8
+    mr, nr = spec.mr_at(vlb), spec.nr_at(vlb)
+
+    class AtVl:          # the spec's geometry at this VL, for the host-side packing of _case
+        lhs_mr, kr, sr = spec.lhs_mr_at(vlb), spec.kr, spec.sr
+    AtVl.nr = nr
+    rng = np.random.default_rng(sum(map(ord, "guard" + text)))
+    shapes = [(1, 1, 1), (mr, nr, 32), (mr + 1, nr + 1, 31), (2 * mr + 3, 3 * nr - 1, 70),
+              (3 * mr - 1 if mr > 1 else 1, 2 * nr + 3, 100), (5, 13, 257)]
+    cases, refs = [], []
+    for i, (m, n, k) in enumerate(shapes):
+        c, r = _case(AtVl, rng, m, n, k, clamped=bool(i % 2))
+        c.update(dst_stride=n + (0, 1, 2, 3)[i % 4], sentinel=GUARD_SENTINEL)
+        cases.append(c)
+        refs.append(r)
+    sess = guest("max", sve_vl, sme_vl, SME_ON if sme_vl else None)
+    outs = sess.call("guest_pack:guarded_q4_cases", str(tmp_path), spec.name, cases, PLACEMENTS)
+    _check_guarded(spec.name, cases, refs, outs)
