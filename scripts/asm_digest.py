@@ -20,11 +20,10 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from tilegen.build.library import build_library, library_filename  # noqa: E402
-from tilegen.build.targets import TARGETS, default_specs  # noqa: E402
+from tilegen.build.targets import TARGETS  # noqa: E402
 from tilegen.generator import packers  # noqa: E402
 from tilegen.generator.render import render  # noqa: E402
-from tilegen.generator.spec import FAMILIES  # noqa: E402
-from tilegen.tune import REGIMES, TuneError, candidates  # noqa: E402
+from tilegen.tune import grid_specs  # noqa: E402
 
 
 def _sha(data: bytes) -> str:
@@ -33,19 +32,7 @@ def _sha(data: bytes) -> str:
 
 def all_specs() -> dict:
     """spec string -> KernelSpec, over every target's accepted grid and default kernels."""
-    out = {}
-    for tgt in dict.fromkeys(TARGETS.values()):
-        for s in default_specs(tgt):
-            out.setdefault(s.spec_string, s)
-        for fam in FAMILIES:
-            for regime in REGIMES:
-                try:
-                    cands = candidates(tgt, fam, regime)
-                except TuneError:
-                    continue
-                for c in cands:
-                    out.setdefault(c.spec.spec_string, c.spec)
-    return out
+    return grid_specs()
 
 
 def snapshot(libs: bool) -> dict:

@@ -47,7 +47,7 @@ def _cases(lib, libdir, tmp):
     return {
         "q4 lhs_packed too small": (lambda: kern(lq[:-1], rq, d(), k=64, bl=32), "ArgumentError", "lhs_packed has"),
         "q4 k not a multiple of bl": (lambda: kern(lq, rq, d(), k=48, bl=32), "ArgumentError", "multiple of bl"),
-        "q4 bl not a multiple of 32": (lambda: kern(lq, rq, d(), k=64, bl=16), "ArgumentError", "bl a multiple of 32"),
+        "q4 bl not a multiple of 32": (lambda: kern(lq, rq, d(), k=64, bl=16), "ArgumentError", "bl=16 must be a multiple of 32"),
         "q4 raw bytes without k/bl": (lambda: kern(lq, rq, d()), "ArgumentError", "k and bl are needed"),
         "q4 negative k": (lambda: kern(lq, rq, d(), k=-64, bl=32), "ArgumentError", "k must be a positive int"),
         "q4 foreign PackedWeights (f32 layout)": (lambda: kern(lq, pw, d()), "ArgumentError", r"packed weights are f32p\d+x1b"),

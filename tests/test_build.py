@@ -121,9 +121,9 @@ def test_presets_and_isa_selection(tmp_path):
     isas = {s.isa for s in default_specs(get_target("cortex-a53"))}
     assert isas == {"neon"}
     assert {s.isa for s in default_specs(get_target("graviton3"))} == {
-        "neon", "dotprod", "i8mm", "sve", "sve_dotprod", "sve_i8mm"}
+        "neon", "dotprod", "i8mm", "bf16", "sve", "sve_dotprod", "sve_i8mm"}
     assert {s.isa for s in default_specs(get_target("a64fx"))} == {"neon", "sve"}  # no dotprod/i8mm
-    assert {s.isa for s in default_specs(get_target("apple-m4"))} == {"neon", "dotprod", "i8mm", "sme", "sme2"}
+    assert {s.isa for s in default_specs(get_target("apple-m4"))} == {"neon", "dotprod", "i8mm", "bf16", "sme", "sme2"}
     with pytest.raises(TargetError, match="aarch64 host"):
         get_target("native")
     run = lambda *a: subprocess.run([sys.executable, "-m", "tilegen", *a], capture_output=True, text=True)

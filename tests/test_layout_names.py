@@ -8,14 +8,13 @@ import itertools
 
 import pytest
 
-from tilegen.build.targets import TARGETS, default_specs
 from tilegen.generator.packers import PackerSpec
 from tilegen.generator.spec import FAMILIES
 from tilegen.layout import LayoutError, lhs_layout_for, rhs_layout_for
 from tilegen.layout.api import layout_for
 from tilegen.layout.base import PackedLayout
 from tilegen.layout.registry import LAYOUTS, LHS_LAYOUTS, RHS_LAYOUTS, layout_class
-from tilegen.tune import REGIMES, TuneError, candidates
+from tilegen.tune import grid_specs
 
 _GEOMETRIES = [(rows, kr, sr) for rows in (1, 4, 8, 12, 16)
                for kr, sr in ((1, 1), (2, 1), (4, 1), (8, 1), (8, 2), (16, 2), (4, 2))]
@@ -88,19 +87,7 @@ def test_families_name_registered_formats():
 
 
 def _grid():
-    out = {}
-    for tgt in dict.fromkeys(TARGETS.values()):
-        for s in default_specs(tgt):
-            out.setdefault(s.spec_string, s)
-        for fam in FAMILIES:
-            for regime in REGIMES:
-                try:
-                    cands = candidates(tgt, fam, regime)
-                except TuneError:
-                    continue
-                for c in cands:
-                    out.setdefault(c.spec.spec_string, c.spec)
-    return list(out.values())
+    return list(grid_specs().values())
 
 
 def test_spec_labels_and_both_dispatchers_agree():

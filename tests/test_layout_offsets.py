@@ -19,11 +19,10 @@ import re
 
 import pytest
 
-from tilegen.build.targets import TARGETS, default_specs
 from tilegen.generator import packers
 from tilegen.generator.regalloc import allocate
-from tilegen.generator.spec import FAMILIES, SpecError
-from tilegen.tune import REGIMES, TuneError, candidates
+from tilegen.generator.spec import SpecError
+from tilegen.tune import grid_specs
 
 render_mod = importlib.import_module("tilegen.generator.render")   # the package exports render()
 
@@ -44,11 +43,14 @@ KERNEL_FACTS = {
     "QSI8D32P": {"scale_bytes", "data_offset_in_block", "chunk_bytes", "k_span_bytes"},
     "QSI8CXP": {"k_multiple", "chunk_bytes", "rsum_offset_in_tail", "scale_offset_in_tail",
                 "bias_offset_in_tail", "tail_bytes"},
+    "BF16PRhs4B": {"chunk_bytes", "bias_bytes", "data_offset", "group_stride"},
+    "BF16PLhs4": {"chunk_bytes", "row_block_stride"},
 }
 PACKER_FACTS = {
     "QAI8DXP": {"k_multiple", "row_block_tail_bytes", "chunk_bytes",
                 "offset_bytes", "rscale_after_offset"},
     "QSI8D32P": {"scale_bytes", "data_offset_in_block", "chunk_bytes", "scale_offset"},
+    "BF16PLhs4": {"chunk_bytes", "element_offset", "row_block_stride"},
 }
 
 
@@ -96,18 +98,7 @@ def _perturbed(lay, fact: str):
 
 
 def _grid() -> list:
-    out = {}
-    for tgt in dict.fromkeys(TARGETS.values()):
-        for s in default_specs(tgt):
-            out.setdefault(s.spec_string, s)
-        for fam in FAMILIES:
-            for regime in REGIMES:
-                try:
-                    cands = candidates(tgt, fam, regime)
-                except TuneError:
-                    continue
-                for c in cands:
-                    out.setdefault(c.spec.spec_string, c.spec)
+    out = grid_specs()
     reps = {}
     for key, s in sorted(out.items()):
         R = allocate(s)

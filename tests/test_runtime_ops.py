@@ -35,6 +35,18 @@ EXPECTED_Q4_0 = {   # (gemm, gemv) suffixes each CPU must select
 }
 
 
+# qemu CPU models with FEAT_BF16 (its neoverse-v1 reports none): f16 weights run on bf16 kernels
+BF16_CPUS = ("neoverse-n2", "max")
+
+
+def _bf16_model(x, w):
+    from tilegen.layout.bf16 import BF16PLhs4, BF16PRhs4B
+    from tilegen.reference_bf16 import matmul_bf16
+    L, R = BF16PLhs4(8), BF16PRhs4B(12)
+    return matmul_bf16(L.pack(x), R.pack(w), x.shape[0], w.shape[0], x.shape[1], L, R,
+                       -np.inf, np.inf)
+
+
 @pytest.fixture(scope="session")
 def all_lib(tmp_path_factory) -> Path:
     out = tmp_path_factory.mktemp("alllib")
@@ -57,13 +69,16 @@ def test_every_op_on_every_cpu(cpu, all_lib, tmp_path):
     n, k = 45, 128
     w = rng.normal(size=(n, k)).astype(np.float32)
     x = rng.normal(size=(2, 9, k)).astype(np.float32)            # batched
-    # f32 and f16: bit-exact FMA chain
+    # f32 and f16: bit-exact FMA chain; f16 on CPUs with bf16: the bf16 kernels' arithmetic
     for kind, wk in (("f32", w), ("f16", w.astype(np.float16))):
         r = g.call("guest_calls:run_ops", str(all_lib), kind, wk, x, (1, 2, 3, 8))
-        ref = matmul_f32(x.reshape(-1, k), wk.astype(np.float32), None, -np.inf, np.inf)
+        bf16 = kind == "f16" and cpu in BF16_CPUS
+        ref = (_bf16_model(x.reshape(-1, k), wk.astype(np.float32)) if bf16 else
+               matmul_f32(x.reshape(-1, k), wk.astype(np.float32), None, -np.inf, np.inf))
         for o in r["outs"]:
             assert np.array_equal(o.reshape(-1, n), ref)
-        assert r["ws"] == 0 or sme      # SME outer products pack the f32 LHS
+        assert ("_neon_mmla" in r["kernel"]) is bf16, r["kernel"]
+        assert r["ws"] == 0 or sme or bf16      # SME outer products and bf16 pack the LHS
     # q4_0: threads bit-identical, vs gguf dequant, get_rows exact, save/load round trip
     saved = str(tmp_path / "w.tgpw")
     r = g.call("guest_calls:run_ops", str(all_lib), "q4_0", w, x, (1, 2, 3, 8),

@@ -6,13 +6,18 @@ Per output, with the K padding of the packed buffers included::
 
     acc = bias[j]
     for each k-pair (2p, 2p+1):
-        t   = RTO32(a[2p]*b[2p] + a[2p+1]*b[2p+1])     # exact products and sum, one rounding
+        t   = RTO32(P(a[2p]*b[2p]) + P(a[2p+1]*b[2p+1]))   # products, then their sum, rounded
         acc = RTO32(acc + t)
     acc = max(acc, clamp_min);  acc = min(acc, clamp_max)
 
 RTO32 rounds to f32 by round-to-odd: truncate toward zero, and if the value was inexact set the
-lowest significand bit.  This is the FPCR.EBF = 0 behaviour of BFDOT/BFMMLA/BFMOPA, which also
-flushes subnormal inputs and results to zero (modelled here; the golden vectors contain none).
+lowest significand bit; a result of magnitude >= 2**128 is infinite (softfloat's
+round_to_odd_inf, which qemu uses).  P is RTO32 of one product: a product of two bf16 values is
+an exact f32 unless it leaves the normal range, so P changes it only on overflow (infinite) or
+underflow (flushed to zero).  This is the FPCR.EBF = 0 behaviour of BFDOT/BFMMLA/BFMOPA (the Arm
+ARM's BFDotAdd: BFMul products, two FPAdd_BF16), which also flushes subnormal inputs and
+results to zero (modelled here; the golden vectors contain none of these cases, where P is the
+exact product).
 
 The 1xN BFDOT kernel (``..._bf16p1x4_bf16p12x4b_1x36_neon_dot``) sums in another order and is
 not covered by this model; :func:`matmul_bf16_f64` gives the float64 result of the same bf16
@@ -36,9 +41,19 @@ def _ftz(v: np.ndarray) -> np.ndarray:
 
 def rto32_add(x: np.ndarray, y: np.ndarray) -> np.ndarray:
     """round_to_odd_f32(x + y) as float64, for float64 x, y (each exact); subnormal results
-    flush to signed zero.  The sum is made exact with TwoSum (s + e == x + y)."""
+    flush to signed zero, magnitudes >= 2**128 are infinite, infinite or NaN operands give
+    x + y.  The sum is made exact with TwoSum (s + e == x + y)."""
     x = np.asarray(x, np.float64)
     y = np.asarray(y, np.float64)
+    with np.errstate(invalid="ignore"):
+        out = _rto32_add_finite(x, y)
+        special = ~(np.isfinite(x) & np.isfinite(y))
+        s = x + y
+        out = np.where(special, s, out)
+        return np.where(~special & (np.abs(s) >= 2.0 ** 128), np.copysign(np.inf, s), out)
+
+
+def _rto32_add_finite(x: np.ndarray, y: np.ndarray) -> np.ndarray:
     s = x + y
     bb = s - x
     e = (x - (s - bb)) + (y - bb)
@@ -72,9 +87,11 @@ def matmul_bf16(lhs_packed, rhs_packed, m: int, n: int, k: int, lhs_layout, rhs_
     (``lhs_layout``/``rhs_layout``: :mod:`tilegen.layout.bf16` objects with equal kr)."""
     a, b, bias = _inputs(lhs_packed, rhs_packed, m, n, k, lhs_layout, rhs_layout)
     acc = _ftz(np.broadcast_to(bias.astype(np.float64), (m, n)))
+    zero = np.zeros((m, n))
     for p in range(a.shape[1] // 2):
-        t = rto32_add(a[:, 2 * p, None] * b[None, :, 2 * p], a[:, 2 * p + 1, None] * b[None, :, 2 * p + 1])
-        acc = rto32_add(acc, t)
+        p0 = rto32_add(a[:, 2 * p, None] * b[None, :, 2 * p], zero)
+        p1 = rto32_add(a[:, 2 * p + 1, None] * b[None, :, 2 * p + 1], zero)
+        acc = rto32_add(acc, rto32_add(p0, p1))
     d = acc.astype(np.float32)
     d = np.maximum(d, np.float32(clamp_min))
     return np.minimum(d, np.float32(clamp_max))

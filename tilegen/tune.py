@@ -331,3 +331,22 @@ def pick_pair(gemm: Ranking, gemv: Ranking) -> Pair:
 def tuned_entry(family: str, pair: Pair) -> TunedFamily:
     return TunedFamily(family, pair.gemm.spec, pair.gemv.spec, pair.shared_rhs,
                        {"gemm": round(pair.gemm.value, 3), "gemv": round(pair.gemv.value, 3)})
+
+
+def grid_specs() -> dict[str, KernelSpec]:
+    """Spec string -> spec of every kernel any preset can build: each target's default
+    kernels and every tile of the tuning grid the allocator accepts for it (gemm and gemv)."""
+    from .build.targets import TARGETS, default_specs
+    out: dict[str, KernelSpec] = {}
+    for tgt in dict.fromkeys(TARGETS.values()):
+        for s in default_specs(tgt):
+            out.setdefault(s.spec_string, s)
+        for fam in FAMILIES:
+            for regime in REGIMES:
+                try:
+                    cands = candidates(tgt, fam, regime)
+                except TuneError:
+                    continue
+                for c in cands:
+                    out.setdefault(c.spec.spec_string, c.spec)
+    return out

@@ -88,6 +88,8 @@ DEFAULT_KERNELS: tuple[str, ...] = (
     "q8_0:i8mm:16x4", "q8_0:dotprod:1x4:k8:s1",
     "q8_0:dotprod:16x4", "q8_0:dotprod:1x4",
     "q8_0:neon:4x4", "q8_0:neon:1x4",
+    # bf16 (bf16p8x4 x bf16p12x4b): KleidiAI's BFMMLA 8x12 and a BFDOT gemv on the same RHS
+    "bf16:bf16:8x12", "bf16:bf16:1x12",
 )
 
 

@@ -37,6 +37,13 @@ SIGNATURES["q8_0"] = (
     Param("dst", "void*"), Param("dst_stride_row", "size_t"), Param("dst_stride_col", "size_t"),
     Param("scalar_min", "float"), Param("scalar_max", "float"),
 )
+# KleidiAI kai_run_matmul_clamp_f32_bf16p..._bf16p...b (packed LHS and RHS, no block length)
+SIGNATURES["bf16"] = (
+    Param("m", "size_t"), Param("n", "size_t"), Param("k", "size_t"),
+    Param("lhs_packed", "const void*"), Param("rhs_packed", "const void*"),
+    Param("dst", "void*"), Param("dst_stride_row", "size_t"), Param("dst_stride_col", "size_t"),
+    Param("clamp_min", "float"), Param("clamp_max", "float"),
+)
 
 
 def signature(family: str) -> tuple[Param, ...]:

@@ -1,7 +1,7 @@
 """LHS "quantize and pack" routines (KleidiAI ``lhs_quant_pack_*_f32``) as generated NEON code.
 
-Two formats, byte-identical to KleidiAI (``docs/layouts.md``, sections ``#qai8dxp`` and
-``#qsi8d32p``):
+Three formats, byte-identical to KleidiAI (``docs/layouts.md``, sections ``#qai8dxp``,
+``#qsi8d32p`` and ``#bf16p``):
 
 ``qai8dxp``
     per-row asymmetric int8 with an int32 offset (= -zero point) and an f32 ``1/scale`` per row;
@@ -25,6 +25,10 @@ Two formats, byte-identical to KleidiAI (``docs/layouts.md``, sections ``#qai8dx
     code follows the spec for every ``m_idx_start`` and ``lhs_stride``; KleidiAI's 4x8sb fast
     path itself only agrees with it for ``m_idx_start % 4 == 0`` and ``lhs_stride == 4k``).
 
+``bf16px4``
+    f32 rows rounded to bf16 (nearest even; NaN quiet), ``bf16p<mr>x4`` (kr = 4, sr = 1), the
+    ABI of ``qai8dxp``; ``m_idx_start`` must be a multiple of ``mr`` (whole row blocks).
+
 ``mr``, ``kr`` and ``sr`` are compile-time parameters of the template.  The matching runtime
 arguments are *checked*: a call whose ``mr`` differs, or whose ``kr != sr * (kr/sr of the
 spec)``, returns without writing anything (as do ``m == 0``, ``k == 0`` and, for qsi8d32p,
@@ -41,7 +45,9 @@ from .spec import SpecError
 
 __all__ = ["PackerSpec", "PACKER_FORMATS", "MR_MAX", "render", "ROUNDINGS"]
 
-PACKER_FORMATS = ("qai8dxp", "qsi8d32p")
+PACKER_FORMATS = ("qai8dxp", "qsi8d32p", "bf16px4")
+# formats whose values are converted by one fixed rule (no rounding option)
+_FIXED_ROUNDING = ("bf16px4",)
 ROUNDINGS = ("away", "even")
 
 # Upper bound on mr.  Derivation: every KleidiAI consumer of these layouts has mr <= 64 (NEON
@@ -62,8 +68,12 @@ def _packer_layout(fmt: str, mr: int, kr: int, sr: int, rounding: str, bl: int |
     from ..layout.registry import layout_class
     if fmt == "qsi8d32p" and (bl is None or bl < 32 or bl % 32):
         raise SpecError(f"qsi8d32p needs bl, a positive multiple of 32, got bl={bl!r}")
+    opts = {} if fmt in _FIXED_ROUNDING else {"rounding": rounding}
+    if fmt in _FIXED_ROUNDING and rounding != "away":
+        raise SpecError(f"{fmt} packer: f32 -> bf16 is round-to-nearest-even; no rounding option "
+                        f"(got {rounding!r})")
     try:
-        return layout_class("lhs", fmt).for_geometry(mr, kr, sr, bl, rounding=rounding)
+        return layout_class("lhs", fmt).for_geometry(mr, kr, sr, bl, **opts)
     except LayoutError as e:
         raise SpecError(f"{fmt} packer: {e}") from None
 
@@ -157,8 +167,8 @@ class PackerSpec:
 
 
 def packer_for(spec) -> PackerSpec | None:
-    """The LHS packer a q4 kernel spec needs (None for unpacked-LHS families)."""
-    if not spec.info.quantized or spec.mr_vl:   # VL-row blocks: packed by the numpy layout
+    """The LHS packer a q4, q8_0 or bf16 kernel spec needs (None for unpacked-LHS families)."""
+    if not (spec.info.quantized or spec.info.packs_lhs) or spec.mr_vl:   # VL-row blocks: numpy
         return None
     return PackerSpec(spec.info.lhs, spec.lhs_mr, spec.kr, spec.sr)
 

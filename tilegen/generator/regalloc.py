@@ -380,15 +380,19 @@ def _q4_streamed(mode: str, P: int) -> bool:
     return mode == "mm" or (mode == "dot4" and P == 4)
 
 
-def _check_q4_packing(spec: KernelSpec) -> None:
-    """Rules of the packed q4 layouts every q4 allocator shares (interleave, rows per block)."""
-    if spec.kr % spec.sr:
-        raise SpecError(f"kr={spec.kr} must be a multiple of sr={spec.sr}")
-    if spec.family == "q4_0" and spec.sr != 2:
-        raise SpecError(f"the q4_0 RHS layout (qsi4c32pscalef16) needs sr=2, got sr={spec.sr}")
-    if not spec.mr_vl and spec.mr != 1 and spec.mr % 4:
-        raise SpecError(f"mr={spec.mr} must be 1 (gemv) or a multiple of 4 (LHS packed 4 rows "
-                        f"at a time)")
+def _check_packing(spec: KernelSpec) -> None:
+    """The packed layouts' own rules (interleave, sr, block length; checked once, by the layout
+    classes) as SpecErrors, and the spec's LHS row-block rule."""
+    from ..layout import LayoutError, lhs_layout_for, rhs_layout_for
+    vl = 16 if spec.vl_scaled else None          # VL-scaled tiles: the rules hold at every VL
+    try:
+        rhs_layout_for(spec, 32, vl)
+        lhs_layout_for(spec, 32, vl)
+    except LayoutError as e:
+        raise SpecError(f"the {spec.family} layouts refuse kr={spec.kr}, sr={spec.sr}: {e}") from None
+    if not spec.mr_vl and spec.mr % spec.lhs_mr:
+        raise SpecError(f"mr={spec.mr} must be 1 (gemv) or a multiple of {spec.lhs_mr} (LHS "
+                        f"packed {spec.lhs_mr} rows at a time)")
 
 
 def _q4_first_fit(spec: KernelSpec, attempt, note: str = "") -> Q4Regs:
@@ -474,7 +478,7 @@ def _flatten(t) -> list[int]:
 def _allocate_q4_neon(spec: KernelSpec) -> Q4Regs:
     if spec.nr % 4:
         raise SpecError(f"nr={spec.nr} must be a multiple of 4 (one int32x4 vector per 4 columns)")
-    _check_q4_packing(spec)
+    _check_packing(spec)
     mode = _q4_mode(spec)
     if spec.acc_mem and not _q4_streamed(mode, spec.lhs_mr):
         raise SpecError(f"acc_mem (f32 accumulators in memory) needs a multi-row dotprod tile "
@@ -531,7 +535,7 @@ def _allocate_q4_sve(spec: KernelSpec) -> Q4Regs:
     if spec.mr_vl:
         raise SpecError(f"sve q4 kernels have a fixed row count: give mr as a number, "
                         f"got mr={spec.mr_str}")
-    _check_q4_packing(spec)
+    _check_packing(spec)
     if spec.nr > 7:
         raise SpecError(f"nr={spec.nr_str} exceeds 7vl (per-column-vector offsets and store "
                         f"predicates p1-p7)")
@@ -552,7 +556,7 @@ def _allocate_q4_sme2(spec: KernelSpec) -> Q4Regs:
     if spec.L != 4:
         raise SpecError(f"sme2 q4 gemv reads 4-byte groups (SDOT by lane): kr/sr must be 4, "
                         f"got kr={spec.kr}, sr={spec.sr}")
-    _check_q4_packing(spec)
+    _check_packing(spec)
     pool = RegisterPool(_Q4_CHART, x_order=_SME_X_ORDER, streaming=True)
     v = pool.v
     # multi-vector groups start at a multiple of their length; indexed operands in z0-z7
@@ -709,7 +713,7 @@ def _allocate_q4_sme(spec: KernelSpec) -> Q4SmeRegs:
     if spec.L != 4:
         raise SpecError(f"SMOPA reads 4-byte groups: kr/sr must be 4, got kr={spec.kr}, "
                         f"sr={spec.sr}")
-    _check_q4_packing(spec)
+    _check_packing(spec)
     nu = spec.nr
     pool = RegisterPool(_Q4_SME_CHART, x_order=_SME_X_ORDER, streaming=True)
     v = pool.v
@@ -738,6 +742,8 @@ ALLOCATORS["q8_sve"] = allocate_q8_sve
 from .regalloc_q8_sme import allocate_q8_sme, allocate_q8_sme2  # noqa: E402
 ALLOCATORS["q8_sme"] = allocate_q8_sme
 ALLOCATORS["q8_sme2"] = allocate_q8_sme2
+from .regalloc_bf16 import allocate_bf16_neon  # noqa: E402
+ALLOCATORS["bf16_neon"] = allocate_bf16_neon
 
 
 def allocate(spec: KernelSpec | str):

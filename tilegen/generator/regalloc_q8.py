@@ -18,7 +18,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from .regalloc import RegisterPool, VectorNeeds, _Frame
+from .regalloc import RegisterPool, VectorNeeds, _Frame, _check_packing
 from .spec import KernelSpec, SpecError
 
 __all__ = ["Q8NeonRegs", "allocate_q8_neon"]
@@ -191,13 +191,7 @@ def allocate_q8_neon(spec: KernelSpec) -> Q8NeonRegs:
         raise SpecError(f"q8_0 NEON tiles have fixed sizes, got {spec.mr_str}x{spec.nr_str}")
     if nr % 4:
         raise SpecError(f"nr={nr} must be a multiple of 4 (one int32x4 vector per 4 columns)")
-    if spec.sr != 1:
-        raise SpecError(f"the q8_0 layouts (qai8dxp / qsi8cxp) need sr=1, got sr={spec.sr}")
-    if 32 % spec.kr:
-        raise SpecError(f"kr={spec.kr} must divide 32 (qsi8cxp)")
-    if mr != 1 and mr % 4:
-        raise SpecError(f"mr={mr} must be 1 (gemv) or a multiple of 4 (LHS packed 4 rows at "
-                        f"a time)")
+    _check_packing(spec)
     if spec.acc_mem:
         raise SpecError("q8_0 kernels keep their int32 sums in registers: acc_mem (:am) is a q4 "
                         "option")

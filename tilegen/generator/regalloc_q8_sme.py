@@ -14,7 +14,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from .regalloc import _SME_X_ORDER, RegisterPool, VectorNeeds, _Frame
+from .regalloc import _SME_X_ORDER, RegisterPool, VectorNeeds, _check_packing, _Frame
 from .regalloc_q8 import _Q8_SCALARS, _check_layouts
 from .regalloc_q8_sve import Q8SveRegs
 from .spec import KernelSpec, SpecError
@@ -46,9 +46,10 @@ class Q8SmeRegs(_Frame):
 
 
 def _common_checks(spec: KernelSpec) -> None:
-    if spec.kr != 4 or spec.sr != 1:
+    _check_packing(spec)
+    if spec.kr != 4:
         raise SpecError(f"q8_0 {spec.isa} kernels read 4-byte k groups (SMOPA / SDOT by lane): "
-                        f"kr must be 4 and sr 1, got kr={spec.kr}, sr={spec.sr}")
+                        f"kr must be 4, got kr={spec.kr}")
     if spec.acc_mem:
         raise SpecError("q8_0 kernels keep their int32 sums in ZA: acc_mem (:am) is a q4 option")
 

@@ -21,7 +21,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from .regalloc import _Z_LOW_FIRST, RegisterPool, VectorNeeds, _Frame, _rows
+from .regalloc import _Z_LOW_FIRST, RegisterPool, VectorNeeds, _check_packing, _Frame, _rows
 from .regalloc_q8 import _EPILOGUE, _Q8_CHART, _Q8_SCALARS, _check_layouts
 from .spec import KernelSpec, SpecError
 
@@ -136,13 +136,7 @@ def allocate_q8_sve(spec: KernelSpec) -> Q8SveRegs:
                         f"got mr={spec.mr_str}")
     if nv > _MAX_NV:
         raise SpecError(f"nr={spec.nr_str} exceeds {_MAX_NV}vl (store predicates p1-p7)")
-    if spec.sr != 1:
-        raise SpecError(f"the q8_0 layouts (qai8dxp / qsi8cxp) need sr=1, got sr={spec.sr}")
-    if 32 % spec.kr:
-        raise SpecError(f"kr={spec.kr} must divide 32 (qsi8cxp)")
-    if mr != 1 and mr % 4:
-        raise SpecError(f"mr={mr} must be 1 (gemv) or a multiple of 4 (LHS packed 4 rows at "
-                        f"a time)")
+    _check_packing(spec)
     if spec.acc_mem:
         raise SpecError("q8_0 kernels keep their int32 sums in registers: acc_mem (:am) is a q4 "
                         "option")

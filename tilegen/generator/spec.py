@@ -50,6 +50,8 @@ ISAS: dict[str, Isa] = {i.name: i for i in (
     Isa("dotprod", ("neon", "dotprod"), "armv8.2-a+dotprod", 7, acc_mem=True,
         mattr="+neon,+dotprod"),
     Isa("neon", ("neon",), "armv8-a", 8, acc_mem=True, mattr="+neon"),
+    # Armv8.6 bf16 on NEON registers: BFMMLA (2x4 by 4x2 bf16 products), BFDOT
+    Isa("bf16", ("neon", "bf16"), "armv8.6-a+bf16", 9, mattr="+neon,+bf16"),
 )}
 
 
@@ -78,6 +80,8 @@ class FamilyInfo:
     impls: dict[str, IsaImpl]       # isa -> realisation
     kinds: tuple[str, ...]          # runtime weight kinds the family consumes
     quantized: bool = False
+    packs_lhs: bool = False         # unquantized LHS packed by the kernel's own layout (mr rows
+    #                                 per row block; bf16: f32 rows rounded to bf16)
 
     @property
     def isas(self) -> tuple[str, ...]:
@@ -127,6 +131,13 @@ FAMILIES: dict[str, FamilyInfo] = {
                "sve_i8mm": IsaImpl("sve_i8mm", "q8_sve", "q8_sve", kr=8, sr=1),
                "sme": IsaImpl("sme_mopa", "q8_sme", "q8_sme", kr=4, sr=1),
                "sme2": IsaImpl("sme2_sdot", "q8_sve", "q8_sme2", kr=4, sr=1)},
+    ),
+    # f32 activations and weights rounded to bf16, f32 accumulation (KleidiAI
+    # matmul_clamp_f32_bf16p<mr>x4_bf16p<nr>x4b): BFMMLA gemm, BFDOT gemv on the same RHS.
+    "bf16": FamilyInfo(
+        name="bf16", lhs="bf16px4", rhs="bf16px4b", kinds=("bf16",), packs_lhs=True,
+        impls={"bf16": IsaImpl("neon_mmla", "bf16_neon", "bf16_neon", kr=4, sr=1,
+                               gemv_op="neon_dot")},
     ),
 }
 
@@ -266,10 +277,11 @@ class KernelSpec:
 
     @property
     def lhs_mr(self) -> int:
-        """Rows interleaved in one packed LHS row block (1 for gemv tiles, else 4; tiles with
-        mr in VL units: mr itself, in VL units -- see :meth:`lhs_mr_at`)."""
+        """Rows interleaved in one packed LHS row block (quantized families: 1 for gemv tiles,
+        else 4; bf16 and f32 SME: mr; tiles with mr in VL units: mr itself, in VL units -- see
+        :meth:`lhs_mr_at`)."""
         if not self.info.quantized:
-            return self.mr if self.packs_f32_lhs else 1
+            return self.mr if self.packs_f32_lhs or self.info.packs_lhs else 1
         if self.mr_vl:
             return self.mr
         return 1 if self.mr == 1 else 4
@@ -287,9 +299,9 @@ class KernelSpec:
 
     @property
     def packs_lhs(self) -> bool:
-        """Whether the kernel reads a packed LHS (q4 families always, f32 on SME outer
-        products) rather than plain f32 rows."""
-        return self.info.quantized or self.packs_f32_lhs
+        """Whether the kernel reads a packed LHS (quantized families and bf16 always, f32 on
+        SME outer products) rather than plain f32 rows."""
+        return self.info.quantized or self.info.packs_lhs or self.packs_f32_lhs
 
     @property
     def lhs_layout_class(self):

@@ -27,9 +27,7 @@ from __future__ import annotations
 import numpy as np
 
 from .base import LayoutError
-from .f32 import F32PackedRHS
-from .q4 import QAI8DXP, QSI4C32P, QSI8D32P, QSI4C32PScaleF16
-from .q8 import QSI8CXP
+from .q4 import QAI8DXP, QSI8D32P, QSI4C32PScaleF16
 from .registry import LAYOUTS, LHS_LAYOUTS, RHS_LAYOUTS, layout_class
 
 __all__ = ["pack_rhs", "pack_lhs", "dequantize_rows", "layout_for", "repack_rhs", "RHS_FORMATS",
@@ -120,16 +118,15 @@ def pack_rhs(fmt: str, w: np.ndarray | None = None, *, nr: int, kr: int | None =
         raise LayoutError("pass exactly one of w (float weights) or ggml= (raw ggml bytes)")
     if layout not in ("nk", "kn"):
         raise LayoutError(f"layout must be 'nk' or 'kn', got {layout!r}")
-    if isinstance(lay, QSI4C32PScaleF16) and bias is not None:
-        raise LayoutError("qsi4c32pscalef16 has no bias (KleidiAI's packer requires bias=NULL)")
     if not hasattr(lay, "pack_from_float"):         # f32 formats: the weights as they are
         if ggml is not None:
             raise LayoutError(f"{lay.format} weights are float32, not ggml data")
         return lay.pack(w, bias=bias, layout=layout)
     if ggml is not None:
-        if isinstance(lay, QSI4C32PScaleF16):
+        if isinstance(lay, QSI4C32PScaleF16):     # q4_0-style rows of any block length
             if layout != "nk":
                 raise LayoutError("ggml= data is always n x k rows")
+            lay.require_no_bias(bias)
             return lay.pack(ggml, n, k)
         if n is None or k is None:
             raise LayoutError("ggml= needs n and k")
@@ -139,8 +136,6 @@ def pack_rhs(fmt: str, w: np.ndarray | None = None, *, nr: int, kr: int | None =
         raise LayoutError(f"weights must be 2-D, got shape {w.shape}")
     if layout == "kn":
         w = np.ascontiguousarray(w.T)
-    if isinstance(lay, QSI4C32PScaleF16):
-        return lay.pack_from_float(w)
     return lay.pack_from_float(w, bias)
 
 
@@ -179,15 +174,6 @@ def repack_rhs(packed: np.ndarray, src, dst, n: int, k: int) -> np.ndarray:
     have, need = np.asarray(packed).nbytes, src.packed_size(n, k)
     if have < need:
         raise LayoutError(f"packed buffer holds {have} bytes, {src.name} needs {need} for n={n}, k={k}")
-    if isinstance(src, F32PackedRHS):
-        w, bias = src.unpack(packed, n, k)
-        return dst.pack(w, bias=bias)
-    if isinstance(src, QSI4C32PScaleF16):
-        return dst.pack(src.unpack(packed, n, k), n, k)
-    if isinstance(src, QSI4C32P):
-        u4, scale_bf16, _, bias = src.unpack(packed, n, k)
-        return dst.pack_u4(u4, scale_bf16, bias)
-    if isinstance(src, QSI8CXP):     # row sums recomputed (lhs_zero_point 1, as the kernels need)
-        q, _, scale, bias = src.unpack(packed, n, k)
-        return dst.pack(np.ascontiguousarray(q[:, :k]), scale, bias)
-    raise LayoutError(f"cannot repack {src.name}: not a packed-RHS layout")
+    if not hasattr(src, "packed_values"):
+        raise LayoutError(f"cannot repack {src.name}: not a packed-RHS layout")
+    return dst.pack_values(src.packed_values(packed, n, k), n, k)

@@ -50,9 +50,44 @@ class _Bf16Blocks(PackedLayout):
     kr: int
     sr = 1
     label_prefix = "bf16p"
+    # each format sets fixed_kr (its k interleave: 4 BFMMLA/BFDOT, 2 BFMOPA) and its role
+    # class tile_field ("mr": LHS row blocks, "nr": RHS column blocks)
+
+    def __post_init__(self) -> None:
+        _check_pos(**{self.tile_field: self.tile})
+        if self.kr != self.fixed_kr:
+            raise LayoutError(f"{self.format} has kr={self.fixed_kr}, got kr={self.kr}")
+
+    @classmethod
+    def for_vl(cls, vl_bytes: int, units: int = 2):
+        """The layout at vector length ``vl_bytes`` for a tile of ``units`` vectors of f32."""
+        _check_pos(vl_bytes=vl_bytes, units=units)
+        if vl_bytes % 4:
+            raise LayoutError(f"vector length {vl_bytes} bytes is not a multiple of 4")
+        return cls(**{cls.tile_field: units * vl_bytes // 4})
 
     def k_padded(self, k: int) -> int:
         return roundup(k, self.kr)
+
+    slot_head_bytes = 0     # bytes before a slot's bf16 values in a block (RHS: its f32 bias)
+
+    @property
+    def stride_expr(self) -> str:
+        """Bytes per block as an expression in k (one source for Python and C getters)."""
+        kr = self.kr
+        return f"{self.tile} * ({self.slot_head_bytes} + (k + {kr - 1}) // {kr} * {kr} * 2)"
+
+    def _block_stride(self, k: int) -> int:
+        return eval_expr(self.stride_expr, k=k)
+
+    def packed_size(self, rows: int, k: int) -> int:
+        return -(-rows // self.tile) * self._block_stride(k)
+
+    def packed_offset(self, idx: int, k: int) -> int:
+        if idx % self.tile:
+            raise LayoutError(f"{self.tile_field[0]}_idx={idx} is not a multiple of "
+                              f"{self.tile_field}={self.tile}")
+        return idx // self.tile * self._block_stride(k)
 
     @property
     def tile(self) -> int:
@@ -89,27 +124,22 @@ class _Bf16Blocks(PackedLayout):
 class _Bf16Lhs(_Bf16Blocks):
     mr: int
     role = "lhs"
+    tile_field = "mr"
     repeat_pad_rows = False
 
     @property
     def tile(self) -> int:
         return self.mr
 
-    @property
-    def stride_expr(self) -> str:
-        """Bytes per row block as an expression in k (one source for Python and C getters)."""
-        return f"{self.mr} * ((k + {self.kr - 1}) // {self.kr} * {self.kr}) * 2"
-
     def row_block_stride(self, k: int) -> int:
-        return eval_expr(self.stride_expr, k=k)
+        return self._block_stride(k)
 
-    def packed_size(self, m: int, k: int) -> int:
-        return -(-m // self.mr) * self.row_block_stride(k)
-
-    def packed_offset(self, m_idx: int, k: int) -> int:
-        if m_idx % self.mr:
-            raise LayoutError(f"m_idx={m_idx} is not a multiple of mr={self.mr}")
-        return m_idx // self.mr * self.row_block_stride(k)
+    def region_size(self, m: int, k: int, m_idx_start: int = 0) -> int:
+        """Bytes a pack call for m rows starting at row m_idx_start (a multiple of mr) touches."""
+        if m_idx_start % self.mr:
+            raise LayoutError(f"bf16 LHS packing starts at a row block: m_idx_start="
+                              f"{m_idx_start} is not a multiple of mr={self.mr}")
+        return self.packed_size(m, k) if m else 0
 
     def pack(self, x: np.ndarray) -> np.ndarray:
         """f32 rows (m, k) -> bf16 row blocks; K padding 0.  Padding rows of the last block are
@@ -141,15 +171,12 @@ class BF16PLhs4(_Bf16Lhs):
     [k-chunk of 4][row 0..mr)[4].  K padding 0; padding rows repeat the block's first row."""
 
     format = "bf16px4"
+    fixed_kr = 4
 
     mr: int = 8
     kr: int = 4
     repeat_pad_rows = True
 
-    def __post_init__(self) -> None:
-        _check_pos(mr=self.mr)
-        if self.kr != 4:
-            raise LayoutError(f"bf16p<mr>x4 has kr=4, got kr={self.kr}")
 
 
 @dataclass(frozen=True)
@@ -160,22 +187,12 @@ class BF16PLhs2(_Bf16Lhs):
     [k-pair][row 0..mr)[2].  K padding and padding rows 0."""
 
     format = "bf16px2"
+    fixed_kr = 2
 
     mr: int
     kr: int = 2
 
-    def __post_init__(self) -> None:
-        _check_pos(mr=self.mr)
-        if self.kr != 2:
-            raise LayoutError(f"bf16p<mr>x2 has kr=2, got kr={self.kr}")
 
-    @classmethod
-    def for_vl(cls, vl_bytes: int, units: int = 2) -> "BF16PLhs2":
-        """The layout at vector length ``vl_bytes`` for a tile of ``units`` vectors of f32."""
-        _check_pos(vl_bytes=vl_bytes, units=units)
-        if vl_bytes % 4:
-            raise LayoutError(f"vector length {vl_bytes} bytes is not a multiple of 4")
-        return cls(mr=units * vl_bytes // 4)
 
 
 # ----------------------------------------------------------------------------------------
@@ -184,6 +201,8 @@ class BF16PLhs2(_Bf16Lhs):
 class _Bf16Rhs(_Bf16Blocks):
     nr: int
     role = "rhs"
+    tile_field = "nr"
+    slot_head_bytes = 4     # one f32 bias per column
     label_tail = "b"
 
     @property
@@ -193,27 +212,14 @@ class _Bf16Rhs(_Bf16Blocks):
     @property
     def bias_bytes(self) -> int:
         """Bytes of the f32 bias row at the start of each block."""
-        return 4 * self.nr
+        return self.nr * self.slot_head_bytes
 
     def data_offset(self, k: int = 0) -> int:
         """Start of the bf16 values inside a block (after the nr f32 biases)."""
-        return 4 * self.nr
-
-    @property
-    def stride_expr(self) -> str:
-        """Bytes per column block as an expression in k (Python and C getters)."""
-        return f"{self.nr} * (4 + (k + {self.kr - 1}) // {self.kr} * {self.kr} * 2)"
+        return self.bias_bytes
 
     def group_stride(self, k: int) -> int:
-        return eval_expr(self.stride_expr, k=k)
-
-    def packed_size(self, n: int, k: int) -> int:
-        return -(-n // self.nr) * self.group_stride(k)
-
-    def packed_offset(self, n_idx: int, k: int) -> int:
-        if n_idx % self.nr:
-            raise LayoutError(f"n_idx={n_idx} is not a multiple of nr={self.nr}")
-        return n_idx // self.nr * self.group_stride(k)
+        return self._block_stride(k)
 
     def pack(self, w: np.ndarray, bias: np.ndarray | None = None, layout: str = "nk") -> np.ndarray:
         """f32 weights, (n, k) for ``layout="nk"`` or (k, n) for ``"kn"`` (KleidiAI's input),
@@ -269,14 +275,11 @@ class BF16PRhs4B(_Bf16Rhs):
     columns (zero here)."""
 
     format = "bf16px4b"
+    fixed_kr = 4
 
     nr: int = 12
     kr: int = 4
 
-    def __post_init__(self) -> None:
-        _check_pos(nr=self.nr)
-        if self.kr != 4:
-            raise LayoutError(f"bf16p<nr>x4b has kr=4, got kr={self.kr}")
 
 
 @dataclass(frozen=True)
@@ -287,19 +290,9 @@ class BF16PRhs2B(_Bf16Rhs):
     values ordered [k-pair][col 0..nr)[2].  Padding columns 0 (bias and values)."""
 
     format = "bf16px2b"
+    fixed_kr = 2
 
     nr: int
     kr: int = 2
 
-    def __post_init__(self) -> None:
-        _check_pos(nr=self.nr)
-        if self.kr != 2:
-            raise LayoutError(f"bf16p<nr>x2b has kr=2, got kr={self.kr}")
 
-    @classmethod
-    def for_vl(cls, vl_bytes: int, units: int = 2) -> "BF16PRhs2B":
-        """The layout at vector length ``vl_bytes`` for a tile of ``units`` vectors of f32."""
-        _check_pos(vl_bytes=vl_bytes, units=units)
-        if vl_bytes % 4:
-            raise LayoutError(f"vector length {vl_bytes} bytes is not a multiple of 4")
-        return cls(nr=units * vl_bytes // 4)

@@ -107,6 +107,14 @@ class F32PackedRHS(PackedLayout):
         out[:, 1:, :] = wp.reshape(k, panels, self.nr).transpose(1, 0, 2)
         return out.reshape(-1).view(np.uint8)
 
+    # -- repacking (tilegen.layout.api.repack_rhs): what pack takes, read back losslessly
+    def packed_values(self, packed: np.ndarray, n: int, k: int) -> tuple:
+        return self.unpack(packed, n, k)                       # weights (n, k), bias (n,)
+
+    def pack_values(self, values: tuple, n: int, k: int) -> np.ndarray:
+        w, bias = values
+        return self.pack(w, bias=bias)
+
     def unpack(self, packed: np.ndarray, n: int, k: int) -> tuple[np.ndarray, np.ndarray]:
         """Inverse of :meth:`pack`: (weights (n, k), bias (n,))."""
         panels = roundup(n, self.nr) // self.nr

@@ -733,6 +733,14 @@ class QSI4C32P(_RhsGroups):
         return self.pack_from_ggml(raw, n, k, bias)
 
     # -- readers -----------------------------------------------------------------------
+    # -- repacking (tilegen.layout.api.repack_rhs): what pack takes, read back losslessly
+    def packed_values(self, packed: np.ndarray, n: int, k: int) -> tuple:
+        u4, scale_bf16, _, bias = self.unpack(packed, n, k)   # row sums follow dst's order
+        return u4, scale_bf16, bias
+
+    def pack_values(self, values: tuple, n: int, k: int) -> np.ndarray:
+        return self.pack_u4(*values)
+
     def unpack(self, packed: np.ndarray, n: int, k: int, rows=None
                ) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
         """(u4 uint8 (R, k), scale_bf16 uint16 (R, k/bl), rsum f32 (R,), bias f32 (R,)) of rows."""
@@ -910,7 +918,7 @@ class QSI4C32PScaleF16(_RhsGroups):
         return np.concatenate([scales, data], axis=2).reshape(-1)
 
     @staticmethod
-    def _no_bias(bias) -> None:
+    def require_no_bias(bias) -> None:
         if bias is not None:
             raise LayoutError("qsi4c32pscalef16 weights carry no bias (KleidiAI's packer requires "
                               "bias=NULL): pass the bias to matmul(bias=) instead")
@@ -918,7 +926,7 @@ class QSI4C32PScaleF16(_RhsGroups):
     def pack_from_ggml(self, raw: np.ndarray, n: int | None = None, k: int | None = None,
                        bias: None = None) -> np.ndarray:
         """:meth:`pack` for ggml block_q4_0 bytes (needs bl = 32); ``bias`` must be None."""
-        self._no_bias(bias)
+        self.require_no_bias(bias)
         if self.bl != 32:
             raise LayoutError(f"ggml block_q4_0 data has bl=32, this layout has bl={self.bl}")
         return self.pack(raw, n, k)
@@ -926,10 +934,17 @@ class QSI4C32PScaleF16(_RhsGroups):
     def pack_from_float(self, w: np.ndarray, bias: None = None) -> np.ndarray:
         """Quantise float32 (n, k) like ggml Q4_0 (per bl-block; bl = 32 is ggml's) and pack;
         ``bias`` must be None."""
-        self._no_bias(bias)
+        self.require_no_bias(bias)
         return self.pack(quantize_q4_0(w, bl=self.bl))
 
     # -- readers -----------------------------------------------------------------------
+    # -- repacking (tilegen.layout.api.repack_rhs): what pack takes, read back losslessly
+    def packed_values(self, packed: np.ndarray, n: int, k: int) -> tuple:
+        return (self.unpack(packed, n, k),)                   # the q4_0-style source rows
+
+    def pack_values(self, values: tuple, n: int, k: int) -> np.ndarray:
+        return self.pack(values[0], n, k)
+
     def unpack(self, packed: np.ndarray, n: int, k: int, rows=None) -> np.ndarray:
         """Source bytes of ``rows`` (uint8 (R, B*(2+bl/2))): the inverse of :meth:`pack`."""
         b = _u8(packed)

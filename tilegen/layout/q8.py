@@ -288,6 +288,14 @@ class QSI8CXP(_PaddedSlots, _RhsGroups):
         return self.pack_from_ggml(raw, w.shape[0], w.shape[1], bias)
 
     # -- readers -----------------------------------------------------------------------
+    # -- repacking (tilegen.layout.api.repack_rhs): what pack takes, read back losslessly
+    def packed_values(self, packed: np.ndarray, n: int, k: int) -> tuple:
+        q, _, scale, bias = self.unpack(packed, n, k)        # row sums recomputed by pack
+        return np.ascontiguousarray(q[:, :k]), scale, bias
+
+    def pack_values(self, values: tuple, n: int, k: int) -> np.ndarray:
+        return self.pack(*values)
+
     def unpack(self, packed: np.ndarray, n: int, k: int, rows=None
                ) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
         """(q int8 (R, K32), rsum int32 (R,), scale f32 (R,), bias f32 (R,)) of ``rows``

@@ -41,13 +41,15 @@ def _exercise(obj, rng) -> None:
     """One small call of ``obj`` (random inputs) that runs its whole body."""
     m, n, k = 5, 7, 64
     x = rng.normal(size=(m, k)).astype(np.float32)
-    if isinstance(obj, Packer):
-        obj(x, bl=32, m_idx_start=1)
+    if isinstance(obj, Packer):     # bf16 packers start at a row block
+        obj(x, bl=32, m_idx_start=0 if obj.spec.fmt == "bf16px4" else 1)
         return
     w = rng.normal(size=(n, k)).astype(np.float32)
     dst = np.zeros((m, n), np.float32)
     if obj.family == "f32":
         obj(x, obj.rhs_layout().pack(w), dst)
+    elif obj.family == "bf16":
+        obj(obj.lhs_layout().pack(x), obj.rhs_layout().pack(w), dst, k=k)
     else:
         rhs = obj.rhs_layout(32).pack_from_float(w)
         lhs = obj.lhs_layout(32).pack(x)

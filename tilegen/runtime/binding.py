@@ -151,12 +151,19 @@ class Kernel(_Routine):
         """f32: dst = clamp(lhs @ W + bias), lhs (m, k) f32 rows (packed-LHS kernels: rows,
         packed here, or bytes from ``lhs_layout().pack``).
         q4: dst = clamp(dequant(lhs_packed) @ dequant(W)), lhs = packed LHS bytes, with k and
-        bl taken from PackedWeights (or given); q8_0 likewise, without bl."""
+        bl taken from PackedWeights (or given); q8_0 likewise, without bl.
+        bf16: dst = clamp(bf16(lhs) @ W + bias), lhs packed bytes (bf16p<mr>x4) or f32 rows
+        (packed here by the layout object)."""
         self._require_cpu()
         cmin, cmax = clamp_bounds(clamp_min, clamp_max)
         if self.family == "f32":
             return self._call_f32(lhs, rhs_packed, dst, cmin, cmax, k)
         if self.family == "q8_0":
+            return self._call_q8(lhs, rhs_packed, dst, cmin, cmax, k)
+        if self.family == "bf16":
+            if isinstance(lhs, np.ndarray) and lhs.dtype == np.float32:   # rows, packed here
+                lhs = self.lhs_layout().pack(check_matrix("lhs", lhs, rows=dst.shape[0] if
+                                                          isinstance(dst, np.ndarray) else None))
             return self._call_q8(lhs, rhs_packed, dst, cmin, cmax, k)
         return self._call_q4(lhs, rhs_packed, dst, cmin, cmax, k, bl)
 
@@ -196,17 +203,20 @@ class Kernel(_Routine):
         if k is None or bl is None:
             raise ArgumentError("k and bl are needed when rhs_packed is raw bytes")
         k, bl = positive_int("k", k), positive_int("bl", bl)
-        if bl % 32 or k % bl:
-            raise ArgumentError(f"need bl a multiple of 32 and k a multiple of bl; got k={k}, bl={bl}")
-        rbuf = check_bytes("rhs_packed", rbytes, self.rhs_packed_size(n, k, bl))
-        lbuf = check_bytes("lhs_packed", lhs_packed, self.lhs_packed_size(m, k, bl))
+        try:        # the layouts' rules on bl and k (bl a multiple of 32, k of bl)
+            rsize, lsize = self.rhs_packed_size(n, k, bl), self.lhs_packed_size(m, k, bl)
+        except LayoutError as e:
+            raise ArgumentError(f"k={k}, bl={bl}: {e}") from None
+        rbuf = check_bytes("rhs_packed", rbytes, rsize)
+        lbuf = check_bytes("lhs_packed", lhs_packed, lsize)
         self._invoke(m, n, k, bl, lbuf.ctypes.data, rbuf.ctypes.data, dst.ctypes.data,
                      row_stride(dst), 4, cmin, cmax)
         return dst
 
 
     def _call_q8(self, lhs_packed, rhs_packed, dst, cmin, cmax, k):
-        """qai8dxp x qsi8cxp: no block length (a bl= argument is ignored), any k >= 1."""
+        """qai8dxp x qsi8cxp (and bf16p x bf16p: the same arguments): no block length (a bl=
+        argument is ignored), any k >= 1."""
         dst = check_matrix("dst", dst, writeable=True)
         m, n = dst.shape
         rbytes, k, _ = self._weights(rhs_packed, n, k)
@@ -242,9 +252,9 @@ class Packer(_Routine):
             lay = sp.layout(bl)
             if sp.fmt == "qsi8d32p" and k % bl:
                 raise LayoutError(f"k={k} must be a multiple of bl={bl}")
+            need = lay.region_size(m, k, start)
         except (LayoutError, ValueError) as e:
             raise ArgumentError(str(e)) from None
-        need = lay.region_size(m, k, start)
         if out is None:
             out = np.zeros(need, np.uint8)
         else:

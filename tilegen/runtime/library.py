@@ -23,7 +23,7 @@ from .errors import ArgumentError, LoadError
 from .integrity import check_entries, check_image
 from .ops import matmul, workspace_size
 from .packed import PackedWeights, dequantize_packed_rows
-from .select import KIND_FAMILY, KernelPair, build_table
+from .select import KIND_FAMILIES, KIND_FAMILY, KernelPair, kind_table
 
 __all__ = ["ArgumentError", "LoadError", "PackedWeights", "Kernel", "Packer", "Library", "load",
            "dequantize_packed_rows", "MANIFEST_NAME"]
@@ -177,7 +177,7 @@ class Library:
         if kind not in KIND_FAMILY:
             raise ArgumentError(f"unknown weights kind {kind!r}; known: {', '.join(KIND_FAMILY)}")
         if kind not in self._tables:
-            self._tables[kind] = build_table(self.kernels.values(), KIND_FAMILY[kind])
+            self._tables[kind] = kind_table(self.kernels.values(), kind)
         return self._tables[kind]
 
     def set_table(self, kind: str, pairs: list[KernelPair]) -> None:
@@ -185,12 +185,13 @@ class Library:
         (e.g. entries of :meth:`table`, or ``KernelPair(lib.kernels[gemm], lib.kernels[gemv])``
         with ``KernelPair`` from ``tilegen.runtime.select``).  The first entry the CPU runs is
         what pack_weights, adopt and workspace_size use; select (so matmul) uses the first
-        runnable entry that reads the weights' layout.  f32 and f16 have separate tables."""
+        runnable entry that reads the weights' layout.  f32 and f16 have separate tables (f16:
+        bf16 and f32 kernels)."""
         self.table(kind)
         pairs = list(pairs)
         if not pairs:
             raise ArgumentError(f"the {kind} kernel table must not be empty")
-        fam = KIND_FAMILY[kind]
+        fams = KIND_FAMILIES[kind]
         mine = set(map(id, self.kernels.values()))
         for p in pairs:
             if not isinstance(p, KernelPair):
@@ -200,9 +201,9 @@ class Library:
                     continue
                 if id(kern) not in mine:
                     raise ArgumentError(f"{kern!r} is not a kernel of {self.path.name}")
-                if kern.family != fam:
-                    raise ArgumentError(f"{kern.name} is not a {fam} kernel ({kind} weights "
-                                        f"need the {fam} family)")
+                if kern.family not in fams:
+                    raise ArgumentError(f"{kern.name} is not a {' or '.join(fams)} kernel "
+                                        f"({kind} weights need the {' or '.join(fams)} family)")
             if p.gemv is not None and not same_rhs(p.gemm.spec, p.gemv.spec):
                 raise ArgumentError(f"gemv {p.gemv.name} does not read the packed weights of "
                                     f"gemm {p.gemm.name}")
@@ -263,6 +264,11 @@ class Library:
         """Pack weights once for this library's preferred kernel of ``kind``.
 
         kind "f32" / "f16": (n, k) weights (or (k, n) with layout="kn"), f16 converted to f32.
+        kind "f16" packs for the bf16 kernels where the CPU has bf16 (weights rounded to bf16,
+        2 bytes each; activations rounded to bf16 per matmul), for the f32 kernels elsewhere.
+        kind "bf16": float32 or float16 weights for the bf16 kernels, whatever the CPU (no
+        bf16 kernel runnable: ArgumentError); kind "f32" keeps f32 kernels (f16 weights
+        converted by the caller, ``w.astype(np.float32)``).
         kind "q4_0" / "q4_0_dx": float32 (n, k) weights quantised like ggml's Q4_0, or raw ggml
         block_q4_0 data via ``from_ggml=`` (bytes-like or a uint8 array; with n, k).
         kind "q8_0": float32 (n, k) weights quantised per channel (tilegen.runtime.q8), or raw
@@ -274,11 +280,16 @@ class Library:
             if kind == "q8_0":      # per-channel int8 (tilegen.runtime.q8)
                 from .q8 import pack_q8_0
                 return pack_q8_0(kern, w, bias, from_ggml, n, k)
-            if kind in ("f32", "f16"):
+            if kind in ("f32", "f16", "bf16"):
                 w = np.asarray(w)
                 if kind == "f16":
                     if w.dtype != np.float16:
                         raise ArgumentError(f"f16 weights must be float16, got {w.dtype}")
+                    w = w.astype(np.float32)
+                elif kind == "bf16":     # rounded to bf16 (nearest even) by the layout
+                    if w.dtype not in (np.float32, np.float16):
+                        raise ArgumentError(f"bf16 weights must be float32 or float16, got "
+                                            f"{w.dtype}")
                     w = w.astype(np.float32)
                 lay = kern.rhs_layout()
                 data = lay.pack(w, bias=bias, layout=layout)
@@ -300,10 +311,16 @@ class Library:
         return PackedWeights(lay, int(n), int(k), data, bias is not None, kind)
 
     def packer(self, fmt: str, mr: int, kr: int, sr: int, rounding: str = "away") -> Packer | None:
-        """The library's NEON packer for this LHS format and geometry (same L = kr/sr)."""
+        """The library's NEON packer for this LHS format and geometry (same L = kr/sr; None
+        when there is none, or the geometry is not one of the format's)."""
+        from ..layout.api import layout_for
+        try:
+            L = layout_for(fmt, mr=mr, kr=kr, sr=sr, rounding=rounding).L
+        except LayoutError:
+            return None
         for p in self.packers.values():
             sp = p.spec
-            if (sp.fmt, sp.mr, sp.L, sp.rounding) == (fmt, mr, kr // sr, rounding) and kr % sr == 0:
+            if (sp.fmt, sp.mr, sp.L, sp.rounding) == (fmt, mr, L, rounding):
                 return p
         return None
 

@@ -13,10 +13,16 @@ from typing import Iterable
 from ..generator.spec import FAMILIES, ISAS
 from ..layout.base import same_rhs
 
-__all__ = ["KernelPair", "build_table", "KIND_FAMILY"]
+__all__ = ["KernelPair", "build_table", "KIND_FAMILY", "KIND_FAMILIES", "kind_table"]
 
 # weight kind -> kernel family that consumes it (FamilyInfo.kinds)
 KIND_FAMILY = {kind: fam.name for fam in FAMILIES.values() for kind in fam.kinds}
+# the families whose kernels serve a kind, in order: a kind's table lists the pairs of each
+# family in turn, so the first family whose kernels the CPU runs wins.  f16 weights use the
+# bf16 kernels where the CPU has bf16 (as llama.cpp does), the f32 kernels elsewhere.
+KIND_FAMILIES: dict[str, tuple[str, ...]] = {kind: (fam,) for kind, fam in KIND_FAMILY.items()}
+if "bf16" in FAMILIES:
+    KIND_FAMILIES["f16"] = ("bf16", KIND_FAMILY["f16"])
 
 
 @dataclass(frozen=True)
@@ -62,3 +68,10 @@ def build_table(kernels: Iterable, family: str) -> list[KernelPair]:
                               -size(p.gemm)[0] * size(p.gemm)[1],
                               -size(p.gemm)[1], p.gemm.name))
     return table
+
+
+def kind_table(kernels: Iterable, kind: str) -> list[KernelPair]:
+    """Default ordered table for weight ``kind``: :func:`build_table` of each of its families
+    (:data:`KIND_FAMILIES`) in turn."""
+    kernels = list(kernels)
+    return [p for fam in KIND_FAMILIES[kind] for p in build_table(kernels, fam)]

@@ -1,0 +1,68 @@
+"""Property test (hypothesis) of the bf16 kernels: random tile, CPU with bf16, shape (any m, n,
+k), value ranges (tiny / huge / mixed magnitudes, cancellation, zeros, subnormal inputs flushed
+by BFMMLA/BFDOT) and clamps (also min == max), against the bit-exact reference; one guest
+session per CPU model.  TILEGEN_FUZZ_EXAMPLES examples (default 1000)."""
+from __future__ import annotations
+
+import os
+
+import numpy as np
+from hypothesis import HealthCheck, given, settings, strategies as st
+
+from tilegen.layout.bf16 import BF16PLhs4, BF16PRhs4B
+from tilegen.reference_bf16 import matmul_bf16
+
+from conftest import guest
+from test_exec_bf16 import ALL_SPECS, BF16_CPUS, FMAX, SENTINEL, _check, bf16_lib  # noqa: F401
+
+EXAMPLES = max(int(os.environ.get("TILEGEN_FUZZ_EXAMPLES", "1000")), 20)
+
+
+@st.composite
+def bf16_cases(draw):
+    spec = draw(st.sampled_from(ALL_SPECS))
+    return dict(spec=spec, cpu=draw(st.sampled_from(BF16_CPUS)),
+                m=draw(st.integers(1, 3 * spec.mr + 2)), n=draw(st.integers(1, 3 * spec.nr + 2)),
+                k=draw(st.integers(1, 150)),
+                values=draw(st.sampled_from(["normal", "tiny", "huge", "mixed", "cancel", "zero",
+                                             "subnormal"])),
+                clamp=draw(st.sampled_from(["none", "inner", "point"])),
+                seed=draw(st.integers(0, 2**31)))
+
+
+def _values(kind, rng, shape):
+    x = rng.normal(size=shape)
+    if kind == "tiny":
+        x *= 1e-18
+    elif kind == "huge":
+        x *= 1e17
+    elif kind == "mixed":
+        x *= 10.0 ** rng.integers(-20, 20, size=shape)
+    elif kind == "cancel":
+        x = np.round(x * 4) / 4
+    elif kind == "zero":
+        x[rng.random(size=shape) < 0.7] = 0
+    elif kind == "subnormal":
+        x[rng.random(size=shape) < 0.3] *= 1e-39
+    return x.astype(np.float32)
+
+
+@settings(max_examples=EXAMPLES, deadline=None, derandomize=True, database=None,
+          suppress_health_check=[HealthCheck.too_slow, HealthCheck.function_scoped_fixture])
+@given(c=bf16_cases())
+def test_fuzz_bf16(bf16_lib, c):
+    spec, m, n, k = c["spec"], c["m"], c["n"], c["k"]
+    rng = np.random.default_rng(c["seed"])
+    x = _values(c["values"], rng, (m, k))
+    w = _values(c["values"], rng, (n, k))
+    bias = rng.normal(size=n).astype(np.float32)
+    L, R = BF16PLhs4(spec.mr), BF16PRhs4B(spec.nr)
+    lp, rp = L.pack(x), R.pack(w, bias)
+    cmin, cmax = {"none": (-FMAX, FMAX), "inner": (-0.5, 0.75), "point": (0.25, 0.25)}[c["clamp"]]
+    ref = matmul_bf16(lp, rp, m, n, k, L, R, cmin, cmax)
+    case = dict(m=m, n=n, k=k, bl=32, lhs_packed=lp, rhs_packed=rp, clamp_min=cmin,
+                clamp_max=cmax, sentinel=SENTINEL)
+    out = guest(c["cpu"]).call("guest_calls:run_q4_cases", str(bf16_lib), spec.name, [case])
+    if c["clamp"] == "point":
+        assert (ref == np.float32(cmax)).all()
+    _check([case], [ref], out, spec.spec_string)
