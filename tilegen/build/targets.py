@@ -77,6 +77,12 @@ DEFAULT_KERNELS: tuple[str, ...] = (
     "q4_0_dx:i8mm:4x8", "q4_0_dx:dotprod:1x8:k16:s2",
     "q4_0_dx:dotprod:16x4", "q4_0_dx:dotprod:1x4",
     "q4_0_dx:neon:4x4", "q4_0_dx:neon:1x4",
+    # q8_0 on SVE (VL units; at 128 bits the layouts of KleidiAI's 16x4 i8mm / dotprod pairs)
+    "q8_0:sve_i8mm:16x1vl", "q8_0:sve_dotprod:1x1vl:k8:s1",
+    "q8_0:sve_dotprod:16x1vl", "q8_0:sve_dotprod:1x1vl",
+    # q8_0 on SME: SMOPA gemm (int32 sums in the four ZA tiles) + SME2 ZA-array SDOT gemv on
+    # one packed RHS (opt-in at run time)
+    "q8_0:sme:1vlx4vl", "q8_0:sme2:1x4vl",
     # q8_0 (qai8dxp x qsi8cxp): KleidiAI's pairs, i8mm 16x4 kr8 + dotprod 1x4 kr8 and
     # dotprod 16x4 kr4 + 1x4 kr4; plain NEON 4x4 + 1x4 (kr8) last
     "q8_0:i8mm:16x4", "q8_0:dotprod:1x4:k8:s1",

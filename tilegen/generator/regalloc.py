@@ -737,6 +737,11 @@ ALLOCATORS = {"f32_neon": _allocate_f32_neon, "f32_sve": _allocate_f32_sve,
 
 from .regalloc_q8 import allocate_q8_neon  # noqa: E402 - it builds on the helpers above
 ALLOCATORS["q8_neon"] = allocate_q8_neon
+from .regalloc_q8_sve import allocate_q8_sve  # noqa: E402
+ALLOCATORS["q8_sve"] = allocate_q8_sve
+from .regalloc_q8_sme import allocate_q8_sme, allocate_q8_sme2  # noqa: E402
+ALLOCATORS["q8_sme"] = allocate_q8_sme
+ALLOCATORS["q8_sme2"] = allocate_q8_sme2
 from .regalloc_bf16 import allocate_bf16_neon  # noqa: E402
 ALLOCATORS["bf16_neon"] = allocate_bf16_neon
 

@@ -72,12 +72,13 @@ class Q8NeonRegs(_Frame):
         return flat(self.iacc) + flat(self.split)
 
 
-def _check_layouts(spec: KernelSpec) -> None:
+def _check_layouts(spec: KernelSpec, layouts=None) -> None:
     """What the template assumes of the layout objects it reads its offsets from: one k
     granule per loop iteration, fields after the k data at offsets linear in the granule count,
-    and the vector-sized runs of bytes each strategy loads."""
+    and the vector-sized runs of bytes each strategy loads (``layouts``: the (RHS, LHS) pair to
+    check, default the spec's concrete layouts)."""
     from ..layout import lhs_layout_for, rhs_layout_for
-    L, LL = rhs_layout_for(spec), lhs_layout_for(spec)
+    L, LL = layouts or (rhs_layout_for(spec), lhs_layout_for(spec))
     KG = L.k_padded(1)
     if LL.k_padded(1) != KG or KG not in (16, 32, 64):
         raise SpecError(f"{L.name} pads k to {KG}, {LL.name} to {LL.k_padded(1)}: the q8 kernels "

@@ -126,7 +126,11 @@ FAMILIES: dict[str, FamilyInfo] = {
         name="q8_0", lhs="qai8dxp", rhs="qsi8cxp", kinds=("q8_0",), quantized=True,
         impls={"neon": IsaImpl("neon", "q8_neon", "q8_neon", kr=8, sr=1),
                "dotprod": IsaImpl("neon_dotprod", "q8_neon", "q8_neon", kr=4, sr=1),
-               "i8mm": IsaImpl("neon_i8mm", "q8_neon", "q8_neon", kr=8, sr=1)},
+               "i8mm": IsaImpl("neon_i8mm", "q8_neon", "q8_neon", kr=8, sr=1),
+               "sve_dotprod": IsaImpl("sve_dotprod", "q8_sve", "q8_sve", kr=4, sr=1),
+               "sve_i8mm": IsaImpl("sve_i8mm", "q8_sve", "q8_sve", kr=8, sr=1),
+               "sme": IsaImpl("sme_mopa", "q8_sme", "q8_sme", kr=4, sr=1),
+               "sme2": IsaImpl("sme2_sdot", "q8_sve", "q8_sme2", kr=4, sr=1)},
     ),
     # f32 activations and weights rounded to bf16, f32 accumulation (KleidiAI
     # matmul_clamp_f32_bf16p<mr>x4_bf16p<nr>x4b): BFMMLA gemm, BFDOT gemv on the same RHS.
