@@ -112,26 +112,34 @@ def _check_layouts(spec: KernelSpec, layouts=None) -> None:
             raise SpecError(f"{LL.name}: chunk {t // kr} starts at {base}")
 
 
-def _mode(spec: KernelSpec) -> str:
-    mr, kr = spec.mr, spec.kr
-    if spec.isa == "dotprod":
+_Q8_STRATEGY = {"dotprod": "dot", "sve_dotprod": "dot", "i8mm": "mm", "sve_i8mm": "mm",
+                "neon": "neon"}
+
+
+def q8_mode(spec: KernelSpec) -> str:
+    """The q8_0 hot-loop strategy of a NEON or SVE tile: dot4 / dot8 (SDOT), mm (SMMLA) or
+    neon (SMULL/SADALP), by the ISA's instruction and the interleave."""
+    mr, kr, isa = spec.mr, spec.kr, spec.isa
+    kind = _Q8_STRATEGY.get(isa)
+    if kind == "dot":
         if kr == 4:
             return "dot4"
         if kr == 8 and mr == 1:
             return "dot8"
-        raise SpecError(f"q8_0 dotprod kernels need kr=4 (SDOT by lane), or kr=8 for gemv "
+        raise SpecError(f"q8_0 {isa} kernels need kr=4 (SDOT by lane), or kr=8 for gemv "
                         f"(mr=1); got mr={mr}, kr={kr}")
-    if spec.isa == "i8mm":
+    if kind == "mm":
+        seg = " per 128-bit segment" if spec.isa_info.scalable else " operands"
         if kr != 8 or mr % 4:
-            raise SpecError(f"q8_0 i8mm (SMMLA, 2x8 int8 operands) needs kr=8 and mr a multiple "
+            raise SpecError(f"q8_0 {isa} (SMMLA, 2x8 int8{seg}) needs kr=8 and mr a multiple "
                             f"of 4; got mr={mr}, kr={kr}")
         return "mm"
-    if spec.isa == "neon":
+    if kind == "neon":
         if kr != 8:
             raise SpecError(f"q8_0 neon kernels (SMULL/SADALP over 8 k values) need kr=8, "
                             f"got kr={kr}")
         return "neon"
-    raise SpecError(f"q8_0 has no NEON strategy for isa {spec.isa!r}")
+    raise SpecError(f"q8_0 has no NEON or SVE strategy for isa {isa!r}")
 
 
 _GEMV_SPLIT = {"dot4": 4, "dot8": 2}     # accumulator sets of the gemv strategies
@@ -198,7 +206,7 @@ def allocate_q8_neon(spec: KernelSpec) -> Q8NeonRegs:
     if 32 * nr > 4095:
         raise SpecError(f"nr={nr}: the RHS step of one 32-value k slice ({32 * nr} bytes) must "
                         f"fit an add immediate (<= 4095)")
-    mode = _mode(spec)
+    mode = q8_mode(spec)
     _check_layouts(spec)
     P = spec.lhs_mr
     for mr_reg in [r for r in range(mr, 0, -P) if mr % r == 0 and r % P == 0]:

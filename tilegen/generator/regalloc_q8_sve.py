@@ -22,7 +22,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from .regalloc import _Z_LOW_FIRST, RegisterPool, VectorNeeds, _check_packing, _Frame, _rows
-from .regalloc_q8 import _EPILOGUE, _Q8_CHART, _Q8_SCALARS, _check_layouts
+from .regalloc_q8 import _EPILOGUE, _Q8_CHART, _Q8_SCALARS, _check_layouts, q8_mode
 from .spec import KernelSpec, SpecError
 
 __all__ = ["Q8SveRegs", "allocate_q8_sve"]
@@ -75,23 +75,6 @@ class Q8SveRegs(_Frame):
         return self.iacc_flat + tuple(v for s in self.split for v in s)
 
 
-def _mode(spec: KernelSpec) -> str:
-    mr, kr = spec.mr, spec.kr
-    if spec.isa == "sve_dotprod":
-        if kr == 4:
-            return "dot4"
-        if kr == 8 and mr == 1:
-            return "dot8"
-        raise SpecError(f"q8_0 sve_dotprod kernels need kr=4 (SDOT by lane), or kr=8 for gemv "
-                        f"(mr=1); got mr={mr}, kr={kr}")
-    if spec.isa == "sve_i8mm":
-        if kr != 8 or mr % 4:
-            raise SpecError(f"q8_0 sve_i8mm (SMMLA, 2x8 int8 per 128-bit segment) needs kr=8 "
-                            f"and mr a multiple of 4; got mr={mr}, kr={kr}")
-        return "mm"
-    raise SpecError(f"q8_0 has no SVE strategy for isa {spec.isa!r}")
-
-
 def _block(spec: KernelSpec, mode: str, mr_reg: int, split: int = 1):
     P, nv = spec.lhs_mr, spec.nr
     G = mr_reg // P
@@ -140,7 +123,7 @@ def allocate_q8_sve(spec: KernelSpec) -> Q8SveRegs:
     if spec.acc_mem:
         raise SpecError("q8_0 kernels keep their int32 sums in registers: acc_mem (:am) is a q4 "
                         "option")
-    mode = _mode(spec)
+    mode = q8_mode(spec)
     # the granule layouts (render.template_layouts): every RHS offset in VL units
     _check_layouts(spec, (rhs_layout_for(spec, 32, VL_GRANULE), lhs_layout_for(spec, 32, VL_GRANULE)))
     P = spec.lhs_mr
