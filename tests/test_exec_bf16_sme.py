@@ -1,0 +1,64 @@
+"""bf16 SME2 BFMOPA kernels (tiles in VL units) at every streaming vector length: bit-exact
+against reference_bf16 on KleidiAI's bf16p<vl>x2 / bf16p<vl>x2b layouts at the guest's SVL."""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+import tilegen
+from tilegen.layout.bf16 import BF16PLhs2, BF16PRhs2B
+from tilegen.reference_bf16 import matmul_bf16
+
+from conftest import SME_ON, guest
+
+SENTINEL = np.float32(-4242.25)
+FMAX = 3.4028234663852886e38
+VLS = (128, 256, 512, 1024, 2048)
+TILES = ("2vlx2vl", "1vlx4vl", "4vlx1vl")
+SPECS = [tilegen.parse_spec(f"bf16:sme2:{t}") for t in TILES]
+
+
+@pytest.fixture(scope="module")
+def lib(tmp_path_factory):
+    out = tmp_path_factory.mktemp("bf16sme")
+    tilegen.build_library(SPECS, target="linux-aarch64-all", out_dir=out)
+    return out
+
+
+def _case(lhs_l, rhs_l, rng, m, n, k, clamped):
+    x = rng.normal(size=(m, k)).astype(np.float32)
+    w = rng.normal(size=(n, k)).astype(np.float32)
+    bias = rng.normal(size=n).astype(np.float32)
+    lp, rp = lhs_l.pack(x), rhs_l.pack(w, bias)
+    cmin, cmax = -FMAX, FMAX
+    if clamped:
+        free = matmul_bf16(lp, rp, m, n, k, lhs_l, rhs_l, cmin, cmax)
+        lo, hi = np.quantile(free, [0.2, 0.8]) if free.size > 1 else (free.min() - 1, free.max() + 1)
+        cmin, cmax = float(np.float32(lo)), float(np.float32(hi))
+    case = dict(m=m, n=n, k=k, bl=32, lhs_packed=lp, rhs_packed=rp, clamp_min=cmin,
+                clamp_max=cmax, sentinel=SENTINEL)
+    return case, matmul_bf16(lp, rp, m, n, k, lhs_l, rhs_l, cmin, cmax)
+
+
+@pytest.mark.parametrize("vl", VLS)
+def test_bf16_sme2_every_vl(vl, lib):
+    g = guest("max", None, vl, dict(SME_ON))
+    for spec in SPECS:
+        svl = vl // 8
+        lhs_l, rhs_l = BF16PLhs2.for_vl(svl, spec.mr), BF16PRhs2B.for_vl(svl, spec.nr)
+        mr, nr = lhs_l.mr, rhs_l.nr
+        rng = np.random.default_rng(vl + mr)
+        shapes = [(1, 1, 1), (mr, nr, 8), (mr + 1, nr + 1, 5), (2 * mr + 3, 2 * nr - 1, 17),
+                  (1, 2 * nr + 3, 33), (7, 13, 3), (9, 33, 64), (3, 5, 2)]
+        cases, refs = [], []
+        for i, (m, n, k) in enumerate(shapes):
+            c, r = _case(lhs_l, rhs_l, rng, m, n, k, clamped=bool(i % 2))
+            cases.append(c)
+            refs.append(r)
+        outs = g.call("guest_calls:run_q4_cases", str(lib), spec.name, cases)
+        for c, exact, out in zip(cases, refs, outs):
+            m, n, k = c["m"], c["n"], c["k"]
+            assert (out[m:] == SENTINEL).all() and (out[:, n:] == SENTINEL).all(), (spec, vl, m, n, k)
+            got = out[:m, :n]
+            assert np.array_equal(got, exact), \
+                f"{spec.spec_string} svl={vl} m={m} n={n} k={k}: {np.sum(got != exact)} differ"
