@@ -9,7 +9,11 @@ import tilegen
 from tilegen.layout.bf16 import BF16PLhs2, BF16PRhs2B
 from tilegen.reference_bf16 import matmul_bf16
 
+from pathlib import Path
+
 from conftest import SME_ON, guest
+
+VECTORS = Path(__file__).resolve().parents[2] / "shared" / "vectors"
 
 SENTINEL = np.float32(-4242.25)
 FMAX = 3.4028234663852886e38
@@ -56,9 +60,54 @@ def test_bf16_sme2_every_vl(vl, lib):
             cases.append(c)
             refs.append(r)
         outs = g.call("guest_calls:run_q4_cases", str(lib), spec.name, cases)
+        assert g.call("guest_calls:svcr_now", str(lib)) == 0, f"{spec.spec_string}: SVCR after return"
         for c, exact, out in zip(cases, refs, outs):
             m, n, k = c["m"], c["n"], c["k"]
             assert (out[m:] == SENTINEL).all() and (out[:, n:] == SENTINEL).all(), (spec, vl, m, n, k)
             got = out[:m, :n]
             assert np.array_equal(got, exact), \
                 f"{spec.spec_string} svl={vl} m={m} n={n} k={k}: {np.sum(got != exact)} differ"
+
+
+def _sme_vectors():
+    files = [p for p in sorted(VECTORS.glob("bf16_*.npz"))
+             if "sme2_mopa__svl_bits" in np.load(p).files]
+    assert len(files) >= 3, files
+    return files
+
+
+@pytest.mark.parametrize("path", _sme_vectors(), ids=lambda p: p.stem)
+def test_reproduces_kleidiai_sme_vectors(path, lib):
+    """KleidiAI's own packed buffers (bytes it left unwritten taken from our packer), the
+    2vlx2vl kernel at the vector's SVL: dst and dst_clamped bit for bit."""
+    z = np.load(path)
+    svl = int(z["sme2_mopa__svl_bits"]) // 8
+    lhs_l, rhs_l = BF16PLhs2.for_vl(svl, 2), BF16PRhs2B.for_vl(svl, 2)
+    assert (lhs_l.mr, rhs_l.nr) == (int(z["sme2_mopa__mr"]), int(z["sme2_mopa__nr"]))
+    m, n, k = (int(v) for v in z["shape_mnk"])
+    lp = np.where(z["sme2_mopa__lhs_packed_written"], z["sme2_mopa__lhs_packed"],
+                  lhs_l.pack(z["lhs_f32"])).astype(np.uint8)
+    rp = np.where(z["sme2_mopa__rhs_packed_written"], z["sme2_mopa__rhs_packed"],
+                  rhs_l.pack(z["rhs_kxn_f32"], z["bias"], layout="kn")).astype(np.uint8)
+    cases = [dict(m=m, n=n, k=k, bl=32, lhs_packed=lp, rhs_packed=rp, clamp_min=c0,
+                  clamp_max=c1, sentinel=SENTINEL)
+             for c0, c1 in ((-FMAX, FMAX), (float(z["clamp_min"]), float(z["clamp_max"])))]
+    g = guest("max", None, svl * 8, dict(SME_ON))
+    name = SPECS[0].name
+    assert SPECS[0].spec_string == "bf16:sme2:2vlx2vl"
+    outs = g.call("guest_calls:run_q4_cases", str(lib), name, cases)
+    assert g.call("guest_calls:svcr_now", str(lib)) == 0
+    for out, key in zip(outs, ("dst", "dst_clamped")):
+        want = z[f"sme2_mopa__{key}"]
+        assert np.array_equal(out[:m, :n].view(np.uint32), want.view(np.uint32)), \
+            f"{path.name} {key}: {np.sum(out[:m, :n] != want)} differ"
+
+
+def test_refused_without_sme2(lib):
+    name = SPECS[0].name
+    # SME is opt-in (TILEGEN_SME defaults to 0); SME without SME2 refuses the SME2 kernel
+    assert "sme" in guest("max").call("guest_calls:refused", str(lib), name)
+    only_sme = guest("max", None, 256, dict(SME_ON, TILEGEN_ISA="neon,sve,sve2,sme"))
+    msg = only_sme.call("guest_calls:refused", str(lib), name)
+    assert "ArgumentError" in msg and "sme2" in msg, msg
+    assert "ArgumentError" in guest("neoverse-n2").call("guest_calls:refused", str(lib), name)
