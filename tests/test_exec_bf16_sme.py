@@ -111,3 +111,26 @@ def test_refused_without_sme2(lib):
     msg = only_sme.call("guest_calls:refused", str(lib), name)
     assert "ArgumentError" in msg and "sme2" in msg, msg
     assert "ArgumentError" in guest("neoverse-n2").call("guest_calls:refused", str(lib), name)
+
+
+def test_runtime_kind_bf16_and_f16_pick_sme2(tmp_path):
+    """On SME2 with TILEGEN_SME=1 the default library's bf16/f16 weights go to the BFMOPA
+    kernel for gemm and gemv (m = 1); the results equal reference_bf16."""
+    tilegen.build_library(["bf16:sme2:2vlx2vl", "bf16:bf16:8x12", "bf16:bf16:1x12",
+                           "f32:neon:6x16", "f32:neon:1x16"],
+                          target="linux-aarch64-all", out_dir=tmp_path)
+    rng = np.random.default_rng(7)
+    w = rng.normal(size=(37, 21)).astype(np.float32)
+    x = rng.normal(size=(11, 21)).astype(np.float32)
+    g = guest("max", None, 512, dict(SME_ON))
+    name = SPECS[0].name
+    for kind in ("bf16", "f16"):
+        wk = w.astype(np.float16) if kind == "f16" else w
+        res = g.call("guest_calls:q4_ops", str(tmp_path), kind, wk, x, threads=(1, 2))
+        assert res["kernel"] == name and res["gemv"] == name, res["kernel"]
+        svl = 64
+        lhs_l, rhs_l = BF16PLhs2.for_vl(svl, 2), BF16PRhs2B.for_vl(svl, 2)
+        want = matmul_bf16(lhs_l.pack(x), res["packed"], 11, 37, 21, lhs_l, rhs_l, -FMAX, FMAX)
+        for out in res["outs"]:
+            assert np.array_equal(out, want), kind
+    assert g.call("guest_calls:svcr_now", str(tmp_path)) == 0
