@@ -45,6 +45,8 @@ KERNEL_FACTS = {
                 "bias_offset_in_tail", "tail_bytes"},
     "BF16PRhs4B": {"chunk_bytes", "bias_bytes", "data_offset", "group_stride"},
     "BF16PLhs4": {"chunk_bytes", "row_block_stride"},
+    "BF16PRhs2B": {"chunk_bytes", "bias_bytes"},
+    "BF16PLhs2": {"chunk_bytes"},
 }
 PACKER_FACTS = {
     "QAI8DXP": {"k_multiple", "row_block_tail_bytes", "chunk_bytes",

@@ -24,7 +24,7 @@ __all__ = ["AnalyzeError", "LoopReport", "InstructionMix", "hot_loop", "analyze"
 MODELS = ("neoverse-v2", "neoverse-n2", "neoverse-v1", "apple-m4")
 # plain-NEON q4 kernels multiply with SMULL/SMULL2 (int8 -> int16) and accumulate with SADALP
 MAC_MNEMONICS = ("fmla", "sdot", "udot", "smmla", "ummla", "bfmmla", "fmopa", "smopa",
-                 "smull", "smull2", "smlal", "smlal2", "sadalp", "bfdot")
+                 "smull", "smull2", "smlal", "smlal2", "sadalp", "bfdot", "bfmopa")
 # every modelled ISA's features (the ISA records), so that any kernel assembles for llvm-mca
 _MATTR = ",".join(dict.fromkeys(f for i in ISAS.values() for f in i.mattr.split(",") if f))
 # SVE vector length of each llvm-mca model's CPU (bits): scales the MAC count of VL-agnostic

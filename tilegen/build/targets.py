@@ -90,6 +90,9 @@ DEFAULT_KERNELS: tuple[str, ...] = (
     "q8_0:neon:4x4", "q8_0:neon:1x4",
     # bf16 (bf16p8x4 x bf16p12x4b): KleidiAI's BFMMLA 8x12 and a BFDOT gemv on the same RHS
     "bf16:bf16:8x12", "bf16:bf16:1x12",
+    # bf16 on SME2 (bf16p2vlx2 x bf16p2vlx2b): KleidiAI's BFMOPA 2vlx2vl, which also serves m = 1
+    # (no gemv reads that RHS; opt-in at run time)
+    "bf16:sme2:2vlx2vl",
 )
 
 

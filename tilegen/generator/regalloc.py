@@ -614,6 +614,12 @@ def _allocate_f32_sme(spec: KernelSpec) -> SmeF32Regs:
     if spec.kr != 1 or spec.sr != 1:
         raise SpecError(f"the f32 family reads f32p panels: kr and sr must be 1 "
                         f"(got kr={spec.kr}, sr={spec.sr})")
+    return _allocate_sme_tiles(spec)
+
+
+def _allocate_sme_tiles(spec: KernelSpec, regs_cls=None) -> SmeF32Regs:
+    """ZA f32 tiles, two LHS/RHS k-step sets, clamp and store registers of an SME outer-product
+    kernel (f32 FMOPA, bf16 BFMOPA)."""
     mu, nu = spec.mr, spec.nr
     if mu * nu > _ZA_F32_TILES:
         raise SpecError(f"{spec.mr_str}x{spec.nr_str} needs {mu * nu} ZA f32 tiles, "
@@ -629,7 +635,7 @@ def _allocate_f32_sme(spec: KernelSpec) -> SmeF32Regs:
     tmp = v.claim(range(20, 20 + nu), "store")
     gpr = pool.scalars(_SME_SCALARS)
     pool.settle(f"{spec.mr_str}x{spec.nr_str}")
-    return SmeF32Regs(
+    return (regs_cls or SmeF32Regs)(
         tile=tuple(tuple(i * nu + j for j in range(nu)) for i in range(mu)),
         lhs=lhs, rhs=rhs, row_pred=tuple(range(1, mu + 1)),
         col_pred=tuple(range(mu + 1, mu + nu + 1)), clamp=clamp, tmp=tmp, gpr=gpr,
@@ -742,7 +748,8 @@ ALLOCATORS["q8_sve"] = allocate_q8_sve
 from .regalloc_q8_sme import allocate_q8_sme, allocate_q8_sme2  # noqa: E402
 ALLOCATORS["q8_sme"] = allocate_q8_sme
 ALLOCATORS["q8_sme2"] = allocate_q8_sme2
-from .regalloc_bf16 import allocate_bf16_neon  # noqa: E402
+from .regalloc_bf16 import allocate_bf16_neon, allocate_bf16_sme2  # noqa: E402
+ALLOCATORS["bf16_sme2"] = allocate_bf16_sme2
 ALLOCATORS["bf16_neon"] = allocate_bf16_neon
 
 

@@ -17,7 +17,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from .regalloc import RegisterPool, VectorNeeds, _Frame
+from .regalloc import RegisterPool, SmeF32Regs, VectorNeeds, _Frame
 from .spec import KernelSpec, SpecError
 
 __all__ = ["Bf16NeonRegs", "allocate_bf16_neon"]
@@ -117,3 +117,22 @@ def allocate_bf16_neon(spec: KernelSpec) -> Bf16NeonRegs:
     pool.settle(f"bf16 tile {mr}x{nr}")
     return Bf16NeonRegs(mode=mode, acc=acc, mm=mm, lhs=lhs, rhs=rhs, tmp=tmp, ep=ep, gpr=gpr,
                         **pool.frame())
+
+
+@dataclass(frozen=True)
+class SmeBf16Regs(SmeF32Regs):
+    """The f32 SME tile registers plus an all-true predicate of 16-bit lanes (BFMOPA's row and
+    column predicates govern each bf16 element of a pair)."""
+
+    pair_pred: int = 7
+
+
+def allocate_bf16_sme2(spec):
+    from .regalloc import _allocate_sme_tiles
+    if not (spec.mr_vl and spec.nr_vl):
+        raise SpecError(f"sme2 bf16 outer-product tiles are whole ZA tiles: give mr and nr in VL "
+                        f"units (e.g. 2vlx2vl), got {spec.mr_str}x{spec.nr_str}")
+    if spec.kr != 2 or spec.sr != 1:
+        raise SpecError(f"BFMOPA reads bf16 pairs: kr must be 2 and sr 1 "
+                        f"(got kr={spec.kr}, sr={spec.sr})")
+    return _allocate_sme_tiles(spec, SmeBf16Regs)

@@ -67,6 +67,8 @@ class IsaImpl:
     sr: int = 1
     gemv_op: str | None = None       # gemv tiles (mr == 1) with a strategy of their own
     gemv_template: str | None = None
+    lhs: str | None = None           # layout formats of this ISA when not the family's
+    rhs: str | None = None
 
 
 @dataclass(frozen=True)
@@ -137,7 +139,10 @@ FAMILIES: dict[str, FamilyInfo] = {
     "bf16": FamilyInfo(
         name="bf16", lhs="bf16px4", rhs="bf16px4b", kinds=("bf16",), packs_lhs=True,
         impls={"bf16": IsaImpl("neon_mmla", "bf16_neon", "bf16_neon", kr=4, sr=1,
-                               gemv_op="neon_dot")},
+                               gemv_op="neon_dot"),
+               # BFMOPA into ZA f32 tiles on KleidiAI's bf16p<vl>x2 / bf16p<vl>x2b layouts
+               "sme2": IsaImpl("sme2_mopa", "bf16_sme", "bf16_sme2", kr=2, sr=1,
+                               lhs="bf16px2", rhs="bf16px2b")},
     ),
 }
 
@@ -309,13 +314,13 @@ class KernelSpec:
         if not self.packs_lhs:
             return None
         from ..layout.registry import layout_class   # later stage: the layouts own the names
-        return layout_class("lhs", self.info.lhs)
+        return layout_class("lhs", self.impl.lhs or self.info.lhs)
 
     @property
     def rhs_layout_class(self):
         """The packed-RHS layout class (the family's ``rhs`` format)."""
         from ..layout.registry import layout_class
-        return layout_class("rhs", self.info.rhs)
+        return layout_class("rhs", self.impl.rhs or self.info.rhs)
 
     @property
     def lhs_format(self) -> str:
