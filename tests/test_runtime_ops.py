@@ -77,7 +77,7 @@ def test_every_op_on_every_cpu(cpu, all_lib, tmp_path):
                matmul_f32(x.reshape(-1, k), wk.astype(np.float32), None, -np.inf, np.inf))
         for o in r["outs"]:
             assert np.array_equal(o.reshape(-1, n), ref)
-        assert ("_neon_mmla" in r["kernel"]) is bf16, r["kernel"]
+        assert ("_bf16p" in r["kernel"]) is bf16, r["kernel"]    # NEON BFMMLA or SME2 BFMOPA
         assert r["ws"] == 0 or sme or bf16      # SME outer products and bf16 pack the LHS
     # q4_0: threads bit-identical, vs gguf dequant, get_rows exact, save/load round trip
     saved = str(tmp_path / "w.tgpw")
