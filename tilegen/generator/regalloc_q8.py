@@ -18,7 +18,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from .regalloc import RegisterPool, VectorNeeds, _Frame, _check_packing
+from .regalloc import RegisterPool, VectorNeeds, _Frame, _check_packing, _flatten
 from .spec import KernelSpec, SpecError
 
 __all__ = ["Q8NeonRegs", "allocate_q8_neon"]
@@ -67,9 +67,7 @@ class Q8NeonRegs(_Frame):
 
     @property
     def iacc_flat(self) -> tuple[int, ...]:
-        def flat(t):
-            return (t,) if isinstance(t, int) else tuple(v for x in t for v in flat(x))
-        return flat(self.iacc) + flat(self.split)
+        return tuple(_flatten(self.iacc) + _flatten(self.split))
 
 
 def _check_layouts(spec: KernelSpec, layouts=None) -> None:

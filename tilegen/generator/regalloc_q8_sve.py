@@ -21,7 +21,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from .regalloc import _Z_LOW_FIRST, RegisterPool, VectorNeeds, _check_packing, _Frame, _rows
+from .regalloc import (_Z_LOW_FIRST, RegisterPool, VectorNeeds, _check_packing, _flatten, _Frame,
+                       _rows)
 from .regalloc_q8 import _EPILOGUE, _Q8_CHART, _Q8_SCALARS, _check_layouts, q8_mode
 from .spec import KernelSpec, SpecError
 
@@ -65,9 +66,7 @@ class Q8SveRegs(_Frame):
 
     @property
     def iacc_flat(self) -> tuple[int, ...]:
-        def flat(t):
-            return (t,) if isinstance(t, int) else tuple(v for x in t for v in flat(x))
-        return flat(self.iacc)
+        return tuple(_flatten(self.iacc))
 
     @property
     def all_acc(self) -> tuple[int, ...]:
