@@ -199,7 +199,7 @@ def guarded_lib_pack_cases(libdir: str, fmt: str, mr: int, kr: int, sr: int, cas
         for at in placements:
             src, _, _ = _strided_f32(m, k, k + c["pad"], at, 0, np.float32("nan"))
             src[:] = x
-            lay = p.spec.layout(c["bl"])
+            lay = p.layout(c["bl"])
             need = lay.region_size(m, k, c["m_idx_start"])
             raw, off = _placed(need, at)
             buf = raw[off: off + need]

@@ -37,7 +37,7 @@ SVLS = (128, 512, 2048)
 F = np.float32
 
 SPECS = [PackerSpec("bf16px2", u, 2, 1, mr_vl=True) for u in (1, 2, 4)] + [
-    PackerSpec("f32p", u, 1, 1, mr_vl=True) for u in (1, 2)] + [
+    PackerSpec("f32p", u, 1, 1, mr_vl=True) for u in (1, 2, 4)] + [
     PackerSpec("qai8dxp", 1, 4, 1, mr_vl=True),      # q8_0:sme:1vlx4vl, q4_0_dx:sme:1vlx2vl
     PackerSpec("qsi8d32p", 1, 8, 2, mr_vl=True),     # q4_0:sme:1vlx2vl
 ]
