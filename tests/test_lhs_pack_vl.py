@@ -363,11 +363,15 @@ def test_render_both_formats(spec, tmp_path):
         # mr is the run-time argument: no immediate of a row count of the accepted range
         # other than the bounds of its check
         assert f"#{spec.vl_rows[-1]}\n" in text
+    # 4 rows x 8 values per iteration: 4 loads, (bf16: 8 x to_bf16 (8 each), 4 uzp2), a 4 x 4
+    # transpose of 4-byte granules per 4 chunks (8 trn), one 16-byte store per chunk of 4 rows
     loop = hot_loop(render(spec))
-    if spec.fmt == "bf16px2":        # 8 values: 2 x to_bf16 (8), uzp2, 4 granule stores
-        assert len(loop) == 1 + 16 + 1 + 4 + 2, loop
-    elif spec.fmt == "f32p":         # 8 values: 8 granule stores
-        assert len(loop) == 1 + 8 + 2, loop
+    if spec.fmt == "bf16px2":
+        assert len(loop) == 4 + 64 + 4 + 8 + 4 + 2, loop
+        assert sum(i.startswith("st1 {v") and ".4s}" in i for i in loop) == 4
+    elif spec.fmt == "f32p":
+        assert len(loop) == 4 + 16 + 8 + 2, loop
+        assert sum(i.startswith("st1 {v") and ".4s}" in i for i in loop) == 8
 
 
 def test_fixed_mr_renders_unchanged_by_vl_variant():

@@ -48,8 +48,9 @@ VL-scaled packers (``mr_vl=True``; every format but ``bf16px4``, and the only ki
 known only at run time: ``mr`` of the spec is in VL units (``"2vl"``), and the generated code
 takes the row count from its ``mr`` argument, which must be a positive multiple of
 ``4 * units`` (one unit at the smallest SVL, 128 bits) and at most ``64 * units`` (SVL 2048),
-else nothing is written.  Rows are packed one at a time, so mr only sets strides and offsets
-(registers instead of immediates); ``bf16px2`` and ``f32p`` need ``m_idx_start`` to be a
+else nothing is written.  Rows are packed one at a time (``bf16px2`` / ``f32p``: in groups of
+4, which never straddle a row block), so mr only sets strides and offsets (registers instead
+of immediates); ``bf16px2`` and ``f32p`` need ``m_idx_start`` to be a
 multiple of ``mr``, like ``bf16px4``.
 """
 from __future__ import annotations
