@@ -249,6 +249,19 @@ def ops_packers(libdir: str, kind: str, w, x, threads=(1, 2)) -> dict:
     ref = np.zeros((x.shape[0], pw.n), np.float32)
     kern(lay.pack(x), pw, ref)
     p = lib.lhs_packer(kern, pw.bl or 32)
-    return {"kernel": kern.name, "spec": kern.spec.spec_string, "mr": lay.mr, "used": used,
-            "outs": outs, "ref": ref, "packer": None if p is None else (p.name, p.mr),
-            "found": lib.packer(p.spec.fmt, lay.mr, p.spec.kr, p.spec.sr).name if p else None}
+    res = {"kernel": kern.name, "spec": kern.spec.spec_string, "mr": lay.mr, "used": used,
+           "outs": outs, "ref": ref, "packer": None if p is None else (p.name, p.mr),
+           "found": lib.packer(p.spec.fmt, lay.mr, p.spec.kr, p.spec.sr).name if p else None}
+    if p is not None:       # the library's pack_lhs and an unbound call
+        base = lib.packers[p.name]
+        bl = pw.bl or 32
+        res["pack_lhs_same"] = bool(np.array_equal(
+            lib.pack_lhs(p.spec.fmt, x, mr=lay.mr, kr=p.spec.kr, sr=p.spec.sr, bl=bl),
+            lay.pack(x)))
+        res["call_mr_same"] = bool(np.array_equal(base(x, bl=bl, mr=lay.mr), lay.pack(x)))
+        try:
+            base(x, bl=bl) if base.mr is None else base(x, bl=bl, mr=lay.mr + 1)
+            res["unbound"] = ""
+        except Exception as e:  # noqa: BLE001 - the message is the result
+            res["unbound"] = f"{type(e).__name__}: {e}"
+    return res

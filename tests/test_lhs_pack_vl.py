@@ -302,6 +302,8 @@ def test_matmul_packs_with_the_generated_packer(kernels, kind, svl, tmp_path_fac
     assert res["used"] and {u for u in res["used"]} == {(name, mr)}, res["used"]
     for o in res["outs"]:
         assert np.array_equal(o.view(np.uint32), res["ref"].view(np.uint32)), kernels
+    assert res["pack_lhs_same"] and res["call_mr_same"]
+    assert res["unbound"].startswith("ArgumentError") and "mr" in res["unbound"], res["unbound"]
 
 
 # --------------------------------------------------------------------------------------------

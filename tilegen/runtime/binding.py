@@ -271,15 +271,18 @@ class Packer(_Routine):
                  out: np.ndarray | None = None, mr: int | None = None) -> np.ndarray:
         """Pack rows ``x`` (global row index of x[0] = m_idx_start); returns the touched region
         (``out`` if given: the bytes of the row block holding row m_idx_start onwards)."""
-        if mr is not None and mr != self.mr:
-            return self.at(mr)(x, bl=bl, m_idx_start=m_idx_start, out=out)
         self._require_cpu()
         x = check_matrix("x", x)
         m, k = x.shape
         start = positive_int("m_idx_start", m_idx_start, minimum=0)
         sp = self.spec
+        if mr is None:
+            mr = self.mr
+        elif not sp.accepts_mr(mr):
+            raise ArgumentError(f"{self.name} packs row blocks of "
+                                f"{', '.join(map(str, sp.vl_rows))} rows, not mr={mr!r}")
         try:
-            lay = self.layout(bl)
+            lay = self.layout(bl) if mr == self.mr else sp.layout(bl, mr)
             if sp.fmt == "qsi8d32p" and k % bl:
                 raise LayoutError(f"k={k} must be a multiple of bl={bl}")
             need = lay.region_size(m, k, start)
@@ -293,7 +296,7 @@ class Packer(_Routine):
                 raise ArgumentError("out is read-only")
         stride = row_stride(x)
         src = x.ctypes.data
-        args = [m, k] + ([bl] if sp.fmt == "qsi8d32p" else []) + [self.mr, sp.kr, sp.sr, start]
+        args = [m, k] + ([bl] if sp.fmt == "qsi8d32p" else []) + [mr, sp.kr, sp.sr, start]
         if sp.fmt == "qsi8d32p":   # KleidiAI convention: lhs = row 0 of the whole matrix
             src -= start * stride
         self._invoke(*args, src, stride, out.ctypes.data)
