@@ -60,7 +60,7 @@ class _Guarded:
 def run_cases(so: str, cases: list[dict]) -> list[list[np.ndarray]]:
     """Run each case once per prefill byte.
 
-    case keys: name, fmt ('qai8dxp' | 'qsi8d32p'), args (dict of the C integer arguments),
+    case keys: name, fmt ('qsi8d32p' or a format without bl: 'qai8dxp', 'bf16px2', ...), args (dict of the C integer arguments),
     src (uint8: the bytes from the lhs pointer to the end of the last row read),
     dst_size (bytes from the lhs_packed pointer), prefills (list of ints), margin (bytes before
     lhs_packed that must stay untouched).  Returns, per case and prefill, the margin + region.
@@ -74,7 +74,7 @@ def run_cases(so: str, cases: list[dict]) -> list[list[np.ndarray]]:
         for fill in c["prefills"]:
             dst = _Guarded(max(c["dst_size"], 1), before=c["margin"])
             dst.view()[:] = fill
-            if c["fmt"] == "qai8dxp":
+            if c["fmt"] != "qsi8d32p":        # qai8dxp, bf16 and f32p: no bl argument
                 f = _func(so, c["name"], 9)
                 f(a["m"], a["k"], a["mr"], a["kr"], a["sr"], a["m_idx_start"], src.addr,
                   a["lhs_stride"], dst.addr)
@@ -199,7 +199,7 @@ def guarded_lib_pack_cases(libdir: str, fmt: str, mr: int, kr: int, sr: int, cas
         for at in placements:
             src, _, _ = _strided_f32(m, k, k + c["pad"], at, 0, np.float32("nan"))
             src[:] = x
-            lay = p.spec.layout(c["bl"])
+            lay = p.layout(c["bl"])
             need = lay.region_size(m, k, c["m_idx_start"])
             raw, off = _placed(need, at)
             buf = raw[off: off + need]
@@ -207,3 +207,61 @@ def guarded_lib_pack_cases(libdir: str, fmt: str, mr: int, kr: int, sr: int, cas
             p(src, bl=c["bl"], m_idx_start=c["m_idx_start"], out=buf)
             out.append(buf.copy())
     return out
+
+
+# -- the runtime's LHS packing (tests/test_lhs_pack_vl.py) ---------------------------------------
+
+def ops_packers(libdir: str, kind: str, w, x, threads=(1, 2)) -> dict:
+    """lib.matmul on ``kind`` weights with every generated packer call recorded (name, mr) and
+    every numpy LHS packer refusing (so a hot path that packs in numpy fails); then the
+    selected kernel on the layout's numpy-packed LHS, single-threaded, for comparison."""
+    import tilegen
+    from tilegen.layout.registry import LHS_LAYOUTS
+    from tilegen.runtime import binding
+
+    used = []
+    invoke = binding.Packer._invoke
+    packs = {cls: cls.__dict__.get("pack") for cls in set(LHS_LAYOUTS.values())}
+
+    def record(self, *args):
+        used.append((self.name, self.mr))
+        return invoke(self, *args)
+
+    def refuse(self, *a, **kw):
+        raise AssertionError(f"numpy LHS packer {type(self).__name__}.pack on the hot path")
+
+    lib = tilegen.load(libdir)
+    pw = lib.pack_weights(w, kind=kind)
+    binding.Packer._invoke = record
+    for cls in packs:
+        cls.pack = refuse
+    try:
+        outs = [lib.matmul(x, pw, threads=t) for t in threads]
+    finally:
+        binding.Packer._invoke = invoke
+        for cls, fn in packs.items():
+            if fn is None:
+                del cls.pack
+            else:
+                cls.pack = fn
+    kern = lib.select(pw, x.shape[0])
+    lay = kern.lhs_layout(pw.bl or 32)
+    ref = np.zeros((x.shape[0], pw.n), np.float32)
+    kern(lay.pack(x), pw, ref)
+    p = lib.lhs_packer(kern, pw.bl or 32)
+    res = {"kernel": kern.name, "spec": kern.spec.spec_string, "mr": lay.mr, "used": used,
+           "outs": outs, "ref": ref, "packer": None if p is None else (p.name, p.mr),
+           "found": lib.packer(p.spec.fmt, lay.mr, p.spec.kr, p.spec.sr).name if p else None}
+    if p is not None:       # the library's pack_lhs and an unbound call
+        base = lib.packers[p.name]
+        bl = pw.bl or 32
+        res["pack_lhs_same"] = bool(np.array_equal(
+            lib.pack_lhs(p.spec.fmt, x, mr=lay.mr, kr=p.spec.kr, sr=p.spec.sr, bl=bl),
+            lay.pack(x)))
+        res["call_mr_same"] = bool(np.array_equal(base(x, bl=bl, mr=lay.mr), lay.pack(x)))
+        try:
+            base(x, bl=bl) if base.mr is None else base(x, bl=bl, mr=lay.mr + 1)
+            res["unbound"] = ""
+        except Exception as e:  # noqa: BLE001 - the message is the result
+            res["unbound"] = f"{type(e).__name__}: {e}"
+    return res

@@ -41,17 +41,19 @@ def packer_entry(spec: PackerSpec, symbol: str) -> dict:
             "params": [{"name": n, "ctype": t} for n, t in spec.signature]}
 
 
-_PACKER_RE = re.compile(r"^lhs:(?P<fmt>[a-z0-9]+):(?P<mr>\d+)x(?P<L>\d+):k(?P<kr>\d+):s(?P<sr>\d+)"
-                        r"(?P<even>:even)?$")
+_PACKER_RE = re.compile(r"^lhs:(?P<fmt>[a-z0-9]+):(?P<mr>\d+)(?P<vl>vl)?x(?P<L>\d+):k(?P<kr>\d+)"
+                        r":s(?P<sr>\d+)(?P<even>:even)?$")
 
 
 def parse_packer_spec(text: str) -> PackerSpec:
-    """Parse ``lhs:FMT:MRxL:kKR:sSR[:even]`` (:attr:`PackerSpec.spec_string`)."""
+    """Parse ``lhs:FMT:MR[vl]xL:kKR:sSR[:even]`` (:attr:`PackerSpec.spec_string`; ``vl``: mr
+    in VL units, the row count a run-time argument)."""
     m = _PACKER_RE.match(text.strip()) if isinstance(text, str) else None
     if not m:
-        raise SpecError(f"cannot parse packer spec {text!r}; expected lhs:FMT:MRxL:kKR:sSR[:even]")
+        raise SpecError(f"cannot parse packer spec {text!r}; expected "
+                        f"lhs:FMT:MR[vl]xL:kKR:sSR[:even]")
     spec = PackerSpec(m["fmt"], int(m["mr"]), int(m["kr"]), int(m["sr"]),
-                      "even" if m["even"] else "away")
+                      "even" if m["even"] else "away", mr_vl=bool(m["vl"]))
     if spec.L != int(m["L"]):
         raise SpecError(f"packer spec {text!r}: L={m['L']} but kr/sr={spec.L}")
     return spec

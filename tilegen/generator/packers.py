@@ -29,10 +29,29 @@ Three formats, byte-identical to KleidiAI (``docs/layouts.md``, sections ``#qai8
     f32 rows rounded to bf16 (nearest even; NaN quiet), ``bf16p<mr>x4`` (kr = 4, sr = 1), the
     ABI of ``qai8dxp``; ``m_idx_start`` must be a multiple of ``mr`` (whole row blocks).
 
+``bf16px2``
+    f32 rows rounded to bf16 (as ``bf16px4``), ``bf16p<mr>x2`` (kr = 2, sr = 1): the LHS of
+    the SME2 BFMOPA kernels (KleidiAI ``kai_lhs_pack_bf16p2vlx2_f32_sme``, same ABI).  K
+    padding 0, padding rows of the last block written as 0.
+
+``f32p``
+    f32 rows transposed into k-major row blocks, ``f32p<mr>x1``: the LHS of the SME FMOPA
+    kernels (KleidiAI ``kai_lhs_pack_f32p2vlx1_f32_sme``, same ABI).  Padding rows 0.
+
 ``mr``, ``kr`` and ``sr`` are compile-time parameters of the template.  The matching runtime
 arguments are *checked*: a call whose ``mr`` differs, or whose ``kr != sr * (kr/sr of the
 spec)``, returns without writing anything (as do ``m == 0``, ``k == 0`` and, for qsi8d32p,
 ``bl`` not a positive multiple of 32 or ``k`` not a multiple of ``bl``).
+
+VL-scaled packers (``mr_vl=True``; every format but ``bf16px4``, and the only kind of
+``bf16px2`` / ``f32p``) serve the SME kernels, whose row block is ``mr`` x SVL/32 rows and so
+known only at run time: ``mr`` of the spec is in VL units (``"2vl"``), and the generated code
+takes the row count from its ``mr`` argument, which must be a positive multiple of
+``4 * units`` (one unit at the smallest SVL, 128 bits) and at most ``64 * units`` (SVL 2048),
+else nothing is written.  Rows are packed one at a time (``bf16px2`` / ``f32p``: in groups of
+4, which never straddle a row block), so mr only sets strides and offsets (registers instead
+of immediates); ``bf16px2`` and ``f32p`` need ``m_idx_start`` to be a
+multiple of ``mr``, like ``bf16px4``.
 """
 from __future__ import annotations
 
@@ -45,9 +64,15 @@ from .spec import SpecError
 
 __all__ = ["PackerSpec", "PACKER_FORMATS", "MR_MAX", "render", "ROUNDINGS"]
 
-PACKER_FORMATS = ("qai8dxp", "qsi8d32p", "bf16px4")
+PACKER_FORMATS = ("qai8dxp", "qsi8d32p", "bf16px4", "bf16px2", "f32p")
 # formats whose values are converted by one fixed rule (no rounding option)
-_FIXED_ROUNDING = ("bf16px4",)
+_FIXED_ROUNDING = ("bf16px4", "bf16px2", "f32p")
+# formats only SME kernels read: their row block is VL-scaled (mr in VL units only)
+VL_ONLY_FORMATS = ("bf16px2", "f32p")
+# formats whose packer has a compile-time mr only
+FIXED_MR_FORMATS = ("bf16px4",)
+# templates shared by several formats (others: lhs_pack_<fmt>_neon.S.j2)
+_TEMPLATES = {"bf16px2": "lhs_pack_kmajor_neon", "f32p": "lhs_pack_kmajor_neon"}
 ROUNDINGS = ("away", "even")
 
 # Upper bound on mr.  Derivation: every KleidiAI consumer of these layouts has mr <= 64 (NEON
@@ -60,6 +85,20 @@ MR_MAX = 64
 
 # Elements quantized per iteration of the hot loop (two ld1 of four q registers).
 ELEMS_PER_ITER = 32
+
+# VL-scaled packers: one VL unit is SVL/32 rows (the f32 lanes of one streaming vector), 4 at
+# SVL 128 bits to 64 at 2048 (the architectural range, in steps of 128 bits); a spec's mr is
+# 1, 2 or 4 units (the SME tiles: 1vlx4vl, 2vlx2vl, 4vlx1vl; ZA holds 4 f32 tiles).  The runtime
+# mr is checked against [VL_ROWS_MIN * units, VL_ROWS_MAX * units] in steps of VL_ROWS_MIN * units
+# (<= 256: cmp/tst immediates); the templates keep mr in a register, so nothing grows with it.
+VL_ROWS_MIN, VL_ROWS_MAX = 4, 64
+VL_UNITS = (1, 2, 4)
+
+# mr-dependent layout quantities the runtime-mr templates scale by the mr register (each
+# checked to be linear in mr over every accepted mr; the coefficient is a shift)
+_PER_ROW = {"qai8dxp": ("row_block_tail_bytes", "chunk_bytes", "rscale_after_offset"),
+            "qsi8d32p": ("chunk_bytes", "data_offset_in_block"),
+            "bf16px2": ("chunk_bytes",), "f32p": ("chunk_bytes",)}
 
 
 @lru_cache(maxsize=256)
@@ -87,6 +126,7 @@ class PackerSpec:
     kr: int
     sr: int
     rounding: str = "away"
+    mr_vl: bool = False     # mr in VL units (SVL/32 rows each), the row count a run-time argument
 
     def __post_init__(self) -> None:
         if self.fmt not in PACKER_FORMATS:
@@ -98,12 +138,26 @@ class PackerSpec:
                 raise SpecError(f"{field} must be an int, got {v!r}")
             if v < 1:
                 raise SpecError(f"{field} must be >= 1, got {field}={v}")
-        if self.mr > MR_MAX:
+        if not isinstance(self.mr_vl, bool):
+            raise SpecError(f"mr_vl must be a bool, got {self.mr_vl!r}")
+        if self.mr_vl:
+            if self.fmt in FIXED_MR_FORMATS:
+                raise SpecError(f"{self.fmt} packers have a compile-time mr (no VL units)")
+            if self.mr not in VL_UNITS:
+                raise SpecError(f"a VL-scaled packer has mr of {', '.join(map(str, VL_UNITS))} "
+                                f"VL units, got mr={self.mr}vl")
+        elif self.fmt in VL_ONLY_FORMATS:
+            raise SpecError(f"{self.fmt} is the LHS of SME kernels: its packer's mr is in VL "
+                            f"units (mr_vl=True)")
+        elif self.mr > MR_MAX:
             raise SpecError(f"mr must be <= {MR_MAX} (largest mr of any consumer kernel; "
                             f"immediate encodings of the template), got mr={self.mr}")
         if not isinstance(self.rounding, str):
             raise SpecError(f"rounding must be a string, got {self.rounding!r}")
         self.layout(32)           # the layout's rules (interleave, rounding) at bl = 32
+        if self.fmt in VL_ONLY_FORMATS and (self.kr, self.sr) != (self.layout().kr, 1):
+            raise SpecError(f"{self.fmt} has kr={self.layout().kr}, sr=1; got kr={self.kr}, "
+                            f"sr={self.sr}")
         L = self.kr // self.sr
         if self.fmt == "qsi8d32p" and (L % 4 or 32 % L):
             # one routine serves every bl: L must divide 32 (not only the bl of one call)
@@ -121,15 +175,35 @@ class PackerSpec:
         return "neon"
 
     @property
+    def mr_str(self) -> str:
+        """``mr`` as names write it (``"2vl"`` in VL units)."""
+        return f"{self.mr}vl" if self.mr_vl else str(self.mr)
+
+    @property
+    def vl_rows(self) -> tuple[int, ...]:
+        """Every row count a VL-scaled packer accepts (one per SVL of 128..2048 bits in steps
+        of 128; ``(mr,)`` for a compile-time mr)."""
+        if not self.mr_vl:
+            return (self.mr,)
+        u = self.mr * VL_ROWS_MIN
+        return tuple(range(u, self.mr * VL_ROWS_MAX + 1, u))
+
+    def accepts_mr(self, mr) -> bool:
+        """Whether a call with this ``mr`` argument packs (else it writes nothing)."""
+        return not isinstance(mr, bool) and isinstance(mr, int) and mr in self.vl_rows
+
+    @property
     def name(self) -> str:
-        """KleidiAI grammar: ``lhs_quant_pack_<layout label>[sb]_f32_neon``."""
+        """KleidiAI grammar: ``lhs_quant_pack_<layout label>[sb]_f32_neon`` (formats without
+        quantisation, as KleidiAI's SME packers: ``lhs_pack_<label>_f32_neon``)."""
         from ..layout.registry import layout_class
-        label = layout_class("lhs", self.fmt).label_for(self.mr, self.kr, self.sr)
-        return f"lhs_quant_pack_{label}{'sb' if self.rounding == 'even' else ''}_f32_neon"
+        label = layout_class("lhs", self.fmt).label_for(self.mr_str, self.kr, self.sr)
+        verb = "lhs_pack" if self.fmt in VL_ONLY_FORMATS else "lhs_quant_pack"
+        return f"{verb}_{label}{'sb' if self.rounding == 'even' else ''}_f32_neon"
 
     @property
     def spec_string(self) -> str:
-        s = f"lhs:{self.fmt}:{self.mr}x{self.L}:k{self.kr}:s{self.sr}"
+        s = f"lhs:{self.fmt}:{self.mr_str}x{self.L}:k{self.kr}:s{self.sr}"
         return s + (":even" if self.rounding == "even" else "")
 
     @property
@@ -151,26 +225,58 @@ class PackerSpec:
         return symbol_for(self.name, fmt)
 
     # -- geometry (KleidiAI getters), from the layout object --------------------------
-    def layout(self, bl: int | None = None):
-        """The packed-LHS layout object this packer writes (single source of geometry)."""
-        return _packer_layout(self.fmt, self.mr, self.kr, self.sr, self.rounding, bl)
+    def layout(self, bl: int | None = None, mr: int | None = None):
+        """The packed-LHS layout object this packer writes (single source of geometry); a
+        VL-scaled packer writes one per accepted ``mr`` (rows; default: the smallest, SVL 128)."""
+        if mr is None:
+            mr = self.vl_rows[0]
+        elif not self.accepts_mr(mr):
+            raise SpecError(f"{self.name} packs row blocks of "
+                            f"{', '.join(map(str, self.vl_rows))} rows, not mr={mr!r}")
+        return _packer_layout(self.fmt, mr, self.kr, self.sr, self.rounding, bl)
 
-    def packed_stride(self, k: int, bl: int | None = None) -> int:
+    def packed_stride(self, k: int, bl: int | None = None, mr: int | None = None) -> int:
         """Bytes per block of mr rows."""
-        return self.layout(bl).row_block_stride(k)
+        return self.layout(bl, mr).row_block_stride(k)
 
-    def packed_size(self, m: int, k: int, bl: int | None = None) -> int:
-        return self.layout(bl).packed_size(m, k)
+    def packed_size(self, m: int, k: int, bl: int | None = None, mr: int | None = None) -> int:
+        return self.layout(bl, mr).packed_size(m, k)
 
-    def packed_offset(self, m_idx: int, k: int, bl: int | None = None) -> int:
-        return self.layout(bl).packed_offset(m_idx, k)
+    def packed_offset(self, m_idx: int, k: int, bl: int | None = None,
+                      mr: int | None = None) -> int:
+        return self.layout(bl, mr).packed_offset(m_idx, k)
 
 
 def packer_for(spec) -> PackerSpec | None:
-    """The LHS packer a q4, q8_0 or bf16 kernel spec needs (None for unpacked-LHS families)."""
-    if not (spec.info.quantized or spec.info.packs_lhs) or spec.mr_vl:   # VL-row blocks: numpy
+    """The LHS packer a kernel spec needs (None for kernels reading f32 rows as they are): q4,
+    q8_0 and bf16 kernels, and the f32 SME outer products; row blocks in VL units get a
+    VL-scaled packer (mr taken at run time)."""
+    if not spec.packs_lhs:
         return None
-    return PackerSpec(spec.info.lhs, spec.lhs_mr, spec.kr, spec.sr)
+    fmt = spec.impl.lhs or spec.info.lhs
+    if spec.mr_vl:
+        return PackerSpec(fmt, spec.mr, spec.kr, spec.sr, mr_vl=True)
+    return PackerSpec(fmt, spec.lhs_mr, spec.kr, spec.sr)
+
+
+def _per_row(spec: PackerSpec, lay, bl: int | None) -> dict[str, int]:
+    """Bytes per row of each mr-dependent layout quantity a runtime-mr template uses (from
+    the layout ``lay`` at its mr), checked linear in mr over every mr the packer accepts: the
+    template scales the mr register by them."""
+    out = {}
+    for name in _PER_ROW[spec.fmt]:
+        v = getattr(lay, name)
+        if v % lay.mr:
+            raise SpecError(f"template assumption does not hold for this layout: "
+                            f"{name} = {v} is not a multiple of mr = {lay.mr}")
+        out[name] = v // lay.mr
+    for r in spec.vl_rows:
+        other = _packer_layout(spec.fmt, r, spec.kr, spec.sr, spec.rounding, bl)
+        for name, per in out.items():
+            if getattr(other, name) != per * r:
+                raise SpecError(f"template assumption does not hold for this layout: {name} "
+                                f"is not {per} bytes per row at mr = {r}")
+    return out
 
 
 def render(spec: PackerSpec, fmt: str = "elf") -> str:
@@ -178,11 +284,19 @@ def render(spec: PackerSpec, fmt: str = "elf") -> str:
     _check_format(fmt)
     if not isinstance(spec, PackerSpec):
         raise SpecError(f"expected a PackerSpec, got {type(spec).__name__}")
-    template = _env().get_template(f"lhs_pack_{spec.fmt}_neon.S.j2")
+    template = _env().get_template(
+        f"{_TEMPLATES.get(spec.fmt, f'lhs_pack_{spec.fmt}_neon')}.S.j2")
     # the layout's offsets do not depend on bl (a run-time argument of qsi8d32p); any valid bl
-    lay = spec.layout(ELEMS_PER_ITER if spec.fmt == "qsi8d32p" else None)
+    bl = ELEMS_PER_ITER if spec.fmt == "qsi8d32p" else None
+    lay = spec.layout(bl)
+    vl = dict(RT=False)
+    if spec.mr_vl:      # mr is the run-time argument: per-row quantities, the accepted range
+        rows = spec.vl_rows
+        vl = dict(RT=True, PER_ROW=_per_row(spec, lay, bl), MR_UNIT=rows[0], MR_LIMIT=rows[-1],
+                  LAYS=[_packer_layout(spec.fmt, r, spec.kr, spec.sr, spec.rounding, bl)
+                        for r in rows])
     return template.render(
         spec=spec, LAY=lay, fmt=fmt, sym=symbol_for(spec.name, fmt), lp=".L" if fmt == "elf" else "L",
-        version=__version__, MR=spec.mr, L=spec.L, KR=spec.kr, SR=spec.sr,
-        even=spec.rounding == "even", EPI=ELEMS_PER_ITER,
+        version=__version__, MR=None if spec.mr_vl else spec.mr, L=spec.L, KR=spec.kr,
+        SR=spec.sr, even=spec.rounding == "even", EPI=ELEMS_PER_ITER, **vl,
     )

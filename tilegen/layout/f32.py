@@ -160,6 +160,17 @@ class F32PackedLHS(PackedLayout):
     def block_stride(self, k: int) -> int:
         return eval_expr(self.stride_expr, k=k)
 
+    row_block_stride = block_stride
+
+    @property
+    def chunk_bytes(self) -> int:
+        """Bytes of one k-chunk (kr = 1 value of each of the mr rows): the k step."""
+        return self.k_step_bytes
+
+    def element_offset(self, x: int, t: int) -> int:
+        """Offset of (row x of the block, element t) from the start of the row block."""
+        return t * self.k_step_bytes + x * self.elem_bytes
+
     def packed_size(self, m: int, k: int) -> int:
         return roundup(m, self.mr) // self.mr * self.block_stride(k)
 

@@ -41,8 +41,9 @@ def _exercise(obj, rng) -> None:
     """One small call of ``obj`` (random inputs) that runs its whole body."""
     m, n, k = 5, 7, 64
     x = rng.normal(size=(m, k)).astype(np.float32)
-    if isinstance(obj, Packer):     # bf16 packers start at a row block
-        obj(x, bl=32, m_idx_start=0 if obj.spec.fmt == "bf16px4" else 1)
+    if isinstance(obj, Packer):     # bf16 and f32 packers start at a row block
+        whole = obj.spec.fmt in ("bf16px4", "bf16px2", "f32p")
+        obj(x, bl=32, m_idx_start=0 if whole else 1, mr=obj.spec.vl_rows[0])
         return
     w = rng.normal(size=(n, k)).astype(np.float32)
     dst = np.zeros((m, n), np.float32)

@@ -5,6 +5,7 @@ the layout objects of the kernel's formats.  Every foreign call first checks tha
 the routine's features (ArgumentError, never an illegal instruction)."""
 from __future__ import annotations
 
+import copy
 import ctypes
 import math
 from functools import lru_cache
@@ -231,16 +232,43 @@ class Kernel(_Routine):
 
 
 class Packer(_Routine):
-    """A generated NEON LHS quantise-and-pack routine (byte-identical to the numpy packer)."""
+    """A generated NEON LHS quantise-and-pack routine (byte-identical to the numpy packer).
+
+    A VL-scaled packer (``spec.mr_vl``: the SME kernels' row blocks of ``units`` x SVL/32 rows)
+    takes the row count at run time: ``mr`` (None until bound with :meth:`at`, or passed to
+    the call) is what it is called with."""
 
     def __init__(self, entry: dict, fn, cpu: CpuInfo | None = None) -> None:
         self.spec = _packer_spec(entry["spec"])
         self.name: str = self.spec.name
         self.features = frozenset(ISAS[self.spec.isa].features)
+        self.mr: int | None = None if self.spec.mr_vl else self.spec.mr
+        self._bound: dict[int, Packer] = {}
         super().__init__(entry, fn, cpu)
 
+    def at(self, mr: int) -> "Packer":
+        """This packer called with row blocks of ``mr`` rows (one of ``spec.vl_rows``)."""
+        if mr == self.mr:
+            return self
+        if not self.spec.accepts_mr(mr):
+            raise ArgumentError(f"{self.name} packs row blocks of "
+                                f"{', '.join(map(str, self.spec.vl_rows))} rows, not mr={mr!r}")
+        b = self._bound.get(mr)
+        if b is None:
+            b = copy.copy(self)
+            b.mr, b._bound = mr, {}
+            self._bound[mr] = b
+        return b
+
+    def layout(self, bl: int = 32):
+        """The layout this packer writes (at its bound mr)."""
+        if self.mr is None:
+            raise ArgumentError(f"{self.name} takes mr at run time ({', '.join(map(str, self.spec.vl_rows))} "
+                                f"rows): use .at(mr) or pass mr=")
+        return self.spec.layout(bl, self.mr)
+
     def __call__(self, x: np.ndarray, bl: int = 32, m_idx_start: int = 0,
-                 out: np.ndarray | None = None) -> np.ndarray:
+                 out: np.ndarray | None = None, mr: int | None = None) -> np.ndarray:
         """Pack rows ``x`` (global row index of x[0] = m_idx_start); returns the touched region
         (``out`` if given: the bytes of the row block holding row m_idx_start onwards)."""
         self._require_cpu()
@@ -248,8 +276,13 @@ class Packer(_Routine):
         m, k = x.shape
         start = positive_int("m_idx_start", m_idx_start, minimum=0)
         sp = self.spec
+        if mr is None:
+            mr = self.mr
+        elif not sp.accepts_mr(mr):
+            raise ArgumentError(f"{self.name} packs row blocks of "
+                                f"{', '.join(map(str, sp.vl_rows))} rows, not mr={mr!r}")
         try:
-            lay = sp.layout(bl)
+            lay = self.layout(bl) if mr == self.mr else sp.layout(bl, mr)
             if sp.fmt == "qsi8d32p" and k % bl:
                 raise LayoutError(f"k={k} must be a multiple of bl={bl}")
             need = lay.region_size(m, k, start)
@@ -263,7 +296,7 @@ class Packer(_Routine):
                 raise ArgumentError("out is read-only")
         stride = row_stride(x)
         src = x.ctypes.data
-        args = [m, k] + ([bl] if sp.fmt == "qsi8d32p" else []) + [sp.mr, sp.kr, sp.sr, start]
+        args = [m, k] + ([bl] if sp.fmt == "qsi8d32p" else []) + [mr, sp.kr, sp.sr, start]
         if sp.fmt == "qsi8d32p":   # KleidiAI convention: lhs = row 0 of the whole matrix
             src -= start * stride
         self._invoke(*args, src, stride, out.ctypes.data)

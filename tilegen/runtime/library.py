@@ -312,18 +312,40 @@ class Library:
 
     def packer(self, fmt: str, mr: int, kr: int, sr: int, rounding: str = "away") -> Packer | None:
         """The library's NEON packer for this LHS format and geometry (same L = kr/sr; None
-        when there is none, or the geometry is not one of the format's)."""
+        when there is none, or the geometry is not one of the format's): one of that mr, else
+        a VL-scaled packer accepting ``mr`` rows at run time (bound to it, :meth:`Packer.at`;
+        the one with the most rows per VL unit, an SME kernel's mr is units x SVL/32)."""
         from ..layout.api import layout_for
         try:
             layout_for(fmt, mr=mr, kr=kr, sr=sr)     # the format's rules on the geometry
         except LayoutError:
             return None
         L = kr // sr
+        scaled = []
         for p in self.packers.values():
             sp = p.spec
-            if (sp.fmt, sp.mr, sp.L, sp.rounding) == (fmt, mr, L, rounding):
+            if (sp.fmt, sp.L, sp.rounding) != (fmt, L, rounding):
+                continue
+            if not sp.mr_vl and sp.mr == mr:
                 return p
-        return None
+            if sp.mr_vl and sp.accepts_mr(mr):
+                scaled.append(p)
+        if not scaled:
+            return None
+        return max(scaled, key=lambda p: (p.spec.mr, p.name)).at(mr)
+
+    def lhs_packer(self, kern: Kernel, bl: int = 32) -> Packer | None:
+        """The generated packer that writes the packed LHS ``kern`` reads on this CPU (bound
+        to its row count; None: the kernel reads f32 rows, or the library lacks the packer)."""
+        from ..generator.packers import packer_for
+        want = packer_for(kern.spec)
+        if want is None:
+            return None
+        mr = kern.lhs_layout(bl).mr
+        p = self.packers.get(want.name)
+        if p is not None and p.spec.accepts_mr(mr):
+            return p.at(mr)
+        return self.packer(want.fmt, mr, want.kr, want.sr, want.rounding)
 
     def pack_lhs(self, fmt: str, x: np.ndarray, *, mr: int, kr: int, sr: int, bl: int = 32,
                  m_idx_start: int = 0, rounding: str = "away") -> np.ndarray:

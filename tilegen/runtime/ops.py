@@ -92,8 +92,7 @@ def _run(lib, x2: np.ndarray, packed: PackedWeights, dst: np.ndarray, cmin: floa
                 raise ArgumentError(f"{packed.kind} activations must be finite with |x| <= "
                                     f"{limit[0]:g} ({limit[1]}); got max |x| = {amax:g}")
         lhs = np.zeros(lay.packed_size(m, k), np.uint8)
-        neon = (lib.packer(kern.spec.impl.lhs or kern.spec.info.lhs, lay.mr, kern.kr, kern.sr)
-                if kern.spec.info.quantized or kern.spec.info.packs_lhs else None)
+        neon = lib.lhs_packer(kern, bl)     # generated packer (VL-scaled: bound to lay.mr)
 
         def pack_part(m0, m1):    # m0 is a multiple of m_step (and so of the LHS mr)
             off = lay.packed_offset(m0, k)
