@@ -354,6 +354,15 @@ class Library:
         cached): call ``packed = lib.adopt(packed)`` once to pay that once."""
         return matmul(self, x, packed, bias, clamp, threads, out)
 
+    def plan(self, weights: PackedWeights, m: int, bias: np.ndarray | None = None,
+             clamp: tuple[float, float] | None = None, threads: int | None = None):
+        """A prepared ``matmul(x, weights, bias, clamp, threads)`` for x of up to m rows:
+        ``plan(x)`` or ``plan(x, out)``, bit-identical to :meth:`matmul`.  Checks, ``adopt``,
+        kernel selection, the thread split and the workspace are done here, once; a call of
+        the planned shape is one native call (see :mod:`tilegen.runtime.plan`)."""
+        from .plan import Plan
+        return Plan(self, weights, m, bias, clamp, threads)
+
     def get_rows(self, packed: PackedWeights, rows) -> np.ndarray:
         """Dequantise rows of packed weights (get_rows: an embedding lookup)."""
         return dequantize_packed_rows(packed, rows)
