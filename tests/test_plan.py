@@ -122,3 +122,11 @@ def test_driver_source_is_freestanding(tmp_path):
     assert und.stdout.strip() == ""
     from tilegen.runtime import plan as P
     assert [f[0] for f in P.PlanStruct._fields_] == [f[0] for f in D.PLAN_FIELDS]
+
+
+def test_runtime_import_does_not_load_jinja2():
+    """The runtime never renders templates: jinja2 is imported when one is rendered."""
+    import sys
+    code = ("import sys, tilegen, tilegen.runtime; assert 'jinja2' not in sys.modules; "
+            "tilegen.generate('f32:neon:1x4'); assert 'jinja2' in sys.modules")
+    subprocess.run([sys.executable, "-c", code], check=True, cwd=Path(__file__).parent.parent)
