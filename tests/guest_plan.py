@@ -122,6 +122,15 @@ def plan_errors(libdir: str, kind: str = "q4_0") -> dict:
     except Exception as e:      # noqa: BLE001
         res["matmul x too big"] = (type(e).__name__, str(e))
     rec("x too big 1 row", lambda: p(big[:1]))
+    # LHS packed over threads (rows > m_step): the refused rows are the last ones
+    mbig = 40
+    pb = lib.plan(pw, mbig, threads=2)
+    xb = rng.normal(size=(mbig, k)).astype(np.float32)
+    xb[-1, -1] = np.inf
+    outb = np.zeros((mbig, n), np.float32)
+    rec("x inf, shared pack", lambda: pb(xb, outb))
+    res["shared pack tasks"] = int(pb._variants[mbig].s.npack)
+    res["out after failed shared call"] = outb.copy()
     res["still right"] = _same(p(x), lib.matmul(x, pw, threads=2))
     return res
 

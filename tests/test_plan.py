@@ -69,6 +69,7 @@ def test_plan_argument_errors(plan_lib):
         "out list": "out must be",
         "x nan": "q4_0 activations must be finite with |x| <= 8.31901e+06",
         "x too big": "got max |x| = 1e+07",
+        "x inf, shared pack": "got max |x| = inf",
     }
     for name, text in expect.items():
         assert r[name] is not None, name
@@ -77,6 +78,7 @@ def test_plan_argument_errors(plan_lib):
     assert r["x nan"] == r["matmul x nan"]           # the message matmul gives
     assert r["x too big 1 row"] == r["matmul x too big"]
     assert not r["out after failed calls"].any()     # refused calls write nothing
+    assert r["shared pack tasks"] == 2 and not r["out after failed shared call"].any()
     assert r["still right"]
 
 

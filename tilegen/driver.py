@@ -278,9 +278,10 @@ u32 tilegen_plan_run(struct tg_plan *p, const void *x, void *out) { return run(p
 
 static int array_ok(const struct tg_plan *p, const char *a, u64 rows, u64 cols, long need)
 {
+    if (*(void *const *)(a + p->off_type) != p->nd_type)   /* any object has its type */
+        return 0;                                           /* the rest: ndarray fields */
     const long *dims = *(const long *const *)(a + p->off_dims);
-    return *(void *const *)(a + p->off_type) == p->nd_type
-        && *(void *const *)(a + p->off_descr) == p->f32_descr
+    return *(void *const *)(a + p->off_descr) == p->f32_descr
         && *(const int *)(a + p->off_nd) == 2 && (u64)dims[0] == rows && (u64)dims[1] == cols
         && (*(const int *)(a + p->off_flags) & need) == need;
 }

@@ -191,7 +191,10 @@ class _Pool:
         self.ensure(n)
 
 
-_POOLS: weakref.WeakSet = weakref.WeakSet()
+# pools live as long as the process (their workers hold the struct's address); variants are
+# tracked only to clear a run flag a fork may have copied mid-run
+_POOLS: set = set()
+_VARIANTS: weakref.WeakSet = weakref.WeakSet()
 
 
 def _stop_pools() -> None:
@@ -200,6 +203,8 @@ def _stop_pools() -> None:
 
 
 def _after_fork() -> None:
+    for v in list(_VARIANTS):
+        v.s.busy = 0
     for p in list(_POOLS):
         p.after_fork()
 
@@ -296,6 +301,7 @@ class _Variant:
             for name, v in _OFFSETS.items():
                 setattr(s, "off_" + name, v)
         self.addr = ctypes.addressof(s)
+        _VARIANTS.add(self)
 
     def run(self, plan: "Plan", x2: np.ndarray, dst: np.ndarray) -> None:
         """dst = the matmul of contiguous rows x2 (rows, k) into contiguous dst (rows, n)."""
