@@ -109,6 +109,7 @@ def guest(libdir: str, reps: int, calls: int) -> dict:
     res["speedup_plan_2t"] = best[("plan", 1)] / best[("plan", 2)]
     res["speedup_matmul_2t"] = best[("matmul", 1)] / best[("matmul", 2)]
     res["plan_2t_cpu_per_wall_median"] = sorted(cpu2)[len(cpu2) // 2]
+    res["plan_2t_cpu_per_wall_max"] = max(cpu2)
     res["load_after"] = os.getloadavg()
     res["reps"], res["calls"] = reps, calls
     return res
@@ -129,8 +130,9 @@ def markdown(r: dict, cpu: str) -> str:
     lines += [f"| `{name}` | {v:.2f} |" for name, v in g.items()]
     lines += ["", f"2-thread speed-up: plan {r['speedup_plan_2t']:.2f}x, lib.matmul "
                   f"{r['speedup_matmul_2t']:.2f}x; CPU time / wall time of the 2-thread plan "
-                  f"calls (median): {r['plan_2t_cpu_per_wall_median']:.2f} (2.0: both threads "
-                  f"ran throughout).", ""]
+                  f"calls: median {r['plan_2t_cpu_per_wall_median']:.2f}, best "
+                  f"{r['plan_2t_cpu_per_wall_max']:.2f} (2.0: both threads ran throughout; less: "
+                  f"another process had a core, and the speed-up is not the code's).", ""]
     return "\n".join(lines)
 
 
@@ -139,7 +141,7 @@ def main(argv=None) -> int:
     ap.add_argument("--cpu", default="neoverse-n1", help="qemu CPU model (and build target)")
     ap.add_argument("--target", default=None, help="build target (default: --cpu)")
     ap.add_argument("--lib", default=None, help="a built library (default: build one)")
-    ap.add_argument("--reps", type=int, default=20)
+    ap.add_argument("--reps", type=int, default=30)
     ap.add_argument("--calls", type=int, default=200)
     ap.add_argument("--out", default=str(ROOT / "bench" / "results"))
     ap.add_argument("--guest", action="store_true", help=argparse.SUPPRESS)

@@ -2,7 +2,8 @@
 
 The pieces live in their own modules: :mod:`.packed` (PackedWeights and its file format),
 :mod:`.binding` (Kernel, Packer), :mod:`.abi` (the ABI probe harness), :mod:`.ops` (matmul,
-workspace), :mod:`.checks` (argument rules), :mod:`.errors`."""
+workspace), :mod:`.plan` (prepared matmuls on the native driver), :mod:`.checks` (argument
+rules), :mod:`.errors`."""
 from __future__ import annotations
 
 import ctypes
