@@ -43,6 +43,15 @@ def test_plan_bit_identical_to_matmul(plan_lib, cpu, kinds, env):
         assert any("bf16p" in name for _, name, _ in r["ran"])
 
 
+def test_plan_any_k_families(plan_lib):
+    """Families without a block length: k not a multiple of 32 (down to 1), odd n and m."""
+    shapes = ((1, 5, 7), (3, 9, 1), (4, 17, 33), (9, 2, 45))
+    r = guest("max").call("guest_plan:plan_vs_matmul", str(plan_lib),
+                          ("f32", "q8_0", "bf16", "f16"), shapes, (1, 2), 4)
+    assert r["bad"] == [], r["bad"][:10]
+    assert all(native for _, _, native in r["ran"]), r["ran"]
+
+
 def test_plan_without_driver_falls_back(plan_lib):
     """A library built before the driver (or another driver ABI): plans run through ops."""
     r = guest("neoverse-n1").call("guest_plan:plan_vs_matmul", str(plan_lib), ("f32", "q4_0"),
