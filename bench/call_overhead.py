@@ -110,6 +110,8 @@ def guest(libdir: str, reps: int, calls: int) -> dict:
     res["speedup_matmul_2t"] = best[("matmul", 1)] / best[("matmul", 2)]
     res["plan_2t_cpu_per_wall_median"] = sorted(cpu2)[len(cpu2) // 2]
     res["plan_2t_cpu_per_wall_max"] = max(cpu2)
+    v2 = plans[2]._variants[1]        # how many column tasks the pool worker ran
+    res["plan_2t_tasks_by_worker"] = f"{v2.s.by_workers} of {v2.s.nmm * (reps + 2)}"
     res["load_after"] = os.getloadavg()
     res["reps"], res["calls"] = reps, calls
     return res
@@ -132,7 +134,8 @@ def markdown(r: dict, cpu: str) -> str:
                   f"{r['speedup_matmul_2t']:.2f}x; CPU time / wall time of the 2-thread plan "
                   f"calls: median {r['plan_2t_cpu_per_wall_median']:.2f}, best "
                   f"{r['plan_2t_cpu_per_wall_max']:.2f} (2.0: both threads ran throughout; less: "
-                  f"another process had a core, and the speed-up is not the code's).", ""]
+                  f"another process had a core, and the speed-up is not the code's). Column "
+                  f"tasks the pool worker ran: {r['plan_2t_tasks_by_worker']}.", ""]
     return "\n".join(lines)
 
 

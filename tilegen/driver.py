@@ -59,7 +59,8 @@ PLAN_FIELDS = (
     # per call
     ("x", "ptr"), ("out", "ptr"),
     ("busy", "u32"), ("status", "u32"), ("next_pack", "u32"), ("next_mm", "u32"),
-    ("packed", "u32"), ("computed", "u32"), ("waiters", "u32"), ("pad", "u32"),
+    ("packed", "u32"), ("computed", "u32"), ("waiters", "u32"),
+    ("by_workers", "u32"),      # mm tasks pool workers ran, over all runs (diagnostics)
 )
 POOL_FIELDS = (
     ("gen", "u32"), ("sleepers", "u32"), ("busy", "u32"), ("active", "u32"), ("stop", "u32"),
@@ -220,7 +221,7 @@ static void do_mm(struct tg_plan *p, const struct tg_mm *t)
     }
 }
 
-static void participate(struct tg_plan *p)
+static void participate(struct tg_plan *p, int worker)
 {
     const struct tg_pack *pack = (const struct tg_pack *)p->pack;
     const struct tg_mm *mm = (const struct tg_mm *)p->mm;
@@ -234,6 +235,8 @@ static void participate(struct tg_plan *p)
             wait_ge(p, &p->packed, (u32)p->npack);
         if (!LD(&p->status))
             do_mm(p, &mm[i]);
+        if (worker)
+            ADD(&p->by_workers, 1);
         bump(p, &p->computed, (u32)p->nmm);
     }
 }
@@ -260,7 +263,7 @@ static u32 run(struct tg_plan *p, const void *x, void *out)
         if (LD(&pool->sleepers))
             wake(&pool->gen, (u32)(tasks - 1));
     }
-    participate(p);
+    participate(p, 0);
     wait_ge(p, &p->computed, (u32)p->nmm);
     if (pooled) {
         ST(&pool->plan, (void *)0);
@@ -325,7 +328,7 @@ void tilegen_pool_worker(struct tg_pool *pool)
         ADD(&pool->active, 1);
         struct tg_plan *p = (struct tg_plan *)LD(&pool->plan);
         if (p)
-            participate(p);
+            participate(p, 1);
         SUB(&pool->active, 1);
     }
 }
