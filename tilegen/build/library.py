@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import Iterable
 
 from .. import __version__
+from .. import driver as _driver
 from ..generator.manifest import kernel_entry, packer_entry, render_digest, table_digest
 from ..generator.render import render
 from ..generator import packers as _packers
@@ -164,6 +165,10 @@ def build_library(specs: Iterable[KernelSpec | PackerSpec | str] | None = None, 
     objs.append(_support_object(tc, out, f"{ABI_PROBE}.S", render_abi_probe(fmt), "the ABI probe"))
     objs.append(_support_object(tc, out, "tilegen_vl_query.S", render_vl_query(fmt),
                                 "the vector-length queries"))
+    # the plan driver (tilegen.driver): prepared matmuls, one native call per thread
+    objs.append(_support_object(tc, out, "tilegen_driver.c", _driver.source(), "the plan driver",
+                                "-O2", "-ffreestanding", "-fno-stack-protector", "-fno-builtin",
+                                *(("-mno-outline-atomics",) if fmt == "elf" else ())))
     (out / HEADER_NAME).write_text(header(kspecs, packer_list))
     kernels = [dict(kernel_entry(r.spec, r.symbol), preferred=r.spec.name in preferred)
                for r in rendered if isinstance(r.spec, KernelSpec)]

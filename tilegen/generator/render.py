@@ -10,8 +10,6 @@ from dataclasses import dataclass
 from functools import lru_cache
 from pathlib import Path
 
-import jinja2
-
 from .. import __version__
 from ..layout import lhs_layout_for, rhs_layout_for
 from .regalloc import allocate
@@ -38,7 +36,8 @@ def _check_format(fmt: str) -> None:
 
 
 @lru_cache(maxsize=1)
-def _env() -> jinja2.Environment:
+def _env() -> "jinja2.Environment":
+    import jinja2       # here, not at import: the runtime (and the emulated guest) never renders
     env = jinja2.Environment(
         loader=jinja2.FileSystemLoader(str(TEMPLATE_DIR)),
         trim_blocks=True, lstrip_blocks=True, keep_trailing_newline=True,

@@ -2,7 +2,8 @@
 
 The pieces live in their own modules: :mod:`.packed` (PackedWeights and its file format),
 :mod:`.binding` (Kernel, Packer), :mod:`.abi` (the ABI probe harness), :mod:`.ops` (matmul,
-workspace), :mod:`.checks` (argument rules), :mod:`.errors`."""
+workspace), :mod:`.plan` (prepared matmuls on the native driver), :mod:`.checks` (argument
+rules), :mod:`.errors`."""
 from __future__ import annotations
 
 import ctypes
@@ -375,6 +376,15 @@ class Library:
         layout no runnable kernel reads are repacked by :meth:`adopt` on every call (nothing is
         cached): call ``packed = lib.adopt(packed)`` once to pay that once."""
         return matmul(self, x, packed, bias, clamp, threads, out)
+
+    def plan(self, weights: PackedWeights, m: int, bias: np.ndarray | None = None,
+             clamp: tuple[float, float] | None = None, threads: int | None = None):
+        """A prepared ``matmul(x, weights, bias, clamp, threads)`` for x of up to m rows:
+        ``plan(x)`` or ``plan(x, out)``, bit-identical to :meth:`matmul`.  Checks, ``adopt``,
+        kernel selection, the thread split and the workspace are done here, once; a call of
+        the planned shape is one native call (see :mod:`tilegen.runtime.plan`)."""
+        from .plan import Plan
+        return Plan(self, weights, m, bias, clamp, threads)
 
     def get_rows(self, packed: PackedWeights, rows) -> np.ndarray:
         """Dequantise rows of packed weights (get_rows: an embedding lookup)."""

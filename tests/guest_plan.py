@@ -1,0 +1,240 @@
+"""Guest-side functions of tests/test_plan.py (prepared matmuls, lib.plan)."""
+from __future__ import annotations
+
+import numpy as np
+
+import tilegen
+
+_LIBS: dict[str, object] = {}
+
+
+def _lib(libdir: str):
+    lib = _LIBS.get(libdir)
+    if lib is None:
+        lib = _LIBS[libdir] = tilegen.load(libdir)
+    return lib
+
+
+def _same(a, b) -> bool:
+    """Bit-identical float32 arrays (NaN payloads included)."""
+    return a.shape == b.shape and np.array_equal(np.ascontiguousarray(a).view(np.uint32),
+                                                 np.ascontiguousarray(b).view(np.uint32))
+
+
+def _weights(lib, kind, w):
+    if kind == "f16":
+        return lib.pack_weights(w.astype(np.float16), kind="f16")
+    return lib.pack_weights(w, kind=kind)
+
+
+def plan_vs_matmul(libdir: str, kinds, shapes, thread_counts=(1, 2), seed=0,
+                   no_driver=False) -> dict:
+    """For each kind, (m, n, k) and thread count, with and without bias / clamp: plan(x),
+    plan(x, out), fewer rows and a batched x against lib.matmul; returns the mismatches and
+    what ran (kernels, native fast path or not)."""
+    lib = _lib(libdir)
+    if no_driver:
+        lib = tilegen.load(libdir)
+        lib._plan_driver = None
+    rng = np.random.default_rng(seed)
+    bad, ran = [], set()
+    for kind in kinds:
+        for m, n, k in shapes:
+            w = rng.normal(size=(n, k)).astype(np.float32)
+            pw = _weights(lib, kind, w)
+            bias = rng.normal(size=n).astype(np.float32)
+            for threads in thread_counts:
+                for b, clamp in ((None, None), (None, (-0.25, 0.5)), (bias, None),
+                                 (bias, (-0.5, 0.25)), (bias, (0.0, np.inf))):
+                    x = rng.normal(size=(m, k)).astype(np.float32)
+                    p = lib.plan(pw, m, bias=b, clamp=clamp, threads=threads)
+                    ran.add((kind, p.kernel.name, p.native))
+                    ref = lib.matmul(x, pw, bias=b, clamp=clamp, threads=threads)
+                    out = np.full((m, n), np.nan, np.float32)
+                    tag = (kind, m, n, k, threads, b is not None, clamp)
+                    if not _same(p(x), ref) or p(x, out) is not out or not _same(out, ref):
+                        bad.append(tag)
+                    for rows in {1, m // 2 or 1, m - 1 or 1}:
+                        r = lib.matmul(x[:rows], pw, bias=b, clamp=clamp, threads=threads)
+                        if not _same(p(x[:rows]), r):
+                            bad.append(tag + (f"rows={rows}",))
+                    if m % 2 == 0:        # batched (2, m/2, k)
+                        xb = x.reshape(2, m // 2, k)
+                        if not _same(p(xb), ref.reshape(2, m // 2, n)):
+                            bad.append(tag + ("batched",))
+    return {"bad": bad, "ran": sorted(ran)}
+
+
+def plan_errors(libdir: str, kind: str = "q4_0") -> dict:
+    """Every misuse of lib.plan and of a plan call: (type name, message) per case; then the
+    plan still gives the right result."""
+    lib = _lib(libdir)
+    rng = np.random.default_rng(3)
+    n, k, m = 12, 64, 4
+    pw = lib.pack_weights(rng.normal(size=(n, k)).astype(np.float32), kind=kind)
+    x = rng.normal(size=(m, k)).astype(np.float32)
+    res = {}
+
+    def rec(name, fn):
+        try:
+            fn()
+            res[name] = None
+        except Exception as e:      # noqa: BLE001 - the error is the result
+            res[name] = (type(e).__name__, str(e))
+
+    rec("weights not packed", lambda: lib.plan(np.ones((n, k), np.float32), m))
+    rec("m 0", lambda: lib.plan(pw, 0))
+    rec("m float", lambda: lib.plan(pw, 2.0))
+    rec("bias shape", lambda: lib.plan(pw, m, bias=np.ones(n + 1, np.float32)))
+    rec("bias dtype", lambda: lib.plan(pw, m, bias=np.ones(n)))
+    rec("clamp", lambda: lib.plan(pw, m, clamp=(1, 0)))
+    rec("threads 0", lambda: lib.plan(pw, m, threads=0))
+    rec("threads bool", lambda: lib.plan(pw, m, threads=True))
+    p = lib.plan(pw, m, threads=2)
+    out = np.zeros((m, n), np.float32)
+    ro = np.zeros((m, n), np.float32)
+    ro.flags.writeable = False
+    big = np.full((m, k), 1e7, np.float32)
+    nan = x.copy()
+    nan[1, 3] = np.nan
+    rec("x float64", lambda: p(x.astype(np.float64)))
+    rec("x list", lambda: p(x.tolist()))
+    rec("x 1-D", lambda: p(x[0]))
+    rec("x wrong k", lambda: p(np.ones((m, k + 32), np.float32)))
+    rec("x too many rows", lambda: p(np.ones((m + 1, k), np.float32)))
+    rec("x batched too many rows", lambda: p(np.ones((2, m, k), np.float32)))
+    rec("x no rows", lambda: p(np.ones((0, k), np.float32)))
+    rec("out wrong shape", lambda: p(x, np.zeros((m, n + 1), np.float32)))
+    rec("out float64", lambda: p(x, np.zeros((m, n))))
+    rec("out read-only", lambda: p(x, ro))
+    rec("out strided", lambda: p(x, np.zeros((m, 2 * n), np.float32)[:, ::2]))
+    rec("out list", lambda: p(x, [[0.0] * n] * m))
+    rec("x nan", lambda: p(nan, out))
+    rec("x too big", lambda: p(big, out))
+    res["out after failed calls"] = out.copy()
+    res["matmul x nan"] = None
+    try:
+        lib.matmul(nan, pw)
+    except Exception as e:      # noqa: BLE001
+        res["matmul x nan"] = (type(e).__name__, str(e))
+    try:
+        lib.matmul(big[:1], pw)
+    except Exception as e:      # noqa: BLE001
+        res["matmul x too big"] = (type(e).__name__, str(e))
+    rec("x too big 1 row", lambda: p(big[:1]))
+    # LHS packed over threads (rows > m_step): the refused rows are the last ones
+    mbig = 40
+    pb = lib.plan(pw, mbig, threads=2)
+    xb = rng.normal(size=(mbig, k)).astype(np.float32)
+    xb[-1, -1] = np.inf
+    outb = np.zeros((mbig, n), np.float32)
+    rec("x inf, shared pack", lambda: pb(xb, outb))
+    res["shared pack tasks"] = int(pb._variants[mbig].s.npack)
+    res["out after failed shared call"] = outb.copy()
+    res["still right"] = _same(p(x), lib.matmul(x, pw, threads=2))
+    return res
+
+
+def plan_reuse(libdir: str, kind: str = "q4_0", calls: int = 300, threads: int = 2) -> dict:
+    """One plan called many times with fresh x (rows varying), out given or not, out aliasing
+    x (n == k), non-contiguous x; every result against lib.matmul."""
+    lib = _lib(libdir)
+    rng = np.random.default_rng(5)
+    n = k = 64
+    m = 6
+    pw = lib.pack_weights(rng.normal(size=(n, k)).astype(np.float32), kind=kind)
+    p = lib.plan(pw, m, threads=threads)
+    out = np.empty((m, n), np.float32)
+    bad = []
+    for i in range(calls):
+        rows = m if i % 3 else int(rng.integers(1, m + 1))
+        x = rng.normal(size=(rows, k)).astype(np.float32)
+        ref = lib.matmul(x, pw, threads=threads)
+        if i % 5 == 1 and rows == m:
+            got = p(x, out)
+        elif i % 7 == 2:             # out is x
+            xx = x.copy()
+            got = p(xx, xx)
+            if got is not xx:
+                bad.append((i, "not out"))
+        elif i % 11 == 3:            # non-contiguous x
+            xs = np.zeros((rows, 2 * k), np.float32)
+            xs[:, ::2] = x
+            got = p(xs[:, ::2])
+        else:
+            got = p(x)
+        if not _same(got, ref):
+            bad.append((i, rows))
+    return {"bad": bad, "variants": sorted(p._variants), "native": p.native}
+
+
+def plan_threads(libdir: str, kind: str = "q4_0", thread_counts=(1, 2, 3, 5, 8)) -> dict:
+    """Plans of several thread counts, alternated on one x, then used concurrently from
+    Python threads (each its own plan, and all on one shared plan)."""
+    import threading
+    lib = _lib(libdir)
+    rng = np.random.default_rng(7)
+    n, k = 75, 128
+    pw = lib.pack_weights(rng.normal(size=(n, k)).astype(np.float32), kind=kind)
+    res = {}
+    for m in (1, 9):
+        xs = [rng.normal(size=(m, k)).astype(np.float32) for _ in range(8)]
+        refs = [lib.matmul(x, pw, threads=1) for x in xs]
+        plans = {t: lib.plan(pw, m, threads=t) for t in thread_counts}
+        alt = all(_same(plans[t](x), r) for _ in range(3) for t in thread_counts
+                  for x, r in zip(xs, refs))
+        shared = lib.plan(pw, m, threads=2)
+        errors, bad = [], []
+
+        def worker(i, p):
+            try:
+                for rep in range(20):
+                    j = (i + rep) % len(xs)
+                    if not _same(p(xs[j]), refs[j]):
+                        bad.append((i, rep))
+            except Exception as e:      # noqa: BLE001
+                errors.append(repr(e))
+        ths = [threading.Thread(target=worker, args=(i, plans[thread_counts[i % len(thread_counts)]]))
+               for i in range(4)]
+        ths += [threading.Thread(target=worker, args=(4 + i, shared)) for i in range(4)]
+        for t in ths:
+            t.start()
+        for t in ths:
+            t.join()
+        res[m] = {"alternating": alt, "concurrent_bad": bad, "errors": errors}
+    from tilegen.runtime.plan import driver
+    pool = driver(lib).pool
+    res["pool_workers"] = len(pool.threads) if pool is not None else None
+    return res
+
+
+def plan_after_fork(libdir: str, kind: str = "q4_0") -> dict:
+    """A 2-thread plan used before fork, then in the child (its pool started again)."""
+    import os
+    import pickle
+    lib = _lib(libdir)
+    rng = np.random.default_rng(9)
+    n, k = 40, 64
+    pw = lib.pack_weights(rng.normal(size=(n, k)).astype(np.float32), kind=kind)
+    x = rng.normal(size=(1, k)).astype(np.float32)
+    p = lib.plan(pw, 1, threads=2)
+    ref = lib.matmul(x, pw, threads=1)
+    before = _same(p(x), ref)
+    r, wfd = os.pipe()
+    pid = os.fork()
+    if pid == 0:      # child
+        try:
+            from tilegen.runtime.plan import driver
+            ok = all(_same(p(x), ref) for _ in range(5))
+            msg = pickle.dumps((ok, len(driver(lib).pool.threads)))
+        except BaseException as e:      # noqa: BLE001
+            msg = pickle.dumps(repr(e))
+        os.write(wfd, msg)
+        os._exit(0)
+    os.close(wfd)
+    data = b""
+    while chunk := os.read(r, 4096):
+        data += chunk
+    os.close(r)
+    os.waitpid(pid, 0)
+    return {"before": before, "child": pickle.loads(data), "after": _same(p(x), ref)}

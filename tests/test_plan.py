@@ -1,0 +1,143 @@
+"""Prepared matmuls (lib.plan): bit-identical to lib.matmul, argument errors, reuse, threads.
+
+No timing here: the performance claims come from bench/call_overhead.py."""
+from __future__ import annotations
+
+import shutil
+import subprocess
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+import tilegen
+from tilegen import driver as D
+
+from conftest import SME_ON, guest
+
+# shapes: edge n (1, not a multiple of nr), k (q4: multiples of 32), m 1 (gemv) to > m_step
+SHAPES = ((1, 1, 32), (1, 45, 64), (2, 7, 96), (5, 45, 64), (17, 33, 32), (1, 100, 128))
+KINDS = ("f32", "q4_0", "q4_0_dx", "q8_0", "f16")
+
+
+@pytest.fixture(scope="module")
+def plan_lib(tmp_path_factory) -> Path:
+    out = tmp_path_factory.mktemp("planlib")
+    tilegen.build_library(None, target="linux-aarch64-all", out_dir=out)
+    return out
+
+
+@pytest.mark.parametrize("cpu,kinds,env", [
+    ("neoverse-n1", KINDS, None),                 # NEON, dotprod: no bf16
+    ("max", KINDS + ("bf16",), None),             # SVE kernels (VL-scaled), i8mm, bf16
+    ("max", ("f32", "q4_0", "bf16"), SME_ON),     # SME: LHS packed in Python where no packer
+])
+def test_plan_bit_identical_to_matmul(plan_lib, cpu, kinds, env):
+    r = guest(cpu, env=env).call("guest_plan:plan_vs_matmul", str(plan_lib), kinds, SHAPES,
+                                 (1, 2, 3))
+    assert r["bad"] == [], r["bad"][:10]
+    fams = {kind for kind, _, _ in r["ran"]}
+    assert fams == set(kinds)
+    assert all(native for _, name, native in r["ran"] if "sme" not in name), r["ran"]
+    if "bf16" in kinds:
+        assert any("bf16p" in name for _, name, _ in r["ran"])
+
+
+def test_plan_any_k_families(plan_lib):
+    """Families without a block length: k not a multiple of 32 (down to 1), odd n and m."""
+    shapes = ((1, 5, 7), (3, 9, 1), (4, 17, 33), (9, 2, 45))
+    r = guest("max").call("guest_plan:plan_vs_matmul", str(plan_lib),
+                          ("f32", "q8_0", "bf16", "f16"), shapes, (1, 2), 4)
+    assert r["bad"] == [], r["bad"][:10]
+    assert all(native for _, _, native in r["ran"]), r["ran"]
+
+
+def test_plan_without_driver_falls_back(plan_lib):
+    """A library built before the driver (or another driver ABI): plans run through ops."""
+    r = guest("neoverse-n1").call("guest_plan:plan_vs_matmul", str(plan_lib), ("f32", "q4_0"),
+                                  SHAPES[:4], (1, 2), 1, True)
+    assert r["bad"] == []
+    assert not any(native for _, _, native in r["ran"])
+
+
+def test_plan_argument_errors(plan_lib):
+    r = guest("neoverse-n1").call("guest_plan:plan_errors", str(plan_lib))
+    expect = {
+        "weights not packed": "weights must be PackedWeights",
+        "m 0": "m must be a positive int", "m float": "m must be a positive int",
+        "bias shape": "bias must be float32 of shape (12,)",
+        "bias dtype": "bias must be float32 of shape (12,)",
+        "clamp": "clamp min", "threads 0": "threads must be", "threads bool": "threads must be",
+        "x float64": "x must be a float32 numpy array", "x list": "x must be a float32",
+        "x 1-D": "x must have shape (m, k)", "x wrong k": "x has k=96",
+        "x too many rows": "x has 5 rows (shape (5, 64)); the plan was made for at most m=4",
+        "x batched too many rows": "x has 8 rows",
+        "x no rows": "x has no rows",
+        "out wrong shape": "out must be a writeable C-contiguous float32 array of shape (4, 12)",
+        "out float64": "out must be", "out read-only": "out must be", "out strided": "out must be",
+        "out list": "out must be",
+        "x nan": "q4_0 activations must be finite with |x| <= 8.31901e+06",
+        "x too big": "got max |x| = 1e+07",
+        "x inf, shared pack": "got max |x| = inf",
+    }
+    for name, text in expect.items():
+        assert r[name] is not None, name
+        kind, msg = r[name]
+        assert kind == "ArgumentError" and text in msg, (name, r[name])
+    assert r["x nan"] == r["matmul x nan"]           # the message matmul gives
+    assert r["x too big 1 row"] == r["matmul x too big"]
+    assert not r["out after failed calls"].any()     # refused calls write nothing
+    assert r["shared pack tasks"] == 2 and not r["out after failed shared call"].any()
+    assert r["still right"]
+
+
+@pytest.mark.parametrize("kind", ["q4_0", "f32"])
+def test_plan_reused_many_times(plan_lib, kind):
+    r = guest("neoverse-n1").call("guest_plan:plan_reuse", str(plan_lib), kind)
+    assert r["bad"] == [] and r["native"]
+    assert set(r["variants"]) <= set(range(1, 7)) and 6 in r["variants"]
+
+
+def test_plan_thread_counts_and_concurrent_callers(plan_lib):
+    r = guest("neoverse-n1").call("guest_plan:plan_threads", str(plan_lib))
+    for m in (1, 9):
+        assert r[m] == {"alternating": True, "concurrent_bad": [], "errors": []}, r[m]
+    assert r["pool_workers"] == 7        # threads - 1 of the biggest plan
+
+
+def test_plan_after_fork(plan_lib):
+    r = guest("neoverse-n1").call("guest_plan:plan_after_fork", str(plan_lib))
+    assert r["before"] and r["after"] and r["child"][0] is True and r["child"][1] >= 1, r
+
+
+def test_driver_source_is_freestanding(tmp_path):
+    """The driver object calls nothing outside itself (no libc, no outlined atomics), and the
+    C structs are the ctypes mirror's (same fields, in order)."""
+    from tilegen.build.toolchain import ToolchainError, discover
+    src = D.source()
+    for name in ("tg_plan", "tg_pool", "tg_pack", "tg_mm"):
+        assert f"struct {name} {{" in src
+    try:
+        tc = discover("elf")
+    except ToolchainError:
+        pytest.skip("no aarch64 toolchain")
+    c = tmp_path / "d.c"
+    c.write_text(src)
+    obj = tmp_path / "d.o"
+    subprocess.run(tc.assemble_cmd(c, obj, "-O2", "-ffreestanding", "-fno-stack-protector",
+                                   "-fno-builtin", "-mno-outline-atomics"), check=True)
+    nm = shutil.which("llvm-nm-19") or shutil.which("llvm-nm") or shutil.which("nm")
+    if nm is None:
+        pytest.skip("no nm")
+    und = subprocess.run([nm, "-u", str(obj)], capture_output=True, text=True, check=True)
+    assert und.stdout.strip() == ""
+    from tilegen.runtime import plan as P
+    assert [f[0] for f in P.PlanStruct._fields_] == [f[0] for f in D.PLAN_FIELDS]
+
+
+def test_runtime_import_does_not_load_jinja2():
+    """The runtime never renders templates: jinja2 is imported when one is rendered."""
+    import sys
+    code = ("import sys, tilegen, tilegen.runtime; assert 'jinja2' not in sys.modules; "
+            "tilegen.generate('f32:neon:1x4'); assert 'jinja2' in sys.modules")
+    subprocess.run([sys.executable, "-c", code], check=True, cwd=Path(__file__).parent.parent)
