@@ -244,17 +244,15 @@ class _Variant:
         s.kernel = ctypes.cast(kern._fn, ctypes.c_void_p).value
         rhs = check_bytes("weights", packed.data, kern.rhs_packed_size(n, k, bl))
         s.rhs, s.rhs_size = rhs.ctypes.data, rhs.nbytes
-        pk = None
         if lay is None:
             s.pack_args = D.P_NONE
         else:
-            if kern.spec.info.quantized or kern.spec.info.packs_lhs:
-                pk = lib.packer(kern.spec.impl.lhs or kern.spec.info.lhs, lay.mr, kern.kr, kern.sr)
+            pk = lib.lhs_packer(kern, bl)      # the one ops._run uses (VL packers bound)
             if pk is not None and _names(pk.entry) in _PACKER_ARGS:
                 pk._require_cpu()
                 s.pack_args = _PACKER_ARGS[_names(pk.entry)]
                 s.packer = ctypes.cast(pk._fn, ctypes.c_void_p).value
-                s.pmr, s.pkr, s.psr = pk.spec.mr, pk.spec.kr, pk.spec.sr
+                s.pmr, s.pkr, s.psr = pk.mr, pk.spec.kr, pk.spec.sr
             else:
                 s.pack_args = D.P_GIVEN      # packed in Python (the layout object), as ops does
             if self.limit is not None and s.pack_args != D.P_GIVEN:
