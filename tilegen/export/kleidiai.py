@@ -609,10 +609,14 @@ static inline uint64_t kai_get_sve_vector_length_u32(void) { return kai_get_sve_
 
 static inline int8_t kai_ext_sign_i8_i4(int8_t value) { return (int8_t)((value ^ 0x8) - 8); }
 
+/* the packers' parameter structs, guarded as kai/kai_pack_params.h guards them */
+#ifndef KAI_RHS_PACK_QSI8CX_PARAMS_DEFINED
+#define KAI_RHS_PACK_QSI8CX_PARAMS_DEFINED
 struct kai_rhs_pack_qsi8cx_params {
     int32_t lhs_zero_point;
     float scale_multiplier;
 };
+#endif
 
 struct kai_rhs_pack_nxk_qsi4c32p_qsu4c32s1s0_params {
     int8_t lhs_zero_point;
@@ -626,10 +630,13 @@ struct kai_rhs_pack_kxn_qsi4c32p_qsu4c32s1s0_params {
     enum kai_datatype scale_dt;
 };
 
+#ifndef KAI_RHS_PACK_QS4CXS1S0_PARAM_DEFINED
+#define KAI_RHS_PACK_QS4CXS1S0_PARAM_DEFINED
 struct kai_rhs_pack_qs4cxs1s0_param {
     int8_t lhs_zero_point;
     uint8_t rhs_zero_point;
 };
+#endif
 
 struct kai_matmul_requantize32_params {
     int32_t min_value;
