@@ -359,3 +359,100 @@ def test_sme_run_functions(kai_so):
         shapes = [(1, 5, 3), (1, rl.nr + 7, 20)] + ([(ll.mr + 1, 9, 11)] if ll else [])
         cases, refs = _cases(shapes, makef)
         _check(g.call("guest_kai:run", kai_so, kk.name, kind, cases), cases, refs, stem)
+
+
+def _cross_sysroot() -> Path | None:
+    import os
+    env = os.environ.get("TILEGEN_CROSS_SYSROOT")
+    cands = [Path(env)] if env else []
+    cands.append(Path.home() / ".cache" / "tilegen" / "cross-sysroot")
+    for c in cands:
+        if (c / "usr" / "include" / "c++").is_dir():
+            return c
+    return None
+
+
+@pytest.mark.parametrize("src", ["kernels.cpp", "kleidiai.cpp"])
+def test_llama_cpp_glue_compiles(built, src):
+    """llama.cpp's own kleidiai/kernels.cpp and kleidiai.cpp compile against the tree (when the
+    vendored sources and an aarch64 sysroot with libstdc++ headers are present)."""
+    root, lib, tc, _ = built
+    sysroot = _cross_sysroot()
+    if not LLAMA_KAI.is_dir() or sysroot is None:
+        pytest.skip("needs the vendored llama.cpp sources and an aarch64 C++ sysroot")
+    ggml = LLAMA_KAI.parents[2]
+    _run([*tc.driver, *tc.target_flags, "-x", "c++", "-std=c++17", "-fsyntax-only",
+          f"--sysroot={sysroot}", "-DGGML_USE_CPU_KLEIDIAI", f"-I{ggml / 'include'}",
+          f"-I{ggml / 'src'}", f"-I{ggml / 'src' / 'ggml-cpu'}", f"-I{root}", LLAMA_KAI / src])
+
+
+def test_generated_c_ps1s0_kernels(kai_so):
+    """The two generated-C kernels of llama.cpp's SME2 Q4_0 entry on data from tilegen's
+    numpy packers of those layouts (tilegen.layout.q4_sme), at SVL 512: the gemv
+    (qsi8d32p scale-tail LHS) bit-exact with the block formula, the f16 gemm likewise with a
+    k-ordered f32 sum per block."""
+    from tilegen.layout.ggml import quantize_q4_0, split_q4_0
+    from tilegen.layout.q4 import QSI8D32P
+    from tilegen.layout.q4_sme import F16PLhs2, QSI4C32PS1S0ScaleF16, QSI8D32PScaleTail
+    from tilegen.reference import fma_f32
+    from tilegen.reference_q4 import _block_dots
+    vl = SVL_BITS // 8
+    g = guest("max", None, SVL_BITS)
+    rng = np.random.default_rng(16)
+    nr, mr = 4 * vl // 4, vl // 4
+    rl = QSI4C32PS1S0ScaleF16(nr, 4, 2, 32)
+    f16 = lambda bits: bits.view(np.float16).astype(np.float32)  # noqa: E731
+
+    def weights(n, k):
+        raw = quantize_q4_0(rng.normal(size=(n, k)).astype(np.float32))
+        u, d = split_q4_0(raw, n, k)
+        return rl.pack(raw, n, k), u.astype(np.int64) - 8, f16(d)
+
+    kk = _by_name("qsi8d32p1x4_qsi4c32p4vlx4_1x4vl_sme2_sdot")
+    got = g.call("guest_kai:getters", kai_so, kk.name, "get_lhs_packed_offset", [2, 256, 32],
+                 [3 * nr, 256, 32])
+    ll = QSI8D32PScaleTail(1, 4, 1, 32)
+    assert got == dict(m_step=1, n_step=nr, mr=1, nr=nr, kr=4, sr=2,
+                       lhs_offset=2 * ll.row_block_stride(256), rhs_offset=3 * rl.group_stride(256),
+                       dst_offset=332, dst_size=60)
+
+    def make_gemv(m, n, k, i):
+        x = rng.normal(size=(m, k)).astype(np.float32)
+        rp, v, dr = weights(n, k)
+        q, dl = QSI8D32P(1, 4, 1, 32, "away").quantize_rows(x)
+        S = _block_dots(q, v, k, 32)
+
+        def ref(c0, c1):
+            a = np.zeros((m, n), np.float32)
+            for b in range(k // 32):
+                a = fma_f32(S[:, :, b].astype(np.float32),
+                            (dr[None, :, b] * f16(dl)[:, None, b]).astype(np.float32), a)
+            return np.minimum(np.maximum(a, np.float32(c0)), np.float32(c1))
+        return ll.pack(x), rp, ref
+    cases, refs = _cases([(1, 5, 32), (1, nr + 9, 128), (1, 2 * nr, 64)], make_gemv)
+    _check(g.call("guest_kai:run", kai_so, kk.name, "bl", cases), cases, refs, kk.name)
+
+    kk = _by_name("f16p1vlx2_qsi4c32p4vlx2_1vlx4vl_sme2_mopa")
+    lf = F16PLhs2(mr, 4, 2)
+    got = g.call("guest_kai:getters", kai_so, kk.name, "get_lhs_packed_offset", [2 * mr, 256, 32],
+                 [3 * nr, 256, 32])
+    assert got == dict(m_step=mr, n_step=nr, mr=mr, nr=nr, kr=4, sr=2,
+                       lhs_offset=2 * lf.row_block_stride(256), rhs_offset=3 * rl.group_stride(256),
+                       dst_offset=332, dst_size=60)
+
+    def make_gemm(m, n, k, i):
+        x = rng.normal(size=(m, k)).astype(np.float32)
+        rp, v, dr = weights(n, k)
+        a16 = x.astype(np.float16).astype(np.float32)
+
+        def ref(c0, c1):
+            acc = np.zeros((m, n), np.float32)
+            for b in range(k // 32):
+                bs = np.zeros((m, n), np.float32)
+                for j in range(b * 32, b * 32 + 32):
+                    bs = (bs + a16[:, j:j + 1] * v[None, :, j].astype(np.float32)).astype(np.float32)
+                acc = fma_f32(bs, dr[None, :, b], acc)
+            return np.minimum(np.maximum(acc, np.float32(c0)), np.float32(c1))
+        return lf.pack(x), rp, ref
+    cases, refs = _cases([(1, 3, 32), (mr + 3, nr + 5, 64), (2, 7, 96)], make_gemm)
+    _check(g.call("guest_kai:run", kai_so, kk.name, "bl", cases), cases, refs, kk.name)
