@@ -367,18 +367,76 @@ def ukernel_source(kk: KaiKernel) -> str:
 
 # -- generated portable C for the layouts no tilegen kernel reads --------------------------
 #
-# qsi4c32ps1s0scalef16 (kai_rhs_pack_nxk_qsi4c32ps1s0scalef16_qsu4c32s16s0_neon), bl = 32: groups
-# of nr columns, stride nr * (k/bl) * (bl/2 + 2).  The first nr*k/2 bytes are 16-bit words
-# w[(blk*bl/4 + i)*nr + col]; word i of a block holds k = blk*bl + 4i + q in bits 4q..4q+3 as
-# the ggml Q4_0 nibble (value = nibble - 8).  The f16 scales s[blk*nr + col] end the group.
+# llama.cpp's SME2 Q4_0 entry: RHS qsi4c32ps1s0scalef16, LHS f16p<mr>x2 (gemm) and qsi8d32p with
+# the scales behind the values (gemv); byte maps in tilegen.layout.q4_sme (docs/layouts.md).
+# Every size and address below is an expression over the layout objects' geometry, checked here
+# against the objects' own methods (_checked) at every SVL and over a grid of positions.
 
-_PS1S0_READ = """static inline int tg_ps1s0_q(const uint8_t* grp, size_t nr, size_t col, size_t kk) {
-    const uint8_t* p = grp + 2 * (((kk / 32) * 8 + (kk % 32) / 4) * nr + col);
-    const unsigned w = (unsigned)p[0] | ((unsigned)p[1] << 8);
-    return (int)((w >> (4 * (kk % 4))) & 0xF) - 8;
-}
+_PS1S0_NR_UNITS = 4          # qsi4c32p4vlx4 / 4vlx2: nr = 4 VL of f32 lanes
+_KR, _SR, _BL = 4, 2, 32     # KleidiAI's kr/sr of both kernels (its packer asserts them)
 
-static inline float tg_f16(const uint8_t* p) {
+
+def _q4_sme_layouts(vl: int):
+    from ..layout.q4_sme import F16PLhs2, QSI4C32PS1S0ScaleF16, QSI8D32PScaleTail
+    return (QSI4C32PS1S0ScaleF16(_PS1S0_NR_UNITS * vl // 4, _KR, _SR, _BL),
+            QSI8D32PScaleTail(1, _KR, 1, _BL), F16PLhs2(vl // 4, _KR, _SR))
+
+
+def _checked(c: str, env_names: tuple[str, ...], method, grid) -> str:
+    """``c`` (a C expression over size_t names) agrees with ``method(**point)`` on ``grid``."""
+    py = compile(c.replace("/", "//"), "<c>", "eval")
+    for point in grid:
+        want = method(point)
+        got = eval(py, {"__builtins__": {}}, {n: point[n] for n in env_names})  # noqa: S307
+        if got != want:
+            raise ExportError(f"generated C {c!r} gives {got} at {point}, the layout {want}")
+    return c
+
+
+def _ps1s0_exprs() -> dict[str, str]:
+    grid_r, grid_l, grid_f = [], [], []
+    for vl in (16, 32, 64, 256):
+        rl, ll, lf = _q4_sme_layouts(vl)
+        for k in (32, 64, 160):
+            for col in (0, 1, rl.nr - 1):
+                for t in range(0, k, 2):
+                    grid_r.append(dict(vl=vl, nr=rl.nr, k=k, col=col, kk=t, b=t // _BL, lay=rl))
+            for x in (0, lf.mr - 1):
+                for t in range(k):
+                    grid_f.append(dict(mr=lf.mr, x=x, kk=t, lay=lf))
+            for t in range(k):
+                grid_l.append(dict(k=k, kk=t, b=t // _BL, lay=ll))
+    kr = str(_KR)
+    return {
+        "rhs_byte": _checked(f"(kk / {kr}) * (nr * {kr} / 2) + col * ({kr} / 2) + (kk % {kr}) / 2",
+                             ("kk", "nr", "col"), lambda p: p["lay"].byte_offset(p["col"], p["kk"]),
+                             grid_r),
+        "rhs_scale": _checked("nr * k / 2 + (b * nr + col) * 2", ("nr", "k", "b", "col"),
+                              lambda p: p["lay"].scale_offset(p["col"], p["b"], p["k"]), grid_r),
+        "lhs_q": _checked(f"(kk / {kr}) * {kr} + kk % {kr}", ("kk",),
+                          lambda p: p["lay"].element_offset(0, p["kk"]), grid_l),
+        "lhs_scale": _checked("k + b * 2", ("k", "b"),
+                              lambda p: p["lay"].scale_offset(0, p["b"], p["k"]), grid_l),
+        "f16_elem": _checked("((kk / 2) * mr * 2 + x * 2 + kk % 2) * 2", ("kk", "mr", "x"),
+                             lambda p: p["lay"].element_offset(p["x"], p["kk"]), grid_f),
+    }
+
+
+def _ps1s0_read(e: dict[str, str]) -> str:
+    return f"""/* int4 value of (column col, element kk) of a qsi4c32ps1s0scalef16 group: s1s0 nibbles
+   (element 2j low, 2j+1 high), unsigned with zero point 8 */
+static inline int tg_ps1s0_q(const uint8_t* grp, size_t nr, size_t col, size_t kk) {{
+    const uint8_t byte = grp[{e["rhs_byte"]}];
+    return (int)((kk % 2) ? (byte >> 4) : (byte & 0xF)) - 8;
+}}
+
+static inline float tg_ps1s0_scale(const uint8_t* grp, size_t nr, size_t k, size_t b, size_t col) {{
+    return tg_f16(grp + {e["rhs_scale"]});
+}}
+"""
+
+
+_F16 = """static inline float tg_f16(const uint8_t* p) {
     uint16_t h = (uint16_t)(p[0] | (p[1] << 8));
     __fp16 v;
     __builtin_memcpy(&v, &h, 2);
@@ -391,37 +449,39 @@ static inline float tg_clamp(float v, float lo, float hi) {
 """
 
 
-def _ps1s0_rhs_stride(nr: str) -> str:
-    return f"({nr}) * (k / 32) * (32 / 2 + 2)"
+def _vl_stride(which: int, what: str) -> str:
+    return _linear_in_vl(lambda v: _q4_sme_layouts(v)[which].stride_expr, what).format(
+        vl="tg_svl_bytes()")
 
 
 def _c_qsi8d32p_ps1s0_gemv(kk: KaiKernel):
-    """LHS qsi8d32p1x4 from kai_lhs_quant_pack_qsi8d32p_f32_neon, mr = 1: k int8 values, then
-    the row's (k/bl) f16 scales.  dst = sum over blocks of isum * (lhs scale * rhs scale),
-    fused multiply-add per block in k order (the product of two f16 is exact in f32)."""
-    nr = "(4 * (tg_svl_bytes() / 4))"
-    g = _Getters("1", nr, "1", nr, "4", "2", "m_idx * ((k / bl) * (bl + 2))",
-                 f"(n_idx / {nr}) * {_ps1s0_rhs_stride(nr)}", _SVL + _PS1S0_READ)
+    """qsi8d32p1x4 (scale-tail, mr = 1) x qsi4c32ps1s0scalef16.  dst = sum over blocks of
+    isum * (lhs scale * rhs scale), one fused multiply-add per block in k order (the product of
+    two f16 is exact in f32)."""
+    e = _ps1s0_exprs()
+    nr = f"({_PS1S0_NR_UNITS} * (tg_svl_bytes() / 4))"
+    lstride = c_expr(_q4_sme_layouts(16)[1].stride_expr)
+    rstride = _vl_stride(0, f"{kk.name} RHS")
+    g = _Getters("1", nr, "1", nr, str(_KR), str(_SR), f"(m_idx / 1) * ({lstride})",
+                 f"(n_idx / {nr}) * {rstride}", _SVL + _F16 + _ps1s0_read(e))
     body = f"""    (void)dst_stride_col;
-    (void)bl;
     const size_t nr = {nr};
-    const size_t nblk = k / 32;
-    const size_t lstride = nblk * (32 + 2);
-    const size_t rstride = {_ps1s0_rhs_stride("nr")};
+    const size_t nblk = k / bl;
+    const size_t lstride = {lstride};
+    const size_t rstride = {rstride};
     for (size_t r = 0; r < m; ++r) {{
-        const int8_t* lq = (const int8_t*)lhs_packed + r * lstride;
-        const uint8_t* ls = (const uint8_t*)lhs_packed + r * lstride + nblk * 32;
+        const uint8_t* lrow = (const uint8_t*)lhs_packed + r * lstride;
         float* out = (float*)((uint8_t*)dst + r * dst_stride_row);
         for (size_t c = 0; c < n; ++c) {{
             const uint8_t* grp = (const uint8_t*)rhs_packed + (c / nr) * rstride;
-            const uint8_t* rs = grp + rstride - nr * nblk * 2;
+            const size_t col = c % nr;
             float acc = 0.0f;
             for (size_t b = 0; b < nblk; ++b) {{
                 int32_t isum = 0;
-                for (size_t j = 0; j < 32; ++j) {{
-                    isum += (int32_t)lq[b * 32 + j] * tg_ps1s0_q(grp, nr, c % nr, b * 32 + j);
+                for (size_t kk = b * bl; kk < (b + 1) * bl; ++kk) {{
+                    isum += (int32_t)(int8_t)lrow[{e["lhs_q"]}] * tg_ps1s0_q(grp, nr, col, kk);
                 }}
-                const float s = tg_f16(ls + 2 * b) * tg_f16(rs + 2 * (b * nr + c % nr));
+                const float s = tg_f16(lrow + {e["lhs_scale"]}) * tg_ps1s0_scale(grp, nr, k, b, col);
                 acc = __builtin_fmaf((float)isum, s, acc);
             }}
             out[c] = tg_clamp(acc, scalar_min, scalar_max);
@@ -432,35 +492,35 @@ def _c_qsi8d32p_ps1s0_gemv(kk: KaiKernel):
 
 
 def _c_f16p_ps1s0_gemm(kk: KaiKernel):
-    """LHS f16p<mr>x2 from kai_lhs_pack_f16pmrx2_f32_neon, mr = 1vl: per block of mr rows,
-    f16 values with element (r, k) at ((k/2)*mr + r)*2 + k%2, k padded to a multiple of bl.
-    dst = sum over blocks of (f32 sum of lhs * int4 in k order) * scale (fused)."""
+    """f16p<1vl>x2 x qsi4c32ps1s0scalef16.  dst = sum over blocks of (f32 sum in k order of
+    lhs * int4) * scale, one fused multiply-add per block."""
+    e = _ps1s0_exprs()
     mr = "(tg_svl_bytes() / 4)"
-    nr = "(4 * (tg_svl_bytes() / 4))"
-    g = _Getters(mr, nr, mr, nr, "4", "2", f"(m_idx / {mr}) * ({mr} * (k / bl) * bl * 2)",
-                 f"(n_idx / {nr}) * {_ps1s0_rhs_stride(nr)}", _SVL + _PS1S0_READ)
+    nr = f"({_PS1S0_NR_UNITS} * (tg_svl_bytes() / 4))"
+    lstride = _vl_stride(2, f"{kk.name} LHS")
+    rstride = _vl_stride(0, f"{kk.name} RHS")
+    g = _Getters(mr, nr, mr, nr, str(_KR), str(_SR), f"(m_idx / {mr}) * {lstride}",
+                 f"(n_idx / {nr}) * {rstride}", _SVL + _F16 + _ps1s0_read(e))
     body = f"""    (void)dst_stride_col;
-    (void)bl;
     const size_t mr = {mr};
     const size_t nr = {nr};
-    const size_t nblk = k / 32;
-    const size_t lstride = mr * nblk * 32 * 2;
-    const size_t rstride = {_ps1s0_rhs_stride("nr")};
+    const size_t nblk = k / bl;
+    const size_t lstride = {lstride};
+    const size_t rstride = {rstride};
     for (size_t r = 0; r < m; ++r) {{
         const uint8_t* lb = (const uint8_t*)lhs_packed + (r / mr) * lstride;
+        const size_t x = r % mr;
         float* out = (float*)((uint8_t*)dst + r * dst_stride_row);
         for (size_t c = 0; c < n; ++c) {{
             const uint8_t* grp = (const uint8_t*)rhs_packed + (c / nr) * rstride;
-            const uint8_t* rs = grp + rstride - nr * nblk * 2;
+            const size_t col = c % nr;
             float acc = 0.0f;
             for (size_t b = 0; b < nblk; ++b) {{
                 float bsum = 0.0f;
-                for (size_t j = 0; j < 32; ++j) {{
-                    const size_t kk = b * 32 + j;
-                    const float a = tg_f16(lb + 2 * (((kk / 2) * mr + r % mr) * 2 + kk % 2));
-                    bsum += a * (float)tg_ps1s0_q(grp, nr, c % nr, kk);
+                for (size_t kk = b * bl; kk < (b + 1) * bl; ++kk) {{
+                    bsum += tg_f16(lb + {e["f16_elem"]}) * (float)tg_ps1s0_q(grp, nr, col, kk);
                 }}
-                acc = __builtin_fmaf(bsum, tg_f16(rs + 2 * (b * nr + c % nr)), acc);
+                acc = __builtin_fmaf(bsum, tg_ps1s0_scale(grp, nr, k, b, col), acc);
             }}
             out[c] = tg_clamp(acc, scalar_min, scalar_max);
         }}
