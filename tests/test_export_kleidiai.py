@@ -456,3 +456,39 @@ def test_generated_c_ps1s0_kernels(kai_so):
         return lf.pack(x), rp, ref
     cases, refs = _cases([(1, 3, 32), (mr + 3, nr + 5, 64), (2, 7, 96)], make_gemm)
     _check(g.call("guest_kai:run", kai_so, kk.name, "bl", cases), cases, refs, kk.name)
+
+
+def test_tuned_replaces_only_same_layouts(tmp_path, monkeypatch):
+    """--tuned: a tuned tile stands behind a KleidiAI name only when it reads the same packed
+    LHS and RHS as the default, in the same gemm/gemv role; its getters describe it."""
+    import json
+    tdir = tmp_path / "tuned"
+    tdir.mkdir()
+    fam = lambda gemm, gemv: {"gemm": gemm, "gemv": gemv, "shared_rhs": True, "scores": {}}  # noqa: E731
+    (tdir / "neoverse-n2.json").write_text(json.dumps({
+        "tilegen_tuned": 1, "target": "neoverse-n2", "model": "neoverse-n2",
+        "families": {"q4_0": fam("q4_0:dotprod:12x4", "q4_0:dotprod:1x12:k16:s2"),
+                     "q8_0": fam("q8_0:i8mm:12x4", None)}}))
+    monkeypatch.setenv("TILEGEN_TUNED_DIR", str(tdir))
+    over = K.tuned_overrides("neoverse-n2")
+    assert over == {"matmul_clamp_f32_qsi8d32p4x4_qsi4c32p4x4_16x4_neon_dotprod": "q4_0:dotprod:12x4",
+                    "matmul_clamp_f32_qai8dxp4x8_qsi8cxp4x8_16x4_neon_i8mm": "q8_0:i8mm:12x4"}
+    files = {f.path: f.text for f in K.export_files("neoverse-n2", tuned=True)}
+    kk = _by_name("qsi8d32p4x4_qsi4c32p4x4_16x4_neon_dotprod")
+    src = files[kk.source]
+    assert "tilegen_matmul_clamp_f32_qsi8d32p4x4_qsi4c32p4x4_12x4_neon_dotprod(" in src
+    assert re.search(r"kai_get_m_step_\w+\(void\) \{\n    return 12;", src)
+    assert "kai/ukernels/matmul/tilegen/tilegen_matmul_clamp_f32_qsi8d32p4x4_qsi4c32p4x4_12x4_neon_dotprod.S" in files
+    man = json.loads(files[K.MANIFEST])
+    assert sum(k["note"].startswith("tuned") for k in man["kernels"]) == 2
+    assert K.missing_symbols([K.ExportFile(p, t) for p, t in files.items()]) == []
+
+
+def test_cli_export(tmp_path, capsys):
+    from tilegen.cli import main
+    assert main(["export", "kleidiai", "--target", "neoverse-v2", "-o", str(tmp_path / "t")]) == 0
+    out = capsys.readouterr().out
+    assert "262 of 262" in out and "kai_run_matmul_clamp_f32_qsi8d32p4x8_qsi4c32p4x8_16x4_neon_i8mm: q4_0:i8mm:16x4 (asm)" in out
+    assert (tmp_path / "t" / "CMakeLists.txt").is_file()
+    assert (tmp_path / "t" / "kai" / "kai_common.h").is_file()
+    assert main(["export", "kleidiai", "--target", "nonesuch", "-o", str(tmp_path / "u")]) == 2

@@ -37,7 +37,7 @@ from ..layout import lhs_layout_for, rhs_layout_for
 from ..layout.base import c_expr, eval_expr
 from .files import ExportFile
 
-__all__ = ["KAI_VERSION", "Abi", "ABIS", "KaiKernel", "KERNELS", "kai_symbols", "export_files",
+__all__ = ["KAI_VERSION", "Abi", "ABIS", "KaiKernel", "KERNELS", "kai_symbols", "export_files", "ExportFile",
            "write_tree", "missing_symbols", "packer_files", "mapping_table", "tuned_overrides",
            "ExportError"]
 
@@ -724,14 +724,28 @@ uint64_t kai_get_sve_vector_length_u8(void) {
     return v;
 }
 
-/* The SME ABI's lazy-save commit: nothing to do when no caller left ZA dormant (TPIDR2_EL0 is
-   zero, always so under llama.cpp); a pending lazy save is not supported and traps. */
+/* The SME ABI's lazy-save commit before a kernel takes ZA: if a caller left ZA dormant
+   (TPIDR2_EL0 != 0, never under llama.cpp) save it with the runtime's __arm_tpidr2_save and
+   clear TPIDR2_EL0.  Without that routine (or on Apple targets) a pending save traps rather
+   than being overwritten. */
+#if !defined(__APPLE__)
+extern void __arm_tpidr2_save(void) __attribute__((weak));
+#endif
+
 void kai_commit_za(void) {
     uint64_t tpidr2;
     __asm__ volatile(".arch_extension sme\\n\\tmrs %0, tpidr2_el0" : "=r"(tpidr2));
-    if (tpidr2 != 0) {
-        __builtin_trap();
+    if (tpidr2 == 0) {
+        return;
     }
+#if !defined(__APPLE__)
+    if (__arm_tpidr2_save) {
+        __arm_tpidr2_save();
+        __asm__ volatile(".arch_extension sme\\n\\tmsr tpidr2_el0, xzr" ::: "memory");
+        return;
+    }
+#endif
+    __builtin_trap();
 }
 """
 
