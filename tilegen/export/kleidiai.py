@@ -436,7 +436,10 @@ static inline float tg_ps1s0_scale(const uint8_t* grp, size_t nr, size_t k, size
 """
 
 
-_F16 = """static inline float tg_f16(const uint8_t* p) {
+_F16 = """/* nr = 4 x SVL/4 f32 lanes, at most 4 x 256/4 */
+#define TG_MAX_NR (4 * 256 / 4)
+
+static inline float tg_f16(const uint8_t* p) {
     uint16_t h = (uint16_t)(p[0] | (p[1] << 8));
     __fp16 v;
     __builtin_memcpy(&v, &h, 2);
@@ -469,22 +472,27 @@ def _c_qsi8d32p_ps1s0_gemv(kk: KaiKernel):
     const size_t nblk = k / bl;
     const size_t lstride = {lstride};
     const size_t rstride = {rstride};
+    int32_t isum[TG_MAX_NR];
+    float acc[TG_MAX_NR];
     for (size_t r = 0; r < m; ++r) {{
         const uint8_t* lrow = (const uint8_t*)lhs_packed + r * lstride;
         float* out = (float*)((uint8_t*)dst + r * dst_stride_row);
-        for (size_t c = 0; c < n; ++c) {{
-            const uint8_t* grp = (const uint8_t*)rhs_packed + (c / nr) * rstride;
-            const size_t col = c % nr;
-            float acc = 0.0f;
+        for (size_t c0 = 0; c0 < n; c0 += nr) {{
+            const uint8_t* grp = (const uint8_t*)rhs_packed + (c0 / nr) * rstride;
+            const size_t nc = n - c0 < nr ? n - c0 : nr;
+            for (size_t col = 0; col < nc; ++col) acc[col] = 0.0f;
             for (size_t b = 0; b < nblk; ++b) {{
-                int32_t isum = 0;
+                for (size_t col = 0; col < nc; ++col) isum[col] = 0;
                 for (size_t kk = b * bl; kk < (b + 1) * bl; ++kk) {{
-                    isum += (int32_t)(int8_t)lrow[{e["lhs_q"]}] * tg_ps1s0_q(grp, nr, col, kk);
+                    const int32_t a = (int8_t)lrow[{e["lhs_q"]}];
+                    for (size_t col = 0; col < nc; ++col) isum[col] += a * tg_ps1s0_q(grp, nr, col, kk);
                 }}
-                const float s = tg_f16(lrow + {e["lhs_scale"]}) * tg_ps1s0_scale(grp, nr, k, b, col);
-                acc = __builtin_fmaf((float)isum, s, acc);
+                const float ls = tg_f16(lrow + {e["lhs_scale"]});
+                for (size_t col = 0; col < nc; ++col) {{
+                    acc[col] = __builtin_fmaf((float)isum[col], ls * tg_ps1s0_scale(grp, nr, k, b, col), acc[col]);
+                }}
             }}
-            out[c] = tg_clamp(acc, scalar_min, scalar_max);
+            for (size_t col = 0; col < nc; ++col) out[c0 + col] = tg_clamp(acc[col], scalar_min, scalar_max);
         }}
     }}
 """
@@ -507,22 +515,27 @@ def _c_f16p_ps1s0_gemm(kk: KaiKernel):
     const size_t nblk = k / bl;
     const size_t lstride = {lstride};
     const size_t rstride = {rstride};
+    float bsum[TG_MAX_NR];
+    float acc[TG_MAX_NR];
     for (size_t r = 0; r < m; ++r) {{
         const uint8_t* lb = (const uint8_t*)lhs_packed + (r / mr) * lstride;
         const size_t x = r % mr;
         float* out = (float*)((uint8_t*)dst + r * dst_stride_row);
-        for (size_t c = 0; c < n; ++c) {{
-            const uint8_t* grp = (const uint8_t*)rhs_packed + (c / nr) * rstride;
-            const size_t col = c % nr;
-            float acc = 0.0f;
+        for (size_t c0 = 0; c0 < n; c0 += nr) {{
+            const uint8_t* grp = (const uint8_t*)rhs_packed + (c0 / nr) * rstride;
+            const size_t nc = n - c0 < nr ? n - c0 : nr;
+            for (size_t col = 0; col < nc; ++col) acc[col] = 0.0f;
             for (size_t b = 0; b < nblk; ++b) {{
-                float bsum = 0.0f;
+                for (size_t col = 0; col < nc; ++col) bsum[col] = 0.0f;
                 for (size_t kk = b * bl; kk < (b + 1) * bl; ++kk) {{
-                    bsum += tg_f16(lb + {e["f16_elem"]}) * (float)tg_ps1s0_q(grp, nr, col, kk);
+                    const float a = tg_f16(lb + {e["f16_elem"]});
+                    for (size_t col = 0; col < nc; ++col) bsum[col] += a * (float)tg_ps1s0_q(grp, nr, col, kk);
                 }}
-                acc = __builtin_fmaf(bsum, tg_ps1s0_scale(grp, nr, k, b, col), acc);
+                for (size_t col = 0; col < nc; ++col) {{
+                    acc[col] = __builtin_fmaf(bsum[col], tg_ps1s0_scale(grp, nr, k, b, col), acc[col]);
+                }}
             }}
-            out[c] = tg_clamp(acc, scalar_min, scalar_max);
+            for (size_t col = 0; col < nc; ++col) out[c0 + col] = tg_clamp(acc[col], scalar_min, scalar_max);
         }}
     }}
 """
