@@ -621,7 +621,7 @@ def _sme_lhs(name: str, cls):
         value = "const uint16_t v = t < k ? kai_tg_bf16(src[t]) : 0;"
         vbytes = 2
         lname = "bf16p<mr>x2 (tilegen.layout.bf16.BF16PLhs2)"
-        anchor = "bf16-layouts--bf16pmrx4-bf16pnrx4b-neon-and-bf16pmrx2-bf16pnrx2b-sme"
+        anchor = "bf16p"
     else:
         ref = F32PackedLHS(8)
         stride = _check(f"k * (mr * {ref.elem_bytes})", lambda mr, k: F32PackedLHS(mr).block_stride(k),
@@ -634,7 +634,7 @@ def _sme_lhs(name: str, cls):
         value = "const float v = src[t];"
         vbytes = ref.elem_bytes
         lname = "f32p<mr>x1 (tilegen.layout.f32.F32PackedLHS)"
-        anchor = "f32pmrx1--f32-lhs-row-blocks-sme-outer-products"
+        anchor = "f32p-lhs"
     P = "size_t mr, size_t kr, size_t sr"
     n4 = name[4:]
     protos = [
@@ -807,7 +807,7 @@ ${p5} {
                 soff=soff, doff=doff, seg=seg, sb=sb, xor=hex(ref.data_xor),
                 **{f"p{i}": p for i, p in enumerate(protos)})
     return (name, protos, "qsi4c32p<nr>x<kr/2>scalef16 (tilegen.layout.q4.QSI4C32PScaleF16)",
-            "qsi4c32pscalef16--int4-rhs-from-q4_0-rows-f16-scales", body, dict(params=True))
+            "qsi4c32pscalef16", body, dict(params=True))
 
 
 def _qsi4c32ps1s0scalef16():
@@ -956,7 +956,7 @@ ${p5} {
                 bi=bi, rb=ref.rsum_bytes, sbytes=ref.scale_bytes, bb=ref.bias_bytes,
                 **{f"p{i}": p for i, p in enumerate(protos)})
     return (name, protos, "qsi8cxp<nr>x<kr> (tilegen.layout.q8.QSI8CXP)",
-            "qsi8cxpnrxkr--int8-rhs-per-channel-f32-scale-row-sums-and-bias", body, dict(params=True))
+            "qsi8cxp", body, dict(params=True))
 
 
 # ----------------------------------------------------------------------------------------
@@ -1065,7 +1065,7 @@ ${p6} {
 """, tile=tile, stride=stride, kpad=kpad, elem=elem, **{f"p{i}": p for i, p in enumerate(protos)})
     del doff
     return (name, protos, "bf16p<nr>x2b (tilegen.layout.bf16.BF16PRhs2B)",
-            "bf16-layouts--bf16pmrx4-bf16pnrx4b-neon-and-bf16pmrx2-bf16pnrx2b-sme", body,
+            "bf16p", body,
             dict(sme=True, bf16=True))
 
 
@@ -1157,7 +1157,7 @@ ${p6} {
 """, tile=tile, col=col, size=size, panel=panel, eb=eb, fn=f"kai_get_rhs_packed_stride_{n4}",
                 **{f"p{i}": p for i, p in enumerate(protos)})
     return (name, protos, "f32p<nr>x1b = f32p2vlx1biasf32 (tilegen.layout.f32.F32PackedRHS)",
-            "f32pnrx1b--f32-rhs-panels-with-bias", body, dict(sme=True))
+            "f32p-rhs", body, dict(sme=True))
 
 
 # ----------------------------------------------------------------------------------------
@@ -1212,7 +1212,7 @@ def packer_sources() -> list[ExportFile]:
     """The generated packer sources of the KleidiAI tree: per packer ``<name>.h`` and
     ``<name>.c`` under :data:`PACK_DIR`, and the parameter structs' header."""
     out = [ExportFile(PARAMS_HEADER, _banner("parameter structs of the packers",
-                                             "tilegen.export.packers_c", "kleidiai-export")
+                                             "tilegen.export.packers_c", "kleidiai-packers")
                       + _PARAMS_TEXT)]
     builders = _builders()
     assert tuple(builders) == PACKERS
