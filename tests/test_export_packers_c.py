@@ -649,3 +649,16 @@ def test_bf16_sme_golden_vectors(lib):
 
 def test_sme_packers_listed():
     assert set(SME_PACKERS) == {p for p in PACKERS if p.endswith("_sme")} and len(SME_PACKERS) == 4
+
+
+@pytest.mark.parametrize("bl", [32, 64])
+def test_qsi4c32ps1s0scalef16_dequantizes_like_q4_0(bl):
+    """Read back the way llama.cpp's dequantize_row_qsi4c32ps1s0scalef16 reads it, the packed
+    weights are exactly the q4_0(-style) source's."""
+    from tilegen.layout.ggml import dequantize_q4_0
+    rng = np.random.default_rng(bl)
+    n, k = 37, 4 * bl
+    raw = quantize_q4_0(rng.normal(size=(n, k)).astype(F), bl=bl)
+    lay = QSI4C32PS1S0ScaleF16(16, 4, 2, bl)
+    got = lay.dequantize_rows(lay.pack(raw), n, k, np.arange(n))
+    assert np.array_equal(got, dequantize_q4_0(raw, n, k, bl=bl))
