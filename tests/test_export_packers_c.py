@@ -96,6 +96,26 @@ def test_headers_declare_what_llama_cpp_calls():
     assert {p for p in PACKERS} <= {u for u in used}
 
 
+def test_headers_compile_as_cpp(tmp_path):
+    """llama.cpp includes the headers from C++ (kernels.cpp): all together, with the structs."""
+    tc = discover("elf")
+    if tc.kind not in ("clang", "custom-clang", "custom"):
+        pytest.skip(f"needs clang, found {tc.kind}")
+    for f in packer_sources():
+        p = tmp_path / f.path
+        p.parent.mkdir(parents=True, exist_ok=True)
+        p.write_text(f.text)
+    tu = tmp_path / "all.cpp"
+    tu.write_text("".join(f'#include "{PACK_DIR}/{n}.h"\n' for n in PACKERS)
+                  + "int f(void) { kai_rhs_pack_qs4cxs1s0_param a{1, 8}; "
+                  "kai_rhs_pack_qsi8cx_params b{1, 1.0f}; return a.lhs_zero_point + b.lhs_zero_point; }\n")
+    cxx = [tc.driver[0].replace("clang", "clang++", 1), *tc.driver[1:]]
+    r = subprocess.run([*cxx, *tc.target_flags, "-ffreestanding", "-std=c++17", "-Wall", "-Wextra",
+                        "-Werror", "-fsyntax-only", f"-I{tmp_path}", str(tu)],
+                       capture_output=True, text=True)
+    assert r.returncode == 0, r.stderr
+
+
 def test_library_exports_every_declared_function(lib):
     names = [n for ns in _declared().values() for n in ns]
     assert guest("max").call("guest_kai_pack:missing", lib, names) == []
