@@ -188,6 +188,14 @@ static inline int32_t kai_tg_i32(float v) {
     return (int32_t)v;
 }
 """,
+    "kai_tg_load_f32": r"""
+// f32 value i of a row at any byte alignment (row strides are in bytes).
+static inline float kai_tg_load_f32(const uint8_t* row, size_t i) {
+    float v;
+    __builtin_memcpy(&v, row + i * sizeof(float), sizeof(v));
+    return v;
+}
+""",
     "kai_tg_store_f16": r"""
 // f32 -> f16 (round to nearest even), stored little-endian.
 static inline void kai_tg_store_f16(uint8_t* dst, float v) {
@@ -591,10 +599,10 @@ ${p4} {
     for (size_t r = 0; r < m; ++r) {
         const size_t g = m_idx_start + r;
         const size_t x = g % mr;
-        const float* src = (const float*)((const uint8_t*)lhs + r * lhs_stride);
+        const uint8_t* src = (const uint8_t*)lhs + r * lhs_stride;
         uint8_t* blk = (uint8_t*)lhs_packed + (g / mr - m_idx_start / mr) * stride;
         for (size_t t = 0; t < k_padded; ++t) {
-            kai_tg_store_f16(blk + ${elem}, t < k ? src[t] : 0.0f);
+            kai_tg_store_f16(blk + ${elem}, t < k ? kai_tg_load_f32(src, t) : 0.0f);
         }
     }
 }
@@ -618,7 +626,7 @@ def _sme_lhs(name: str, cls):
         egeo = [dict(g, x=x, t=t) for g in geo for x in (0, g["mr"] - 1) for t in (0, 1, 5)]
         elem = _check(f"((t // {kr}) * (mr * {kr}) + x * {kr} + t % {kr}) * 2",
                       lambda mr, k, x, t: BF16PLhs2(mr).element_offset(x, t), egeo)
-        value = "const uint16_t v = t < k ? kai_tg_bf16(src[t]) : 0;"
+        value = "const uint16_t v = t < k ? kai_tg_bf16(kai_tg_load_f32(src, t)) : 0;"
         vbytes = 2
         lname = "bf16p<mr>x2 (tilegen.layout.bf16.BF16PLhs2)"
         anchor = "bf16p"
@@ -631,7 +639,7 @@ def _sme_lhs(name: str, cls):
         elem = _check(f"(t * mr + x) * {ref.elem_bytes}",
                       lambda mr, k, x, t: (t * F32PackedLHS(mr).k_step_bytes // ref.elem_bytes + x)
                       * ref.elem_bytes, egeo)
-        value = "const float v = src[t];"
+        value = "const float v = kai_tg_load_f32(src, t);"
         vbytes = ref.elem_bytes
         lname = "f32p<mr>x1 (tilegen.layout.f32.F32PackedLHS)"
         anchor = "f32p-lhs"
@@ -691,7 +699,7 @@ ${p4} {
     const size_t last = (end + mr - 1) / mr * mr;
     for (size_t g = m_idx_start; g < last; ++g) {
         const size_t x = g % mr;
-        const float* src = (const float*)((const uint8_t*)lhs + (g - m_idx_start) * lhs_stride);
+        const uint8_t* src = (const uint8_t*)lhs + (g - m_idx_start) * lhs_stride;
         uint8_t* blk = (uint8_t*)lhs_packed + (g / mr - m_idx_start / mr) * stride;
         for (size_t t = 0; t < k_padded; ++t) {
             uint8_t* dst = blk + ${elem};
