@@ -372,7 +372,7 @@ def test_f16pmrx2(lib):
         lay = F16PLhs2(mr)
         for k in (1, 7, 32, 64, 96):
             m, ms = int(rng.integers(1, 20)), int(rng.integers(0, mr + 2))
-            stride = 4 * k + int(rng.choice([0, 4, 16]))
+            stride = 4 * k + int(rng.choice([0, 3, 4, 16]))      # 3: rows at odd addresses
             x = (rng.normal(size=(m, k)) * F(10.0) ** rng.integers(-3, 4, size=(m, 1))).astype(F)
             x[0, :1] = 70000.0                      # f16 overflow -> inf
             size, S = lay.region_size(m, k, ms), lay.row_block_stride(k)
@@ -402,7 +402,7 @@ def _sme_lhs_cases(rng, cls, svl):
     for m in (1, mr - 1, mr + 3, 2 * mr + 1):
         for k in (1, 3, 64):
             ms = int(rng.choice([0, mr]))
-            stride = 4 * k + int(rng.choice([0, 8]))
+            stride = 4 * k + int(rng.choice([0, 5, 8]))
             x = (rng.normal(size=(m, k)) * 4).astype(F)
             if cls is BF16PLhs2:
                 _specials(x, [np.nan, 1 + 2 ** -8, 1 + 3 * 2 ** -8])   # NaN, ties to even
@@ -594,7 +594,7 @@ def _sme_rhs_cases(rng, svl):
             bias = None if rng.random() < 0.3 else rng.normal(size=n).astype(F)
             w = (rng.normal(size=(n, k)) * 3).astype(F)
             _specials(w, [np.nan, 1 + 2 ** -8])
-            pad = int(rng.choice([0, 4, 12]))
+            pad = int(rng.choice([0, 3, 4, 12]))
             cases.append((_sme_rhs_run(b16, n, k, 4 * n + pad, _rows_bytes(np.ascontiguousarray(w.T), 4 * n + pad),
                                        bias, lb.packed_size(n, k)),
                           dict(expected=lb.pack(w, bias)), f"bf16p2vlx2b svl={svl} n={n} k={k}"))
