@@ -520,10 +520,9 @@ def test_qsi4c32ps1s0scalef16_layout_facts():
 # RHS int8: qsi8cxp
 
 def _qsi8cx_params(lzp, mult):
-    b = np.zeros(8, np.uint8)
-    b[0] = np.array([lzp], np.int8).view(np.uint8)[0]
-    b[4:] = np.array([mult], "<f4").view(np.uint8)
-    return b
+    """struct kai_rhs_pack_qsi8cx_params {int32_t lhs_zero_point; float scale_multiplier;}"""
+    return np.concatenate([np.array([lzp], "<i4").view(np.uint8),
+                           np.array([mult], "<f4").view(np.uint8)])
 
 
 def _qsi8cxp_call(n, k, nr, kr, q, bias, scale, size, params):
@@ -544,7 +543,7 @@ def test_qsi8cxp(lib):
             q = rng.integers(-127, 128, size=(n, k)).astype(np.int8)
             scale = (rng.uniform(0.5, 2, size=n) * 1e-2).astype(F)
             bias = None if rng.random() < 0.3 else rng.normal(size=n).astype(F)
-            params = [(1, 1.0), (3, 0.5), None][int(rng.integers(0, 3))]
+            params = [(1, 1.0), (3, 0.5), (-300, 2.0), None][int(rng.integers(0, 4))]
             lzp, mult = params or (1, 1.0)
             exp = lay.pack(q, scale, bias, lhs_zero_point=lzp, scale_multiplier=mult)
             size = lay.packed_size(n, k)

@@ -68,7 +68,8 @@ from ..layout.q4_sme import F16PLhs2, QSI4C32PS1S0ScaleF16, QSI8D32PScaleTail
 from ..layout.q8 import QSI8CXP
 from .files import ExportFile
 
-__all__ = ["packer_sources", "PACKERS", "PACK_DIR", "PARAMS_HEADER", "SME_PACKERS"]
+__all__ = ["packer_sources", "PACKERS", "PACK_DIR", "PARAMS_HEADER", "SME_PACKERS",
+           "COMPILE_OPTIONS"]
 
 PACK_DIR = "kai/ukernels/matmul/pack"
 PARAMS_HEADER = "kai/kai_pack_params.h"
@@ -88,6 +89,10 @@ PACKERS = (
     "kai_rhs_pack_nxk_f32p2vlx1biasf32_f32_f32_sme",
 )
 SME_PACKERS = tuple(p for p in PACKERS if p.endswith("_sme"))
+
+# Extra compiler options per generated file (path -> options).  None are needed: the SME
+# packers encode RDSVL with .inst, f16 conversion is C's _Float16 (AArch64 baseline).
+COMPILE_OPTIONS: dict[str, str] = {}
 
 # tile of the SME packers in vector lengths (KleidiAI's "2vl")
 SME_UNITS = 2
@@ -1191,7 +1196,7 @@ struct kai_rhs_pack_qs4cxs1s0_param {
 #ifndef KAI_RHS_PACK_QSI8CX_PARAMS_DEFINED
 #define KAI_RHS_PACK_QSI8CX_PARAMS_DEFINED
 struct kai_rhs_pack_qsi8cx_params {
-    int8_t lhs_zero_point;
+    int32_t lhs_zero_point;
     float scale_multiplier;
 };
 #endif
