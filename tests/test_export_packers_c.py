@@ -681,3 +681,24 @@ def test_qsi4c32ps1s0scalef16_dequantizes_like_q4_0(bl):
     lay = QSI4C32PS1S0ScaleF16(16, 4, 2, bl)
     got = lay.dequantize_rows(lay.pack(raw), n, k, np.arange(n))
     assert np.array_equal(got, dequantize_q4_0(raw, n, k, bl=bl))
+
+
+def test_f32p2vlx1biasf32_golden_at_svl256(lib):
+    """At SVL 256 bits the SME f32 RHS tile is 16 columns: f32p2vlx1biasf32 is then KleidiAI's
+    f32p16x1b, and the n x k packer reproduces the rhs_f32p16x1b vectors (KleidiAI's NEON
+    packers, whose n x k twin gives the same bytes)."""
+    name = "kai_run_rhs_pack_nxk_f32p2vlx1biasf32_f32_f32_sme"
+    cases = []
+    for f in sorted(glob.glob(str(VECTORS / "rhs_f32p16x1b_*.npz"))):
+        z = np.load(f)
+        w = np.ascontiguousarray(z["rhs_kxn"].T)
+        n, k = w.shape
+        bias = z["bias"] if int(z["has_bias"]) else None
+        exp = z["packed"]
+        assert np.array_equal(F32PackedRHS(16).pack(w, bias), exp)
+        cases.append((_sme_rhs_run(name, n, k, 4 * k, _rows_bytes(w, 4 * k), bias, len(exp)),
+                      dict(expected=exp), Path(f).stem))
+        cases.append(_getter("kai_get_rhs_packed_size_rhs_pack_nxk_f32p2vlx1biasf32_f32_f32_sme",
+                             (n, k), int(z["packed_size"]), Path(f).stem))
+    assert len(cases) >= 4
+    _batch(lib, cases, svl=32)
