@@ -791,7 +791,7 @@ ${p5} {
     (void)bias;
     (void)extra_bytes;
     (void)params;
-    if (n == 0 || bl == 0 || kr < 2 || k % bl != 0) {
+    if (n == 0 || bl == 0 || kr < 2 || kr % 2 != 0 || k % bl != 0 || bl % kr != 0) {
         return;
     }
     const size_t stride = ${fn}(k, nr, kr, bl);
@@ -853,7 +853,7 @@ ${p5} {
     (void)bias;
     (void)extra_bytes;
     (void)params;
-    if (n == 0 || bl == 0 || kr < 2 || k % bl != 0 || bl % kr != 0) {
+    if (n == 0 || bl == 0 || kr < 2 || kr % 2 != 0 || k % bl != 0 || bl % kr != 0) {
         return;
     }
     const size_t stride = ${fn}(k, nr, kr, bl);
