@@ -68,7 +68,8 @@ from ..layout.q4_sme import F16PLhs2, QSI4C32PS1S0ScaleF16, QSI8D32PScaleTail
 from ..layout.q8 import QSI8CXP
 from .files import ExportFile
 
-__all__ = ["packer_sources", "PACKERS", "PACK_DIR", "PARAMS_HEADER", "SME_PACKERS"]
+__all__ = ["packer_sources", "PACKERS", "PACK_DIR", "PARAMS_HEADER", "SME_PACKERS",
+           "COMPILE_OPTIONS"]
 
 PACK_DIR = "kai/ukernels/matmul/pack"
 PARAMS_HEADER = "kai/kai_pack_params.h"
@@ -88,6 +89,10 @@ PACKERS = (
     "kai_rhs_pack_nxk_f32p2vlx1biasf32_f32_f32_sme",
 )
 SME_PACKERS = tuple(p for p in PACKERS if p.endswith("_sme"))
+
+# Extra compiler options per generated file (path -> options).  None are needed: the SME
+# packers encode RDSVL with .inst, f16 conversion is C's _Float16 (AArch64 baseline).
+COMPILE_OPTIONS: dict[str, str] = {}
 
 # tile of the SME packers in vector lengths (KleidiAI's "2vl")
 SME_UNITS = 2
@@ -186,6 +191,14 @@ static inline int32_t kai_tg_i32(float v) {
         return INT32_MIN;
     }
     return (int32_t)v;
+}
+""",
+    "kai_tg_load_f32": r"""
+// f32 value i of a row at any byte alignment (row strides are in bytes).
+static inline float kai_tg_load_f32(const uint8_t* row, size_t i) {
+    float v;
+    __builtin_memcpy(&v, row + i * sizeof(float), sizeof(v));
+    return v;
 }
 """,
     "kai_tg_store_f16": r"""
@@ -591,10 +604,10 @@ ${p4} {
     for (size_t r = 0; r < m; ++r) {
         const size_t g = m_idx_start + r;
         const size_t x = g % mr;
-        const float* src = (const float*)((const uint8_t*)lhs + r * lhs_stride);
+        const uint8_t* src = (const uint8_t*)lhs + r * lhs_stride;
         uint8_t* blk = (uint8_t*)lhs_packed + (g / mr - m_idx_start / mr) * stride;
         for (size_t t = 0; t < k_padded; ++t) {
-            kai_tg_store_f16(blk + ${elem}, t < k ? src[t] : 0.0f);
+            kai_tg_store_f16(blk + ${elem}, t < k ? kai_tg_load_f32(src, t) : 0.0f);
         }
     }
 }
@@ -618,10 +631,10 @@ def _sme_lhs(name: str, cls):
         egeo = [dict(g, x=x, t=t) for g in geo for x in (0, g["mr"] - 1) for t in (0, 1, 5)]
         elem = _check(f"((t // {kr}) * (mr * {kr}) + x * {kr} + t % {kr}) * 2",
                       lambda mr, k, x, t: BF16PLhs2(mr).element_offset(x, t), egeo)
-        value = "const uint16_t v = t < k ? kai_tg_bf16(src[t]) : 0;"
+        value = "const uint16_t v = t < k ? kai_tg_bf16(kai_tg_load_f32(src, t)) : 0;"
         vbytes = 2
         lname = "bf16p<mr>x2 (tilegen.layout.bf16.BF16PLhs2)"
-        anchor = "bf16-layouts--bf16pmrx4-bf16pnrx4b-neon-and-bf16pmrx2-bf16pnrx2b-sme"
+        anchor = "bf16p"
     else:
         ref = F32PackedLHS(8)
         stride = _check(f"k * (mr * {ref.elem_bytes})", lambda mr, k: F32PackedLHS(mr).block_stride(k),
@@ -631,10 +644,10 @@ def _sme_lhs(name: str, cls):
         elem = _check(f"(t * mr + x) * {ref.elem_bytes}",
                       lambda mr, k, x, t: (t * F32PackedLHS(mr).k_step_bytes // ref.elem_bytes + x)
                       * ref.elem_bytes, egeo)
-        value = "const float v = src[t];"
+        value = "const float v = kai_tg_load_f32(src, t);"
         vbytes = ref.elem_bytes
         lname = "f32p<mr>x1 (tilegen.layout.f32.F32PackedLHS)"
-        anchor = "f32pmrx1--f32-lhs-row-blocks-sme-outer-products"
+        anchor = "f32p-lhs"
     P = "size_t mr, size_t kr, size_t sr"
     n4 = name[4:]
     protos = [
@@ -691,7 +704,7 @@ ${p4} {
     const size_t last = (end + mr - 1) / mr * mr;
     for (size_t g = m_idx_start; g < last; ++g) {
         const size_t x = g % mr;
-        const float* src = (const float*)((const uint8_t*)lhs + (g - m_idx_start) * lhs_stride);
+        const uint8_t* src = (const uint8_t*)lhs + (g - m_idx_start) * lhs_stride;
         uint8_t* blk = (uint8_t*)lhs_packed + (g / mr - m_idx_start / mr) * stride;
         for (size_t t = 0; t < k_padded; ++t) {
             uint8_t* dst = blk + ${elem};
@@ -778,7 +791,7 @@ ${p5} {
     (void)bias;
     (void)extra_bytes;
     (void)params;
-    if (n == 0 || bl == 0 || kr < 2 || k % bl != 0) {
+    if (n == 0 || bl == 0 || kr < 2 || kr % 2 != 0 || k % bl != 0 || bl % kr != 0) {
         return;
     }
     const size_t stride = ${fn}(k, nr, kr, bl);
@@ -807,7 +820,7 @@ ${p5} {
                 soff=soff, doff=doff, seg=seg, sb=sb, xor=hex(ref.data_xor),
                 **{f"p{i}": p for i, p in enumerate(protos)})
     return (name, protos, "qsi4c32p<nr>x<kr/2>scalef16 (tilegen.layout.q4.QSI4C32PScaleF16)",
-            "qsi4c32pscalef16--int4-rhs-from-q4_0-rows-f16-scales", body, dict(params=True))
+            "qsi4c32pscalef16", body, dict(params=True))
 
 
 def _qsi4c32ps1s0scalef16():
@@ -840,7 +853,7 @@ ${p5} {
     (void)bias;
     (void)extra_bytes;
     (void)params;
-    if (n == 0 || bl == 0 || kr < 2 || k % bl != 0 || bl % kr != 0) {
+    if (n == 0 || bl == 0 || kr < 2 || kr % 2 != 0 || k % bl != 0 || bl % kr != 0) {
         return;
     }
     const size_t stride = ${fn}(k, nr, kr, bl);
@@ -956,7 +969,7 @@ ${p5} {
                 bi=bi, rb=ref.rsum_bytes, sbytes=ref.scale_bytes, bb=ref.bias_bytes,
                 **{f"p{i}": p for i, p in enumerate(protos)})
     return (name, protos, "qsi8cxp<nr>x<kr> (tilegen.layout.q8.QSI8CXP)",
-            "qsi8cxpnrxkr--int8-rhs-per-channel-f32-scale-row-sums-and-bias", body, dict(params=True))
+            "qsi8cxp", body, dict(params=True))
 
 
 # ----------------------------------------------------------------------------------------
@@ -1065,7 +1078,7 @@ ${p6} {
 """, tile=tile, stride=stride, kpad=kpad, elem=elem, **{f"p{i}": p for i, p in enumerate(protos)})
     del doff
     return (name, protos, "bf16p<nr>x2b (tilegen.layout.bf16.BF16PRhs2B)",
-            "bf16-layouts--bf16pmrx4-bf16pnrx4b-neon-and-bf16pmrx2-bf16pnrx2b-sme", body,
+            "bf16p", body,
             dict(sme=True, bf16=True))
 
 
@@ -1157,7 +1170,7 @@ ${p6} {
 """, tile=tile, col=col, size=size, panel=panel, eb=eb, fn=f"kai_get_rhs_packed_stride_{n4}",
                 **{f"p{i}": p for i, p in enumerate(protos)})
     return (name, protos, "f32p<nr>x1b = f32p2vlx1biasf32 (tilegen.layout.f32.F32PackedRHS)",
-            "f32pnrx1b--f32-rhs-panels-with-bias", body, dict(sme=True))
+            "f32p-rhs", body, dict(sme=True))
 
 
 # ----------------------------------------------------------------------------------------
@@ -1183,7 +1196,7 @@ struct kai_rhs_pack_qs4cxs1s0_param {
 #ifndef KAI_RHS_PACK_QSI8CX_PARAMS_DEFINED
 #define KAI_RHS_PACK_QSI8CX_PARAMS_DEFINED
 struct kai_rhs_pack_qsi8cx_params {
-    int8_t lhs_zero_point;
+    int32_t lhs_zero_point;
     float scale_multiplier;
 };
 #endif
@@ -1212,7 +1225,7 @@ def packer_sources() -> list[ExportFile]:
     """The generated packer sources of the KleidiAI tree: per packer ``<name>.h`` and
     ``<name>.c`` under :data:`PACK_DIR`, and the parameter structs' header."""
     out = [ExportFile(PARAMS_HEADER, _banner("parameter structs of the packers",
-                                             "tilegen.export.packers_c", "kleidiai-export")
+                                             "tilegen.export.packers_c", "kleidiai-packers")
                       + _PARAMS_TEXT)]
     builders = _builders()
     assert tuple(builders) == PACKERS

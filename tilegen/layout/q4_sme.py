@@ -341,3 +341,32 @@ class QSI4C32PS1S0ScaleF16(PackedLayout):
         d = np.broadcast_to((rows < n).reshape(G, 1, nr, 1), (G, k // self.kr, nr, self.kr // 2))
         s = np.broadcast_to((rows < n).reshape(G, 1, nr, 1), (G, B, nr, self.scale_bytes))
         return np.concatenate([d.reshape(G, -1), s.reshape(G, -1)], axis=1).astype(np.uint8).reshape(-1)
+
+    def unpack(self, packed: np.ndarray, n: int, k: int, rows=None) -> tuple[np.ndarray, np.ndarray]:
+        """(u4 uint8 (R, k) in k order, f16 scale bits uint16 (R, k/bl)) of ``rows`` (default
+        all n): what llama.cpp's ``dequantize_row_qsi4c32ps1s0scalef16`` reads."""
+        b = np.asarray(packed, np.uint8).reshape(-1)
+        nr, kr, B = self.nr, self.kr, self.num_blocks(k)
+        size = self.packed_size(n, k)
+        if b.size < size:
+            raise LayoutError(f"packed buffer holds {b.size} bytes, {size} needed for n={n}, k={k}")
+        idx = np.arange(n) if rows is None else np.asarray(rows, np.int64).reshape(-1)
+        G = -(-n // nr)
+        grp = b[:size].reshape(G, self.group_stride(k))
+        data = grp[:, :self.data_bytes(k)].reshape(G, k // kr, nr, kr // 2)
+        scales = np.ascontiguousarray(grp[:, self.data_bytes(k):]).view(U16).reshape(G, B, nr)
+        g, i = idx // nr, idx % nr
+        d = data[g, :, i, :].reshape(idx.size, k // 2)
+        u = np.empty((idx.size, k), np.uint8)
+        u[:, 0::2], u[:, 1::2] = d & 0x0F, d >> 4
+        return u, scales[g, :, i].astype(np.uint16)
+
+    def dequantize_rows(self, packed: np.ndarray, n: int, k: int, rows) -> np.ndarray:
+        """float32 (len(rows), k) = (u - 8) * f32(f16 scale); equal to ggml's Q4_0
+        dequantisation of the source rows (bl = 32)."""
+        u, s = self.unpack(packed, n, k, rows)
+        R = u.shape[0]
+        vals = (u.astype(np.int16) - 8).astype(np.float32).reshape(R, k // self.bl, self.bl)
+        sf = s.view(np.float16).astype(np.float32)
+        with np.errstate(invalid="ignore"):
+            return (vals * sf[..., None]).astype(np.float32).reshape(R, k)
