@@ -492,3 +492,68 @@ def test_cli_export(tmp_path, capsys):
     assert (tmp_path / "t" / "CMakeLists.txt").is_file()
     assert (tmp_path / "t" / "kai" / "kai_common.h").is_file()
     assert main(["export", "kleidiai", "--target", "nonesuch", "-o", str(tmp_path / "u")]) == 2
+
+
+# llama.cpp's kernels.cpp tables: (gemm, gemm LHS packer, gemv, gemv LHS packer, RHS packer,
+# RHS kind); the RHS is packed once at the gemm's nr/kr/sr and read by both.
+_Q4P, _Q4S = "rhs_pack_nxk_qsi4c32pscalef16_qsu4c32s16s0", "rhs_pack_nxk_qsi4c32ps1s0scalef16_qsu4c32s16s0_neon"
+_Q8P, _QAI = "rhs_pack_nxk_qsi8cxp_qsi8cx_neon", "lhs_quant_pack_qai8dxp_f32"
+_D32, _SB = "lhs_quant_pack_qsi8d32p_f32", "lhs_quant_pack_qsi8d32p4x8sb_f32_neon"
+LLAMA_TABLE = [
+    ("q4", "f16p1vlx2_qsi4c32p4vlx2_1vlx4vl_sme2_mopa", "lhs_pack_f16pmrx2_f32_neon",
+     "qsi8d32p1x4_qsi4c32p4vlx4_1x4vl_sme2_sdot", "lhs_quant_pack_qsi8d32p_f32_neon", _Q4S),
+    ("q4", "qsi8d32p4x8_qsi4c32p8x8_16x8_sve_i8mm", _SB, "qsi8d32p1x8_qsi4c32p8x8_1x8_sve_dotprod", _D32, _Q4P),
+    ("q4", "qsi8d32p4x8_qsi4c32p4x8_16x4_neon_i8mm", _SB, "qsi8d32p1x8_qsi4c32p4x8_1x4x32_neon_dotprod", _D32, _Q4P),
+    ("q4", "qsi8d32p4x4_qsi4c32p4x4_16x4_neon_dotprod", _D32, "qsi8d32p1x4_qsi4c32p4x4_1x4_neon_dotprod", _D32, _Q4P),
+    ("q8", "qai8dxp1vlx4_qsi8cxp4vlx4_1vlx4vl_sme2_mopa", _QAI, "qai8dxp1x4_qsi8cxp4vlx4_1x4vl_sme2_dot", _QAI, _Q8P),
+    ("q8", "qai8dxp1vlx4_qsi8cxp4vlx4_1vlx4vl_sme_mopa", _QAI, "qai8dxp1x4_qsi8cxp4vlx4_1x4vl_sme_dot", _QAI, _Q8P),
+    ("q8", "qai8dxp4x8_qsi8cxp4x8_16x4_neon_i8mm", _QAI, "qai8dxp1x8_qsi8cxp4x8_1x4_neon_dotprod", _QAI, _Q8P),
+    ("q8", "qai8dxp4x4_qsi8cxp4x4_16x4_neon_dotprod", _QAI, "qai8dxp1x4_qsi8cxp4x4_1x4_neon_dotprod", _QAI, _Q8P),
+    ("bf16", "bf16p2vlx2_bf16p2vlx2_2vlx2vl_sme2_mopa", "lhs_pack_bf16p2vlx2_f32_sme", None, None,
+     "rhs_pack_kxn_bf16p2vlx2b_f32_x32_sme"),
+    ("f32", "f32p2vlx1_f32p2vlx1biasf32_sme2_mopa", "lhs_pack_f32p2vlx1_f32_sme",
+     "f32_f32p2vlx1b_1x16vl_sme2_mla", None, "rhs_pack_nxk_f32p2vlx1biasf32_f32_f32_sme"),
+    ("f32", "f32p2vlx1_f32p2vlx1b_2vlx2vl_sme_mopa", "lhs_pack_f32p2vlx1_f32_sme", None, None,
+     "rhs_pack_nxk_f32p2vlx1biasf32_f32_f32_sme"),
+]
+_KIND = {"qsi8d32p_qsi4c32p": "bl", "f16p_qsi4c32p": "bl", "qai8dxp_qsi8cxp": "packed",
+         "bf16p_bf16p": "packed", "f32p_f32p": "packed", "f32_f32p": "rows"}
+
+
+@pytest.mark.parametrize("entry", LLAMA_TABLE, ids=lambda e: e[1])
+def test_llama_table_entry_end_to_end(kai_so, entry):
+    """One kernels.cpp table entry as kleidiai.cpp drives it, with the exported packers and
+    kernels (geometry only from the getters): gemm (m = 7) and gemv (m = 1) within the
+    quantisation error of the float product."""
+    if not _has_packers():
+        pytest.skip("needs tilegen.export.packers_c")
+    from tilegen.layout.ggml import dequantize_q4_0, quantize_q4_0
+    fam, gemm, gemm_lhs, gemv, gemv_lhs, rhs_packer = entry
+    g = guest("max", None, SVL_BITS)
+    rng = np.random.default_rng(17)
+    n, k = 37, 128
+    w = rng.normal(size=(n, k)).astype(np.float32)
+    if fam == "q4":
+        raw = quantize_q4_0(w)
+        wdat, wref, rkind, tol = dict(raw=raw, n=n), dequantize_q4_0(raw, n, k), "q4", 0.02
+    elif fam == "q8":
+        s = (np.abs(w).max(axis=1) / 127).astype(np.float32)
+        q = np.clip(np.rint(w / s[:, None]), -127, 127).astype(np.int8)
+        wdat, wref, rkind, tol = dict(q=q, scale=s), q.astype(np.float32) * s[:, None], "q8", 0.02
+    else:
+        wdat, wref = dict(w=w), w
+        rkind = "kxn" if fam == "bf16" else "nxk"
+        tol = 0.01 if fam == "bf16" else 1e-5
+    byname = {kk.name: kk for kk in K.KERNELS}
+    for kern, lhs_packer, m in ((gemm, gemm_lhs, 7), (gemv, gemv_lhs, 1)):
+        if kern is None:
+            continue
+        name = "matmul_clamp_f32_" + kern
+        x = rng.normal(size=(m, k)).astype(np.float32)
+        got = g.call("guest_kai:llama_flow", kai_so, name, _KIND[byname[name].abi],
+                     "matmul_clamp_f32_" + gemm, lhs_packer and "" + lhs_packer,
+                     bool(lhs_packer) and byname[name].abi in ("qsi8d32p_qsi4c32p", "f16p_qsi4c32p"),
+                     rhs_packer, rkind, x, wdat)
+        ref = x.astype(np.float64) @ wref.astype(np.float64).T
+        err = np.abs(got - ref).max() / np.abs(ref).max()
+        assert err < tol, f"{kern} m={m}: relative error {err}"
