@@ -557,3 +557,49 @@ def test_llama_table_entry_end_to_end(kai_so, entry):
         ref = x.astype(np.float64) @ wref.astype(np.float64).T
         err = np.abs(got - ref).max() / np.abs(ref).max()
         assert err < tol, f"{kern} m={m}: relative error {err}"
+
+
+def test_tuned_pairs_end_to_end(tmp_path_factory):
+    """--tuned-pairs for a preset whose tuned q4_0 pair has nr 12: the replaced table entries
+    still compute the product (RHS packed at the tuned gemm's nr, read by the tuned gemv)."""
+    if not _has_packers():
+        pytest.skip("needs tilegen.export.packers_c")
+    from tilegen.layout.ggml import dequantize_q4_0, quantize_q4_0
+    over = K.tuned_pair_overrides("neoverse-v2")
+    entries = [e for e in LLAMA_TABLE if "matmul_clamp_f32_" + e[1] in over]
+    if not entries:
+        pytest.skip("the committed neoverse-v2 tuned file pairs no kernels.cpp entry")
+    tc = _toolchain()
+    base = tmp_path_factory.mktemp("kaituned")
+    man = K.write_tree(base / "tree", target="neoverse-v2", tuned="pairs")
+    assert man["missing"] == []
+    (base / "aarch64.cmake").write_text(K.cmake_toolchain(cc=tc.driver[0]))
+    _run(["cmake", "-S", base / "tree", "-B", base / "build", "-DCMAKE_BUILD_TYPE=Release",
+          *(["-G", "Ninja"] if shutil.which("ninja") else []),
+          f"-DCMAKE_TOOLCHAIN_FILE={base / 'aarch64.cmake'}"])
+    _run(["cmake", "--build", base / "build", "-j", "2"])
+    so = base / "libkai_tuned.so"
+    _run(tc.link_cmd(["-Wl,--whole-archive", base / "build" / "libkleidiai.a",
+                      "-Wl,--no-whole-archive"], so))
+    g = guest("max")
+    rng = np.random.default_rng(18)
+    n, k = 29, 96
+    raw = quantize_q4_0(rng.normal(size=(n, k)).astype(np.float32))
+    wref = dequantize_q4_0(raw, n, k).astype(np.float64)
+    byname = {kk.name: kk for kk in K.KERNELS}
+    for fam, gemm, gemm_lhs, gemv, gemv_lhs, rhs_packer in entries:
+        got_nr = g.call("guest_kai:getters", str(so), "matmul_clamp_f32_" + gemm,
+                        "get_lhs_packed_offset", [0, k, 32], [0, k, 32])["nr"]
+        assert got_nr == parse_nr(over["matmul_clamp_f32_" + gemm])
+        for kern, lhs_packer, m in ((gemm, gemm_lhs, 9), (gemv, gemv_lhs, 1)):
+            name = "matmul_clamp_f32_" + kern
+            x = rng.normal(size=(m, k)).astype(np.float32)
+            got = g.call("guest_kai:llama_flow", str(so), name, _KIND[byname[name].abi],
+                         "matmul_clamp_f32_" + gemm, lhs_packer, True, rhs_packer, "q4",
+                         x, dict(raw=raw, n=n))
+            ref = x.astype(np.float64) @ wref.T
+            assert np.abs(got - ref).max() / np.abs(ref).max() < 0.02, (kern, m)
+
+
+def parse_nr(spec: str) -> int:
+    return tilegen.parse_spec(spec).nr

@@ -232,7 +232,7 @@ def _cmd_export(a: argparse.Namespace) -> int:
     from .export.kleidiai import write_tree
     if a.what != "kleidiai":
         raise CliError(f"unknown export {a.what!r}; known: kleidiai")
-    m = write_tree(a.output, target=a.target, tuned=a.tuned)
+    m = write_tree(a.output, target=a.target, tuned="pairs" if a.tuned_pairs else a.tuned)
     if a.json:
         print(json.dumps(m, indent=2))
         return 0
@@ -345,6 +345,10 @@ def _parser() -> argparse.ArgumentParser:
     ex.add_argument("--tuned", action="store_true",
                     help="where a tuned tile of the target reads the same packed layouts, it "
                          "stands behind the KleidiAI name (with its own getters)")
+    ex.add_argument("--tuned-pairs", action="store_true",
+                    help="--tuned, and a tuned gemm+gemv pair sharing its packed RHS replaces both "
+                         "kernels of a llama.cpp table entry (same LHS layouts and RHS format, "
+                         "other nr; llama.cpp packs with the getters' nr/kr/sr)")
     ex.add_argument("-o", "--output", required=True, metavar="DIR", help="root of the tree")
     ex.add_argument("--json", action="store_true", help="print the export manifest as JSON")
     ex.set_defaults(fn=_cmd_export)

@@ -38,7 +38,7 @@ from ..layout.base import c_expr, eval_expr
 from .files import ExportFile
 
 __all__ = ["KAI_VERSION", "Abi", "ABIS", "KaiKernel", "KERNELS", "kai_symbols", "export_files", "ExportFile",
-           "write_tree", "missing_symbols", "packer_files", "mapping_table", "tuned_overrides",
+           "write_tree", "missing_symbols", "tuned_pair_overrides", "ENTRIES", "packer_files", "mapping_table", "tuned_overrides",
            "ExportError"]
 
 KAI_VERSION = "1.24.0"
@@ -858,6 +858,61 @@ def tuned_overrides(target) -> dict[str, str]:
     return out
 
 
+# llama.cpp's kernels.cpp entries that pair a gemm with a gemv on one packed RHS (packed at the
+# gemm's nr/kr/sr by the entry's RHS packer; each LHS packed at its kernel's mr/kr/sr).
+ENTRIES: tuple[tuple[str, str], ...] = tuple(
+    ("matmul_clamp_f32_" + a, "matmul_clamp_f32_" + b) for a, b in (
+        ("qsi8d32p4x8_qsi4c32p8x8_16x8_sve_i8mm", "qsi8d32p1x8_qsi4c32p8x8_1x8_sve_dotprod"),
+        ("qsi8d32p4x8_qsi4c32p4x8_16x4_neon_i8mm", "qsi8d32p1x8_qsi4c32p4x8_1x4x32_neon_dotprod"),
+        ("qsi8d32p4x4_qsi4c32p4x4_16x4_neon_dotprod", "qsi8d32p1x4_qsi4c32p4x4_1x4_neon_dotprod"),
+        ("qai8dxp1vlx4_qsi8cxp4vlx4_1vlx4vl_sme2_mopa", "qai8dxp1x4_qsi8cxp4vlx4_1x4vl_sme2_dot"),
+        ("qai8dxp1vlx4_qsi8cxp4vlx4_1vlx4vl_sme_mopa", "qai8dxp1x4_qsi8cxp4vlx4_1x4vl_sme_dot"),
+        ("qai8dxp4x8_qsi8cxp4x8_16x4_neon_i8mm", "qai8dxp1x8_qsi8cxp4x8_1x4_neon_dotprod"),
+        ("qai8dxp4x4_qsi8cxp4x4_16x4_neon_dotprod", "qai8dxp1x4_qsi8cxp4x4_1x4_neon_dotprod"),
+        ("f32p2vlx1_f32p2vlx1biasf32_sme2_mopa", "f32_f32p2vlx1b_1x16vl_sme2_mla"),
+    ))
+
+
+def tuned_pair_overrides(target) -> dict[str, str]:
+    """``--tuned pairs``: besides :func:`tuned_overrides`, a tuned gemm + gemv pair of one
+    family that shares its packed RHS (``shared_rhs``) replaces both kernels of a kernels.cpp
+    entry when each reads the same LHS layout as the kernel it replaces and the RHS is of the
+    same format (the same packer), at another nr: llama.cpp packs that RHS with the gemm's nr,
+    kr, sr from the getters and both kernels read it."""
+    from ..build.targets import get_target
+    from ..build.tuned import read_tuned
+    from ..layout.base import same_rhs
+    tgt = get_target(target) if isinstance(target, str) else target
+    tf = read_tuned(tgt)
+    out = dict(tuned_overrides(tgt))
+    if tf is None:
+        return out
+    byname = {k.name: k for k in KERNELS}
+    claimed: dict[str, str] = {}
+    for gname, vname in ENTRIES:
+        g0, v0 = byname[gname].kernel_spec, byname[vname].kernel_spec
+        if g0 is None or v0 is None or g0.vl_scaled or v0.vl_scaled:
+            continue
+        for fam in tf.families.values():
+            tg, tv = fam.gemm, fam.gemv
+            if tg is None or tv is None or not fam.shared_rhs or tg.family != g0.family:
+                continue
+            if tg.vl_scaled or tv.vl_scaled or not same_rhs(tg, tv):
+                continue
+            if (tg.rhs_layout_class is not g0.rhs_layout_class
+                    or lhs_layout_for(tg) != lhs_layout_for(g0)
+                    or lhs_layout_for(tv) != lhs_layout_for(v0)):
+                continue
+            for name, s in ((gname, tg), (vname, tv)):
+                if s.spec_string == byname[name].spec:
+                    continue
+                if claimed.get(name, s.spec_string) != s.spec_string:
+                    raise ExportError(f"{name}: two tuned pairs want it ({claimed[name]}, {s})")
+                claimed[name] = s.spec_string
+    out.update(claimed)
+    return out
+
+
 # -- the tree ---------------------------------------------------------------------------
 
 def _with_spec(kk: KaiKernel, spec: str) -> KaiKernel:
@@ -865,17 +920,22 @@ def _with_spec(kk: KaiKernel, spec: str) -> KaiKernel:
                      f"tuned: {spec} (default {kk.spec})")
 
 
-def kernels_for(target=None, tuned: bool = False) -> list[KaiKernel]:
+def kernels_for(target=None, tuned: bool | str = False) -> list[KaiKernel]:
+    """The micro-kernels of an export: :data:`KERNELS`, with ``tuned=True`` the same-layout
+    tuned tiles (:func:`tuned_overrides`), with ``tuned="pairs"`` also the tuned gemm/gemv
+    pairs (:func:`tuned_pair_overrides`)."""
     ks = list(KERNELS)
+    if tuned not in (False, True, "pairs"):
+        raise ExportError(f"tuned must be False, True or 'pairs', got {tuned!r}")
     if tuned:
         if target is None:
             raise ExportError("--tuned needs a target")
-        over = tuned_overrides(target)
+        over = tuned_pair_overrides(target) if tuned == "pairs" else tuned_overrides(target)
         ks = [_with_spec(k, over[k.name]) if k.name in over else k for k in ks]
     return ks
 
 
-def export_files(target: str = "linux-aarch64-all", tuned: bool = False,
+def export_files(target: str = "linux-aarch64-all", tuned: bool | str = False,
                  include_packers: bool = True) -> list[ExportFile]:
     """Every file of the tree (paths relative to the root)."""
     from ..build.targets import get_target
@@ -936,7 +996,7 @@ def missing_symbols(files: list[ExportFile] | None = None) -> list[str]:
     return [s for s in function_symbols() if s not in have]
 
 
-def write_tree(out_dir, target: str = "linux-aarch64-all", tuned: bool = False) -> dict:
+def write_tree(out_dir, target: str = "linux-aarch64-all", tuned: bool | str = False) -> dict:
     """Write the tree under ``out_dir``; returns the manifest plus ``missing`` symbols."""
     root = Path(out_dir)
     files = export_files(target, tuned)
