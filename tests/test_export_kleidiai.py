@@ -269,7 +269,10 @@ def test_neon_q4_q8_run_functions(kai_so):
     rng = np.random.default_rng(14)
     for stem in ("qsi8d32p4x8_qsi4c32p4x8_16x4_neon_i8mm",
                  "qsi8d32p1x8_qsi4c32p4x8_1x4x32_neon_dotprod",
-                 "qsi8d32p4x8_qsi4c32p8x8_16x8_sve_i8mm"):
+                 "qsi8d32p4x8_qsi4c32p8x8_16x8_sve_i8mm",
+                 "qsi8d32p1x8_qsi4c32p8x8_1x8_sve_dotprod",
+                 "qsi8d32p4x4_qsi4c32p4x4_16x4_neon_dotprod",
+                 "qsi8d32p1x4_qsi4c32p4x4_1x4_neon_dotprod"):
         kk = _by_name(stem)
         spec = kk.kernel_spec
         _getters_match(g, kk, kai_so, None)
@@ -286,18 +289,22 @@ def test_neon_q4_q8_run_functions(kai_so):
         cases, refs = _cases(shapes, make)
         _check(g.call("guest_kai:run", kai_so, kk.name, "bl", cases), cases, refs, stem)
 
-    kk = _by_name("qai8dxp4x8_qsi8cxp4x8_16x4_neon_i8mm")
-    spec = kk.kernel_spec
-    _getters_match(g, kk, kai_so, None)
+    for stem in ("qai8dxp4x8_qsi8cxp4x8_16x4_neon_i8mm", "qai8dxp1x8_qsi8cxp4x8_1x4_neon_dotprod",
+                 "qai8dxp4x4_qsi8cxp4x4_16x4_neon_dotprod", "qai8dxp1x4_qsi8cxp4x4_1x4_neon_dotprod"):
+        kk = _by_name(stem)
+        spec = kk.kernel_spec
+        _getters_match(g, kk, kai_so, None)
+        mr, kr = lhs_layout_for(spec).mr, spec.kr
 
-    def make8(m, n, k, i):
-        x = rng.normal(size=(m, k)).astype(np.float32)
-        w = rng.normal(size=(n, k)).astype(np.float32)
-        lp = pack_lhs("qai8dxp", x, mr=4, kr=8, sr=1)
-        rp = pack_rhs("qsi8cxp", w, nr=4, kr=8)
-        return lp, rp, lambda c0, c1: ref_q8(lp, rp, m, n, k, 4, 4, 8, 1, c0, c1)
-    cases, refs = _cases([(1, 3, 32), (18, 9, 64), (5, 4, 96)], make8)
-    _check(g.call("guest_kai:run", kai_so, kk.name, "packed", cases), cases, refs, kk.name)
+        def make8(m, n, k, i):
+            x = rng.normal(size=(m, k)).astype(np.float32)
+            w = rng.normal(size=(n, k)).astype(np.float32)
+            lp = pack_lhs("qai8dxp", x, mr=mr, kr=kr, sr=1)
+            rp = pack_rhs("qsi8cxp", w, nr=4, kr=kr)
+            return lp, rp, lambda c0, c1: ref_q8(lp, rp, m, n, k, mr, 4, kr, 1, c0, c1)
+        shapes = [(1, 3, 32), (18, 9, 64), (5, 4, 96)] if mr > 1 else [(1, 3, 32), (1, 13, 96)]
+        cases, refs = _cases(shapes, make8)
+        _check(g.call("guest_kai:run", kai_so, kk.name, "packed", cases), cases, refs, stem)
 
 
 def test_sme_run_functions(kai_so):
