@@ -609,3 +609,31 @@ def test_tuned_pairs_end_to_end(tmp_path_factory):
 
 def parse_nr(spec: str) -> int:
     return tilegen.parse_spec(spec).nr
+
+
+@pytest.mark.parametrize("gemm,lhs_packer,m,rounding", [
+    ("qsi8d32p4x4_qsi4c32p4x4_16x4_neon_dotprod", _D32, 7, "away"),
+    ("qsi8d32p1x4_qsi4c32p4x4_1x4_neon_dotprod", _D32, 1, "away"),
+    ("qsi8d32p4x8_qsi4c32p8x8_16x8_sve_i8mm", _SB, 7, "even"),
+    ("qsi8d32p4x8_qsi4c32p4x8_16x4_neon_i8mm", _SB, 9, "even")])
+def test_llama_flow_q4_bit_exact(kai_so, gemm, lhs_packer, m, rounding):
+    """The exported C packers + kernel of a q4_0 entry (as kleidiai.cpp calls them) give the
+    bytes of tilegen's numpy pipeline: dst equals the reference bit for bit."""
+    if not _has_packers():
+        pytest.skip("needs tilegen.export.packers_c")
+    from tilegen.layout.ggml import quantize_q4_0
+    from tilegen.layout.q4 import QSI8D32P
+    from tilegen.reference_q4 import matmul_qsi8d32p_qsi4c32pscalef16 as ref_q4
+    rng = np.random.default_rng(19)
+    n, k = 37, 256
+    raw = quantize_q4_0(rng.normal(size=(n, k)).astype(np.float32))
+    name = "matmul_clamp_f32_" + gemm
+    spec = _by_name(gemm).kernel_spec
+    x = rng.normal(size=(m, k)).astype(np.float32)
+    got = guest("max").call("guest_kai:llama_flow", kai_so, name, "bl", name, lhs_packer, True,
+                            _Q4P, "q4", x, dict(raw=raw, n=n))
+    ll = lhs_layout_for(spec)
+    lp = QSI8D32P(ll.mr, ll.kr, ll.sr, 32, rounding).pack(x)
+    rp = pack_rhs("qsi4c32pscalef16", ggml=raw, n=n, k=k, nr=spec.nr, kr=spec.kr, sr=spec.sr, bl=32)
+    want = ref_q4(lp, rp, m, n, k, 32, ll.mr, spec.nr, spec.kr, spec.sr, -FMAX, FMAX)
+    assert np.array_equal(got, want), np.abs(got - want).max()
