@@ -182,9 +182,6 @@ KERNELS: tuple[KaiKernel, ...] = (
     _k("f32p2vlx1_f32p2vlx1b_2vlx2vl_sme_mopa", "f32p_f32p", "f32:sme:2vlx2vl"),
 )
 
-# headers kernels.cpp includes that name an interface, not a ukernel
-INTERFACES = (_Q4, _Q8)
-
 
 def kai_symbols() -> list[str]:
     """Every ``kai_`` identifier llama.cpp's kernels.cpp/kleidiai.cpp reference (the committed
