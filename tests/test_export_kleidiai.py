@@ -637,3 +637,27 @@ def test_llama_flow_q4_bit_exact(kai_so, gemm, lhs_packer, m, rounding):
     rp = pack_rhs("qsi4c32pscalef16", ggml=raw, n=n, k=k, nr=spec.nr, kr=spec.kr, sr=spec.sr, bl=32)
     want = ref_q4(lp, rp, m, n, k, 32, ll.mr, spec.nr, spec.kr, spec.sr, -FMAX, FMAX)
     assert np.array_equal(got, want), np.abs(got - want).max()
+
+
+def _kai_vectors():
+    vec = Path(__file__).resolve().parents[2] / "shared" / "vectors"
+    names = {k.name for k in K.KERNELS}
+    return [p for p in sorted(vec.glob("matmul_clamp_f32_*.npz"))
+            if re.sub(r"_m\d+_n\d+_k\d+(_bl\d+)?$", "", p.stem) in names]
+
+
+@pytest.mark.parametrize("path", _kai_vectors(), ids=lambda p: p.stem)
+def test_reproduces_kleidiai_vectors(kai_so, path):
+    """KleidiAI's own packed buffers through the exported name: KleidiAI's dst bit for bit, and
+    the getters' mr/nr/kr/sr are KleidiAI's."""
+    z = np.load(path)
+    name = re.sub(r"_m\d+_n\d+_k\d+(_bl\d+)?$", "", path.stem)
+    kk = next(k for k in K.KERNELS if k.name == name)
+    m, n, k = int(z["m"]), int(z["n"]), int(z["k"])
+    g = guest("max")
+    got = g.call("guest_kai:getters", kai_so, name, "get_lhs_packed_offset", [0, k, 32], [0, k, 32])
+    assert [got[x] for x in ("mr", "nr", "kr", "sr")] == [int(z[x]) for x in ("mr", "nr", "kr", "sr")]
+    case = dict(m=m, n=n, k=k, bl=int(z["bl"]), lhs=z["lhs_packed"], rhs=z["rhs_packed"],
+                clamp_min=float(z["clamp_min"]), clamp_max=float(z["clamp_max"]), sentinel=SENT)
+    out = g.call("guest_kai:run", kai_so, name, _KIND[kk.abi], [case])[0]
+    assert np.array_equal(out[:m, :n].view(np.uint32), z["dst"].view(np.uint32))
