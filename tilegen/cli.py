@@ -1,4 +1,5 @@
-"""`tilegen` command line: generate, build, list, targets, info, analyze, tune, check-abi, emulate."""
+"""`tilegen` command line: generate, build, list, targets, info, analyze, tune, check-abi, export,
+emulate."""
 from __future__ import annotations
 
 import argparse
@@ -227,6 +228,26 @@ def _cmd_check_abi(a: argparse.Namespace) -> int:
     return 1 if bad else 0
 
 
+def _cmd_export(a: argparse.Namespace) -> int:
+    from .export.kleidiai import write_tree
+    if a.what != "kleidiai":
+        raise CliError(f"unknown export {a.what!r}; known: kleidiai")
+    m = write_tree(a.output, target=a.target, tuned="pairs" if a.tuned_pairs else a.tuned)
+    if a.json:
+        print(json.dumps(m, indent=2))
+        return 0
+    for k in m["kernels"]:
+        impl = f"{k['spec']} (asm)" if k["impl"] == "asm" else f"generated C ({k['c_impl']})"
+        print(f"kai_run_{k['name']}: {impl}" + ("  [tuned]" if k["note"].startswith("tuned") else ""))
+    print(f"{a.output}: {m['functions']} of {m['functions'] + len(m['missing'])} llama.cpp kai_ "
+          f"functions defined")
+    if m["missing"]:
+        print(f"missing ({len(m['missing'])}; tilegen.export.packers_c absent?): "
+              + ", ".join(m["missing"]), file=sys.stderr)
+        return 1
+    return 0
+
+
 def _parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="tilegen", description="Arm64 matmul micro-kernel generator")
     p.add_argument("--version", action="version", version=f"tilegen {__version__}",
@@ -315,6 +336,23 @@ def _parser() -> argparse.ArgumentParser:
     ca.add_argument("--cpu", default="max", help="qemu model when emulating (default max)")
     ca.set_defaults(fn=_cmd_check_abi)
 
+    ex = sub.add_parser("export", help="write a source tree other builds use in place of a library "
+                                       "(kleidiai: KleidiAI v1.24.0 for llama.cpp)")
+    ex.add_argument("what", choices=("kleidiai",), help="what to export")
+    ex.add_argument("--target", default="linux-aarch64-all",
+                    help="CPU preset: object format, and the tuned tiles of --tuned "
+                         "(default linux-aarch64-all)")
+    ex.add_argument("--tuned", action="store_true",
+                    help="where a tuned tile of the target reads the same packed layouts, it "
+                         "stands behind the KleidiAI name (with its own getters)")
+    ex.add_argument("--tuned-pairs", action="store_true",
+                    help="--tuned, and a tuned gemm+gemv pair sharing its packed RHS replaces both "
+                         "kernels of a llama.cpp table entry (same LHS layouts and RHS format, "
+                         "other nr; llama.cpp packs with the getters' nr/kr/sr)")
+    ex.add_argument("-o", "--output", required=True, metavar="DIR", help="root of the tree")
+    ex.add_argument("--json", action="store_true", help="print the export manifest as JSON")
+    ex.set_defaults(fn=_cmd_export)
+
     sub.add_parser("emulate", help="run CMD under qemu-user: emulate [--cpu MODEL] -- CMD...")
     return p
 
@@ -332,6 +370,7 @@ def main(argv: list[str] | None = None) -> int:
     from .plot import PlotError
     from .runtime.library import LoadError
     from .tune import TuneError
+    from .export.kleidiai import ExportError
     try:
         rc = a.fn(a)
         sys.stdout.flush()      # a closed pipe raises here, not at interpreter exit
@@ -340,7 +379,7 @@ def main(argv: list[str] | None = None) -> int:
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
         return 1
     except (CliError, SpecError, LayoutError, BuildError, TargetError, ToolchainError, LoadError,
-            AnalyzeError, TuneError, PlotError, OSError) as e:
+            AnalyzeError, TuneError, PlotError, ExportError, OSError) as e:
         print(f"tilegen {a.cmd}: error: {e}", file=sys.stderr)
         return 2
 

@@ -1,0 +1,663 @@
+"""`tilegen export kleidiai`: the tree builds with CMake (aarch64 cross, target `kleidiai`),
+defines every function llama.cpp's KleidiAI glue references (link test), its headers give the
+exact C types kernels.cpp's templates need, and the run functions compute what tilegen's
+references compute (under qemu, SME ones at SVL 512)."""
+from __future__ import annotations
+
+import re
+import shutil
+import subprocess
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+import tilegen
+from tilegen.export import kleidiai as K
+from tilegen.layout import lhs_layout_for, rhs_layout_for
+from tilegen.layout.api import pack_lhs, pack_rhs
+
+from conftest import guest
+
+LLAMA_KAI = Path("/work/llama/llama_cpp_python-0.3.36/vendor/llama.cpp/ggml/src/ggml-cpu/kleidiai")
+SENT = np.float32(-4242.25)
+FMAX = 3.4028234663852886e38
+SVL_BITS = 512
+PACKER_PREFIXES = ("kai_get_lhs_offset_lhs_", "kai_get_lhs_packed_offset_lhs_",
+                   "kai_get_lhs_packed_size_lhs_", "kai_get_rhs_packed_size_rhs_",
+                   "kai_get_rhs_packed_stride_rhs_", "kai_run_lhs_", "kai_run_rhs_")
+
+
+def _has_packers() -> bool:
+    try:
+        from tilegen.export import packers_c  # noqa: F401
+    except ImportError:
+        return False
+    return True
+
+
+def _toolchain():
+    from tilegen.build.toolchain import ToolchainError, discover
+    try:
+        tc = discover("elf")
+    except ToolchainError as e:
+        pytest.skip(f"no aarch64 toolchain: {e}")
+    if tc.kind != "clang" or not shutil.which("cmake"):
+        pytest.skip("needs clang and cmake")
+    return tc
+
+
+def _run(cmd, **kw):
+    p = subprocess.run([str(c) for c in cmd], capture_output=True, text=True, **kw)
+    assert p.returncode == 0, f"{' '.join(map(str, cmd))}\n{p.stdout}\n{p.stderr}"
+    return p
+
+
+@pytest.fixture(scope="module")
+def built(tmp_path_factory):
+    """The exported tree, configured and built by CMake; (root, libkleidiai.a, toolchain)."""
+    tc = _toolchain()
+    base = tmp_path_factory.mktemp("kai")
+    root = base / "kleidiai"
+    manifest = K.write_tree(root, target="linux-aarch64-all")
+    (base / "aarch64.cmake").write_text(K.cmake_toolchain(cc=tc.driver[0]))
+    gen = ["-G", "Ninja"] if shutil.which("ninja") else []
+    _run(["cmake", "-S", root, "-B", base / "build", *gen, "-DCMAKE_BUILD_TYPE=Release",
+          f"-DCMAKE_TOOLCHAIN_FILE={base / 'aarch64.cmake'}"])
+    _run(["cmake", "--build", base / "build", "-j", "2"])
+    lib = base / "build" / "libkleidiai.a"
+    assert lib.exists()
+    return root, lib, tc, manifest
+
+
+def test_symbol_list_is_llama_cpps():
+    """The committed list is the grep of the vendored llama.cpp glue (when it is here)."""
+    syms = K.kai_symbols()
+    assert len(syms) > 250 and syms == sorted(set(syms))
+    if not LLAMA_KAI.is_dir():
+        pytest.skip("no vendored llama.cpp sources")
+    text = (LLAMA_KAI / "kernels.cpp").read_text() + (LLAMA_KAI / "kleidiai.cpp").read_text()
+    assert sorted(set(re.findall(r"kai_[a-zA-Z0-9_]*", text))) == syms
+
+
+def test_every_matmul_function_defined():
+    files = K.export_files()
+    missing = K.missing_symbols(files)
+    if _has_packers():
+        assert missing == []
+    else:
+        assert missing and all(s.startswith(PACKER_PREFIXES) for s in missing), missing
+    matmul = [s for s in K.function_symbols() if "matmul_clamp" in s]
+    assert len(matmul) == len({s for s in matmul}) >= 20 * 11 - 2
+    assert not set(matmul) - K.defined_functions(files)
+    # every name kernels.cpp includes as a header is a file of the tree
+    paths = {Path(f.path).stem for f in files}
+    for s in K.kai_symbols():
+        if s.startswith("kai_matmul_clamp_") or s == "kai_common":
+            assert s in paths, s
+    if LLAMA_KAI.is_dir():
+        inc = re.findall(r'#include "(kai/[^"]+)"', (LLAMA_KAI / "kernels.cpp").read_text())
+        have = {f.path for f in files}
+        assert [p for p in inc if p not in have and "/pack/" not in p] == []
+
+
+def test_mapping_is_documented_and_layouts_agree():
+    assert len(K.KERNELS) == 20 and len({k.name for k in K.KERNELS}) == 20
+    for kk in K.KERNELS:
+        spec = kk.kernel_spec
+        if spec is None:
+            assert kk.c_impl in K._C_IMPLS
+            continue
+        lhs_tok, rhs_tok = kk.name.split("_")[3:5] if kk.abi != "f32_f32p" else ("f32", kk.name.split("_")[4])
+        if kk.same_layouts:
+            assert lhs_tok == spec.lhs_format, kk.name
+            assert rhs_tok.replace("biasf32", "b").rstrip("b") == spec.rhs_format.rstrip("b"), kk.name
+    doc = (Path(__file__).resolve().parents[1] / "docs" / "export.md").read_text()
+    assert K.mapping_table() in doc, "docs/export.md: regenerate the table (K.mapping_table())"
+
+
+def test_cmake_builds_target_kleidiai(built):
+    root, lib, tc, manifest = built
+    nm = shutil.which("llvm-nm-19") or shutil.which("llvm-nm")
+    if nm is None:
+        pytest.skip("no llvm-nm")
+    defined = set(_run([nm, "--defined-only", "-g", lib]).stdout.split())
+    for kk in K.KERNELS:
+        assert f"kai_run_{kk.name}" in defined
+    # the tilegen kernels are hidden, not exported under their own names
+    assert not any(s.startswith("matmul_clamp_") for s in defined)
+
+
+def test_link_every_llama_symbol(built, tmp_path):
+    """A C file that takes the address of every function llama.cpp references links against
+    libkleidiai.a; no kai_ symbol stays undefined (the packers' only when packers_c is absent)."""
+    root, lib, tc, _ = built
+    syms = K.function_symbols()
+    src = tmp_path / "link_all.c"
+    src.write_text("".join(f"extern void {s}(void);\n" for s in syms)
+                   + "void* const kai_all[] = {\n" + "".join(f"    (void*){s},\n" for s in syms)
+                   + "};\n")
+    obj = tmp_path / "link_all.o"
+    _run([*tc.assemble_cmd(src, obj, "-O1", "-ffreestanding")])
+    so = tmp_path / "liblink.so"
+    _run(tc.link_cmd([obj, lib], so))
+    nm = shutil.which("llvm-nm-19") or shutil.which("llvm-nm")
+    if nm is None:
+        pytest.skip("no llvm-nm")
+    undef = set(_run([nm, "-u", so]).stdout.split()) - {"U", "w"}
+    kai_undef = sorted(s for s in undef if s.startswith("kai_"))
+    expect = [] if _has_packers() else sorted(K.missing_symbols())
+    assert kai_undef == expect
+    assert not [s for s in undef if s.startswith("tilegen_")]
+
+
+_CPP = """#include <stddef.h>
+#include <stdint.h>
+{includes}
+template <size_t (*F)(void)> struct G0 {{}};
+template <size_t (*F)(size_t, size_t)> struct G2 {{}};
+template <size_t (*F)(size_t, size_t, size_t)> struct G3 {{}};
+template <void (*F)(size_t, size_t, size_t, size_t, const void*, const void*, float*, size_t, size_t,
+                    float, float)> struct RunBl {{}};
+template <void (*F)(size_t, size_t, size_t, const void*, const void*, void*, size_t, size_t, float,
+                    float)> struct RunVoid {{}};
+template <void (*F)(size_t, size_t, size_t, const void*, const void*, float*, size_t, size_t, float,
+                    float)> struct RunFloat {{}};
+template <void (*F)(size_t, size_t, size_t, const void*, size_t, const void*, void*, size_t, size_t,
+                    float, float)> struct RunRows {{}};
+{uses}
+int use_common(void) {{
+    struct kai_rhs_pack_qs4cxs1s0_param a; struct kai_rhs_pack_qsi8cx_params b;
+    a.lhs_zero_point = 1; a.rhs_zero_point = 8; b.lhs_zero_point = 1; b.scale_multiplier = 1.0f;
+    return (int)kai_roundup(5, 4) + (int)KAI_MIN(a.rhs_zero_point, 2) + (int)kai_cast_f32_f16(0x3c00)
+           + (int)b.scale_multiplier;
+}}
+"""
+_RUN_KIND = {"qsi8d32p_qsi4c32p": ("RunBl", "G3"), "f16p_qsi4c32p": ("RunBl", "G3"),
+             "qai8dxp_qsi8cxp": ("RunFloat", "G2"), "bf16p_bf16p": ("RunVoid", "G2"),
+             "f32p_f32p": ("RunVoid", "G2"), "f32_f32p": ("RunRows", "G2")}
+
+
+def test_headers_have_llama_cpps_types(built, tmp_path):
+    """kernels.cpp passes the functions as template arguments of exact function-pointer
+    types: a C++ file doing the same with every ukernel header compiles."""
+    root, lib, tc, _ = built
+    uses, includes = [], ['#include "kai/kai_common.h"']
+    for kk in K.KERNELS:
+        includes.append(f'#include "{kk.header}"')
+        run, off = _RUN_KIND[kk.abi]
+        n = kk.name
+        lhs = "get_lhs_offset" if kk.abi == "f32_f32p" else "get_lhs_packed_offset"
+        uses += [f"template struct G0<kai_get_{g}_{n}>;" for g in
+                 ("m_step", "n_step", "mr", "nr", "kr", "sr")]
+        uses += [f"template struct {off}<kai_{lhs}_{n}>;",
+                 f"template struct {off}<kai_get_rhs_packed_offset_{n}>;",
+                 f"template struct G3<kai_get_dst_offset_{n}>;",
+                 f"template struct G2<kai_get_dst_size_{n}>;",
+                 f"template struct {run}<kai_run_{n}>;"]
+    src = tmp_path / "types.cpp"
+    src.write_text(_CPP.format(includes="\n".join(includes), uses="\n".join(uses)))
+    _run([*tc.driver, *tc.target_flags, "-x", "c++", "-std=c++17", "-ffreestanding",
+          "-fsyntax-only", "-Werror", f"-I{root}", src])
+
+
+# -- numerics under qemu -----------------------------------------------------------------
+
+@pytest.fixture(scope="module")
+def kai_so(built, tmp_path_factory):
+    root, lib, tc, _ = built
+    so = tmp_path_factory.mktemp("kaiso") / "libkai_export.so"
+    _run(tc.link_cmd(["-Wl,--whole-archive", lib, "-Wl,--no-whole-archive"], so))
+    return str(so)
+
+
+def _cases(m_n_k, make):
+    cases, refs = [], []
+    for i, (m, n, k) in enumerate(m_n_k):
+        lhs, rhs, ref_fn = make(m, n, k, i)
+        cmin, cmax = -FMAX, FMAX
+        if i % 2:
+            free = ref_fn(-FMAX, FMAX)
+            lo, hi = np.quantile(free, [0.25, 0.75])
+            cmin, cmax = float(np.float32(lo)), float(np.float32(hi))
+        cases.append(dict(m=m, n=n, k=k, bl=32, lhs=lhs, rhs=rhs, clamp_min=cmin,
+                          clamp_max=cmax, sentinel=SENT))
+        refs.append(ref_fn(cmin, cmax))
+    return cases, refs
+
+
+def _check(outs, cases, refs, what):
+    for out, c, ref in zip(outs, cases, refs):
+        m, n = c["m"], c["n"]
+        assert (out[m:] == SENT).all() and (out[:, n:] == SENT).all(), (what, m, n)
+        got = out[:m, :n]
+        assert np.array_equal(got, ref), f"{what} m={m} n={n} k={c['k']}: {np.sum(got != ref)} differ"
+
+
+def _stride(layout, k):
+    from tilegen.layout.base import eval_expr
+    return eval_expr(layout.stride_expr, k=k, bl=32)
+
+
+def _getters_match(g, kk, kai_so, vl):
+    """The getters at this VL are the spec's geometry and its layout objects' strides."""
+    spec = kk.kernel_spec
+    lhs = lhs_layout_for(spec, 32, vl if spec.vl_scaled else None)
+    rhs = rhs_layout_for(spec, 32, vl if spec.vl_scaled else None)
+    k, bl = 256, [32] if kk.abi == K._Q4 else []
+    lhs_args = [2 * lhs.mr, k] + bl if lhs is not None else [3, 1000]
+    got = g.call("guest_kai:getters", kai_so, kk.name,
+                 "get_lhs_offset" if lhs is None else "get_lhs_packed_offset", lhs_args,
+                 [3 * rhs.nr, k] + bl)
+    want = dict(m_step=spec.mr_at(vl), n_step=spec.nr_at(vl), mr=lhs.mr if lhs else 1,
+                nr=rhs.nr, kr=spec.kr, sr=spec.sr,
+                lhs_offset=2 * _stride(lhs, k) if lhs is not None else 3000,
+                rhs_offset=3 * _stride(rhs, k), dst_offset=3 * 100 + 8 * 4, dst_size=60)
+    assert got == want, (kk.name, got, want)
+
+
+def _by_name(stem):
+    return next(k for k in K.KERNELS if k.name == "matmul_clamp_f32_" + stem)
+
+
+def test_neon_q4_q8_run_functions(kai_so):
+    """q4_0 (i8mm gemm, dotprod gemv) and q8_0 (i8mm gemm) through their KleidiAI names on
+    KleidiAI-layout data from tilegen's packers: bit-exact with tilegen's references."""
+    from tilegen.reference_q4 import matmul_qsi8d32p_qsi4c32pscalef16 as ref_q4
+    from tilegen.reference_q8 import matmul_qai8dxp_qsi8cxp as ref_q8
+    g = guest("max")
+    rng = np.random.default_rng(14)
+    for stem in ("qsi8d32p4x8_qsi4c32p4x8_16x4_neon_i8mm",
+                 "qsi8d32p1x8_qsi4c32p4x8_1x4x32_neon_dotprod",
+                 "qsi8d32p4x8_qsi4c32p8x8_16x8_sve_i8mm",
+                 "qsi8d32p1x8_qsi4c32p8x8_1x8_sve_dotprod",
+                 "qsi8d32p4x4_qsi4c32p4x4_16x4_neon_dotprod",
+                 "qsi8d32p1x4_qsi4c32p4x4_1x4_neon_dotprod"):
+        kk = _by_name(stem)
+        spec = kk.kernel_spec
+        _getters_match(g, kk, kai_so, None)
+        lhs_l = lhs_layout_for(spec)
+        nr, kr, sr = spec.nr, spec.kr, spec.sr
+
+        def make(m, n, k, i):
+            x = rng.normal(size=(m, k)).astype(np.float32)
+            w = rng.normal(size=(n, k)).astype(np.float32)
+            lp = lhs_l.pack(x)
+            rp = pack_rhs("qsi4c32pscalef16", w, nr=nr, kr=kr, sr=sr, bl=32)
+            return lp, rp, lambda c0, c1: ref_q4(lp, rp, m, n, k, 32, lhs_l.mr, nr, kr, sr, c0, c1)
+        shapes = [(1, 5, 32), (17, 9, 64), (4, nr, 96)] if spec.mr > 1 else [(1, 9, 64), (1, 33, 128)]
+        cases, refs = _cases(shapes, make)
+        _check(g.call("guest_kai:run", kai_so, kk.name, "bl", cases), cases, refs, stem)
+
+    for stem in ("qai8dxp4x8_qsi8cxp4x8_16x4_neon_i8mm", "qai8dxp1x8_qsi8cxp4x8_1x4_neon_dotprod",
+                 "qai8dxp4x4_qsi8cxp4x4_16x4_neon_dotprod", "qai8dxp1x4_qsi8cxp4x4_1x4_neon_dotprod"):
+        kk = _by_name(stem)
+        spec = kk.kernel_spec
+        _getters_match(g, kk, kai_so, None)
+        mr, kr = lhs_layout_for(spec).mr, spec.kr
+
+        def make8(m, n, k, i):
+            x = rng.normal(size=(m, k)).astype(np.float32)
+            w = rng.normal(size=(n, k)).astype(np.float32)
+            lp = pack_lhs("qai8dxp", x, mr=mr, kr=kr, sr=1)
+            rp = pack_rhs("qsi8cxp", w, nr=4, kr=kr)
+            return lp, rp, lambda c0, c1: ref_q8(lp, rp, m, n, k, mr, 4, kr, 1, c0, c1)
+        shapes = [(1, 3, 32), (18, 9, 64), (5, 4, 96)] if mr > 1 else [(1, 3, 32), (1, 13, 96)]
+        cases, refs = _cases(shapes, make8)
+        _check(g.call("guest_kai:run", kai_so, kk.name, "packed", cases), cases, refs, stem)
+
+
+def test_sme_run_functions(kai_so):
+    """SME/SME2 names at SVL 512 (getters read it with RDSVL): q8_0 SMOPA (also behind the
+    SME1 gemv name), bf16 BFMOPA, f32 FMOPA (packed LHS) and the f32 SME2 gemv (LHS rows)."""
+    from tilegen.reference import matmul_f32
+    from tilegen.reference_bf16 import matmul_bf16
+    from tilegen.reference_q8 import matmul_qai8dxp_qsi8cxp as ref_q8
+    vl = SVL_BITS // 8
+    g = guest("max", None, SVL_BITS)
+    rng = np.random.default_rng(15)
+    for stem in ("qai8dxp1vlx4_qsi8cxp4vlx4_1vlx4vl_sme2_mopa",
+                 "qai8dxp1x4_qsi8cxp4vlx4_1x4vl_sme_dot",
+                 "qai8dxp1x4_qsi8cxp4vlx4_1x4vl_sme2_dot"):
+        kk = _by_name(stem)
+        spec = kk.kernel_spec
+        _getters_match(g, kk, kai_so, vl)
+        mr, nr = lhs_layout_for(spec, 32, vl).mr, spec.nr_at(vl)
+
+        def make8(m, n, k, i):
+            x = rng.normal(size=(m, k)).astype(np.float32)
+            w = rng.normal(size=(n, k)).astype(np.float32)
+            lp = pack_lhs("qai8dxp", x, mr=mr, kr=4, sr=1)
+            rp = pack_rhs("qsi8cxp", w, nr=nr, kr=4)
+            return lp, rp, lambda c0, c1: ref_q8(lp, rp, m, n, k, mr, nr, 4, 1, c0, c1)
+        shapes = [(1, 7, 32), (1, nr + 3, 64)] + ([(mr + 2, 9, 96)] if mr > 1 else [])
+        cases, refs = _cases(shapes, make8)
+        _check(g.call("guest_kai:run", kai_so, kk.name, "packed", cases), cases, refs, stem)
+
+    kk = _by_name("bf16p2vlx2_bf16p2vlx2_2vlx2vl_sme2_mopa")
+    spec = kk.kernel_spec
+    _getters_match(g, kk, kai_so, vl)
+    ll, rl = lhs_layout_for(spec, 32, vl), rhs_layout_for(spec, 32, vl)
+
+    def makeb(m, n, k, i):
+        x = rng.normal(size=(m, k)).astype(np.float32)
+        w = rng.normal(size=(n, k)).astype(np.float32)
+        b = rng.normal(size=n).astype(np.float32)
+        lp, rp = ll.pack(x), rl.pack(w, b)
+        return lp, rp, lambda c0, c1: matmul_bf16(lp, rp, m, n, k, ll, rl, c0, c1)
+    cases, refs = _cases([(1, 3, 5), (ll.mr + 3, rl.nr + 1, 17)], makeb)
+    _check(g.call("guest_kai:run", kai_so, kk.name, "packed", cases), cases, refs, kk.name)
+
+    for stem, kind in (("f32p2vlx1_f32p2vlx1biasf32_sme2_mopa", "packed"),
+                       ("f32p2vlx1_f32p2vlx1b_2vlx2vl_sme_mopa", "packed"),
+                       ("f32_f32p2vlx1b_1x16vl_sme2_mla", "rows")):
+        kk = _by_name(stem)
+        spec = kk.kernel_spec
+        _getters_match(g, kk, kai_so, vl)
+        ll, rl = lhs_layout_for(spec, 32, vl), rhs_layout_for(spec, 32, vl)
+
+        def makef(m, n, k, i):
+            x = rng.normal(size=(m, k)).astype(np.float32)
+            w = rng.normal(size=(n, k)).astype(np.float32)
+            b = rng.normal(size=n).astype(np.float32)
+            return (ll.pack(x) if ll is not None else x), rl.pack(w, bias=b), \
+                lambda c0, c1: matmul_f32(x, w, b, c0, c1)
+        shapes = [(1, 5, 3), (1, rl.nr + 7, 20)] + ([(ll.mr + 1, 9, 11)] if ll else [])
+        cases, refs = _cases(shapes, makef)
+        _check(g.call("guest_kai:run", kai_so, kk.name, kind, cases), cases, refs, stem)
+
+
+def _cross_sysroot() -> Path | None:
+    import os
+    env = os.environ.get("TILEGEN_CROSS_SYSROOT")
+    cands = [Path(env)] if env else []
+    cands.append(Path.home() / ".cache" / "tilegen" / "cross-sysroot")
+    for c in cands:
+        if (c / "usr" / "include" / "c++").is_dir():
+            return c
+    return None
+
+
+@pytest.mark.parametrize("src", ["kernels.cpp", "kleidiai.cpp"])
+def test_llama_cpp_glue_compiles(built, src):
+    """llama.cpp's own kleidiai/kernels.cpp and kleidiai.cpp compile against the tree (when the
+    vendored sources and an aarch64 sysroot with libstdc++ headers are present)."""
+    root, lib, tc, _ = built
+    sysroot = _cross_sysroot()
+    if not LLAMA_KAI.is_dir() or sysroot is None:
+        pytest.skip("needs the vendored llama.cpp sources and an aarch64 C++ sysroot")
+    ggml = LLAMA_KAI.parents[2]
+    _run([*tc.driver, *tc.target_flags, "-x", "c++", "-std=c++17", "-fsyntax-only",
+          f"--sysroot={sysroot}", "-DGGML_USE_CPU_KLEIDIAI", f"-I{ggml / 'include'}",
+          f"-I{ggml / 'src'}", f"-I{ggml / 'src' / 'ggml-cpu'}", f"-I{root}", LLAMA_KAI / src])
+
+
+def test_generated_c_ps1s0_kernels(kai_so):
+    """The two generated-C kernels of llama.cpp's SME2 Q4_0 entry on data from tilegen's
+    numpy packers of those layouts (tilegen.layout.q4_sme), at SVL 512: the gemv
+    (qsi8d32p scale-tail LHS) bit-exact with the block formula, the f16 gemm likewise with a
+    k-ordered f32 sum per block."""
+    from tilegen.layout.ggml import quantize_q4_0, split_q4_0
+    from tilegen.layout.q4 import QSI8D32P
+    from tilegen.layout.q4_sme import F16PLhs2, QSI4C32PS1S0ScaleF16, QSI8D32PScaleTail
+    from tilegen.reference import fma_f32
+    from tilegen.reference_q4 import _block_dots
+    vl = SVL_BITS // 8
+    g = guest("max", None, SVL_BITS)
+    rng = np.random.default_rng(16)
+    nr, mr = 4 * vl // 4, vl // 4
+    rl = QSI4C32PS1S0ScaleF16(nr, 4, 2, 32)
+    f16 = lambda bits: bits.view(np.float16).astype(np.float32)  # noqa: E731
+
+    def weights(n, k):
+        raw = quantize_q4_0(rng.normal(size=(n, k)).astype(np.float32))
+        u, d = split_q4_0(raw, n, k)
+        return rl.pack(raw, n, k), u.astype(np.int64) - 8, f16(d)
+
+    kk = _by_name("qsi8d32p1x4_qsi4c32p4vlx4_1x4vl_sme2_sdot")
+    got = g.call("guest_kai:getters", kai_so, kk.name, "get_lhs_packed_offset", [2, 256, 32],
+                 [3 * nr, 256, 32])
+    ll = QSI8D32PScaleTail(1, 4, 1, 32)
+    assert got == dict(m_step=1, n_step=nr, mr=1, nr=nr, kr=4, sr=2,
+                       lhs_offset=2 * ll.row_block_stride(256), rhs_offset=3 * rl.group_stride(256),
+                       dst_offset=332, dst_size=60)
+
+    def make_gemv(m, n, k, i):
+        x = rng.normal(size=(m, k)).astype(np.float32)
+        rp, v, dr = weights(n, k)
+        q, dl = QSI8D32P(1, 4, 1, 32, "away").quantize_rows(x)
+        S = _block_dots(q, v, k, 32)
+
+        def ref(c0, c1):
+            a = np.zeros((m, n), np.float32)
+            for b in range(k // 32):
+                a = fma_f32(S[:, :, b].astype(np.float32),
+                            (dr[None, :, b] * f16(dl)[:, None, b]).astype(np.float32), a)
+            return np.minimum(np.maximum(a, np.float32(c0)), np.float32(c1))
+        return ll.pack(x), rp, ref
+    cases, refs = _cases([(1, 5, 32), (1, nr + 9, 128), (1, 2 * nr, 64)], make_gemv)
+    _check(g.call("guest_kai:run", kai_so, kk.name, "bl", cases), cases, refs, kk.name)
+
+    kk = _by_name("f16p1vlx2_qsi4c32p4vlx2_1vlx4vl_sme2_mopa")
+    lf = F16PLhs2(mr, 4, 2)
+    got = g.call("guest_kai:getters", kai_so, kk.name, "get_lhs_packed_offset", [2 * mr, 256, 32],
+                 [3 * nr, 256, 32])
+    assert got == dict(m_step=mr, n_step=nr, mr=mr, nr=nr, kr=4, sr=2,
+                       lhs_offset=2 * lf.row_block_stride(256), rhs_offset=3 * rl.group_stride(256),
+                       dst_offset=332, dst_size=60)
+
+    def make_gemm(m, n, k, i):
+        x = rng.normal(size=(m, k)).astype(np.float32)
+        rp, v, dr = weights(n, k)
+        a16 = x.astype(np.float16).astype(np.float32)
+
+        def ref(c0, c1):
+            acc = np.zeros((m, n), np.float32)
+            for b in range(k // 32):
+                bs = np.zeros((m, n), np.float32)
+                for j in range(b * 32, b * 32 + 32):
+                    bs = (bs + a16[:, j:j + 1] * v[None, :, j].astype(np.float32)).astype(np.float32)
+                acc = fma_f32(bs, dr[None, :, b], acc)
+            return np.minimum(np.maximum(acc, np.float32(c0)), np.float32(c1))
+        return lf.pack(x), rp, ref
+    cases, refs = _cases([(1, 3, 32), (mr + 3, nr + 5, 64), (2, 7, 96)], make_gemm)
+    _check(g.call("guest_kai:run", kai_so, kk.name, "bl", cases), cases, refs, kk.name)
+
+
+def test_tuned_replaces_only_same_layouts(tmp_path, monkeypatch):
+    """--tuned: a tuned tile stands behind a KleidiAI name only when it reads the same packed
+    LHS and RHS as the default, in the same gemm/gemv role; its getters describe it."""
+    import json
+    tdir = tmp_path / "tuned"
+    tdir.mkdir()
+    fam = lambda gemm, gemv: {"gemm": gemm, "gemv": gemv, "shared_rhs": True, "scores": {}}  # noqa: E731
+    (tdir / "neoverse-n2.json").write_text(json.dumps({
+        "tilegen_tuned": 1, "target": "neoverse-n2", "model": "neoverse-n2",
+        "families": {"q4_0": fam("q4_0:dotprod:12x4", "q4_0:dotprod:1x12:k16:s2"),
+                     "q8_0": fam("q8_0:i8mm:12x4", None)}}))
+    monkeypatch.setenv("TILEGEN_TUNED_DIR", str(tdir))
+    over = K.tuned_overrides("neoverse-n2")
+    assert over == {"matmul_clamp_f32_qsi8d32p4x4_qsi4c32p4x4_16x4_neon_dotprod": "q4_0:dotprod:12x4",
+                    "matmul_clamp_f32_qai8dxp4x8_qsi8cxp4x8_16x4_neon_i8mm": "q8_0:i8mm:12x4"}
+    files = {f.path: f.text for f in K.export_files("neoverse-n2", tuned=True)}
+    kk = _by_name("qsi8d32p4x4_qsi4c32p4x4_16x4_neon_dotprod")
+    src = files[kk.source]
+    assert "tilegen_matmul_clamp_f32_qsi8d32p4x4_qsi4c32p4x4_12x4_neon_dotprod(" in src
+    assert re.search(r"kai_get_m_step_\w+\(void\) \{\n    return 12;", src)
+    assert "kai/ukernels/matmul/tilegen/tilegen_matmul_clamp_f32_qsi8d32p4x4_qsi4c32p4x4_12x4_neon_dotprod.S" in files
+    man = json.loads(files[K.MANIFEST])
+    assert sum(k["note"].startswith("tuned") for k in man["kernels"]) == 2
+    assert K.missing_symbols([K.ExportFile(p, t) for p, t in files.items()]) == []
+
+
+def test_cli_export(tmp_path, capsys):
+    from tilegen.cli import main
+    assert main(["export", "kleidiai", "--target", "neoverse-v2", "-o", str(tmp_path / "t")]) == 0
+    out = capsys.readouterr().out
+    assert "262 of 262" in out and "kai_run_matmul_clamp_f32_qsi8d32p4x8_qsi4c32p4x8_16x4_neon_i8mm: q4_0:i8mm:16x4 (asm)" in out
+    assert (tmp_path / "t" / "CMakeLists.txt").is_file()
+    assert (tmp_path / "t" / "kai" / "kai_common.h").is_file()
+    assert main(["export", "kleidiai", "--target", "nonesuch", "-o", str(tmp_path / "u")]) == 2
+
+
+# llama.cpp's kernels.cpp tables: (gemm, gemm LHS packer, gemv, gemv LHS packer, RHS packer,
+# RHS kind); the RHS is packed once at the gemm's nr/kr/sr and read by both.
+_Q4P, _Q4S = "rhs_pack_nxk_qsi4c32pscalef16_qsu4c32s16s0", "rhs_pack_nxk_qsi4c32ps1s0scalef16_qsu4c32s16s0_neon"
+_Q8P, _QAI = "rhs_pack_nxk_qsi8cxp_qsi8cx_neon", "lhs_quant_pack_qai8dxp_f32"
+_D32, _SB = "lhs_quant_pack_qsi8d32p_f32", "lhs_quant_pack_qsi8d32p4x8sb_f32_neon"
+LLAMA_TABLE = [
+    ("q4", "f16p1vlx2_qsi4c32p4vlx2_1vlx4vl_sme2_mopa", "lhs_pack_f16pmrx2_f32_neon",
+     "qsi8d32p1x4_qsi4c32p4vlx4_1x4vl_sme2_sdot", "lhs_quant_pack_qsi8d32p_f32_neon", _Q4S),
+    ("q4", "qsi8d32p4x8_qsi4c32p8x8_16x8_sve_i8mm", _SB, "qsi8d32p1x8_qsi4c32p8x8_1x8_sve_dotprod", _D32, _Q4P),
+    ("q4", "qsi8d32p4x8_qsi4c32p4x8_16x4_neon_i8mm", _SB, "qsi8d32p1x8_qsi4c32p4x8_1x4x32_neon_dotprod", _D32, _Q4P),
+    ("q4", "qsi8d32p4x4_qsi4c32p4x4_16x4_neon_dotprod", _D32, "qsi8d32p1x4_qsi4c32p4x4_1x4_neon_dotprod", _D32, _Q4P),
+    ("q8", "qai8dxp1vlx4_qsi8cxp4vlx4_1vlx4vl_sme2_mopa", _QAI, "qai8dxp1x4_qsi8cxp4vlx4_1x4vl_sme2_dot", _QAI, _Q8P),
+    ("q8", "qai8dxp1vlx4_qsi8cxp4vlx4_1vlx4vl_sme_mopa", _QAI, "qai8dxp1x4_qsi8cxp4vlx4_1x4vl_sme_dot", _QAI, _Q8P),
+    ("q8", "qai8dxp4x8_qsi8cxp4x8_16x4_neon_i8mm", _QAI, "qai8dxp1x8_qsi8cxp4x8_1x4_neon_dotprod", _QAI, _Q8P),
+    ("q8", "qai8dxp4x4_qsi8cxp4x4_16x4_neon_dotprod", _QAI, "qai8dxp1x4_qsi8cxp4x4_1x4_neon_dotprod", _QAI, _Q8P),
+    ("bf16", "bf16p2vlx2_bf16p2vlx2_2vlx2vl_sme2_mopa", "lhs_pack_bf16p2vlx2_f32_sme", None, None,
+     "rhs_pack_kxn_bf16p2vlx2b_f32_x32_sme"),
+    ("f32", "f32p2vlx1_f32p2vlx1biasf32_sme2_mopa", "lhs_pack_f32p2vlx1_f32_sme",
+     "f32_f32p2vlx1b_1x16vl_sme2_mla", None, "rhs_pack_nxk_f32p2vlx1biasf32_f32_f32_sme"),
+    ("f32", "f32p2vlx1_f32p2vlx1b_2vlx2vl_sme_mopa", "lhs_pack_f32p2vlx1_f32_sme", None, None,
+     "rhs_pack_nxk_f32p2vlx1biasf32_f32_f32_sme"),
+]
+_KIND = {"qsi8d32p_qsi4c32p": "bl", "f16p_qsi4c32p": "bl", "qai8dxp_qsi8cxp": "packed",
+         "bf16p_bf16p": "packed", "f32p_f32p": "packed", "f32_f32p": "rows"}
+
+
+@pytest.mark.parametrize("entry", LLAMA_TABLE, ids=lambda e: e[1])
+def test_llama_table_entry_end_to_end(kai_so, entry):
+    """One kernels.cpp table entry as kleidiai.cpp drives it, with the exported packers and
+    kernels (geometry only from the getters): gemm (m = 7) and gemv (m = 1) within the
+    quantisation error of the float product."""
+    if not _has_packers():
+        pytest.skip("needs tilegen.export.packers_c")
+    from tilegen.layout.ggml import dequantize_q4_0, quantize_q4_0
+    fam, gemm, gemm_lhs, gemv, gemv_lhs, rhs_packer = entry
+    g = guest("max", None, SVL_BITS)
+    rng = np.random.default_rng(17)
+    n, k = 37, 128
+    w = rng.normal(size=(n, k)).astype(np.float32)
+    if fam == "q4":
+        raw = quantize_q4_0(w)
+        wdat, wref, rkind, tol = dict(raw=raw, n=n), dequantize_q4_0(raw, n, k), "q4", 0.02
+    elif fam == "q8":
+        s = (np.abs(w).max(axis=1) / 127).astype(np.float32)
+        q = np.clip(np.rint(w / s[:, None]), -127, 127).astype(np.int8)
+        wdat, wref, rkind, tol = dict(q=q, scale=s), q.astype(np.float32) * s[:, None], "q8", 0.02
+    else:
+        wdat, wref = dict(w=w), w
+        rkind = "kxn" if fam == "bf16" else "nxk"
+        tol = 0.01 if fam == "bf16" else 1e-5
+    byname = {kk.name: kk for kk in K.KERNELS}
+    for kern, lhs_packer, m in ((gemm, gemm_lhs, 7), (gemv, gemv_lhs, 1)):
+        if kern is None:
+            continue
+        name = "matmul_clamp_f32_" + kern
+        x = rng.normal(size=(m, k)).astype(np.float32)
+        got = g.call("guest_kai:llama_flow", kai_so, name, _KIND[byname[name].abi],
+                     "matmul_clamp_f32_" + gemm, lhs_packer and "" + lhs_packer,
+                     bool(lhs_packer) and byname[name].abi in ("qsi8d32p_qsi4c32p", "f16p_qsi4c32p"),
+                     rhs_packer, rkind, x, wdat)
+        ref = x.astype(np.float64) @ wref.astype(np.float64).T
+        err = np.abs(got - ref).max() / np.abs(ref).max()
+        assert err < tol, f"{kern} m={m}: relative error {err}"
+
+
+def test_tuned_pairs_end_to_end(tmp_path_factory):
+    """--tuned-pairs for a preset whose tuned q4_0 pair has nr 12: the replaced table entries
+    still compute the product (RHS packed at the tuned gemm's nr, read by the tuned gemv)."""
+    if not _has_packers():
+        pytest.skip("needs tilegen.export.packers_c")
+    from tilegen.layout.ggml import dequantize_q4_0, quantize_q4_0
+    over = K.tuned_pair_overrides("neoverse-v2")
+    entries = [e for e in LLAMA_TABLE if "matmul_clamp_f32_" + e[1] in over]
+    if not entries:
+        pytest.skip("the committed neoverse-v2 tuned file pairs no kernels.cpp entry")
+    tc = _toolchain()
+    base = tmp_path_factory.mktemp("kaituned")
+    man = K.write_tree(base / "tree", target="neoverse-v2", tuned="pairs")
+    assert man["missing"] == []
+    (base / "aarch64.cmake").write_text(K.cmake_toolchain(cc=tc.driver[0]))
+    _run(["cmake", "-S", base / "tree", "-B", base / "build", "-DCMAKE_BUILD_TYPE=Release",
+          *(["-G", "Ninja"] if shutil.which("ninja") else []),
+          f"-DCMAKE_TOOLCHAIN_FILE={base / 'aarch64.cmake'}"])
+    _run(["cmake", "--build", base / "build", "-j", "2"])
+    so = base / "libkai_tuned.so"
+    _run(tc.link_cmd(["-Wl,--whole-archive", base / "build" / "libkleidiai.a",
+                      "-Wl,--no-whole-archive"], so))
+    g = guest("max")
+    rng = np.random.default_rng(18)
+    n, k = 29, 96
+    raw = quantize_q4_0(rng.normal(size=(n, k)).astype(np.float32))
+    wref = dequantize_q4_0(raw, n, k).astype(np.float64)
+    byname = {kk.name: kk for kk in K.KERNELS}
+    for fam, gemm, gemm_lhs, gemv, gemv_lhs, rhs_packer in entries:
+        got_nr = g.call("guest_kai:getters", str(so), "matmul_clamp_f32_" + gemm,
+                        "get_lhs_packed_offset", [0, k, 32], [0, k, 32])["nr"]
+        assert got_nr == parse_nr(over["matmul_clamp_f32_" + gemm])
+        for kern, lhs_packer, m in ((gemm, gemm_lhs, 9), (gemv, gemv_lhs, 1)):
+            name = "matmul_clamp_f32_" + kern
+            x = rng.normal(size=(m, k)).astype(np.float32)
+            got = g.call("guest_kai:llama_flow", str(so), name, _KIND[byname[name].abi],
+                         "matmul_clamp_f32_" + gemm, lhs_packer, True, rhs_packer, "q4",
+                         x, dict(raw=raw, n=n))
+            ref = x.astype(np.float64) @ wref.T
+            assert np.abs(got - ref).max() / np.abs(ref).max() < 0.02, (kern, m)
+
+
+def parse_nr(spec: str) -> int:
+    return tilegen.parse_spec(spec).nr
+
+
+@pytest.mark.parametrize("gemm,lhs_packer,m,rounding", [
+    ("qsi8d32p4x4_qsi4c32p4x4_16x4_neon_dotprod", _D32, 7, "away"),
+    ("qsi8d32p1x4_qsi4c32p4x4_1x4_neon_dotprod", _D32, 1, "away"),
+    ("qsi8d32p4x8_qsi4c32p8x8_16x8_sve_i8mm", _SB, 7, "even"),
+    ("qsi8d32p4x8_qsi4c32p4x8_16x4_neon_i8mm", _SB, 9, "even")])
+def test_llama_flow_q4_bit_exact(kai_so, gemm, lhs_packer, m, rounding):
+    """The exported C packers + kernel of a q4_0 entry (as kleidiai.cpp calls them) give the
+    bytes of tilegen's numpy pipeline: dst equals the reference bit for bit."""
+    if not _has_packers():
+        pytest.skip("needs tilegen.export.packers_c")
+    from tilegen.layout.ggml import quantize_q4_0
+    from tilegen.layout.q4 import QSI8D32P
+    from tilegen.reference_q4 import matmul_qsi8d32p_qsi4c32pscalef16 as ref_q4
+    rng = np.random.default_rng(19)
+    n, k = 37, 256
+    raw = quantize_q4_0(rng.normal(size=(n, k)).astype(np.float32))
+    name = "matmul_clamp_f32_" + gemm
+    spec = _by_name(gemm).kernel_spec
+    x = rng.normal(size=(m, k)).astype(np.float32)
+    got = guest("max").call("guest_kai:llama_flow", kai_so, name, "bl", name, lhs_packer, True,
+                            _Q4P, "q4", x, dict(raw=raw, n=n))
+    ll = lhs_layout_for(spec)
+    lp = QSI8D32P(ll.mr, ll.kr, ll.sr, 32, rounding).pack(x)
+    rp = pack_rhs("qsi4c32pscalef16", ggml=raw, n=n, k=k, nr=spec.nr, kr=spec.kr, sr=spec.sr, bl=32)
+    want = ref_q4(lp, rp, m, n, k, 32, ll.mr, spec.nr, spec.kr, spec.sr, -FMAX, FMAX)
+    assert np.array_equal(got, want), np.abs(got - want).max()
+
+
+def _kai_vectors():
+    vec = Path(__file__).resolve().parents[2] / "shared" / "vectors"
+    names = {k.name for k in K.KERNELS}
+    return [p for p in sorted(vec.glob("matmul_clamp_f32_*.npz"))
+            if re.sub(r"_m\d+_n\d+_k\d+(_bl\d+)?$", "", p.stem) in names]
+
+
+@pytest.mark.parametrize("path", _kai_vectors(), ids=lambda p: p.stem)
+def test_reproduces_kleidiai_vectors(kai_so, path):
+    """KleidiAI's own packed buffers through the exported name: KleidiAI's dst bit for bit, and
+    the getters' mr/nr/kr/sr are KleidiAI's."""
+    z = np.load(path)
+    name = re.sub(r"_m\d+_n\d+_k\d+(_bl\d+)?$", "", path.stem)
+    kk = next(k for k in K.KERNELS if k.name == name)
+    m, n, k = int(z["m"]), int(z["n"]), int(z["k"])
+    g = guest("max")
+    got = g.call("guest_kai:getters", kai_so, name, "get_lhs_packed_offset", [0, k, 32], [0, k, 32])
+    assert [got[x] for x in ("mr", "nr", "kr", "sr")] == [int(z[x]) for x in ("mr", "nr", "kr", "sr")]
+    case = dict(m=m, n=n, k=k, bl=int(z["bl"]), lhs=z["lhs_packed"], rhs=z["rhs_packed"],
+                clamp_min=float(z["clamp_min"]), clamp_max=float(z["clamp_max"]), sentinel=SENT)
+    out = g.call("guest_kai:run", kai_so, name, _KIND[kk.abi], [case])[0]
+    assert np.array_equal(out[:m, :n].view(np.uint32), z["dst"].view(np.uint32))

@@ -1,0 +1,1036 @@
+"""``tilegen export kleidiai``: a source tree that builds in place of KleidiAI v1.24.0.
+
+llama.cpp's CPU backend adds KleidiAI with ``add_subdirectory`` and links a target
+``kleidiai``; its ``kleidiai/kernels.cpp`` includes one header per micro-kernel and packer and
+takes the address of ~300 ``kai_`` functions.  This module writes a tree with the same include
+paths and C ABI whose implementations are tilegen's:
+
+* every matmul micro-kernel llama.cpp names (:data:`KERNELS`) is either a tilegen assembly
+  kernel that reads the same packed layouts (rendered once per spec under a hidden symbol
+  ``tilegen_<name>``; the ``kai_run_*`` function is a one-call C wrapper that adapts the
+  argument list) or, where no tilegen kernel reads the layouts, a small portable C
+  implementation generated here (``impl="c"``);
+* the getters (m_step, n_step, mr, nr, kr, sr, packed offsets, dst offset/size) are generated
+  C from the spec and its layout objects (``tilegen.layout``: the same stride expressions the
+  Python runtime evaluates).  Tiles in vector-length units read the streaming vector length
+  (``rdsvl``) at run time, as KleidiAI's SME getters do;
+* the LHS/RHS packers come from :mod:`tilegen.export.packers_c` when that module is present
+  (:func:`packer_files`); without it the tree lacks their symbols and :func:`missing_symbols`
+  lists them;
+* ``kai/kai_common.h`` (+ ``kai_common.c``) provides what llama.cpp and the packers use from
+  KleidiAI's common header, and ``CMakeLists.txt`` defines the static target ``kleidiai``.
+
+Signatures are KleidiAI's public ones (facts of its headers); the code is tilegen's own.
+"""
+from __future__ import annotations
+
+import json
+import re
+from dataclasses import dataclass
+from pathlib import Path
+
+from .. import __version__
+from ..generator.abi import signature
+from ..generator.render import render
+from ..generator.spec import KernelSpec, parse_spec
+from ..layout import lhs_layout_for, rhs_layout_for
+from ..layout.base import c_expr, eval_expr
+from .files import ExportFile
+
+__all__ = ["KAI_VERSION", "Abi", "ABIS", "KaiKernel", "KERNELS", "kai_symbols", "export_files", "ExportFile",
+           "write_tree", "missing_symbols", "tuned_pair_overrides", "ENTRIES", "packer_files", "mapping_table", "tuned_overrides",
+           "ExportError"]
+
+KAI_VERSION = "1.24.0"
+MANIFEST = "TILEGEN_EXPORT.json"
+_SYMBOLS_FILE = Path(__file__).resolve().parent / "kai_symbols.txt"
+_VLS = tuple(range(16, 257, 16))
+
+
+class ExportError(RuntimeError):
+    """The export cannot be written as asked (the message names the kernel or file)."""
+
+
+# -- KleidiAI interface families ----------------------------------------------------------
+
+@dataclass(frozen=True)
+class Abi:
+    """One KleidiAI matmul interface: directory, getter parameter lists and run signature
+    (facts of KleidiAI's headers), and how a tilegen kernel of ``family`` is called from it."""
+
+    key: str
+    directory: str              # under kai/ukernels/matmul/
+    interface: str              # <...>_interface.h stem and ukernel struct name
+    lhs_getter: str             # get_lhs_packed_offset, or get_lhs_offset (plain f32 rows)
+    lhs_params: str
+    rhs_params: str
+    run_params: str
+    tilegen_args: str           # the tilegen kernel's arguments, in terms of run_params
+
+
+_Q4_RUN = ("size_t m, size_t n, size_t k, size_t bl, const void* lhs_packed, "
+           "const void* rhs_packed, float* dst, size_t dst_stride_row, size_t dst_stride_col, "
+           "float scalar_min, float scalar_max")
+_Q4_ARGS = ("m, n, k, bl, lhs_packed, rhs_packed, dst, dst_stride_row, dst_stride_col, "
+            "scalar_min, scalar_max")
+_PACKED_VOID_RUN = ("size_t m, size_t n, size_t k, const void* lhs_packed, const void* rhs_packed, "
+                    "void* dst, size_t dst_stride_row, size_t dst_stride_col, float clamp_min, "
+                    "float clamp_max")
+
+ABIS: dict[str, Abi] = {a.key: a for a in (
+    Abi("qsi8d32p_qsi4c32p", "matmul_clamp_f32_qsi8d32p_qsi4c32p",
+        "matmul_clamp_f32_qsi8d32p_qsi4c32p", "get_lhs_packed_offset",
+        "size_t m_idx, size_t k, size_t bl", "size_t n_idx, size_t k, size_t bl", _Q4_RUN, _Q4_ARGS),
+    Abi("f16p_qsi4c32p", "matmul_clamp_f32_f16p_qsi4c32p", "matmul_clamp_f32_f16p_qsi4c32p",
+        "get_lhs_packed_offset", "size_t m_idx, size_t k, size_t bl",
+        "size_t n_idx, size_t k, size_t bl", _Q4_RUN, _Q4_ARGS),
+    Abi("qai8dxp_qsi8cxp", "matmul_clamp_f32_qai8dxp_qsi8cxp", "matmul_clamp_f32_qai8dxp_qsi8cxp",
+        "get_lhs_packed_offset", "size_t m_idx, size_t k", "size_t n_idx, size_t k",
+        "size_t m, size_t n, size_t k, const void* lhs_packed, const void* rhs_packed, float* dst, "
+        "size_t dst_stride_row, size_t dst_stride_col, float scalar_min, float scalar_max",
+        "m, n, k, lhs_packed, rhs_packed, dst, dst_stride_row, dst_stride_col, scalar_min, "
+        "scalar_max"),
+    Abi("bf16p_bf16p", "matmul_clamp_fp32_bf16p_bf16p", "matmul_clamp_f32_bf16p_bf16p",
+        "get_lhs_packed_offset", "size_t m_idx, size_t k", "size_t n_idx, size_t k",
+        _PACKED_VOID_RUN,
+        "m, n, k, lhs_packed, rhs_packed, dst, dst_stride_row, dst_stride_col, clamp_min, clamp_max"),
+    # tilegen's f32 kernels take (lhs, lhs_stride): a packed LHS is one block of rows, 4k apart
+    Abi("f32p_f32p", "matmul_clamp_f32_f32p_f32p", "matmul_clamp_f32_f32p_f32p",
+        "get_lhs_packed_offset", "size_t m_idx, size_t k", "size_t n_idx, size_t k",
+        _PACKED_VOID_RUN,
+        "m, n, k, lhs_packed, 4 * k, rhs_packed, dst, dst_stride_row, dst_stride_col, clamp_min, "
+        "clamp_max"),
+    Abi("f32_f32p", "matmul_clamp_f32_f32_f32p", "matmul_clamp_f32_f32_f32p", "get_lhs_offset",
+        "size_t m_idx, size_t stride", "size_t n_idx, size_t k",
+        "size_t m, size_t n, size_t k, const void* lhs, size_t lhs_stride, const void* rhs_packed, "
+        "void* dst, size_t dst_stride_row, size_t dst_stride_col, float clamp_min, float clamp_max",
+        "m, n, k, lhs, lhs_stride, rhs_packed, dst, dst_stride_row, dst_stride_col, clamp_min, "
+        "clamp_max"),
+)}
+
+
+# -- the micro-kernels llama.cpp's kernels.cpp names --------------------------------------
+
+@dataclass(frozen=True)
+class KaiKernel:
+    """One KleidiAI matmul micro-kernel name and what stands behind it.
+
+    ``spec``: the tilegen kernel (assembly) whose getters the name gets, or None with
+    ``c_impl`` naming the generated portable C implementation.  ``same_layouts``: the spec
+    reads the packed LHS and RHS the KleidiAI name describes (False: it reads layouts the
+    packers make from the getters' mr/nr/kr/sr, e.g. an outer-product tile standing in for a
+    gemv).  ``note``: one line for docs/export.md."""
+
+    name: str
+    abi: str
+    spec: str | None
+    same_layouts: bool = True
+    c_impl: str | None = None
+    note: str = ""
+
+    @property
+    def header(self) -> str:
+        return f"kai/ukernels/matmul/{ABIS[self.abi].directory}/kai_{self.name}.h"
+
+    @property
+    def source(self) -> str:
+        return self.header[:-2] + ".c"
+
+    @property
+    def kernel_spec(self) -> KernelSpec | None:
+        return parse_spec(self.spec) if self.spec else None
+
+
+def _k(name: str, abi: str, spec: str | None, **kw) -> KaiKernel:
+    return KaiKernel("matmul_clamp_f32_" + name, abi, spec, **kw)
+
+
+_Q4, _Q8 = "qsi8d32p_qsi4c32p", "qai8dxp_qsi8cxp"
+KERNELS: tuple[KaiKernel, ...] = (
+    _k("qsi8d32p1x8_qsi4c32p4x8_1x4x32_neon_dotprod", _Q4, "q4_0:dotprod:1x4:k16:s2",
+       note="n_step 4 (KleidiAI's 32 is a loop unroll)"),
+    _k("qsi8d32p1x4_qsi4c32p4x4_1x4_neon_dotprod", _Q4, "q4_0:dotprod:1x4"),
+    _k("qsi8d32p4x4_qsi4c32p4x4_16x4_neon_dotprod", _Q4, "q4_0:dotprod:16x4"),
+    _k("qsi8d32p4x8_qsi4c32p4x8_16x4_neon_i8mm", _Q4, "q4_0:i8mm:16x4"),
+    _k("qsi8d32p4x8_qsi4c32p8x8_16x8_sve_i8mm", _Q4, "q4_0:i8mm:16x8",
+       note="NEON SMMLA on the same fixed-width layouts (every SVE+I8MM CPU has NEON I8MM)"),
+    _k("qsi8d32p1x8_qsi4c32p8x8_1x8_sve_dotprod", _Q4, "q4_0:dotprod:1x8:k16:s2",
+       note="NEON SDOT on the same fixed-width layouts"),
+    _k("qsi8d32p1x4_qsi4c32p4vlx4_1x4vl_sme2_sdot", _Q4, None, c_impl="qsi8d32p_ps1s0_gemv",
+       note="no tilegen kernel reads qsi4c32ps1s0scalef16 (s1s0 nibbles, scales at the group "
+            "end): generated portable C"),
+    _k("f16p1vlx2_qsi4c32p4vlx2_1vlx4vl_sme2_mopa", "f16p_qsi4c32p", None,
+       c_impl="f16p_ps1s0_gemm",
+       note="f16 LHS x qsi4c32ps1s0scalef16: no tilegen kernel; generated portable C"),
+    _k("qai8dxp1vlx4_qsi8cxp4vlx4_1vlx4vl_sme2_mopa", _Q8, "q8_0:sme:1vlx4vl",
+       note="the SME1 SMOPA kernel (SME2 CPUs run it)"),
+    _k("qai8dxp1x4_qsi8cxp4vlx4_1x4vl_sme2_dot", _Q8, "q8_0:sme2:1x4vl"),
+    _k("qai8dxp1vlx4_qsi8cxp4vlx4_1vlx4vl_sme_mopa", _Q8, "q8_0:sme:1vlx4vl"),
+    _k("qai8dxp1x4_qsi8cxp4vlx4_1x4vl_sme_dot", _Q8, "q8_0:sme:1vlx4vl", same_layouts=False,
+       note="SME1 has no tilegen gemv: the 1vlx4vl SMOPA tile on the same RHS; its getters say "
+            "mr = m_step = 1vl, so llama.cpp packs the LHS as qai8dxp1vlx4"),
+    _k("qai8dxp1x8_qsi8cxp4x8_1x4_neon_dotprod", _Q8, "q8_0:dotprod:1x4:k8:s1"),
+    _k("qai8dxp1x4_qsi8cxp4x4_1x4_neon_dotprod", _Q8, "q8_0:dotprod:1x4"),
+    _k("qai8dxp4x4_qsi8cxp4x4_16x4_neon_dotprod", _Q8, "q8_0:dotprod:16x4"),
+    _k("qai8dxp4x8_qsi8cxp4x8_16x4_neon_i8mm", _Q8, "q8_0:i8mm:16x4"),
+    _k("bf16p2vlx2_bf16p2vlx2_2vlx2vl_sme2_mopa", "bf16p_bf16p", "bf16:sme2:2vlx2vl",
+       note="RHS bf16p2vlx2b (KleidiAI's kernel name drops the b)"),
+    _k("f32p2vlx1_f32p2vlx1biasf32_sme2_mopa", "f32p_f32p", "f32:sme2:2vlx2vl",
+       note="f32p2vlx1biasf32 = f32p2vlx1b byte for byte (bias panel first)"),
+    _k("f32_f32p2vlx1b_1x16vl_sme2_mla", "f32_f32p", "f32:sme2:1x2vl",
+       note="n_step 2vl (KleidiAI's 16vl is a loop unroll over 2vl panels)"),
+    _k("f32p2vlx1_f32p2vlx1b_2vlx2vl_sme_mopa", "f32p_f32p", "f32:sme:2vlx2vl"),
+)
+
+
+def kai_symbols() -> list[str]:
+    """Every ``kai_`` identifier llama.cpp's kernels.cpp/kleidiai.cpp reference (the committed
+    list, made once with ``grep -o "kai_[a-zA-Z0-9_]*" kernels.cpp kleidiai.cpp | sort -u``)."""
+    return [s for s in _SYMBOLS_FILE.read_text().split() if s]
+
+
+def function_symbols() -> list[str]:
+    """The functions among :func:`kai_symbols` (getters and run functions): what must link."""
+    return [s for s in kai_symbols() if s.startswith(("kai_get_", "kai_run_"))]
+
+
+# -- generated C ------------------------------------------------------------------------
+
+_HDR = "/* Generated by tilegen {ver} (tilegen export kleidiai) -- do not edit. */\n"
+
+
+def _banner() -> str:
+    return _HDR.format(ver=__version__)
+
+
+_SVL = """static inline size_t tg_svl_bytes(void) {
+    size_t v;
+    __asm__ volatile(".arch_extension sme\\n\\trdsvl %0, #1" : "=r"(v));
+    return v;
+}
+"""
+_SVEVL = """static inline size_t tg_vl_bytes(void) {
+    size_t v;
+    __asm__ volatile(".arch_extension sve\\n\\tcntb %0" : "=r"(v));
+    return v;
+}
+"""
+
+
+def _vl_fn(spec: KernelSpec) -> str:
+    return "tg_svl_bytes()" if spec.vl_kind == "sme" else "tg_vl_bytes()"
+
+
+def _linear_in_vl(fn, what: str) -> str:
+    """C for a per-row-block byte count that scales with the vector length: ``fn(vl)`` gives
+    the stride expression (in k, bl) at ``vl`` bytes; checked to be ``vl/16`` times the one at
+    16 bytes for every VL and a range of k."""
+    e16 = fn(16)
+    for vl in _VLS:
+        e = fn(vl)
+        for k in (32, 64, 96, 128, 256, 4096, 1, 5, 33):
+            try:
+                a, b = eval_expr(e, k=k, bl=32), eval_expr(e16, k=k, bl=32)
+            except (ZeroDivisionError, ValueError):
+                continue
+            if a != (vl // 16) * b:
+                raise ExportError(f"{what}: stride {e!r} at VL {vl} is not {vl // 16} x {e16!r}")
+    return f"(({{vl}} / 16) * ({c_expr(e16)}))"
+
+
+@dataclass(frozen=True)
+class _Getters:
+    m_step: str
+    n_step: str
+    mr: str
+    nr: str
+    kr: str
+    sr: str
+    lhs_offset: str           # expression in the ABI's lhs getter parameters
+    rhs_offset: str
+    prelude: str              # helper definitions the expressions use
+
+
+def _spec_getters(kk: KaiKernel, spec: KernelSpec) -> _Getters:
+    abi = ABIS[kk.abi]
+    vl = _vl_fn(spec) if spec.vl_scaled else None
+
+    def units(n: int, scaled: bool) -> str:
+        return f"({n} * ({vl} / 4))" if scaled else str(n)
+
+    lhs = lhs_layout_for(spec) if not spec.vl_scaled else (
+        lhs_layout_for(spec, 32, 16) if spec.packs_lhs else None)
+    if spec.packs_lhs:
+        mr = units(spec.lhs_mr, spec.mr_vl)
+        if spec.vl_scaled and spec.mr_vl:
+            stride = _linear_in_vl(lambda v: lhs_layout_for(spec, 32, v).stride_expr,
+                                   f"{kk.name} LHS").format(vl=vl)
+        elif spec.vl_scaled:   # LHS rows fixed, RHS VL-scaled
+            stride = f"({c_expr(lhs_layout_for(spec, 32, 16).stride_expr)})"
+        else:
+            stride = f"({c_expr(lhs.stride_expr)})"
+        lhs_off = f"(m_idx / {mr}) * {stride}"
+    else:
+        mr = "1"
+        lhs_off = "m_idx * stride"
+    if abi.lhs_getter == "get_lhs_packed_offset" and not spec.packs_lhs:
+        raise ExportError(f"{kk.name}: ABI {abi.key} needs a packed LHS, {spec} reads f32 rows")
+    nr = units(spec.nr, spec.nr_vl)
+    if spec.nr_vl:
+        rstride = _linear_in_vl(lambda v: rhs_layout_for(spec, 32, v).stride_expr,
+                                f"{kk.name} RHS").format(vl=vl)
+    else:
+        rstride = f"({c_expr(rhs_layout_for(spec).stride_expr)})"
+    rhs_off = f"(n_idx / {nr}) * {rstride}"
+    prelude = ""
+    if spec.vl_scaled:
+        prelude = _SVL if spec.vl_kind == "sme" else _SVEVL
+    return _Getters(units(spec.mr, spec.mr_vl), nr if spec.nr_vl else str(spec.nr), mr, nr,
+                    str(spec.kr), str(spec.sr), lhs_off, rhs_off, prelude)
+
+
+def _getter_protos(kk: KaiKernel) -> list[tuple[str, str]]:
+    """(function name, parameter list) of every getter, in KleidiAI's order."""
+    abi, n = ABIS[kk.abi], kk.name
+    return [(f"kai_get_{g}_{n}", "void") for g in ("m_step", "n_step", "mr", "nr", "kr", "sr")] + [
+        (f"kai_{abi.lhs_getter}_{n}", abi.lhs_params),
+        (f"kai_get_rhs_packed_offset_{n}", abi.rhs_params),
+        (f"kai_get_dst_offset_{n}", "size_t m_idx, size_t n_idx, size_t dst_stride"),
+        (f"kai_get_dst_size_{n}", "size_t m, size_t n")]
+
+
+def _getter_bodies(g: _Getters) -> list[str]:
+    return [g.m_step, g.n_step, g.mr, g.nr, g.kr, g.sr, g.lhs_offset, g.rhs_offset,
+            "m_idx * dst_stride + n_idx * sizeof(float)", "m * n * sizeof(float)"]
+
+
+def _unused(params: str, body: str) -> str:
+    names = [p.split()[-1].lstrip("*") for p in params.split(",") if p.strip() != "void"]
+    return "".join(f"    (void){p};\n" for p in names if not re.search(rf"\b{p}\b", body))
+
+
+def ukernel_header(kk: KaiKernel) -> str:
+    abi = ABIS[kk.abi]
+    guard = f"KAI_{kk.name.upper()}_H"
+    spec = kk.kernel_spec
+    what = (f"tilegen kernel {spec.spec_string} ({spec.name}, assembly)" if spec
+            else f"tilegen generated portable C ({kk.c_impl})")
+    out = [_banner(), f"#ifndef {guard}", f"#define {guard}", "", "#include <stddef.h>", "",
+           "#ifdef __cplusplus", 'extern "C" {', "#endif", "",
+           f"/* KleidiAI micro-kernel {kk.name}, implemented by {what}. */", ""]
+    for name, params in _getter_protos(kk):
+        out.append(f"size_t {name}({params});")
+    out += ["", f"void kai_run_{kk.name}({abi.run_params});", "", "#ifdef __cplusplus", "}",
+            "#endif", f"#endif /* {guard} */", ""]
+    return "\n".join(out)
+
+
+def _tilegen_symbol(spec: KernelSpec) -> str:
+    return f"tilegen_{spec.name}"
+
+
+def _tilegen_proto(spec: KernelSpec) -> str:
+    args = ", ".join(f"{p.ctype} {p.name}" for p in signature(spec.family))
+    return (f'__attribute__((visibility("hidden"))) void {_tilegen_symbol(spec)}({args});')
+
+
+def ukernel_source(kk: KaiKernel) -> str:
+    abi = ABIS[kk.abi]
+    spec = kk.kernel_spec
+    if spec is not None:
+        g = _spec_getters(kk, spec)
+        impl_decl = _tilegen_proto(spec)
+        run_body = f"    {_tilegen_symbol(spec)}({abi.tilegen_args});\n"
+        head = (f"/* {kk.name}: tilegen {spec.spec_string} ({spec.name}); getters from its "
+                f"spec and layout objects (LHS {spec.lhs_format}, RHS {spec.rhs_format}). */")
+        extra = ""
+    else:
+        g, extra, run_body = _C_IMPLS[kk.c_impl](kk)
+        impl_decl = ""
+        head = f"/* {kk.name}: tilegen generated portable C ({kk.c_impl}); not SME assembly. */"
+    out = [_banner(), head, f'#include "{Path(kk.header).name}"', "",
+           "#include <stddef.h>", "#include <stdint.h>", ""]
+    if g.prelude:
+        out.append(g.prelude)
+    if impl_decl:
+        out += [impl_decl, ""]
+    for (name, params), body in zip(_getter_protos(kk), _getter_bodies(g)):
+        out.append(f"size_t {name}({params}) {{\n{_unused(params, body)}    return {body};\n}}\n")
+    if extra:
+        out.append(extra)
+    out.append(f"void kai_run_{kk.name}({abi.run_params}) {{\n{run_body}}}\n")
+    return "\n".join(out)
+
+
+# -- generated portable C for the layouts no tilegen kernel reads --------------------------
+#
+# llama.cpp's SME2 Q4_0 entry: RHS qsi4c32ps1s0scalef16, LHS f16p<mr>x2 (gemm) and qsi8d32p with
+# the scales behind the values (gemv); byte maps in tilegen.layout.q4_sme (docs/layouts.md).
+# Every size and address below is an expression over the layout objects' geometry, checked here
+# against the objects' own methods (_checked) at every SVL and over a grid of positions.
+
+_PS1S0_NR_UNITS = 4          # qsi4c32p4vlx4 / 4vlx2: nr = 4 VL of f32 lanes
+_KR, _SR, _BL = 4, 2, 32     # KleidiAI's kr/sr of both kernels (its packer asserts them)
+
+
+def _q4_sme_layouts(vl: int):
+    from ..layout.q4_sme import F16PLhs2, QSI4C32PS1S0ScaleF16, QSI8D32PScaleTail
+    return (QSI4C32PS1S0ScaleF16(_PS1S0_NR_UNITS * vl // 4, _KR, _SR, _BL),
+            QSI8D32PScaleTail(1, _KR, 1, _BL), F16PLhs2(vl // 4, _KR, _SR))
+
+
+def _checked(c: str, env_names: tuple[str, ...], method, grid) -> str:
+    """``c`` (a C expression over size_t names) agrees with ``method(**point)`` on ``grid``."""
+    py = compile(c.replace("/", "//"), "<c>", "eval")
+    for point in grid:
+        want = method(point)
+        got = eval(py, {"__builtins__": {}}, {n: point[n] for n in env_names})  # noqa: S307
+        if got != want:
+            raise ExportError(f"generated C {c!r} gives {got} at {point}, the layout {want}")
+    return c
+
+
+def _ps1s0_exprs() -> dict[str, str]:
+    grid_r, grid_l, grid_f = [], [], []
+    for vl in (16, 32, 64, 256):
+        rl, ll, lf = _q4_sme_layouts(vl)
+        for k in (32, 64, 160):
+            for col in (0, 1, rl.nr - 1):
+                for t in range(0, k, 2):
+                    grid_r.append(dict(vl=vl, nr=rl.nr, k=k, col=col, kk=t, b=t // _BL, lay=rl))
+            for x in (0, lf.mr - 1):
+                for t in range(k):
+                    grid_f.append(dict(mr=lf.mr, x=x, kk=t, lay=lf))
+            for t in range(k):
+                grid_l.append(dict(k=k, kk=t, b=t // _BL, lay=ll))
+    kr = str(_KR)
+    return {
+        "rhs_byte": _checked(f"(kk / {kr}) * (nr * {kr} / 2) + col * ({kr} / 2) + (kk % {kr}) / 2",
+                             ("kk", "nr", "col"), lambda p: p["lay"].byte_offset(p["col"], p["kk"]),
+                             grid_r),
+        "rhs_scale": _checked("nr * k / 2 + (b * nr + col) * 2", ("nr", "k", "b", "col"),
+                              lambda p: p["lay"].scale_offset(p["col"], p["b"], p["k"]), grid_r),
+        "lhs_q": _checked(f"(kk / {kr}) * {kr} + kk % {kr}", ("kk",),
+                          lambda p: p["lay"].element_offset(0, p["kk"]), grid_l),
+        "lhs_scale": _checked("k + b * 2", ("k", "b"),
+                              lambda p: p["lay"].scale_offset(0, p["b"], p["k"]), grid_l),
+        "f16_elem": _checked("((kk / 2) * mr * 2 + x * 2 + kk % 2) * 2", ("kk", "mr", "x"),
+                             lambda p: p["lay"].element_offset(p["x"], p["kk"]), grid_f),
+    }
+
+
+def _ps1s0_read(e: dict[str, str]) -> str:
+    return f"""/* int4 value of (column col, element kk) of a qsi4c32ps1s0scalef16 group: s1s0 nibbles
+   (element 2j low, 2j+1 high), unsigned with zero point 8 */
+static inline int tg_ps1s0_q(const uint8_t* grp, size_t nr, size_t col, size_t kk) {{
+    const uint8_t byte = grp[{e["rhs_byte"]}];
+    return (int)((kk % 2) ? (byte >> 4) : (byte & 0xF)) - 8;
+}}
+
+static inline float tg_ps1s0_scale(const uint8_t* grp, size_t nr, size_t k, size_t b, size_t col) {{
+    return tg_f16(grp + {e["rhs_scale"]});
+}}
+"""
+
+
+_F16 = """/* nr = 4 x SVL/4 f32 lanes, at most 4 x 256/4 */
+#define TG_MAX_NR (4 * 256 / 4)
+
+static inline float tg_f16(const uint8_t* p) {
+    uint16_t h = (uint16_t)(p[0] | (p[1] << 8));
+    __fp16 v;
+    __builtin_memcpy(&v, &h, 2);
+    return (float)v;
+}
+
+static inline float tg_clamp(float v, float lo, float hi) {
+    return __builtin_fminf(__builtin_fmaxf(v, lo), hi);
+}
+"""
+
+
+def _vl_stride(which: int, what: str) -> str:
+    return _linear_in_vl(lambda v: _q4_sme_layouts(v)[which].stride_expr, what).format(
+        vl="tg_svl_bytes()")
+
+
+def _c_qsi8d32p_ps1s0_gemv(kk: KaiKernel):
+    """qsi8d32p1x4 (scale-tail, mr = 1) x qsi4c32ps1s0scalef16.  dst = sum over blocks of
+    isum * (lhs scale * rhs scale), one fused multiply-add per block in k order (the product of
+    two f16 is exact in f32)."""
+    e = _ps1s0_exprs()
+    nr = f"({_PS1S0_NR_UNITS} * (tg_svl_bytes() / 4))"
+    lstride = c_expr(_q4_sme_layouts(16)[1].stride_expr)
+    rstride = _vl_stride(0, f"{kk.name} RHS")
+    g = _Getters("1", nr, "1", nr, str(_KR), str(_SR), f"(m_idx / 1) * ({lstride})",
+                 f"(n_idx / {nr}) * {rstride}", _SVL + _F16 + _ps1s0_read(e))
+    body = f"""    (void)dst_stride_col;
+    const size_t nr = {nr};
+    const size_t nblk = k / bl;
+    const size_t lstride = {lstride};
+    const size_t rstride = {rstride};
+    int32_t isum[TG_MAX_NR];
+    float acc[TG_MAX_NR];
+    for (size_t r = 0; r < m; ++r) {{
+        const uint8_t* lrow = (const uint8_t*)lhs_packed + r * lstride;
+        float* out = (float*)((uint8_t*)dst + r * dst_stride_row);
+        for (size_t c0 = 0; c0 < n; c0 += nr) {{
+            const uint8_t* grp = (const uint8_t*)rhs_packed + (c0 / nr) * rstride;
+            const size_t nc = n - c0 < nr ? n - c0 : nr;
+            for (size_t col = 0; col < nc; ++col) acc[col] = 0.0f;
+            for (size_t b = 0; b < nblk; ++b) {{
+                for (size_t col = 0; col < nc; ++col) isum[col] = 0;
+                for (size_t kk = b * bl; kk < (b + 1) * bl; ++kk) {{
+                    const int32_t a = (int8_t)lrow[{e["lhs_q"]}];
+                    for (size_t col = 0; col < nc; ++col) isum[col] += a * tg_ps1s0_q(grp, nr, col, kk);
+                }}
+                const float ls = tg_f16(lrow + {e["lhs_scale"]});
+                for (size_t col = 0; col < nc; ++col) {{
+                    acc[col] = __builtin_fmaf((float)isum[col], ls * tg_ps1s0_scale(grp, nr, k, b, col), acc[col]);
+                }}
+            }}
+            for (size_t col = 0; col < nc; ++col) out[c0 + col] = tg_clamp(acc[col], scalar_min, scalar_max);
+        }}
+    }}
+"""
+    return g, "", body
+
+
+def _c_f16p_ps1s0_gemm(kk: KaiKernel):
+    """f16p<1vl>x2 x qsi4c32ps1s0scalef16.  dst = sum over blocks of (f32 sum in k order of
+    lhs * int4) * scale, one fused multiply-add per block."""
+    e = _ps1s0_exprs()
+    mr = "(tg_svl_bytes() / 4)"
+    nr = f"({_PS1S0_NR_UNITS} * (tg_svl_bytes() / 4))"
+    lstride = _vl_stride(2, f"{kk.name} LHS")
+    rstride = _vl_stride(0, f"{kk.name} RHS")
+    g = _Getters(mr, nr, mr, nr, str(_KR), str(_SR), f"(m_idx / {mr}) * {lstride}",
+                 f"(n_idx / {nr}) * {rstride}", _SVL + _F16 + _ps1s0_read(e))
+    body = f"""    (void)dst_stride_col;
+    const size_t mr = {mr};
+    const size_t nr = {nr};
+    const size_t nblk = k / bl;
+    const size_t lstride = {lstride};
+    const size_t rstride = {rstride};
+    float bsum[TG_MAX_NR];
+    float acc[TG_MAX_NR];
+    for (size_t r = 0; r < m; ++r) {{
+        const uint8_t* lb = (const uint8_t*)lhs_packed + (r / mr) * lstride;
+        const size_t x = r % mr;
+        float* out = (float*)((uint8_t*)dst + r * dst_stride_row);
+        for (size_t c0 = 0; c0 < n; c0 += nr) {{
+            const uint8_t* grp = (const uint8_t*)rhs_packed + (c0 / nr) * rstride;
+            const size_t nc = n - c0 < nr ? n - c0 : nr;
+            for (size_t col = 0; col < nc; ++col) acc[col] = 0.0f;
+            for (size_t b = 0; b < nblk; ++b) {{
+                for (size_t col = 0; col < nc; ++col) bsum[col] = 0.0f;
+                for (size_t kk = b * bl; kk < (b + 1) * bl; ++kk) {{
+                    const float a = tg_f16(lb + {e["f16_elem"]});
+                    for (size_t col = 0; col < nc; ++col) bsum[col] += a * (float)tg_ps1s0_q(grp, nr, col, kk);
+                }}
+                for (size_t col = 0; col < nc; ++col) {{
+                    acc[col] = __builtin_fmaf(bsum[col], tg_ps1s0_scale(grp, nr, k, b, col), acc[col]);
+                }}
+            }}
+            for (size_t col = 0; col < nc; ++col) out[c0 + col] = tg_clamp(acc[col], scalar_min, scalar_max);
+        }}
+    }}
+"""
+    return g, "", body
+
+
+_C_IMPLS = {"qsi8d32p_ps1s0_gemv": _c_qsi8d32p_ps1s0_gemv, "f16p_ps1s0_gemm": _c_f16p_ps1s0_gemm}
+
+
+# -- the assembly kernels --------------------------------------------------------------
+
+def kernel_asm(spec: KernelSpec, fmt: str = "elf") -> str:
+    """The tilegen kernel rendered under the hidden symbol ``tilegen_<name>``."""
+    r = render(spec, fmt)
+    new = ("_" if fmt == "macho" else "") + _tilegen_symbol(spec)
+    text = re.sub(rf"(?<![\w.]){re.escape(r.symbol)}(?!\w)", new, r.text)
+    vis = f"    .private_extern {new}" if fmt == "macho" else f"    .hidden {new}"
+    text = re.sub(rf"^(\s*\.globl\s+{re.escape(new)}\s*)$", lambda m: m[1] + "\n" + vis, text,
+                  count=1, flags=re.M)
+    if new not in text or vis not in text:
+        raise ExportError(f"cannot rename the symbol of {spec.name}")
+    return text
+
+
+# -- kai_common, interfaces, CMake --------------------------------------------------------
+
+KAI_COMMON_H = """#ifndef KAI_COMMON_H
+#define KAI_COMMON_H
+/* tilegen's kai_common.h: the part of KleidiAI v1.24.0's common header that llama.cpp and the
+   exported micro-kernels and packers use (same names, types and semantics). */
+
+#if defined(__ARM_NEON)
+#include <arm_neon.h>
+#endif
+#include <stddef.h>
+#include <stdint.h>
+#if __STDC_HOSTED__
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#endif
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+#if __STDC_HOSTED__ && !defined(KLEIDIAI_ERROR_TRAP)
+#define KAI_ABORT() abort()
+#else
+#define KAI_ABORT() __builtin_trap()
+#endif
+
+#if __STDC_HOSTED__
+#define KAI_ERROR(msg) do { fflush(stdout); fprintf(stderr, "%s:%d %s", __FILE__, __LINE__, msg); \\
+    KAI_ABORT(); } while (0)
+#else
+#define KAI_ERROR(msg) do { (void)(msg); KAI_ABORT(); } while (0)
+#endif
+
+#define KAI_UNUSED(x) (void)(x)
+#define KAI_ASSERT_ALWAYS_MSG(cond, msg) do { if (!(cond)) { KAI_ERROR(msg); } } while (0)
+#ifdef NDEBUG
+#define KAI_ASSERT_MSG(cond, msg) do { KAI_UNUSED(msg); (void)sizeof(cond); } while (0)
+#else
+#define KAI_ASSERT_MSG(cond, msg) KAI_ASSERT_ALWAYS_MSG(cond, msg)
+#endif
+#define KAI_ASSERT(cond) KAI_ASSERT_MSG(cond, #cond)
+#define KAI_ASSERT_IF_MSG(precond, cond, msg) KAI_ASSERT_MSG(!(precond) || (cond), msg)
+#define KAI_ASSERT_IF(precond, cond) KAI_ASSERT_IF_MSG(precond, cond, #precond " |-> " #cond)
+#define KAI_ASSERT_ALWAYS(cond) KAI_ASSERT_ALWAYS_MSG(cond, #cond)
+#define KAI_ASSERT_ALWAYS_IF_MSG(precond, cond, msg) KAI_ASSERT_ALWAYS_MSG(!(precond) || (cond), msg)
+#define KAI_ASSERT_ALWAYS_IF(precond, cond) KAI_ASSERT_ALWAYS_IF_MSG(precond, cond, #precond " |-> " #cond)
+#define KAI_ASSUME_MSG KAI_ASSERT_MSG
+#define KAI_ASSUME KAI_ASSERT
+#define KAI_ASSUME_IF_MSG KAI_ASSERT_IF_MSG
+#define KAI_ASSUME_IF KAI_ASSERT_IF
+#define KAI_ASSUME_ALWAYS_MSG KAI_ASSERT_ALWAYS_MSG
+#define KAI_ASSUME_ALWAYS KAI_ASSERT_ALWAYS
+#define KAI_ASSUME_ALWAYS_IF_MSG KAI_ASSERT_ALWAYS_IF_MSG
+#define KAI_ASSUME_ALWAYS_IF KAI_ASSERT_ALWAYS_IF
+#define KAI_UNREACHABLE()
+
+#define KAI_MIN(a, b) (((a) < (b)) ? (a) : (b))
+#define KAI_MAX(a, b) (((a) > (b)) ? (a) : (b))
+
+#define KAI_SME_VEC_LENGTH_MAX_BYTES 256
+
+static inline const char* kai_get_version(void) { return "1.24.0"; }
+
+enum kai_datatype {
+    kai_dt_unknown = 0x0000,
+    kai_dt_f32 = 0x0411,
+    kai_dt_f16 = 0x0212,
+    kai_dt_bf16 = 0x0213,
+    kai_dt_int32 = 0x0421,
+    kai_dt_int16 = 0x0222,
+    kai_dt_int8 = 0x0124,
+    kai_dt_uint32 = 0x0431,
+    kai_dt_uint16 = 0x0232,
+    kai_dt_uint8 = 0x0134,
+    kai_dt_bool = 0x0441
+};
+
+static inline size_t kai_get_datatype_size_in_bytes(enum kai_datatype dt) { return (size_t)(dt >> 8); }
+
+/* f16 <-> f32 through the compiler's __fp16 (AArch64: FCVT, no FEAT_FP16 arithmetic needed) */
+static inline float kai_cast_f32_f16(uint16_t f16) {
+    __fp16 h;
+    __builtin_memcpy(&h, &f16, sizeof(h));
+    return (float)h;
+}
+
+static inline uint16_t kai_cast_f16_f32(float f32) {
+    __fp16 h = (__fp16)f32;
+    uint16_t u;
+    __builtin_memcpy(&u, &h, sizeof(u));
+    return u;
+}
+
+static inline float kai_cast_f32_bf16(uint16_t bf16) {
+    const uint32_t u = (uint32_t)bf16 << 16;
+    float f;
+    __builtin_memcpy(&f, &u, sizeof(f));
+    return f;
+}
+
+/* truncation, as KleidiAI's portable path (its FEAT_BF16 path rounds with BFCVT) */
+static inline uint16_t kai_cast_bf16_f32(float f32) {
+    uint32_t u;
+    __builtin_memcpy(&u, &f32, sizeof(u));
+    return (uint16_t)(u >> 16);
+}
+
+static inline size_t kai_roundup(size_t a, size_t b) { return ((a + b - 1) / b) * b; }
+
+/* streaming (SME) and SVE vector lengths in bytes: kai_common.c (RDSVL / CNTB) */
+uint64_t kai_get_sme_vector_length_u8(void);
+static inline uint64_t kai_get_sme_vector_length_u16(void) { return kai_get_sme_vector_length_u8() / 2; }
+static inline uint64_t kai_get_sme_vector_length_u32(void) { return kai_get_sme_vector_length_u8() / 4; }
+void kai_commit_za(void);
+uint64_t kai_get_sve_vector_length_u8(void);
+static inline uint64_t kai_get_sve_vector_length_u16(void) { return kai_get_sve_vector_length_u8() / 2; }
+static inline uint64_t kai_get_sve_vector_length_u32(void) { return kai_get_sve_vector_length_u8() / 4; }
+
+static inline int8_t kai_ext_sign_i8_i4(int8_t value) { return (int8_t)((value ^ 0x8) - 8); }
+
+/* the packers' parameter structs, guarded as kai/kai_pack_params.h guards them */
+#ifndef KAI_RHS_PACK_QSI8CX_PARAMS_DEFINED
+#define KAI_RHS_PACK_QSI8CX_PARAMS_DEFINED
+struct kai_rhs_pack_qsi8cx_params {
+    int32_t lhs_zero_point;
+    float scale_multiplier;
+};
+#endif
+
+struct kai_rhs_pack_nxk_qsi4c32p_qsu4c32s1s0_params {
+    int8_t lhs_zero_point;
+    uint8_t rhs_zero_point;
+    enum kai_datatype scale_dt;
+};
+
+struct kai_rhs_pack_kxn_qsi4c32p_qsu4c32s1s0_params {
+    int8_t lhs_zero_point;
+    uint8_t rhs_zero_point;
+    enum kai_datatype scale_dt;
+};
+
+#ifndef KAI_RHS_PACK_QS4CXS1S0_PARAM_DEFINED
+#define KAI_RHS_PACK_QS4CXS1S0_PARAM_DEFINED
+struct kai_rhs_pack_qs4cxs1s0_param {
+    int8_t lhs_zero_point;
+    uint8_t rhs_zero_point;
+};
+#endif
+
+struct kai_matmul_requantize32_params {
+    int32_t min_value;
+    int32_t max_value;
+    int32_t output_zero_point;
+};
+
+#ifdef __cplusplus
+}
+#endif
+#endif /* KAI_COMMON_H */
+"""
+
+KAI_COMMON_C = """#include "kai/kai_common.h"
+
+uint64_t kai_get_sme_vector_length_u8(void) {
+    uint64_t v;
+    __asm__ volatile(".arch_extension sme\\n\\trdsvl %0, #1" : "=r"(v));
+    return v;
+}
+
+uint64_t kai_get_sve_vector_length_u8(void) {
+    uint64_t v;
+    __asm__ volatile(".arch_extension sve\\n\\tcntb %0" : "=r"(v));
+    return v;
+}
+
+/* The SME ABI's lazy-save commit before a kernel takes ZA: if a caller left ZA dormant
+   (TPIDR2_EL0 != 0, never under llama.cpp) save it with the runtime's __arm_tpidr2_save and
+   clear TPIDR2_EL0.  Without that routine (or on Apple targets) a pending save traps rather
+   than being overwritten. */
+#if !defined(__APPLE__)
+extern void __arm_tpidr2_save(void) __attribute__((weak));
+#endif
+
+void kai_commit_za(void) {
+    uint64_t tpidr2;
+    __asm__ volatile(".arch_extension sme\\n\\tmrs %0, tpidr2_el0" : "=r"(tpidr2));
+    if (tpidr2 == 0) {
+        return;
+    }
+#if !defined(__APPLE__)
+    if (__arm_tpidr2_save) {
+        __arm_tpidr2_save();
+        __asm__ volatile(".arch_extension sme\\n\\tmsr tpidr2_el0, xzr" ::: "memory");
+        return;
+    }
+#endif
+    __builtin_trap();
+}
+"""
+
+
+def interface_header(abi: Abi) -> str:
+    s = abi.interface
+    guard = f"KAI_{s.upper()}_INTERFACE_H"
+    out = [_banner(), f"#ifndef {guard}", f"#define {guard}", "", "#include <stddef.h>", "",
+           "#ifdef __cplusplus", 'extern "C" {', "#endif", ""]
+    getters = [("get_m_step", "void"), ("get_n_step", "void"), ("get_mr", "void"),
+               ("get_nr", "void"), ("get_kr", "void"), ("get_sr", "void"),
+               (abi.lhs_getter, abi.lhs_params), ("get_rhs_packed_offset", abi.rhs_params),
+               ("get_dst_offset", "size_t m_idx, size_t n_idx, size_t dst_stride"),
+               ("get_dst_size", "size_t m, size_t n")]
+    for g, params in getters:
+        out.append(f"typedef size_t (*kai_{s}_{g}_func_t)({params});")
+    out.append(f"typedef void (*kai_{s}_run_matmul_func_t)({abi.run_params});")
+    out += ["", f"struct kai_{s}_ukernel {{"]
+    out += [f"    kai_{s}_{g}_func_t {g};" for g, _ in getters]
+    out += [f"    kai_{s}_run_matmul_func_t run_matmul;", "};", "", "#ifdef __cplusplus", "}",
+            "#endif", f"#endif /* {guard} */", ""]
+    return "\n".join(out)
+
+
+def _cmake(sources: list[str], flags: dict[str, str]) -> str:
+    lines = [
+        "# Generated by tilegen export kleidiai -- do not edit.",
+        "# A drop-in for KleidiAI v1.24.0's source tree: target `kleidiai` (static, C and ASM).",
+        "cmake_minimum_required(VERSION 3.16)",
+        "project(kleidiai VERSION 1.24.0 LANGUAGES C ASM)",
+        "",
+        "option(KLEIDIAI_BUILD_TESTS \"ignored (tilegen export)\" OFF)",
+        "option(KLEIDIAI_BUILD_BENCHMARK \"ignored (tilegen export)\" OFF)",
+        "",
+        "set(KLEIDIAI_SOURCES",
+    ]
+    lines += [f"    ${{CMAKE_CURRENT_SOURCE_DIR}}/{s}" for s in sources]
+    lines += [")", "",
+              "add_library(kleidiai STATIC ${KLEIDIAI_SOURCES})",
+              "add_library(kai::kleidiai ALIAS kleidiai)",
+              "target_include_directories(kleidiai PUBLIC",
+              "    $<BUILD_INTERFACE:${CMAKE_CURRENT_SOURCE_DIR}>)",
+              "set_target_properties(kleidiai PROPERTIES POSITION_INDEPENDENT_CODE ON C_STANDARD 99)",
+              "if(NOT MSVC)",
+              "    # the assembly sources carry their own .arch lines",
+              "    target_compile_options(kleidiai PRIVATE $<$<COMPILE_LANGUAGE:C>:-O2>)",
+              "endif()"]
+    for path, f in sorted(flags.items()):
+        lines.append(f"set_source_files_properties(${{CMAKE_CURRENT_SOURCE_DIR}}/{path} "
+                     f"PROPERTIES COMPILE_OPTIONS \"{f}\")")
+    lines.append("")
+    return "\n".join(lines)
+
+
+# -- packers (the other half, tilegen.export.packers_c) ------------------------------------
+
+def packer_files() -> tuple[list[ExportFile], dict[str, str]]:
+    """The packers' files from :mod:`tilegen.export.packers_c` (empty if absent) and their
+    per-file compile options (``packers_c.COMPILE_OPTIONS``, optional)."""
+    try:
+        from . import packers_c
+    except ImportError:
+        return [], {}
+    files = list(packers_c.packer_sources())
+    opts = dict(getattr(packers_c, "COMPILE_OPTIONS", {}) or {})
+    return files, opts
+
+
+# -- tuned tiles ------------------------------------------------------------------------
+
+def tuned_overrides(target) -> dict[str, str]:
+    """KleidiAI name -> tuned spec string, for the names whose packed layouts a tuned tile of
+    ``target`` (tilegen/build/tuned) reads: the same LHS and RHS layout objects and the same
+    gemm/gemv role as the spec the name has by default."""
+    from ..build.targets import get_target
+    from ..build.tuned import read_tuned
+    from ..layout.base import same_rhs
+    tgt = get_target(target) if isinstance(target, str) else target
+    tf = read_tuned(tgt)
+    if tf is None:
+        return {}
+    out: dict[str, str] = {}
+    for kk in KERNELS:
+        base = kk.kernel_spec
+        if base is None:
+            continue
+        for fam in tf.families.values():
+            for s in fam.specs():
+                if s.family != base.family or s.is_gemv != base.is_gemv or s == base:
+                    continue
+                if not (s.vl_scaled == base.vl_scaled and same_rhs(s, base)):
+                    continue
+                same_lhs = (lhs_layout_for(s, 32, 16 if s.vl_scaled else None)
+                            == lhs_layout_for(base, 32, 16 if base.vl_scaled else None))
+                if same_lhs and s.spec_string != base.spec_string:
+                    out[kk.name] = s.spec_string
+    return out
+
+
+# llama.cpp's kernels.cpp entries that pair a gemm with a gemv on one packed RHS (packed at the
+# gemm's nr/kr/sr by the entry's RHS packer; each LHS packed at its kernel's mr/kr/sr).
+ENTRIES: tuple[tuple[str, str], ...] = tuple(
+    ("matmul_clamp_f32_" + a, "matmul_clamp_f32_" + b) for a, b in (
+        ("qsi8d32p4x8_qsi4c32p8x8_16x8_sve_i8mm", "qsi8d32p1x8_qsi4c32p8x8_1x8_sve_dotprod"),
+        ("qsi8d32p4x8_qsi4c32p4x8_16x4_neon_i8mm", "qsi8d32p1x8_qsi4c32p4x8_1x4x32_neon_dotprod"),
+        ("qsi8d32p4x4_qsi4c32p4x4_16x4_neon_dotprod", "qsi8d32p1x4_qsi4c32p4x4_1x4_neon_dotprod"),
+        ("qai8dxp1vlx4_qsi8cxp4vlx4_1vlx4vl_sme2_mopa", "qai8dxp1x4_qsi8cxp4vlx4_1x4vl_sme2_dot"),
+        ("qai8dxp1vlx4_qsi8cxp4vlx4_1vlx4vl_sme_mopa", "qai8dxp1x4_qsi8cxp4vlx4_1x4vl_sme_dot"),
+        ("qai8dxp4x8_qsi8cxp4x8_16x4_neon_i8mm", "qai8dxp1x8_qsi8cxp4x8_1x4_neon_dotprod"),
+        ("qai8dxp4x4_qsi8cxp4x4_16x4_neon_dotprod", "qai8dxp1x4_qsi8cxp4x4_1x4_neon_dotprod"),
+        ("f32p2vlx1_f32p2vlx1biasf32_sme2_mopa", "f32_f32p2vlx1b_1x16vl_sme2_mla"),
+    ))
+
+
+def tuned_pair_overrides(target) -> dict[str, str]:
+    """``--tuned pairs``: besides :func:`tuned_overrides`, a tuned gemm + gemv pair of one
+    family that shares its packed RHS (``shared_rhs``) replaces both kernels of a kernels.cpp
+    entry when each reads the same LHS layout as the kernel it replaces and the RHS is of the
+    same format (the same packer), at another nr: llama.cpp packs that RHS with the gemm's nr,
+    kr, sr from the getters and both kernels read it."""
+    from ..build.targets import get_target
+    from ..build.tuned import read_tuned
+    from ..layout.base import same_rhs
+    tgt = get_target(target) if isinstance(target, str) else target
+    tf = read_tuned(tgt)
+    out = dict(tuned_overrides(tgt))
+    if tf is None:
+        return out
+    byname = {k.name: k for k in KERNELS}
+    claimed: dict[str, str] = {}
+    for gname, vname in ENTRIES:
+        g0, v0 = byname[gname].kernel_spec, byname[vname].kernel_spec
+        if g0 is None or v0 is None or g0.vl_scaled or v0.vl_scaled:
+            continue
+        for fam in tf.families.values():
+            tg, tv = fam.gemm, fam.gemv
+            if tg is None or tv is None or not fam.shared_rhs or tg.family != g0.family:
+                continue
+            if tg.vl_scaled or tv.vl_scaled or not same_rhs(tg, tv):
+                continue
+            if (tg.rhs_layout_class is not g0.rhs_layout_class
+                    or lhs_layout_for(tg) != lhs_layout_for(g0)
+                    or lhs_layout_for(tv) != lhs_layout_for(v0)):
+                continue
+            for name, s in ((gname, tg), (vname, tv)):
+                if s.spec_string == byname[name].spec:
+                    continue
+                if claimed.get(name, s.spec_string) != s.spec_string:
+                    raise ExportError(f"{name}: two tuned pairs want it ({claimed[name]}, {s})")
+                claimed[name] = s.spec_string
+    out.update(claimed)
+    return out
+
+
+# -- the tree ---------------------------------------------------------------------------
+
+def _with_spec(kk: KaiKernel, spec: str) -> KaiKernel:
+    return KaiKernel(kk.name, kk.abi, spec, kk.same_layouts, kk.c_impl,
+                     f"tuned: {spec} (default {kk.spec})")
+
+
+def kernels_for(target=None, tuned: bool | str = False) -> list[KaiKernel]:
+    """The micro-kernels of an export: :data:`KERNELS`, with ``tuned=True`` the same-layout
+    tuned tiles (:func:`tuned_overrides`), with ``tuned="pairs"`` also the tuned gemm/gemv
+    pairs (:func:`tuned_pair_overrides`)."""
+    ks = list(KERNELS)
+    if tuned not in (False, True, "pairs"):
+        raise ExportError(f"tuned must be False, True or 'pairs', got {tuned!r}")
+    if tuned:
+        if target is None:
+            raise ExportError("--tuned needs a target")
+        over = tuned_pair_overrides(target) if tuned == "pairs" else tuned_overrides(target)
+        ks = [_with_spec(k, over[k.name]) if k.name in over else k for k in ks]
+    return ks
+
+
+def export_files(target: str = "linux-aarch64-all", tuned: bool | str = False,
+                 include_packers: bool = True) -> list[ExportFile]:
+    """Every file of the tree (paths relative to the root)."""
+    from ..build.targets import get_target
+    tgt = get_target(target)
+    fmt = tgt.fmt
+    kernels = kernels_for(tgt, tuned)
+    files: list[ExportFile] = [ExportFile("kai/kai_common.h", KAI_COMMON_H),
+                               ExportFile("kai/kai_common.c", _banner() + KAI_COMMON_C)]
+    for abi in ABIS.values():
+        files.append(ExportFile(
+            f"kai/ukernels/matmul/{abi.directory}/kai_{abi.interface}_interface.h",
+            interface_header(abi)))
+    specs: dict[str, KernelSpec] = {}
+    for kk in kernels:
+        files.append(ExportFile(kk.header, ukernel_header(kk)))
+        files.append(ExportFile(kk.source, ukernel_source(kk)))
+        if kk.kernel_spec is not None:
+            specs[kk.kernel_spec.name] = kk.kernel_spec
+    for name in sorted(specs):
+        files.append(ExportFile(f"kai/ukernels/matmul/tilegen/tilegen_{name}.S",
+                                kernel_asm(specs[name], fmt)))
+    flags: dict[str, str] = {}
+    if include_packers:
+        pfiles, flags = packer_files()
+        files += pfiles
+    paths = [f.path for f in files]
+    dup = {p for p in paths if paths.count(p) > 1}
+    if dup:
+        raise ExportError(f"two files at {', '.join(sorted(dup))}")
+    sources = sorted(p for p in paths if p.endswith((".c", ".S", ".s")))
+    files.append(ExportFile("CMakeLists.txt", _cmake(sources, flags)))
+    manifest = {
+        "tilegen_export": 1, "kleidiai_version": KAI_VERSION, "tilegen_version": __version__,
+        "target": tgt.name, "tuned": tuned,
+        "kernels": [{"name": k.name, "impl": "asm" if k.spec else "c", "spec": k.spec,
+                     "tilegen_kernel": k.kernel_spec.name if k.spec else None,
+                     "c_impl": k.c_impl, "same_layouts": k.same_layouts, "note": k.note}
+                    for k in kernels],
+    }
+    files.append(ExportFile(MANIFEST, json.dumps(manifest, indent=2) + "\n"))
+    return files
+
+
+def defined_functions(files: list[ExportFile]) -> set[str]:
+    """``kai_`` functions the tree's C sources define (a syntactic scan)."""
+    out: set[str] = set()
+    for f in files:
+        if f.path.endswith(".c"):
+            out |= set(re.findall(r"^[A-Za-z_][\w \*]*?\b(kai_\w+)\s*\([^;]*?\)\s*\{", f.text,
+                                  flags=re.M))
+    return out
+
+
+def missing_symbols(files: list[ExportFile] | None = None) -> list[str]:
+    """llama.cpp's function symbols that the tree does not define."""
+    files = export_files() if files is None else files
+    have = defined_functions(files)
+    return [s for s in function_symbols() if s not in have]
+
+
+def write_tree(out_dir, target: str = "linux-aarch64-all", tuned: bool | str = False) -> dict:
+    """Write the tree under ``out_dir``; returns the manifest plus ``missing`` symbols."""
+    root = Path(out_dir)
+    files = export_files(target, tuned)
+    for f in files:
+        p = root / f.path
+        p.parent.mkdir(parents=True, exist_ok=True)
+        p.write_text(f.text)
+    manifest = json.loads(next(f.text for f in files if f.path == MANIFEST))
+    manifest["missing"] = missing_symbols(files)
+    manifest["functions"] = len(function_symbols()) - len(manifest["missing"])
+    return manifest
+
+
+def mapping_table(kernels: list[KaiKernel] | None = None) -> str:
+    """The Markdown table of docs/export.md: KleidiAI name -> implementation."""
+    rows = ["| KleidiAI micro-kernel | tilegen implementation | same layouts | note |",
+            "|---|---|---|---|"]
+    for k in kernels or KERNELS:
+        impl = (f"`{k.spec}` (asm `{k.kernel_spec.name}`)" if k.spec
+                else f"generated C (`{k.c_impl}`)")
+        rows.append(f"| `{k.name}` | {impl} | {'yes' if k.same_layouts else 'no'} | {k.note} |")
+    return "\n".join(rows) + "\n"
+
+
+def cmake_toolchain(cc: str = "clang-19", sysroot: str | None = None,
+                    freestanding: bool | None = None) -> str:
+    """A CMake toolchain file that cross-compiles the tree for aarch64 Linux with clang
+    (``--target=aarch64-linux-gnu``, as tilegen's own toolchain does).  Without a sysroot
+    the C sources compile freestanding (the tree needs no libc headers then)."""
+    freestanding = sysroot is None if freestanding is None else freestanding
+    flags = "-ffreestanding" if freestanding else ""
+    lines = ["set(CMAKE_SYSTEM_NAME Linux)", "set(CMAKE_SYSTEM_PROCESSOR aarch64)",
+             f"set(CMAKE_C_COMPILER {cc})", f"set(CMAKE_ASM_COMPILER {cc})",
+             "set(CMAKE_C_COMPILER_TARGET aarch64-linux-gnu)",
+             "set(CMAKE_ASM_COMPILER_TARGET aarch64-linux-gnu)",
+             "set(CMAKE_TRY_COMPILE_TARGET_TYPE STATIC_LIBRARY)",
+             f'set(CMAKE_C_FLAGS_INIT "{flags}")']
+    if sysroot:
+        lines.append(f"set(CMAKE_SYSROOT {sysroot})")
+    return "\n".join(lines) + "\n"
