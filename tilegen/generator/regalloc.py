@@ -306,6 +306,13 @@ class Q4Regs(_Frame):
     pred: tuple[int, ...] = ()             # SVE: store predicate of column vector cv
     lo_grp: tuple[int, ...] = ()           # za4: the k step's unpacked low nibbles (vgx<nv>)
     hi_grp: tuple[int, ...] = ()           # za4: ... high nibbles
+    # mm in registers: the f32 accumulators keep SMMLA's 2x2 order through the block loop
+    # (facc flattened = [group][row pair][col pair]), the block scales are arranged to match
+    # (col_pat[cp]: column pair cp's two scales, twice; row_pat[rp]: rows of pair rp, each
+    # twice) and the rows are put back in order once per tile, into ``final``
+    interleaved: bool = False
+    col_pat: tuple[int, ...] = ()
+    row_pat: tuple[int, ...] = ()
 
     @property
     def n_vec(self) -> int:
@@ -322,6 +329,21 @@ class Q4Regs(_Frame):
         return _flatten(self.iacc)
 
     @property
+    def ifacc(self) -> tuple:
+        """interleaved: the f32 accumulators as [group][row pair][col pair] (SMMLA's order)."""
+        np_ = 2 * self.n_vec
+        return _rows(_rows(_flatten(self.facc), np_), 2)
+
+    @property
+    def final(self) -> tuple[tuple[int, ...], ...]:
+        """[row][vec] of the f32 results after the block loop: ``facc``, or (interleaved) the
+        int32 accumulators, which receive the rows put back in order."""
+        if not self.interleaved:
+            return self.facc
+        return tuple(tuple(self.iacc[r // 4][(r % 4) // 2][2 * q + r % 2] for q in range(self.n_vec))
+                     for r in range(self.mr_reg))
+
+    @property
     def acc_bytes(self) -> int:
         """acc_mem: bytes of the f32 accumulator area (one vector per row and 4 columns)."""
         return 16 * self.mr_reg * self.n_vec if self.acc_mem else 0
@@ -332,7 +354,15 @@ class Q4Regs(_Frame):
         return (self.clamp_offset + 16 + 15) // 16 * 16
 
     @property
+    def zero_offset(self) -> int:
+        """interleaved: sp offset of 32 zero bytes, the source of the int32 accumulators'
+        per-block zeroing (a load, no vector-pipe operation)."""
+        return self.acc_offset
+
+    @property
     def frame_bytes(self) -> int:
+        if self.interleaved:
+            return self.zero_offset + 32
         if not self.acc_mem:
             return super().frame_bytes
         return self.acc_offset + self.acc_bytes
@@ -418,6 +448,7 @@ def _q4_neon_block(spec: KernelSpec, mode: str, mr_reg: int):
     pool = RegisterPool(_Q4_CHART)
     v = pool.v
     fa = None
+    col_pat = row_pat = ()
     if spec.acc_mem:
         # LHS: one register pair (SMMLA: the low-nibble pair, then the high one, renamed);
         # block end: 2 scratch + the accumulator in flight + column scales + one row block's
@@ -436,10 +467,14 @@ def _q4_neon_block(spec: KernelSpec, mode: str, mr_reg: int):
         mask = v.take(1, "nibble mask")[0]
         # block-end registers: the (dead) RHS then LHS registers, then spares; t1/t2 are RHS
         # registers so that the dx epilogue may hold lhs[0], lhs[1] at the same time
-        epi = v.reuse(rhs + lhs, 2 + nv + n_dl, _Q4_EXTRA)
+        # (mm: + the column-pair and row-pair scale patterns)
+        n_pat = (2 * nv + (2 if n_dl else 0)) if mode == "mm" else 0
+        epi = v.reuse(rhs + lhs, 2 + nv + n_dl + n_pat, _Q4_EXTRA)
         tmp = [epi[0], epi[1], epi[0]]          # the third scratch serves neon4 only
         scale = epi[2:2 + nv]
         dl = epi[2 + nv:2 + nv + n_dl]
+        pat = epi[2 + nv + n_dl:]
+        col_pat, row_pat = tuple(pat[:2 * nv]), tuple(pat[2 * nv:])
     else:
         rhs = v.take(2, "RHS")
         mask = v.take(1, "nibble mask")[0]
@@ -468,7 +503,8 @@ def _q4_neon_block(spec: KernelSpec, mode: str, mr_reg: int):
     return pool, dict(
         mode=mode, facc=_rows(fl, nv), iacc=iacc, lhs=tuple(lhs), rhs=tuple(rhs), mask=mask,
         scale=tuple(scale), dl=tuple(dl), tmp=tuple(tmp), gpr=gpr, lo=lo, hi=hi,
-        streamed=streamed, acc_mem=spec.acc_mem, fa=fa)
+        streamed=streamed, acc_mem=spec.acc_mem, fa=fa,
+        interleaved=mode == "mm" and not spec.acc_mem, col_pat=col_pat, row_pat=row_pat)
 
 
 def _flatten(t) -> list[int]:
