@@ -311,6 +311,9 @@ class Q4Regs(_Frame):
     # (col_pat[cp]: column pair cp's two scales, twice; row_pat[rp]: rows of pair rp, each
     # twice) and the rows are put back in order once per tile, into ``final``
     interleaved: bool = False
+    # NEON, f32 accumulators in registers: the int32 accumulators are zeroed each block by
+    # loads of the frame's zero bytes (load pipes), not by vector-pipe moves
+    zero_loads: bool = False
     col_pat: tuple[int, ...] = ()
     row_pat: tuple[int, ...] = ()
 
@@ -355,13 +358,13 @@ class Q4Regs(_Frame):
 
     @property
     def zero_offset(self) -> int:
-        """interleaved: sp offset of 32 zero bytes, the source of the int32 accumulators'
+        """zero_loads: sp offset of 32 zero bytes, the source of the int32 accumulators'
         per-block zeroing (a load, no vector-pipe operation)."""
         return self.acc_offset
 
     @property
     def frame_bytes(self) -> int:
-        if self.interleaved:
+        if self.zero_loads:
             return self.zero_offset + 32
         if not self.acc_mem:
             return super().frame_bytes
@@ -504,7 +507,7 @@ def _q4_neon_block(spec: KernelSpec, mode: str, mr_reg: int):
         mode=mode, facc=_rows(fl, nv), iacc=iacc, lhs=tuple(lhs), rhs=tuple(rhs), mask=mask,
         scale=tuple(scale), dl=tuple(dl), tmp=tuple(tmp), gpr=gpr, lo=lo, hi=hi,
         streamed=streamed, acc_mem=spec.acc_mem, fa=fa,
-        interleaved=mode == "mm" and not spec.acc_mem, col_pat=col_pat, row_pat=row_pat)
+        interleaved=mode == "mm" and not spec.acc_mem, zero_loads=not spec.acc_mem, col_pat=col_pat, row_pat=row_pat)
 
 
 def _flatten(t) -> list[int]:
