@@ -314,6 +314,8 @@ class Q4Regs(_Frame):
     # NEON, f32 accumulators in registers: the int32 accumulators are zeroed each block by
     # loads of the frame's zero bytes (load pipes), not by vector-pipe moves
     zero_loads: bool = False
+    # one register for every row block's LHS scales: each is read just before its conversion
+    dl_shared: bool = False
     col_pat: tuple[int, ...] = ()
     row_pat: tuple[int, ...] = ()
 
@@ -442,11 +444,14 @@ def _q4_first_fit(spec: KernelSpec, attempt, note: str = "") -> Q4Regs:
     raise pool.refusal(f"tile {spec.mr_str}x{spec.nr_str}: {rows} nr={spec.nr_str}", note)
 
 
-def _q4_neon_block(spec: KernelSpec, mode: str, mr_reg: int):
-    """Registers of one row block of ``mr_reg`` rows (NEON)."""
+def _q4_neon_block(spec: KernelSpec, mode: str, mr_reg: int, narrow: bool = False):
+    """Registers of one row block of ``mr_reg`` rows (NEON).  ``narrow`` (SMMLA, f32
+    accumulators in registers): one LHS register pair (the low-nibble pair, then the high one,
+    renamed) and one row block's LHS scales at a time, so that more rows share an unpack."""
     P, nv = spec.lhs_mr, spec.nr // 4
     G = mr_reg // P
     n_dl = G if spec.family == "q4_0" else 0
+    dl_regs = 1 if narrow and n_dl else n_dl
     streamed = _q4_streamed(mode, P)
     pool = RegisterPool(_Q4_CHART)
     v = pool.v
@@ -466,17 +471,17 @@ def _q4_neon_block(spec: KernelSpec, mode: str, mr_reg: int):
         dl = [epi[3 + nv]] * n_dl if n_dl else []     # one row block at a time
     elif streamed:
         rhs = v.take(spec.nr if mode == "mm" else 2 * nv, "RHS")
-        lhs = v.take(4 if mode == "mm" else 2, "LHS")
+        lhs = v.take(4 if mode == "mm" and not narrow else 2, "LHS")
         mask = v.take(1, "nibble mask")[0]
         # block-end registers: the (dead) RHS then LHS registers, then spares; t1/t2 are RHS
         # registers so that the dx epilogue may hold lhs[0], lhs[1] at the same time
-        # (mm: + the column-pair and row-pair scale patterns)
-        n_pat = (2 * nv + (2 if n_dl else 0)) if mode == "mm" else 0
-        epi = v.reuse(rhs + lhs, 2 + nv + n_dl + n_pat, _Q4_EXTRA)
+        # (mm: + the column-pair scale patterns and one row pattern register)
+        n_pat = (2 * nv + (1 if n_dl else 0)) if mode == "mm" else 0
+        epi = v.reuse(rhs + lhs, 2 + nv + dl_regs + n_pat, _Q4_EXTRA)
         tmp = [epi[0], epi[1], epi[0]]          # the third scratch serves neon4 only
         scale = epi[2:2 + nv]
-        dl = epi[2 + nv:2 + nv + n_dl]
-        pat = epi[2 + nv + n_dl:]
+        dl = epi[2 + nv:2 + nv + dl_regs] * (G if narrow and n_dl else 1)
+        pat = epi[2 + nv + dl_regs:]
         col_pat, row_pat = tuple(pat[:2 * nv]), tuple(pat[2 * nv:])
     else:
         rhs = v.take(2, "RHS")
@@ -507,7 +512,8 @@ def _q4_neon_block(spec: KernelSpec, mode: str, mr_reg: int):
         mode=mode, facc=_rows(fl, nv), iacc=iacc, lhs=tuple(lhs), rhs=tuple(rhs), mask=mask,
         scale=tuple(scale), dl=tuple(dl), tmp=tuple(tmp), gpr=gpr, lo=lo, hi=hi,
         streamed=streamed, acc_mem=spec.acc_mem, fa=fa,
-        interleaved=mode == "mm" and not spec.acc_mem, zero_loads=not spec.acc_mem, col_pat=col_pat, row_pat=row_pat)
+        interleaved=mode == "mm" and not spec.acc_mem, zero_loads=not spec.acc_mem,
+        dl_shared=narrow and bool(n_dl), col_pat=col_pat, row_pat=row_pat)
 
 
 def _flatten(t) -> list[int]:
@@ -522,7 +528,12 @@ def _allocate_q4_neon(spec: KernelSpec) -> Q4Regs:
     if spec.acc_mem and not _q4_streamed(mode, spec.lhs_mr):
         raise SpecError(f"acc_mem (f32 accumulators in memory) needs a multi-row dotprod tile "
                         f"with kr/sr = 4 or an i8mm tile; got {spec.isa} mr={spec.mr} kr/sr={spec.L}")
-    return _q4_first_fit(spec, lambda mr_reg: _q4_neon_block(spec, mode, mr_reg))
+    def attempt(mr_reg):
+        pool, regs = _q4_neon_block(spec, mode, mr_reg)
+        if not pool.fits and mode == "mm" and not spec.acc_mem:
+            pool, regs = _q4_neon_block(spec, mode, mr_reg, narrow=True)
+        return pool, regs
+    return _q4_first_fit(spec, attempt)
 
 
 def _q4_sve_mode(spec: KernelSpec) -> str:
