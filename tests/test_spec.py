@@ -97,7 +97,7 @@ def test_public_api():
     (dict(family="q4_0", isa="dotprod", mr=4, nr=6), "nr=6 must be a multiple of 4"),
     (dict(family="q4_0", isa="dotprod", mr=6, nr=4), "mr=6 must be 1"),
     (dict(family="q4_0", isa="i8mm", mr=4, nr=4, kr=8, sr=2), "i8mm .* kr/sr = 8"),
-    (dict(family="q4_0", isa="i8mm", mr=1, nr=4, kr=16, sr=2), "mr a multiple of 4"),
+    (dict(family="q4_0", isa="i8mm", mr=1, nr=4, kr=4, sr=2), "mr a multiple of 4"),
     (dict(family="q4_0", isa="dotprod", mr=4, nr=4, kr=16, sr=2), "kr/sr = 8 for gemv"),
     (dict(family="q4_0", isa="dotprod", mr=4, nr=4, kr=8, sr=1), "needs sr=2"),
     (dict(family="q4_0_dx", isa="dotprod", mr=4, nr=4, kr=9, sr=2), "multiple of sr"),

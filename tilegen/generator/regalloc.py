@@ -402,8 +402,11 @@ def _q4_mode(spec: KernelSpec) -> str:
     if spec.isa == "i8mm":
         if L == 8 and spec.mr % 4 == 0:
             return "mm"
+        if spec.mr == 1 and L in (4, 8):     # gemv: SDOT (every i8mm core has dotprod) + FMLAL
+            return "dot4" if L == 4 else "dot8"
         raise SpecError(f"i8mm (SMMLA, 2x8 int8 operands) kernels need kr/sr = 8 and mr a multiple "
-                        f"of 4; got mr={spec.mr}, kr={spec.kr}, sr={spec.sr}")
+                        f"of 4 (gemv, mr = 1: kr/sr = 4 or 8); got mr={spec.mr}, kr={spec.kr}, "
+                        f"sr={spec.sr}")
     raise SpecError(f"no q4 kernel for isa {spec.isa!r}")
 
 
@@ -486,10 +489,13 @@ def _q4_neon_block(spec: KernelSpec, mode: str, mr_reg: int, narrow: bool = Fals
     else:
         rhs = v.take(2, "RHS")
         mask = v.take(1, "nibble mask")[0]
+        # i8mm q4_0: the FMLAL by element reads its LHS scale from v0-v15
+        dl = v.take(n_dl, "LHS scales", within=16) if spec.isa == "i8mm" else []
         tmp = v.take(3, "scratch")
         lhs = v.take(2 * G if P == 4 else 2, "LHS")
         scale = v.take(nv, "column scales")
-        dl = v.take(n_dl, "LHS scales")
+        if spec.isa != "i8mm":
+            dl = v.take(n_dl, "LHS scales")
     if mode == "dot8":
         iacc = tuple(v.take(2 * nv, "int32 accumulators"))
     elif mode == "neon4":   # [row][vec] -> (columns 0-1 partials, columns 2-3 partials)
