@@ -49,10 +49,12 @@ KLEIDIAI = {
 _DIRS = {"q4_0": "matmul_clamp_f32_qsi8d32p_qsi4c32p", "q4_0_dx": "matmul_clamp_f32_qai8dxp_qsi4c32p"}
 # tilegen tiles compared (the tuner's leaders; `tilegen tune` ranks every accepted tile)
 TILEGEN = {
-    "gemm": ("i8mm:8x4", "i8mm:16x4", "i8mm:4x8", "i8mm:12x4", "i8mm:24x4:am", "i8mm:4x12:am",
-             "i8mm:8x8:am", "dotprod:16x4"),
+    "gemm": ("i8mm:8x4", "i8mm:16x4", "i8mm:4x8", "i8mm:12x4", "i8mm:24x4", "i8mm:24x4:am",
+             "i8mm:4x12:am", "i8mm:8x8:am", "dotprod:16x4"),
     "gemv": ("dotprod:1x4", "dotprod:1x8", "dotprod:1x12", "dotprod:1x16", "dotprod:1x20",
-             "dotprod:1x24", "dotprod:1x8:k16:s2", "dotprod:1x12:k16:s2"),
+             "dotprod:1x24", "dotprod:1x8:k16:s2", "dotprod:1x12:k16:s2", "i8mm:1x4",
+             "i8mm:1x8", "i8mm:1x12", "i8mm:1x8:k8:s2", "i8mm:1x16:k8:s2", "i8mm:1x20:k8:s2",
+             "i8mm:1x24:k8:s2"),
 }
 _BRANCH = re.compile(r"^(b\.\w+|b|cbz|cbnz|tbz|tbnz)$")
 
@@ -93,6 +95,8 @@ def _build(src_root: Path, family: str, name: str, tmp: Path) -> Path | None:
         src = d / f"{stem}.c"
     else:
         return None
+    (tmp / "src").mkdir(exist_ok=True)      # which file was built (path in the tree)
+    (tmp / "src" / f"{stem}.txt").write_text(str(src.relative_to(src_root)) + "\n")
     p = subprocess.run([cc, *flags, str(src), "-o", str(obj)], capture_output=True, text=True)
     if p.returncode:
         print(f"  {name}: build failed: {p.stderr.strip()[:300]}", file=sys.stderr)
@@ -146,11 +150,19 @@ def measure_kleidiai(src_root: Path) -> dict:
                 if obj is None:
                     print(f"  KleidiAI {name}: not in the tree, skipped", file=sys.stderr)
                     continue
-                region = _block_region(_disasm(obj))
+                try:
+                    region = _block_region(_disasm(obj))
+                except ValueError:      # e.g. a wrapper .c whose _asm.S is not in the tree
+                    print(f"  KleidiAI {name}: no multiply-accumulate loop in {obj.name}, skipped",
+                          file=sys.stderr)
+                    continue
                 mr, nr = _tile(name)
+                src = next(f for f in (Path(tmp) / "src").iterdir() if f.name.startswith(obj.stem))
                 for model in MODELS:
                     cyc = _mca_block(region, model)
                     rows.append({"family": family, "regime": regime, "kernel": name, "model": model,
+                                 "source": src.read_text().split("\n", 1)[0],
+                                 "block_insns": len(region),
                                  "block_macs": 32 * mr * nr, "block_cycles": round(cyc, 2),
                                  "block_macs_per_cycle": round(32 * mr * nr / cyc, 2)})
     return {"rows": rows}
@@ -213,6 +225,11 @@ def markdown(res: dict) -> str:
                      f"{c['tilegen_macs_per_cycle']:.1f} | "
                      f"{('`' + c['kleidiai'] + '`') if c['kleidiai'] else 'not measured'} | "
                      f"{c['kleidiai_macs_per_cycle'] or '-'} | {c['ratio'] or '-'} |")
+    missing = sorted({f"{c['family']} {c['regime']}" for c in res["compare"] if not c["kleidiai"]})
+    if missing:
+        names = sorted(n for (f, r), ns in KLEIDIAI.items() if f"{f} {r}" in missing for n in ns)
+        lines += ["", f"Not measured on the KleidiAI side ({', '.join(missing)}): none of its "
+                  f"kernels of that kind ({', '.join(names)}) could be built from the tree."]
     lines += ["", "## every measured kernel", "", "| side | kernel | model | cycles / block | MAC/cyc |",
               "|---|---|---|---:|---:|"]
     for side, rows in (("KleidiAI", res["kleidiai"]), ("tilegen", res["tilegen"])):
@@ -227,6 +244,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--kleidiai", type=Path, help="a KleidiAI source tree (its kernels are built from it)")
     p.add_argument("--record", action="store_true",
                    help=f"with --kleidiai: write the KleidiAI numbers to {REFERENCE.name}")
+    p.add_argument("--provenance", default="",
+                   help="with --record: where the tree's files came from (stored in the reference)")
     p.add_argument("-o", "--outdir", type=Path, default=RESULTS)
     a = p.parse_args(argv)
     cmd = "python bench/vs_kleidiai.py" + (f" --kleidiai {a.kleidiai}" if a.kleidiai else "") + \
@@ -234,6 +253,8 @@ def main(argv: list[str] | None = None) -> int:
     if a.kleidiai:
         kai = measure_kleidiai(a.kleidiai)
         kai["command"] = cmd
+        if a.provenance:
+            kai["provenance"] = a.provenance
         source = f"built from `{a.kleidiai}` by this run"
         if a.record:
             REFERENCE.write_text(json.dumps(kai, indent=1) + "\n")
@@ -241,7 +262,8 @@ def main(argv: list[str] | None = None) -> int:
         if not REFERENCE.exists():
             raise SystemExit(f"no {REFERENCE}: give --kleidiai DIR")
         kai = json.loads(REFERENCE.read_text())
-        source = f"recorded in `bench/results/{REFERENCE.name}` by `{kai['command']}`"
+        source = (f"recorded in `bench/results/{REFERENCE.name}` by `{kai['command']}`"
+                  + (f" ({kai['provenance']})" if kai.get("provenance") else ""))
     tg = measure_tilegen()
     res = {"command": cmd, "kleidiai_source": source, "models": MODELS,
            "compare": compare(tg, kai["rows"]), "kleidiai": kai["rows"], "tilegen": tg}
