@@ -21,6 +21,10 @@ Q4_TILES = (("dotprod", "1x4", 8), ("dotprod", "1x8", 16), ("dotprod", "4x8", 8)
             ("dotprod", "16x4", 8), ("dotprod", "12x4", 8), ("dotprod", "24x4", 8),
             ("i8mm", "4x8", 16), ("i8mm", "8x4", 16),
             ("i8mm", "16x4", 16), ("dotprod", "1x16", 8),
+            # one LHS register pair, one row block's scales at a time: 12-row register blocks
+            ("i8mm", "12x4", 16), ("i8mm", "24x4", 16),
+            # gemv on i8mm cores: SDOT with the scale products by FMLAL (by element)
+            ("i8mm", "1x20", 8), ("i8mm", "1x8", 16),
             ("dotprod", "1x4", 16),   # llama.cpp's gemv partner of the i8mm 16x4 gemm
             ("neon", "1x4", 8), ("neon", "4x4", 8),   # plain-NEON fallback (SMULL/SADALP)
             # f32 accumulators in the frame (acc_mem, ":am"): 24-row register blocks

@@ -97,7 +97,7 @@ def test_public_api():
     (dict(family="q4_0", isa="dotprod", mr=4, nr=6), "nr=6 must be a multiple of 4"),
     (dict(family="q4_0", isa="dotprod", mr=6, nr=4), "mr=6 must be 1"),
     (dict(family="q4_0", isa="i8mm", mr=4, nr=4, kr=8, sr=2), "i8mm .* kr/sr = 8"),
-    (dict(family="q4_0", isa="i8mm", mr=1, nr=4, kr=16, sr=2), "mr a multiple of 4"),
+    (dict(family="q4_0", isa="i8mm", mr=1, nr=4, kr=4, sr=2), "mr a multiple of 4"),
     (dict(family="q4_0", isa="dotprod", mr=4, nr=4, kr=16, sr=2), "kr/sr = 8 for gemv"),
     (dict(family="q4_0", isa="dotprod", mr=4, nr=4, kr=8, sr=1), "needs sr=2"),
     (dict(family="q4_0_dx", isa="dotprod", mr=4, nr=4, kr=9, sr=2), "multiple of sr"),
@@ -142,8 +142,10 @@ def test_q4_acc_mem_parameter():
     assert r.mr_reg == 24 and r.needs.total <= 32 and r.acc_bytes == 24 * 16
     assert r.frame_bytes % 16 == 0 and r.acc_offset % 16 == 0
     assert r.acc_offset >= r.clamp_offset + 8 and r.acc_offset + r.acc_bytes <= r.frame_bytes
-    d = parse_spec("q4_0:i8mm:24x4")      # default: registers, KleidiAI name, 8-row blocks
-    assert not d.acc_mem and d.name.endswith("_neon_i8mm") and allocate(d).mr_reg == 8
+    d = parse_spec("q4_0:i8mm:24x4")      # default: registers, KleidiAI name, 12-row blocks
+    rd = allocate(d)                      # (one LHS register pair, one row block's scales)
+    assert not d.acc_mem and d.name.endswith("_neon_i8mm") and rd.mr_reg == 12 and rd.dl_shared
+    assert rd.needs.total <= 32 and rd.frame_bytes >= rd.zero_offset + 32
     assert parse_spec("q4_0_dx:dotprod:12x4").spec_string == "q4_0_dx:dotprod:12x4"
     assert allocate(parse_spec("q4_0:dotprod:12x4")).mr_reg == 12
     for bad, match in (("f32:neon:4x8:am", "q4 families"), ("q4_0:dotprod:1x8:am", "multi-row"),

@@ -306,6 +306,18 @@ class Q4Regs(_Frame):
     pred: tuple[int, ...] = ()             # SVE: store predicate of column vector cv
     lo_grp: tuple[int, ...] = ()           # za4: the k step's unpacked low nibbles (vgx<nv>)
     hi_grp: tuple[int, ...] = ()           # za4: ... high nibbles
+    # mm in registers: the f32 accumulators keep SMMLA's 2x2 order through the block loop
+    # (facc flattened = [group][row pair][col pair]), the block scales are arranged to match
+    # (col_pat[cp]: column pair cp's two scales, twice; row_pat[rp]: rows of pair rp, each
+    # twice) and the rows are put back in order once per tile, into ``final``
+    interleaved: bool = False
+    # NEON, f32 accumulators in registers: the int32 accumulators are zeroed each block by
+    # loads of the frame's zero bytes (load pipes), not by vector-pipe moves
+    zero_loads: bool = False
+    # one register for every row block's LHS scales: each is read just before its conversion
+    dl_shared: bool = False
+    col_pat: tuple[int, ...] = ()
+    row_pat: tuple[int, ...] = ()
 
     @property
     def n_vec(self) -> int:
@@ -322,6 +334,21 @@ class Q4Regs(_Frame):
         return _flatten(self.iacc)
 
     @property
+    def ifacc(self) -> tuple:
+        """interleaved: the f32 accumulators as [group][row pair][col pair] (SMMLA's order)."""
+        np_ = 2 * self.n_vec
+        return _rows(_rows(_flatten(self.facc), np_), 2)
+
+    @property
+    def final(self) -> tuple[tuple[int, ...], ...]:
+        """[row][vec] of the f32 results after the block loop: ``facc``, or (interleaved) the
+        int32 accumulators, which receive the rows put back in order."""
+        if not self.interleaved:
+            return self.facc
+        return tuple(tuple(self.iacc[r // 4][(r % 4) // 2][2 * q + r % 2] for q in range(self.n_vec))
+                     for r in range(self.mr_reg))
+
+    @property
     def acc_bytes(self) -> int:
         """acc_mem: bytes of the f32 accumulator area (one vector per row and 4 columns)."""
         return 16 * self.mr_reg * self.n_vec if self.acc_mem else 0
@@ -332,7 +359,15 @@ class Q4Regs(_Frame):
         return (self.clamp_offset + 16 + 15) // 16 * 16
 
     @property
+    def zero_offset(self) -> int:
+        """zero_loads: sp offset of 32 zero bytes, the source of the int32 accumulators'
+        per-block zeroing (a load, no vector-pipe operation)."""
+        return self.acc_offset
+
+    @property
     def frame_bytes(self) -> int:
+        if self.zero_loads:
+            return self.zero_offset + 32
         if not self.acc_mem:
             return super().frame_bytes
         return self.acc_offset + self.acc_bytes
@@ -367,8 +402,11 @@ def _q4_mode(spec: KernelSpec) -> str:
     if spec.isa == "i8mm":
         if L == 8 and spec.mr % 4 == 0:
             return "mm"
+        if spec.mr == 1 and L in (4, 8):     # gemv: SDOT (every i8mm core has dotprod) + FMLAL
+            return "dot4" if L == 4 else "dot8"
         raise SpecError(f"i8mm (SMMLA, 2x8 int8 operands) kernels need kr/sr = 8 and mr a multiple "
-                        f"of 4; got mr={spec.mr}, kr={spec.kr}, sr={spec.sr}")
+                        f"of 4 (gemv, mr = 1: kr/sr = 4 or 8); got mr={spec.mr}, kr={spec.kr}, "
+                        f"sr={spec.sr}")
     raise SpecError(f"no q4 kernel for isa {spec.isa!r}")
 
 
@@ -409,15 +447,19 @@ def _q4_first_fit(spec: KernelSpec, attempt, note: str = "") -> Q4Regs:
     raise pool.refusal(f"tile {spec.mr_str}x{spec.nr_str}: {rows} nr={spec.nr_str}", note)
 
 
-def _q4_neon_block(spec: KernelSpec, mode: str, mr_reg: int):
-    """Registers of one row block of ``mr_reg`` rows (NEON)."""
+def _q4_neon_block(spec: KernelSpec, mode: str, mr_reg: int, narrow: bool = False):
+    """Registers of one row block of ``mr_reg`` rows (NEON).  ``narrow`` (SMMLA, f32
+    accumulators in registers): one LHS register pair (the low-nibble pair, then the high one,
+    renamed) and one row block's LHS scales at a time, so that more rows share an unpack."""
     P, nv = spec.lhs_mr, spec.nr // 4
     G = mr_reg // P
     n_dl = G if spec.family == "q4_0" else 0
+    dl_regs = 1 if narrow and n_dl else n_dl
     streamed = _q4_streamed(mode, P)
     pool = RegisterPool(_Q4_CHART)
     v = pool.v
     fa = None
+    col_pat = row_pat = ()
     if spec.acc_mem:
         # LHS: one register pair (SMMLA: the low-nibble pair, then the high one, renamed);
         # block end: 2 scratch + the accumulator in flight + column scales + one row block's
@@ -432,21 +474,28 @@ def _q4_neon_block(spec: KernelSpec, mode: str, mr_reg: int):
         dl = [epi[3 + nv]] * n_dl if n_dl else []     # one row block at a time
     elif streamed:
         rhs = v.take(spec.nr if mode == "mm" else 2 * nv, "RHS")
-        lhs = v.take(4 if mode == "mm" else 2, "LHS")
+        lhs = v.take(4 if mode == "mm" and not narrow else 2, "LHS")
         mask = v.take(1, "nibble mask")[0]
         # block-end registers: the (dead) RHS then LHS registers, then spares; t1/t2 are RHS
         # registers so that the dx epilogue may hold lhs[0], lhs[1] at the same time
-        epi = v.reuse(rhs + lhs, 2 + nv + n_dl, _Q4_EXTRA)
+        # (mm: + the column-pair scale patterns and one row pattern register)
+        n_pat = (2 * nv + (1 if n_dl else 0)) if mode == "mm" else 0
+        epi = v.reuse(rhs + lhs, 2 + nv + dl_regs + n_pat, _Q4_EXTRA)
         tmp = [epi[0], epi[1], epi[0]]          # the third scratch serves neon4 only
         scale = epi[2:2 + nv]
-        dl = epi[2 + nv:2 + nv + n_dl]
+        dl = epi[2 + nv:2 + nv + dl_regs] * (G if narrow and n_dl else 1)
+        pat = epi[2 + nv + dl_regs:]
+        col_pat, row_pat = tuple(pat[:2 * nv]), tuple(pat[2 * nv:])
     else:
         rhs = v.take(2, "RHS")
         mask = v.take(1, "nibble mask")[0]
+        # i8mm q4_0: the FMLAL by element reads its LHS scale from v0-v15
+        dl = v.take(n_dl, "LHS scales", within=16) if spec.isa == "i8mm" else []
         tmp = v.take(3, "scratch")
         lhs = v.take(2 * G if P == 4 else 2, "LHS")
         scale = v.take(nv, "column scales")
-        dl = v.take(n_dl, "LHS scales")
+        if spec.isa != "i8mm":
+            dl = v.take(n_dl, "LHS scales")
     if mode == "dot8":
         iacc = tuple(v.take(2 * nv, "int32 accumulators"))
     elif mode == "neon4":   # [row][vec] -> (columns 0-1 partials, columns 2-3 partials)
@@ -468,7 +517,9 @@ def _q4_neon_block(spec: KernelSpec, mode: str, mr_reg: int):
     return pool, dict(
         mode=mode, facc=_rows(fl, nv), iacc=iacc, lhs=tuple(lhs), rhs=tuple(rhs), mask=mask,
         scale=tuple(scale), dl=tuple(dl), tmp=tuple(tmp), gpr=gpr, lo=lo, hi=hi,
-        streamed=streamed, acc_mem=spec.acc_mem, fa=fa)
+        streamed=streamed, acc_mem=spec.acc_mem, fa=fa,
+        interleaved=mode == "mm" and not spec.acc_mem, zero_loads=not spec.acc_mem,
+        dl_shared=narrow and bool(n_dl), col_pat=col_pat, row_pat=row_pat)
 
 
 def _flatten(t) -> list[int]:
@@ -483,7 +534,12 @@ def _allocate_q4_neon(spec: KernelSpec) -> Q4Regs:
     if spec.acc_mem and not _q4_streamed(mode, spec.lhs_mr):
         raise SpecError(f"acc_mem (f32 accumulators in memory) needs a multi-row dotprod tile "
                         f"with kr/sr = 4 or an i8mm tile; got {spec.isa} mr={spec.mr} kr/sr={spec.L}")
-    return _q4_first_fit(spec, lambda mr_reg: _q4_neon_block(spec, mode, mr_reg))
+    def attempt(mr_reg):
+        pool, regs = _q4_neon_block(spec, mode, mr_reg)
+        if not pool.fits and mode == "mm" and not spec.acc_mem:
+            pool, regs = _q4_neon_block(spec, mode, mr_reg, narrow=True)
+        return pool, regs
+    return _q4_first_fit(spec, attempt)
 
 
 def _q4_sve_mode(spec: KernelSpec) -> str:

@@ -46,7 +46,10 @@ ISAS: dict[str, Isa] = {i.name: i for i in (
     # int8 dot product / matrix multiply on Z registers: SVE plus the NEON feature
     Isa("sve_i8mm", ("sve", "i8mm"), _SVE_ARCH, 4, "sve", mattr="+sve,+i8mm"),
     Isa("sve_dotprod", ("sve", "dotprod"), _SVE_ARCH, 5, "sve", mattr="+sve,+dotprod"),
-    Isa("i8mm", ("neon", "i8mm"), "armv8.6-a+dotprod+i8mm", 6, acc_mem=True, mattr="+neon,+i8mm"),
+    # FMLAL (FEAT_FHM, in every Armv8.4+ core with FP16, so in every i8mm core): the q4_0
+    # kernels' scale products; the runtime reports i8mm only with it (runtime/cpu.py)
+    Isa("i8mm", ("neon", "i8mm"), "armv8.6-a+dotprod+i8mm+fp16fml", 6, acc_mem=True,
+        mattr="+neon,+i8mm,+fp16fml"),
     Isa("dotprod", ("neon", "dotprod"), "armv8.2-a+dotprod", 7, acc_mem=True,
         mattr="+neon,+dotprod"),
     Isa("neon", ("neon",), "armv8-a", 8, acc_mem=True, mattr="+neon"),

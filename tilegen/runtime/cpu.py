@@ -19,6 +19,10 @@ KNOWN_FEATURES = ("neon", "dotprod", "i8mm", "bf16", "sve", "sve2", "sme", "sme2
 AT_HWCAP, AT_HWCAP2 = 16, 26
 _HWCAP = {"dotprod": 1 << 20, "sve": 1 << 22}
 _HWCAP2 = {"sve2": 1 << 1, "i8mm": 1 << 13, "bf16": 1 << 14, "sme": 1 << 23, "sme2": 1 << 37}
+# The i8mm kernels also multiply f16 scales with FMLAL (FEAT_FHM): i8mm counts only with it
+# (every Armv8.4+ core with FP16 has FHM, so every i8mm core does; this keeps the rule honest)
+_HWCAP_FHM = 1 << 23
+_MACOS_FHM = "hw.optional.arm.FEAT_FHM"
 _MACOS_SYSCTL = {"dotprod": "hw.optional.arm.FEAT_DotProd", "i8mm": "hw.optional.arm.FEAT_I8MM",
                  "bf16": "hw.optional.arm.FEAT_BF16", "sme": "hw.optional.arm.FEAT_SME",
                  "sme2": "hw.optional.arm.FEAT_SME2"}
@@ -52,11 +56,13 @@ def _linux_hwcaps() -> tuple[int, int]:
 def _macos_features() -> set[str]:
     libc = ctypes.CDLL("/usr/lib/libSystem.B.dylib")
     feats = {"neon"}
-    for feat, key in _MACOS_SYSCTL.items():
+    for feat, key in {**_MACOS_SYSCTL, "fhm": _MACOS_FHM}.items():
         val, size = ctypes.c_int(0), ctypes.c_size_t(ctypes.sizeof(ctypes.c_int))
         if libc.sysctlbyname(key.encode(), ctypes.byref(val), ctypes.byref(size), None, 0) == 0 and val.value:
             feats.add(feat)
-    return feats
+    if "fhm" not in feats:
+        feats.discard("i8mm")
+    return feats - {"fhm"}
 
 
 PR_SVE_GET_VL, PR_SME_GET_VL = 51, 64
@@ -115,6 +121,8 @@ def _detect_cached(isa_env: str | None, sme_env: str | None) -> CpuInfo:
             hw, hw2 = _linux_hwcaps()
             feats = {"neon"} | {f for f, b in _HWCAP.items() if hw & b} | \
                     {f for f, b in _HWCAP2.items() if hw2 & b}
+            if not hw & _HWCAP_FHM:
+                feats.discard("i8mm")
         elif sys.platform == "darwin":
             feats = _macos_features()
         else:

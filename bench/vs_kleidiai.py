@@ -1,0 +1,278 @@
+"""Per-32-k-block cost of tilegen's q4 kernels next to KleidiAI's (llvm-mca static model).
+
+    python bench/vs_kleidiai.py                       # KleidiAI side from bench/results/kleidiai_reference.json
+    python bench/vs_kleidiai.py --kleidiai DIR        # ... measured now, from a KleidiAI source tree
+    python bench/vs_kleidiai.py --kleidiai DIR --record   # and write those numbers as the new reference
+
+The figure is the one `tilegen analyze` / `tilegen tune` rank by: MACs per cycle over one
+32-k block of the whole tile, scale loads and conversion included (llvm-mca-19
+``-iterations=200`` over the block loop's body with its branches removed; at bl = 32 every
+inner k loop runs once).  tilegen: the region between the ``tilegen:block-begin/end`` markers.
+KleidiAI: its kernels are built from the given tree only (never vendored, never committed):
+``<kernel>_asm.S`` is assembled, else ``<kernel>.c`` compiled (clang-19 -O2, the tree as include
+path), the object disassembled; the hot loop is the innermost backward-branch loop with the most
+multiply-accumulates, the block loop the smallest loop around it that converts (``scvtf``), and
+its body is measured like tilegen's.  MACs per block = m_step x n_step x 32 (from the name).
+
+Without ``--kleidiai`` the KleidiAI side is the recorded reference (with the command that
+produced it).  Writes OUTDIR/vs_kleidiai.json and .md (default bench/results).
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import re
+import shutil
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))   # this checkout's tilegen
+from tilegen.analyze import MAC_MNEMONICS, AnalyzeError, _MATTR, analyze  # noqa: E402
+
+MODELS = ("neoverse-v2", "neoverse-n2", "neoverse-v1", "apple-m4")
+RESULTS = Path(__file__).resolve().parent / "results"
+REFERENCE = RESULTS / "kleidiai_reference.json"
+
+# (family, regime) -> KleidiAI NEON kernels of that family (matmul_clamp_f32_<name>)
+KLEIDIAI = {
+    ("q4_0", "gemm"): ("qsi8d32p4x8_qsi4c32p4x8_8x4x32_neon_i8mm", "qsi8d32p4x8_qsi4c32p4x8_16x4_neon_i8mm",
+                       "qsi8d32p4x4_qsi4c32p4x4_16x4_neon_dotprod"),
+    ("q4_0", "gemv"): ("qsi8d32p1x4_qsi4c32p4x4_1x4_neon_dotprod", "qsi8d32p1x8_qsi4c32p4x8_1x4x32_neon_dotprod"),
+    ("q4_0_dx", "gemm"): ("qai8dxp4x8_qsi4c32p4x8_8x4x32_neon_i8mm", "qai8dxp4x8_qsi4c32p8x8_4x8x32_neon_i8mm",
+                          "qai8dxp4x8_qsi4c32p8x8_4x8_neon_i8mm", "qai8dxp4x4_qsi4c32p4x4_16x4_neon_dotprod",
+                          "qai8dxp4x4_qsi4c32p8x4_4x8_neon_dotprod"),
+    ("q4_0_dx", "gemv"): ("qai8dxp1x4_qsi4c32p4x4_1x4_neon_dotprod", "qai8dxp1x8_qsi4c32p4x8_1x4x32_neon_dotprod",
+                          "qai8dxp1x8_qsi4c32p8x8_1x8x32_neon_dotprod", "qai8dxp1x8_qsi4c32p8x8_1x8_neon_dotprod"),
+}
+_DIRS = {"q4_0": "matmul_clamp_f32_qsi8d32p_qsi4c32p", "q4_0_dx": "matmul_clamp_f32_qai8dxp_qsi4c32p"}
+# tilegen tiles compared (the tuner's leaders; `tilegen tune` ranks every accepted tile)
+TILEGEN = {
+    "gemm": ("i8mm:8x4", "i8mm:16x4", "i8mm:4x8", "i8mm:12x4", "i8mm:24x4", "i8mm:24x4:am",
+             "i8mm:4x12:am", "i8mm:8x8:am", "dotprod:16x4"),
+    "gemv": ("dotprod:1x4", "dotprod:1x8", "dotprod:1x12", "dotprod:1x16", "dotprod:1x20",
+             "dotprod:1x24", "dotprod:1x8:k16:s2", "dotprod:1x12:k16:s2", "i8mm:1x4",
+             "i8mm:1x8", "i8mm:1x12", "i8mm:1x8:k8:s2", "i8mm:1x16:k8:s2", "i8mm:1x20:k8:s2",
+             "i8mm:1x24:k8:s2"),
+}
+_BRANCH = re.compile(r"^(b\.\w+|b|cbz|cbnz|tbz|tbnz)$")
+
+
+def _tool(*names: str) -> str:
+    for n in names:
+        if shutil.which(n):
+            return n
+    raise SystemExit(f"none of {', '.join(names)} found (apt-get install clang-19 llvm-19)")
+
+
+def _mca_block(lines: list[str], model: str) -> float:
+    src = ".Lmca_top:\n" + "\n".join(lines) + "\n"
+    p = subprocess.run([_tool("llvm-mca-19", "llvm-mca"), "-mtriple=aarch64", f"-mcpu={model}",
+                        f"-mattr={_MATTR}", "-iterations=200"], input=src, capture_output=True, text=True)
+    if p.returncode:
+        raise AnalyzeError(p.stderr[:400])
+    total = int(re.search(r"Total Cycles:\s+(\d+)", p.stdout).group(1))
+    iters = int(re.search(r"Iterations:\s+(\d+)", p.stdout).group(1))
+    return total / iters
+
+
+def _tile(name: str) -> tuple[int, int]:
+    m = re.search(r"_(\d+)x(\d+)(?:x\d+)?_neon", name)
+    return int(m.group(1)), int(m.group(2))
+
+
+def _build(src_root: Path, family: str, name: str, tmp: Path) -> Path | None:
+    d = src_root / "kai" / "ukernels" / "matmul" / _DIRS[family]
+    stem = f"kai_matmul_clamp_f32_{name}"
+    obj = tmp / f"{stem}.o"
+    flags = ["-O2", "-c", "--target=aarch64-linux-gnu", "-march=armv8.6-a+dotprod+i8mm+fp16",
+             f"-I{src_root}", f"-I{d}"]
+    cc = _tool("clang-19", "clang")
+    if (d / f"{stem}_asm.S").exists():
+        src = d / f"{stem}_asm.S"
+    elif (d / f"{stem}.c").exists():
+        src = d / f"{stem}.c"
+    else:
+        return None
+    (tmp / "src").mkdir(exist_ok=True)      # which file was built (path in the tree)
+    (tmp / "src" / f"{stem}.txt").write_text(str(src.relative_to(src_root)) + "\n")
+    p = subprocess.run([cc, *flags, str(src), "-o", str(obj)], capture_output=True, text=True)
+    if p.returncode:
+        print(f"  {name}: build failed: {p.stderr.strip()[:300]}", file=sys.stderr)
+        return None
+    return obj
+
+
+def _disasm(obj: Path) -> list[tuple[int, str, str]]:
+    """(address, mnemonic, operands) of the object's code, in address order (local labels of
+    the kernel's loops split the listing into symbols: they are read as one stream)."""
+    out = subprocess.run([_tool("llvm-objdump-19", "llvm-objdump"), "-d", "--no-show-raw-insn",
+                          "--mattr=+sve2,+i8mm,+dotprod,+bf16,+fullfp16", str(obj)],
+                         capture_output=True, text=True, check=True).stdout
+    ins = []
+    for line in out.splitlines():
+        m = re.match(r"^\s*([0-9a-f]+):\s+(\S+)\s*(.*)$", line)
+        if m:
+            ops = re.sub(r"\s*//.*$", "", m.group(3)).strip()
+            ins.append((int(m.group(1), 16), m.group(2), ops))
+    return sorted(ins)
+
+
+def _block_region(ins: list[tuple[int, str, str]]) -> list[str]:
+    loops = []
+    for addr, mn, ops in ins:
+        if _BRANCH.match(mn):
+            m = re.search(r"(?:^|,\s*)(?:0x)?([0-9a-f]+)(?:\s*<[^>]*>)?$", ops)
+            if m and int(m.group(1), 16) < addr:
+                loops.append((int(m.group(1), 16), addr))
+
+    def body(lo, hi):
+        return [(a, mn, ops) for a, mn, ops in ins if lo <= a <= hi]
+
+    def macs(lo, hi):
+        return sum(1 for _, mn, _ in body(lo, hi) if mn in MAC_MNEMONICS)
+
+    inner = [lp for lp in loops if not any(o != lp and lp[0] <= o[0] and o[1] <= lp[1] for o in loops)]
+    hot = max(inner, key=lambda lp: macs(*lp))
+    around = [lp for lp in loops if lp != hot and lp[0] <= hot[0] and hot[1] <= lp[1]
+              and any(mn == "scvtf" for _, mn, _ in body(*lp))]
+    blk = min(around, key=lambda lp: lp[1] - lp[0]) if around else hot
+    return [f"{mn} {ops}".strip() for _, mn, ops in body(*blk) if not _BRANCH.match(mn)]
+
+
+def measure_kleidiai(src_root: Path) -> dict:
+    rows = []
+    with tempfile.TemporaryDirectory() as tmp:
+        for (family, regime), names in KLEIDIAI.items():
+            for name in names:
+                obj = _build(src_root, family, name, Path(tmp))
+                if obj is None:
+                    print(f"  KleidiAI {name}: not in the tree, skipped", file=sys.stderr)
+                    continue
+                try:
+                    region = _block_region(_disasm(obj))
+                except ValueError:      # e.g. a wrapper .c whose _asm.S is not in the tree
+                    print(f"  KleidiAI {name}: no multiply-accumulate loop in {obj.name}, skipped",
+                          file=sys.stderr)
+                    continue
+                mr, nr = _tile(name)
+                src = next(f for f in (Path(tmp) / "src").iterdir() if f.name.startswith(obj.stem))
+                for model in MODELS:
+                    cyc = _mca_block(region, model)
+                    rows.append({"family": family, "regime": regime, "kernel": name, "model": model,
+                                 "source": src.read_text().split("\n", 1)[0],
+                                 "block_insns": len(region),
+                                 "block_macs": 32 * mr * nr, "block_cycles": round(cyc, 2),
+                                 "block_macs_per_cycle": round(32 * mr * nr / cyc, 2)})
+    return {"rows": rows}
+
+
+def measure_tilegen() -> list[dict]:
+    rows = []
+    for family in ("q4_0", "q4_0_dx"):
+        for regime, tiles in TILEGEN.items():
+            for t in tiles:
+                spec = f"{family}:{t}"
+                for model in MODELS:
+                    try:
+                        r = analyze(spec, model)
+                    except Exception as e:      # a tile the allocator refuses
+                        print(f"  {spec}: {e}", file=sys.stderr)
+                        break
+                    nr = int(re.match(r"\w+:(\d+)x(\d+)", t).group(2))
+                    rows_ = r.macs_per_iter // (32 * nr)
+                    macs = 32 * rows_ * nr
+                    rows.append({"family": family, "regime": regime, "spec": spec, "kernel": r.kernel,
+                                 "model": model, "block_macs": macs,
+                                 "block_cycles": round(r.block32_cycles, 2),
+                                 "block_macs_per_cycle": round(macs / r.block32_cycles, 2),
+                                 "hot_loop_efficiency": round(r.efficiency, 3)})
+    return rows
+
+
+def _best(rows, family, regime, model):
+    c = [r for r in rows if r["family"] == family and r["regime"] == regime and r["model"] == model]
+    return max(c, key=lambda r: r["block_macs_per_cycle"]) if c else None
+
+
+def compare(tg: list[dict], kai: list[dict]) -> list[dict]:
+    out = []
+    for family, regime in KLEIDIAI:
+        for model in MODELS:
+            t, k = _best(tg, family, regime, model), _best(kai, family, regime, model)
+            if t is None:
+                continue
+            ratio = t["block_macs_per_cycle"] / k["block_macs_per_cycle"] if k else None
+            out.append({"family": family, "regime": regime, "model": model,
+                        "tilegen": t["spec"], "tilegen_macs_per_cycle": t["block_macs_per_cycle"],
+                        "kleidiai": k["kernel"] if k else None,
+                        "kleidiai_macs_per_cycle": k["block_macs_per_cycle"] if k else None,
+                        "ratio": round(ratio, 3) if ratio else None})
+    return out
+
+
+def markdown(res: dict) -> str:
+    src = res["kleidiai_source"]
+    lines = ["# tilegen vs KleidiAI: MACs per cycle over one 32-k block (llvm-mca-19)", "",
+             f"`{res['command']}`. KleidiAI side: {src}. Best tile of each side per (family, "
+             "regime, model); ratio = tilegen / KleidiAI. Per block = the whole tile's 32 k incl. "
+             "scale loads, conversion and the f32 accumulation (bl = 32).", "",
+             "| family | regime | model | tilegen (best) | MAC/cyc | KleidiAI (best) | MAC/cyc | ratio |",
+             "|---|---|---|---|---:|---|---:|---:|"]
+    for c in res["compare"]:
+        lines.append(f"| {c['family']} | {c['regime']} | {c['model']} | `{c['tilegen']}` | "
+                     f"{c['tilegen_macs_per_cycle']:.1f} | "
+                     f"{('`' + c['kleidiai'] + '`') if c['kleidiai'] else 'not measured'} | "
+                     f"{c['kleidiai_macs_per_cycle'] or '-'} | {c['ratio'] or '-'} |")
+    missing = sorted({f"{c['family']} {c['regime']}" for c in res["compare"] if not c["kleidiai"]})
+    if missing:
+        names = sorted(n for (f, r), ns in KLEIDIAI.items() if f"{f} {r}" in missing for n in ns)
+        lines += ["", f"Not measured on the KleidiAI side ({', '.join(missing)}): none of its "
+                  f"kernels of that kind ({', '.join(names)}) could be built from the tree."]
+    lines += ["", "## every measured kernel", "", "| side | kernel | model | cycles / block | MAC/cyc |",
+              "|---|---|---|---:|---:|"]
+    for side, rows in (("KleidiAI", res["kleidiai"]), ("tilegen", res["tilegen"])):
+        for r in rows:
+            lines.append(f"| {side} | `{r.get('spec', r['kernel'])}` | {r['model']} | "
+                         f"{r['block_cycles']} | {r['block_macs_per_cycle']} |")
+    return "\n".join(lines) + "\n"
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    p.add_argument("--kleidiai", type=Path, help="a KleidiAI source tree (its kernels are built from it)")
+    p.add_argument("--record", action="store_true",
+                   help=f"with --kleidiai: write the KleidiAI numbers to {REFERENCE.name}")
+    p.add_argument("--provenance", default="",
+                   help="with --record: where the tree's files came from (stored in the reference)")
+    p.add_argument("-o", "--outdir", type=Path, default=RESULTS)
+    a = p.parse_args(argv)
+    cmd = "python bench/vs_kleidiai.py" + (f" --kleidiai {a.kleidiai}" if a.kleidiai else "") + \
+        (" --record" if a.record else "")
+    if a.kleidiai:
+        kai = measure_kleidiai(a.kleidiai)
+        kai["command"] = cmd
+        if a.provenance:
+            kai["provenance"] = a.provenance
+        source = f"built from `{a.kleidiai}` by this run"
+        if a.record:
+            REFERENCE.write_text(json.dumps(kai, indent=1) + "\n")
+    else:
+        if not REFERENCE.exists():
+            raise SystemExit(f"no {REFERENCE}: give --kleidiai DIR")
+        kai = json.loads(REFERENCE.read_text())
+        source = (f"recorded in `bench/results/{REFERENCE.name}` by `{kai['command']}`"
+                  + (f" ({kai['provenance']})" if kai.get("provenance") else ""))
+    tg = measure_tilegen()
+    res = {"command": cmd, "kleidiai_source": source, "models": MODELS,
+           "compare": compare(tg, kai["rows"]), "kleidiai": kai["rows"], "tilegen": tg}
+    a.outdir.mkdir(parents=True, exist_ok=True)
+    (a.outdir / "vs_kleidiai.json").write_text(json.dumps(res, indent=1) + "\n")
+    (a.outdir / "vs_kleidiai.md").write_text(markdown(res))
+    print(markdown(res).split("\n## every")[0])
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
