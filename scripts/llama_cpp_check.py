@@ -36,7 +36,10 @@ import tempfile
 import time
 from pathlib import Path
 
-import numpy as np
+# the float64 reference does many tiny matmuls: OpenBLAS's thread wake-ups cost ~20x on a
+# loaded 2-core machine
+os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")
+import numpy as np  # noqa: E402
 
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
