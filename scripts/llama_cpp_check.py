@@ -70,12 +70,18 @@ CPUS = {
             "dotprod i8mm sve512 sme2 svl512"),
 }
 
-#: Tolerance of max|logit - reference logit| relative to the reference logits' rms, per weight
-#: type: see TOLERANCES.md / the --help epilog. Measured worst cases are printed with each run.
-TOLERANCE = {"q4_0": 0.02, "q8_0": 0.05, "f16": 0.02}
-#: Tolerance of the OFF build against the float64 forward pass of the same (dequantised)
-#: weights: ggml rounds activations to int8 (q4_0/q8_0: q8_0 blocks) or f16 (f16 weights).
-REF_TOLERANCE = {"q4_0": 0.05, "q8_0": 0.05, "f16": 0.02}
+#: Tolerances, as max|logit difference| over the reference logits' rms, at the last prompt
+#: position (docs/llama_cpp_check.md derives them). REF_TOLERANCE bounds a run against the
+#: float64 forward pass of the very weights the file holds, so it measures only what the
+#: kernels round: int8 activations (ggml's q8_0 blocks; KleidiAI's qsi8d32p blocks or qai8dx
+#: rows), f16/bf16 operands. q8_0 is looser because KleidiAI also requantises Q8_0 weights per
+#: channel (qsi8cx). TOLERANCE bounds ON against OFF with the same numbers (the triangle
+#: inequality would allow their sum).
+REF_TOLERANCE = {"q4_0": 0.06, "q8_0": 0.08, "f16": 0.02}
+TOLERANCE = dict(REF_TOLERANCE)
+#: The float64 reference's greedy steps must be at least this far from a tie, so that any
+#: token difference is a failure (the model is built for margins of ~4).
+MIN_MARGIN = 1.0
 
 
 def log(msg: str) -> None:
@@ -286,13 +292,13 @@ def guest(tb, sysroot: Path, cpu: str, argv: list[str], env: dict[str, str]) -> 
 
 
 def kleidiai_report(text: str) -> str:
+    """KleidiAI's kernel choice as logged ("kleidiai: primary q4 kernel feature I8MM")."""
     picks = []
     for line in text.splitlines():
-        if "kleidiai: primary" in line:     # "kleidiai: primary q4 kernel feature I8MM"
-            w = line.split()
-            picks.append(f"{w[2]}:{w[-1]}")
-        elif "kleidiai: SME enabled" in line:
-            picks.append("SME")
+        if "kleidiai: primary " in line:
+            w = line.split("kleidiai: primary ", 1)[1].split()
+            if len(w) >= 4 and f"{w[0]}:{w[-1]}" not in picks:
+                picks.append(f"{w[0]}:{w[-1]}")
     return " ".join(picks)
 
 
@@ -308,7 +314,7 @@ def one_run(tb, sysroot: Path, b: Build, cpu: str, sme: str, wtype: str, model: 
         p = run(guest(tb, sysroot, cpu, [str(b.bin / "llama-debug"), "-m", str(model),
                                          "-p", sg.PROMPT, "--save-logits",
                                          "--logits-output-dir", str(out), "-t", str(THREADS),
-                                         "-c", "128", "-fa", "off", "--no-warmup"], env),
+                                         "-c", "128", "-fa", "off", "--no-warmup", "-v"], env),
                 f"llama-debug {b.name} {cpu} sme={sme} {wtype}", log_file=out / "run.log")
         r.kernels = kleidiai_report(p.stdout + p.stderr)
         binf = out / f"llamacpp-{model.stem}.bin"
@@ -413,6 +419,9 @@ def main(argv: list[str] | None = None) -> int:
         model = sg.write_gguf(work / f"synthetic-{wtype}.gguf", wtype, cfg)
         ref_toks, margins, ref_logits = sg.greedy_reference(sg.dequantized(weights, wtype), ids,
                                                             STEPS, cfg)
+        if min(margins) < MIN_MARGIN:
+            raise CheckError(f"the synthetic {wtype} model's greedy path has a near-tie "
+                             f"(margin {min(margins):.3f} < {MIN_MARGIN}): change ModelConfig")
         runs = []
         for b, cpu, sme in plan:
             r = one_run(tb, sysroot, b, cpu, sme, wtype, model, work)
@@ -429,10 +438,10 @@ def main(argv: list[str] | None = None) -> int:
             else:
                 row["d_f64"] = rel(r.logits - ref_logits, ref_logits)
                 row["tok_f64"] = r.tokens == ref_toks
+                if row["d_f64"] > REF_TOLERANCE[wtype]:
+                    problems.append(f"logits off the float64 reference by {row['d_f64']:.4f} "
+                                    f"x rms > {REF_TOLERANCE[wtype]}")
                 if r is base:
-                    if row["d_f64"] > REF_TOLERANCE[wtype]:
-                        problems.append(f"logits off the float64 reference by {row['d_f64']:.4f} "
-                                        f"x rms > {REF_TOLERANCE[wtype]}")
                     if r.tokens != ref_toks:
                         problems.append(f"greedy tokens {r.tokens} != float64 reference {ref_toks}")
                 elif base.error is None:
