@@ -9,12 +9,13 @@ End to end, on an x86-64 host:
 2. cross-builds llama.cpp (clang-19 + lld, CMake toolchain file) twice: ``GGML_CPU_KLEIDIAI=OFF``
    (reference) and, with ``--export DIR``, ``GGML_CPU_KLEIDIAI=ON`` with DIR as KleidiAI's source
    (``FETCHCONTENT_SOURCE_DIR_KLEIDIAI``, fully disconnected). Builds are cached under
-   ``<cache>/llama/<version>-<hash>/`` keyed by everything that goes into them (for the ON build
-   also the export tree's content);
+   ``<cache>/llama/<version>-<off|on>-<config hash>/``; the ON build's stamp holds the export
+   tree's content hash, and a changed tree is rebuilt incrementally in place;
 3. writes a synthetic llama GGUF (tilegen.synth_gguf) in Q4_0, Q8_0 and F16;
-4. runs llama.cpp's ``llama-debug --save-logits`` (last prompt position's logits, prompt = one
-   45-token GEMM batch) and ``llama-batched --temp 0`` (16 greedy GEMV steps) under qemu on
-   several CPU models, the ON build with ``GGML_KLEIDIAI_SME=0`` and ``=1`` on ``max``;
+4. runs llama.cpp's ``llama-debug --save-logits`` (the last prompt position's logits; one GEMM
+   batch of 133 tokens, F16: 45) and ``llama-batched --temp 0`` (a 45-token prompt, then 16
+   greedy GEMV steps) under qemu: OFF on neoverse-n1, ON on neoverse-n1/-v1/-n2 and on max
+   (SVE/SME VL 512) with ``GGML_KLEIDIAI_SME=0``, ``=1`` and ``=2``;
 5. compares every run with the OFF build on neoverse-n1 and with a float64 numpy forward pass of
    the dequantised weights, prints a table, and exits 1 when a run fails its tolerance.
 
@@ -59,6 +60,11 @@ GGML_ARM_ARCH = "armv8.2-a+dotprod+fp16"
 TARGETS = ("llama-debug", "llama-batched")
 THREADS = 2
 STEPS = 16
+#: llama-debug's prompt per weight type: Q4_0/Q8_0 get 133 tokens, so that with an SME thread
+#: cap below the thread count KleidiAI splits the batch between its SME and non-SME kernels
+#: (only for 128+ rows); F16 has no non-SME KleidiAI kernel to split with, and F16 arithmetic
+#: is slow under qemu (a 133-token F16 prompt takes ~25 s), so it keeps the short prompt.
+LOGITS_PROMPT = {"q4_0": sg.LONG_PROMPT, "q8_0": sg.LONG_PROMPT, "f16": sg.PROMPT}
 
 #: CPU models run (qemu -cpu), with the features KleidiAI's selection sees.
 CPUS = {
@@ -211,61 +217,108 @@ class Build:
     name: str           # "off" or "on"
     dir: Path
     bin: Path
-    seconds: float      # build time (the cold build's, when cached)
+    seconds: float      # the cold build's time
     cached: bool
+    incremental: float | None = None   # the last incremental rebuild's time
 
 
 def clang_version() -> str:
     return run(["clang-19", "--version"], "clang-19 --version").stdout.splitlines()[0]
 
 
+def sync_tree(src: Path, dst: Path) -> int:
+    """Make ``dst`` a copy of ``src``, rewriting only files whose bytes differ (so ninja rebuilds
+    only what changed); returns the number of files written or removed."""
+    n = 0
+    want = {p.relative_to(src) for p in src.rglob("*") if p.is_file() and ".git" not in p.parts}
+    if dst.is_dir():
+        for p in sorted(dst.rglob("*"), reverse=True):
+            r = p.relative_to(dst)
+            if p.is_file() and r not in want:
+                p.unlink()
+                n += 1
+            elif p.is_dir() and not any(p.iterdir()):
+                p.rmdir()
+    for r in sorted(want):
+        a, b = src / r, dst / r
+        if b.is_file() and b.read_bytes() == a.read_bytes():
+            continue
+        b.parent.mkdir(parents=True, exist_ok=True)
+        shutil.copyfile(a, b)       # a fresh mtime: newer than the objects built from the old one
+        os.chmod(b, a.stat().st_mode & 0o777)
+        n += 1
+    return n
+
+
 def build(name: str, src: Path, sysroot: Path, export: Path | None, jobs: int,
           rebuild: bool) -> Build:
+    """The ``off`` or ``on`` build, from the cache when current.
+
+    The build dir is keyed by the llama.cpp version, the CMake flags, the toolchain and the
+    sysroot. The ON build compiles a copy of the export tree kept inside its build dir
+    (``kleidiai-src``), and its stamp records the tree's content hash: a changed export is
+    synced into that copy (only changed files rewritten) and rebuilt incrementally (KleidiAI's
+    sources, ggml's kleidiai.cpp/kernels.cpp, the link), not from scratch.
+    """
     kleidiai = name == "on"
-    flags = cmake_flags(kleidiai, export)
+    placeholder = Path("@BUILD_DIR@/kleidiai-src")
     tc = toolchain_text(sysroot)
-    key = {"llama-cpp-python": LLAMA_CPP_PYTHON_VERSION, "src": str(src), "flags": flags,
+    key = {"llama-cpp-python": LLAMA_CPP_PYTHON_VERSION, "src": str(src),
+           "flags": cmake_flags(kleidiai, placeholder if kleidiai else None),
            "toolchain": tc, "clang": clang_version(),
            "sysroot": (sysroot / ".tilegen-complete").read_text()}
-    if kleidiai:
-        t0 = time.monotonic()
-        key["export"] = tree_hash(export)
-        log(f"export tree {export}: content hash {key['export'][:12]} "
-            f"({time.monotonic() - t0:.1f} s)")
     digest = hashlib.sha256(json.dumps(key, sort_keys=True).encode()).hexdigest()[:12]
     bdir = llama_root() / f"{LLAMA_CPP_PYTHON_VERSION}-{name}-{digest}"
+    flags = cmake_flags(kleidiai, bdir / "kleidiai-src" if kleidiai else None)
+    export_hash = None
+    if kleidiai:
+        t0 = time.monotonic()
+        export_hash = tree_hash(export)
+        log(f"export tree {export}: content hash {export_hash[:12]} "
+            f"({time.monotonic() - t0:.1f} s)")
     stamp = bdir / "stamp.json"
     bindir = bdir / "build" / "bin"
-    if stamp.is_file() and not rebuild:
-        info = json.loads(stamp.read_text())
-        missing = [t for t in TARGETS if not (bindir / t).is_file()]
-        if missing:  # a target added since: incremental
-            t0 = time.monotonic()
-            run(["ninja", "-C", str(bdir / "build"), f"-j{jobs}", *missing],
-                f"build ({name}: {' '.join(missing)})", log_file=bdir / "build.log")
-            log(f"{name} build: built {' '.join(missing)} in {time.monotonic() - t0:.0f} s")
+    info = json.loads(stamp.read_text()) if stamp.is_file() else None
+
+    def current() -> bool:
+        return (info is not None and not rebuild and info.get("export") == export_hash
+                and all((bindir / t).is_file() for t in TARGETS))
+
+    if current():
         log(f"{name} build: cached in {bdir} (cold build took {info['seconds']:.0f} s)")
-        return Build(name, bdir, bindir, info["seconds"], True)
+        return Build(name, bdir, bindir, info["seconds"], True, info.get("incremental"))
     bdir.mkdir(parents=True, exist_ok=True)
     with open(bdir / ".lock", "a+") as lk:
         fcntl.flock(lk, fcntl.LOCK_EX)
+        info = json.loads(stamp.read_text()) if stamp.is_file() else None
+        if current():  # another process built it meanwhile
+            return Build(name, bdir, bindir, info["seconds"], True, info.get("incremental"))
+        if rebuild or info is None:
+            shutil.rmtree(bdir / "build", ignore_errors=True)   # cold
+            info = None
         stamp.unlink(missing_ok=True)
         (bdir / "toolchain.cmake").write_text(tc)
         (bdir / "key.json").write_text(json.dumps(key, indent=1, sort_keys=True) + "\n")
         blog = bdir / "build.log"
         blog.write_text("")
         t0 = time.monotonic()
-        log(f"{name} build: configuring in {bdir}/build")
+        if kleidiai:
+            n = sync_tree(export, bdir / "kleidiai-src")
+            log(f"{name} build: {n} file(s) of the export tree changed")
+        kind = "cold" if info is None else "incremental"
+        log(f"{name} build ({kind}): configuring in {bdir}/build")
         run(["cmake", "-S", str(src), "-B", str(bdir / "build"), "-G", "Ninja",
              f"-DCMAKE_TOOLCHAIN_FILE={bdir / 'toolchain.cmake'}", *flags],
             f"cmake configure ({name})", log_file=blog)
-        log(f"{name} build: ninja -j{jobs} {' '.join(TARGETS)} (log: {blog})")
+        log(f"{name} build ({kind}): ninja -j{jobs} {' '.join(TARGETS)} (log: {blog})")
         run(["ninja", "-C", str(bdir / "build"), f"-j{jobs}", *TARGETS],
             f"build ({name})", log_file=blog)
         secs = time.monotonic() - t0
-        stamp.write_text(json.dumps({"seconds": secs, "built": time.strftime("%F %T")}) + "\n")
-    log(f"{name} build: done in {secs:.0f} s")
-    return Build(name, bdir, bindir, secs, False)
+        new = {"seconds": secs if info is None else info["seconds"], "export": export_hash,
+               "incremental": None if info is None else secs, "built": time.strftime("%F %T")}
+        stamp.write_text(json.dumps(new) + "\n")
+    log(f"{name} build: {kind} build done in {secs:.0f} s")
+    return Build(name, bdir, bindir, new["seconds"], False, new["incremental"])
 
 
 # ---------------------------------------------------------------------------------------------
@@ -310,19 +363,21 @@ def one_run(tb, sysroot: Path, b: Build, cpu: str, sme: str, wtype: str, model: 
     out.mkdir(parents=True, exist_ok=True)
     t0 = time.monotonic()
     try:
-        # one prompt batch (GEMM); flash attention off so the KQ/KQV matmuls are MUL_MATs too
+        # one prompt batch (GEMM; 133 rows for q4_0/q8_0); flash attention off so the KQ/KQV
+        # products are MUL_MATs too; -v shows KleidiAI's kernel choice
         p = run(guest(tb, sysroot, cpu, [str(b.bin / "llama-debug"), "-m", str(model),
-                                         "-p", sg.PROMPT, "--save-logits",
+                                         "-p", LOGITS_PROMPT[wtype], "--save-logits",
                                          "--logits-output-dir", str(out), "-t", str(THREADS),
-                                         "-c", "128", "-fa", "off", "--no-warmup", "-v"], env),
+                                         "-c", "256", "-fa", "off", "--no-warmup", "-v"], env),
                 f"llama-debug {b.name} {cpu} sme={sme} {wtype}", log_file=out / "run.log")
         r.kernels = kleidiai_report(p.stdout + p.stderr)
         binf = out / f"llamacpp-{model.stem}.bin"
         r.logits = np.fromfile(binf, dtype=np.float32)
         tokf = out / f"llamacpp-{model.stem}-tokens.bin"
         got = np.fromfile(tokf, dtype=np.int32).tolist()
-        if got != sg.prompt_ids():
-            raise CheckError(f"llama.cpp tokenised the prompt as {got}, expected {sg.prompt_ids()}")
+        if got != sg.prompt_ids(prompt=LOGITS_PROMPT[wtype]):
+            raise CheckError(f"llama.cpp tokenised the prompt as {got}, expected "
+                             f"{sg.prompt_ids(prompt=LOGITS_PROMPT[wtype])}")
         # greedy decoding (--temp 0 keeps only the top logit): prompt GEMM, then 16
         # single-token (GEMV) steps; -n counts the prompt's tokens too
         p = run(guest(tb, sysroot, cpu, [str(b.bin / "llama-batched"), "-m", str(model),
@@ -359,10 +414,18 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--types", default=",".join(sg.TYPES), help="weight types (default: all)")
     p.add_argument("--cpus", default=",".join(CPUS),
                    help=f"CPU models for the ON build (default: all of {', '.join(CPUS)})")
-    p.add_argument("--off-cpus", default="n1,max",
-                   help="CPU models for the OFF build (the first is the reference; default n1,max)")
+    p.add_argument("--off-cpus", default="n1",
+                   help="CPU models for the OFF build (the first is the reference; default n1; "
+                        "ggml's kernels are fixed at compile time, so OFF on another model must "
+                        "agree bit for bit: `n1,max` checks that)")
+    p.add_argument("--sme", default=f"1,{THREADS}",
+                   help="GGML_KLEIDIAI_SME values (SME thread caps) for the ON build on max, "
+                        f"besides 0 (default 1,{THREADS}: with {THREADS} threads and a cap of 1, "
+                        "batches under 128 rows run the non-SME fallback kernel for Q4_0/Q8_0; "
+                        f"a cap of {THREADS} runs the SME kernels on every thread)")
     p.add_argument("-j", "--jobs", type=int, default=2)
-    p.add_argument("--rebuild", action="store_true", help="ignore cached builds")
+    p.add_argument("--rebuild", action="store_true",
+                   help="rebuild from scratch (delete the cached build dirs' contents first)")
     p.add_argument("--build-only", action="store_true")
     p.add_argument("--work", type=Path, help="directory for models, logits and logs "
                                               "(default: a temporary one, kept on failure)")
@@ -371,6 +434,9 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     a.types = [t for t in a.types.split(",") if t]
     a.cpus = [c for c in a.cpus.split(",") if c]
     a.off_cpus = [c for c in a.off_cpus.split(",") if c]
+    a.sme = [v for v in a.sme.split(",") if v]
+    if not all(v.isdigit() for v in a.sme):
+        p.error(f"--sme {','.join(a.sme)}: give non-negative integers")
     for t in a.types:
         if t not in sg.TYPES:
             p.error(f"unknown type {t!r} (choose from {', '.join(sg.TYPES)})")
@@ -413,12 +479,13 @@ def main(argv: list[str] | None = None) -> int:
         for c in a.cpus:
             plan += [(builds[1], c, "0")]
             if c == "max":
-                plan += [(builds[1], c, "1")]
+                plan += [(builds[1], c, v) for v in a.sme if v != "0"]
     rows, failed = [], False
     for wtype in a.types:
         model = sg.write_gguf(work / f"synthetic-{wtype}.gguf", wtype, cfg)
-        ref_toks, margins, ref_logits = sg.greedy_reference(sg.dequantized(weights, wtype), ids,
-                                                            STEPS, cfg)
+        dq = sg.dequantized(weights, wtype)
+        ref_toks, margins, _ = sg.greedy_reference(dq, ids, STEPS, cfg)
+        ref_logits = sg.reference_logits(dq, sg.prompt_ids(cfg, LOGITS_PROMPT[wtype]), cfg)[-1]
         if min(margins) < MIN_MARGIN:
             raise CheckError(f"the synthetic {wtype} model's greedy path has a near-tie "
                              f"(margin {min(margins):.3f} < {MIN_MARGIN}): change ModelConfig")
@@ -467,7 +534,8 @@ def main(argv: list[str] | None = None) -> int:
     print_table(rows, builds, t_built - t_start, time.monotonic() - t_built)
     if a.json:
         a.json.write_text(json.dumps({"rows": rows, "builds": [
-            {"name": b.name, "dir": str(b.dir), "seconds": b.seconds, "cached": b.cached}
+            {"name": b.name, "dir": str(b.dir), "seconds": b.seconds, "cached": b.cached,
+             "incremental": b.incremental}
             for b in builds]}, indent=1) + "\n")
     if failed:
         print(f"llama-check: FAILED (work dir kept: {work})", file=sys.stderr)
@@ -499,8 +567,9 @@ def print_table(rows: list[dict], builds: list[Build], t_build: float, t_run: fl
           "over the OFF logits' rms; tok= = 16 greedy tokens equal OFF@n1's; d64/rms, tok64 = the "
           "same against a float64 forward pass of the dequantised weights")
     for b in builds:
-        print(f"build {b.name}: {'cached, cold build took' if b.cached else 'built in'} "
-              f"{b.seconds:.0f} s ({b.dir})")
+        inc = f", last incremental rebuild {b.incremental:.0f} s" if b.incremental else ""
+        print(f"build {b.name}: {'cached' if b.cached else 'built'}; cold build {b.seconds:.0f} s"
+              f"{inc} ({b.dir})")
     print(f"time: builds/provisioning {t_build:.0f} s, runs {t_run:.0f} s")
 
 

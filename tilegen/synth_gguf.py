@@ -27,7 +27,7 @@ from pathlib import Path
 
 import numpy as np
 
-__all__ = ["ModelConfig", "TYPES", "PROMPT", "vocabulary", "make_weights", "write_gguf",
+__all__ = ["ModelConfig", "TYPES", "PROMPT", "LONG_PROMPT", "vocabulary", "make_weights", "write_gguf",
            "dequantized", "reference_logits", "greedy_reference", "detokenize_ids",
            "prompt_ids"]
 
@@ -36,6 +36,9 @@ TYPES = ("q4_0", "q8_0", "f16")
 
 #: Fixed prompt: only characters of the vocabulary (a space is SentencePiece's "▁").
 PROMPT = "the quick brown fox jumps over the lazy dog"
+#: 133 tokens: a batch of 128+ rows, which ggml's KleidiAI backend may split between an SME
+#: and a non-SME kernel
+LONG_PROMPT = " ".join([PROMPT] * 3)
 
 _SPACE = "\u2581"
 _N_SPECIAL = 4  # <unk>, <s>, </s>, <0x0A>
