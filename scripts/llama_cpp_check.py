@@ -328,7 +328,7 @@ def build(name: str, src: Path, sysroot: Path, export: Path | None, jobs: int,
 class Run:
     build: str
     cpu: str
-    sme: str            # "-" (OFF build), "0" or "1"
+    sme: str            # "-" (OFF build), else the GGML_KLEIDIAI_SME value
     wtype: str
     logits: np.ndarray | None = None
     tokens: list[int] | None = None
@@ -373,6 +373,10 @@ def one_run(tb, sysroot: Path, b: Build, cpu: str, sme: str, wtype: str, model: 
         r.kernels = kleidiai_report(p.stdout + p.stderr)
         binf = out / f"llamacpp-{model.stem}.bin"
         r.logits = np.fromfile(binf, dtype=np.float32)
+        if r.logits.shape != (sg.ModelConfig().n_vocab,) or not np.all(np.isfinite(r.logits)):
+            raise CheckError(f"{binf}: {r.logits.size} logits (finite: "
+                             f"{bool(np.all(np.isfinite(r.logits)))}), expected "
+                             f"{sg.ModelConfig().n_vocab} finite values")
         tokf = out / f"llamacpp-{model.stem}-tokens.bin"
         got = np.fromfile(tokf, dtype=np.int32).tolist()
         if got != sg.prompt_ids(prompt=LOGITS_PROMPT[wtype]):
@@ -392,6 +396,9 @@ def one_run(tb, sysroot: Path, b: Build, cpu: str, sme: str, wtype: str, model: 
                              + p.stdout[-500:])
         gen = line[len(shown):]
         r.tokens = sg.detokenize_ids(gen)
+        if len(r.tokens) != STEPS:
+            raise CheckError(f"llama-batched generated {len(r.tokens)} tokens, not {STEPS}: "
+                             f"{gen!r}")
     except (CheckError, ValueError, OSError) as e:
         r.error = str(e)
     r.seconds = time.monotonic() - t0
@@ -520,8 +527,8 @@ def main(argv: list[str] | None = None) -> int:
                         problems.append(f"max|dlogit| {row['max_abs']:.4f} = {row['d_ref']:.4f} x rms "
                                         f"> tolerance {TOLERANCE[wtype]}")
                     if r.tokens != base.tokens:
-                        k = next(i for i, (x, y) in enumerate(zip(r.tokens + [-1] * STEPS,
-                                                                   base.tokens)) if x != y)
+                        k = next(i for i, (x, y) in enumerate(zip(r.tokens, base.tokens))
+                                 if x != y)
                         problems.append(f"greedy tokens differ from step {k} (reference margin "
                                         f"there {margins[k]:.2f}): {r.tokens} vs {base.tokens}")
             row["ok"] = not problems
