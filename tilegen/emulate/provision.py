@@ -33,8 +33,8 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
-__all__ = ["NUMPY_VERSION", "GUEST_WHEELS", "QEMU_MIN_VERSION", "Toolbox", "ProvisionError",
-           "cache_dir", "ensure", "is_native"]
+__all__ = ["NUMPY_VERSION", "GUEST_WHEELS", "QEMU_MIN_VERSION", "CROSS_SYSROOT_PACKAGES",
+           "Toolbox", "ProvisionError", "cache_dir", "ensure", "ensure_cross_sysroot", "is_native"]
 
 NUMPY_VERSION = "2.4.6"
 #: Requirements installed into the guest site dir (pip resolves their dependencies).
@@ -45,6 +45,11 @@ GUEST_PYTHON_VERSION = "3.11"
 _WHEEL_PLATFORMS = ("manylinux_2_28_aarch64", "manylinux2014_aarch64", "manylinux_2_17_aarch64")
 # libstdc++6: numpy's wheel links it (manylinux leaves it to the system)
 _SYSROOT_PACKAGES = ("python3-minimal", "python3", "libstdc++6")
+#: Debian bookworm arm64 packages of the C/C++ cross-build sysroot (``ensure_cross_sysroot``):
+#: headers, crt files and libraries that ``clang --target=aarch64-linux-gnu --sysroot`` links
+#: against (gcc 12's libstdc++ and libgcc, as on a bookworm arm64 machine).
+CROSS_SYSROOT_PACKAGES: tuple[str, ...] = ("libc6-dev", "linux-libc-dev", "libstdc++-12-dev",
+                                           "libgcc-12-dev")
 _STAMP = ".tilegen-complete"
 #: The guest site dir is named after its requirement list, so changing GUEST_WHEELS
 #: provisions a new one instead of reusing a stale cache.
@@ -360,6 +365,53 @@ def _step_sysroot(root: Path, qemu: Path, log: Callable[[str], None]) -> Callabl
     return build
 
 
+def _relativize_symlinks(root: Path) -> None:
+    """Point the absolute symlinks under ``root`` (``libm.so -> /lib/...``) inside ``root``.
+
+    A linker given ``--sysroot`` opens ``libm.so`` through the file system, so an absolute
+    target would reach the host's own (x86-64 or missing) file."""
+    for dirpath, dirs, files in os.walk(root):
+        for name in dirs + files:
+            link = Path(dirpath) / name
+            if not link.is_symlink():
+                continue
+            dest = os.readlink(link)
+            if dest.startswith("/"):
+                rel = os.path.relpath(root / dest.lstrip("/"), link.parent)
+                link.unlink()
+                os.symlink(rel, link)
+
+
+def _step_cross_sysroot(root: Path, log: Callable[[str], None]) -> Callable[[Path], str]:
+    def build(tmp: Path) -> str:
+        mirror, security = _debian_mirrors()
+        sources = [f"deb {mirror} bookworm main", f"deb {mirror} bookworm-updates main"]
+        if security:
+            sources.append(f"deb {security} bookworm-security main")
+        state = root / "apt" / "arm64-dev"
+        apt = _PrivateApt(state, sources, "arm64", "Debian bookworm arm64")
+        log(f"cross-sysroot: apt-get update (bookworm arm64 from {mirror})")
+        apt.update()
+        log(f"cross-sysroot: downloading {' '.join(CROSS_SYSROOT_PACKAGES)} for arm64 "
+            "with dependencies")
+        apt("install", "-y", "--download-only", *CROSS_SYSROOT_PACKAGES)
+        debs = sorted((state / "archives").glob("*.deb"))
+        log(f"cross-sysroot: unpacking {len(debs)} packages")
+        _unpack_debs(debs, tmp)
+        _relativize_symlinks(tmp)
+        missing = [f for f in ("usr/include/stdio.h", "usr/lib/aarch64-linux-gnu/crt1.o",
+                               "usr/lib/aarch64-linux-gnu/libc.so")
+                   if not (tmp / f).exists()]
+        gcc = sorted((tmp / "usr" / "lib" / "gcc" / "aarch64-linux-gnu").glob("*/crtbegin.o"))
+        if missing or not gcc:
+            raise ProvisionError("the arm64 cross sysroot is incomplete (missing "
+                                 f"{', '.join(missing) or 'gcc crtbegin.o'}): is the machine's "
+                                 "mirror a Debian bookworm mirror?")
+        shutil.rmtree(state, ignore_errors=True)
+        return " ".join(d.name for d in debs)
+    return build
+
+
 def _step_wheels(cross: bool, log: Callable[[str], None],
                  check: Callable[[Path], None] | None) -> Callable[[Path], str]:
     def build(tmp: Path) -> str:
@@ -429,6 +481,28 @@ def _native_toolbox(root: Path, log: Callable[[str], None]) -> Toolbox:
     site.mkdir(parents=True, exist_ok=True)
     return Toolbox(qemu=None, sysroot=None, python=Path(sys.executable), site=site,
                    shim=_shim(root), qemu_version=None)
+
+
+def ensure_cross_sysroot(quiet: bool = False) -> Path:
+    """Provision (once) and return an aarch64 sysroot for cross-compiling C/C++ with clang.
+
+    ``dpkg -x`` of Debian bookworm arm64 :data:`CROSS_SYSROOT_PACKAGES` and their dependencies
+    (libc6, libstdc++6, libgcc-s1 included, so ``qemu-aarch64 -L`` of it runs what was linked
+    against it), in ``<cache>/cross-sysroot``. Works on any host with apt-get and dpkg.
+    """
+    log = _logger(quiet)
+    root = cache_dir()
+    target = root / "cross-sysroot"
+    if _read_stamp(target) is not None:
+        return target
+    root.mkdir(parents=True, exist_ok=True)
+    with _locked(root / ".lock", log):
+        if _read_stamp(target) is None:
+            for leftover in root.glob(".tmp-cross-sysroot-*"):
+                shutil.rmtree(leftover, ignore_errors=True)
+            _build_step(root, target.name, _step_cross_sysroot(root, log), log)
+            shutil.rmtree(root / "apt" / "arm64-dev", ignore_errors=True)
+    return target
 
 
 def ensure(quiet: bool = False) -> Toolbox:

@@ -1,0 +1,588 @@
+#!/usr/bin/env python3
+"""llama.cpp as a real client of a KleidiAI source tree (issue #14).
+
+End to end, on an x86-64 host:
+
+1. provisions qemu-user 11 (tilegen.emulate.provision.ensure) and an aarch64 cross sysroot with
+   libc/libstdc++/libgcc dev files (provision.ensure_cross_sysroot), both Debian packages in
+   tilegen's cache; fetches the llama.cpp vendored in the llama-cpp-python sdist (pip download);
+2. cross-builds llama.cpp (clang-19 + lld, CMake toolchain file) twice: ``GGML_CPU_KLEIDIAI=OFF``
+   (reference) and, with ``--export DIR``, ``GGML_CPU_KLEIDIAI=ON`` with DIR as KleidiAI's source
+   (``FETCHCONTENT_SOURCE_DIR_KLEIDIAI``, fully disconnected). Builds are cached under
+   ``<cache>/llama/<version>-<off|on>-<config hash>/``; the ON build's stamp holds the export
+   tree's content hash, and a changed tree is rebuilt incrementally in place;
+3. writes a synthetic llama GGUF (tilegen.synth_gguf) in Q4_0, Q8_0 and F16;
+4. runs llama.cpp's ``llama-debug --save-logits`` (the last prompt position's logits; one GEMM
+   batch of 133 tokens, F16: 45) and ``llama-batched --temp 0`` (a 45-token prompt, then 16
+   greedy GEMV steps) under qemu: OFF on neoverse-n1, ON on neoverse-n1/-v1/-n2 and on max
+   (SVE/SME VL 512) with ``GGML_KLEIDIAI_SME=0``, ``=1`` and ``=2``;
+5. compares every run with the OFF build on neoverse-n1 and with a float64 numpy forward pass of
+   the dequantised weights, prints a table, and exits 1 when a run fails its tolerance.
+
+Run ``scripts/llama_cpp_check.sh --help`` for the options.
+"""
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import fcntl
+import hashlib
+import json
+import os
+import shutil
+import subprocess
+import sys
+import tarfile
+import tempfile
+import time
+from pathlib import Path
+
+# the float64 reference does many tiny matmuls: OpenBLAS's thread wake-ups cost ~20x on a
+# loaded 2-core machine
+os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")
+import numpy as np  # noqa: E402
+
+REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO))
+
+from tilegen import synth_gguf as sg  # noqa: E402
+from tilegen.emulate import provision  # noqa: E402
+
+LLAMA_CPP_PYTHON_VERSION = "0.3.36"
+#: Baseline ISA of the ggml CPU backend: Armv8.2-A + dotprod + fp16, what every tested model
+#: (neoverse-n1 upwards) has. ggml picks its own NEON/dotprod kernels at compile time from this
+#: (no i8mm/SVE/SME baseline, which would SIGILL on n1); KleidiAI compiles each micro-kernel
+#: with its own ISA flags and chooses among them at run time from the HWCAPs.
+GGML_ARM_ARCH = "armv8.2-a+dotprod+fp16"
+#: llama.cpp's own tools run: llama-debug saves a prompt's last logits; llama-batched (one
+#: sequence, --temp 0) decodes greedily with a settable thread count (llama-simple has none and
+#: its default of 4 threads on 2 emulated cores is ~20x slower).
+TARGETS = ("llama-debug", "llama-batched")
+THREADS = 2
+STEPS = 16
+#: llama-debug's prompt per weight type: Q4_0/Q8_0 get 133 tokens, so that with an SME thread
+#: cap below the thread count KleidiAI splits the batch between its SME and non-SME kernels
+#: (only for 128+ rows); F16 has no non-SME KleidiAI kernel to split with, and F16 arithmetic
+#: is slow under qemu (a 133-token F16 prompt takes ~25 s), so it keeps the short prompt.
+LOGITS_PROMPT = {"q4_0": sg.LONG_PROMPT, "q8_0": sg.LONG_PROMPT, "f16": sg.PROMPT}
+
+#: CPU models run (qemu -cpu), with the features KleidiAI's selection sees.
+CPUS = {
+    "n1": ("neoverse-n1", "dotprod"),
+    "v1": ("neoverse-v1", "dotprod i8mm sve256"),
+    "n2": ("neoverse-n2", "dotprod i8mm sve128 sve2"),
+    # SVE 512 (so KleidiAI's 256-bit SVE kernels are not picked), SME streaming VL 512
+    "max": ("max,sve-default-vector-length=64,sme-default-vector-length=64",
+            "dotprod i8mm sve512 sme2 svl512"),
+}
+
+#: Tolerances, as max|logit difference| over the reference logits' rms, at the last prompt
+#: position (docs/llama_cpp_check.md derives them). REF_TOLERANCE bounds a run against the
+#: float64 forward pass of the very weights the file holds, so it measures only what the
+#: kernels round: int8 activations (ggml's q8_0 blocks; KleidiAI's qsi8d32p blocks or qai8dx
+#: rows), f16/bf16 operands. q8_0 is looser because KleidiAI also requantises Q8_0 weights per
+#: channel (qsi8cx). TOLERANCE bounds ON against OFF with the same numbers (the triangle
+#: inequality would allow their sum).
+REF_TOLERANCE = {"q4_0": 0.06, "q8_0": 0.08, "f16": 0.02}
+TOLERANCE = dict(REF_TOLERANCE)
+#: The float64 reference's greedy steps must be at least this far from a tie, so that any
+#: token difference is a failure (the model is built for margins of ~4).
+MIN_MARGIN = 1.0
+
+
+def log(msg: str) -> None:
+    print(f"llama-check: {msg}", file=sys.stderr, flush=True)
+
+
+class CheckError(RuntimeError):
+    pass
+
+
+def run(cmd: list[str], what: str, *, cwd: Path | None = None, env: dict | None = None,
+        log_file: Path | None = None) -> subprocess.CompletedProcess:
+    p = subprocess.run(cmd, cwd=cwd, env=env, stdin=subprocess.DEVNULL, capture_output=True,
+                       text=True, errors="replace")
+    if log_file is not None:
+        with open(log_file, "a") as f:
+            f.write(f"$ {' '.join(cmd)}\n{p.stdout}{p.stderr}\n[exit {p.returncode}]\n")
+    if p.returncode != 0:
+        tail = "\n".join((p.stdout + p.stderr).strip().splitlines()[-25:])
+        raise CheckError(f"{what} failed (exit {p.returncode}):\n{tail}"
+                         + (f"\n(full log: {log_file})" if log_file else ""))
+    return p
+
+
+# ---------------------------------------------------------------------------------------------
+# sources
+
+def llama_root() -> Path:
+    return provision.cache_dir() / "llama"
+
+
+def llama_source(given: Path | None) -> Path:
+    """The llama.cpp tree: ``given``, else the sdist in the cache (downloaded when absent)."""
+    if given is not None:
+        src = given.resolve()
+        if not (src / "ggml" / "src" / "ggml-cpu" / "kleidiai").is_dir():
+            raise CheckError(f"{src} is not a llama.cpp source tree with ggml's KleidiAI backend")
+        return src
+    root = llama_root()
+    name = f"llama_cpp_python-{LLAMA_CPP_PYTHON_VERSION}"
+    src = root / name / "vendor" / "llama.cpp"
+    if (root / name / ".tilegen-complete").is_file():
+        return src
+    root.mkdir(parents=True, exist_ok=True)
+    with open(root / ".lock", "a+") as lk:
+        fcntl.flock(lk, fcntl.LOCK_EX)
+        if (root / name / ".tilegen-complete").is_file():
+            return src
+        sdist = root / f"{name}.tar.gz"
+        if not sdist.is_file():
+            log(f"pip download llama-cpp-python=={LLAMA_CPP_PYTHON_VERSION} (sdist) into {root}")
+            run([sys.executable, "-m", "pip", "download", "--disable-pip-version-check",
+                 f"llama-cpp-python=={LLAMA_CPP_PYTHON_VERSION}", "--no-deps",
+                 "--no-binary", ":all:", "-d", str(root)], "pip download llama-cpp-python")
+        if not sdist.is_file():
+            raise CheckError(f"pip download did not produce {sdist}")
+        shutil.rmtree(root / name, ignore_errors=True)
+        tmp = Path(tempfile.mkdtemp(prefix=".tmp-sdist-", dir=root))
+        with tarfile.open(sdist) as t:
+            t.extractall(tmp, filter="data")
+        os.rename(tmp / name, root / name)
+        shutil.rmtree(tmp)
+        (root / name / ".tilegen-complete").write_text(sdist.name + "\n")
+    return src
+
+
+def tree_hash(path: Path) -> str:
+    """sha256 over the relative paths, modes and contents of every file under ``path``."""
+    h = hashlib.sha256()
+    for f in sorted(p for p in path.rglob("*") if p.is_file() and ".git" not in p.parts):
+        h.update(str(f.relative_to(path)).encode() + b"\0")
+        h.update(b"x" if os.access(f, os.X_OK) else b"-")
+        h.update(hashlib.sha256(f.read_bytes()).digest())
+    return h.hexdigest()
+
+
+# ---------------------------------------------------------------------------------------------
+# build
+
+def toolchain_text(sysroot: Path) -> str:
+    return f"""\
+# generated by scripts/llama_cpp_check.py: clang-19 + lld for aarch64 Linux (Debian bookworm)
+set(CMAKE_SYSTEM_NAME Linux)
+set(CMAKE_SYSTEM_PROCESSOR aarch64)
+set(CMAKE_SYSROOT "{sysroot}")
+set(CMAKE_C_COMPILER clang-19)
+set(CMAKE_CXX_COMPILER clang++-19)
+set(CMAKE_ASM_COMPILER clang-19)
+set(CMAKE_C_COMPILER_TARGET aarch64-linux-gnu)
+set(CMAKE_CXX_COMPILER_TARGET aarch64-linux-gnu)
+set(CMAKE_ASM_COMPILER_TARGET aarch64-linux-gnu)
+set(CMAKE_EXE_LINKER_FLAGS_INIT "-fuse-ld=lld")
+set(CMAKE_SHARED_LINKER_FLAGS_INIT "-fuse-ld=lld")
+set(CMAKE_MODULE_LINKER_FLAGS_INIT "-fuse-ld=lld")
+set(CMAKE_FIND_ROOT_PATH_MODE_PROGRAM NEVER)
+set(CMAKE_FIND_ROOT_PATH_MODE_LIBRARY ONLY)
+set(CMAKE_FIND_ROOT_PATH_MODE_INCLUDE ONLY)
+set(CMAKE_FIND_ROOT_PATH_MODE_PACKAGE ONLY)
+"""
+
+
+def cmake_flags(kleidiai: bool, export: Path | None) -> list[str]:
+    flags = [
+        "-DCMAKE_BUILD_TYPE=Release",
+        "-DBUILD_SHARED_LIBS=OFF",          # static: two self-contained binaries
+        "-DGGML_NATIVE=OFF",
+        f"-DGGML_CPU_ARM_ARCH={GGML_ARM_ARCH}",
+        "-DGGML_OPENMP=OFF",                # clang's libomp has no arm64 build in the sysroot
+        "-DGGML_CCACHE=OFF",
+        "-DLLAMA_BUILD_TESTS=OFF",
+        "-DLLAMA_BUILD_TOOLS=OFF",
+        "-DLLAMA_BUILD_SERVER=OFF",
+        "-DLLAMA_BUILD_EXAMPLES=ON",        # llama-debug, llama-batched
+        "-DLLAMA_CURL=OFF",
+        "-DLLAMA_OPENSSL=OFF",
+        "-DFETCHCONTENT_FULLY_DISCONNECTED=ON",
+        f"-DGGML_CPU_KLEIDIAI={'ON' if kleidiai else 'OFF'}",
+    ]
+    if kleidiai:
+        assert export is not None
+        flags.append(f"-DFETCHCONTENT_SOURCE_DIR_KLEIDIAI={export}")
+    return flags
+
+
+@dataclasses.dataclass
+class Build:
+    name: str           # "off" or "on"
+    dir: Path
+    bin: Path
+    seconds: float      # the cold build's time
+    cached: bool
+    incremental: float | None = None   # the last incremental rebuild's time
+
+
+def clang_version() -> str:
+    return run(["clang-19", "--version"], "clang-19 --version").stdout.splitlines()[0]
+
+
+def sync_tree(src: Path, dst: Path) -> int:
+    """Make ``dst`` a copy of ``src``, rewriting only files whose bytes differ (so ninja rebuilds
+    only what changed); returns the number of files written or removed."""
+    n = 0
+    want = {p.relative_to(src) for p in src.rglob("*") if p.is_file() and ".git" not in p.parts}
+    if dst.is_dir():
+        for p in sorted(dst.rglob("*"), reverse=True):
+            r = p.relative_to(dst)
+            if p.is_file() and r not in want:
+                p.unlink()
+                n += 1
+            elif p.is_dir() and not any(p.iterdir()):
+                p.rmdir()
+    for r in sorted(want):
+        a, b = src / r, dst / r
+        if b.is_file() and b.read_bytes() == a.read_bytes():
+            continue
+        b.parent.mkdir(parents=True, exist_ok=True)
+        shutil.copyfile(a, b)       # a fresh mtime: newer than the objects built from the old one
+        os.chmod(b, a.stat().st_mode & 0o777)
+        n += 1
+    return n
+
+
+def build(name: str, src: Path, sysroot: Path, export: Path | None, jobs: int,
+          rebuild: bool) -> Build:
+    """The ``off`` or ``on`` build, from the cache when current.
+
+    The build dir is keyed by the llama.cpp version, the CMake flags, the toolchain and the
+    sysroot. The ON build compiles a copy of the export tree kept inside its build dir
+    (``kleidiai-src``), and its stamp records the tree's content hash: a changed export is
+    synced into that copy (only changed files rewritten) and rebuilt incrementally (KleidiAI's
+    sources, ggml's kleidiai.cpp/kernels.cpp, the link), not from scratch.
+    """
+    kleidiai = name == "on"
+    placeholder = Path("@BUILD_DIR@/kleidiai-src")
+    tc = toolchain_text(sysroot)
+    key = {"llama-cpp-python": LLAMA_CPP_PYTHON_VERSION, "src": str(src),
+           "flags": cmake_flags(kleidiai, placeholder if kleidiai else None),
+           "toolchain": tc, "clang": clang_version(),
+           "sysroot": (sysroot / ".tilegen-complete").read_text()}
+    digest = hashlib.sha256(json.dumps(key, sort_keys=True).encode()).hexdigest()[:12]
+    bdir = llama_root() / f"{LLAMA_CPP_PYTHON_VERSION}-{name}-{digest}"
+    flags = cmake_flags(kleidiai, bdir / "kleidiai-src" if kleidiai else None)
+    export_hash = None
+    if kleidiai:
+        t0 = time.monotonic()
+        export_hash = tree_hash(export)
+        log(f"export tree {export}: content hash {export_hash[:12]} "
+            f"({time.monotonic() - t0:.1f} s)")
+    stamp = bdir / "stamp.json"
+    bindir = bdir / "build" / "bin"
+    info = json.loads(stamp.read_text()) if stamp.is_file() else None
+
+    def current() -> bool:
+        return (info is not None and not rebuild and info.get("export") == export_hash
+                and all((bindir / t).is_file() for t in TARGETS))
+
+    if current():
+        log(f"{name} build: cached in {bdir} (cold build took {info['seconds']:.0f} s)")
+        return Build(name, bdir, bindir, info["seconds"], True, info.get("incremental"))
+    bdir.mkdir(parents=True, exist_ok=True)
+    with open(bdir / ".lock", "a+") as lk:
+        fcntl.flock(lk, fcntl.LOCK_EX)
+        info = json.loads(stamp.read_text()) if stamp.is_file() else None
+        if current():  # another process built it meanwhile
+            return Build(name, bdir, bindir, info["seconds"], True, info.get("incremental"))
+        if rebuild or info is None:
+            shutil.rmtree(bdir / "build", ignore_errors=True)   # cold
+            info = None
+        stamp.unlink(missing_ok=True)
+        (bdir / "toolchain.cmake").write_text(tc)
+        (bdir / "key.json").write_text(json.dumps(key, indent=1, sort_keys=True) + "\n")
+        blog = bdir / "build.log"
+        blog.write_text("")
+        t0 = time.monotonic()
+        if kleidiai:
+            n = sync_tree(export, bdir / "kleidiai-src")
+            log(f"{name} build: {n} file(s) of the export tree changed")
+        kind = "cold" if info is None else "incremental"
+        log(f"{name} build ({kind}): configuring in {bdir}/build")
+        run(["cmake", "-S", str(src), "-B", str(bdir / "build"), "-G", "Ninja",
+             f"-DCMAKE_TOOLCHAIN_FILE={bdir / 'toolchain.cmake'}", *flags],
+            f"cmake configure ({name})", log_file=blog)
+        log(f"{name} build ({kind}): ninja -j{jobs} {' '.join(TARGETS)} (log: {blog})")
+        run(["ninja", "-C", str(bdir / "build"), f"-j{jobs}", *TARGETS],
+            f"build ({name})", log_file=blog)
+        secs = time.monotonic() - t0
+        new = {"seconds": secs if info is None else info["seconds"], "export": export_hash,
+               "incremental": None if info is None else secs, "built": time.strftime("%F %T")}
+        stamp.write_text(json.dumps(new) + "\n")
+    log(f"{name} build: {kind} build done in {secs:.0f} s")
+    return Build(name, bdir, bindir, new["seconds"], False, new["incremental"])
+
+
+# ---------------------------------------------------------------------------------------------
+# runs
+
+@dataclasses.dataclass
+class Run:
+    build: str
+    cpu: str
+    sme: str            # "-" (OFF build), else the GGML_KLEIDIAI_SME value
+    wtype: str
+    logits: np.ndarray | None = None
+    tokens: list[int] | None = None
+    kernels: str = ""   # what KleidiAI reported selecting
+    seconds: float = 0.0
+    error: str | None = None
+
+
+def guest(tb, sysroot: Path, cpu: str, argv: list[str], env: dict[str, str]) -> list[str]:
+    cmd = [str(tb.qemu), "-L", str(sysroot), "-cpu", CPUS[cpu][0]]
+    for k, v in env.items():
+        cmd += ["-E", f"{k}={v}"]
+    return cmd + argv
+
+
+def kleidiai_report(text: str) -> str:
+    """KleidiAI's kernel choice as logged ("kleidiai: primary q4 kernel feature I8MM")."""
+    picks = []
+    for line in text.splitlines():
+        if "kleidiai: primary " in line:
+            w = line.split("kleidiai: primary ", 1)[1].split()
+            if len(w) >= 4 and f"{w[0]}:{w[-1]}" not in picks:
+                picks.append(f"{w[0]}:{w[-1]}")
+    return " ".join(picks)
+
+
+def one_run(tb, sysroot: Path, b: Build, cpu: str, sme: str, wtype: str, model: Path,
+            work: Path) -> Run:
+    r = Run(b.name, cpu, sme, wtype)
+    env = {} if sme == "-" else {"GGML_KLEIDIAI_SME": sme}
+    out = work / f"{b.name}-{cpu}-{sme}-{wtype}"
+    out.mkdir(parents=True, exist_ok=True)
+    t0 = time.monotonic()
+    try:
+        # one prompt batch (GEMM; 133 rows for q4_0/q8_0); flash attention off so the KQ/KQV
+        # products are MUL_MATs too; -v shows KleidiAI's kernel choice
+        p = run(guest(tb, sysroot, cpu, [str(b.bin / "llama-debug"), "-m", str(model),
+                                         "-p", LOGITS_PROMPT[wtype], "--save-logits",
+                                         "--logits-output-dir", str(out), "-t", str(THREADS),
+                                         "-c", "256", "-fa", "off", "--no-warmup", "-v"], env),
+                f"llama-debug {b.name} {cpu} sme={sme} {wtype}", log_file=out / "run.log")
+        r.kernels = kleidiai_report(p.stdout + p.stderr)
+        binf = out / f"llamacpp-{model.stem}.bin"
+        r.logits = np.fromfile(binf, dtype=np.float32)
+        if r.logits.shape != (sg.ModelConfig().n_vocab,) or not np.all(np.isfinite(r.logits)):
+            raise CheckError(f"{binf}: {r.logits.size} logits (finite: "
+                             f"{bool(np.all(np.isfinite(r.logits)))}), expected "
+                             f"{sg.ModelConfig().n_vocab} finite values")
+        tokf = out / f"llamacpp-{model.stem}-tokens.bin"
+        got = np.fromfile(tokf, dtype=np.int32).tolist()
+        if got != sg.prompt_ids(prompt=LOGITS_PROMPT[wtype]):
+            raise CheckError(f"llama.cpp tokenised the prompt as {got}, expected "
+                             f"{sg.prompt_ids(prompt=LOGITS_PROMPT[wtype])}")
+        # greedy decoding (--temp 0 keeps only the top logit): prompt GEMM, then 16
+        # single-token (GEMV) steps; -n counts the prompt's tokens too
+        p = run(guest(tb, sysroot, cpu, [str(b.bin / "llama-batched"), "-m", str(model),
+                                         "-p", sg.PROMPT, "-np", "1", "-t", str(THREADS),
+                                         "-n", str(len(sg.prompt_ids()) + STEPS), "--temp", "0",
+                                         "-c", "128"], env),
+                f"llama-batched {b.name} {cpu} sme={sme} {wtype}", log_file=out / "run.log")
+        shown = "<s> " + sg.PROMPT  # the prompt's pieces: "<s>", "▁the", ...
+        line = next((l for l in p.stdout.splitlines() if l.startswith(shown)), None)
+        if line is None:
+            raise CheckError(f"llama-batched printed no line starting with {shown!r}:\n"
+                             + p.stdout[-500:])
+        gen = line[len(shown):]
+        r.tokens = sg.detokenize_ids(gen)
+        if len(r.tokens) != STEPS:
+            raise CheckError(f"llama-batched generated {len(r.tokens)} tokens, not {STEPS}: "
+                             f"{gen!r}")
+    except (CheckError, ValueError, OSError) as e:
+        r.error = str(e)
+    r.seconds = time.monotonic() - t0
+    return r
+
+
+# ---------------------------------------------------------------------------------------------
+
+def parse_args(argv: list[str] | None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(
+        prog="llama_cpp_check.sh", description=__doc__.split("\n\n")[0],
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+        epilog="Without --export only the OFF (reference) build is built and run.")
+    p.add_argument("--export", type=Path, metavar="DIR",
+                   help="KleidiAI source tree (`tilegen export kleidiai -o DIR`): build and run "
+                        "llama.cpp with GGML_CPU_KLEIDIAI=ON against it")
+    p.add_argument("--llama-src", type=Path, metavar="DIR",
+                   help="llama.cpp source tree (default: the llama-cpp-python "
+                        f"{LLAMA_CPP_PYTHON_VERSION} sdist's vendor/llama.cpp, downloaded into the cache)")
+    p.add_argument("--types", default=",".join(sg.TYPES), help="weight types (default: all)")
+    p.add_argument("--cpus", default=",".join(CPUS),
+                   help=f"CPU models for the ON build (default: all of {', '.join(CPUS)})")
+    p.add_argument("--off-cpus", default="n1",
+                   help="CPU models for the OFF build (the first is the reference; default n1; "
+                        "ggml's kernels are fixed at compile time, so OFF on another model must "
+                        "agree bit for bit: `n1,max` checks that)")
+    p.add_argument("--sme", default=f"1,{THREADS}",
+                   help="GGML_KLEIDIAI_SME values (SME thread caps) for the ON build on max, "
+                        f"besides 0 (default 1,{THREADS}: with {THREADS} threads and a cap of 1, "
+                        "batches under 128 rows run the non-SME fallback kernel for Q4_0/Q8_0; "
+                        f"a cap of {THREADS} runs the SME kernels on every thread)")
+    p.add_argument("-j", "--jobs", type=int, default=2)
+    p.add_argument("--rebuild", action="store_true",
+                   help="rebuild from scratch (delete the cached build dirs' contents first)")
+    p.add_argument("--build-only", action="store_true")
+    p.add_argument("--work", type=Path, help="directory for models, logits and logs "
+                                              "(default: a temporary one, kept on failure)")
+    p.add_argument("--json", type=Path, help="write the results as JSON here")
+    a = p.parse_args(argv)
+    a.types = [t for t in a.types.split(",") if t]
+    a.cpus = [c for c in a.cpus.split(",") if c]
+    a.off_cpus = [c for c in a.off_cpus.split(",") if c]
+    a.sme = [v for v in a.sme.split(",") if v]
+    if not all(v.isdigit() for v in a.sme):
+        p.error(f"--sme {','.join(a.sme)}: give non-negative integers")
+    for t in a.types:
+        if t not in sg.TYPES:
+            p.error(f"unknown type {t!r} (choose from {', '.join(sg.TYPES)})")
+    for c in a.cpus + a.off_cpus:
+        if c not in CPUS:
+            p.error(f"unknown cpu {c!r} (choose from {', '.join(CPUS)})")
+    if a.export is not None:
+        a.export = a.export.resolve()
+        if not (a.export / "CMakeLists.txt").is_file():
+            p.error(f"--export {a.export}: no CMakeLists.txt (is it a KleidiAI source tree?)")
+    return a
+
+
+def rel(d: np.ndarray, ref: np.ndarray) -> float:
+    return float(np.max(np.abs(d)) / np.sqrt(np.mean(ref * ref)))
+
+
+def main(argv: list[str] | None = None) -> int:
+    a = parse_args(argv)
+    t_start = time.monotonic()
+    if provision.is_native():
+        raise SystemExit("llama_cpp_check: this script cross-builds on an x86-64 host")
+    tb = provision.ensure()
+    sysroot = provision.ensure_cross_sysroot()
+    src = llama_source(a.llama_src)
+    builds = [build("off", src, sysroot, None, a.jobs, a.rebuild)]
+    if a.export is not None:
+        builds.append(build("on", src, sysroot, a.export, a.jobs, a.rebuild))
+    t_built = time.monotonic()
+    if a.build_only:
+        return 0
+
+    work = a.work or Path(tempfile.mkdtemp(prefix="llama-check-"))
+    work.mkdir(parents=True, exist_ok=True)
+    cfg = sg.ModelConfig()
+    ids = sg.prompt_ids(cfg)
+    weights = sg.make_weights(cfg)
+    plan: list[tuple[Build, str, str]] = [(builds[0], c, "-") for c in a.off_cpus]
+    if len(builds) > 1:
+        for c in a.cpus:
+            plan += [(builds[1], c, "0")]
+            if c == "max":
+                plan += [(builds[1], c, v) for v in a.sme if v != "0"]
+    rows, failed = [], False
+    for wtype in a.types:
+        model = sg.write_gguf(work / f"synthetic-{wtype}.gguf", wtype, cfg)
+        dq = sg.dequantized(weights, wtype)
+        ref_toks, margins, _ = sg.greedy_reference(dq, ids, STEPS, cfg)
+        ref_logits = sg.reference_logits(dq, sg.prompt_ids(cfg, LOGITS_PROMPT[wtype]), cfg)[-1]
+        if min(margins) < MIN_MARGIN:
+            raise CheckError(f"the synthetic {wtype} model's greedy path has a near-tie "
+                             f"(margin {min(margins):.3f} < {MIN_MARGIN}): change ModelConfig")
+        runs = []
+        for b, cpu, sme in plan:
+            r = one_run(tb, sysroot, b, cpu, sme, wtype, model, work)
+            log(f"{wtype} {b.name} {cpu} sme={sme}: {r.seconds:.1f} s"
+                + (f" ERROR {r.error.splitlines()[0]}" if r.error else ""))
+            runs.append(r)
+        base = runs[0]
+        for r in runs:
+            row = {"type": wtype, "build": r.build, "cpu": r.cpu, "sme": r.sme,
+                   "kernels": r.kernels or "-", "seconds": round(r.seconds, 1)}
+            problems = []
+            if r.error:
+                problems.append(r.error)
+            else:
+                row["d_f64"] = rel(r.logits - ref_logits, ref_logits)
+                row["tok_f64"] = r.tokens == ref_toks
+                if row["d_f64"] > REF_TOLERANCE[wtype]:
+                    problems.append(f"logits off the float64 reference by {row['d_f64']:.4f} "
+                                    f"x rms > {REF_TOLERANCE[wtype]}")
+                if r is base:
+                    if r.tokens != ref_toks:
+                        problems.append(f"greedy tokens {r.tokens} != float64 reference {ref_toks}")
+                elif base.error is None:
+                    d = r.logits - base.logits
+                    row["max_abs"] = float(np.max(np.abs(d)))
+                    row["d_ref"] = rel(d, base.logits)
+                    row["tok_ref"] = r.tokens == base.tokens
+                    if row["d_ref"] > TOLERANCE[wtype]:
+                        problems.append(f"max|dlogit| {row['max_abs']:.4f} = {row['d_ref']:.4f} x rms "
+                                        f"> tolerance {TOLERANCE[wtype]}")
+                    if r.tokens != base.tokens:
+                        k = next(i for i, (x, y) in enumerate(zip(r.tokens, base.tokens))
+                                 if x != y)
+                        problems.append(f"greedy tokens differ from step {k} (reference margin "
+                                        f"there {margins[k]:.2f}): {r.tokens} vs {base.tokens}")
+            row["ok"] = not problems
+            row["problems"] = problems
+            failed |= bool(problems)
+            rows.append(row)
+        log(f"{wtype}: float64 reference greedy margins min {min(margins):.2f}, "
+            f"logit rms {np.sqrt(np.mean(ref_logits ** 2)):.2f}")
+
+    print_table(rows, builds, t_built - t_start, time.monotonic() - t_built)
+    if a.json:
+        a.json.write_text(json.dumps({"rows": rows, "builds": [
+            {"name": b.name, "dir": str(b.dir), "seconds": b.seconds, "cached": b.cached,
+             "incremental": b.incremental}
+            for b in builds]}, indent=1) + "\n")
+    if failed:
+        print(f"llama-check: FAILED (work dir kept: {work})", file=sys.stderr)
+        return 1
+    if a.work is None:
+        shutil.rmtree(work, ignore_errors=True)
+    print("llama-check: all runs within tolerance")
+    return 0
+
+
+def print_table(rows: list[dict], builds: list[Build], t_build: float, t_run: float) -> None:
+    def f(x, fmt):
+        return format("-", ">" + fmt.split(".")[0]) if x is None else format(x, fmt)
+    hdr = (f"{'type':5} {'build':5} {'cpu':4} {'sme':3} {'kleidiai kernels':28} "
+           f"{'max|d|':>8} {'d/rms':>8} {'tok=':>4} {'d64/rms':>8} {'tok64':>5} {'s':>5}  result")
+    print(hdr)
+    print("-" * len(hdr))
+    for r in rows:
+        print(f"{r['type']:5} {r['build']:5} {r['cpu']:4} {r['sme']:3} {r['kernels'][:28]:28} "
+              f"{f(r.get('max_abs'), '8.4f')} {f(r.get('d_ref'), '8.5f')} "
+              f"{('yes' if r['tok_ref'] else 'NO') if 'tok_ref' in r else 'ref':>4} "
+              f"{f(r.get('d_f64'), '8.5f')} "
+              f"{('yes' if r['tok_f64'] else 'NO') if 'tok_f64' in r else '-':>5} "
+              f"{r['seconds']:5.1f}  {'ok' if r['ok'] else 'FAIL'}")
+        for pr in r["problems"]:
+            print(f"      {pr.splitlines()[0]}")
+    print()
+    print("columns: max|d| = max |logit - OFF@n1 logit| at the last prompt position; d/rms = that "
+          "over the OFF logits' rms; tok= = 16 greedy tokens equal OFF@n1's; d64/rms, tok64 = the "
+          "same against a float64 forward pass of the dequantised weights")
+    for b in builds:
+        inc = f", last incremental rebuild {b.incremental:.0f} s" if b.incremental else ""
+        print(f"build {b.name}: {'cached' if b.cached else 'built'}; cold build {b.seconds:.0f} s"
+              f"{inc} ({b.dir})")
+    print(f"time: builds/provisioning {t_build:.0f} s, runs {t_run:.0f} s")
+
+
+if __name__ == "__main__":
+    try:
+        sys.exit(main())
+    except (CheckError, provision.ProvisionError) as e:
+        print(f"llama-check: error: {e}", file=sys.stderr)
+        sys.exit(2)
