@@ -20,7 +20,8 @@ SENTINEL = np.float32(-12345.5)
 VLS = (128, 256, 512, 1024, 2048)
 SVE_TILES = ("6x4vl", "8x2vl", "4x4vl", "1x4vl", "3x1vl", "3x8vl", "1x8vl")
 SME_TILES = ("2vlx2vl", "1vlx4vl", "4vlx1vl", "1vlx3vl")
-SME2_TILES = ("2vlx2vl", "1vlx4vl", "4vlx1vl", "1x4vl", "1x2vl")
+SME2_TILES = ("2vlx2vl", "1vlx4vl", "4vlx1vl", "1vlx1vl", "1vlx2vl", "2vlx1vl", "1x4vl", "1x2vl",
+              "1x8vl", "1x16vl")
 SVE_RUNS = [("max", v) for v in VLS] + [("neoverse-n2", None), ("neoverse-v1", None),
                                         ("a64fx", None), ("cortex-a710", None)]
 SVE_NATIVE_VL = {"neoverse-n2": 128, "neoverse-v1": 256, "a64fx": 512, "cortex-a710": 128}
