@@ -825,6 +825,7 @@ class QSI4C32PScaleF16(_RhsGroups):
 
     scale_bytes = 2  # bytes of one column's scale per k-block (f16)
     scale_offset_in_block = 0  # the block's nr f16 scales start it 
+    data_xor = 0x88  # each data byte XOR this: u4 (zero point 8) -> s4, both nibbles
 
     @property
     def data_offset_in_block(self) -> int:
@@ -913,7 +914,7 @@ class QSI4C32PScaleF16(_RhsGroups):
         rows = np.minimum(np.arange(G * nr), n - 1)
         src = np.ascontiguousarray(raw).reshape(n, B, self.src_block_bytes)[rows]
         scales = src[..., :2].reshape(G, nr, B, 2).transpose(0, 2, 1, 3).reshape(G, B, 2 * nr)
-        data = (src[..., 2:] ^ np.uint8(0x88)).reshape(G, nr, B, bl // kr, kr // 2)
+        data = (src[..., 2:] ^ np.uint8(self.data_xor)).reshape(G, nr, B, bl // kr, kr // 2)
         data = data.transpose(0, 2, 3, 1, 4).reshape(G, B, nr * bl // 2)
         return np.concatenate([scales, data], axis=2).reshape(-1)
 
@@ -961,7 +962,7 @@ class QSI4C32PScaleF16(_RhsGroups):
         data = blk[..., d0:].reshape(G, B, bl // kr, nr, kr // 2)
         g, i = idx // nr, idx % nr
         d = scales[g, :, i, :]                                            # (R, B, 2)
-        q = (data[g, :, :, i, :] ^ np.uint8(0x88)).reshape(idx.size, B, bl // 2)
+        q = (data[g, :, :, i, :] ^ np.uint8(self.data_xor)).reshape(idx.size, B, bl // 2)
         return np.concatenate([d, q], axis=2).reshape(idx.size, B * self.src_block_bytes)
 
     def unpack_values(self, packed: np.ndarray, n: int, k: int, rows=None
