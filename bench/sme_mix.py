@@ -35,13 +35,13 @@ ROWS = {
          f"{_KAI}/matmul_clamp_f32_f32_f32p/kai_matmul_clamp_f32_f32_f32p16vlx1b_1x16vl_sme2_mla.c"
          "@e4e3c5495611e49df41d34ac4cdb38552b0dd761 (width 4)", "23", 4, None, None)),
     "SME2 q4 gemm": (
-        ["q4_0:sme:1vlx2vl", "q4_0:sme2:1vlx4vl"],
+        ["q4_0:sme:1vlx2vl", "q4_0_s1s0:sme2:1vlx4vl"],
         ("qsi8d32p1vlx4_qsi4c32p4vlx4_1vlx4vl_sme2_mopa.c.excerpt",
          f"{_KAI}/matmul_clamp_f32_qsi8d32p_qsi4c32p/kai_matmul_clamp_f32_qsi8d32p1vlx4_"
          "qsi4c32p4vlx4_1vlx4vl_sme2_mopa.c@50fc897953c1cd7530f109ed39f2161384b7a395",
          "4", 4, "3", {"4": "32//4", "5": "svl//32"})),
     "SME2 q4 gemv": (
-        ["q4_0:sme2:1x2vl", "q4_0:sme2:1x4vl"],
+        ["q4_0:sme2:1x2vl", "q4_0:sme2:1x4vl", "q4_0_s1s0:sme2:1x4vl"],
         ("qsi8d32p1x4_qsi4c32p4vlx4_1x4vl_sme2_sdot.c.excerpt",
          f"{_KAI}/matmul_clamp_f32_qsi8d32p_qsi4c32p/kai_matmul_clamp_f32_qsi8d32p1x4_"
          "qsi4c32p4vlx4_1x4vl_sme2_sdot.c@202e455f2b2f44a6cb2ffadcc94396f21636b743",

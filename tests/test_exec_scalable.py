@@ -52,13 +52,13 @@ def _shapes(mr, nr, rng):
     return fixed + rand
 
 
-def _run(sess, lib, name, seed):
+def _run(sess, lib, name, seed, shapes=None):
     info = sess.call("guest_calls:vl_info", str(lib), name)
     assert info["runnable"], info
     mr, nr = info["mr"], info["nr"]
     rng = np.random.default_rng(seed)
     cases, refs = [], []
-    for i, (m, n, k) in enumerate(_shapes(mr, nr, rng)):
+    for i, (m, n, k) in enumerate(shapes(mr, nr) if shapes else _shapes(mr, nr, rng)):
         lhs_base = (rng.normal(size=(m + 1, k + 3)) * 2).astype(np.float32)
         w = (rng.normal(size=(n, k)) * 2).astype(np.float32)
         bias = rng.normal(size=n).astype(np.float32)
@@ -106,6 +106,17 @@ def test_sme_f32_every_svl(isa, tiles, vl, scal_lib):
         assert info["vl_bytes"]["sme"] == vl // 8
         assert (info["mr"], info["nr"]) == (spec.mr_at(vl // 8), spec.nr * vl // 32)
         assert info["lhs_format"] == (f"f32p{info['mr']}x1" if spec.mr_vl else None)
+
+
+@pytest.mark.parametrize("vl", (128, 2048))
+def test_sme2_f32_every_k_count(vl, scal_lib):
+    # the SME2 hot loops take 8 (FMOPA) or 4 (gemv) k steps with groups loaded a block ahead:
+    # every k from 1 to 27 (block counts 0-6, both parities, every remainder)
+    sess = _sme_guest(vl)
+    for t in ("2vlx2vl", "1vlx4vl", "4vlx1vl", "1x16vl", "1x4vl"):
+        spec = tilegen.parse_spec(f"f32:sme2:{t}")
+        _run(sess, scal_lib, spec.name, seed=vl + spec.nr,
+             shapes=lambda mr, nr: [(min(mr, 3) + 1, nr + 1, k) for k in range(1, 28)])
 
 
 @pytest.mark.parametrize("vl", (128, 512))

@@ -170,6 +170,8 @@ def packer_for(spec) -> PackerSpec | None:
     """The LHS packer a q4, q8_0 or bf16 kernel spec needs (None for unpacked-LHS families)."""
     if not (spec.info.quantized or spec.info.packs_lhs) or spec.mr_vl:   # VL-row blocks: numpy
         return None
+    if spec.info.lhs not in PACKER_FORMATS:     # KleidiAI's SME2 q4 layouts: numpy packs only
+        return None
     return PackerSpec(spec.info.lhs, spec.lhs_mr, spec.kr, spec.sr)
 
 

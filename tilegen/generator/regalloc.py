@@ -787,6 +787,8 @@ ALLOCATORS["q8_sme2"] = allocate_q8_sme2
 from .regalloc_bf16 import allocate_bf16_neon, allocate_bf16_sme2  # noqa: E402
 ALLOCATORS["bf16_sme2"] = allocate_bf16_sme2
 ALLOCATORS["bf16_neon"] = allocate_bf16_neon
+from .regalloc_q4_luti4 import allocate_q4_sme2_luti4  # noqa: E402
+ALLOCATORS["q4_sme2_luti4"] = allocate_q4_sme2_luti4
 
 
 def allocate(spec: KernelSpec | str):
