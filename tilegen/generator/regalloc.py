@@ -689,7 +689,8 @@ class Sme2GemvRegs(_Frame):
         return len(self.rhs[0])
 
 
-_SME2_GEMV_SCALARS = ("n_rem", "rhs_ptr", "dst_ptr", "lhs_ptr", "k_cnt", "tmp", "col", "step")
+_SME2_GEMV_SCALARS = ("n_rem", "rhs_ptr", "dst_ptr", "lhs_ptr", "k_cnt", "tmp", "col", "step",
+                      "lhs_hi")
 
 
 def _allocate_f32_sme2_gemv(spec: KernelSpec) -> Sme2GemvRegs:
