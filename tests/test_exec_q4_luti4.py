@@ -109,3 +109,29 @@ def test_luti4_random_shapes(vl, which, luti4_lib):
         shapes.append((int(rng.integers(1, 3 * mr + 2)), int(rng.integers(1, 3 * nr + 2)),
                        bl * int(rng.integers(1, 5)), bl))
     _check(sess, luti4_lib, name, shapes, nr, mr, vl)
+
+
+@pytest.mark.parametrize("which", ("gemv", "gemm"))
+def test_luti4_guard_pages(which, luti4_lib):
+    """Every buffer (packed LHS, packed RHS, dst with a row stride) next to a guard page at
+    either end, SVL 512: no access outside them, results bit-exact."""
+    from test_guard_pages import PLACEMENTS, SENTINEL as GUARD_SENTINEL, _check_guarded
+    name = tilegen.parse_spec(SPEC if which == "gemv" else GEMM).name
+    sess = guest("max", None, 512, SME_ON)
+    info = sess.call("guest_calls:vl_info", str(luti4_lib), name)
+    nr, mr = info["nr"], info["mr"]
+    rng = np.random.default_rng(len(which))
+    cases, refs = [], []
+    for i, (m, n, k) in enumerate([(1, 1, 32), (mr, nr, 64), (mr + 1, nr + 3, 96),
+                                   (2 * mr + 1, 2 * nr - 1, 32), (3, 5, 128)]):
+        bl = 32
+        w = (rng.normal(size=(n, k)) * 2).astype(np.float32)
+        x = (rng.normal(size=(m, k)) * 3).astype(np.float32)
+        raw = quantize_q4_0(w, bl=bl)
+        cases.append(dict(m=m, n=n, k=k, bl=bl, sentinel=GUARD_SENTINEL, clamp_min=-3.4e38,
+                          clamp_max=3.4e38, dst_stride=n + i % 4,
+                          lhs_packed=QSI8D32PScaleTail(mr, 4, 1, bl).pack(x),
+                          rhs_packed=QSI4C32PS1S0ScaleF16(nr, 4, 1, bl).pack(raw, n, k)))
+        refs.append(_reference(x, raw, n, k, bl, nr, -3.4e38, 3.4e38))
+    outs = sess.call("guest_pack:guarded_q4_cases", str(luti4_lib), name, cases, PLACEMENTS)
+    _check_guarded(name, cases, refs, outs)
