@@ -89,6 +89,20 @@ def markdown(rows: list[dict], cmd: str) -> str:
                      f"{r['insns']} | {r['mac_insns']} | {r['mac_per_insn']:.3f} | "
                      f"{r['macs_per_insn_128']:.2f} | {r['loads']} | "
                      f"{1000 * r['loads_per_mac_128']:.2f} | {blk} |")
+    lines += ["", "Notes:",
+              "- `MAC ins / ins`: MAC instructions per hot-loop instruction (loop control and "
+              "pointer steps included); `MACs/ins (128)`: multiply-accumulates per instruction "
+              "at SVL = 128 (outer products x g^2, ZA-array and Z-register ops x g at "
+              "SVL = 128 g).",
+              "- Block figures: one 32-k block (q4_0 scale block) of the whole tile with the "
+              "block's loops expanded at SVL = 512 (ZA row-slice loops run SVL/32 times), "
+              "scale handling included; per-tile passes outside the block loop (tilegen's "
+              "q4_0_s1s0 gemm zeroes and clamps its dst rows once per tile, KleidiAI's takes "
+              "the first-block path once) are not in them.",
+              "- KleidiAI's q4 gemm block is its K-loop body on the path of every block after "
+              "the first (`.ACCUMULATE`); KleidiAI's kernels were read from "
+              "ARM-software/kleidiai (paths and commits in the `spec` column) into a directory "
+              "outside this repository, hot loop and block loop only."]
     return "\n".join(lines) + "\n"
 
 
@@ -105,13 +119,14 @@ def main() -> int:
         if "error" in r:
             print(f"{r['spec']:<62} error: {r['error'][:80]}")
         else:
-            print(f"{r['kernel'][:62]:<62} {r['k_per_iter']:4d} {r['insns']:5d} {r['mac_insns']:5d} "
-                  f"{r['mac_per_insn']:7.3f} {r['macs_per_insn_128']:8.2f} {r['loads']:5d} "
+            print(f"{r['kernel'][:62]:<62} {r['k_per_iter']:4d} {r['insns']:5d} "
+                  f"{r['mac_insns']:5d} {r['mac_per_insn']:7.3f} {r['macs_per_insn_128']:8.2f} "
+                  f"{r['loads']:5d} "
                   f"{1000 * r['loads_per_mac_128']:8.2f} {r.get('block_insns', '-'):>6} "
                   f"{r.get('block_macs_per_insn', '-'):>8}")
     if a.out:
-        a.out.with_suffix(".json").write_text(json.dumps({"command": cmd, "rows": rows}, indent=1)
-                                              + "\n")
+        doc = {"command": cmd, "rows": rows}
+        a.out.with_suffix(".json").write_text(json.dumps(doc, indent=1) + "\n")
         a.out.with_suffix(".md").write_text(markdown(rows, cmd))
     return 0
 

@@ -288,7 +288,8 @@ def _loop_body(lines: list[str], label: str) -> list[str]:
     start = next(i for i, (lab, _, _) in enumerate(parsed) if lab == label)
     for j in range(start + 1, len(parsed)):
         insn = parsed[j][1]
-        if insn and _BRANCH.match(insn) and insn.replace(",", " ").split()[-1] in (label, label + "b"):
+        back = insn and _BRANCH.match(insn) and insn.replace(",", " ").split()[-1]
+        if back in (label, label + "b"):
             return lines[start + 1:j + 1]
     raise ValueError(f"no backward branch to {label}")
 

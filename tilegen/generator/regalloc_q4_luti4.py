@@ -27,8 +27,9 @@ class Q4Luti4Regs(_Frame):
     saved_x: tuple[int, ...]
     saved_d: tuple[int, ...]
     needs: VectorNeeds
-    # block conversion: int32 sums (grp[0]), column scales (grp[1]), row scale, products (grp[3])
     counter_pred: int = 8
+
+    # block conversion: int32 sums (grp[0]), column scales (grp[1]), row scale, products (grp[3])
 
     @property
     def sums(self) -> tuple[int, ...]:
@@ -104,9 +105,6 @@ def allocate_q4_sme2_luti4(spec: KernelSpec):
                         f"kr={spec.kr}, sr={spec.sr}")
     if spec.mr_vl:
         return _allocate_mopa(spec)
-    if spec.kr != 4 or spec.sr != 1:
-        raise SpecError(f"the LUTI4 q4 gemv reads 4-byte groups (SDOT by lane): kr must be 4 and "
-                        f"sr 1, got kr={spec.kr}, sr={spec.sr}")
     pool = RegisterPool(_CHART, x_order=_SME_X_ORDER, streaming=True)
     v = pool.v
     # by-lane SDOT operands in z0-z15; multi-vector groups start at multiples of 4 (LUTI4 pairs
