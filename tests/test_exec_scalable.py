@@ -20,7 +20,8 @@ SENTINEL = np.float32(-12345.5)
 VLS = (128, 256, 512, 1024, 2048)
 SVE_TILES = ("6x4vl", "8x2vl", "4x4vl", "1x4vl", "3x1vl", "3x8vl", "1x8vl")
 SME_TILES = ("2vlx2vl", "1vlx4vl", "4vlx1vl", "1vlx3vl")
-SME2_TILES = ("2vlx2vl", "1vlx4vl", "4vlx1vl", "1x4vl", "1x2vl")
+SME2_TILES = ("2vlx2vl", "1vlx4vl", "4vlx1vl", "1vlx1vl", "1vlx2vl", "2vlx1vl", "1x4vl", "1x2vl",
+              "1x8vl", "1x16vl")
 SVE_RUNS = [("max", v) for v in VLS] + [("neoverse-n2", None), ("neoverse-v1", None),
                                         ("a64fx", None), ("cortex-a710", None)]
 SVE_NATIVE_VL = {"neoverse-n2": 128, "neoverse-v1": 256, "a64fx": 512, "cortex-a710": 128}
@@ -51,13 +52,13 @@ def _shapes(mr, nr, rng):
     return fixed + rand
 
 
-def _run(sess, lib, name, seed):
+def _run(sess, lib, name, seed, shapes=None):
     info = sess.call("guest_calls:vl_info", str(lib), name)
     assert info["runnable"], info
     mr, nr = info["mr"], info["nr"]
     rng = np.random.default_rng(seed)
     cases, refs = [], []
-    for i, (m, n, k) in enumerate(_shapes(mr, nr, rng)):
+    for i, (m, n, k) in enumerate(shapes(mr, nr) if shapes else _shapes(mr, nr, rng)):
         lhs_base = (rng.normal(size=(m + 1, k + 3)) * 2).astype(np.float32)
         w = (rng.normal(size=(n, k)) * 2).astype(np.float32)
         bias = rng.normal(size=n).astype(np.float32)
@@ -105,6 +106,17 @@ def test_sme_f32_every_svl(isa, tiles, vl, scal_lib):
         assert info["vl_bytes"]["sme"] == vl // 8
         assert (info["mr"], info["nr"]) == (spec.mr_at(vl // 8), spec.nr * vl // 32)
         assert info["lhs_format"] == (f"f32p{info['mr']}x1" if spec.mr_vl else None)
+
+
+@pytest.mark.parametrize("vl", (128, 2048))
+def test_sme2_f32_every_k_count(vl, scal_lib):
+    # the SME2 hot loops take 8 (FMOPA) or 4 (gemv) k steps with groups loaded a block ahead:
+    # every k from 1 to 27 (block counts 0-6, both parities, every remainder)
+    sess = _sme_guest(vl)
+    for t in ("2vlx2vl", "1vlx4vl", "4vlx1vl", "1x16vl", "1x4vl"):
+        spec = tilegen.parse_spec(f"f32:sme2:{t}")
+        _run(sess, scal_lib, spec.name, seed=vl + spec.nr,
+             shapes=lambda mr, nr: [(min(mr, 3) + 1, nr + 1, k) for k in range(1, 28)])
 
 
 @pytest.mark.parametrize("vl", (128, 512))

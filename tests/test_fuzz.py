@@ -121,7 +121,8 @@ def test_fuzz_thread_counts(all_lib, kind, m, n, kb, threads, cpu, seed):
 # -- scalable kernels: random vector length, tile, shape, clamp -----------------------------
 SCALABLE_EXAMPLES = max(EXAMPLES // 5, 20)
 SCAL_SPECS = ("f32:sve:6x4vl", "f32:sve:1x8vl", "f32:sve:3x1vl", "f32:sme:2vlx2vl",
-              "f32:sme2:1vlx4vl", "f32:sme2:4vlx1vl", "f32:sme2:1x2vl")
+              "f32:sme2:2vlx2vl", "f32:sme2:1vlx4vl", "f32:sme2:4vlx1vl", "f32:sme2:1x2vl",
+              "f32:sme2:1x16vl")
 VLS = (128, 256, 512, 1024, 2048)
 
 

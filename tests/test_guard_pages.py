@@ -143,7 +143,7 @@ def test_library_packers_with_guard_pages(fmt, mr, kr, sr, q4_lib):
 
 # -- scalable kernels (tiles in VL units) at a wide vector length --------------------------
 SCALABLE_F32 = ("f32:sve:6x4vl", "f32:sve:1x8vl", "f32:sve:3x8vl", "f32:sme:2vlx2vl",
-                "f32:sme2:1vlx4vl", "f32:sme2:1x4vl")
+                "f32:sme2:1vlx4vl", "f32:sme2:2vlx2vl", "f32:sme2:1x4vl", "f32:sme2:1x16vl")
 SCALABLE_Q4 = ("q4_0:sve_i8mm:16x1vl", "q4_0:sve_dotprod:1x1vl:k16", "q4_0_dx:sve_dotprod:8x1vl",
                "q4_0:sme:1vlx2vl", "q4_0_dx:sme:1vlx1vl", "q4_0:sme2:1x2vl", "q4_0_dx:sme2:1x4vl")
 

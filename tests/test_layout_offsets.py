@@ -47,6 +47,8 @@ KERNEL_FACTS = {
     "BF16PLhs4": {"chunk_bytes", "row_block_stride"},
     "BF16PRhs2B": {"chunk_bytes", "bias_bytes"},
     "BF16PLhs2": {"chunk_bytes"},
+    "QSI4C32PS1S0ScaleF16": {"chunk_bytes", "scale_bytes", "data_bytes"},
+    "QSI8D32PScaleTail": {"chunk_bytes", "scale_bytes", "data_bytes"},
 }
 PACKER_FACTS = {
     "QAI8DXP": {"k_multiple", "row_block_tail_bytes", "chunk_bytes",

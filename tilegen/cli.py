@@ -101,7 +101,8 @@ def _cmd_analyze(a: argparse.Namespace) -> int:
     from .analyze import HEADER, MODELS, AnalyzeError, analyze
     from .build import default_specs, get_target
     from .generator import parse_spec
-    from .analyze import MIX_HEADER, MODEL_SVE_VL, instruction_mix
+    from .analyze import MODEL_SVE_VL
+    from .analyze_sme import SME_HEADER, sme_report
     specs = [parse_spec(k) for k in a.kernel] if a.kernel else default_specs(get_target(a.target))
     models = a.cpu_model or list(MODELS)
     sme = [s for s in specs if s.isa_info.vl_kind == "sme"]
@@ -109,8 +110,8 @@ def _cmd_analyze(a: argparse.Namespace) -> int:
         # SVE loops on the models that have SVE; SME by instruction mix (no llvm-mca model)
         reports = [analyze(s, m) for s in specs if s not in sme for m in models
                    if s.isa_info.vl_kind != "sve" or m in MODEL_SVE_VL or a.cpu_model]
-        mixes = [instruction_mix(s) for s in sme]
-    except AnalyzeError as e:
+        mixes = [sme_report(s) for s in sme]      # SME: static instruction mix (analyze_sme)
+    except (AnalyzeError, ValueError) as e:
         print(f"tilegen analyze: error: {e}", file=sys.stderr)
         return 2
     if a.json:
@@ -121,7 +122,7 @@ def _cmd_analyze(a: argparse.Namespace) -> int:
             for r in reports:
                 print(r.row())
         if mixes:
-            print(MIX_HEADER)
+            print(SME_HEADER)
             for x in mixes:
                 print(x.row())
     if a.plot:

@@ -29,7 +29,7 @@ SIGNATURES: dict[str, tuple[Param, ...]] = {
         Param("scalar_min", "float"), Param("scalar_max", "float"),
     ),
 }
-SIGNATURES["q4_0"] = SIGNATURES["q4_0_dx"] = SIGNATURES["q4"]
+SIGNATURES["q4_0"] = SIGNATURES["q4_0_dx"] = SIGNATURES["q4_0_s1s0"] = SIGNATURES["q4"]
 # KleidiAI kai_run_matmul_clamp_f32_qai8dxp..._qsi8cxp... (no block length)
 SIGNATURES["q8_0"] = (
     Param("m", "size_t"), Param("n", "size_t"), Param("k", "size_t"),

@@ -254,6 +254,8 @@ def packer_for(spec) -> PackerSpec | None:
     if not spec.packs_lhs:
         return None
     fmt = spec.impl.lhs or spec.info.lhs
+    if fmt not in PACKER_FORMATS:       # KleidiAI's SME2 q4 layouts (q4_0_s1s0): numpy packs only
+        return None
     if spec.mr_vl:
         return PackerSpec(fmt, spec.mr, spec.kr, spec.sr, mr_vl=True)
     return PackerSpec(fmt, spec.lhs_mr, spec.kr, spec.sr)

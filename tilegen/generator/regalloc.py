@@ -652,6 +652,10 @@ class SmeF32Regs(_Frame):
     saved_d: tuple[int, ...]
     needs: VectorNeeds
     counter_pred: int = 8                # pn8: SME2 multi-vector loads
+    # SME2 f32: the 4-k hot loop's LHS / RHS vectors in 4-vector load groups (k-major: vector
+    # t*mu + i of the LHS block is k step t, row block i); empty: the two-set k2 loop
+    k4_lhs: tuple[tuple[int, ...], ...] = ()
+    k4_rhs: tuple[tuple[int, ...], ...] = ()
 
 
 _ZA_F32_TILES = 4
@@ -685,6 +689,8 @@ def _allocate_sme_tiles(spec: KernelSpec, regs_cls=None) -> SmeF32Regs:
                         f"{spec.nr_str} has a group of 3")
     pool = RegisterPool(_SME_F32_CHART, x_order=_SME_X_ORDER, streaming=True)
     v = pool.v
+    if spec.isa == "sme2" and regs_cls is None:
+        return _allocate_sme2_f32_k4(spec, pool)
     lhs = tuple(v.claim(range(a, a + mu), "LHS") for a, _ in _SME_SETS)
     rhs = tuple(v.claim(range(b, b + nu), "RHS") for _, b in _SME_SETS)
     clamp = v.claim((16, 17), "clamp")
@@ -698,40 +704,71 @@ def _allocate_sme_tiles(spec: KernelSpec, regs_cls=None) -> SmeF32Regs:
         **pool.frame())
 
 
+def _allocate_sme2_f32_k4(spec: KernelSpec, pool: RegisterPool) -> SmeF32Regs:
+    """SME2 f32 FMOPA: 4 k steps of LHS (4*mu vectors) and RHS (4*nu vectors) in 4-vector load
+    groups z0..z(4(mu+nu)-1), each reloaded for the next 4 k right after its last FMOPA; the
+    one-k remainder steps and the bias row reuse the first vectors of the first groups."""
+    mu, nu = spec.mr, spec.nr
+    v = pool.v
+    k4_lhs = tuple(v.claim(range(4 * c, 4 * c + 4), "LHS") for c in range(mu))
+    k4_rhs = tuple(v.claim(range(4 * (mu + c), 4 * (mu + c) + 4), "RHS") for c in range(nu))
+    one = (k4_lhs[0][:mu], k4_rhs[0][:nu])
+    clamp = v.claim((24, 25), "clamp")
+    tmp = v.claim(range(28, 28 + nu), "store")
+    gpr = pool.scalars(_SME_SCALARS)
+    pool.settle(f"{spec.mr_str}x{spec.nr_str}")
+    return SmeF32Regs(
+        tile=tuple(tuple(i * nu + j for j in range(nu)) for i in range(mu)),
+        lhs=(one[0], one[0]), rhs=(one[1], one[1]), row_pred=tuple(range(1, mu + 1)),
+        col_pred=tuple(range(mu + 1, mu + nu + 1)), clamp=clamp, tmp=tmp, gpr=gpr,
+        k4_lhs=k4_lhs, k4_rhs=k4_rhs, **pool.frame())
+
+
 @dataclass(frozen=True)
 class Sme2GemvRegs(_Frame):
-    """Registers of the f32 SME2 gemv (1 x nu VL): ZA-array FMLA over nu vectors (vgx<nu>)."""
+    """Registers of the f32 SME2 gemv (1 x nu VL): ZA-array FMLA into nu/4 vector groups of 4
+    (vgx4; nu = 2: one group of 2, vgx2).  The 4-k hot loop broadcasts 4 LHS values per
+    128-bit segment (ld1rqw, FMLA by lane) and streams the RHS groups through ``ring``."""
 
-    rhs: tuple[tuple[int, ...], ...]     # rhs[set]: nu consecutive vectors, two k steps in flight
-    lhs: tuple[int, ...]                 # lhs[set]: broadcast LHS value
+    rhs: tuple[tuple[int, ...], ...]     # rhs[g]: the vectors of ZA group g (bias, store, k tail)
+    ring: tuple[tuple[int, ...], ...]    # rotating RHS load groups of the 4-k loop
+    lhs: tuple[int, ...]                 # (4-value quad of the 4-k loop, one-value broadcast)
     clamp: tuple[int, int]
     gpr: dict[str, int] = field(hash=False)
     saved_x: tuple[int, ...]
     saved_d: tuple[int, ...]
     needs: VectorNeeds
-    counter_pred: int = 8                # pn8: all lanes; pn9: store predicate (vlx<nu>)
+    counter_pred: int = 8                # pn8: all lanes; pn9: store predicate (vlx<vg>)
+
+    @property
+    def vg(self) -> int:                 # vectors per ZA group (vgx2 / vgx4)
+        return len(self.rhs[0])
 
 
-_SME2_GEMV_SCALARS = ("n_rem", "rhs_ptr", "dst_ptr", "lhs_ptr", "k_cnt", "tmp", "col")
+_SME2_GEMV_SCALARS = ("n_rem", "rhs_ptr", "dst_ptr", "lhs_ptr", "k_cnt", "tmp", "col", "step",
+                      "lhs_hi")
 
 
 def _allocate_f32_sme2_gemv(spec: KernelSpec) -> Sme2GemvRegs:
     nu = spec.nr
-    if nu not in (2, 4):
-        raise SpecError(f"the sme2 gemv accumulates nr in one ZA vector group: nr must be 2vl or "
-                        f"4vl (vgx2/vgx4), got {spec.nr_str}")
+    if nu not in (2, 4, 8, 16):
+        raise SpecError(f"the sme2 gemv accumulates nr in ZA vector groups of 4 (vgx4; 2vl: one "
+                        f"vgx2 group): nr must be 2vl, 4vl, 8vl or 16vl, got {spec.nr_str}")
     if spec.kr != 1 or spec.sr != 1:
         raise SpecError(f"the f32 family reads f32p panels: kr and sr must be 1 "
                         f"(got kr={spec.kr}, sr={spec.sr})")
     pool = RegisterPool(("RHS", "LHS", "clamp"), x_order=_SME_X_ORDER, streaming=True)
     v = pool.v
-    rhs = (v.claim(range(0, nu), "RHS"), v.claim(range(16, 16 + nu), "RHS"))
-    # the single-vector operand of multi-vector FMLA must be one of z0-z15
-    lhs = v.claim((4, 5), "LHS")
-    clamp = v.claim((24, 25), "clamp")
+    vg = min(nu, 4)
+    # multi-vector groups start at multiples of their length; the single-vector (by-lane)
+    # operand of multi-vector FMLA must be one of z0-z15
+    ring = tuple(v.claim(range(b, b + vg), "RHS") for b in (16, 20, 24, 28, 4, 8))
+    rhs = ring[:nu // vg]
+    lhs = v.claim((0, 1), "LHS")
+    clamp = v.claim((2, 3), "clamp")
     gpr = pool.scalars(_SME2_GEMV_SCALARS)
     pool.settle(f"1x{spec.nr_str}")
-    return Sme2GemvRegs(rhs=rhs, lhs=lhs, clamp=clamp, gpr=gpr, **pool.frame())
+    return Sme2GemvRegs(rhs=rhs, ring=ring, lhs=lhs, clamp=clamp, gpr=gpr, **pool.frame())
 
 
 def _allocate_f32_sme2(spec: KernelSpec):
@@ -807,6 +844,8 @@ ALLOCATORS["q8_sme2"] = allocate_q8_sme2
 from .regalloc_bf16 import allocate_bf16_neon, allocate_bf16_sme2  # noqa: E402
 ALLOCATORS["bf16_sme2"] = allocate_bf16_sme2
 ALLOCATORS["bf16_neon"] = allocate_bf16_neon
+from .regalloc_q4_luti4 import allocate_q4_sme2_luti4  # noqa: E402
+ALLOCATORS["q4_sme2_luti4"] = allocate_q4_sme2_luti4
 
 
 def allocate(spec: KernelSpec | str):

@@ -122,6 +122,14 @@ FAMILIES: dict[str, FamilyInfo] = {
     # llama.cpp's q4_0 path: LHS per-32-block symmetric int8 (f16 scale), RHS int4 from
     # ggml block_q4_0 with f16 scales (KleidiAI matmul_clamp_f32_qsi8d32p_qsi4c32p).
     "q4_0": _q4_family("q4_0", "qsi8d32p", "qsi4c32pscalef16"),
+    # q4_0 on KleidiAI's SME2 layouts (llama.cpp's SME2 gemv operands): LHS qsi8d32p with
+    # the scales behind the values, RHS qsi4c32ps1s0scalef16 (k-adjacent nibble pairs, zero
+    # point 8: the LUTI4 unpack); no runtime weight kind of its own.
+    "q4_0_s1s0": FamilyInfo(
+        name="q4_0_s1s0", lhs="qsi8d32pscaletail", rhs="qsi4c32ps1s0scalef16", kinds=(),
+        quantized=True,
+        impls={"sme2": IsaImpl("sme2_mopa", "q4_sme2_luti4_mopa", "q4_sme2_luti4", kr=4, sr=1,
+                               gemv_op="sme2_luti4", gemv_template="q4_sme2_luti4")}),
     # LHS per-row asymmetric int8, RHS int4 per 32-block with bf16 scales, row sums and bias
     # (KleidiAI matmul_clamp_f32_qai8dxp_qsi4c32p).
     "q4_0_dx": _q4_family("q4_0_dx", "qai8dxp", "qsi4c32p"),

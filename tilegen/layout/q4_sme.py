@@ -171,6 +171,8 @@ class QSI8D32PScaleTail(_LhsBlocks):
             raise LayoutError(f"bl={self.bl} must be a multiple of 32")
         if self.bl % self.kr:
             raise LayoutError(f"bl={self.bl} must be a multiple of kr={self.kr}")
+        if self.sr != 1:    # KleidiAI ignores sr: one layout per (mr, kr), named with sr = 1
+            raise LayoutError(f"the qsi8d32p scale-tail layout takes sr = 1, got sr={self.sr}")
 
     @property
     def label(self) -> str:

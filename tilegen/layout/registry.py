@@ -9,6 +9,7 @@ from __future__ import annotations
 from .bf16 import BF16PLhs2, BF16PLhs4, BF16PRhs2B, BF16PRhs4B
 from .f32 import F32PackedLHS, F32PackedRHS
 from .q4 import QAI8DXP, QSI4C32P, QSI8D32P, QSI4C32PScaleF16
+from .q4_sme import QSI4C32PS1S0ScaleF16, QSI8D32PScaleTail
 from .q8 import QSI8CXP
 
 __all__ = ["RHS_LAYOUTS", "LHS_LAYOUTS", "LAYOUTS", "layout_class"]
@@ -27,9 +28,10 @@ def _registry(role: str, classes: tuple) -> dict[str, type]:
 
 
 RHS_LAYOUTS: dict[str, type] = _registry("rhs", (
-    F32PackedRHS, QSI4C32P, QSI4C32PScaleF16, QSI8CXP, BF16PRhs4B, BF16PRhs2B))
+    F32PackedRHS, QSI4C32P, QSI4C32PScaleF16, QSI8CXP, BF16PRhs4B, BF16PRhs2B,
+    QSI4C32PS1S0ScaleF16))
 LHS_LAYOUTS: dict[str, type] = _registry("lhs", (
-    F32PackedLHS, QAI8DXP, QSI8D32P, BF16PLhs4, BF16PLhs2))
+    F32PackedLHS, QAI8DXP, QSI8D32P, BF16PLhs4, BF16PLhs2, QSI8D32PScaleTail))
 LAYOUTS: dict[str, dict[str, type]] = {"rhs": RHS_LAYOUTS, "lhs": LHS_LAYOUTS}
 
 
