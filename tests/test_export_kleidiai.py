@@ -392,11 +392,11 @@ def test_llama_cpp_glue_compiles(built, src):
           f"-I{ggml / 'src'}", f"-I{ggml / 'src' / 'ggml-cpu'}", f"-I{root}", LLAMA_KAI / src])
 
 
-def test_generated_c_ps1s0_kernels(kai_so):
-    """The two generated-C kernels of llama.cpp's SME2 Q4_0 entry on data from tilegen's
-    numpy packers of those layouts (tilegen.layout.q4_sme), at SVL 512: the gemv
-    (qsi8d32p scale-tail LHS) bit-exact with the block formula, the f16 gemm likewise with a
-    k-ordered f32 sum per block."""
+def test_ps1s0_kernels(kai_so):
+    """The two kernels of llama.cpp's SME2 Q4_0 entry on data from tilegen's numpy packers of
+    those layouts (tilegen.layout.q4_sme), at SVL 512: the gemv (tilegen's SME2 luti4 asm,
+    qsi8d32p scale-tail LHS, RHS packed with the getters' sr = 2) bit-exact with the block
+    formula, the f16 gemm (generated C) likewise with a k-ordered f32 sum per block."""
     from tilegen.layout.ggml import quantize_q4_0, split_q4_0
     from tilegen.layout.q4 import QSI8D32P
     from tilegen.layout.q4_sme import F16PLhs2, QSI4C32PS1S0ScaleF16, QSI8D32PScaleTail

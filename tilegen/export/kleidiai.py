@@ -127,6 +127,7 @@ class KaiKernel:
     same_layouts: bool = True
     c_impl: str | None = None
     note: str = ""
+    getter_sr: int | None = None    # get_sr's value where it is not the spec's sr
 
     @property
     def header(self) -> str:
@@ -156,9 +157,9 @@ KERNELS: tuple[KaiKernel, ...] = (
        note="NEON SMMLA on the same fixed-width layouts (every SVE+I8MM CPU has NEON I8MM)"),
     _k("qsi8d32p1x8_qsi4c32p8x8_1x8_sve_dotprod", _Q4, "q4_0:dotprod:1x8:k16:s2",
        note="NEON SDOT on the same fixed-width layouts"),
-    _k("qsi8d32p1x4_qsi4c32p4vlx4_1x4vl_sme2_sdot", _Q4, None, c_impl="qsi8d32p_ps1s0_gemv",
-       note="no tilegen kernel reads qsi4c32ps1s0scalef16 (s1s0 nibbles, scales at the group "
-            "end): generated portable C"),
+    _k("qsi8d32p1x4_qsi4c32p4vlx4_1x4vl_sme2_sdot", _Q4, "q4_0_s1s0:sme2:1x4vl", getter_sr=2,
+       note="the SME2 luti4 gemv (tilegen's name ends _sme2_luti4) on qsi4c32ps1s0scalef16; "
+            "get_sr says 2, the sr KleidiAI's RHS packer takes (the LHS layout ignores sr)"),
     _k("f16p1vlx2_qsi4c32p4vlx2_1vlx4vl_sme2_mopa", "f16p_qsi4c32p", None,
        c_impl="f16p_ps1s0_gemm",
        note="f16 LHS x qsi4c32ps1s0scalef16: no tilegen kernel; generated portable C"),
@@ -286,7 +287,7 @@ def _spec_getters(kk: KaiKernel, spec: KernelSpec) -> _Getters:
     if spec.vl_scaled:
         prelude = _SVL if spec.vl_kind == "sme" else _SVEVL
     return _Getters(units(spec.mr, spec.mr_vl), nr if spec.nr_vl else str(spec.nr), mr, nr,
-                    str(spec.kr), str(spec.sr), lhs_off, rhs_off, prelude)
+                    str(spec.kr), str(kk.getter_sr or spec.sr), lhs_off, rhs_off, prelude)
 
 
 def _getter_protos(kk: KaiKernel) -> list[tuple[str, str]]:
@@ -454,48 +455,6 @@ def _vl_stride(which: int, what: str) -> str:
         vl="tg_svl_bytes()")
 
 
-def _c_qsi8d32p_ps1s0_gemv(kk: KaiKernel):
-    """qsi8d32p1x4 (scale-tail, mr = 1) x qsi4c32ps1s0scalef16.  dst = sum over blocks of
-    isum * (lhs scale * rhs scale), one fused multiply-add per block in k order (the product of
-    two f16 is exact in f32)."""
-    e = _ps1s0_exprs()
-    nr = f"({_PS1S0_NR_UNITS} * (tg_svl_bytes() / 4))"
-    lstride = c_expr(_q4_sme_layouts(16)[1].stride_expr)
-    rstride = _vl_stride(0, f"{kk.name} RHS")
-    g = _Getters("1", nr, "1", nr, str(_KR), str(_SR), f"(m_idx / 1) * ({lstride})",
-                 f"(n_idx / {nr}) * {rstride}", _SVL + _F16 + _ps1s0_read(e))
-    body = f"""    (void)dst_stride_col;
-    const size_t nr = {nr};
-    const size_t nblk = k / bl;
-    const size_t lstride = {lstride};
-    const size_t rstride = {rstride};
-    int32_t isum[TG_MAX_NR];
-    float acc[TG_MAX_NR];
-    for (size_t r = 0; r < m; ++r) {{
-        const uint8_t* lrow = (const uint8_t*)lhs_packed + r * lstride;
-        float* out = (float*)((uint8_t*)dst + r * dst_stride_row);
-        for (size_t c0 = 0; c0 < n; c0 += nr) {{
-            const uint8_t* grp = (const uint8_t*)rhs_packed + (c0 / nr) * rstride;
-            const size_t nc = n - c0 < nr ? n - c0 : nr;
-            for (size_t col = 0; col < nc; ++col) acc[col] = 0.0f;
-            for (size_t b = 0; b < nblk; ++b) {{
-                for (size_t col = 0; col < nc; ++col) isum[col] = 0;
-                for (size_t kk = b * bl; kk < (b + 1) * bl; ++kk) {{
-                    const int32_t a = (int8_t)lrow[{e["lhs_q"]}];
-                    for (size_t col = 0; col < nc; ++col) isum[col] += a * tg_ps1s0_q(grp, nr, col, kk);
-                }}
-                const float ls = tg_f16(lrow + {e["lhs_scale"]});
-                for (size_t col = 0; col < nc; ++col) {{
-                    acc[col] = __builtin_fmaf((float)isum[col], ls * tg_ps1s0_scale(grp, nr, k, b, col), acc[col]);
-                }}
-            }}
-            for (size_t col = 0; col < nc; ++col) out[c0 + col] = tg_clamp(acc[col], scalar_min, scalar_max);
-        }}
-    }}
-"""
-    return g, "", body
-
-
 def _c_f16p_ps1s0_gemm(kk: KaiKernel):
     """f16p<1vl>x2 x qsi4c32ps1s0scalef16.  dst = sum over blocks of (f32 sum in k order of
     lhs * int4) * scale, one fused multiply-add per block."""
@@ -539,7 +498,7 @@ def _c_f16p_ps1s0_gemm(kk: KaiKernel):
     return g, "", body
 
 
-_C_IMPLS = {"qsi8d32p_ps1s0_gemv": _c_qsi8d32p_ps1s0_gemv, "f16p_ps1s0_gemm": _c_f16p_ps1s0_gemm}
+_C_IMPLS = {"f16p_ps1s0_gemm": _c_f16p_ps1s0_gemm}
 
 
 # -- the assembly kernels --------------------------------------------------------------
@@ -914,7 +873,7 @@ def tuned_pair_overrides(target) -> dict[str, str]:
 
 def _with_spec(kk: KaiKernel, spec: str) -> KaiKernel:
     return KaiKernel(kk.name, kk.abi, spec, kk.same_layouts, kk.c_impl,
-                     f"tuned: {spec} (default {kk.spec})")
+                     f"tuned: {spec} (default {kk.spec})", kk.getter_sr)
 
 
 def kernels_for(target=None, tuned: bool | str = False) -> list[KaiKernel]:
