@@ -411,10 +411,18 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p = argparse.ArgumentParser(
         prog="llama_cpp_check.sh", description=__doc__.split("\n\n")[0],
         formatter_class=argparse.RawDescriptionHelpFormatter,
-        epilog="Without --export only the OFF (reference) build is built and run.")
+        epilog="Without --export the script writes the tree itself (`tilegen export kleidiai "
+               "--target TARGET`); --off-only builds and runs only the OFF (reference) build.")
     p.add_argument("--export", type=Path, metavar="DIR",
-                   help="KleidiAI source tree (`tilegen export kleidiai -o DIR`): build and run "
-                        "llama.cpp with GGML_CPU_KLEIDIAI=ON against it")
+                   help="KleidiAI source tree (`tilegen export kleidiai -o DIR`) to build and run "
+                        "llama.cpp with GGML_CPU_KLEIDIAI=ON against (default: export one now)")
+    p.add_argument("--target", default="linux-aarch64-all",
+                   help="preset of the tree exported when --export is not given "
+                        "(default linux-aarch64-all)")
+    p.add_argument("--tuned", action="store_true",
+                   help="export with --tuned (when --export is not given)")
+    p.add_argument("--off-only", action="store_true",
+                   help="only the OFF (reference) build: no export, no ON build")
     p.add_argument("--llama-src", type=Path, metavar="DIR",
                    help="llama.cpp source tree (default: the llama-cpp-python "
                         f"{LLAMA_CPP_PYTHON_VERSION} sdist's vendor/llama.cpp, downloaded into the cache)")
@@ -457,6 +465,20 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     return a
 
 
+def export_tree(target: str, tuned: bool) -> Path:
+    """``tilegen export kleidiai`` of this checkout into a fresh directory."""
+    out = Path(tempfile.mkdtemp(prefix="kai-export-"))
+    cmd = [sys.executable, "-m", "tilegen", "export", "kleidiai", "--target", target,
+           "-o", str(out)] + (["--tuned"] if tuned else [])
+    log(f"exporting: {' '.join(cmd[1:])}")
+    r = subprocess.run(cmd, capture_output=True, text=True)
+    if r.returncode != 0:
+        sys.stderr.write(r.stdout + r.stderr)
+        raise SystemExit(2)
+    log(r.stdout.strip().splitlines()[-1] if r.stdout.strip() else "exported")
+    return out
+
+
 def rel(d: np.ndarray, ref: np.ndarray) -> float:
     return float(np.max(np.abs(d)) / np.sqrt(np.mean(ref * ref)))
 
@@ -470,6 +492,8 @@ def main(argv: list[str] | None = None) -> int:
     sysroot = provision.ensure_cross_sysroot()
     src = llama_source(a.llama_src)
     builds = [build("off", src, sysroot, None, a.jobs, a.rebuild)]
+    if a.export is None and not a.off_only:
+        a.export = export_tree(a.target, a.tuned)
     if a.export is not None:
         builds.append(build("on", src, sysroot, a.export, a.jobs, a.rebuild))
     t_built = time.monotonic()

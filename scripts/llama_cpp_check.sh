@@ -1,9 +1,10 @@
 #!/usr/bin/env bash
 # llama.cpp as the real client of a KleidiAI source tree (issue #14): cross-build llama.cpp
-# for aarch64 (KleidiAI OFF, and ON against `--export DIR`), run a synthetic Q4_0/Q8_0/F16
-# llama model under qemu on several CPU models, compare logits and greedy tokens.
-#   scripts/llama_cpp_check.sh                       # OFF build only (reference sanity)
-#   scripts/llama_cpp_check.sh --export /tmp/kai     # + the ON build against that tree
+# for aarch64 (KleidiAI OFF, and ON against a `tilegen export kleidiai` tree), run a synthetic
+# Q4_0/Q8_0/F16 llama model under qemu on several CPU models, compare logits and greedy tokens.
+#   scripts/llama_cpp_check.sh                       # export this checkout's tree, OFF + ON builds
+#   scripts/llama_cpp_check.sh --export /tmp/kai     # the ON build against that tree instead
+#   scripts/llama_cpp_check.sh --off-only            # OFF build only (reference sanity)
 #   scripts/llama_cpp_check.sh --help
 # Needs what scripts/setup.sh provides (clang-19, lld-19, cmake, ninja, the venv with gguf);
 # qemu, the arm64 cross sysroot and the llama.cpp sources are provisioned into the tilegen
