@@ -432,3 +432,67 @@ def choose_kernel(libdir: str, w, x, suffix: str) -> dict:
     finally:
         lib.set_table("q4_0", table)
     return out
+
+
+def for_ops_check(libdir: str, kind: str, w, x1, xm, bias, tmpdir: str) -> dict:
+    """Weights packed with for_ops=("gemm", "gemv") against packing for each best kernel
+    separately (a fresh Library whose table holds only that kernel), the default packing,
+    plans, and the per-layout save / load round trip."""
+    from tilegen.runtime.packed import PackedLayouts, PackedWeights
+    from tilegen.runtime.select import KernelPair
+    lib = _lib(libdir)
+    best = lib.best_kernels(kind)
+    pl = lib.pack_weights(w, kind=kind, bias=bias, for_ops=("gemv", "gemm"))
+    res = {"best": {op: k.name for op, k in best.items()},
+           "n_layouts": len(pl.layouts), "nbytes": pl.nbytes,
+           "op_nbytes": {op: pl.for_op(op).nbytes for op in ("gemm", "gemv")},
+           "route": {m: lib.route(pl, m)[1].name for m in (1, 2, xm.shape[0])},
+           "rhs_match": {op: best[op].rhs_matches(pl.for_op(op)) for op in ("gemm", "gemv")},
+           "out1": lib.matmul(x1, pl), "outm": lib.matmul(xm, pl),
+           "out1_t3": lib.matmul(x1, pl, threads=3), "outm_t3": lib.matmul(xm, pl, threads=3),
+           "plan1": lib.plan(pl, 1)(x1), "planm": lib.plan(pl, xm.shape[0], threads=2)(xm),
+           "plan_kernel": {1: lib.plan(pl, 1).kernel.name, xm.shape[0]: lib.plan(pl, xm.shape[0]).kernel.name}}
+    # each kernel on its own: a library whose table is that kernel alone
+    sep = {}
+    for op, x in (("gemm", xm), ("gemv", x1)):
+        one = tilegen.load(libdir)
+        kern = one.kernels[best[op].name]
+        one.set_table(kind, [KernelPair(kern, None)])
+        pw = one.pack_weights(w, kind=kind, bias=bias)
+        sep[op] = {"bytes_equal": bool(np.array_equal(pw.data, pl.for_op(op).data)),
+                   "layout_equal": pw.layout == pl.for_op(op).layout,
+                   "kernel": one.select(pw, x.shape[0]).name, "out": one.matmul(x, pw)}
+    res["separate"] = sep
+    # default packing: one layout, the default pair
+    pw0 = lib.pack_weights(w, kind=kind, bias=bias)
+    pair = lib._pairs(kind)[0]
+    res["default"] = {"type": type(pw0).__name__, "pair": (pair.gemm.name, (pair.gemv or pair.gemm).name),
+                      "layout_is_pair": pw0.layout == pair.gemm.rhs_layout(),
+                      "kernels": (lib.select(pw0, xm.shape[0]).name, lib.select(pw0, 1).name),
+                      "nbytes": pw0.nbytes}
+    # save / load: refused as one file, per packing round trip
+    try:
+        pl.save(f"{tmpdir}/set.pw")
+        res["save_error"] = ""
+    except Exception as e:      # noqa: BLE001 - the message is the result
+        res["save_error"] = f"{type(e).__name__}: {e}"
+    pl.for_op("gemm").save(f"{tmpdir}/gemm.pw")
+    pl.for_op("gemv").save(f"{tmpdir}/gemv.pw")
+    back = PackedLayouts({"gemm": PackedWeights.load(f"{tmpdir}/gemm.pw"),
+                          "gemv": PackedWeights.load(f"{tmpdir}/gemv.pw")})
+    res["loaded"] = {"out1": lib.matmul(x1, back), "outm": lib.matmul(xm, back),
+                     "route": {m: lib.route(back, m)[1].name for m in (1, xm.shape[0])}}
+    errs = {}
+    for bad in (("gemm",), ("gemv", "gemv"), ("gemm", "gemv", "gemx"), "gemm", None.__class__, ()):
+        try:
+            lib.pack_weights(w, kind=kind, for_ops=bad)
+            errs[repr(bad)] = ""
+        except Exception as e:      # noqa: BLE001
+            errs[repr(bad)] = f"{type(e).__name__}: {e}"
+    try:
+        lib.pack_weights(w, kind=kind, nr=4, for_ops=("gemm", "gemv"))
+        errs["nr"] = ""
+    except Exception as e:      # noqa: BLE001
+        errs["nr"] = f"{type(e).__name__}: {e}"
+    res["errors"] = errs
+    return res

@@ -28,7 +28,7 @@ def _tuned_specs():
     seen = {}
     for name in PRESETS:
         for fam in read_tuned(get_target(name)).families.values():
-            for s in (fam.gemm, fam.gemv):
+            for s in fam.specs():       # the pair and the best gemm / gemv of any layout
                 seen[s.name] = s
     return [seen[n] for n in sorted(seen)]
 
@@ -86,3 +86,12 @@ def test_runtime_picks_the_tuned_pair(tmp_path):
     for kind in ("f32", "q4_0", "q4_0_dx"):
         fam = tf.families[kind]
         assert picks[kind] == (fam.gemm.name, fam.gemv.name), (kind, picks[kind])
+    # the default build also has the best gemm and gemv of any layout, marked for for_ops
+    import json
+    entries = {e["name"]: e for e in json.loads((tmp_path / "manifest.json").read_text())["kernels"]}
+    for fam in tf.families.values():
+        assert entries[fam.gemm.name]["preferred"] and entries[fam.gemv.name]["preferred"]
+        assert entries[fam.top_gemm.name].get("best") == "gemm"
+        assert entries[fam.top_gemv.name].get("best") == "gemv"
+    assert sum(e.get("best") == "gemm" for e in entries.values()) == len(tf.families)
+    assert sum(e.get("best") == "gemv" for e in entries.values()) == len(tf.families)

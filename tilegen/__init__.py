@@ -10,7 +10,7 @@ def __getattr__(name):
     if name == "build_library":
         from .build import build_library
         return build_library
-    if name in ("load", "Library", "PackedWeights"):
+    if name in ("load", "Library", "PackedWeights", "PackedLayouts"):
         from . import runtime
         return getattr(runtime, name)
     if name in ("pack_rhs", "pack_lhs", "dequantize_rows"):
@@ -20,4 +20,5 @@ def __getattr__(name):
 
 
 __all__ = ["KernelSpec", "SpecError", "LayoutError", "parse_spec", "generate", "build_library",
-           "load", "pack_rhs", "pack_lhs", "dequantize_rows", "Library", "PackedWeights", "__version__"]
+           "load", "pack_rhs", "pack_lhs", "dequantize_rows", "Library", "PackedWeights", "PackedLayouts",
+           "__version__"]

@@ -27,7 +27,7 @@ from .layout.base import rhs_identity
 from .layout.base import rhs_layout_for
 
 __all__ = ["TuneError", "Candidate", "Score", "Ranking", "Pair", "REGIMES", "tunable_isas",
-           "candidates", "distinct", "score", "rank", "rank_key", "tune", "pick_pair", "tuned_entry", "clear_cache"]
+           "candidates", "distinct", "score", "rank", "rank_key", "tune", "pick_pair", "best_of", "tuned_entry", "clear_cache"]
 
 REGIMES = ("gemm", "gemv")
 # The grid the allocator is asked about (it decides; nothing here is a list of valid tiles).
@@ -328,9 +328,21 @@ def pick_pair(gemm: Ranking, gemv: Ranking) -> Pair:
     return Pair(first_g[k], first_v[k], True, bg, bv)
 
 
+def best_of(chosen: Score, best: Score, tol: float = TOLERANCE) -> Score:
+    """``best`` if it beats ``chosen`` by more than ``tol``, else ``chosen`` (a second packed
+    layout is worth its memory only for a real gain)."""
+    return chosen if chosen.value >= best.value * (1 - tol) else best
+
+
 def tuned_entry(family: str, pair: Pair) -> TunedFamily:
+    """The tuned-file entry: the pair (the default selection, one packed layout) and the best
+    gemm and best gemv of any layout (served to weights packed for both, ``for_ops``); a
+    pair kernel within ``TOLERANCE`` of the winner stands as the best."""
+    bg, bv = best_of(pair.gemm, pair.best_gemm), best_of(pair.gemv, pair.best_gemv)
     return TunedFamily(family, pair.gemm.spec, pair.gemv.spec, pair.shared_rhs,
-                       {"gemm": round(pair.gemm.value, 3), "gemv": round(pair.gemv.value, 3)})
+                       {"gemm": round(pair.gemm.value, 3), "gemv": round(pair.gemv.value, 3),
+                        "best_gemm": round(bg.value, 3), "best_gemv": round(bv.value, 3)},
+                       bg.spec, bv.spec)
 
 
 def grid_specs() -> dict[str, KernelSpec]:

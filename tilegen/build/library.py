@@ -103,6 +103,14 @@ class _Progress:
             sys.stderr.flush()
 
 
+def _with_roles(entry: dict, roles: set[str]) -> dict:
+    entry = dict(entry, preferred="pair" in roles)
+    best = [r[5:] for r in ("best_gemm", "best_gemv") if r in roles]
+    if best:
+        entry["best"] = best[0]
+    return entry
+
+
 def build_library(specs: Iterable[KernelSpec | PackerSpec | str] | None = None, target: str | Target = "generic-armv8",
                   out_dir: str | os.PathLike = "out", fmt: str | None = None, cc: str | None = None,
                   quiet: bool = True, jobs: int | None = None) -> BuildResult:
@@ -114,11 +122,13 @@ def build_library(specs: Iterable[KernelSpec | PackerSpec | str] | None = None, 
     tgt = target if isinstance(target, Target) else get_target(target)
     fmt = fmt or tgt.fmt
     extra_packers: list[PackerSpec] = []
-    preferred: set[str] = set()
+    roles: dict[str, set[str]] = {}
     if specs is None:
         spec_list = default_specs(tgt)
-        from .tuned import tuned_specs
-        preferred = {s.name for s in tuned_specs(tgt)}   # the runtime tries these first
+        from .tuned import tuned_roles
+        # "preferred": the tuned pair, which the runtime tries first; "best": the best gemm /
+        # gemv of any layout (weights packed with for_ops=("gemm", "gemv"))
+        roles = tuned_roles(tgt)
     else:
         spec_list = []
         for s in specs:
@@ -170,7 +180,7 @@ def build_library(specs: Iterable[KernelSpec | PackerSpec | str] | None = None, 
                                 "-O2", "-ffreestanding", "-fno-stack-protector", "-fno-builtin",
                                 *(("-mno-outline-atomics",) if fmt == "elf" else ())))
     (out / HEADER_NAME).write_text(header(kspecs, packer_list))
-    kernels = [dict(kernel_entry(r.spec, r.symbol), preferred=r.spec.name in preferred)
+    kernels = [_with_roles(kernel_entry(r.spec, r.symbol), roles.get(r.spec.name, set()))
                for r in rendered if isinstance(r.spec, KernelSpec)]
     packers = [packer_entry(r.spec, r.symbol) for r in rendered if isinstance(r.spec, PackerSpec)]
     # the library carries the digest of the table the manifest lists (checked at load)

@@ -12,13 +12,19 @@ else ``tilegen/build/tuned/`` in the package.  Format (version 1)::
           "gemm": "q4_0:i8mm:16x4",       # spec string, a gemm tile (not spec.is_gemv)
           "gemv": "q4_0:dotprod:1x4:k16:s2",   # spec string, spec.is_gemv (or null)
           "shared_rhs": true,             # gemv reads the gemm's packed RHS (layout.same_rhs)
-          "scores": {"gemm": 42.1, "gemv": 9.8}   # MACs/cycle over a 32-k block (information)
+          "best_gemm": "q4_0:i8mm:12x4",  # optional: the best gemm and gemv of any layout
+          "best_gemv": "q4_0:i8mm:1x12:k8:s2",   #   (pack_weights(..., for_ops=("gemm", "gemv")))
+          "scores": {"gemm": 42.1, "gemv": 9.8,   # MACs/cycle over a 32-k block (information)
+                     "best_gemm": 63.1, "best_gemv": 26.8}
         }
       }
     }
 
-``default_specs(target)`` puts the tuned specs of every family first, ahead of the built-in
-defaults.  Reset with ``tilegen tune --target T --reset [--family F]`` or by deleting the file.
+``gemm``/``gemv`` are the default pair (one packed layout); ``best_gemm``/``best_gemv`` (absent
+or null: the same as the pair's) are the best kernels regardless of layout, which the runtime
+uses only for weights packed with ``for_ops=("gemm", "gemv")`` (one packing per layout).
+``default_specs(target)`` puts the tuned specs of every family first (pair, then best),
+ahead of the built-in defaults.  Reset with ``tilegen tune --target T --reset [--family F]`` or by deleting the file.
 Reading validates everything and raises :class:`TunedError` naming the file and the problem.
 """
 from __future__ import annotations
@@ -32,10 +38,10 @@ from ..generator.spec import FAMILIES, KernelSpec, SpecError, parse_spec
 from .targets import Target, TargetError
 
 __all__ = ["TunedError", "TunedFamily", "TunedFile", "FORMAT_VERSION", "tuned_dir", "tuned_path",
-           "read_tuned", "write_tuned", "reset_tuned", "tuned_specs"]
+           "read_tuned", "write_tuned", "reset_tuned", "tuned_specs", "tuned_roles"]
 
 FORMAT_VERSION = 1
-_ENTRY_KEYS = {"gemm", "gemv", "shared_rhs", "scores"}
+_ENTRY_KEYS = {"gemm", "gemv", "shared_rhs", "scores", "best_gemm", "best_gemv"}
 
 
 class TunedError(TargetError):
@@ -49,14 +55,36 @@ class TunedFamily:
     gemv: KernelSpec | None
     shared_rhs: bool
     scores: dict[str, float] = field(default_factory=dict, compare=False)
+    best_gemm: KernelSpec | None = None     # best of any layout (None: the pair's gemm)
+    best_gemv: KernelSpec | None = None
+
+    @property
+    def top_gemm(self) -> KernelSpec | None:
+        """The best gemm regardless of layout (the pair's when none is recorded)."""
+        return self.best_gemm or self.gemm
+
+    @property
+    def top_gemv(self) -> KernelSpec | None:
+        return self.best_gemv or self.gemv
 
     def specs(self) -> list[KernelSpec]:
-        return [s for s in (self.gemm, self.gemv) if s is not None]
+        """The pair, then the best gemm and gemv (each once)."""
+        out: list[KernelSpec] = []
+        for s in (self.gemm, self.gemv, self.best_gemm, self.best_gemv):
+            if s is not None and s not in out:
+                out.append(s)
+        return out
 
     def as_dict(self) -> dict:
-        return {"gemm": self.gemm.spec_string if self.gemm else None,
-                "gemv": self.gemv.spec_string if self.gemv else None,
-                "shared_rhs": self.shared_rhs, "scores": dict(self.scores)}
+        d = {"gemm": self.gemm.spec_string if self.gemm else None,
+             "gemv": self.gemv.spec_string if self.gemv else None,
+             "shared_rhs": self.shared_rhs}
+        for role in ("best_gemm", "best_gemv"):
+            s = getattr(self, role)
+            if s is not None:
+                d[role] = s.spec_string
+        d["scores"] = dict(self.scores)
+        return d
 
 
 @dataclass(frozen=True)
@@ -82,8 +110,9 @@ def tuned_path(target: Target, directory: str | os.PathLike | None = None) -> Pa
     return tuned_dir(directory) / f"{target.name}.json"
 
 
-def _spec(path: Path, target: Target, family: str, role: str, text) -> KernelSpec | None:
-    where = f"{path}: families.{family}.{role}"
+def _spec(path: Path, target: Target, family: str, role: str, text,
+          key: str | None = None) -> KernelSpec | None:
+    where = f"{path}: families.{family}.{key or role}"
     if text is None:
         return None
     if not isinstance(text, str):
@@ -132,6 +161,8 @@ def _parse(path: Path, target: Target, data) -> TunedFile:
         gemv = _spec(path, target, fam, "gemv", e.get("gemv"))
         if gemm is None and gemv is None:
             raise TunedError(f"{path}: families.{fam} names neither a gemm nor a gemv kernel")
+        best_gemm = _spec(path, target, fam, "gemm", e.get("best_gemm"), "best_gemm")
+        best_gemv = _spec(path, target, fam, "gemv", e.get("best_gemv"), "best_gemv")
         shared = e.get("shared_rhs", False)
         if not isinstance(shared, bool):
             raise TunedError(f"{path}: families.{fam}.shared_rhs must be true or false")
@@ -139,7 +170,8 @@ def _parse(path: Path, target: Target, data) -> TunedFile:
         if not (isinstance(scores, dict) and all(
                 isinstance(v, (int, float)) and not isinstance(v, bool) for v in scores.values())):
             raise TunedError(f"{path}: families.{fam}.scores must map names to numbers")
-        out[fam] = TunedFamily(fam, gemm, gemv, shared, {k: float(v) for k, v in scores.items()})
+        out[fam] = TunedFamily(fam, gemm, gemv, shared, {k: float(v) for k, v in scores.items()},
+                               best_gemm, best_gemv)
     return TunedFile(target.name, model, out)
 
 
@@ -163,8 +195,22 @@ def read_tuned(target: Target, directory: str | os.PathLike | None = None) -> Tu
         raise TunedError(f"{e} (reset with `tilegen tune --target {target.name} --reset`)") from None
 
 
+def tuned_roles(target: Target, directory: str | os.PathLike | None = None) -> dict[str, set[str]]:
+    """Kernel name -> its tuned roles: "pair" (the default gemm/gemv sharing one layout),
+    "best_gemm", "best_gemv" (the best of any layout; the pair's kernels when none recorded)."""
+    tf = read_tuned(target, directory)
+    out: dict[str, set[str]] = {}
+    for e in (tf.families.values() if tf is not None else ()):
+        for role, s in (("pair", e.gemm), ("pair", e.gemv), ("best_gemm", e.top_gemm),
+                        ("best_gemv", e.top_gemv)):
+            if s is not None:
+                out.setdefault(s.name, set()).add(role)
+    return out
+
+
 def tuned_specs(target: Target, directory: str | os.PathLike | None = None) -> list[KernelSpec]:
-    """The tuned kernels of every family of ``target`` (gemm, then gemv), or []."""
+    """The tuned kernels of every family of ``target`` (gemm, gemv, best gemm, best gemv;
+    each once), or []."""
     tf = read_tuned(target, directory)
     if tf is None:
         return []

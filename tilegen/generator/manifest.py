@@ -23,7 +23,7 @@ __all__ = ["DIGEST_SYMBOL", "kernel_entry", "packer_entry", "parse_packer_spec",
 
 DIGEST_SYMBOL = "tilegen_manifest_sha256"
 # fields of a kernel entry that the spec does not determine (covered by the digest only)
-KERNEL_FREE_FIELDS = ("preferred",)
+KERNEL_FREE_FIELDS = ("preferred", "best")
 
 
 def kernel_entry(spec: KernelSpec, symbol: str) -> dict:

@@ -23,10 +23,10 @@ from .cpu import CpuInfo, detect
 from .errors import ArgumentError, LoadError
 from .integrity import check_entries, check_image
 from .ops import matmul, workspace_size
-from .packed import PackedWeights, dequantize_packed_rows
+from .packed import OPS, PackedLayouts, PackedWeights, dequantize_packed_rows
 from .select import KIND_FAMILIES, KIND_FAMILY, KernelPair, kind_table
 
-__all__ = ["ArgumentError", "LoadError", "PackedWeights", "Kernel", "Packer", "Library", "load",
+__all__ = ["ArgumentError", "LoadError", "PackedWeights", "PackedLayouts", "Kernel", "Packer", "Library", "load",
            "dequantize_packed_rows", "MANIFEST_NAME"]
 
 MANIFEST_NAME = "manifest.json"
@@ -225,9 +225,52 @@ class Library:
             pairs = some
         return pairs
 
+    def best_kernels(self, kind: str) -> dict[str, Kernel]:
+        """op ("gemm", "gemv") -> the best kernel of any layout for ``kind`` on this CPU: the
+        runnable kernels the build marked best (manifest ``"best"``, from the tuned preset's
+        best_gemm / best_gemv) of the family the default pair is of; where there is none, the
+        default pair's kernel (its gemm for gemv when the pair has no gemv)."""
+        top = self._pairs(kind)[0]
+        fam = top.gemm.family
+        out = {"gemm": top.gemm, "gemv": top.gemv or top.gemm}
+        found: set[str] = set()
+        for kern in sorted(self.kernels.values(), key=lambda k: k.name):
+            op = kern.entry.get("best")
+            if op in OPS and op not in found and kern.family == fam and self.runnable(kern) \
+                    and (op == "gemv") == kern.spec.is_gemv:
+                out[op] = kern
+                found.add(op)
+        return out
+
+    def _kernel_for(self, pw: PackedWeights, op: str) -> Kernel:
+        """The kernel ``op`` uses on packing ``pw``: the best one if it reads pw's layout, else
+        the first runnable table entry's that does."""
+        cands = [self.best_kernels(pw.kind)[op]]
+        for p in self._pairs(pw.kind):
+            cands += [p.gemv, p.gemm] if op == "gemv" else [p.gemm]
+        for kern in cands:
+            if kern is not None and self.runnable(kern) and kern.rhs_matches(pw):
+                return kern
+        raise ArgumentError(f"no runnable {op} kernel reads {pw.layout.name} nr={pw.nr} "
+                            f"kr={pw.kr} sr={pw.sr}; pack the weights again with this library "
+                            f"(lib.pack_weights(..., for_ops=...))")
+
+    def route(self, packed, m: int) -> tuple[PackedWeights, Kernel]:
+        """(packing, kernel) for an (m x k) @ packed matmul.  PackedLayouts: its gemv packing
+        with the gemv kernel for m <= gemv_threshold, else its gemm packing with the gemm
+        kernel; PackedWeights: ``(packed, select(packed, m))``."""
+        if isinstance(packed, PackedLayouts):
+            op = "gemv" if m <= self.gemv_threshold else "gemm"
+            pw = packed.for_op(op)
+            return pw, self._kernel_for(pw, op)
+        return packed, self.select(packed, m)
+
     def select(self, packed: PackedWeights, m: int) -> Kernel:
         """Kernel for an (m x k) @ packed matmul: first runnable table entry that reads the
-        packed layout; its gemv kernel when m <= gemv_threshold."""
+        packed layout; its gemv kernel when m <= gemv_threshold.  (PackedLayouts: see
+        :meth:`route`.)"""
+        if isinstance(packed, PackedLayouts):
+            return self.route(packed, m)[1]
         for p in self._pairs(packed.kind):
             if p.gemm.rhs_matches(packed):
                 return p.pick(m, self.gemv_threshold)
@@ -242,7 +285,14 @@ class Library:
         Otherwise repacked, without loss, from any layout of its format (f32p: other nr;
         qsi4c32p / qsi4c32pscalef16: other nr, kr, sr) into the layout of the first runnable
         entry (with ``nr``: of that nr): new PackedWeights, the bytes ``pack_weights`` gives
-        for the same weights.  The repack costs about one pack_weights call."""
+        for the same weights.  The repack costs about one pack_weights call.
+
+        PackedLayouts are returned as they are when a runnable kernel reads each packing
+        (ArgumentError otherwise: pack them again with this library)."""
+        if isinstance(packed, PackedLayouts):
+            for op in OPS:
+                self._kernel_for(packed.for_op(op), op)
+            return packed
         if not isinstance(packed, PackedWeights):
             raise ArgumentError(f"weights must be PackedWeights, got {type(packed).__name__}")
         pairs = self._pairs(packed.kind, nr)
@@ -261,7 +311,8 @@ class Library:
     # -- packing ----------------------------------------------------------------------
     def pack_weights(self, w=None, kind: str = "f32", bias: np.ndarray | None = None,
                      layout: str = "nk", nr: int | None = None, *, from_ggml=None,
-                     n: int | None = None, k: int | None = None) -> PackedWeights:
+                     n: int | None = None, k: int | None = None,
+                     for_ops=None) -> PackedWeights | PackedLayouts:
         """Pack weights once for this library's preferred kernel of ``kind``.
 
         kind "f32" / "f16": (n, k) weights (or (k, n) with layout="kn"), f16 converted to f32.
@@ -275,8 +326,34 @@ class Library:
         kind "q8_0": float32 (n, k) weights quantised per channel (tilegen.runtime.q8), or raw
         ggml block_q8_0 bytes via ``from_ggml=`` (with n, k), requantised per channel.
         ``nr``: pack for the preferred kernel with that nr instead (:meth:`set_table` chooses
-        any kernel)."""
-        kern = self._pairs(kind, nr)[0].gemm
+        any kernel).
+
+        ``for_ops=("gemm", "gemv")``: PackedLayouts instead, the weights packed once per
+        distinct layout the best gemm and the best gemv (:meth:`best_kernels`) read -- two
+        packings, twice the memory, when their layouts differ; matmul then runs the gemm on
+        its packing for m > 1 and the gemv on its own for m = 1.  Without it: one packing for
+        the default pair, which shares one layout."""
+        if for_ops is not None:
+            ops = _check_ops(for_ops)
+            if nr is not None:
+                raise ArgumentError("nr= and for_ops= do not combine (for_ops packs for the "
+                                    "best kernels of each op)")
+            best = self.best_kernels(kind)
+            by_layout: dict = {}
+            by_op = {}
+            for op in ops:
+                kern = best[op]
+                lay = kern.rhs_layout()
+                if lay not in by_layout:
+                    by_layout[lay] = self._pack_for(kern, w, kind, bias, layout, from_ggml, n, k)
+                by_op[op] = by_layout[lay]
+            return PackedLayouts(by_op)
+        return self._pack_for(self._pairs(kind, nr)[0].gemm, w, kind, bias, layout, from_ggml,
+                              n, k)
+
+    def _pack_for(self, kern: Kernel, w, kind: str, bias, layout: str, from_ggml, n, k
+                  ) -> PackedWeights:
+        """The weights packed in the layout ``kern`` reads."""
         try:
             if kind == "q8_0":      # per-channel int8 (tilegen.runtime.q8)
                 from .q8 import pack_q8_0
@@ -389,6 +466,23 @@ class Library:
     def get_rows(self, packed: PackedWeights, rows) -> np.ndarray:
         """Dequantise rows of packed weights (get_rows: an embedding lookup)."""
         return dequantize_packed_rows(packed, rows)
+
+
+def _check_ops(for_ops) -> tuple[str, ...]:
+    """``for_ops`` as a tuple: both of "gemm" and "gemv", each once, in any order."""
+    if isinstance(for_ops, str) or not isinstance(for_ops, (tuple, list)):
+        raise ArgumentError(f"for_ops must be a tuple of op names, e.g. ('gemm', 'gemv'), "
+                            f"got {for_ops!r}")
+    ops = tuple(for_ops)
+    bad = [o for o in ops if o not in OPS]
+    if bad:
+        raise ArgumentError(f"unknown op {bad[0]!r} in for_ops; known: {', '.join(OPS)}")
+    if len(set(ops)) != len(ops):
+        raise ArgumentError(f"for_ops names an op twice: {ops!r}")
+    if set(ops) != set(OPS):
+        raise ArgumentError(f"for_ops must name both ops, ('gemm', 'gemv'), got {ops!r} (without "
+                            f"for_ops the weights are packed once for the default pair)")
+    return tuple(OPS)
 
 
 def load(directory: str | os.PathLike, cpu: CpuInfo | None = None) -> Library:

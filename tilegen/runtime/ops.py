@@ -8,7 +8,7 @@ import numpy as np
 
 from .checks import clamp_pair, positive_int, thread_count
 from .errors import ArgumentError
-from .packed import PackedWeights
+from .packed import PackedLayouts, PackedWeights
 from .threads import default_threads, run_parallel, split
 
 __all__ = ["matmul", "workspace_size"]
@@ -30,8 +30,8 @@ def matmul(lib, x: np.ndarray, packed: PackedWeights, bias: np.ndarray | None = 
            clamp: tuple[float, float] | None = None, threads: int | None = None,
            out: np.ndarray | None = None) -> np.ndarray:
     """See :meth:`tilegen.runtime.library.Library.matmul`."""
-    if not isinstance(packed, PackedWeights):
-        raise ArgumentError(f"weights must be PackedWeights (see lib.pack_weights), "
+    if not isinstance(packed, (PackedWeights, PackedLayouts)):
+        raise ArgumentError(f"weights must be PackedWeights or PackedLayouts (see lib.pack_weights), "
                             f"got {type(packed).__name__}")
     if bias is not None:
         bias = np.asarray(bias)
@@ -59,7 +59,7 @@ def matmul(lib, x: np.ndarray, packed: PackedWeights, bias: np.ndarray | None = 
     elif not isinstance(out, np.ndarray) or out.shape != shape or out.dtype != np.float32 \
             or not out.flags.c_contiguous or not out.flags.writeable:
         raise ArgumentError(f"out must be a writeable C-contiguous float32 array of shape {shape}")
-    elif any(a is not None and np.shares_memory(out, a) for a in (x, bias, packed.data)):
+    elif any(a is not None and np.shares_memory(out, a) for a in (x, bias, *_datas(packed))):
         # the kernels read x while they write out, and the bias is read after them
         out[...] = matmul(lib, x, packed, bias, clamp, threads)
         return out
@@ -75,11 +75,16 @@ def matmul(lib, x: np.ndarray, packed: PackedWeights, bias: np.ndarray | None = 
     return out
 
 
-def _run(lib, x2: np.ndarray, packed: PackedWeights, dst: np.ndarray, cmin: float,
+def _datas(packed) -> tuple:
+    return packed.datas if isinstance(packed, PackedLayouts) else (packed.data,)
+
+
+def _run(lib, x2: np.ndarray, packed, dst: np.ndarray, cmin: float,
          cmax: float, nthreads: int) -> None:
-    """dst = clamp(x2 @ W.T) for contiguous rows x2 (m, k), split over nthreads."""
+    """dst = clamp(x2 @ W.T) for contiguous rows x2 (m, k), split over nthreads
+    (PackedLayouts: on the packing of the op m selects, :meth:`Library.route`)."""
     m = x2.shape[0]
-    kern = lib.select(packed, m)
+    packed, kern = lib.route(packed, m)
     k, bl = packed.k, packed.bl or 32
     lay = kern.lhs_layout(bl)
     if lay is None:     # f32 rows as they are

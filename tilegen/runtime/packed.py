@@ -12,7 +12,7 @@ import numpy as np
 from ..layout import LayoutError
 from .errors import ArgumentError, LoadError
 
-__all__ = ["PackedWeights", "dequantize_packed_rows"]
+__all__ = ["PackedWeights", "PackedLayouts", "OPS", "dequantize_packed_rows"]
 
 _CHUNK = 1 << 24
 
@@ -156,8 +156,82 @@ class PackedWeights:
         return pw
 
 
-def dequantize_packed_rows(packed: PackedWeights, rows) -> np.ndarray:
+OPS = ("gemm", "gemv")
+
+
+class PackedLayouts:
+    """One weight matrix packed once per RHS layout its kernels read (``pack_weights(...,
+    for_ops=("gemm", "gemv"))``): the best gemm (m > 1) and the best gemv (m = 1) may read
+    different layouts, at the cost of one packing each.
+
+    The layout objects are the identity: ``packings`` maps each distinct layout to its
+    :class:`PackedWeights` (one entry when both ops read one layout: packed once, stored once);
+    ``layout_of`` maps each op to its layout.  ``for_op(op)`` is the packing an op reads.
+    Build one from packings made elsewhere (e.g. each loaded with :meth:`PackedWeights.load`)
+    with ``PackedLayouts({"gemm": a, "gemv": b})``."""
+
+    def __init__(self, by_op: dict) -> None:
+        if not isinstance(by_op, dict) or set(by_op) != set(OPS):
+            raise ArgumentError(f"PackedLayouts needs a packing for each of {', '.join(OPS)}, "
+                                f"got {sorted(by_op) if isinstance(by_op, dict) else by_op!r}")
+        packings: dict = {}
+        layout_of: dict = {}
+        first = None
+        for op in OPS:
+            pw = by_op[op]
+            if not isinstance(pw, PackedWeights):
+                raise ArgumentError(f"the {op} packing must be PackedWeights, got "
+                                    f"{type(pw).__name__}")
+            if first is None:
+                first = pw
+            elif (pw.n, pw.k, pw.kind, pw.has_bias) != (first.n, first.k, first.kind, first.has_bias):
+                raise ArgumentError(f"the {op} packing is {pw.kind} n={pw.n} k={pw.k} bias="
+                                    f"{pw.has_bias}, the gemm packing {first.kind} n={first.n} "
+                                    f"k={first.k} bias={first.has_bias}: not one weight matrix")
+            packings.setdefault(pw.layout, pw)      # equal layouts: the first packing serves
+            layout_of[op] = pw.layout
+        self.packings = packings
+        self.layout_of = layout_of
+        self.n, self.k, self.kind, self.has_bias = first.n, first.k, first.kind, first.has_bias
+
+    def for_op(self, op: str) -> PackedWeights:
+        if op not in OPS:
+            raise ArgumentError(f"unknown op {op!r}; known: {', '.join(OPS)}")
+        return self.packings[self.layout_of[op]]
+
+    @property
+    def layouts(self) -> tuple:
+        return tuple(self.packings)
+
+    @property
+    def nbytes(self) -> int:
+        """Bytes of all packings (each distinct layout once)."""
+        return sum(p.nbytes for p in self.packings.values())
+
+    @property
+    def datas(self) -> tuple:
+        return tuple(p.data for p in self.packings.values())
+
+    def __repr__(self) -> str:
+        ops = ", ".join(f"{op}={self.layout_of[op]!r}" for op in OPS)
+        return (f"<PackedLayouts {self.kind} n={self.n} k={self.k} {len(self.packings)} "
+                f"layout(s), {self.nbytes} bytes: {ops}>")
+
+    def save(self, path) -> None:
+        """Not supported: the packed-weights file holds one layout.  Save each packing
+        (``w.for_op("gemm").save(a)``, ``w.for_op("gemv").save(b)``) and rebuild with
+        ``PackedLayouts({"gemm": PackedWeights.load(a), "gemv": PackedWeights.load(b)})``."""
+        raise ArgumentError("PackedLayouts cannot be saved as one file (the packed-weights file "
+                            "format holds one layout): save each packing, w.for_op('gemm')"
+                            ".save(a) and w.for_op('gemv').save(b), and rebuild with "
+                            "PackedLayouts({'gemm': PackedWeights.load(a), 'gemv': "
+                            "PackedWeights.load(b)})")
+
+
+def dequantize_packed_rows(packed, rows) -> np.ndarray:
     """float32 (len(rows), k): the exact weights rows of ``packed`` represent (get_rows)."""
+    if isinstance(packed, PackedLayouts):
+        packed = packed.for_op("gemm")
     idx = np.asarray(rows)
     if idx.size == 0 and idx.ndim == 1:      # [] and () come out as float64
         idx = idx.astype(np.int64)

@@ -37,7 +37,7 @@ import numpy as np
 from .. import driver as D
 from .checks import check_bytes, clamp_pair, positive_int, thread_count
 from .errors import ArgumentError
-from .packed import PackedWeights
+from .packed import PackedLayouts, PackedWeights
 from .threads import default_threads, split
 
 __all__ = ["Plan", "make_plan"]
@@ -226,8 +226,8 @@ class _Variant:
     """The driver descriptors for one row count."""
 
     def __init__(self, plan: "Plan", rows: int) -> None:
-        lib, packed, T = plan.lib, plan.weights, plan.threads
-        kern = lib.select(packed, rows)
+        lib, T = plan.lib, plan.threads
+        packed, kern = lib.route(plan.weights, rows)     # PackedLayouts: the op's packing
         kern._require_cpu()
         n, k, bl = packed.n, packed.k, packed.bl or 32
         self.kernel = kern
@@ -341,8 +341,8 @@ class Plan:
 
     def __init__(self, lib, weights: PackedWeights, m: int, bias=None, clamp=None,
                  threads: int | None = None) -> None:
-        if not isinstance(weights, PackedWeights):
-            raise ArgumentError(f"weights must be PackedWeights (see lib.pack_weights), "
+        if not isinstance(weights, (PackedWeights, PackedLayouts)):
+            raise ArgumentError(f"weights must be PackedWeights or PackedLayouts (see lib.pack_weights), "
                                 f"got {type(weights).__name__}")
         self.m = positive_int("m", m)
         if bias is not None:
@@ -360,6 +360,8 @@ class Plan:
         self.lib = lib
         self.weights = lib.adopt(weights)       # once: a repack when no kernel reads them
         self.n, self.k = self.weights.n, self.weights.k
+        w = self.weights
+        self._datas = w.datas if isinstance(w, PackedLayouts) else (w.data,)
         self.drv = driver(lib)
         self._variants: dict[int, _Variant] = {}
         self._build = threading.Lock()
@@ -421,7 +423,7 @@ class Plan:
                 or not out.flags.c_contiguous or not out.flags.writeable:
             raise ArgumentError(f"out must be a writeable C-contiguous float32 array of shape "
                                 f"{shape}")
-        elif np.shares_memory(out, x) or np.shares_memory(out, self.weights.data):
+        elif np.shares_memory(out, x) or any(np.shares_memory(out, d) for d in self._datas):
             out[...] = self._checked(x, None)    # the kernels read x while they write out
             return out
         x2 = np.ascontiguousarray(x.reshape(rows, self.k))
