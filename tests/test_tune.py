@@ -307,3 +307,30 @@ def test_q4_grid_scores_acc_mem():
     am = [r for r in groups if r.acc_mem]
     assert am and all(r.spec_string.endswith(":am") for r in am)
     assert next(c for c in cands if c.spec.spec_string == "q4_0:i8mm:24x4:am").rows == 24
+
+
+def test_tuned_file_best_kernels_round_trip(tmp_path):
+    """best_gemm / best_gemv: optional, validated like the pair, read back, listed after it."""
+    g, v = parse_spec("q4_0:i8mm:4x8"), parse_spec("q4_0:i8mm:1x8")
+    bg, bv = parse_spec("q4_0:i8mm:12x4"), parse_spec("q4_0:i8mm:1x12:k8:s2")
+    write_tuned(V2, "neoverse-v2", TunedFamily("q4_0", g, v, True, {"gemm": 1.0}, bg, bv), tmp_path)
+    e = read_tuned(V2, tmp_path).families["q4_0"]
+    assert (e.best_gemm, e.best_gemv, e.top_gemm, e.top_gemv) == (bg, bv, bg, bv)
+    assert e.specs() == [g, v, bg, bv]
+    assert default_specs(V2, tuned_dir=tmp_path)[:4] == [g, v, bg, bv]
+    write_tuned(V2, "neoverse-v2", TunedFamily("q4_0", g, v, True), tmp_path)
+    e = read_tuned(V2, tmp_path).families["q4_0"]
+    assert e.best_gemm is None and (e.top_gemm, e.top_gemv) == (g, v) and e.specs() == [g, v]
+    data = json.loads((tmp_path / "neoverse-v2.json").read_text())
+    data["families"]["q4_0"]["best_gemv"] = "q4_0:i8mm:12x4"
+    (tmp_path / "neoverse-v2.json").write_text(json.dumps(data))
+    with pytest.raises(TunedError, match="families.q4_0.best_gemv: 'q4_0:i8mm:12x4' has mr=12"):
+        read_tuned(V2, tmp_path)
+
+
+def test_tuned_entry_keeps_the_pair_within_tolerance():
+    from tilegen.tune import best_of
+    a, b = _fake("q4_0:i8mm:4x8", 60.0, 20), _fake("q4_0:i8mm:12x4", 60.5, 32)
+    assert best_of(a, b) is a                 # < 1% better: no second layout for it
+    c = _fake("q4_0:i8mm:12x4", 63.0, 32)
+    assert best_of(a, c) is c

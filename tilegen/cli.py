@@ -183,8 +183,11 @@ def _cmd_tune(a: argparse.Namespace) -> int:
                    for s in rankings[reg].scores[:a.top]] for reg in shown},
                "not_modelled": {reg: [list(x) for x in rankings[reg].not_modelled] for reg in shown}}
         if pair is not None:
+            ent = tuned_entry(a.family, pair)
             out["written"] = {"path": str(written), "gemm": pair.gemm.spec.spec_string,
-                              "gemv": pair.gemv.spec.spec_string, "shared_rhs": pair.shared_rhs}
+                              "gemv": pair.gemv.spec.spec_string, "shared_rhs": pair.shared_rhs,
+                              "best_gemm": ent.top_gemm.spec_string,
+                              "best_gemv": ent.top_gemv.spec_string}
         print(_json.dumps(out, indent=2))
         return 0
     for reg in shown:
@@ -197,6 +200,11 @@ def _cmd_tune(a: argparse.Namespace) -> int:
             note = "" if s is best else (f" (best alone: {best.spec.spec_string}, "
                                          f"{best.value:.2f}; this one {100 * s.value / best.value:.0f}%)")
             print(f"{role}: {s.spec.spec_string:<26} {s.value:8.2f} MACs/cycle per 32-k block{note}")
+        ent = tuned_entry(a.family, pair)
+        if (ent.top_gemm, ent.top_gemv) != (ent.gemm, ent.gemv):
+            print(f"for_ops: best gemm {ent.top_gemm.spec_string} ({ent.scores['best_gemm']:.2f}), "
+                  f"best gemv {ent.top_gemv.spec_string} ({ent.scores['best_gemv']:.2f}): "
+                  f"pack_weights(..., for_ops=('gemm', 'gemv')) runs them on their own layouts")
         if not pair.shared_rhs:
             print(f"warning: no {a.family} gemm/gemv pair shares a packed RHS layout (nr, kr, sr); "
                   f"wrote the two winners, each needs its own packed weights", file=sys.stderr)

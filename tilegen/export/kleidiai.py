@@ -802,7 +802,7 @@ def tuned_overrides(target) -> dict[str, str]:
         if base is None:
             continue
         for fam in tf.families.values():
-            for s in fam.specs():
+            for s in (x for x in (fam.gemm, fam.gemv) if x is not None):   # the pair only
                 if s.family != base.family or s.is_gemv != base.is_gemv or s == base:
                     continue
                 if not (s.vl_scaled == base.vl_scaled and same_rhs(s, base)):
