@@ -496,3 +496,16 @@ def for_ops_check(libdir: str, kind: str, w, x1, xm, bias, tmpdir: str) -> dict:
         errs["nr"] = f"{type(e).__name__}: {e}"
     res["errors"] = errs
     return res
+
+
+def for_ops_fallback(libdir: str, kind: str, w, x1, xm) -> dict:
+    """for_ops where the marked best kernels do not run (TILEGEN_ISA): the default pair."""
+    lib = _lib(libdir)
+    pl = lib.pack_weights(w, kind=kind, for_ops=("gemm", "gemv"))
+    pw = lib.pack_weights(w, kind=kind)
+    pair = lib._pairs(kind)[0]
+    return {"best": {op: k.name for op, k in lib.best_kernels(kind).items()},
+            "pair": {"gemm": pair.gemm.name, "gemv": (pair.gemv or pair.gemm).name},
+            "n_layouts": len(pl.layouts), "same_bytes": bool(np.array_equal(pl.for_op("gemm").data, pw.data)),
+            "same_out": bool(np.array_equal(lib.matmul(x1, pl), lib.matmul(x1, pw))
+                             and np.array_equal(lib.matmul(xm, pl), lib.matmul(xm, pw)))}

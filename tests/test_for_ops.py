@@ -129,3 +129,16 @@ def test_for_ops_weights(kind, v2_lib, tmp_path):
     assert "unknown op 'gemx'" in e["('gemm', 'gemv', 'gemx')"]
     assert "must be a tuple" in e["'gemm'"] and "must name both ops" in e["()"]
     assert "nr= and for_ops= do not combine" in e["nr"]
+
+
+def test_for_ops_falls_back_to_the_pair(v2_lib):
+    """Marked best kernels the CPU may not run (here: TILEGEN_ISA without i8mm): each op uses
+    the default pair's kernel, so for_ops weights are the default packing."""
+    rng = np.random.default_rng(77)
+    w = rng.normal(size=(20, 64)).astype(np.float32)
+    x1 = rng.uniform(-1, 1, size=(1, 64)).astype(np.float32)
+    xm = rng.uniform(-1, 1, size=(5, 64)).astype(np.float32)
+    r = guest("max", sve_vl=256, env={"TILEGEN_ISA": "neon,dotprod"}).call(
+        "guest_calls:for_ops_fallback", str(v2_lib), "q4_0", w, x1, xm)
+    assert r["best"] == r["pair"] and "i8mm" not in r["best"]["gemm"]
+    assert r["n_layouts"] == 1 and r["same_bytes"] and r["same_out"]

@@ -75,7 +75,7 @@ def test_edited_signature_is_load_error(small_lib, tmp_path):
     assert got.startswith("LoadError:") and F32 in got and "params" in got, got
 
 
-@pytest.mark.parametrize("edit", ["flip preferred", "drop a kernel"])
+@pytest.mark.parametrize("edit", ["flip preferred", "mark best", "drop a kernel"])
 def test_edited_table_is_load_error(small_lib, tmp_path, edit):
     """Fields the spec does not determine, and the set of entries, are covered by the digest
     of the kernel table the library carries."""
@@ -85,6 +85,9 @@ def test_edited_table_is_load_error(small_lib, tmp_path, edit):
     if edit == "flip preferred":
         e = next(e for e in man["kernels"] if e["name"] == F32)
         e["preferred"] = not e["preferred"]
+    elif edit == "mark best":       # the for_ops kernels (manifest "best") are covered too
+        e = next(e for e in man["kernels"] if e["name"] == F32)
+        e["best"] = "gemm"
     else:
         man["kernels"] = [e for e in man["kernels"] if e["name"] != I8MM]
     mpath.write_text(json.dumps(man, indent=2, sort_keys=True) + "\n")
