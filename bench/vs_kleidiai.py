@@ -239,6 +239,66 @@ def markdown(res: dict) -> str:
     return "\n".join(lines) + "\n"
 
 
+# --packers: the LHS quantize-and-pack routine of the q4_0 kernels (issue #15 item 4)
+PACKER_SPECS = (("qsi8d32p", 4, 16, 2, "even"), ("qsi8d32p", 4, 16, 2, "away"),
+                ("qsi8d32p", 4, 8, 2, "away"), ("qsi8d32p", 8, 4, 1, "away"))
+# KleidiAI kai_lhs_quant_pack_qsi8d32p4x8sb_f32_neon, cycles per element on llvm-mca-19
+# neoverse-v2 (its 4-row block of 32 values); not rebuilt here (other models not recorded)
+PACKER_KLEIDIAI = {"kernel": "lhs_quant_pack_qsi8d32p4x8sb_f32_neon",
+                   "cycles_per_element": {"neoverse-v2": 0.548},
+                   "provenance": "issue #15 table"}
+
+
+def _label_block(text: str, label: str) -> list[str]:
+    """Instructions from ``label:`` to the backward branch to it, branches dropped."""
+    body = text.split(f"{label}:\n", 1)[1].split(f"b.ne {label}\n", 1)[0]
+    out = []
+    for line in body.splitlines():
+        line = line.split("//")[0].strip()
+        if line and not line.endswith(":") and not line.startswith("."):
+            out.append(line)
+    return [i for i in out if not _BRANCH.match(i.split()[0])]
+
+
+def measure_packers() -> list[dict]:
+    """Cycles per element of one 32-value block (bl = 32) of tilegen's qsi8d32p packers: the
+    4-row path (``tilegen:quad-block-begin/end``, 4 x 32 elements) and the one-row path (its
+    ``.Lblock`` loop body, 32 elements; the routine's only path before issue #15 item 4)."""
+    from tilegen.analyze import _branchless, _region
+    from tilegen.generator.packers import PackerSpec, render
+    rows = []
+    for fmt, mr, kr, sr, rnd in PACKER_SPECS:
+        spec = PackerSpec(fmt, mr, kr, sr, rounding=rnd)
+        text = render(spec)
+        paths = {"one row": (_label_block(text, ".Lblock"), 32)}
+        quad = _region(text, "tilegen:quad-block-begin", "tilegen:quad-block-end")
+        if quad is not None:
+            paths["4 rows"] = (_branchless(quad), 128)
+        for path, (insns, elems) in paths.items():
+            for model in MODELS:
+                cyc = _mca_block(insns, model)
+                rows.append({"packer": spec.name, "path": path, "model": model,
+                             "insns": len(insns), "elements": elems,
+                             "block_cycles": round(cyc, 2),
+                             "cycles_per_element": round(cyc / elems, 3)})
+    return rows
+
+
+def packers_markdown(rows: list[dict], cmd: str) -> str:
+    k = PACKER_KLEIDIAI
+    lines = ["# qsi8d32p LHS quantize-and-pack: cycles per element (llvm-mca-19)", "",
+             f"`{cmd}`. One 32-value block (bl = 32), branches removed, `-iterations=200`; "
+             f"KleidiAI `{k['kernel']}`: {k['provenance']} (neoverse-v2 only).", "",
+             "| packer | path | model | insns | cycles / block | cycles / element | "
+             "vs KleidiAI |", "|---|---|---|---:|---:|---:|---:|"]
+    for r in rows:
+        ref = k["cycles_per_element"].get(r["model"])
+        lines.append(f"| `{r['packer']}` | {r['path']} | {r['model']} | {r['insns']} | "
+                     f"{r['block_cycles']} | {r['cycles_per_element']} | "
+                     f"{round(r['cycles_per_element'] / ref, 3) if ref else '-'} |")
+    return "\n".join(lines) + "\n"
+
+
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--kleidiai", type=Path, help="a KleidiAI source tree (its kernels are built from it)")
@@ -247,7 +307,21 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--provenance", default="",
                    help="with --record: where the tree's files came from (stored in the reference)")
     p.add_argument("-o", "--outdir", type=Path, default=RESULTS)
+    p.add_argument("--packers", action="store_true",
+                   help="only the qsi8d32p LHS packers (cycles per element; writes "
+                        "OUTDIR/vs_kleidiai_packers.json and .md)")
     a = p.parse_args(argv)
+    if a.packers:
+        cmd = "python bench/vs_kleidiai.py --packers"
+        rows = measure_packers()
+        a.outdir.mkdir(parents=True, exist_ok=True)
+        (a.outdir / "vs_kleidiai_packers.json").write_text(json.dumps(
+            {"command": cmd, "models": MODELS, "kleidiai": PACKER_KLEIDIAI, "rows": rows},
+            indent=1) + "\n")
+        md = packers_markdown(rows, cmd)
+        (a.outdir / "vs_kleidiai_packers.md").write_text(md)
+        print(md)
+        return 0
     cmd = "python bench/vs_kleidiai.py" + (f" --kleidiai {a.kleidiai}" if a.kleidiai else "") + \
         (" --record" if a.record else "")
     if a.kleidiai:
