@@ -24,6 +24,11 @@ Three formats, byte-identical to KleidiAI (``docs/layouts.md``, sections ``#qai8
     ties-to-even arithmetic of ``kai_lhs_quant_pack_qsi8d32p4x8sb_f32_neon`` (the generated
     code follows the spec for every ``m_idx_start`` and ``lhs_stride``; KleidiAI's 4x8sb fast
     path itself only agrees with it for ``m_idx_start % 4 == 0`` and ``lhs_stride == 4k``).
+    A compile-time ``mr`` that is a multiple of 4 packs the slots 4i..4i+3 of a row block
+    together (one vector ``fdiv`` for their 4 block scales, one for the reciprocals, whole
+    q-register stores of 128 bytes per 32 values; at bl = 32 the next block's amax overlaps
+    the divisions); the rows before the first such slot and the last < 4 rows are packed one
+    at a time.  ``bench/vs_kleidiai.py --packers`` has the cycles per element.
 
 ``bf16px4``
     f32 rows rounded to bf16 (nearest even; NaN quiet), ``bf16p<mr>x4`` (kr = 4, sr = 1), the
