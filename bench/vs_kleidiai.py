@@ -3,6 +3,7 @@
     python bench/vs_kleidiai.py                       # KleidiAI side from bench/results/kleidiai_reference.json
     python bench/vs_kleidiai.py --kleidiai DIR        # ... measured now, from a KleidiAI source tree
     python bench/vs_kleidiai.py --kleidiai DIR --record   # and write those numbers as the new reference
+    python bench/vs_kleidiai.py --packers [--kleidiai DIR [--record]]   # the qsi8d32p LHS packers
 
 The figure is the one `tilegen analyze` / `tilegen tune` rank by: MACs per cycle over one
 32-k block of the whole tile, scale loads and conversion included (llvm-mca-19
@@ -13,6 +14,12 @@ KleidiAI: its kernels are built from the given tree only (never vendored, never 
 path), the object disassembled; the hot loop is the innermost backward-branch loop with the most
 multiply-accumulates, the block loop the smallest loop around it that converts (``scvtf``), and
 its body is measured like tilegen's.  MACs per block = m_step x n_step x 32 (from the name).
+
+``--packers``: cycles per element of one 32-value block of the qsi8d32p LHS quantize-and-pack
+routines (tilegen's 4-row and one-row paths, KleidiAI's 4x8sb 4-row block; see
+``measure_packers`` and ``measure_kleidiai_packer``), written to OUTDIR/vs_kleidiai_packers.*;
+the KleidiAI side from ``kleidiai_packer_reference.json`` (``--record``), else issue #15's
+neoverse-v2 figure.
 
 Without ``--kleidiai`` the KleidiAI side is the recorded reference (with the command that
 produced it).  Writes OUTDIR/vs_kleidiai.json and .md (default bench/results).
@@ -239,6 +246,120 @@ def markdown(res: dict) -> str:
     return "\n".join(lines) + "\n"
 
 
+# --packers: the LHS quantize-and-pack routine of the q4_0 kernels (issue #15 item 4)
+PACKER_SPECS = (("qsi8d32p", 4, 16, 2, "even"), ("qsi8d32p", 4, 16, 2, "away"),
+                ("qsi8d32p", 4, 8, 2, "away"), ("qsi8d32p", 8, 4, 1, "away"))
+# KleidiAI kai_lhs_quant_pack_qsi8d32p4x8sb_f32_neon: cycles per element of its 4-row block
+# of 32 values.  Recorded by `--packers --kleidiai DIR --record` (PACKER_REFERENCE); without
+# that file, the issue #15 table's neoverse-v2 figure
+PACKER_REFERENCE = RESULTS / "kleidiai_packer_reference.json"
+PACKER_KAI = "lhs_quant_pack_qsi8d32p4x8sb_f32_neon"
+PACKER_KLEIDIAI = {"kernel": PACKER_KAI, "cycles_per_element": {"neoverse-v2": 0.548},
+                   "provenance": "issue #15 table"}
+
+
+def measure_kleidiai_packer(src_root: Path) -> dict:
+    """KleidiAI's 4x8sb packer built from the tree (clang-19 -O2, the tree as include path):
+    the loop around its amax and quantize loops (4 rows), those two inner loops expanded to
+    their trip counts at bl = 32 (32 / the fabs, resp. fcvtns, per iteration: each is 4 values
+    of one of the 4 rows), branches removed."""
+    src = src_root / "kai" / "ukernels" / "matmul" / "pack" / f"kai_{PACKER_KAI}.c"
+    with tempfile.TemporaryDirectory() as tmp:
+        obj = Path(tmp) / "p.o"
+        subprocess.run([_tool("clang-19", "clang"), "-O2", "-c", "--target=aarch64-linux-gnu",
+                        "-march=armv8.2-a+fp16", "-ffreestanding", f"-I{src_root}",
+                        f"-I{src.parent}", str(src), "-o", str(obj)], check=True)
+        ins = _disasm(obj)
+    loops = []
+    for addr, mn, ops in ins:
+        if _BRANCH.match(mn):
+            m = re.search(r"(?:^|,\s*)(?:0x)?([0-9a-f]+)(?:\s*<[^>]*>)?$", ops)
+            if m and int(m.group(1), 16) < addr:
+                loops.append((int(m.group(1), 16), addr))
+    inner = [lp for lp in loops if not any(o != lp and lp[0] <= o[0] and o[1] <= lp[1] for o in loops)]
+
+    def body(lo, hi):
+        return [(a, mn, ops) for a, mn, ops in ins if lo <= a <= hi]
+
+    def has(lp, mn_prefix):
+        return any(mn.startswith(mn_prefix) for _, mn, _ in body(*lp))
+
+    scan = next(lp for lp in inner if has(lp, "fabs"))
+    quant = next(lp for lp in inner if has(lp, "fcvtns"))
+    blk = min((lp for lp in loops if lp[0] <= min(scan[0], quant[0])
+               and max(scan[1], quant[1]) <= lp[1] and lp not in (scan, quant)),
+              key=lambda lp: lp[1] - lp[0])
+    region = []
+    a = blk[0]
+    for lo, hi in sorted((scan, quant)):
+        region += body(a, lo - 1)
+        kind = "fabs" if (lo, hi) == scan else "fcvtns"
+        nq = sum(1 for _, mn, _ in body(lo, hi) if mn == kind)
+        region += body(lo, hi) * (32 // nq)
+        a = hi + 1
+    region += body(a, blk[1])
+    lines = [f"{mn} {ops}".strip() for _, mn, ops in region if not _BRANCH.match(mn)]
+    return {"kernel": PACKER_KAI, "source": str(src.relative_to(src_root)),
+            "block_insns": len(lines),
+            "cycles_per_element": {m: round(_mca_block(lines, m) / 128, 3) for m in MODELS}}
+
+
+def _label_block(text: str, label: str) -> list[str]:
+    """Instructions from ``label:`` to the backward branch to it, branches dropped."""
+    body = text.split(f"{label}:\n", 1)[1].split(f"b.ne {label}\n", 1)[0]
+    out = []
+    for line in body.splitlines():
+        line = line.split("//")[0].strip()
+        if line and not line.endswith(":") and not line.startswith("."):
+            out.append(line)
+    return [i for i in out if not _BRANCH.match(i.split()[0])]
+
+
+def measure_packers() -> list[dict]:
+    """Cycles per element of one 32-value block (bl = 32) of tilegen's qsi8d32p packers: the
+    4-row path (``tilegen:quad-block-begin/end``, 4 x 32 elements) and the one-row path (its
+    ``.Lblock`` loop body, 32 elements; the routine's only path before issue #15 item 4)."""
+    from tilegen.analyze import _branchless, _region
+    from tilegen.generator.packers import PackerSpec, render
+    rows = []
+    for fmt, mr, kr, sr, rnd in PACKER_SPECS:
+        spec = PackerSpec(fmt, mr, kr, sr, rounding=rnd)
+        text = render(spec)
+        paths = {"one row": (_label_block(text, ".Lblock"), 32)}
+        quad = _region(text, "tilegen:quad-block-begin", "tilegen:quad-block-end")
+        if quad is not None:
+            paths["4 rows"] = (_branchless(quad), 128)
+        for path, (insns, elems) in paths.items():
+            for model in MODELS:
+                cyc = _mca_block(insns, model)
+                rows.append({"packer": spec.name, "path": path, "model": model,
+                             "insns": len(insns), "elements": elems,
+                             "block_cycles": round(cyc, 2),
+                             "cycles_per_element": round(cyc / elems, 3)})
+    return rows
+
+
+def packers_markdown(rows: list[dict], cmd: str, k: dict) -> str:
+    models = ", ".join(k["cycles_per_element"])
+    lines = ["# qsi8d32p LHS quantize-and-pack: cycles per element (llvm-mca-19)", "",
+             f"`{cmd}`. One 32-value block (bl = 32), branches removed, `-iterations=200`; "
+             f"tilegen's 4-row path: its bl = 32 loop (block b quantized while block b+1's amax "
+             f"is taken). KleidiAI `{k['kernel']}` (4-row block): {k['provenance']} "
+             f"({models}).", "",
+             "| packer | path | model | insns | cycles / block | cycles / element | "
+             "vs KleidiAI |", "|---|---|---|---:|---:|---:|---:|"]
+    for r in rows:
+        ref = k["cycles_per_element"].get(r["model"])
+        if r is rows[0]:
+            lines += [f"| KleidiAI `{k['kernel']}` | 4 rows | {m} | "
+                            f"{k.get('block_insns', '-')} | - | {v} | 1.0 |"
+                            for m, v in k["cycles_per_element"].items()]
+        lines.append(f"| `{r['packer']}` | {r['path']} | {r['model']} | {r['insns']} | "
+                     f"{r['block_cycles']} | {r['cycles_per_element']} | "
+                     f"{round(r['cycles_per_element'] / ref, 3) if ref else '-'} |")
+    return "\n".join(lines) + "\n"
+
+
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--kleidiai", type=Path, help="a KleidiAI source tree (its kernels are built from it)")
@@ -247,7 +368,35 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--provenance", default="",
                    help="with --record: where the tree's files came from (stored in the reference)")
     p.add_argument("-o", "--outdir", type=Path, default=RESULTS)
+    p.add_argument("--packers", action="store_true",
+                   help="only the qsi8d32p LHS packers (cycles per element; writes "
+                        "OUTDIR/vs_kleidiai_packers.json and .md)")
     a = p.parse_args(argv)
+    if a.packers:
+        cmd = "python bench/vs_kleidiai.py --packers" + (
+            f" --kleidiai {a.kleidiai}" if a.kleidiai else "") + (" --record" if a.record else "")
+        if a.kleidiai:
+            kai = measure_kleidiai_packer(a.kleidiai)
+            kai["command"] = cmd
+            kai["provenance"] = (a.provenance or f"built from `{a.kleidiai}`") + f" by `{cmd}`"
+            if a.record:
+                PACKER_REFERENCE.write_text(json.dumps(kai, indent=1) + "\n")
+        elif PACKER_REFERENCE.exists():
+            kai = json.loads(PACKER_REFERENCE.read_text())
+            kai["provenance"] = f"recorded in `bench/results/{PACKER_REFERENCE.name}`: " + \
+                kai["provenance"]
+        else:
+            kai = PACKER_KLEIDIAI
+        rows = measure_packers()
+        a.outdir.mkdir(parents=True, exist_ok=True)
+        (a.outdir / "vs_kleidiai_packers.json").write_text(json.dumps(
+            {"command": cmd, "models": MODELS, "kleidiai": kai,
+             "kleidiai_issue15_v2": PACKER_KLEIDIAI["cycles_per_element"]["neoverse-v2"],
+             "rows": rows}, indent=1) + "\n")
+        md = packers_markdown(rows, cmd, kai)
+        (a.outdir / "vs_kleidiai_packers.md").write_text(md)
+        print(md)
+        return 0
     cmd = "python bench/vs_kleidiai.py" + (f" --kleidiai {a.kleidiai}" if a.kleidiai else "") + \
         (" --record" if a.record else "")
     if a.kleidiai:

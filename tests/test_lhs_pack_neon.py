@@ -33,7 +33,7 @@ MARGIN = 64
 QAI8DXP_TILES = [(1, 8, 2), (4, 8, 2), (4, 16, 2), (1, 16, 2), (8, 4, 1), (4, 32, 2), (2, 2, 1),
                  (3, 1, 1), (2, 64, 2), (16, 16, 2), (5, 8, 1)]
 QSI8D32P_TILES = [(1, 8, 2), (1, 16, 2), (4, 8, 2), (4, 16, 2), (8, 4, 1), (3, 32, 2),
-                  (2, 32, 1), (16, 8, 1)]
+                  (2, 32, 1), (16, 8, 1), (4, 32, 2), (8, 16, 1), (4, 32, 1)]
 QSI8D32P_EVEN_TILES = [(4, 16, 2), (1, 16, 2), (4, 8, 2), (8, 32, 1)]
 
 SPECS = ([PackerSpec("qai8dxp", *t) for t in QAI8DXP_TILES]
@@ -561,3 +561,29 @@ def test_hot_loop_instruction_budget(spec):
     assert n == fixed + stores, (spec.name, n)
     if spec.L >= 4:
         assert per <= (1.25 if spec.fmt == "qai8dxp" else 1.0625), (spec.name, per)
+
+
+def _quad_block(text: str) -> list[str]:
+    return _instructions(text.split("tilegen:quad-block-begin")[1]
+                         .split("tilegen:quad-block-end")[0].split("\n", 1)[1])
+
+
+@pytest.mark.parametrize("spec", [s for s in SPECS if s.fmt == "qsi8d32p"], ids=lambda s: s.name)
+def test_qsi8d32p_four_row_path(spec):
+    """mr a multiple of 4: rows 4i..4i+3 of a block together, their 4 scales one vector fdiv
+    (and one for the reciprocals), only full-vector stores; other mr: the one-row path only."""
+    text = render(spec)
+    if spec.mr % 4:
+        assert "tilegen:quad-block-begin" not in text and ".Lquad:" not in text
+        return
+    body = _quad_block(text)
+    assert [i.split()[0] for i in body if i.startswith("fdiv")] == ["fdiv", "fdiv"]
+    assert all(".4s" in i for i in body if i.startswith("fdiv"))
+    cvt = "fcvtns" if spec.rounding == "even" else "fcvtas"
+    assert sum(i.startswith(cvt) for i in body) == 4 * ELEMS_PER_ITER // 4
+    assert sum(i.startswith("fmul") for i in body) == 4 * ELEMS_PER_ITER // 4
+    stores = [i for i in body if i.startswith(("st", "str"))]
+    assert stores and all(i.startswith(("stp q", "st1 {v")) and "[" in i or i.startswith("str d")
+                          for i in stores), stores
+    assert not any(re.match(r"st1 \{v\d+\.[sd]\}\[", i) for i in stores)   # no lane stores
+    assert sum(i.startswith("str d") for i in stores) == 1                  # 4 f16 scales

@@ -24,6 +24,11 @@ Three formats, byte-identical to KleidiAI (``docs/layouts.md``, sections ``#qai8
     ties-to-even arithmetic of ``kai_lhs_quant_pack_qsi8d32p4x8sb_f32_neon`` (the generated
     code follows the spec for every ``m_idx_start`` and ``lhs_stride``; KleidiAI's 4x8sb fast
     path itself only agrees with it for ``m_idx_start % 4 == 0`` and ``lhs_stride == 4k``).
+    A compile-time ``mr`` that is a multiple of 4 packs the slots 4i..4i+3 of a row block
+    together (one vector ``fdiv`` for their 4 block scales, one for the reciprocals, whole
+    q-register stores of 128 bytes per 32 values; at bl = 32 the next block's amax overlaps
+    the divisions); the rows before the first such slot and the last < 4 rows are packed one
+    at a time.  ``bench/vs_kleidiai.py --packers`` has the cycles per element.
 
 ``bf16px4``
     f32 rows rounded to bf16 (nearest even; NaN quiet), ``bf16p<mr>x4`` (kr = 4, sr = 1), the
@@ -80,7 +85,8 @@ ROUNDINGS = ("away", "even")
 # template encodes the mr-dependent constants as single immediates: the chunk stride mr*L
 # (<= 64*32 = 2048, a movz), the header offsets 2*mr / 4*mr (add / str #imm12, <= 4095) and mr
 # itself (cmp #imm12).  Nothing in the generated code grows with mr (rows are packed one at a
-# time), so the bound is about the encodings and the consumers, not registers.
+# time, or 4 at a time for the slots 4i..4i+3 of a block), so the bound is about the encodings
+# and the consumers, not registers.
 MR_MAX = 64
 
 # Elements quantized per iteration of the hot loop (two ld1 of four q registers).
@@ -281,6 +287,70 @@ def _per_row(spec: PackerSpec, lay, bl: int | None) -> dict[str, int]:
     return out
 
 
+# qsi8d32p, compile-time mr a multiple of QUAD_ROWS: groups of QUAD_ROWS rows (slots 4i..4i+3
+# of a row block) are packed together, their block scales one vector fdiv; f32 registers of
+# the two banks the quad path uses (v8-v15 are callee-saved), one bank per quarter block
+QUAD_ROWS = 4
+_QUAD_BANKS = (tuple(range(0, 8)), tuple(range(16, 24)))
+
+
+def _quad_plan(lay) -> dict:
+    """Instruction plan of one 32-value step of QUAD_ROWS rows in the layout ``lay``.
+
+    The rows' packed bytes of one step are a stream: chunk c (``lay.chunk_bytes`` apart in
+    memory) holds slot 0's L bytes, then slot 1's, ...; a group of QUAD_ROWS consecutive slots
+    is 4L contiguous bytes of each chunk.  Each 16-byte vector of the stream is the low bytes
+    of four registers of 4 int32 (two uzp1 .8h, one uzp1 .16b); a quarter step is 8 registers
+    (2 stream vectors) of one bank.  Per quarter: ``loads`` (row, reg a, reg b) are ldp of
+    32 consecutive source bytes of that row, ``lanes`` (reg, row) the 1/d lane of each
+    register, ``narrow`` the first register of each group of four (where its stream vector
+    ends up), ``stores``: ("stp", ra, rb, off) at the chunk pointer + off, ("st1", r) storing
+    one chunk and stepping to the next, ("next",) stepping to the next chunk."""
+    L, mr = lay.L, lay.mr
+    require = _quad_require
+    require(L % 4 == 0 and 32 % L == 0, "L is a multiple of 4 dividing 32")
+    require(mr % QUAD_ROWS == 0, "mr is a multiple of 4")
+    require(lay.chunk_bytes == mr * L, "chunk c of slot x is at c*mr*L + x*L")
+    require(all(lay.element_offset(x, e) == lay.data_offset(0) + (e // L) * lay.chunk_bytes
+                + x * L + e % L for x in range(min(mr, 8)) for e in range(32)),
+            "the element offsets of the layout")
+    gpc = L // 4                         # 4-value groups of one row in one chunk
+    contiguous = lay.chunk_bytes == QUAD_ROWS * L
+    quarters = []
+    for q in range(4):
+        bank = _QUAD_BANKS[q % 2]
+        groups = []                      # (row, group of the row, register)
+        for s in range(8 * q, 8 * q + 8):
+            c, rem = divmod(s, QUAD_ROWS * gpc)
+            r, e = divmod(rem, gpc)
+            groups.append((r, c * gpc + e, bank[s - 8 * q]))
+        loads = []
+        for r in range(QUAD_ROWS):
+            mine = sorted((g, reg) for rr, g, reg in groups if rr == r)
+            require(len(mine) % 2 == 0 and all(mine[i + 1][0] == mine[i][0] + 1
+                                               for i in range(len(mine) - 1)),
+                    "a row's groups in a quarter are consecutive pairs")
+            loads += [(r, mine[i][1], mine[i + 1][1]) for i in range(0, len(mine), 2)]
+        stores = []
+        off = (32 * q) % (QUAD_ROWS * L) if not contiguous else 32 * q
+        if contiguous:
+            stores.append(("stp", bank[0], bank[4], 32 * q))
+        elif QUAD_ROWS * L == 16:        # one stream vector per chunk
+            stores += [("st1", bank[0]), ("st1", bank[4])]
+        else:
+            stores.append(("stp", bank[0], bank[4], off))
+            if off + 32 == QUAD_ROWS * L:
+                stores.append(("next",))
+        quarters.append(dict(loads=loads, lanes=[(reg, r) for r, _, reg in groups],
+                             narrow=(bank[0], bank[4]), stores=stores))
+    return dict(quarters=quarters, contiguous=contiguous, stream_bytes=32 * QUAD_ROWS)
+
+
+def _quad_require(cond, what: str) -> None:
+    if not cond:
+        raise SpecError(f"template assumption does not hold for this layout: {what}")
+
+
 def render(spec: PackerSpec, fmt: str = "elf") -> str:
     """Assembly source of ``spec`` for object format ``fmt`` (``elf`` or ``macho``)."""
     _check_format(fmt)
@@ -291,14 +361,16 @@ def render(spec: PackerSpec, fmt: str = "elf") -> str:
     # the layout's offsets do not depend on bl (a run-time argument of qsi8d32p); any valid bl
     bl = ELEMS_PER_ITER if spec.fmt == "qsi8d32p" else None
     lay = spec.layout(bl)
-    vl = dict(RT=False)
+    vl = dict(RT=False, QUAD=None)
+    if spec.fmt == "qsi8d32p" and not spec.mr_vl and spec.mr % QUAD_ROWS == 0:
+        vl["QUAD"] = _quad_plan(lay)
     if spec.mr_vl:      # mr is the run-time argument: per-row quantities, the accepted range
         rows = spec.vl_rows
-        vl = dict(RT=True, PER_ROW=_per_row(spec, lay, bl), MR_UNIT=rows[0], MR_LIMIT=rows[-1],
+        vl = dict(RT=True, QUAD=None, PER_ROW=_per_row(spec, lay, bl), MR_UNIT=rows[0], MR_LIMIT=rows[-1],
                   LAYS=[_packer_layout(spec.fmt, r, spec.kr, spec.sr, spec.rounding, bl)
                         for r in rows])
     return template.render(
         spec=spec, LAY=lay, fmt=fmt, sym=symbol_for(spec.name, fmt), lp=".L" if fmt == "elf" else "L",
-        version=__version__, MR=None if spec.mr_vl else spec.mr, L=spec.L, KR=spec.kr,
+        version=__version__, QR=QUAD_ROWS, QBANKS=_QUAD_BANKS, MR=None if spec.mr_vl else spec.mr, L=spec.L, KR=spec.kr,
         SR=spec.sr, even=spec.rounding == "even", EPI=ELEMS_PER_ITER, **vl,
     )
