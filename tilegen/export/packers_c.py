@@ -260,6 +260,33 @@ def _sub(text: str, **kw) -> str:
     return _BUILTINS.sub(r"__builtin_\1(", text)
 
 
+def _lhs_getters(name: str, lhs_type: str, *, bl: bool, bl_in_stride: bool, m_step: str):
+    """Prototypes (m_step, lhs_offset, packed_offset, packed_size, run) of an LHS packer and
+    the C of its four getters, which every LHS packer shares; the caller defines
+    ``row_block_stride(k[, bl], mr)`` (with bl when ``bl_in_stride``) and the run function."""
+    n4 = name[4:]
+    P = ("size_t bl, " if bl else "") + "size_t mr, size_t kr, size_t sr"
+    protos = [
+        f"size_t kai_get_m_step_{n4}(size_t mr)",
+        f"size_t kai_get_lhs_offset_{n4}(size_t m_idx, size_t lhs_stride)",
+        f"size_t kai_get_lhs_packed_offset_{n4}(size_t m_idx, size_t k, {P})",
+        f"size_t kai_get_lhs_packed_size_{n4}(size_t m, size_t k, {P})",
+        f"void kai_run_{n4}(size_t m, size_t k, {P}, size_t m_idx_start, {lhs_type} lhs, "
+        "size_t lhs_stride, void* lhs_packed)",
+    ]
+    unused = "".join(f"    (void){v};\n" for v in (("bl",) if bl and not bl_in_stride else ())
+                     + ("kr", "sr"))
+    args = "k, bl, mr" if bl_in_stride else "k, mr"
+    step = "    return mr;" if m_step == "mr" else f"    (void)mr;\n    return {m_step};"
+    note = ("// Any m_idx_start works (slots are placed individually), as in KleidiAI's m_step "
+            "of 1.\n" if m_step == "1" else "")
+    getters = (f"{note}{protos[0]} {{\n{step}\n}}\n\n"
+               f"{protos[1]} {{\n    return m_idx * lhs_stride;\n}}\n\n"
+               f"{protos[2]} {{\n{unused}    return (m_idx / mr) * row_block_stride({args});\n}}\n\n"
+               f"{protos[3]} {{\n{unused}    return ((m + mr - 1) / mr) * row_block_stride({args});\n}}\n")
+    return protos, getters
+
+
 # ----------------------------------------------------------------------------------------
 # LHS: qai8dxp
 # ----------------------------------------------------------------------------------------
@@ -279,40 +306,13 @@ def _qai8dxp():
     egeo = [dict(g, x=x, t=t) for g in geo[:40] for x in (0, g["mr"] - 1) for t in (0, 5, 31, 63)]
     elem = _check("(t // (kr // sr)) * (mr * (kr // sr)) + x * (kr // sr) + t % (kr // sr)",
                   lambda x, t, **g: lay(**g).element_offset(x, t), egeo)
-    P = "size_t mr, size_t kr, size_t sr"
-    protos = [
-        f"size_t kai_get_m_step_{name[4:]}(size_t mr)",
-        f"size_t kai_get_lhs_offset_{name[4:]}(size_t m_idx, size_t lhs_stride)",
-        f"size_t kai_get_lhs_packed_offset_{name[4:]}(size_t m_idx, size_t k, {P})",
-        f"size_t kai_get_lhs_packed_size_{name[4:]}(size_t m, size_t k, {P})",
-        f"void kai_run_{name[4:]}(size_t m, size_t k, {P}, size_t m_idx_start, const float* lhs, "
-        "size_t lhs_stride, void* lhs_packed)",
-    ]
+    protos, getters = _lhs_getters(name, 'const float*', bl=False, bl_in_stride=False, m_step='mr')
     body = _sub(r"""
 static size_t row_block_stride(size_t k, size_t mr) {
     return ${stride};
 }
 
-${p0} {
-    return mr;
-}
-
-${p1} {
-    return m_idx * lhs_stride;
-}
-
-${p2} {
-    (void)kr;
-    (void)sr;
-    return (m_idx / mr) * row_block_stride(k, mr);
-}
-
-${p3} {
-    (void)kr;
-    (void)sr;
-    return ((m + mr - 1) / mr) * row_block_stride(k, mr);
-}
-
+${getters}
 ${p4} {
     if (m == 0 || k == 0) {
         return;
@@ -358,7 +358,7 @@ ${p4} {
 }
 """, stride=stride, kpad=kpad, elem=elem.replace("x *", "slot *"), off_f=off_f, rs_f=rs_f,
                 ob=ref.offset_bytes, rb=ref.rscale_bytes,
-                **{f"p{i}": p for i, p in enumerate(protos)})
+                getters=getters, **{f"p{i}": p for i, p in enumerate(protos)})
     return name, protos, "qai8dxp<mr>x<kr/sr> (tilegen.layout.q4.QAI8DXP)", "qai8dxp", body, {}
 
 
@@ -378,42 +378,14 @@ def _qsi8d32p(name: str, rounding: str):
     egeo = [dict(g, x=x, e=e) for g in geo[::7] for x in (0, g["mr"] - 1) for e in (0, 9, 31)]
     elem = _check(f"mr * {sb} + (e // (kr // sr)) * (mr * (kr // sr)) + x * (kr // sr) + e % (kr // sr)",
                   lambda x, e, **g: lay(**g).element_offset(x, e), egeo)
-    P = "size_t bl, size_t mr, size_t kr, size_t sr"
-    n4 = name[4:]
-    protos = [
-        f"size_t kai_get_m_step_{n4}(size_t mr)",
-        f"size_t kai_get_lhs_offset_{n4}(size_t m_idx, size_t lhs_stride)",
-        f"size_t kai_get_lhs_packed_offset_{n4}(size_t m_idx, size_t k, {P})",
-        f"size_t kai_get_lhs_packed_size_{n4}(size_t m, size_t k, {P})",
-        f"void kai_run_{n4}(size_t m, size_t k, {P}, size_t m_idx_start, const float* lhs, "
-        "size_t lhs_stride, void* lhs_packed)",
-    ]
+    protos, getters = _lhs_getters(name, 'const float*', bl=True, bl_in_stride=True, m_step='mr')
     rnd = "roundf" if rounding == "away" else "rintf"
     body = _sub(r"""
 static size_t row_block_stride(size_t k, size_t bl, size_t mr) {
     return ${stride};
 }
 
-${p0} {
-    return mr;
-}
-
-${p1} {
-    return m_idx * lhs_stride;
-}
-
-${p2} {
-    (void)kr;
-    (void)sr;
-    return (m_idx / mr) * row_block_stride(k, bl, mr);
-}
-
-${p3} {
-    (void)kr;
-    (void)sr;
-    return ((m + mr - 1) / mr) * row_block_stride(k, bl, mr);
-}
-
+${getters}
 // lhs points at row 0 of the whole matrix: row m_idx_start + r is packed.
 ${p4} {
     if (m == 0 || bl == 0 || k % bl != 0) {
@@ -444,7 +416,7 @@ ${p4} {
     }
 }
 """, stride=stride, bstride=bstride, sb=sb, elem=elem, rnd=rnd,
-                **{f"p{i}": p for i, p in enumerate(protos)})
+                getters=getters, **{f"p{i}": p for i, p in enumerate(protos)})
     del doff
     label = "qsi8d32p<mr>x<kr/sr> (tilegen.layout.q4.QSI8D32P, rounding=" + rounding + ")"
     return name, protos, label, "qsi8d32p", body, {}
@@ -467,43 +439,13 @@ def _qsi8d32p_neon():
     egeo = [dict(g, x=x, e=e) for g in geo for x in (0, g["mr"] - 1) for e in (0, 5, 33)]
     elem = _check("(e // kr) * (mr * kr) + x * kr + e % kr",
                   lambda x, e, **g: lay(**g).element_offset(x, e), egeo)
-    P = "size_t bl, size_t mr, size_t kr, size_t sr"
-    n4 = name[4:]
-    protos = [
-        f"size_t kai_get_m_step_{n4}(size_t mr)",
-        f"size_t kai_get_lhs_offset_{n4}(size_t m_idx, size_t lhs_stride)",
-        f"size_t kai_get_lhs_packed_offset_{n4}(size_t m_idx, size_t k, {P})",
-        f"size_t kai_get_lhs_packed_size_{n4}(size_t m, size_t k, {P})",
-        f"void kai_run_{n4}(size_t m, size_t k, {P}, size_t m_idx_start, const float* lhs, "
-        "size_t lhs_stride, void* lhs_packed)",
-    ]
+    protos, getters = _lhs_getters(name, 'const float*', bl=True, bl_in_stride=True, m_step='1')
     body = _sub(r"""
 static size_t row_block_stride(size_t k, size_t bl, size_t mr) {
     return ${stride};
 }
 
-// Any m_idx_start works (slots are placed individually), as in KleidiAI's m_step of 1.
-${p0} {
-    (void)mr;
-    return 1;
-}
-
-${p1} {
-    return m_idx * lhs_stride;
-}
-
-${p2} {
-    (void)kr;
-    (void)sr;
-    return (m_idx / mr) * row_block_stride(k, bl, mr);
-}
-
-${p3} {
-    (void)kr;
-    (void)sr;
-    return ((m + mr - 1) / mr) * row_block_stride(k, bl, mr);
-}
-
+${getters}
 // lhs points at the first row to pack (row m_idx_start).
 ${p4} {
     (void)sr;
@@ -534,7 +476,7 @@ ${p4} {
         }
     }
 }
-""", stride=stride, soff=soff, elem=elem, **{f"p{i}": p for i, p in enumerate(protos)})
+""", stride=stride, soff=soff, elem=elem, getters=getters, **{f"p{i}": p for i, p in enumerate(protos)})
     return (name, protos, "qsi8d32p<mr>x<kr>, scales last (tilegen.layout.q4_sme.QSI8D32PScaleTail)",
             "qsi8d32p-scale-tail", body, {})
 
@@ -554,43 +496,13 @@ def _f16pmrx2():
     P2 = ref.pair
     elem = _check(f"((t // {P2}) * (mr * {P2}) + x * {P2} + t % {P2}) * {ref.elem_bytes}",
                   lambda x, t, **g: lay(**g).element_offset(x, t), egeo)
-    P = "size_t bl, size_t mr, size_t kr, size_t sr"
-    n4 = name[4:]
-    protos = [
-        f"size_t kai_get_m_step_{n4}(size_t mr)",
-        f"size_t kai_get_lhs_offset_{n4}(size_t m_idx, size_t lhs_stride)",
-        f"size_t kai_get_lhs_packed_offset_{n4}(size_t m_idx, size_t k, {P})",
-        f"size_t kai_get_lhs_packed_size_{n4}(size_t m, size_t k, {P})",
-        f"void kai_run_{n4}(size_t m, size_t k, {P}, size_t m_idx_start, const void* lhs, "
-        "size_t lhs_stride, void* lhs_packed)",
-    ]
+    protos, getters = _lhs_getters(name, 'const void*', bl=True, bl_in_stride=False, m_step='mr')
     body = _sub(r"""
 static size_t row_block_stride(size_t k, size_t mr) {
     return ${stride};
 }
 
-${p0} {
-    return mr;
-}
-
-${p1} {
-    return m_idx * lhs_stride;
-}
-
-${p2} {
-    (void)bl;
-    (void)kr;
-    (void)sr;
-    return (m_idx / mr) * row_block_stride(k, mr);
-}
-
-${p3} {
-    (void)bl;
-    (void)kr;
-    (void)sr;
-    return ((m + mr - 1) / mr) * row_block_stride(k, mr);
-}
-
+${getters}
 // lhs points at the first row to pack (row m_idx_start).
 ${p4} {
     (void)bl;
@@ -611,7 +523,7 @@ ${p4} {
         }
     }
 }
-""", stride=stride, kpad=kpad, elem=elem, **{f"p{i}": p for i, p in enumerate(protos)})
+""", stride=stride, kpad=kpad, elem=elem, getters=getters, **{f"p{i}": p for i, p in enumerate(protos)})
     return name, protos, "f16p<mr>x2 (tilegen.layout.q4_sme.F16PLhs2)", "f16pmrx2", body, {}
 
 
@@ -648,16 +560,7 @@ def _sme_lhs(name: str, cls):
         vbytes = ref.elem_bytes
         lname = "f32p<mr>x1 (tilegen.layout.f32.F32PackedLHS)"
         anchor = "f32p-lhs"
-    P = "size_t mr, size_t kr, size_t sr"
-    n4 = name[4:]
-    protos = [
-        f"size_t kai_get_m_step_{n4}(size_t mr)",
-        f"size_t kai_get_lhs_offset_{n4}(size_t m_idx, size_t lhs_stride)",
-        f"size_t kai_get_lhs_packed_offset_{n4}(size_t m_idx, size_t k, {P})",
-        f"size_t kai_get_lhs_packed_size_{n4}(size_t m, size_t k, {P})",
-        f"void kai_run_{n4}(size_t m, size_t k, {P}, size_t m_idx_start, const void* lhs, "
-        "size_t lhs_stride, void* lhs_packed)",
-    ]
+    protos, getters = _lhs_getters(name, 'const void*', bl=False, bl_in_stride=False, m_step='vl_mr()')
     body = _sub(r"""
 // Rows per block at the streaming vector length.
 static size_t vl_mr(void) {
@@ -669,27 +572,7 @@ static size_t row_block_stride(size_t k, size_t mr) {
     return ${stride};
 }
 
-${p0} {
-    (void)mr;
-    return vl_mr();
-}
-
-${p1} {
-    return m_idx * lhs_stride;
-}
-
-${p2} {
-    (void)kr;
-    (void)sr;
-    return (m_idx / mr) * row_block_stride(k, mr);
-}
-
-${p3} {
-    (void)kr;
-    (void)sr;
-    return ((m + mr - 1) / mr) * row_block_stride(k, mr);
-}
-
+${getters}
 // lhs points at the first row to pack; the rows of the last block past m are written as 0.
 ${p4} {
     (void)kr;
@@ -718,7 +601,7 @@ ${p4} {
     }
 }
 """, tile=tile, stride=stride, kpad=kpad, elem=elem, value=value, vbytes=vbytes,
-                **{f"p{i}": p for i, p in enumerate(protos)})
+                getters=getters, **{f"p{i}": p for i, p in enumerate(protos)})
     return name, protos, lname, anchor, body, dict(sme=True, bf16=bf16)
 
 
