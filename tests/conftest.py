@@ -32,6 +32,22 @@ def guest(cpu: str, sve_vl: int | None = None, sme_vl: int | None = None,
 SME_ON = {"TILEGEN_SME": "1"}
 
 
+def draw_examples(strategy, n: int) -> list:
+    """n examples (at least) of a hypothesis strategy, drawn deterministically, for tests that
+    run their cases batched (one emulator session per configuration, not one call each)."""
+    from hypothesis import HealthCheck, given, settings
+    drawn: list = []
+
+    @settings(max_examples=n, deadline=None, derandomize=True, database=None,
+              suppress_health_check=list(HealthCheck))
+    @given(c=strategy)
+    def collect(c):
+        drawn.append(c)
+
+    collect()
+    return drawn
+
+
 def pytest_sessionfinish(session, exitstatus):
     for s in _sessions.values():
         s.close()

@@ -17,7 +17,7 @@ import tilegen
 from tilegen.layout.bf16 import BF16PLhs2, BF16PLhs4, BF16PRhs2B, BF16PRhs4B
 from tilegen.reference_bf16 import matmul_bf16
 
-from conftest import SME_ON, guest
+from conftest import SME_ON, draw_examples, guest
 from test_exec_bf16 import ALL_SPECS, BF16_CPUS, FMAX, SENTINEL, _check, bf16_lib  # noqa: F401
 
 EXAMPLES = max(int(os.environ.get("TILEGEN_FUZZ_EXAMPLES", "1000")), 20)
@@ -100,22 +100,10 @@ def bf16_sme_cases(draw):
                 seed=draw(st.integers(0, 2**31)))
 
 
-def _draw_sme_cases() -> list[dict]:
-    drawn: list[dict] = []
-
-    @settings(max_examples=EXAMPLES, deadline=None, derandomize=True, database=None,
-              suppress_health_check=list(HealthCheck))
-    @given(c=bf16_sme_cases())
-    def collect(c):
-        drawn.append(c)
-
-    collect()
-    return drawn
-
 
 def test_fuzz_bf16_sme2(bf16_sme_lib):
     """EXAMPLES drawn cases, run batched: one guest session per streaming vector length."""
-    drawn = _draw_sme_cases()
+    drawn = draw_examples(bf16_sme_cases(), EXAMPLES)
     assert len(drawn) >= EXAMPLES
     groups: dict[int, list] = defaultdict(list)
     for c in drawn:

@@ -12,14 +12,14 @@ from collections import defaultdict
 
 import numpy as np
 import pytest
-from hypothesis import HealthCheck, given, settings, strategies as st
+from hypothesis import strategies as st
 
 import tilegen
 from tilegen.layout.q4 import QAI8DXP
 from tilegen.layout.q8 import QSI8CXP
 from tilegen.reference_q8 import matmul_qai8dxp_qsi8cxp
 
-from conftest import SME_ON, guest
+from conftest import SME_ON, draw_examples, guest
 from test_exec_q8 import ALL_SPECS, CPU_FEATURES, SENTINEL
 
 EXAMPLES = int(os.environ.get("TILEGEN_FUZZ_EXAMPLES", "1000"))
@@ -104,21 +104,9 @@ def _make(c):
     return case, ref
 
 
-def _draw_cases() -> list[dict]:
-    drawn: list[dict] = []
-
-    @settings(max_examples=EXAMPLES, deadline=None, derandomize=True, database=None,
-              suppress_health_check=list(HealthCheck))
-    @given(c=q8_cases())
-    def collect(c):
-        drawn.append(c)
-
-    collect()
-    return drawn
-
 
 def test_fuzz_q8(fuzz_lib):
-    drawn = _draw_cases()
+    drawn = draw_examples(q8_cases(), EXAMPLES)
     assert len(drawn) >= EXAMPLES
     groups: dict[tuple, list] = defaultdict(list)
     for c in drawn:
