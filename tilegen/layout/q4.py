@@ -139,9 +139,14 @@ class _Interleaved(PackedLayout):
         return k // self.bl
 
 
-class _LhsRowBlocks(_Interleaved):
-    """Sizes and offsets of the packed-LHS layouts: ceil(m / mr) row blocks of
-    ``row_block_stride(k)`` bytes."""
+def _region_blocks(m: int, mr: int, m_idx_start: int) -> int:
+    """Row blocks a pack call for m rows starting at m_idx_start touches."""
+    return -(-((m_idx_start % mr) + m) // mr) if m else 0
+
+
+class _RowBlocks:
+    """Sizes and offsets of a packed-LHS layout made of ceil(m / mr) row blocks of
+    ``row_block_stride(k)`` bytes (the q4 layouts here, the SME ones in layout.q4_sme)."""
 
     def packed_size(self, m: int, k: int) -> int:
         return -(-m // self.mr) * self.row_block_stride(k)
@@ -149,17 +154,19 @@ class _LhsRowBlocks(_Interleaved):
     def packed_offset(self, m_idx: int, k: int) -> int:
         return (m_idx // self.mr) * self.row_block_stride(k)
 
+    def region_size(self, m: int, k: int, m_idx_start: int = 0) -> int:
+        """Bytes a pack call for m rows starting at m_idx_start can touch."""
+        return _region_blocks(m, self.mr, m_idx_start) * self.row_block_stride(k)
+
+
+class _LhsRowBlocks(_RowBlocks, _Interleaved):
+    """The interleaved packed-LHS layouts (row blocks, :class:`_RowBlocks`)."""
+
     def k_span_bytes(self, n: int) -> int:
         """Bytes that ``n`` consecutive k values of the row block's ``mr`` rows occupy in its
         int8 data (``n`` a multiple of L, within one k-block): the distance a kernel moves
         its LHS pointer to advance ``n`` values of k."""
         return n * self.mr
-
-    def region_size(self, m: int, k: int, m_idx_start: int = 0) -> int:
-        """Bytes a pack call for m rows starting at m_idx_start can touch."""
-        if m == 0:
-            return 0
-        return -(-((m_idx_start % self.mr) + m) // self.mr) * self.row_block_stride(k)
 
 
 class _RhsGroups(_Interleaved):

@@ -28,29 +28,15 @@ import numpy as np
 
 from .base import LayoutError, PackedLayout, eval_expr, roundup
 from .ggml import as_bytes
-from .q4 import _check_m_idx_start, _check_pos, _rows_f32
+from .q4 import _RowBlocks, _check_m_idx_start, _check_pos, _region_blocks, _rows_f32
 
 __all__ = ["F16PLhs2", "QSI8D32PScaleTail", "QSI4C32PS1S0ScaleF16"]
 
 U16 = np.dtype("<u2")
 
 
-def _region_blocks(m: int, mr: int, m_idx_start: int) -> int:
-    return -(-((m_idx_start % mr) + m) // mr) if m else 0
-
-
-class _LhsBlocks(PackedLayout):
+class _LhsBlocks(_RowBlocks, PackedLayout):
     role = "lhs"
-
-    def packed_size(self, m: int, k: int) -> int:
-        return -(-m // self.mr) * self.row_block_stride(k)
-
-    def packed_offset(self, m_idx: int, k: int) -> int:
-        return (m_idx // self.mr) * self.row_block_stride(k)
-
-    def region_size(self, m: int, k: int, m_idx_start: int = 0) -> int:
-        """Bytes a pack call for m rows starting at m_idx_start can touch."""
-        return _region_blocks(m, self.mr, m_idx_start) * self.row_block_stride(k)
 
     def _placement(self, m: int, m_idx_start: int):
         """(row blocks of the region, block of each row, slot of each row)."""
