@@ -338,14 +338,20 @@ def _step_qemu(root: Path, log: Callable[[str], None]) -> Callable[[Path], str]:
     return build
 
 
+def _bookworm_arm64_apt(state: Path) -> tuple["_PrivateApt", str]:
+    """A private apt (state dir ``state``) over Debian bookworm arm64 from the machine's own
+    mirrors (+ updates, + security when configured), and the mirror's URI."""
+    mirror, security = _debian_mirrors()
+    sources = [f"deb {mirror} bookworm main", f"deb {mirror} bookworm-updates main"]
+    if security:
+        sources.append(f"deb {security} bookworm-security main")
+    return _PrivateApt(state, sources, "arm64", "Debian bookworm arm64"), mirror
+
+
 def _step_sysroot(root: Path, qemu: Path, log: Callable[[str], None]) -> Callable[[Path], str]:
     def build(tmp: Path) -> str:
-        mirror, security = _debian_mirrors()
-        sources = [f"deb {mirror} bookworm main", f"deb {mirror} bookworm-updates main"]
-        if security:
-            sources.append(f"deb {security} bookworm-security main")
         state = root / "apt" / "arm64"
-        apt = _PrivateApt(state, sources, "arm64", "Debian bookworm arm64")
+        apt, mirror = _bookworm_arm64_apt(state)
         log(f"sysroot: apt-get update (bookworm arm64 from {mirror})")
         apt.update()
         log(f"sysroot: downloading {' '.join(_SYSROOT_PACKAGES)} for arm64 with dependencies")
@@ -384,12 +390,8 @@ def _relativize_symlinks(root: Path) -> None:
 
 def _step_cross_sysroot(root: Path, log: Callable[[str], None]) -> Callable[[Path], str]:
     def build(tmp: Path) -> str:
-        mirror, security = _debian_mirrors()
-        sources = [f"deb {mirror} bookworm main", f"deb {mirror} bookworm-updates main"]
-        if security:
-            sources.append(f"deb {security} bookworm-security main")
         state = root / "apt" / "arm64-dev"
-        apt = _PrivateApt(state, sources, "arm64", "Debian bookworm arm64")
+        apt, mirror = _bookworm_arm64_apt(state)
         log(f"cross-sysroot: apt-get update (bookworm arm64 from {mirror})")
         apt.update()
         log(f"cross-sysroot: downloading {' '.join(CROSS_SYSROOT_PACKAGES)} for arm64 "
