@@ -267,15 +267,15 @@ def svcr_now(libdir: str) -> int:
 
 
 def mixed_threads_race(libdir: str, w, xs, kind="f32", rounds=100):
-    """Each round: a fresh pool, then len(xs) Python threads released together, thread i
+    """Each round: a fresh pool (the library's ``workers``), then len(xs) Python threads released together, thread i
     calling matmul(xs[i], threads=i + 1).  Returns (errors, rounds with a result that differs
     from the threads=1 result, threads left over besides the main one and the current pool)."""
     import gc
     import sys
     import threading
     import time
-    from tilegen.runtime import threads as pool_mod
     lib = _lib(libdir)
+    pool_mod = lib.workers
     pw = lib.pack_weights(w, kind=kind)
     serial = [lib.matmul(x, pw, threads=1) for x in xs]
     errors: list[str] = []
@@ -292,7 +292,7 @@ def mixed_threads_race(libdir: str, w, xs, kind="f32", rounds=100):
     try:
         for _ in range(rounds):
             with pool_mod._lock:
-                pool_mod._pool = None          # every round grows the pool from nothing
+                pool_mod._pool, pool_mod._size = None, 0   # every round grows the pool from nothing
             start, got = threading.Barrier(len(xs)), [None] * len(xs)
             ts = [threading.Thread(target=worker, args=(i, start, got)) for i in range(len(xs))]
             for t in ts:
@@ -305,10 +305,10 @@ def mixed_threads_race(libdir: str, w, xs, kind="f32", rounds=100):
         sys.setswitchinterval(interval)
     gc.collect()
     for _ in range(500):            # the replaced pools' threads exit
-        if threading.active_count() <= 1 + pool_mod._pool_workers:
+        if threading.active_count() <= 1 + len(pool_mod.threads()):
             break
         time.sleep(0.02)
-    return sorted(set(errors)), bad_rounds, threading.active_count() - 1 - pool_mod._pool_workers
+    return sorted(set(errors)), bad_rounds, threading.active_count() - 1 - len(pool_mod.threads())
 
 
 def matmul_out_alias(libdir: str, kind: str, w, x, bias=None, alias="x", threads=1):

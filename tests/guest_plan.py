@@ -238,3 +238,251 @@ def plan_after_fork(libdir: str, kind: str = "q4_0") -> dict:
     os.close(r)
     os.waitpid(pid, 0)
     return {"before": before, "child": pickle.loads(data), "after": _same(p(x), ref)}
+
+
+# -- hardening: fork, thread lifetime, table snapshot, allocation, environment -----------------
+def _tasks() -> int:
+    """OS threads of this process (qemu's own included: compare with a baseline)."""
+    import os
+    return len(os.listdir("/proc/self/task"))
+
+
+def fork_while_preparing(libdir: str, forks: int = 200, kind: str = "q4_0",
+                         timeout: float = 60.0) -> dict:
+    """A thread prepares row counts of one plan (each a first call of that row count, which
+    takes the plan's build lock) while this thread forks ``forks`` children; each child calls
+    the plan with a row count nobody prepared and reports its result.  Hung children are
+    killed after ``timeout`` seconds."""
+    import os
+    import pickle
+    import signal
+    import threading
+    import time
+    lib = tilegen.load(libdir)
+    rng = np.random.default_rng(21)
+    n, k = 8, 32
+    pw = lib.pack_weights(rng.normal(size=(n, k)).astype(np.float32), kind=kind)
+    top = 3000
+    m = top + forks + 4000
+    x = rng.normal(size=(m, k)).astype(np.float32)
+    p = lib.plan(pw, m, threads=2)
+    child_rows = [top + 1 + i for i in range(forks)]
+    refs = {r: lib.matmul(x[:r], pw, threads=1) for r in child_rows}
+    stop = threading.Event()
+    prepared = [0]
+
+    def prepare():
+        rows = [r for r in range(1, m + 1) if r not in refs]
+        for r in rows:
+            if stop.is_set():
+                break
+            p(x[:r])
+            prepared[0] += 1
+    th = threading.Thread(target=prepare)
+    th.start()
+    hangs, bad, errors = [], [], []
+    for r in child_rows:
+        rd, wr = os.pipe()
+        pid = os.fork()
+        if pid == 0:
+            try:
+                os.close(rd)
+                msg = pickle.dumps(("ok", _same(p(x[:r]), refs[r])))
+            except BaseException as e:      # noqa: BLE001
+                msg = pickle.dumps(("error", repr(e)))
+            os.write(wr, msg)
+            os._exit(0)
+        os.close(wr)
+        t0 = time.monotonic()
+        while True:
+            done, _ = os.waitpid(pid, os.WNOHANG)
+            if done:
+                break
+            if time.monotonic() - t0 > timeout:
+                os.kill(pid, signal.SIGKILL)
+                os.waitpid(pid, 0)
+                hangs.append(r)
+                break
+            time.sleep(0.002)
+        data = b""
+        while chunk := os.read(rd, 4096):
+            data += chunk
+        os.close(rd)
+        if r in hangs:
+            continue
+        status, value = pickle.loads(data)
+        if status != "ok":
+            errors.append((r, value))
+        elif not value:
+            bad.append(r)
+    stop.set()
+    th.join()
+    lib.close()
+    return {"forks": forks, "hangs": hangs, "bad": bad, "errors": errors,
+            "prepared_during": prepared[0]}
+
+
+def threads_after_cycles(libdir: str, cycles: int = 30, kind: str = "q4_0") -> dict:
+    """Thread counts: baseline; after ``cycles`` x (load, plan(threads=4), call, matmul
+    (threads=4), del, gc.collect()); during and after an explicitly closed library and a
+    ``with`` block; and what a closed library's plan and matmul do."""
+    import gc
+    import threading
+    import time
+    rng = np.random.default_rng(5)
+    n, k = 64, 64
+    w = rng.normal(size=(n, k)).astype(np.float32)
+    x = rng.normal(size=(9, k)).astype(np.float32)
+
+    def settle(target, limit=10.0):
+        t0 = time.monotonic()
+        while (threading.active_count(), _tasks()) != target and time.monotonic() - t0 < limit:
+            gc.collect()
+            time.sleep(0.01)
+        return threading.active_count(), _tasks()
+
+    gc.collect()
+    base = (threading.active_count(), _tasks())
+    peak = base
+    for _ in range(cycles):
+        lib = tilegen.load(libdir)
+        pw = lib.pack_weights(w, kind=kind)
+        p = lib.plan(pw, 9, threads=4)
+        p(x)
+        lib.matmul(x, pw, threads=4)
+        peak = max(peak, (threading.active_count(), _tasks()))
+        del lib, pw, p
+        gc.collect()
+    after_cycles = settle(base)
+    # a plan alone keeps the pool alive; dropping it ends the pool
+    lib = tilegen.load(libdir)
+    pw = lib.pack_weights(w, kind=kind)
+    p = lib.plan(pw, 9, threads=4)
+    ref = lib.matmul(x, pw, threads=1)
+    del lib
+    gc.collect()
+    plan_alone_ok = _same(p(x), ref)
+    plan_alone_threads = threading.active_count() - base[0]
+    del p, pw
+    after_plan_dropped = settle(base)
+    # close(): joined at once, no gc needed; the plan and matmul refuse afterwards
+    lib = tilegen.load(libdir)
+    pw = lib.pack_weights(w, kind=kind)
+    p = lib.plan(pw, 9, threads=4)
+    p(x)
+    lib.matmul(x, pw, threads=4)
+    open_threads = threading.active_count() - base[0]
+    lib.close()
+    closed_threads = threading.active_count() - base[0]
+    refused = []
+    for name, f in (("plan call", lambda: p(x)), ("plan call, other rows", lambda: p(x[:3])),
+                    ("matmul", lambda: lib.matmul(x, pw)), ("plan", lambda: lib.plan(pw, 9))):
+        try:
+            f()
+            refused.append((name, "no error"))
+        except tilegen.runtime.errors.ArgumentError as e:
+            refused.append((name, "closed" in str(e)))
+    rows_after_close = lib.get_rows(pw, [0, 3]).shape
+    lib.close()            # twice: a no-op
+    del lib, pw, p
+    with tilegen.load(libdir) as lib:
+        pw = lib.pack_weights(w, kind=kind)
+        lib.plan(pw, 9, threads=3)(x)
+        with_open = threading.active_count() - base[0]
+    with_closed = threading.active_count() - base[0]
+    del lib, pw
+    gc.collect()
+    return {"base": base, "peak": peak, "after_cycles": after_cycles,
+            "plan_alone_ok": plan_alone_ok, "plan_alone_threads": plan_alone_threads,
+            "after_plan_dropped": after_plan_dropped, "open_threads": open_threads,
+            "closed_threads": closed_threads, "refused": refused,
+            "rows_after_close": rows_after_close, "with_open": with_open,
+            "with_closed": with_closed, "end": settle(base)}
+
+
+def plan_keeps_its_table(libdir: str) -> dict:
+    """A plan made before set_table (and a gemv_threshold change) keeps the kernels it was made
+    with for row counts it prepares later."""
+    from tilegen.runtime.select import KernelPair
+    lib = tilegen.load(libdir)
+    rng = np.random.default_rng(3)
+    n, k = 24, 64
+    pw = lib.pack_weights(rng.normal(size=(n, k)).astype(np.float32), kind="q4_0")
+    x = rng.normal(size=(8, k)).astype(np.float32)
+    refs = {r: lib.matmul(x[:r], pw, threads=1) for r in (1, 2, 3, 8)}
+    p = lib.plan(pw, 8, threads=1)
+    first = {r: p.route(r)[1].name for r in (1, 3)}
+    # a table whose kernels read another layout: new packings need adopt, not this plan
+    cur = lib.table("q4_0")[0]
+    other = [pr for pr in lib.table("q4_0")
+             if lib.runnable(pr.gemm) and not pr.gemm.rhs_matches(pw)
+             and (pr.gemv is None or lib.runnable(pr.gemv))]
+    lib.set_table("q4_0", [other[0]])
+    lib.gemv_threshold = 4
+    got = {}
+    for r in (3, 2, 1, 8):
+        try:
+            got[r] = _same(p(x[:r]), refs[r])
+        except Exception as e:      # noqa: BLE001
+            got[r] = repr(e)
+    later = {r: p.route(r)[1].name for r in (1, 3)}
+    # a plan made now uses the new table (adopting the weights)
+    p2 = lib.plan(pw, 8, threads=1)
+    return {"got": got, "first": first, "later": later, "cur": cur.gemm.name,
+            "new_table_kernel": p2.route(8)[1].name, "other": other[0].gemm.name,
+            "new_plan_ok": bool(np.allclose(p2(x), refs[8], rtol=0.1, atol=0.5))}
+
+
+def plan_allocations(libdir: str) -> dict:
+    """What a plan allocates per call (tracemalloc sees numpy's buffers), and the m refused."""
+    import tracemalloc
+    lib = tilegen.load(libdir)
+    rng = np.random.default_rng(4)
+    n, k = 1024, 32
+    pw = lib.pack_weights(rng.normal(size=(n, k)).astype(np.float32), kind="f32")
+    res = {}
+    for m in (2**40, 2**62):
+        try:
+            lib.plan(pw, m)
+            res[m] = "accepted"
+        except tilegen.runtime.errors.ArgumentError as e:
+            res[m] = str(e)
+    p = lib.plan(pw, 2**20, threads=1)        # 4 GiB of out for all rows
+    x = rng.normal(size=(1, k)).astype(np.float32)
+    ref = lib.matmul(x, pw, threads=1)
+    p(x)
+    tracemalloc.start()
+    same = _same(p(x), ref)
+    peak = tracemalloc.get_traced_memory()[1]
+    tracemalloc.stop()
+    res["one_row_same"] = same
+    res["one_row_peak_bytes"] = peak
+    return res
+
+
+def bad_env(libdir: str) -> dict:
+    """lib.plan / matmul with TILEGEN_PLAN_SPIN and TILEGEN_THREADS set to bad values."""
+    import os
+    lib = tilegen.load(libdir)
+    rng = np.random.default_rng(6)
+    pw = lib.pack_weights(rng.normal(size=(8, 32)).astype(np.float32), kind="f32")
+    x = rng.normal(size=(2, 32)).astype(np.float32)
+    out = {}
+    for var, vals in (("TILEGEN_PLAN_SPIN", ("-1", "abc", "1e3", str(2**64 - 1), "0", "500")),
+                      ("TILEGEN_THREADS", ("0", "-3", "abc", "2.5", "99999", "3"))):
+        for v in vals:
+            os.environ[var] = v
+            try:
+                if var == "TILEGEN_PLAN_SPIN":
+                    lib.plan(pw, 2, threads=2)(x)
+                else:
+                    lib.matmul(x, pw)
+                out[(var, v)] = "ok"
+            except tilegen.runtime.errors.ArgumentError as e:
+                out[(var, v)] = ("ArgumentError", var in str(e))
+            except Exception as e:      # noqa: BLE001
+                out[(var, v)] = repr(e)
+            finally:
+                del os.environ[var]
+    lib.close()
+    return out

@@ -143,3 +143,76 @@ def test_runtime_import_does_not_load_jinja2():
     code = ("import sys, tilegen, tilegen.runtime; assert 'jinja2' not in sys.modules; "
             "tilegen.generate('f32:neon:1x4'); assert 'jinja2' in sys.modules")
     subprocess.run([sys.executable, "-c", code], check=True, cwd=Path(__file__).parent.parent)
+
+
+# -- hardening (issue 21): fork, thread lifetime, table snapshot, allocation, environment ------
+def test_fork_while_a_thread_prepares_row_counts(plan_lib):
+    """200 forks while another thread of the parent prepares row counts of the same plan: a
+    child that calls the plan with an unprepared row count never blocks on a lock the other
+    thread held at the fork (reset in the child), and computes the same bits."""
+    r = guest("neoverse-n1", env={"TILEGEN_TEST_FRESH": "fork"}).call(
+        "guest_plan:fork_while_preparing", str(plan_lib), 200)
+    assert r["hangs"] == [] and r["bad"] == [] and r["errors"] == [], r
+    assert r["prepared_during"] > 0, r
+
+
+def test_threads_end_with_their_library(plan_lib):
+    """30 x (load, plan(threads=4), call, matmul(threads=4), del, gc) returns the thread count
+    to its baseline; a plan keeps the pool alive on its own; close() and ``with`` end every
+    thread at once and make the plans and matmul refuse."""
+    r = guest("neoverse-n1", env={"TILEGEN_TEST_FRESH": "threads"}).call(
+        "guest_plan:threads_after_cycles", str(plan_lib), 30)
+    assert r["peak"][0] > r["base"][0], r          # the threads did start
+    assert r["after_cycles"] == r["base"], r
+    assert r["plan_alone_ok"] and r["plan_alone_threads"] >= 1, r
+    assert r["after_plan_dropped"] == r["base"], r
+    assert r["open_threads"] >= 1 and r["closed_threads"] == 0, r
+    assert r["refused"] == [("plan call", True), ("plan call, other rows", True),
+                            ("matmul", True), ("plan", True)], r
+    assert r["rows_after_close"] == (2, 64), r
+    assert r["with_open"] >= 1 and r["with_closed"] == 0, r
+    assert r["end"] == r["base"], r
+
+
+def test_plan_keeps_its_kernel_table(plan_lib):
+    """set_table and gemv_threshold after the plan do not change the plan's kernels, for row
+    counts it prepares later (README: a plan keeps its kernel table)."""
+    r = guest("max").call("guest_plan:plan_keeps_its_table", str(plan_lib))
+    assert r["got"] == {3: True, 2: True, 1: True, 8: True}, r
+    assert r["first"] == r["later"], r
+    assert r["new_table_kernel"] == r["other"] != r["cur"] and r["new_plan_ok"], r
+
+
+def test_plan_allocates_for_the_rows_given(plan_lib):
+    """An m no address space holds is refused when the plan is made; a 1-row call of a plan
+    for 2**20 rows (4 GiB of output) allocates its one row, not the planned m."""
+    r = guest("neoverse-n1").call("guest_plan:plan_allocations", str(plan_lib))
+    for m in (2**40, 2**62):
+        assert "TiB" in r[m] and f"m={m}" in r[m], r
+    assert r["one_row_same"], r
+    assert r["one_row_peak_bytes"] < 1 << 20, r
+
+
+def test_bad_thread_environment(plan_lib):
+    """TILEGEN_PLAN_SPIN and TILEGEN_THREADS outside their ranges (or not integers) are an
+    ArgumentError naming the variable; in-range values work."""
+    r = guest("neoverse-n1").call("guest_plan:bad_env", str(plan_lib))
+    for var, good in (("TILEGEN_PLAN_SPIN", ("0", "500")), ("TILEGEN_THREADS", ("3",))):
+        for (v_, val), got in r.items():
+            if v_ != var:
+                continue
+            assert got == ("ok" if val in good else ("ArgumentError", True)), (var, val, got)
+
+
+def test_spin_count_parsing(monkeypatch):
+    from tilegen.runtime.errors import ArgumentError
+    from tilegen.runtime.plan import DEFAULT_SPIN, MAX_SPIN, spin_count
+    monkeypatch.delenv("TILEGEN_PLAN_SPIN", raising=False)
+    assert spin_count() == DEFAULT_SPIN
+    for v, want in (("0", 0), (" 7 ", 7), (str(MAX_SPIN), MAX_SPIN), ("", DEFAULT_SPIN)):
+        monkeypatch.setenv("TILEGEN_PLAN_SPIN", v)
+        assert spin_count() == want
+    for v in ("-1", "abc", "1e3", "2.5", str(MAX_SPIN + 1), str(2**64 - 1)):
+        monkeypatch.setenv("TILEGEN_PLAN_SPIN", v)
+        with pytest.raises(ArgumentError, match="TILEGEN_PLAN_SPIN"):
+            spin_count()

@@ -76,9 +76,16 @@ def positive_int(name: str, v, minimum: int = 1) -> int:
     return n
 
 
+# more threads than this is a mistake (a typo in threads= or TILEGEN_THREADS), not a request
+MAX_THREADS = 4096
+
+
 def thread_count(threads) -> int:
-    """threads=: any integral >= 1."""
-    return positive_int("threads", threads)
+    """threads=: an integral from 1 to MAX_THREADS."""
+    n = positive_int("threads", threads)
+    if n > MAX_THREADS:
+        raise ArgumentError(f"threads must be at most {MAX_THREADS}, got {n}")
+    return n
 
 
 def _is_number(v) -> bool:

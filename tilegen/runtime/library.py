@@ -11,6 +11,7 @@ import hashlib
 import json
 import os
 import sys
+import weakref
 from pathlib import Path
 
 import numpy as np
@@ -25,6 +26,7 @@ from .integrity import check_entries, check_image
 from .ops import matmul, workspace_size
 from .packed import OPS, PackedLayouts, PackedWeights, dequantize_packed_rows
 from .select import KIND_FAMILIES, KIND_FAMILY, KernelPair, kind_table
+from .threads import Workers
 
 __all__ = ["ArgumentError", "LoadError", "PackedWeights", "PackedLayouts", "Kernel", "Packer", "Library", "load",
            "dequantize_packed_rows", "MANIFEST_NAME"]
@@ -33,9 +35,15 @@ MANIFEST_NAME = "manifest.json"
 
 
 class Library:
-    """A built tilegen library: its manifest, its kernels, and the ops over them."""
+    """A built tilegen library: its manifest, its kernels, and the ops over them.
+
+    Its threads (``matmul``'s pool and the plans' driver workers) end when the library and
+    every plan of it are gone, or at ``close()`` (also ``with tilegen.load(d) as lib:``)."""
 
     def __init__(self, directory: str | os.PathLike, cpu: CpuInfo | None = None) -> None:
+        self.closed = False
+        self.workers = Workers()
+        self._plans: weakref.WeakSet = weakref.WeakSet()
         self.directory = Path(directory)
         mpath = self.directory / MANIFEST_NAME
         try:
@@ -117,7 +125,33 @@ class Library:
                             f"its manifest")
 
     def __repr__(self) -> str:
-        return f"<tilegen.Library {self.path} with {len(self.kernels)} kernels>"
+        state = " (closed)" if self.closed else ""
+        return f"<tilegen.Library {self.path} with {len(self.kernels)} kernels{state}>"
+
+    # -- lifetime -----------------------------------------------------------------------
+    def close(self) -> None:
+        """End the library's threads (joined) and every plan of it.  Afterwards ``matmul``,
+        ``plan`` and calls of its plans raise ArgumentError; packing and ``get_rows`` (no
+        kernels) still work.  Closing twice is a no-op."""
+        if self.closed:
+            return
+        self.closed = True
+        for p in list(self._plans):
+            p.close()
+        drv = self.__dict__.get("_plan_driver")
+        if drv:
+            drv.close()
+        self.workers.close()
+
+    def __enter__(self) -> "Library":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+    def ensure_open(self) -> None:
+        if self.closed:
+            raise ArgumentError(f"library {self.path.name} is closed (lib.close()); load it again")
 
     def _query(self, name: str):
         fn = getattr(self._dll, name, None)
@@ -461,7 +495,9 @@ class Library:
         kernel selection, the thread split and the workspace are done here, once; a call of
         the planned shape is one native call (see :mod:`tilegen.runtime.plan`)."""
         from .plan import Plan
-        return Plan(self, weights, m, bias, clamp, threads)
+        plan = Plan(self, weights, m, bias, clamp, threads)
+        self._plans.add(plan)
+        return plan
 
     def get_rows(self, packed: PackedWeights, rows) -> np.ndarray:
         """Dequantise rows of packed weights (get_rows: an embedding lookup)."""

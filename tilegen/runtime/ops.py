@@ -30,6 +30,7 @@ def matmul(lib, x: np.ndarray, packed: PackedWeights, bias: np.ndarray | None = 
            clamp: tuple[float, float] | None = None, threads: int | None = None,
            out: np.ndarray | None = None) -> np.ndarray:
     """See :meth:`tilegen.runtime.library.Library.matmul`."""
+    lib.ensure_open()
     if not isinstance(packed, (PackedWeights, PackedLayouts)):
         raise ArgumentError(f"weights must be PackedWeights or PackedLayouts (see lib.pack_weights), "
                             f"got {type(packed).__name__}")
@@ -106,9 +107,10 @@ def _run(lib, x2: np.ndarray, packed, dst: np.ndarray, cmin: float,
             else:
                 lhs[off:off + lay.region_size(m1 - m0, k)] = lay.pack(x2[m0:m1])
         run_parallel([lambda a=a, b=b: pack_part(a, b)
-                      for a, b in split(m, kern.m_step, nthreads)])
+                      for a, b in split(m, kern.m_step, nthreads)], lib.workers)
     rhs = packed.data
 
     def part(n0, n1):       # the kernel on columns n0..n1: bytes from their panel onwards
         kern(lhs, rhs[kern.rhs_packed_offset(n0, k, bl):], dst[:, n0:n1], cmin, cmax, k=k, bl=bl)
-    run_parallel([lambda a=a, b=b: part(a, b) for a, b in split(packed.n, kern.n_step, nthreads)])
+    run_parallel([lambda a=a, b=b: part(a, b) for a, b in split(packed.n, kern.n_step, nthreads)],
+                 lib.workers)

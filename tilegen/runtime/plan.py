@@ -24,7 +24,6 @@ count; errors are :class:`ArgumentError` as in ``matmul``.
 """
 from __future__ import annotations
 
-import atexit
 import ctypes
 import math
 import os
@@ -40,13 +39,32 @@ from .errors import ArgumentError
 from .packed import PackedLayouts, PackedWeights
 from .threads import default_threads, split
 
-__all__ = ["Plan", "make_plan"]
+__all__ = ["Plan", "make_plan", "spin_count", "MAX_BYTES"]
 
 INF = math.inf
 _F32 = np.dtype(np.float32)
 _empty = np.empty
 # iterations an idle worker (or a waiting thread) spins before it sleeps on a futex
-SPIN = int(os.environ.get("TILEGEN_PLAN_SPIN", "20000"))
+DEFAULT_SPIN = 20000
+MAX_SPIN = 1 << 32
+# no array of a plan (x, out, workspace) can be larger than AArch64's 48-bit virtual address
+# space: a plan for more rows than that is refused when it is made
+MAX_BYTES = 1 << 48
+
+
+def spin_count() -> int:
+    """``TILEGEN_PLAN_SPIN`` (spin iterations before a futex sleep), default 20000."""
+    env = os.environ.get("TILEGEN_PLAN_SPIN")
+    if env is None or env.strip() == "":
+        return DEFAULT_SPIN
+    try:
+        v = int(env.strip(), 10)
+    except ValueError:
+        v = None
+    if v is None or not 0 <= v <= MAX_SPIN:
+        raise ArgumentError(f"TILEGEN_PLAN_SPIN must be an integer from 0 to {MAX_SPIN} "
+                            f"(spin iterations before an idle thread sleeps), got {env!r}")
+    return v
 _CT = {"u64": ctypes.c_uint64, "u32": ctypes.c_uint32, "f32": ctypes.c_float,
        "f64": ctypes.c_double, "ptr": ctypes.c_void_p}
 
@@ -127,6 +145,11 @@ class _Driver:
         self.futex = bool(f("tilegen_driver_futex", ctypes.c_uint64)())
         self.pool = _Pool(self) if self.futex else None
 
+    def close(self) -> None:
+        """End the worker pool (see :meth:`_Pool.close`)."""
+        if self.pool is not None:
+            self.pool.close()
+
     @staticmethod
     def _fn(dll, name, res, args):
         fn = getattr(dll, name)
@@ -150,66 +173,82 @@ class _Driver:
 
 
 class _Pool:
-    """Worker threads of one library's driver (``threads - 1`` of the biggest plan)."""
+    """Worker threads of one library's driver (``threads - 1`` of the biggest plan).
+
+    The pool lives as long as its driver: the library and every plan of it hold that.  When
+    the last of them is gone (or ``lib.close()`` ends it) its workers are stopped and joined
+    (:func:`_stop_workers`); they do not outlive the library."""
 
     def __init__(self, drv: _Driver) -> None:
-        self.drv = drv
+        self.worker = drv.worker         # not the driver itself: no cycle, freed by refcount
         self.s = PoolStruct()
-        self.s.spin = SPIN
+        self.s.spin = spin_count()
         self.addr = ctypes.addressof(self.s)
         self.threads: list[threading.Thread] = []
         self.lock = threading.Lock()
+        self.closed = False
+        # holds the struct and the thread list, not the pool: runs when the pool is collected
+        self._stop = weakref.finalize(self, _stop_workers, self.s, self.threads, drv.wake)
         _POOLS.add(self)
 
     def ensure(self, workers: int) -> None:
         with self.lock:
+            if self.closed:
+                return
             while len(self.threads) < workers:
-                t = threading.Thread(target=self.drv.worker, args=(self.addr,), daemon=True,
+                t = threading.Thread(target=self.worker, args=(self.addr,), daemon=True,
                                      name=f"tilegen-plan-{len(self.threads)}")
                 t.start()
                 self.threads.append(t)
                 self.s.nworkers = len(self.threads)
 
-    def stop(self) -> None:
+    def close(self) -> None:
+        """Stop and join the workers for good (runs then take place on the calling thread)."""
         with self.lock:
-            self.s.nworkers = 0
-            self.s.stop = 1
-            self.drv.wake(self.addr)
-            for t in self.threads:
-                t.join(timeout=1.0)
-            self.threads = []
-            self.s.stop = 0
+            self.closed = True
+            self._stop()
 
     def after_fork(self) -> None:
-        """In a forked child: the workers are gone; start as many again."""
-        n = len(self.threads)
+        """In a forked child: the workers are gone (plans start them again when next used)."""
         self.lock = threading.Lock()
         for name in ("sleepers", "busy", "active", "stop", "nworkers"):
             setattr(self.s, name, 0)
         self.s.plan = None
-        self.threads = []
-        self.ensure(n)
+        self.threads.clear()
 
 
-# pools live as long as the process (their workers hold the struct's address); variants are
-# tracked only to clear a run flag a fork may have copied mid-run
-_POOLS: set = set()
+def _stop_workers(s, threads: list, wake) -> None:
+    """Stop the workers of pool struct ``s`` and wait for them (not for the calling thread)."""
+    s.nworkers = 0
+    s.stop = 1
+    wake(ctypes.addressof(s))
+    me = threading.current_thread()
+    for t in threads:
+        if t is not me:
+            t.join(timeout=5.0)
+    threads.clear()
+
+
+# live pools, plans and variants: a forked child resets their locks and run flags
+_POOLS: weakref.WeakSet = weakref.WeakSet()
+_PLANS: weakref.WeakSet = weakref.WeakSet()
 _VARIANTS: weakref.WeakSet = weakref.WeakSet()
 
 
-def _stop_pools() -> None:
-    for p in list(_POOLS):
-        p.stop()
-
-
 def _after_fork() -> None:
+    """In a forked child: only the forking thread exists, so a lock another thread held at
+    the fork stays held forever, and a run flag stays set.  Reset every lock and flag the plan
+    runtime owns; plans take the checked path once and start their pool's workers again."""
     for v in list(_VARIANTS):
-        v.s.busy = 0
+        v.lock = threading.Lock()
+        if v.native:
+            v.s.busy = 0
     for p in list(_POOLS):
         p.after_fork()
+    for pl in list(_PLANS):
+        pl._after_fork()
 
 
-atexit.register(_stop_pools)
 if hasattr(os, "register_at_fork"):
     os.register_at_fork(after_in_child=_after_fork)
 
@@ -227,7 +266,7 @@ class _Variant:
 
     def __init__(self, plan: "Plan", rows: int) -> None:
         lib, T = plan.lib, plan.threads
-        packed, kern = lib.route(plan.weights, rows)     # PackedLayouts: the op's packing
+        packed, kern = plan.route(rows)     # the kernel table as it was when the plan was made
         kern._require_cpu()
         n, k, bl = packed.n, packed.k, packed.bl or 32
         self.kernel = kern
@@ -290,9 +329,9 @@ class _Variant:
                 s.post_clamp, s.post_min, s.post_max = 1, cmin, cmax
         pool = plan.drv.pool
         if pool is not None and max(s.npack, s.nmm) > 1:
-            pool.ensure(T - 1)
+            pool.ensure(min(T, max(s.npack, s.nmm)) - 1)
             s.pool = pool.addr
-        s.spin = SPIN
+        s.spin = plan.spin
         if _OFFSETS is not None and rows == plan.m and s.pack_args != D.P_GIVEN:
             s.fast = 1
             s.nd_type, s.f32_descr = id(np.ndarray), id(_F32)
@@ -336,8 +375,10 @@ class Plan:
     m rows in all; returns ``out`` (a new float32 array of shape (..., n) when not given).
     The result is bit-identical to ``lib.matmul(x, weights, bias, clamp, threads, out)``.
     The bias is copied when the plan is made; the weights are used in place (do not change
-    them).  One plan runs one call at a time (concurrent calls of one plan wait for each
-    other); different plans run concurrently."""
+    them).  The kernel table and ``gemv_threshold`` are taken when the plan is made: a later
+    ``lib.set_table`` does not change the kernels of any row count of this plan.  One plan
+    runs one call at a time (concurrent calls of one plan wait for each other); different
+    plans run concurrently.  After ``lib.close()`` a call raises ArgumentError."""
 
     def __init__(self, lib, weights: PackedWeights, m: int, bias=None, clamp=None,
                  threads: int | None = None) -> None:
@@ -345,6 +386,11 @@ class Plan:
             raise ArgumentError(f"weights must be PackedWeights or PackedLayouts (see lib.pack_weights), "
                                 f"got {type(weights).__name__}")
         self.m = positive_int("m", m)
+        for what, cols in (("x", weights.k), ("out", weights.n)):
+            if 4 * self.m * cols > MAX_BYTES:
+                raise ArgumentError(f"m={self.m} rows of {what} ({cols} float32 each) would take "
+                                    f"{4 * self.m * cols / 2**40:.1f} TiB, more than a 48-bit "
+                                    f"address space holds; plan for fewer rows")
         if bias is not None:
             b = np.asarray(bias)
             if b.dtype != np.float32 or b.shape != (weights.n,):
@@ -353,23 +399,37 @@ class Plan:
             bias = np.array(b, dtype=np.float32, copy=True, order="C")
         self.bias = bias
         self.threads = default_threads() if threads is None else thread_count(threads)
+        self.spin = spin_count()
         self.clamp = clamp_pair(clamp)
         self.cmin, self.cmax = (-INF, INF) if self.clamp is None else self.clamp
         # the kernel's clamp (a bias given here is added after the kernel, then clamped)
         self.kcmin, self.kcmax = (self.cmin, self.cmax) if bias is None else (-INF, INF)
+        lib.ensure_open()
         self.lib = lib
         self.weights = lib.adopt(weights)       # once: a repack when no kernel reads them
         self.n, self.k = self.weights.n, self.weights.k
         w = self.weights
         self._datas = w.datas if isinstance(w, PackedLayouts) else (w.data,)
+        # the routes (packing, kernel) of both row classes, from the tables as they are now
+        self.gemv_threshold = lib.gemv_threshold
+        self._routes = {}
+        for op, rows in (("gemv", 1), ("gemm", self.gemv_threshold + 1)):
+            if op == "gemv" and self.gemv_threshold < 1 or op == "gemm" and self.m <= self.gemv_threshold:
+                continue
+            self._routes[op] = lib.route(self.weights, rows)
         self.drv = driver(lib)
         self._variants: dict[int, _Variant] = {}
         self._build = threading.Lock()
+        self._closed = False
+        self._revive = False
         v = self._variant(self.m)
         self.kernel = v.kernel
         self._out_shape = (self.m, self.n)
+        self._x_shape = (self.m, self.k)
         self._call = self.drv.call if self.drv is not None else None
-        self._ctx = v.addr if v.native and v.s.fast else None
+        self._fast = v.addr if v.native and v.s.fast else None
+        self._ctx = self._fast
+        _PLANS.add(self)
 
     def __repr__(self) -> str:
         return (f"<tilegen.Plan m<={self.m} n={self.n} k={self.k} {self.weights.kind} "
@@ -378,7 +438,12 @@ class Plan:
     @property
     def native(self) -> bool:
         """Whether calls of the planned shape take the native fast path."""
-        return self._ctx is not None
+        return self._fast is not None
+
+    def route(self, rows: int):
+        """(packing, kernel) for ``rows`` rows, as the library's tables chose them when the
+        plan was made."""
+        return self._routes["gemv" if rows <= self.gemv_threshold else "gemm"]
 
     def _variant(self, rows: int) -> _Variant:
         v = self._variants.get(rows)
@@ -389,19 +454,41 @@ class Plan:
                     v = self._variants[rows] = _Variant(self, rows)
         return v
 
+    def close(self) -> None:
+        """End this plan: later calls raise ArgumentError (``lib.close()`` closes every plan)."""
+        self._closed = True
+        self._ctx = None
+        self._revive = False
+
+    def _after_fork(self) -> None:
+        """In a forked child (see :func:`_after_fork`): a new build lock; the next call takes the
+        checked path, which starts the pool's workers again, then the fast path is back."""
+        self._build = threading.Lock()
+        if not self._closed:
+            self._ctx, self._revive = None, True
+
     def __call__(self, x, out=None):
         ctx = self._ctx
         if ctx is not None:
             if out is None:
-                o = _empty(self._out_shape, _F32)
-                if not self._call(ctx, x, o):
-                    return o
+                if x.__class__ is np.ndarray and x.shape == self._x_shape:
+                    o = _empty(self._out_shape, _F32)
+                    if not self._call(ctx, x, o):
+                        return o
             elif not self._call(ctx, x, out):
                 return out
         return self._checked(x, out)
 
     # -- the checked path ------------------------------------------------------------------
     def _checked(self, x, out):
+        if self._closed:
+            raise ArgumentError(f"this plan's library ({self.lib.path.name}) is closed")
+        if self._revive:          # first call in a forked child
+            pool = self.drv.pool if self.drv is not None else None
+            if pool is not None:
+                pool.ensure(max((min(self.threads, max(v.s.npack, v.s.nmm)) - 1
+                                 for v in self._variants.values() if v.native), default=0))
+            self._revive, self._ctx = False, self._fast
         if not isinstance(x, np.ndarray) or x.dtype != np.float32:
             raise ArgumentError(f"x must be a float32 numpy array, got "
                                 f"{getattr(x, 'dtype', type(x).__name__)}")

@@ -1,34 +1,41 @@
-"""Threading: one persistent pool per process, and how the work is partitioned over it.
+"""Threading: a worker pool per library, and how the work is partitioned over it.
 
 ctypes releases the GIL during a foreign call, so Python threads run kernels in parallel.
 Work is split like llama.cpp's kleidiai.cpp: LHS packing over m in multiples of the kernel's
 m_step, the matmul over n in multiples of n_step, with a barrier (the pool's join) between.
 Every output element is computed by exactly one call with the same inputs, so results are
 bit-identical for every thread count.
+
+Each library owns one :class:`Workers` (``lib.matmul``'s threads); its threads end when the
+library is collected or closed.  The state of every pool is reset in a forked child (a lock
+held by another thread at the fork would stay held there, and the parent's threads do not
+exist in the child).
 """
 from __future__ import annotations
 
 import os
 import threading
+import weakref
 from concurrent.futures import ThreadPoolExecutor
 from typing import Callable, Sequence
 
-__all__ = ["split", "default_threads", "run_parallel"]
+from .checks import MAX_THREADS
+from .errors import ArgumentError
 
-_lock = threading.Lock()
-_pool: ThreadPoolExecutor | None = None
-_pool_workers = 0
+__all__ = ["split", "default_threads", "run_parallel", "Workers"]
 
 
 def default_threads() -> int:
+    """``TILEGEN_THREADS`` (1..MAX_THREADS), else the number of CPUs."""
     env = os.environ.get("TILEGEN_THREADS")
-    if env:
+    if env is not None and env.strip() != "":
         try:
-            n = int(env)
+            n = int(env.strip(), 10)
         except ValueError:
-            raise ValueError(f"TILEGEN_THREADS must be a positive int, got {env!r}") from None
-        if n < 1:
-            raise ValueError(f"TILEGEN_THREADS must be >= 1, got {n}")
+            n = None
+        if n is None or not 1 <= n <= MAX_THREADS:
+            raise ArgumentError(f"TILEGEN_THREADS must be an integer from 1 to {MAX_THREADS}, "
+                                f"got {env!r}")
         return n
     return max(1, os.cpu_count() or 1)
 
@@ -49,38 +56,97 @@ def split(total: int, step: int, parts: int) -> list[tuple[int, int]]:
     return out
 
 
-def _get_pool(workers: int) -> ThreadPoolExecutor:
-    """The shared pool, with at least ``workers`` threads.
+class Workers:
+    """A growable thread pool (a ThreadPoolExecutor, replaced by a bigger one when more
+    threads are asked for).  ``close()`` ends it; so does collecting it."""
 
-    A smaller pool is replaced, never shut down: other callers may hold it and still submit
-    to it.  Its idle threads exit once the last reference to it is dropped (the executor's
-    weakref callback wakes them)."""
-    global _pool, _pool_workers
-    with _lock:
-        if _pool is None or _pool_workers < workers:
-            _pool = ThreadPoolExecutor(max_workers=workers, thread_name_prefix="tilegen")
-            _pool_workers = workers
-        return _pool
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._pool: ThreadPoolExecutor | None = None
+        self._size = 0
+        self.closed = False
+        _ALL.add(self)
 
+    def _get(self, workers: int) -> ThreadPoolExecutor | None:
+        with self._lock:
+            if self.closed:
+                return None
+            if self._pool is None or self._size < workers:
+                old = self._pool
+                self._pool = ThreadPoolExecutor(max_workers=workers, thread_name_prefix="tilegen")
+                self._size = workers
+                if old is not None:
+                    old.shutdown(wait=False)    # its running tasks finish; its threads exit
+            return self._pool
 
-def run_parallel(tasks: Sequence[Callable[[], None]]) -> None:
-    """Run tasks on the persistent pool (the caller runs the first) and wait for all."""
-    if not tasks:
-        return
-    if len(tasks) == 1:
-        tasks[0]()
-        return
-    pool = _get_pool(len(tasks) - 1)
-    futures = [pool.submit(t) for t in tasks[1:]]
-    err = None
-    try:
-        tasks[0]()
-    except BaseException as e:  # still wait for the others (barrier) before raising
-        err = e
-    for f in futures:
+    def threads(self) -> list[threading.Thread]:
+        """The pool's threads now (diagnostics)."""
+        p = self._pool
+        return list(getattr(p, "_threads", ())) if p is not None else []
+
+    def close(self) -> None:
+        """Stop the threads once their tasks are done (joined); later runs use the caller."""
+        with self._lock:
+            self.closed = True
+            pool, self._pool, self._size = self._pool, None, 0
+        if pool is not None:
+            pool.shutdown(wait=True)
+
+    def __del__(self) -> None:
+        pool = self.__dict__.get("_pool")
+        if pool is not None:
+            pool.shutdown(wait=False)
+
+    def _after_fork(self) -> None:
+        # the executor's threads (and any lock they held) are the parent's: forget it
+        self._lock = threading.Lock()
+        self._pool, self._size = None, 0
+
+    def run(self, tasks: Sequence[Callable[[], None]]) -> None:
+        """Run tasks on the pool (the caller runs the first) and wait for all."""
+        if not tasks:
+            return
+        pool = self._get(len(tasks) - 1) if len(tasks) > 1 else None
+        if pool is None:
+            for t in tasks:
+                t()
+            return
         try:
-            f.result()
-        except BaseException as e:
-            err = err or e
-    if err is not None:
-        raise err
+            futures = [pool.submit(t) for t in tasks[1:]]
+        except RuntimeError:        # shut down by a concurrent close() or a bigger pool
+            for t in tasks:
+                t()
+            return
+        err = None
+        try:
+            tasks[0]()
+        except BaseException as e:  # still wait for the others (barrier) before raising
+            err = e
+        for f in futures:
+            try:
+                f.result()
+            except BaseException as e:
+                err = err or e
+        if err is not None:
+            raise err
+
+
+_ALL: weakref.WeakSet = weakref.WeakSet()
+
+
+def _after_fork() -> None:
+    for w in list(_ALL):
+        w._after_fork()
+
+
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=_after_fork)
+
+
+def run_parallel(tasks: Sequence[Callable[[], None]], workers: Workers | None = None) -> None:
+    """Run tasks on ``workers`` (None: on the calling thread, one after another)."""
+    if workers is None:
+        for t in tasks:
+            t()
+        return
+    workers.run(tasks)
