@@ -239,3 +239,61 @@ def test_repack_refuses_another_format():
                 layout_for("qsi4c32pscalef16", nr=4, kr=16, sr=2, bl=64)):
         with pytest.raises(LayoutError, match="cannot repack"):
             repack_rhs(ps, src, dst, 8, 64)
+
+
+def test_repack_bf16_layouts_between_widths_and_into_f32p():
+    """bf16 RHS layouts (SME x2b at any width, NEON x4b) repack into each other and into f32p
+    losslessly: the bytes of packing the bf16 values there; f32p does not go back to bf16."""
+    from tilegen.layout import LayoutError
+    from tilegen.layout.api import can_repack, repack_rhs
+    from tilegen.layout.bf16 import BF16PRhs2B, BF16PRhs4B
+    from tilegen.layout.q4 import bf16_to_f32, f32_to_bf16_rne
+    rng = np.random.default_rng(53)
+    n, k = 37, 21
+    w = rng.normal(size=(n, k)).astype(np.float32)
+    wb = bf16_to_f32(f32_to_bf16_rne(w))
+    bias = rng.normal(size=n).astype(np.float32)
+    bf16 = [BF16PRhs2B.for_vl(svl, 2) for svl in (16, 64, 256)] + [BF16PRhs4B(12), BF16PRhs4B(8)]
+    f32 = [F32PackedRHS(16), F32PackedRHS(4)]
+    for src in bf16:
+        ps = src.pack(w, bias)
+        for dst in bf16 + f32:
+            assert can_repack(src, dst)
+            assert np.array_equal(repack_rhs(ps, src, dst, n, k), dst.pack(wb, bias)), (src, dst)
+    for src in f32:
+        for dst in bf16:
+            assert not can_repack(src, dst)
+            with pytest.raises(LayoutError, match="cannot repack"):
+                repack_rhs(src.pack(wb, bias), src, dst, n, k)
+
+
+def test_layout_packers_refuse_weights_beyond_their_format_without_warnings():
+    """The numpy packers (tilegen.pack_rhs) refuse float weights their format cannot hold,
+    naming the limit and row, and raw ggml blocks with a NaN/Inf scale, naming the block;
+    tiny weights quantise without numpy warnings."""
+    import warnings
+    from tilegen.layout import LayoutError
+    from tilegen.layout.ggml import quantize_q4_0
+    from tilegen.layout.q8 import quantize_q8_0
+    from tilegen.runtime.q8 import quantize_per_channel
+    rng = np.random.default_rng(54)
+    w = rng.normal(size=(6, 64)).astype(np.float32)
+    geo = dict(nr=4, kr=8, sr=2)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        for fmt, limit in (("qsi4c32p", "524032"), ("qsi4c32pscalef16", "524032"),
+                           ("qsi8cxp", "8.31901e\\+06")):
+            g = dict(nr=4, kr=8) if fmt == "qsi8cxp" else geo
+            for val in (1e7, np.nan, np.inf):
+                bad = w.copy()
+                bad[4, 9] = val
+                with pytest.raises(LayoutError, match=rf"\|w\| <= {limit} .*row 4 of"):
+                    tilegen.pack_rhs(fmt, bad, **g)
+            raw, bb = (quantize_q8_0(w), 34) if fmt == "qsi8cxp" else (quantize_q4_0(w), 18)
+            raw[3, bb:bb + 2] = np.array([0x7E00], "<u2").view(np.uint8)      # row 3, block 1
+            with pytest.raises(LayoutError, match=r"block 7 \(row 3, block 1 of the row\) has "
+                                                  r"a non-finite f16 scale \(NaN"):
+                tilegen.pack_rhs(fmt, ggml=raw, n=6, k=64, **g)
+            tilegen.pack_rhs(fmt, w * np.float32(1e-39), **g)
+        q, s = quantize_per_channel(w * np.float32(1e-39))
+        assert np.abs(q.astype(np.float64) * s[:, None] - w * 1e-39).max() <= s.max()

@@ -62,9 +62,14 @@ def load_tensor(path, name: str, lib=None, *, nr: int | None = None) -> PackedWe
         raw = data.reshape(-1).view(np.uint8)
         if lib is not None:
             return lib.pack_weights(kind="q8_0", from_ggml=raw, n=n, k=k, nr=nr)
+        from .layout import LayoutError
         from .layout.q8 import QSI8CXP
         lay = QSI8CXP(nr or 4, 8)
-        return PackedWeights(lay, n, k, lay.pack_from_ggml(raw, n, k), False, "q8_0")
+        try:
+            data = lay.pack_from_ggml(raw, n, k)
+        except LayoutError as e:      # e.g. a block whose f16 scale is NaN or Inf
+            raise ArgumentError(f"tensor {name!r}: {e}") from None
+        return PackedWeights(lay, n, k, data, False, "q8_0")
     if t.tensor_type in (T.F16, T.F32):
         w = data.reshape(n, k)
         kind = "f16" if t.tensor_type == T.F16 else "f32"

@@ -30,8 +30,8 @@ from .base import LayoutError
 from .q4 import QAI8DXP, QSI8D32P, QSI4C32PScaleF16
 from .registry import LAYOUTS, LHS_LAYOUTS, RHS_LAYOUTS, layout_class
 
-__all__ = ["pack_rhs", "pack_lhs", "dequantize_rows", "layout_for", "repack_rhs", "RHS_FORMATS",
-           "LHS_FORMATS"]
+__all__ = ["pack_rhs", "pack_lhs", "dequantize_rows", "layout_for", "repack_rhs", "can_repack",
+           "RHS_FORMATS", "LHS_FORMATS"]
 
 RHS_FORMATS = tuple(RHS_LAYOUTS)
 LHS_FORMATS = tuple(LHS_LAYOUTS)
@@ -127,7 +127,7 @@ def pack_rhs(fmt: str, w: np.ndarray | None = None, *, nr: int, kr: int | None =
             if layout != "nk":
                 raise LayoutError("ggml= data is always n x k rows")
             lay.require_no_bias(bias)
-            return lay.pack(ggml, n, k)
+            return lay.pack(ggml, n, k, finite_scales=True)
         if n is None or k is None:
             raise LayoutError("ggml= needs n and k")
         return lay.pack_from_ggml(ggml, n, k, bias)
@@ -160,17 +160,33 @@ def dequantize_rows(packed: np.ndarray, fmt: str, n: int, k: int, nr: int, kr: i
     return lay.dequantize_rows(packed, n, k, rows)
 
 
+# value kinds of RHS layouts (their ``rhs_values``) -> the value kinds that hold them exactly
+_HELD_BY = {"bf16": ("bf16", "f32"), "f32": ("f32",)}
+
+
+def can_repack(src, dst) -> bool:
+    """Whether :func:`repack_rhs` takes ``src`` to ``dst`` without loss: layouts of one format
+    and block length, or a layout of bf16 values (any bf16 format) into another bf16 layout
+    or into f32p (bf16 widens to f32 exactly)."""
+    if type(src) is type(dst):
+        return getattr(src, "bl", None) == getattr(dst, "bl", None)
+    have, want = getattr(src, "rhs_values", None), getattr(dst, "rhs_values", None)
+    return have is not None and want in _HELD_BY.get(have, ())
+
+
 def repack_rhs(packed: np.ndarray, src, dst, n: int, k: int) -> np.ndarray:
     """Packed RHS bytes of n x k weights in layout ``src``, re-laid out for layout ``dst`` of the
-    same format and block length (other nr/kr/sr): the bytes packing the same weights for
-    ``dst`` gives.  Lossless: each layout's unpack returns what its pack takes (f32p: weights
-    and bias; qsi4c32pscalef16: the q4_0 source rows; qsi4c32p: nibbles, bf16 scales, bias;
-    its row sums are recomputed in dst's order, as KleidiAI's packer computes them; qsi8cxp:
-    int8 weights, scales, bias)."""
-    if type(src) is not type(dst) or getattr(src, "bl", None) != getattr(dst, "bl", None):
+    same format and block length (other nr/kr/sr; bf16 weights: any bf16 layout or f32p, see
+    :func:`can_repack`): the bytes packing the same weights for ``dst`` gives.  Lossless: each
+    layout's unpack returns what its pack takes (f32p and bf16: weights and bias;
+    qsi4c32pscalef16: the q4_0 source rows; qsi4c32p: nibbles, bf16 scales, bias; its row sums
+    are recomputed in dst's order, as KleidiAI's packer computes them; qsi8cxp: int8 weights,
+    scales, bias)."""
+    if not can_repack(src, dst):
         raise LayoutError(f"cannot repack {src.name} (bl={getattr(src, 'bl', None)}) into "
                           f"{dst.name} (bl={getattr(dst, 'bl', None)}): only layouts of one format "
-                          f"and block length hold the same values")
+                          f"and block length hold the same values (and bf16 layouts: any bf16 "
+                          f"layout or f32p)")
     have, need = np.asarray(packed).nbytes, src.packed_size(n, k)
     if have < need:
         raise LayoutError(f"packed buffer holds {have} bytes, {src.name} needs {need} for n={n}, k={k}")

@@ -43,6 +43,22 @@ def _f32_2d(x, what: str) -> np.ndarray:
     return x
 
 
+# the smallest |x| f32 -> bf16 (nearest even) rounds to Inf: bf16's largest value plus half a step
+BF16_OVERFLOW = float(np.uint32(0x7F7F8000).view(np.float32))
+
+
+def _check_bf16_range(w: np.ndarray, bits: np.ndarray) -> None:
+    """LayoutError naming the first row of float32 ``w`` with a finite value whose bf16
+    ``bits`` overflowed to Inf (|w| >= :data:`BF16_OVERFLOW`)."""
+    over = ((bits & 0x7FFF) == 0x7F80) & np.isfinite(w)
+    if over.any():
+        r = int(np.argwhere(over)[0][0])
+        raise LayoutError(f"bf16 weights must be below {BF16_OVERFLOW:.8g} in magnitude (larger "
+                          f"finite values round to Inf; bf16's largest is "
+                          f"{float(bf16_to_f32(np.uint16(0x7F7F))):.8g}); row {r} of the (n, k) "
+                          f"weights has |w| = {float(np.abs(w[r][over[r]]).max()):.8g}")
+
+
 class _Bf16Blocks(PackedLayout):
     """Shared geometry: k padded to a multiple of kr, blocks of ``tile`` rows or columns with
     the bf16 values ordered [k-chunk of kr][row or column of the tile][kr]."""
@@ -240,12 +256,24 @@ class _Bf16Rhs(_Bf16Blocks):
         G, kp = -(-n // self.nr), self.k_padded(k)
         v = np.zeros((G * self.nr, kp), U16)
         bits = f32_to_bf16_rne(w)
+        _check_bf16_range(w, bits)
         v[:n, :k] = bits
         v[:n, k:] = bits[:, :1]
         bb = np.zeros(G * self.nr, F32)
         bb[:n] = b
         out = np.concatenate([bb.view(np.uint8).reshape(G, 4 * self.nr), self._interleave(v)], axis=1)
         return out.reshape(-1)
+
+    # -- repacking (tilegen.layout.api.repack_rhs): what pack takes, read back losslessly
+    rhs_values = "bf16"     # bf16 weights (exact in f32 and in any bf16 layout), f32 bias
+
+    def packed_values(self, packed: np.ndarray, n: int, k: int) -> tuple:
+        v, bias = self.unpack(packed, n, k)       # K padding rewritten by pack
+        return bf16_to_f32(v[:, :k]), bias        # weights (n, k) as f32, exact
+
+    def pack_values(self, values: tuple, n: int, k: int) -> np.ndarray:
+        w, bias = values
+        return self.pack(np.ascontiguousarray(w), bias=bias)
 
     def unpack(self, buf: np.ndarray, n: int, k: int, rows=None) -> tuple[np.ndarray, np.ndarray]:
         """(bf16 bits uint16 (R, kp) incl. K padding, bias f32 (R,)) of columns ``rows``."""

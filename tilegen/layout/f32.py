@@ -108,6 +108,8 @@ class F32PackedRHS(PackedLayout):
         return out.reshape(-1).view(np.uint8)
 
     # -- repacking (tilegen.layout.api.repack_rhs): what pack takes, read back losslessly
+    rhs_values = "f32"      # f32 weights and bias
+
     def packed_values(self, packed: np.ndarray, n: int, k: int) -> tuple:
         return self.unpack(packed, n, k)                       # weights (n, k), bias (n,)
 

@@ -31,7 +31,11 @@ QK4_0 = 32
 BLOCK_Q4_0_BYTES = 18
 
 __all__ = ["QK4_0", "BLOCK_Q4_0_BYTES", "quantize_q4_0", "dequantize_q4_0", "q4_0_row_bytes",
-           "split_q4_0", "join_q4_0", "as_bytes"]
+           "split_q4_0", "join_q4_0", "as_bytes", "F16_MAX", "check_weight_range",
+           "check_block_scales", "Q4_0_MAX"]
+
+F16_MAX = 65504.0       # largest finite f16: the block scales of ggml's Q4_0 and Q8_0
+Q4_0_MAX = 8 * F16_MAX  # largest |w| Q4_0 packers take: a block's scale is max|w| / -8, an f16
 
 
 def _check_bl(bl: int) -> int:
@@ -39,6 +43,31 @@ def _check_bl(bl: int) -> int:
     if bl < 32 or bl % 32:
         raise LayoutError(f"block length bl={bl} must be a positive multiple of 32")
     return bl
+
+
+def check_weight_range(w: np.ndarray, limit: float, why: str) -> None:
+    """LayoutError unless every weight of float32 (n, k) ``w`` is finite with |w| <= ``limit``
+    (``why``: what sets the limit); names the first offending row and its max |w|."""
+    a = np.abs(np.asarray(w, dtype=np.float32))
+    bad = ~(a <= np.float32(limit))                 # NaN fails too
+    if bad.any():
+        r = int(np.argwhere(bad)[0][0])
+        raise LayoutError(f"weights must be finite with |w| <= {limit:g} ({why}); row {r} of "
+                          f"the (n, k) weights has max |w| = {float(a[r].max()):g}")
+
+
+def check_block_scales(d_f16: np.ndarray, what: str) -> None:
+    """LayoutError naming the first ggml block (its index, row and block within the row) of
+    f16 scale bits ``d_f16`` (n, blocks per row) that is NaN or Inf: such a block has no
+    values (ggml's dequantisation gives NaN rows), so raw-block packers refuse it."""
+    d = np.asarray(d_f16, dtype=np.uint16)
+    bad = (d & 0x7C00) == 0x7C00
+    if bad.any():
+        r, b = (int(i) for i in np.argwhere(bad)[0])
+        val = "NaN" if d[r, b] & 0x03FF else ("-Inf" if d[r, b] & 0x8000 else "+Inf")
+        raise LayoutError(f"ggml {what} block {r * d.shape[1] + b} (row {r}, block {b} of the "
+                          f"row) has a non-finite f16 scale ({val}, bits 0x{int(d[r, b]):04x}); "
+                          f"scales must be finite")
 
 
 def q4_0_row_bytes(k: int, bl: int = QK4_0) -> int:
@@ -49,8 +78,11 @@ def q4_0_row_bytes(k: int, bl: int = QK4_0) -> int:
     return k // bl * (2 + bl // 2)
 
 
-def quantize_q4_0(w: np.ndarray, *, bl: int = QK4_0) -> np.ndarray:
-    """float32 (n, k) -> uint8 (n, k/bl*(2+bl/2)): ggml ``quantize_row_q4_0_ref`` per row."""
+def quantize_q4_0(w: np.ndarray, *, bl: int = QK4_0, strict: bool = False) -> np.ndarray:
+    """float32 (n, k) -> uint8 (n, k/bl*(2+bl/2)): ggml ``quantize_row_q4_0_ref`` per row.
+
+    ``strict``: refuse (LayoutError) weights that are not finite or have |w| > :data:`Q4_0_MAX`
+    (8 x 65504), whose blocks ggml turns into an Inf scale and Inf/NaN values."""
     bl = _check_bl(bl)
     w = np.asarray(w)
     if w.dtype != np.float32:
@@ -60,6 +92,9 @@ def quantize_q4_0(w: np.ndarray, *, bl: int = QK4_0) -> np.ndarray:
     n, k = w.shape
     if k == 0 or k % bl:
         raise LayoutError(f"k={k} must be a positive multiple of the block length bl={bl}")
+    if strict:
+        check_weight_range(w, Q4_0_MAX, "8 x 65504: Q4_0 stores each block's scale max|w|/8 "
+                                        "as f16")
     nb = k // bl
     blocks = np.ascontiguousarray(w).reshape(n, nb, bl)
     imax = np.abs(blocks).argmax(axis=-1)[..., None]           # first of equal magnitudes
@@ -67,6 +102,9 @@ def quantize_q4_0(w: np.ndarray, *, bl: int = QK4_0) -> np.ndarray:
     d = (vmax / np.float32(-8)).astype(np.float32)
     with np.errstate(divide="ignore", over="ignore"):
         inv = np.where(d == 0, np.float32(0), np.float32(1) / d).astype(np.float32)
+        # 1/d overflows only for |d| < 2**-128, whose f16 is 0: the block dequantises to 0
+        # whatever q is, so q = 8 there (ggml casts inf and NaN to int: undefined)
+        inv = np.where(np.isinf(inv), np.float32(0), inv)
         v = (blocks * inv).astype(np.float32) + np.float32(8.5)
     q = np.minimum(np.trunc(v), np.float32(15)).astype(np.uint8)   # v >= 0 for finite input
     half = bl // 2

@@ -32,7 +32,7 @@ import numpy as np
 
 from ..reference import fma_f32
 from .base import LayoutError, PackedLayout, eval_expr, roundup
-from .ggml import as_bytes, dequantize_q4_0, quantize_q4_0, split_q4_0
+from .ggml import as_bytes, check_block_scales, dequantize_q4_0, quantize_q4_0, split_q4_0
 
 __all__ = ["QAI8DXP", "QSI8D32P", "QSI4C32P", "QSI4C32PScaleF16",
            "f32_to_bf16_rne", "bf16_to_f32", "f16_bits_to_f32"]
@@ -729,13 +729,15 @@ class QSI4C32P(_RhsGroups):
         if n < 1:
             raise LayoutError("need n >= 1 rows")
         u, d = split_q4_0(raw, n, k)
+        check_block_scales(d, "Q4_0")
         return self._pack_u4(u, f32_to_bf16_rne(f16_bits_to_f32(d)).reshape(n, B), self._bias(bias, n))
 
     def pack_from_float(self, w: np.ndarray, bias: np.ndarray | None = None) -> np.ndarray:
-        """quantize_q4_0(w) then :meth:`pack_from_ggml` (bl = 32)."""
+        """quantize_q4_0(w) then :meth:`pack_from_ggml` (bl = 32); |w| <= 8 x 65504, the
+        range of Q4_0's f16 block scales (the bf16 scales here come from those)."""
         if self.bl != 32:
             raise LayoutError(f"pack_from_float quantises like ggml Q4_0 (bl=32); this layout has bl={self.bl}")
-        raw = quantize_q4_0(w)
+        raw = quantize_q4_0(w, strict=True)
         n, k = np.asarray(w).shape
         return self.pack_from_ggml(raw, n, k, bias)
 
@@ -909,13 +911,18 @@ class QSI4C32PScaleF16(_RhsGroups):
                               f"{n * self.src_row_bytes(k)} bytes, got shape {raw.shape}")
         return n, k
 
-    def pack(self, raw: np.ndarray, n: int | None = None, k: int | None = None) -> np.ndarray:
+    def pack(self, raw: np.ndarray, n: int | None = None, k: int | None = None, *,
+             finite_scales: bool = False) -> np.ndarray:
         """Pack source rows (uint8 (n, B*(2+bl/2)), or flat with n and k); bl = 32 means ggml
-        block_q4_0 rows, byte for byte; bytes-like objects are taken as flat bytes."""
+        block_q4_0 rows, byte for byte; bytes-like objects are taken as flat bytes.
+        ``finite_scales``: refuse a block whose f16 scale is NaN or Inf (KleidiAI's packer
+        copies any bits)."""
         raw = as_bytes(raw)
         if raw.dtype != np.uint8:
             raise LayoutError(f"source rows must be uint8 bytes, got {raw.dtype}")
         n, k = self._shape(raw, n, k)
+        if finite_scales:
+            check_block_scales(split_q4_0(raw, n, k, bl=self.bl)[1], "Q4_0")
         nr, kr, bl = self.nr, self.kr, self.bl
         B, G = k // bl, -(-n // nr)
         rows = np.minimum(np.arange(G * nr), n - 1)
@@ -937,13 +944,13 @@ class QSI4C32PScaleF16(_RhsGroups):
         self.require_no_bias(bias)
         if self.bl != 32:
             raise LayoutError(f"ggml block_q4_0 data has bl=32, this layout has bl={self.bl}")
-        return self.pack(raw, n, k)
+        return self.pack(raw, n, k, finite_scales=True)
 
     def pack_from_float(self, w: np.ndarray, bias: None = None) -> np.ndarray:
         """Quantise float32 (n, k) like ggml Q4_0 (per bl-block; bl = 32 is ggml's) and pack;
-        ``bias`` must be None."""
+        ``bias`` must be None; |w| <= 8 x 65504 (the f16 block scales' range)."""
         self.require_no_bias(bias)
-        return self.pack(quantize_q4_0(w, bl=self.bl))
+        return self.pack(quantize_q4_0(w, bl=self.bl, strict=True))
 
     # -- readers -----------------------------------------------------------------------
     # -- repacking (tilegen.layout.api.repack_rhs): what pack takes, read back losslessly

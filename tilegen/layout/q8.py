@@ -27,16 +27,18 @@ from dataclasses import dataclass
 import numpy as np
 
 from .base import LayoutError
+from .ggml import F16_MAX, check_block_scales, check_weight_range
 from .q4 import _PaddedSlots, _RhsGroups, _check_pos, _round_half_away, _rows_index, _u8
 
 __all__ = ["QSI8CXP", "QK8_0", "BLOCK_Q8_0_BYTES", "quantize_q8_0", "split_q8_0", "join_q8_0",
-           "dequantize_q8_0", "requantize_q8_0", "requant_error_q8_0"]
+           "dequantize_q8_0", "requantize_q8_0", "requant_error_q8_0", "Q8_0_MAX"]
 
 F32 = np.dtype("<f4")
 I32 = np.dtype("<i4")
 
 QK8_0 = 32
 BLOCK_Q8_0_BYTES = 34
+Q8_0_MAX = 127 * F16_MAX    # largest |w| strict quantize_q8_0 takes (a scale max|w|/127 is f16)
 
 
 # ----------------------------------------------------------------------------------------
@@ -49,22 +51,29 @@ def _check_q8_k(k: int) -> int:
     return k
 
 
-def quantize_q8_0(w: np.ndarray) -> np.ndarray:
+def quantize_q8_0(w: np.ndarray, *, strict: bool = False) -> np.ndarray:
     """float32 (n, k) -> uint8 (n, k/32*34): ggml ``quantize_row_q8_0_ref`` per row.
 
     Per block of 32: ``amax = max|x|``, ``d = amax / 127`` (f32), ``id = 1/d`` (0 if d == 0),
-    ``qs = roundf(x * id)`` (f32 product, ties away), ``d`` stored as f16 (nearest even)."""
+    ``qs = roundf(x * id)`` (f32 product, ties away), ``d`` stored as f16 (nearest even).
+    ``strict``: refuse (LayoutError) weights that are not finite or have |w| > :data:`Q8_0_MAX`
+    (127 x 65504), whose blocks get an Inf scale."""
     w = np.asarray(w)
     if w.dtype != np.float32 or w.ndim != 2:
         raise LayoutError(f"weights must be 2-D float32 (n, k), got {w.dtype} {w.shape}")
     n, k = w.shape
     _check_q8_k(k)
+    if strict:
+        check_weight_range(w, Q8_0_MAX, "127 x 65504: Q8_0 stores each block's scale "
+                                        "max|w|/127 as f16")
     nb = k // QK8_0
     blocks = np.ascontiguousarray(w).reshape(n, nb, QK8_0)
     amax = np.abs(blocks).max(axis=-1)
     d = (amax / np.float32(127)).astype(np.float32)
     with np.errstate(divide="ignore", over="ignore", invalid="ignore"):
         inv = np.where(d == 0, np.float32(0), np.float32(1) / d).astype(np.float32)
+        # 1/d overflows only for d < 2**-128, whose f16 is 0: q = 0 there (ggml casts inf)
+        inv = np.where(np.isinf(inv), np.float32(0), inv)
         q = _round_half_away((blocks * inv[..., None]).astype(np.float32))
         dh = d.astype(np.float16)
     qs = q.astype(np.int8)
@@ -277,14 +286,17 @@ class QSI8CXP(_PaddedSlots, _RhsGroups):
 
     def pack_from_ggml(self, raw: np.ndarray, n: int, k: int, bias: np.ndarray | None = None) -> np.ndarray:
         """Pack ggml Q8_0 rows ((n, k/32*34) bytes or flat) after :func:`requantize_q8_0`, as
-        llama.cpp's KleidiAI backend does (lhs_zero_point 1, scale_multiplier 1.0)."""
+        llama.cpp's KleidiAI backend does (lhs_zero_point 1, scale_multiplier 1.0); a block
+        whose f16 scale is NaN or Inf is refused."""
+        check_block_scales(split_q8_0(raw, n, k)[1], "Q8_0")
         q, s = requantize_q8_0(raw, n, k)
         return self.pack(q, s, bias)
 
     def pack_from_float(self, w: np.ndarray, bias: np.ndarray | None = None) -> np.ndarray:
-        """:func:`quantize_q8_0` then :meth:`pack_from_ggml` (the GGUF path from f32 weights)."""
+        """:func:`quantize_q8_0` (strict: |w| <= 127 x 65504) then :meth:`pack_from_ggml` (the
+        GGUF path from f32 weights)."""
         w = np.asarray(w)
-        raw = quantize_q8_0(w)
+        raw = quantize_q8_0(w, strict=True)
         return self.pack_from_ggml(raw, w.shape[0], w.shape[1], bias)
 
     # -- readers -----------------------------------------------------------------------

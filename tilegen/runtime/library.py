@@ -317,9 +317,12 @@ class Library:
 
         Returned as it is when a runnable table entry reads it (with ``nr``: one of that nr).
         Otherwise repacked, without loss, from any layout of its format (f32p: other nr;
-        qsi4c32p / qsi4c32pscalef16: other nr, kr, sr) into the layout of the first runnable
-        entry (with ``nr``: of that nr): new PackedWeights, the bytes ``pack_weights`` gives
-        for the same weights.  The repack costs about one pack_weights call.
+        qsi4c32p / qsi4c32pscalef16: other nr, kr, sr; bf16 layouts: any bf16 layout or f32p)
+        into the layout of the first runnable entry that holds its values (with ``nr``: of that
+        nr): new PackedWeights, the bytes ``pack_weights`` gives for the values they hold.
+        "f16" and "bf16" weights in a bf16 layout become f32p weights (kind "f16") where the
+        CPU runs no bf16 kernel: bf16 values widen to f32 exactly.  The repack costs about one
+        pack_weights call.
 
         PackedLayouts are returned as they are when a runnable kernel reads each packing
         (ArgumentError otherwise: pack them again with this library)."""
@@ -329,18 +332,26 @@ class Library:
             return packed
         if not isinstance(packed, PackedWeights):
             raise ArgumentError(f"weights must be PackedWeights, got {type(packed).__name__}")
-        pairs = self._pairs(packed.kind, nr)
+        kind = packed.kind
+        if kind == "bf16":
+            try:
+                self._pairs(kind)
+            except ArgumentError:   # no bf16 kernel runs here: f16's table (its f32 kernels)
+                kind = "f16"
+        pairs = self._pairs(kind, nr)
         if any(p.gemm.rhs_matches(packed) for p in pairs):
             return packed
-        from ..layout.api import repack_rhs
-        kern = pairs[0].gemm
+        from ..layout.api import can_repack, repack_rhs
+        bl = packed.bl or 32
+        kern = next((p.gemm for p in pairs if can_repack(packed.layout, p.gemm.rhs_layout(bl))),
+                    pairs[0].gemm)
         try:
-            dst = kern.rhs_layout(packed.bl or 32)
+            dst = kern.rhs_layout(bl)
             data = repack_rhs(packed.data, packed.layout, dst, packed.n, packed.k)
         except LayoutError as e:
             raise ArgumentError(f"{packed.kind} weights in {packed.format} nr={packed.nr} "
                                 f"kr={packed.kr} sr={packed.sr}: {e} (kernel {kern.name})") from None
-        return PackedWeights(dst, packed.n, packed.k, data, packed.has_bias, packed.kind)
+        return PackedWeights(dst, packed.n, packed.k, data, packed.has_bias, kind)
 
     # -- packing ----------------------------------------------------------------------
     def pack_weights(self, w=None, kind: str = "f32", bias: np.ndarray | None = None,
@@ -349,7 +360,9 @@ class Library:
                      for_ops=None) -> PackedWeights | PackedLayouts:
         """Pack weights once for this library's preferred kernel of ``kind``.
 
-        kind "f32" / "f16": (n, k) weights (or (k, n) with layout="kn"), f16 converted to f32.
+        ``layout="kn"``: ``w`` is (k, n) instead of (n, k), for every kind (not with
+        ``from_ggml=``: ggml blocks are always n rows of k/32 blocks).
+        kind "f32" / "f16": (n, k) weights, f16 converted to f32.
         kind "f16" packs for the bf16 kernels where the CPU has bf16 (weights rounded to bf16,
         2 bytes each; activations rounded to bf16 per matmul), for the f32 kernels elsewhere.
         kind "bf16": float32 or float16 weights for the bf16 kernels, whatever the CPU (no
@@ -388,6 +401,14 @@ class Library:
     def _pack_for(self, kern: Kernel, w, kind: str, bias, layout: str, from_ggml, n, k
                   ) -> PackedWeights:
         """The weights packed in the layout ``kern`` reads."""
+        _check_source(kind, w, layout, from_ggml, n, k)
+        if from_ggml is None and kind not in _FLOAT_KINDS:
+            w = np.asarray(w)           # the quantisers take (n, k)
+            if w.ndim != 2:
+                raise ArgumentError(f"weights must be 2-D ({layout[0]}, {layout[1]}), got shape "
+                                    f"{w.shape}")
+            if layout == "kn":
+                w = np.ascontiguousarray(w.T)
         try:
             if kind == "q8_0":      # per-channel int8 (tilegen.runtime.q8)
                 from .q8 import pack_q8_0
@@ -409,13 +430,8 @@ class Library:
                 return PackedWeights(lay, n_, k_, data, bias is not None, kind)
             lay = kern.rhs_layout(32)
             if from_ggml is not None:
-                if n is None or k is None:
-                    raise ArgumentError("from_ggml= needs n and k")
                 data = lay.pack_from_ggml(from_ggml, n, k, bias=bias)
             else:
-                w = np.asarray(w)
-                if w.ndim != 2:
-                    raise ArgumentError(f"weights must be 2-D (n, k), got shape {w.shape}")
                 n, k = w.shape
                 data = lay.pack_from_float(w, bias=bias)
         except LayoutError as e:
@@ -502,6 +518,36 @@ class Library:
     def get_rows(self, packed: PackedWeights, rows) -> np.ndarray:
         """Dequantise rows of packed weights (get_rows: an embedding lookup)."""
         return dequantize_packed_rows(packed, rows)
+
+
+_FLOAT_KINDS = ("f32", "f16", "bf16")
+_GGML_KINDS = ("q4_0", "q4_0_dx", "q8_0")      # kinds with a ggml block form (from_ggml=)
+_LAYOUTS = ("nk", "kn")
+
+
+def _check_source(kind: str, w, layout, from_ggml, n, k) -> None:
+    """ArgumentError unless pack_weights got one weight source that fits ``kind``: ``w`` in
+    ``layout`` "nk" or "kn", or (q4_0, q4_0_dx, q8_0) ggml blocks ``from_ggml`` with n and k,
+    always n rows of k/32 blocks (ggml's (n, k) order: layout "nk")."""
+    if not isinstance(layout, str) or layout not in _LAYOUTS:
+        raise ArgumentError(f"layout must be 'nk' ((n, k) weights) or 'kn' ((k, n) weights), "
+                            f"got {layout!r}")
+    if from_ggml is None:
+        if w is None:
+            raise ArgumentError("no weights: pass w (or ggml blocks via from_ggml= with n and "
+                                f"k, for kinds {', '.join(_GGML_KINDS)})")
+        return
+    if kind not in _GGML_KINDS:
+        raise ArgumentError(f"from_ggml= takes ggml Q4_0/Q8_0 blocks, for kinds "
+                            f"{', '.join(_GGML_KINDS)}; kind {kind!r} has no ggml block form: "
+                            f"pass its weights as w")
+    if w is not None:
+        raise ArgumentError("pass either w or from_ggml=, not both")
+    if layout != "nk":
+        raise ArgumentError("from_ggml= blocks are always n rows of k/32 blocks (ggml's (n, k) "
+                            "order): layout must be 'nk' with from_ggml=, got 'kn'")
+    if n is None or k is None:
+        raise ArgumentError("from_ggml= needs n and k")
 
 
 def _check_ops(for_ops) -> tuple[str, ...]:

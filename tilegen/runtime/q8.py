@@ -26,9 +26,12 @@ def quantize_per_channel(w) -> tuple[np.ndarray, np.ndarray]:
     f = np.float32
     amax = np.abs(w).max(axis=1).astype(f)
     scale = np.where(amax > 0, amax / f(127), f(0)).astype(f)
-    with np.errstate(divide="ignore"):
+    with np.errstate(divide="ignore", over="ignore"):
         inv = np.where(scale > 0, f(1) / scale, f(0)).astype(f)
-    q = _round_half_away((w * inv[:, None]).astype(f))
+    tiny = np.isinf(inv)        # 1/scale overflows f32 (max|w| < 2**-121): divide those rows
+    q = _round_half_away((w * np.where(tiny, f(0), inv)[:, None]).astype(f))
+    if tiny.any():
+        q[tiny] = _round_half_away((w[tiny] / scale[tiny, None]).astype(f))
     return np.clip(q, -127, 127).astype(np.int8), scale
 
 
