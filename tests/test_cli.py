@@ -123,3 +123,27 @@ def test_every_option_has_help():
 def test_emulate_usage_shows_the_command():
     from tilegen.emulate.cli import _parser as emulate_parser
     assert "-- CMD" in emulate_parser().format_usage()
+
+
+@pytest.mark.parametrize("argv", [
+    ["generate", "--family", "f32", "--isa", "neon", "--tile", "1000000000x16"],
+    ["generate", "--family", "f32", "--isa", "neon", "--tile", "99999999999999999999x16"],
+    ["generate", "--family", "f32", "--isa", "neon", "--tile", "10000000x16"],
+    ["generate", "--family", "q4_0", "--isa", "i8mm", "--tile", "4000000x4"],
+    ["generate", "--family", "f32", "--isa", "sme", "--tile", "99999vlx1vl"],
+    ["generate", "--family", "q4_0", "--isa", "i8mm", "--tile", "4x4", "--kr", "99999999999999999999"],
+    ["generate", "--family", "q8_0", "--isa", "i8mm", "--tile", "4x4", "--sr", "100000"],
+    ["build", "--kernel", "q4_0:i8mm:4000000x4"],
+    ["build", "--kernel", "f32:neon:1000000000x16"],
+    ["build", "--kernel", "f32:sme:99999vlx1vl", "--kernel", "f32:neon:4x4"],
+    ["build", "--kernel", "q8_0:neon:4x4:k99999999999999999999:s1"],
+], ids=lambda a: " ".join(a[1:])[:50])
+def test_huge_tiles_exit_2_at_once(argv, tmp_path, capsys):
+    import time
+    t = time.perf_counter()
+    rc = main(argv + ["-o", str(tmp_path / "out")])
+    dt = time.perf_counter() - t
+    err = capsys.readouterr().err
+    assert rc == 2 and err.startswith(f"tilegen {argv[0]}: error: ") and "out of range" in err, err
+    assert dt < 1, dt
+    assert not (tmp_path / "out").exists()
