@@ -61,6 +61,7 @@ def _no_emulator(*a, **k):
     (["info", "--lib", "{tmp}/missing"], "no manifest.json"),
     (["check-abi", "{tmp}/missing"], "no manifest.json"),
     (["check-abi", "{tmp}/macho"], "--format elf"),
+    (["check-abi", "{tmp}/elf", "--cpu", "nosuch"], "unknown cpu model 'nosuch'; valid models: "),
     (["build", "--kernel", "f32:neon:4x4", "-o", "{tmp}/file/out"], "file/out"),
     (["generate", "--family", "f32", "--isa", "neon", "--tile", "4X16"], "4X16"),
     (["tune", "--target", "neoverse-v2"], "--family is required"),
@@ -70,6 +71,7 @@ def test_user_errors_exit_2(argv, needle, tmp_path, capsys, monkeypatch):
     import tilegen.emulate.cli
     monkeypatch.setattr(tilegen.emulate.cli, "emulate_main", _no_emulator)
     _fake_lib(tmp_path / "macho", "macho")
+    _fake_lib(tmp_path / "elf", "elf")
     (tmp_path / "file").write_text("")
     rc = main([x.replace("{tmp}", str(tmp_path)) for x in argv])
     err = capsys.readouterr().err
@@ -118,6 +120,14 @@ def test_every_option_has_help():
     missing = [where for where, act in list(_walk(_parser())) + list(_walk(emulate_parser()))
                if not act.help]
     assert not missing
+
+
+def test_emulate_errors_name_the_calling_command(capsys):
+    from tilegen.emulate.cli import emulate_main
+    assert emulate_main(["--cpu", "nosuch", "--", "true"], prog="tilegen check-abi") == 2
+    assert capsys.readouterr().err.startswith("tilegen check-abi: error: unknown cpu model")
+    assert emulate_main(["--cpu", "nosuch", "--", "true"]) == 2
+    assert capsys.readouterr().err.startswith("tilegen emulate: error: unknown cpu model")
 
 
 def test_emulate_usage_shows_the_command():

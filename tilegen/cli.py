@@ -216,6 +216,11 @@ def _cmd_check_abi(a: argparse.Namespace) -> int:
     from .runtime.cpu import detect
     from .runtime.library import MANIFEST_NAME
     if not detect().is_arm64:   # x86-64 host: run this same command in the emulated Python
+        from .emulate.runner import EmulateError, validate
+        try:
+            validate(a.cpu, None, None)
+        except EmulateError as e:
+            raise CliError(str(e)) from None
         manifest = Path(a.lib) / MANIFEST_NAME
         try:
             fmt = json.loads(manifest.read_text()).get("format", "elf")
@@ -228,7 +233,7 @@ def _cmd_check_abi(a: argparse.Namespace) -> int:
                            f"libraries (Mach-O needs macOS); build one with --format elf")
         from .emulate.cli import emulate_main
         return emulate_main(["--quiet", "--cpu", a.cpu, "--", "python", "-m", "tilegen",
-                             "check-abi", str(Path(a.lib).resolve())])
+                             "check-abi", str(Path(a.lib).resolve())], prog="tilegen check-abi")
     from .runtime import load
     results = load(a.lib).check_abi()
     bad = {k: v for k, v in results.items() if v}
