@@ -157,3 +157,45 @@ def test_huge_tiles_exit_2_at_once(argv, tmp_path, capsys):
     assert rc == 2 and err.startswith(f"tilegen {argv[0]}: error: ") and "out of range" in err, err
     assert dt < 1, dt
     assert not (tmp_path / "out").exists()
+
+
+_GOOD = {"library": "libtilegen.so", "format": "elf", "kernels": [], "sha256": "0" * 64}
+
+
+@pytest.mark.parametrize("manifest,needle", [
+    ([1, 2], "must hold a JSON object (the fields library, sha256, kernels, ...; `tilegen build` "
+             "writes it), got a JSON array"),
+    ("libtilegen.so", "got a JSON string"),
+    (None, "got a JSON null"),
+    (3, "got a JSON number"),
+    ({k: v for k, v in _GOOD.items() if k != "sha256"}, "lacks field 'sha256' (a string)"),
+    (dict(_GOOD, library=["libtilegen.so"]), "field 'library' must be a string, non-empty, got ["),
+    (dict(_GOOD, library=""), "field 'library' must be a string, non-empty"),
+    (dict(_GOOD, sha256=5), "field 'sha256' must be a string, got 5"),
+    (dict(_GOOD, kernels={"a": 1}), "field 'kernels' must be a list"),
+    (dict(_GOOD, packers="none"), "field 'packers' must be a list"),
+    (dict(_GOOD, format="pe"), """field 'format' must be "elf" or "macho", got 'pe'"""),
+    (dict(_GOOD, format=["elf"]), "field 'format' must be"),
+    (dict(_GOOD, abi_probe=7), "field 'abi_probe' must be a string or null"),
+], ids=lambda x: None if isinstance(x, str) else repr(x)[:30])
+def test_malformed_manifest_is_a_load_error(manifest, needle, tmp_path, capsys, monkeypatch):
+    """A manifest that is not a JSON object, or whose fields have the wrong types: a LoadError
+    naming the field and what it must be (Library, and the CLIs that read manifests), not
+    TypeError/AttributeError from the lookups."""
+    import json
+    import tilegen.emulate.cli
+    from tilegen.runtime import Library, LoadError
+    from tilegen.runtime.cpu import CpuInfo
+    monkeypatch.setattr(tilegen.emulate.cli, "emulate_main", _no_emulator)
+    d = tmp_path / "lib"
+    d.mkdir()
+    (d / "libtilegen.so").write_bytes(b"\x7fELF")
+    (d / "manifest.json").write_text(json.dumps(manifest))
+    for cpu in (None, CpuInfo("aarch64", frozenset({"neon"}))):   # x86 host; arm64 Linux
+        with pytest.raises(LoadError) as e:
+            Library(d, cpu=cpu)
+        assert needle in str(e.value) and "manifest.json" in str(e.value), e.value
+    for argv in (["check-abi", str(d)], ["info", "--lib", str(d)]):
+        assert main(argv) == 2
+        err = capsys.readouterr().err
+        assert err.startswith(f"tilegen {argv[0]}: error: ") and needle in err, err

@@ -214,20 +214,14 @@ def _cmd_tune(a: argparse.Namespace) -> int:
 
 def _cmd_check_abi(a: argparse.Namespace) -> int:
     from .runtime.cpu import detect
-    from .runtime.library import MANIFEST_NAME
+    from .runtime.library import read_manifest
     if not detect().is_arm64:   # x86-64 host: run this same command in the emulated Python
         from .emulate.runner import EmulateError, validate
         try:
             validate(a.cpu, None, None)
         except EmulateError as e:
             raise CliError(str(e)) from None
-        manifest = Path(a.lib) / MANIFEST_NAME
-        try:
-            fmt = json.loads(manifest.read_text()).get("format", "elf")
-        except FileNotFoundError:
-            raise CliError(f"no {MANIFEST_NAME} in {a.lib} (build one with `tilegen build`)") from None
-        except (OSError, ValueError, AttributeError) as e:
-            raise CliError(f"cannot read {manifest}: {e}") from None
+        fmt = read_manifest(a.lib).get("format", "elf")
         if fmt != "elf":
             raise CliError(f"{a.lib} holds a {fmt} library: the emulator runs Linux ELF "
                            f"libraries (Mach-O needs macOS); build one with --format elf")
