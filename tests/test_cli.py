@@ -54,7 +54,7 @@ def _fake_lib(d, fmt: str):
 
 
 def _no_emulator(*a, **k):
-    raise AssertionError("the emulator must not start")
+    raise AssertionError("the emulator (or the tuner) must not start")
 
 
 @pytest.mark.parametrize("argv,needle", [
@@ -66,10 +66,16 @@ def _no_emulator(*a, **k):
     (["generate", "--family", "f32", "--isa", "neon", "--tile", "4X16"], "4X16"),
     (["tune", "--target", "neoverse-v2"], "--family is required"),
     (["tune", "--target", "neoverse-v2", "--family", "f32", "--m", "0"], "--m must be >= 1"),
+    (["tune", "--target", "neoverse-v2", "--family", "f32", "--top", "0"], "--top must be >= 1"),
+    (["tune", "--target", "neoverse-v2", "--family", "f32", "--top", "-1"], "got -1"),
+    (["tune", "--target", "neoverse-v2", "--family", "f32", "--jobs", "0"], "--jobs must be >= 1"),
+    (["tune", "--target", "neoverse-v2", "--family", "f32", "--jobs", "-2"], "--jobs must be >= 1"),
 ])
 def test_user_errors_exit_2(argv, needle, tmp_path, capsys, monkeypatch):
     import tilegen.emulate.cli
+    import tilegen.tune
     monkeypatch.setattr(tilegen.emulate.cli, "emulate_main", _no_emulator)
+    monkeypatch.setattr(tilegen.tune, "tune", _no_emulator)     # refused before any work
     _fake_lib(tmp_path / "macho", "macho")
     _fake_lib(tmp_path / "elf", "elf")
     (tmp_path / "file").write_text("")

@@ -163,6 +163,10 @@ def _cmd_tune(a: argparse.Namespace) -> int:
         raise CliError("--family is required (unless --reset)")
     if a.m is not None and a.m < 1:
         raise CliError(f"--m must be >= 1, got {a.m}")
+    if a.top < 1:
+        raise CliError(f"--top must be >= 1 (rows per table), got {a.top}")
+    if a.jobs is not None and a.jobs < 1:
+        raise CliError(f"--jobs must be >= 1, got {a.jobs}")
     shown = list(REGIMES) if a.m is None else ["gemv" if a.m == 1 else "gemm"]
     needed = list(REGIMES) if a.write else shown
     try:
