@@ -64,6 +64,12 @@ def _no_emulator(*a, **k):
     (["check-abi", "{tmp}/elf", "--cpu", "nosuch"], "unknown cpu model 'nosuch'; valid models: "),
     (["build", "--kernel", "f32:neon:4x4", "-o", "{tmp}/file/out"], "file/out"),
     (["generate", "--family", "f32", "--isa", "neon", "--tile", "4X16"], "4X16"),
+    (["build", "--isa", "", "-o", "{tmp}/o"], "--isa '' has an empty item: give a comma-separated "
+                                               "list of ISAs from sme2, sme, sve2, "),
+    (["build", "--isa", ",", "-o", "{tmp}/o"], "--isa ',' has an empty item"),
+    (["build", "--isa", "neon,", "-o", "{tmp}/o"], "--isa 'neon,' has an empty item"),
+    (["build", "--isa", " , neon", "-o", "{tmp}/o"], "empty item"),
+    (["build", "--isa", "neon,nosuch", "-o", "{tmp}/o"], "unknown isa 'nosuch'; known: sme2, "),
     (["tune", "--target", "neoverse-v2"], "--family is required"),
     (["tune", "--target", "neoverse-v2", "--family", "f32", "--m", "0"], "--m must be >= 1"),
     (["tune", "--target", "neoverse-v2", "--family", "f32", "--top", "0"], "--top must be >= 1"),
@@ -72,10 +78,13 @@ def _no_emulator(*a, **k):
     (["tune", "--target", "neoverse-v2", "--family", "f32", "--jobs", "-2"], "--jobs must be >= 1"),
 ])
 def test_user_errors_exit_2(argv, needle, tmp_path, capsys, monkeypatch):
+    import tilegen.build.library
     import tilegen.emulate.cli
     import tilegen.tune
     monkeypatch.setattr(tilegen.emulate.cli, "emulate_main", _no_emulator)
     monkeypatch.setattr(tilegen.tune, "tune", _no_emulator)     # refused before any work
+    if "--isa" in argv:    # refused before the toolchain is looked for (was: build everything)
+        monkeypatch.setattr(tilegen.build.library, "discover", _no_emulator)
     _fake_lib(tmp_path / "macho", "macho")
     _fake_lib(tmp_path / "elf", "elf")
     (tmp_path / "file").write_text("")

@@ -31,8 +31,12 @@ def _cmd_generate(a: argparse.Namespace) -> int:
 def _cmd_build(a: argparse.Namespace) -> int:
     from .build import build_library, default_specs, get_target
     kernels = a.kernel or None
-    if a.isa:   # the preset's defaults of these ISAs, plus any --kernel
-        isas = [i.strip() for i in a.isa.split(",") if i.strip()]
+    if a.isa is not None:   # the preset's defaults of these ISAs, plus any --kernel
+        from .generator.spec import ISAS
+        isas = [i.strip() for i in a.isa.split(",")]
+        if not all(isas):
+            raise CliError(f"--isa {a.isa!r} has an empty item: give a comma-separated list of "
+                           f"ISAs from {', '.join(ISAS)}")
         kernels = [s.spec_string for s in default_specs(get_target(a.target), isas)] + (a.kernel or [])
     res = build_library(kernels, target=a.target, out_dir=a.output, fmt=a.format,
                         cc=a.cc, quiet=a.quiet)
