@@ -227,3 +227,22 @@ def test_huge_tiles_are_refused_at_once(text):
                                   "q4_0:i8mm:64x4", "q8_0:i8mm:64x4", "q4_0_dx:dotprod:1x32"])
 def test_largest_tiles_stay_within_the_bounds(text):
     assert parse_spec(text).spec_string == text
+
+
+def test_error_types_are_exported_from_the_package():
+    """Every error the public API raises is importable from ``tilegen`` (and in __all__)."""
+    from tilegen import (ArgumentError, BuildError, EmulateError, LayoutError, LoadError,  # noqa: F401
+                         TargetError, ToolchainError)
+    from tilegen.build import BuildError as B, TargetError as T, ToolchainError as TC
+    from tilegen.emulate.runner import EmulateError as E
+    from tilegen.generator.spec import SpecError as S
+    from tilegen.layout.base import LayoutError as L
+    from tilegen.runtime.errors import ArgumentError as A, LoadError as LE
+    assert (tilegen.SpecError, ArgumentError, LoadError, LayoutError, EmulateError, BuildError,
+            TargetError, ToolchainError) == (S, A, LE, L, E, B, T, TC)
+    names = {"SpecError", "ArgumentError", "LoadError", "LayoutError", "EmulateError",
+             "BuildError", "TargetError", "ToolchainError"}
+    assert names <= set(tilegen.__all__)
+    assert all(getattr(tilegen, n) is not None for n in tilegen.__all__)
+    with pytest.raises(AttributeError, match="no attribute 'NoSuchError'"):
+        tilegen.NoSuchError
