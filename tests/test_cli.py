@@ -184,8 +184,11 @@ _GOOD = {"library": "libtilegen.so", "format": "elf", "kernels": [], "sha256": "
     (None, "got a JSON null"),
     (3, "got a JSON number"),
     ({k: v for k, v in _GOOD.items() if k != "sha256"}, "lacks field 'sha256' (a string)"),
-    (dict(_GOOD, library=["libtilegen.so"]), "field 'library' must be a string, non-empty, got ["),
-    (dict(_GOOD, library=""), "field 'library' must be a string, non-empty"),
+    (dict(_GOOD, library=["libtilegen.so"]), "field 'library' must be a string: a file name in "
+                                             "that directory, got ["),
+    (dict(_GOOD, library=""), "field 'library' must be a string: a file name"),
+    (dict(_GOOD, library="."), "field 'library' must be a string: a file name"),
+    (dict(_GOOD, library="../lib/libtilegen.so"), "got '../lib/libtilegen.so'"),
     (dict(_GOOD, sha256=5), "field 'sha256' must be a string, got 5"),
     (dict(_GOOD, kernels={"a": 1}), "field 'kernels' must be a list"),
     (dict(_GOOD, packers="none"), "field 'packers' must be a list"),

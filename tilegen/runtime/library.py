@@ -63,9 +63,10 @@ def read_manifest(directory: str | os.PathLike) -> dict:
             continue
         v = manifest[field]
         if not isinstance(v, types) or (field == "format" and v not in ("elf", "macho")) or (
-                field == "library" and not v):
+                field == "library" and (Path(v).name != v or v in ("", ".", ".."))):
             raise LoadError(f"{mpath}: field {field!r} must be {what}"
-                            f"{', non-empty' if field == 'library' else ''}, got {v!r:.60}")
+                            f"{': a file name in that directory' if field == 'library' else ''}, "
+                            f"got {v!r:.60}")
     return manifest
 
 
