@@ -661,3 +661,26 @@ def test_reproduces_kleidiai_vectors(kai_so, path):
                 clamp_min=float(z["clamp_min"]), clamp_max=float(z["clamp_max"]), sentinel=SENT)
     out = g.call("guest_kai:run", kai_so, name, _KIND[kk.abi], [case])[0]
     assert np.array_equal(out[:m, :n].view(np.uint32), z["dst"].view(np.uint32))
+
+
+@pytest.mark.parametrize("target", ["cortex-a53", "a64fx", "linux-aarch64-all"])
+@pytest.mark.parametrize("flag", ["--tuned", "--tuned-pairs"])
+def test_tuned_export_needs_a_tuned_file(target, flag, tmp_path, capsys):
+    """--tuned on a target without a tuned file used to write the default tree labelled
+    "tuned": true; it is refused, naming the targets that have one."""
+    import json
+    from tilegen.build.tuned import tuned_targets
+    from tilegen.cli import main
+    have = tuned_targets()
+    assert "neoverse-v2" in have and target not in have
+    assert main(["export", "kleidiai", "--target", target, flag, "-o", str(tmp_path / "t")]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith(f"tilegen export: error: --tuned/--tuned-pairs: target {target} has no "
+                          f"tuned file") and f"targets with one: {', '.join(have)} " in err, err
+    assert not (tmp_path / "t").exists()
+    for tuned in (True, "pairs"):
+        with pytest.raises(K.ExportError, match=f"target {target} has no tuned file"):
+            K.export_files(target, tuned=tuned)
+    # a target with a tuned file exports "tuned": true
+    man = json.loads({f.path: f.text for f in K.export_files("neoverse-v2", tuned=True)}[K.MANIFEST])
+    assert man["tuned"] is True and any(k["note"].startswith("tuned") for k in man["kernels"])

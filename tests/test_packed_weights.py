@@ -184,6 +184,37 @@ def test_truncated_gguf_is_a_load_error(tmp_path):
         assert "reshape" not in str(e.value)
 
 
+def test_load_tensor_nr_must_be_a_positive_int(tmp_path):
+    """load_tensor(nr=0) used to pack with the default nr (``nr or 4``): nr < 1 and non-ints are
+    an ArgumentError, as for pack_weights, with or without a library."""
+    gguf = pytest.importorskip("gguf")
+    from tilegen.gguf import load_tensor
+    from tilegen.runtime import ArgumentError
+    rng = np.random.default_rng(34)
+    w = rng.normal(size=(16, 64)).astype(np.float32)
+    path = tmp_path / "t.gguf"
+    wr = gguf.GGUFWriter(str(path), "llama")
+    Q = gguf.GGMLQuantizationType
+    for name, q in (("q4", Q.Q4_0), ("q8", Q.Q8_0)):
+        wr.add_tensor(name, gguf.quants.quantize(w, q), raw_dtype=q)
+    wr.add_tensor("f32", w)
+    wr.write_header_to_file()
+    wr.write_kv_data_to_file()
+    wr.write_tensors_to_file()
+    wr.close()
+
+    class NoLib:        # a library whose pack_weights must not be reached
+        def pack_weights(self, *a, **k):
+            raise AssertionError("nr not checked before pack_weights")
+
+    for name in ("q4", "q8", "f32"):
+        assert load_tensor(path, name, nr=8).nr == 8
+        for bad in (0, -4, True, 4.0, "4"):
+            for lib in (None, NoLib()):
+                with pytest.raises(ArgumentError, match=f"nr must be a positive int, got {bad!r}"):
+                    load_tensor(path, name, lib=lib, nr=bad)
+
+
 @pytest.mark.parametrize("kind", ["f32", "q4_0", "q4_0_dx"])
 def test_get_rows_of_no_rows(kind):
     from tilegen.layout.q4 import QSI4C32P

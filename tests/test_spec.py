@@ -189,3 +189,60 @@ def test_register_pool_keeps_the_accounts():
     assert str(gprs.refusal("mr=14, nr=4")) == (
         "mr=14, nr=4 needs 21 general-purpose registers (7 scalars + 14 LHS row pointers), "
         "20 are free besides the arguments")
+
+
+_HUGE = ["f32:neon:1000000000x16", "f32:neon:99999999999999999999x16", "f32:neon:10000000x16",
+         "q4_0:i8mm:4000000x4", "q4_0:i8mm:68x4", "q8_0:i8mm:400000x4", "q4_0:sve_i8mm:400000x1vl",
+         "q8_0:sve_i8mm:40000x1vl", "f32:neon:4x1000000000", "bf16:bf16:1x99999999",
+         "f32:sme:99999vlx1vl", "f32:sme2:1x99999999999vl", "bf16:sme2:17vlx1vl",
+         "q4_0:i8mm:4x4:k99999999999999999999:s2", "q4_0_dx:i8mm:4x4:k32:s99999999999",
+         "q8_0:neon:4x4:k4096:s1", "f32:neon:4x" + "9" * 5000]
+
+
+@pytest.mark.parametrize("text", _HUGE, ids=lambda t: t[:40])
+def test_huge_tiles_are_refused_at_once(text):
+    """Numbers past the bounds are refused before any register is counted (they used to be
+    taken one register at a time: minutes and gigabytes; q4/q8 tiles taller than a register
+    block were even accepted, as the same code with an absurd m step)."""
+    import time
+    from tilegen.generator.spec import KernelSpec
+    fam, isa, tile, *rest = text.split(":")
+    for call in (lambda: parse_spec(text), lambda: tilegen.generate(text)):
+        t = time.perf_counter()
+        with pytest.raises(SpecError, match="out of range: tiles have mr <= 64, nr <= 128"):
+            call()
+        assert time.perf_counter() - t < 1
+    if len(text) < 100:    # the KernelSpec constructor: the same bound on the ints
+        from tilegen.generator.spec import _SPEC_RE, _tile
+        m = _SPEC_RE.match(text)
+        kw = dict(kr=int(m["kr"]) if m["kr"] else None, sr=int(m["sr"]) if m["sr"] else None)
+        mr, mr_vl, nr, nr_vl = (int(m["mr"]), bool(m["mrvl"]), int(m["nr"]), bool(m["nrvl"]))
+        t = time.perf_counter()
+        with pytest.raises(SpecError, match="out of range"):
+            KernelSpec(fam, isa, mr, nr, mr_vl=mr_vl, nr_vl=nr_vl, **kw).validate()
+        assert time.perf_counter() - t < 1
+
+
+@pytest.mark.parametrize("text", ["f32:neon:1x116", "bf16:bf16:1x108", "f32:sme2:1x16vl",
+                                  "q4_0:i8mm:64x4", "q8_0:i8mm:64x4", "q4_0_dx:dotprod:1x32"])
+def test_largest_tiles_stay_within_the_bounds(text):
+    assert parse_spec(text).spec_string == text
+
+
+def test_error_types_are_exported_from_the_package():
+    """Every error the public API raises is importable from ``tilegen`` (and in __all__)."""
+    from tilegen import (ArgumentError, BuildError, EmulateError, LayoutError, LoadError,  # noqa: F401
+                         TargetError, ToolchainError)
+    from tilegen.build import BuildError as B, TargetError as T, ToolchainError as TC
+    from tilegen.emulate.runner import EmulateError as E
+    from tilegen.generator.spec import SpecError as S
+    from tilegen.layout.base import LayoutError as L
+    from tilegen.runtime.errors import ArgumentError as A, LoadError as LE
+    assert (tilegen.SpecError, ArgumentError, LoadError, LayoutError, EmulateError, BuildError,
+            TargetError, ToolchainError) == (S, A, LE, L, E, B, T, TC)
+    names = {"SpecError", "ArgumentError", "LoadError", "LayoutError", "EmulateError",
+             "BuildError", "TargetError", "ToolchainError"}
+    assert names <= set(tilegen.__all__)
+    assert all(getattr(tilegen, n) is not None for n in tilegen.__all__)
+    with pytest.raises(AttributeError, match="no attribute 'NoSuchError'"):
+        tilegen.NoSuchError

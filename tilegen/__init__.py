@@ -16,9 +16,19 @@ def __getattr__(name):
     if name in ("pack_rhs", "pack_lhs", "dequantize_rows"):
         from .layout import api
         return getattr(api, name)
+    if name in ("ArgumentError", "LoadError"):
+        from .runtime import errors
+        return getattr(errors, name)
+    if name in ("BuildError", "TargetError", "ToolchainError"):
+        from . import build
+        return getattr(build, name)
+    if name == "EmulateError":
+        from .emulate.runner import EmulateError
+        return EmulateError
     raise AttributeError(f"module 'tilegen' has no attribute {name!r}")
 
 
 __all__ = ["KernelSpec", "SpecError", "LayoutError", "parse_spec", "generate", "build_library",
            "load", "pack_rhs", "pack_lhs", "dequantize_rows", "Library", "PackedWeights", "PackedLayouts",
-           "__version__"]
+           "ArgumentError", "LoadError", "BuildError", "TargetError", "ToolchainError",
+           "EmulateError", "__version__"]

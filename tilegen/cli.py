@@ -31,8 +31,12 @@ def _cmd_generate(a: argparse.Namespace) -> int:
 def _cmd_build(a: argparse.Namespace) -> int:
     from .build import build_library, default_specs, get_target
     kernels = a.kernel or None
-    if a.isa:   # the preset's defaults of these ISAs, plus any --kernel
-        isas = [i.strip() for i in a.isa.split(",") if i.strip()]
+    if a.isa is not None:   # the preset's defaults of these ISAs, plus any --kernel
+        from .generator.spec import ISAS
+        isas = [i.strip() for i in a.isa.split(",")]
+        if not all(isas):
+            raise CliError(f"--isa {a.isa!r} has an empty item: give a comma-separated list of "
+                           f"ISAs from {', '.join(ISAS)}")
         kernels = [s.spec_string for s in default_specs(get_target(a.target), isas)] + (a.kernel or [])
     res = build_library(kernels, target=a.target, out_dir=a.output, fmt=a.format,
                         cc=a.cc, quiet=a.quiet)
@@ -163,6 +167,10 @@ def _cmd_tune(a: argparse.Namespace) -> int:
         raise CliError("--family is required (unless --reset)")
     if a.m is not None and a.m < 1:
         raise CliError(f"--m must be >= 1, got {a.m}")
+    if a.top < 1:
+        raise CliError(f"--top must be >= 1 (rows per table), got {a.top}")
+    if a.jobs is not None and a.jobs < 1:
+        raise CliError(f"--jobs must be >= 1, got {a.jobs}")
     shown = list(REGIMES) if a.m is None else ["gemv" if a.m == 1 else "gemm"]
     needed = list(REGIMES) if a.write else shown
     try:
@@ -214,21 +222,20 @@ def _cmd_tune(a: argparse.Namespace) -> int:
 
 def _cmd_check_abi(a: argparse.Namespace) -> int:
     from .runtime.cpu import detect
-    from .runtime.library import MANIFEST_NAME
+    from .runtime.library import read_manifest
     if not detect().is_arm64:   # x86-64 host: run this same command in the emulated Python
-        manifest = Path(a.lib) / MANIFEST_NAME
+        from .emulate.runner import EmulateError, validate
         try:
-            fmt = json.loads(manifest.read_text()).get("format", "elf")
-        except FileNotFoundError:
-            raise CliError(f"no {MANIFEST_NAME} in {a.lib} (build one with `tilegen build`)") from None
-        except (OSError, ValueError, AttributeError) as e:
-            raise CliError(f"cannot read {manifest}: {e}") from None
+            validate(a.cpu, None, None)
+        except EmulateError as e:
+            raise CliError(str(e)) from None
+        fmt = read_manifest(a.lib).get("format", "elf")
         if fmt != "elf":
             raise CliError(f"{a.lib} holds a {fmt} library: the emulator runs Linux ELF "
                            f"libraries (Mach-O needs macOS); build one with --format elf")
         from .emulate.cli import emulate_main
         return emulate_main(["--quiet", "--cpu", a.cpu, "--", "python", "-m", "tilegen",
-                             "check-abi", str(Path(a.lib).resolve())])
+                             "check-abi", str(Path(a.lib).resolve())], prog="tilegen check-abi")
     from .runtime import load
     results = load(a.lib).check_abi()
     bad = {k: v for k, v in results.items() if v}

@@ -43,6 +43,9 @@ def load_tensor(path, name: str, lib=None, *, nr: int | None = None) -> PackedWe
     otherwise llama.cpp's defaults (q4_0: nr 4, kr 16, sr 2; q8_0: nr 4, kr 8; f32: nr 16) with
     ``nr`` replacing the default nr; ``lib.adopt`` repacks such weights for a library's
     kernels."""
+    if nr is not None:
+        from .runtime.checks import positive_int
+        nr = positive_int("nr", nr)
     gguf, r = _reader(path)
     t = next((t for t in r.tensors if t.name == name), None)
     if t is None:

@@ -110,6 +110,13 @@ def tuned_path(target: Target, directory: str | os.PathLike | None = None) -> Pa
     return tuned_dir(directory) / f"{target.name}.json"
 
 
+def tuned_targets(directory: str | os.PathLike | None = None) -> list[str]:
+    """The targets that have a tuned file (in ``directory``, else as :func:`tuned_dir`)."""
+    from .targets import TARGETS
+    d = tuned_dir(directory)
+    return sorted({t.name for t in TARGETS.values() if (d / f"{t.name}.json").is_file()})
+
+
 def _spec(path: Path, target: Target, family: str, role: str, text,
           key: str | None = None) -> KernelSpec | None:
     where = f"{path}: families.{family}.{key or role}"

@@ -31,11 +31,12 @@ def _parser() -> argparse.ArgumentParser:
     return p
 
 
-def emulate_main(argv: list[str]) -> int:
+def emulate_main(argv: list[str], prog: str = "tilegen emulate") -> int:
     """Parse ``argv`` (everything after ``--`` is CMD) and return CMD's exit code.
 
     A CMD killed by signal N returns 128+N, as a shell reports it; usage errors return 2 and
-    provisioning failures 1.
+    provisioning failures 1.  ``prog``: the command named in error messages (a subcommand that
+    runs itself in the emulator names itself).
     """
     argv = list(argv)
     cmd: list[str] = []
@@ -59,14 +60,14 @@ def emulate_main(argv: list[str]) -> int:
             return 0
         host_cmd, env = guest_command(cmd, a.cpu, a.sve_vl, a.sme_vl, toolbox=tb)
     except EmulateError as e:
-        print(f"tilegen emulate: error: {e}", file=sys.stderr)
+        print(f"{prog}: error: {e}", file=sys.stderr)
         return 2
     except ProvisionError as e:
-        print(f"tilegen emulate: provisioning failed: {e}", file=sys.stderr)
+        print(f"{prog}: provisioning failed: {e}", file=sys.stderr)
         return 1
     try:
         rc = subprocess.run(host_cmd, env=env).returncode
     except OSError as e:
-        print(f"tilegen emulate: cannot run {host_cmd[0]!r}: {e}", file=sys.stderr)
+        print(f"{prog}: cannot run {host_cmd[0]!r}: {e}", file=sys.stderr)
         return 127
     return 128 - rc if rc < 0 else rc

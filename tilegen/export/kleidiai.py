@@ -886,9 +886,24 @@ def kernels_for(target=None, tuned: bool | str = False) -> list[KaiKernel]:
     if tuned:
         if target is None:
             raise ExportError("--tuned needs a target")
+        _check_tuned_file(target)
         over = tuned_pair_overrides(target) if tuned == "pairs" else tuned_overrides(target)
         ks = [_with_spec(k, over[k.name]) if k.name in over else k for k in ks]
     return ks
+
+
+def _check_tuned_file(target) -> None:
+    """ExportError unless ``target`` has a tuned file (a tuned export of a target without one
+    would be the default export labelled tuned)."""
+    from ..build.targets import get_target
+    from ..build.tuned import tuned_path, tuned_targets
+    tgt = get_target(target) if isinstance(target, str) else target
+    path = tuned_path(tgt)
+    if not path.is_file():
+        have = tuned_targets()
+        raise ExportError(f"--tuned/--tuned-pairs: target {tgt.name} has no tuned file ({path}); "
+                          f"targets with one: {', '.join(have) or 'none'} (write one with "
+                          f"`tilegen tune --target {tgt.name} --family FAMILY --write`)")
 
 
 def export_files(target: str = "linux-aarch64-all", tuned: bool | str = False,

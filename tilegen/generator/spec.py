@@ -10,12 +10,31 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 
-__all__ = ["SpecError", "KernelSpec", "Isa", "ISAS", "IsaImpl", "FamilyInfo", "FAMILIES", "parse_spec",
+__all__ = ["SpecError", "KernelSpec", "TILE_MR_MAX", "TILE_NR_MAX", "TILE_VL_MAX", "KR_MAX", "Isa", "ISAS", "IsaImpl", "FamilyInfo", "FAMILIES", "parse_spec",
            "parse_tile", "as_spec"]
 
 
 class SpecError(ValueError):
     """A kernel specification that cannot be generated; the message names the rule."""
+
+
+# Upper bounds on the spec's numbers, checked before any register is counted so that a huge
+# tile is refused at once.  No register-resident tile comes near them (the largest accepted:
+# mr 20, nr 116, 16 VL units, kr 32); q4/q8 tiles taller than their register block run it in
+# passes, so a taller mr only restates the m step (KleidiAI's consumers take m steps <= 64).
+TILE_MR_MAX = 64
+TILE_NR_MAX = 128
+TILE_VL_MAX = 16        # mr or nr in VL units
+KR_MAX = 64             # kr and sr
+_BOUNDS = (f"mr <= {TILE_MR_MAX}, nr <= {TILE_NR_MAX} (<= {TILE_VL_MAX} in VL units), kr and sr "
+           f"<= {KR_MAX}")
+
+
+def _out_of_range(field: str, value: str, vl: bool = False) -> SpecError:
+    shown = value if len(value) <= 24 else f"{value[:12]}...({len(value)} digits)"
+    return SpecError(f"{field}={shown}{'vl' if vl else ''} is out of range: tiles have {_BOUNDS} "
+                     f"(no register file holds more; taller q4/q8 tiles only repeat their register "
+                     f"block)")
 
 
 @dataclass(frozen=True)
@@ -198,6 +217,11 @@ class KernelSpec:
         for field in ("mr_vl", "nr_vl", "acc_mem"):
             if not isinstance(getattr(self, field), bool):
                 raise SpecError(f"{field} must be a bool, got {getattr(self, field)!r}")
+        for field, vl in (("mr", self.mr_vl), ("nr", self.nr_vl), ("kr", False), ("sr", False)):
+            v = getattr(self, field)
+            if v > (TILE_VL_MAX if vl else TILE_MR_MAX if field == "mr" else
+                    TILE_NR_MAX if field == "nr" else KR_MAX):
+                raise _out_of_range(field, str(v), vl)
         isa = ISAS[self.isa]
         if isa.scalable and not self.nr_vl:
             raise SpecError(f"{self.isa} kernels are vector-length agnostic: give nr in VL units "
@@ -392,8 +416,18 @@ _SPEC_RE = re.compile(
     r"(?::k(?P<kr>\d+))?(?::s(?P<sr>\d+))?(?P<am>:am)?$")
 
 
+def _num(m: re.Match, field: str, vl: bool = False) -> int:
+    """The number of a spec string's field; refused before conversion when it has more digits
+    than any bound (int() of thousands of digits is slow, and refused past 4300)."""
+    text = m[field]
+    if len(text.lstrip("0")) > 6:
+        raise _out_of_range(field, text, vl)
+    return int(text)
+
+
 def _tile(m: re.Match) -> tuple[int, bool, int, bool]:
-    return int(m["mr"]), bool(m["mrvl"]), int(m["nr"]), bool(m["nrvl"])
+    return (_num(m, "mr", bool(m["mrvl"])), bool(m["mrvl"]), _num(m, "nr", bool(m["nrvl"])),
+            bool(m["nrvl"]))
 
 
 def parse_tile(text: str) -> tuple[int, bool, int, bool]:
@@ -415,8 +449,8 @@ def parse_spec(text: str) -> KernelSpec:
         raise SpecError(
             f"cannot parse kernel spec {text!r}; expected FAMILY:ISA:MRxNR[:kKR][:sSR][:am], "
             f"e.g. f32:neon:6x16")
-    kr = int(m["kr"]) if m["kr"] else None
-    sr = int(m["sr"]) if m["sr"] else None
+    kr = _num(m, "kr") if m["kr"] else None
+    sr = _num(m, "sr") if m["sr"] else None
     mr, mr_vl, nr, nr_vl = _tile(m)
     return KernelSpec(m["family"], m["isa"], mr, nr, kr=kr, sr=sr, mr_vl=mr_vl, nr_vl=nr_vl,
                       acc_mem=bool(m["am"])).validate()

@@ -34,6 +34,49 @@ __all__ = ["ArgumentError", "LoadError", "PackedWeights", "PackedLayouts", "Kern
 MANIFEST_NAME = "manifest.json"
 
 
+# manifest fields: (JSON type, Python types, required); the entries of kernels/packers are
+# checked against their spec strings (integrity.check_entries)
+_MANIFEST_FIELDS = {"library": ("a string", (str,), True), "sha256": ("a string", (str,), True),
+                    "kernels": ("a list", (list,), True), "packers": ("a list", (list,), False),
+                    "format": ('"elf" or "macho"', (str,), False),
+                    "abi_probe": ("a string or null", (str, type(None)), False)}
+
+
+def read_manifest(directory: str | os.PathLike) -> dict:
+    """The manifest of a library directory, its top-level fields checked (LoadError naming the
+    field and what it must be): a JSON object with library, sha256, kernels (and optionally
+    packers, format, abi_probe) of the right types."""
+    mpath = Path(directory) / MANIFEST_NAME
+    try:
+        manifest = json.loads(mpath.read_text())
+    except FileNotFoundError:
+        raise LoadError(f"no {MANIFEST_NAME} in {directory} (build one with `tilegen build`)") from None
+    except (OSError, UnicodeDecodeError) as e:
+        raise LoadError(f"cannot read {mpath}: {e}") from None
+    except ValueError as e:       # JSONDecodeError
+        raise LoadError(f"{mpath} is not valid JSON: {e}") from None
+    if not isinstance(manifest, dict):
+        raise LoadError(f"{mpath} must hold a JSON object (the fields library, sha256, kernels, "
+                        f"...; `tilegen build` writes it), got a JSON {_json_type(manifest)}")
+    for field, (what, types, required) in _MANIFEST_FIELDS.items():
+        if field not in manifest:
+            if required:
+                raise LoadError(f"{mpath} lacks field {field!r} ({what})")
+            continue
+        v = manifest[field]
+        if not isinstance(v, types) or (field == "format" and v not in ("elf", "macho")) or (
+                field == "library" and (Path(v).name != v or v in ("", ".", ".."))):
+            raise LoadError(f"{mpath}: field {field!r} must be {what}"
+                            f"{': a file name in that directory' if field == 'library' else ''}, "
+                            f"got {v!r:.60}")
+    return manifest
+
+
+def _json_type(v) -> str:
+    return {list: "array", str: "string", bool: "boolean", int: "number", float: "number",
+            type(None): "null"}.get(type(v), type(v).__name__)
+
+
 class Library:
     """A built tilegen library: its manifest, its kernels, and the ops over them.
 
@@ -45,20 +88,11 @@ class Library:
         self.workers = Workers()
         self._plans: weakref.WeakSet = weakref.WeakSet()
         self.directory = Path(directory)
-        mpath = self.directory / MANIFEST_NAME
-        try:
-            self.manifest = json.loads(mpath.read_text())
-        except FileNotFoundError:
-            raise LoadError(f"no {MANIFEST_NAME} in {self.directory} (build one with `tilegen build`)") from None
-        except json.JSONDecodeError as e:
-            raise LoadError(f"{mpath} is not valid JSON: {e}") from None
-        try:
-            self.path = self.directory / self.manifest["library"]
-            want = self.manifest["sha256"]
-            entries = self.manifest["kernels"]
-            packers = self.manifest.get("packers", [])
-        except (KeyError, TypeError) as e:
-            raise LoadError(f"{mpath} lacks field {e}") from None
+        self.manifest = read_manifest(self.directory)
+        self.path = self.directory / self.manifest["library"]
+        want = self.manifest["sha256"]
+        entries = self.manifest["kernels"]
+        packers = self.manifest.get("packers", [])
         if not self.path.exists():
             raise LoadError(f"library {self.path} named by the manifest does not exist")
         blob = self.path.read_bytes()

@@ -1,0 +1,130 @@
+"""A regular (non-editable) install: the wheel carries every file of the package, and every
+subcommand does its job with the installed package, run from outside the source tree."""
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+import sysconfig
+import zipfile
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def _env() -> dict:
+    """The environment of the installed tools: nothing points at the source tree."""
+    env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "VIRTUAL_ENV",
+                                                              "TILEGEN_TUNED_DIR")}
+    env["PYTHONDONTWRITEBYTECODE"] = "1"
+    return env
+
+
+def _package_files() -> set[str]:
+    """The files of tilegen/ in the checkout (tracked, or new and not ignored)."""
+    try:
+        out = subprocess.run(["git", "ls-files", "--cached", "--others", "--exclude-standard",
+                              "tilegen"], cwd=ROOT, capture_output=True, text=True, check=True).stdout
+        files = {f for f in out.splitlines() if (ROOT / f).is_file()}
+    except (OSError, subprocess.CalledProcessError):     # not a git checkout
+        files = {str(p.relative_to(ROOT)) for p in (ROOT / "tilegen").rglob("*") if p.is_file()}
+    return {f for f in files if "__pycache__" not in f and not f.endswith(".pyc")}
+
+
+@pytest.fixture(scope="module")
+def wheel(tmp_path_factory) -> Path:
+    """The wheel `pip wheel` builds from a copy of the checkout (the build writes build/ and
+    *.egg-info next to its sources).  Build isolation fetches setuptools unless this
+    interpreter can build wheels itself."""
+    base = tmp_path_factory.mktemp("wheel")
+    src = base / "src"
+    src.mkdir()
+    for f in ("pyproject.toml", "README.md"):
+        shutil.copy(ROOT / f, src / f)
+    shutil.copytree(ROOT / "tilegen", src / "tilegen",
+                    ignore=shutil.ignore_patterns("__pycache__", "*.pyc"))
+    cmd = [sys.executable, "-m", "pip", "wheel", "-q", "--no-deps", "-w", str(base / "dist")]
+    try:
+        import wheel  # noqa: F401 - setuptools < 70.1 builds wheels with it
+        cmd.append("--no-build-isolation")
+    except ImportError:
+        pass
+    subprocess.run(cmd + [str(src)], check=True, env=_env(), cwd=base, timeout=300)
+    (whl,) = (base / "dist").glob("tilegen-*.whl")
+    return whl
+
+
+def test_wheel_carries_every_package_file(wheel):
+    """Every file under tilegen/ -- templates, tuned presets, kai_symbols.txt and any data file
+    added later -- is in the wheel (a regular install used to lack kai_symbols.txt)."""
+    with zipfile.ZipFile(wheel) as z:
+        have = {n for n in z.namelist() if n.startswith("tilegen/")}
+    want = _package_files()
+    assert "tilegen/export/kai_symbols.txt" in want and "tilegen/templates/q4_neon.S.j2" in want
+    assert sorted(want - have) == [], "not in the wheel: declare them in pyproject.toml package-data"
+
+
+def test_installed_package_runs_every_subcommand(wheel, tmp_path):
+    """pip install of the wheel into a fresh venv (numpy and jinja2 from this one), then each
+    subcommand's main job with the venv's `tilegen`, cwd outside the source tree."""
+    venv = tmp_path / "venv"
+    subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(venv)], check=True)
+    py = venv / "bin" / "python"
+    site = subprocess.run([py, "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"],
+                          capture_output=True, text=True, check=True).stdout.strip()
+    # the dependencies of this venv, after the new venv's own site-packages (a .pth line only
+    # extends sys.path: the editable install's finder here is not activated there)
+    Path(site, "_deps.pth").write_text(sysconfig.get_paths()["purelib"] + "\n")
+    subprocess.run([sys.executable, "-m", "pip", "--python", str(py), "install", "-q",
+                    "--no-deps", "--no-index", str(wheel)], check=True, env=_env(), timeout=300)
+    work = tmp_path / "work"
+    work.mkdir()
+
+    def tilegen(*args: str, timeout: float = 300) -> str:
+        r = subprocess.run([str(venv / "bin" / "tilegen"), *args], cwd=work, env=_env(),
+                           capture_output=True, text=True, timeout=timeout)
+        assert r.returncode == 0, f"tilegen {' '.join(args)}: rc {r.returncode}\n{r.stderr}"
+        return r.stdout
+
+    where = subprocess.run([py, "-c", "import tilegen; print(tilegen.__file__)"], cwd=work,
+                           env=_env(), capture_output=True, text=True, check=True).stdout.strip()
+    assert Path(where).resolve().is_relative_to(Path(site).resolve()), where
+
+    assert tilegen("--version").strip() == "tilegen 0.1.0"
+    name = tilegen("generate", "--family", "q4_0", "--isa", "dotprod", "--tile", "4x4",
+                   "-o", "gen").strip()
+    assert (work / "gen" / f"{name}.S").read_text().startswith("// Generated by tilegen")
+    out = tilegen("build", "--target", "neoverse-n1", "--kernel", "f32:neon:4x8",
+                  "--kernel", "q4_0:dotprod:4x4", "-o", "lib")
+    assert "lib/libtilegen.so (2 kernels)" in out
+    assert "q4_0:i8mm:" in tilegen("list", "--target", "neoverse-v2")
+    assert "neoverse-v2 (= graviton4, grace): elf;" in tilegen("targets")
+    assert "machine: " in tilegen("info")
+    assert "matmul_clamp_f32_f32_f32p8x1b_4x8_neon_mla" in tilegen(
+        "analyze", "--kernel", "f32:neon:4x8", "--cpu-model", "neoverse-v2")
+    assert "f32:neon:1x" in tilegen("tune", "--target", "neoverse-v2", "--family", "f32",
+                                    "--m", "1", "--isa", "neon", "--top", "1", "--jobs", "1")
+    out = tilegen("export", "kleidiai", "--target", "neoverse-v2", "--tuned", "-o", "kai")
+    assert "262 of 262 llama.cpp kai_ functions defined" in out
+    assert (work / "kai" / "CMakeLists.txt").is_file()
+    assert json.loads((work / "kai" / "TILEGEN_EXPORT.json").read_text())["tuned"] is True
+    # the Arm side: the emulated Python imports the installed package (its own shim)
+    (work / "call.py").write_text(
+        "import os, numpy as np, tilegen\n"
+        "lib = tilegen.load('lib')\n"
+        "rng = np.random.default_rng(0)\n"
+        "w = rng.normal(size=(12, 32)).astype(np.float32)\n"
+        "x = rng.normal(size=(5, 32)).astype(np.float32)\n"
+        "y = lib.matmul(x, lib.pack_weights(w, kind='f32'))\n"
+        "print(os.path.realpath(tilegen.__file__))\n"
+        "print(float(np.abs(y - x @ w.T).max()))\n")
+    got, err = tilegen("emulate", "--cpu", "neoverse-n1", "--", "python", "call.py").split()
+    assert Path(got).is_relative_to(Path(site).resolve()) and float(err) < 1e-4, (got, err)
+    assert "3 of 3 routines preserve" in tilegen("check-abi", "lib", "--cpu", "neoverse-n1")
+    out = tilegen("emulate", "--cpu", "neoverse-n1", "--", "python", "-m", "tilegen", "info",
+                  "--lib", "lib")
+    assert "ok  matmul_clamp_f32_qsi8d32p4x4_qsi4c32p4x4_4x4_neon_dotprod" in out
