@@ -6,7 +6,10 @@
 
 Kernels: every tile the tuner's grid accepts for every family on every target (gemm and gemv),
 plus every target's default kernels and their LHS packers, each rendered as ELF and as Mach-O.
-Libraries: every preset's default build (``--no-libs`` skips them; they need the toolchain).
+Libraries: every preset's default build: the library and its C header (``--no-libs`` skips
+them; they need the toolchain).
+Exports: every file of ``tilegen export kleidiai`` for linux-aarch64-all, neoverse-v2 --tuned
+and apple-m4 (Mach-O).
 """
 from __future__ import annotations
 
@@ -21,9 +24,13 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from tilegen.build.library import build_library, library_filename  # noqa: E402
 from tilegen.build.targets import TARGETS  # noqa: E402
+from tilegen.export.kleidiai import export_files  # noqa: E402
 from tilegen.generator import packers  # noqa: E402
 from tilegen.generator.render import render  # noqa: E402
 from tilegen.tune import grid_specs  # noqa: E402
+
+
+EXPORTS = (("linux-aarch64-all", False), ("neoverse-v2", True), ("apple-m4", False))
 
 
 def _sha(data: bytes) -> str:
@@ -44,19 +51,24 @@ def snapshot(libs: bool) -> dict:
         if p is not None:
             for fmt in ("elf", "macho"):
                 packs[f"{p.name}@{fmt}"] = _sha(packers.render(p, fmt).encode())
-    out = {"kernels": kernels, "packers": packs, "libraries": {}}
+    out = {"kernels": kernels, "packers": packs, "libraries": {}, "exports": {}}
+    for target, tuned in EXPORTS:
+        for f in export_files(target, tuned=tuned):
+            out["exports"][f"{target}{'-tuned' if tuned else ''}:{f.path}"] = _sha(f.text.encode())
     if libs:
         with tempfile.TemporaryDirectory() as tmp:
             for tgt in dict.fromkeys(TARGETS.values()):
                 d = Path(tmp) / tgt.name
                 build_library(None, target=tgt, out_dir=d)
                 out["libraries"][tgt.name] = _sha((d / library_filename(tgt.fmt)).read_bytes())
+                for h in sorted(d.glob("*.h")):
+                    out["libraries"][f"{tgt.name}:{h.name}"] = _sha(h.read_bytes())
     return out
 
 
 def compare(a: dict, b: dict) -> int:
     bad = 0
-    for part in ("kernels", "packers", "libraries"):
+    for part in ("kernels", "packers", "libraries", "exports"):
         x, y = a.get(part, {}), b.get(part, {})
         for key in sorted(set(x) | set(y)):
             if x.get(key) != y.get(key):
@@ -82,7 +94,8 @@ def main() -> int:
         snap = snapshot(not args.no_libs)
         Path(args.out).write_text(json.dumps(snap, indent=1, sort_keys=True))
         print(f"{len(snap['kernels'])} kernel renders, {len(snap['packers'])} packer renders, "
-              f"{len(snap['libraries'])} libraries -> {args.out}")
+              f"{len(snap['libraries'])} library files, {len(snap['exports'])} export files "
+              f"-> {args.out}")
         return 0
     return compare(json.loads(Path(args.before).read_text()), json.loads(Path(args.after).read_text()))
 
