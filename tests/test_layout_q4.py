@@ -286,9 +286,6 @@ def test_qsi4c32p_pack_vectors(path):
         for blk in range(k // bl):
             o = g * GS + lay.block_offset(blk) + lay.scale_offset_in_block + 2 * i
             assert z["packed"][o:o + 2].view("<u2")[0] == z["scale_bf16"][src, blk]
-    # worked bytes of docs/layouts.md#qsi4c32p
-    if path.stem == "rhs_qsi4c32p_s1s0_n8_k64_nr4_kr8_sr2_bl32":
-        assert list(z["packed"][:4]) == [0x53, 0x81, 0x19, 0xB3]
     # dequantize: (u - 8) * f32(bf16)
     rows = [n - 1, 0, n // 2]
     d = lay.dequantize_rows(z["packed"], n, k, rows)
@@ -540,6 +537,20 @@ def test_matmul_qsi8d32p_qsi4c32pscalef16_vectors(path):
     if "dst_unclamped" in z.files:
         free = matmul_qsi8d32p_qsi4c32pscalef16(z["lhs_packed"], z["rhs_packed"], *g, -FLT_MAX, FLT_MAX)
         assert np.array_equal(_bits(free), _bits(z["dst_unclamped"]))
+
+
+def test_worked_bytes_of_the_qsi4c32p_doc():
+    """The first packed bytes docs/layouts.md#qsi4c32p works out, from their vector."""
+    [path] = vector_files("rhs_qsi4c32p_s1s0_n8_k64_nr4_kr8_sr2_bl32.npz")
+    assert list(np.load(path)["packed"][:4]) == [0x53, 0x81, 0x19, 0xB3]
+
+
+def test_mm_vectors_hold_the_optional_fields():
+    """test_matmul_qsi8d32p_qsi4c32pscalef16_vectors checks rhs_f32, rhs_u4 and dst_unclamped
+    where a vector has them: some vectors must, or those checks run nowhere."""
+    files = vector_files("matmul_clamp_f32_qsi8d32p*.npz") + vector_files("qsi8d32p_mm_*.npz")
+    for key in ("rhs_f32", "rhs_u4", "dst_unclamped"):
+        assert any(key in np.load(f).files for f in files), key
 
 
 def test_reference_clamp_order():
