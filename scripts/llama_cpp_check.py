@@ -5,7 +5,8 @@ End to end, on an x86-64 host:
 
 1. provisions qemu-user 11 (tilegen.emulate.provision.ensure) and an aarch64 cross sysroot with
    libc/libstdc++/libgcc dev files (provision.ensure_cross_sysroot), both Debian packages in
-   tilegen's cache; fetches the llama.cpp vendored in the llama-cpp-python sdist (pip download);
+   tilegen's cache, and the llama.cpp vendored in the llama-cpp-python sdist
+   (provision.ensure_llama_cpp_source: pip download, once);
 2. cross-builds llama.cpp (clang-19 + lld, CMake toolchain file) twice: ``GGML_CPU_KLEIDIAI=OFF``
    (reference) and, with ``--export DIR``, ``GGML_CPU_KLEIDIAI=ON`` with DIR as KleidiAI's source
    (``FETCHCONTENT_SOURCE_DIR_KLEIDIAI``, fully disconnected). Builds are cached under
@@ -32,7 +33,6 @@ import os
 import shutil
 import subprocess
 import sys
-import tarfile
 import tempfile
 import time
 from pathlib import Path
@@ -48,7 +48,7 @@ sys.path.insert(0, str(REPO))
 from tilegen import synth_gguf as sg  # noqa: E402
 from tilegen.emulate import provision  # noqa: E402
 
-LLAMA_CPP_PYTHON_VERSION = "0.3.36"
+LLAMA_CPP_PYTHON_VERSION = provision.LLAMA_CPP_PYTHON_VERSION
 #: Baseline ISA of the ggml CPU backend: Armv8.2-A + dotprod + fp16, what every tested model
 #: (neoverse-n1 upwards) has. ggml picks its own NEON/dotprod kernels at compile time from this
 #: (no i8mm/SVE/SME baseline, which would SIGILL on n1); KleidiAI compiles each micro-kernel
@@ -120,38 +120,13 @@ def llama_root() -> Path:
 
 
 def llama_source(given: Path | None) -> Path:
-    """The llama.cpp tree: ``given``, else the sdist in the cache (downloaded when absent)."""
+    """The llama.cpp tree: ``given``, else the sdist's in the cache (provision fetches it once)."""
     if given is not None:
         src = given.resolve()
         if not (src / "ggml" / "src" / "ggml-cpu" / "kleidiai").is_dir():
             raise CheckError(f"{src} is not a llama.cpp source tree with ggml's KleidiAI backend")
         return src
-    root = llama_root()
-    name = f"llama_cpp_python-{LLAMA_CPP_PYTHON_VERSION}"
-    src = root / name / "vendor" / "llama.cpp"
-    if (root / name / ".tilegen-complete").is_file():
-        return src
-    root.mkdir(parents=True, exist_ok=True)
-    with open(root / ".lock", "a+") as lk:
-        fcntl.flock(lk, fcntl.LOCK_EX)
-        if (root / name / ".tilegen-complete").is_file():
-            return src
-        sdist = root / f"{name}.tar.gz"
-        if not sdist.is_file():
-            log(f"pip download llama-cpp-python=={LLAMA_CPP_PYTHON_VERSION} (sdist) into {root}")
-            run([sys.executable, "-m", "pip", "download", "--disable-pip-version-check",
-                 f"llama-cpp-python=={LLAMA_CPP_PYTHON_VERSION}", "--no-deps",
-                 "--no-binary", ":all:", "-d", str(root)], "pip download llama-cpp-python")
-        if not sdist.is_file():
-            raise CheckError(f"pip download did not produce {sdist}")
-        shutil.rmtree(root / name, ignore_errors=True)
-        tmp = Path(tempfile.mkdtemp(prefix=".tmp-sdist-", dir=root))
-        with tarfile.open(sdist) as t:
-            t.extractall(tmp, filter="data")
-        os.rename(tmp / name, root / name)
-        shutil.rmtree(tmp)
-        (root / name / ".tilegen-complete").write_text(sdist.name + "\n")
-    return src
+    return provision.ensure_llama_cpp_source()
 
 
 def tree_hash(path: Path) -> str:

@@ -1,14 +1,20 @@
 """Shared fixtures: built libraries and emulated-CPU guest sessions."""
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 import pytest
 
 import tilegen
+from tilegen.emulate import provision
 from tilegen.emulate.remote import GuestSession
 
 TESTS_DIR = Path(__file__).resolve().parent
+#: KleidiAI's golden vectors (README files there say what each is): ``$TILEGEN_VECTORS``, else
+#: the repository's ``../shared/vectors``. Tests built from them fail (never skip) when the
+#: directory or a file pattern is missing.
+VECTORS = Path(os.environ.get("TILEGEN_VECTORS") or TESTS_DIR.parents[1] / "shared" / "vectors")
 # qemu CPU models the execution tests run on.
 EXEC_CPUS = ("cortex-a53", "neoverse-n1", "neoverse-v1", "max")
 F32_TILES = ("6x16", "4x16", "8x8", "4x24", "5x12", "1x16", "1x4")
@@ -46,6 +52,68 @@ def draw_examples(strategy, n: int) -> list:
 
     collect()
     return drawn
+
+
+def vector_files(pattern: str, keep=None, minimum: int = 1) -> list[Path]:
+    """The golden vectors ``VECTORS/pattern`` (sorted) that ``keep`` accepts; raises when fewer
+    than ``minimum`` do, so a moved or renamed vectors directory is a failure, not an empty test."""
+    files = sorted(p for p in VECTORS.glob(pattern) if keep is None or keep(p))
+    if len(files) < minimum:
+        where = VECTORS if VECTORS.is_dir() else f"{VECTORS} (no such directory)"
+        raise FileNotFoundError(f"{len(files)} golden vectors {pattern} in {where} (expected at "
+                                f"least {minimum}); set TILEGEN_VECTORS or check out the shared "
+                                "inputs next to the repository")
+    return files
+
+
+def vector_params(pattern: str, keep=None, minimum: int = 1, nargs: int = 1,
+                  expand=None) -> list:
+    """``vector_files`` as a parametrize list (``expand(path)``: the params of one file, when a
+    file gives several). Without vectors it is one param that fails (a ``missing_vectors``
+    marker, failed at set-up) instead of an empty parameter set, which pytest would report as a
+    skip, or an error at collection that would stop the whole session; ``nargs`` is the
+    parametrized argument count."""
+    try:
+        files = vector_files(pattern, keep, minimum)
+    except FileNotFoundError as e:
+        return [pytest.param(*(None,) * nargs, id=f"missing-vectors:{pattern}",
+                             marks=pytest.mark.missing_vectors(str(e)))]
+    return files if expand is None else [q for p in files for q in expand(p)]
+
+
+def pytest_configure(config):
+    config.addinivalue_line("markers", "missing_vectors(msg): the golden vectors a parametrized "
+                            "test is built from are missing (the test fails at set-up)")
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_runtest_setup(item):
+    m = item.get_closest_marker("missing_vectors")
+    if m is not None:
+        pytest.fail(m.args[0], pytrace=False)
+
+
+@pytest.fixture(scope="session")
+def llama_cpp_src() -> Path:
+    """llama.cpp's source tree (the llama-cpp-python sdist's vendor/llama.cpp), fetched into
+    tilegen's cache once by the project's provisioning; a failed fetch fails the test."""
+    src = provision.ensure_llama_cpp_source()
+    assert (src / "ggml" / "src" / "ggml-cpu" / "kleidiai" / "kernels.cpp").is_file(), src
+    return src
+
+
+@pytest.fixture(scope="session")
+def llama_kai(llama_cpp_src) -> Path:
+    """ggml's KleidiAI glue directory (kernels.cpp, kleidiai.cpp) in llama.cpp's tree."""
+    return llama_cpp_src / "ggml" / "src" / "ggml-cpu" / "kleidiai"
+
+
+@pytest.fixture(scope="session")
+def cross_sysroot() -> Path:
+    """The aarch64 C/C++ cross sysroot of the project's provisioning (fetched once)."""
+    root = provision.ensure_cross_sysroot()
+    assert (root / "usr" / "include" / "c++").is_dir(), root
+    return root
 
 
 def pytest_sessionfinish(session, exitstatus):

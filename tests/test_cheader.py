@@ -38,9 +38,9 @@ def test_header_declares_every_kernel_and_getter(lib_with_header):
         assert parse_packer_spec(p["spec"]).c_signature in h
 
 
-@pytest.mark.skipif(CLANG is None, reason="needs clang-19 (scripts/setup.sh installs it)")
 @pytest.mark.parametrize("cpu", ["neoverse-n1", "max"])
 def test_c_client_runs_under_qemu(lib_with_header, tmp_path, cpu):
+    assert CLANG, "needs clang-19 (scripts/setup.sh installs it)"
     exe = tmp_path / "use_header"
     cmd = [CLANG, "--target=aarch64-linux-gnu", "-O1", "-ffreestanding", "-nostdlib",
            "-fno-stack-protector", "-fuse-ld=lld", "-Wl,--dynamic-linker=/lib/ld-linux-aarch64.so.1",

@@ -22,9 +22,8 @@ import tilegen
 from tilegen.layout.bf16 import BF16PLhs4, BF16PRhs4B, bf16_to_f32, f32_to_bf16_rne
 from tilegen.reference_bf16 import matmul_bf16, matmul_bf16_f64
 
-from conftest import guest
+from conftest import guest, vector_params
 
-VECTORS = Path(__file__).resolve().parents[2] / "shared" / "vectors"
 BF16_CPUS = ("neoverse-n2", "max")                 # FEAT_BF16 in this qemu
 NO_BF16_CPUS = ("cortex-a53", "neoverse-n1", "neoverse-v1")
 BF16_SPECS = ("bf16:bf16:8x12", "bf16:bf16:1x12", "bf16:bf16:4x8", "bf16:bf16:2x4",
@@ -127,7 +126,7 @@ def test_bf16_kernel(spec, cpu, bf16_lib):
 
 
 def _vector_files():
-    return sorted(p for p in VECTORS.glob("bf16_m*_n*_k*.npz") if "sme" not in p.name)
+    return vector_params("bf16_m*_n*_k*.npz", keep=lambda p: "sme" not in p.name)
 
 
 @pytest.mark.parametrize("path", _vector_files(), ids=lambda p: p.stem)

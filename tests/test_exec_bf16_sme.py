@@ -9,11 +9,7 @@ import tilegen
 from tilegen.layout.bf16 import BF16PLhs2, BF16PRhs2B
 from tilegen.reference_bf16 import matmul_bf16
 
-from pathlib import Path
-
-from conftest import SME_ON, guest
-
-VECTORS = Path(__file__).resolve().parents[2] / "shared" / "vectors"
+from conftest import SME_ON, guest, vector_params
 
 SENTINEL = np.float32(-4242.25)
 FMAX = 3.4028234663852886e38
@@ -70,10 +66,8 @@ def test_bf16_sme2_every_vl(vl, lib):
 
 
 def _sme_vectors():
-    files = [p for p in sorted(VECTORS.glob("bf16_*.npz"))
-             if "sme2_mopa__svl_bits" in np.load(p).files]
-    assert len(files) >= 3, files
-    return files
+    return vector_params("bf16_*.npz", keep=lambda p: "sme2_mopa__svl_bits" in np.load(p).files,
+                         minimum=3)
 
 
 @pytest.mark.parametrize("path", _sme_vectors(), ids=lambda p: p.stem)

@@ -11,9 +11,8 @@ from tilegen.layout.ggml import quantize_q4_0
 from tilegen.layout.q4 import QAI8DXP, QSI4C32P, QSI8D32P, QSI4C32PScaleF16
 from tilegen.reference_q4 import matmul_qai8dxp_qsi4c32p, matmul_qsi8d32p_qsi4c32pscalef16
 
-from conftest import guest
+from conftest import guest, vector_params
 
-VECTORS = Path(__file__).resolve().parents[2] / "shared" / "vectors"
 Q4_CPUS = ("cortex-a53", "neoverse-n1", "neoverse-v1", "neoverse-n2", "max")
 CPU_FEATURES = {"cortex-a53": {"neon"}, "neoverse-n1": {"neon", "dotprod"}}   # others: all three
 # (isa, tile, kr) run against the reference; 1x16 is a gemv tile KleidiAI does not ship
@@ -151,12 +150,8 @@ def test_q4_kernel(spec, cpu, q4_lib):
             assert err <= 2e-2, err
 
 
-def _vector_cases():
-    for f in sorted(VECTORS.glob("matmul_clamp_f32_q*.npz")) + sorted(VECTORS.glob("qsi8d32p_mm_*.npz")):
-        yield f
-
-
-@pytest.mark.parametrize("path", list(_vector_cases()), ids=lambda p: p.stem)
+@pytest.mark.parametrize("path", vector_params("matmul_clamp_f32_q*.npz")
+                         + vector_params("qsi8d32p_mm_*.npz"), ids=lambda p: p.stem)
 def test_q4_kernels_match_kleidiai_vectors(path, q4_lib, tmp_path):
     z = np.load(path)
     fam = "q4_0_dx" if "qai8dxp" in path.name else "q4_0"

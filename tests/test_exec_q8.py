@@ -13,9 +13,8 @@ from tilegen.layout.q4 import QAI8DXP
 from tilegen.layout.q8 import QSI8CXP
 from tilegen.reference_q8 import matmul_qai8dxp_qsi8cxp
 
-from conftest import guest
+from conftest import guest, vector_params
 
-VECTORS = Path(__file__).resolve().parents[2] / "shared" / "vectors"
 Q8_CPUS = ("cortex-a53", "neoverse-n1", "neoverse-v1", "neoverse-n2", "max")
 CPU_FEATURES = {"cortex-a53": {"neon"}, "neoverse-n1": {"neon", "dotprod"}}   # others: all three
 # the CPU each ISA gets the full edge sweep on (the other CPUs run a shorter random set)
@@ -93,7 +92,7 @@ def test_q8_kernel(spec, cpu, q8_lib):
 
 
 def _vector_files():
-    return sorted(VECTORS.glob("q8_qai8dxp_qsi8cxp_*.npz"))
+    return vector_params("q8_qai8dxp_qsi8cxp_*.npz")
 
 
 KLEIDIAI_Q8 = {   # KleidiAI kernel stem -> spec of the generated kernel of the same name

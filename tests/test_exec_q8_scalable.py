@@ -14,8 +14,8 @@ from tilegen.layout.q4 import QAI8DXP
 from tilegen.layout.q8 import QSI8CXP
 from tilegen.reference_q8 import matmul_qai8dxp_qsi8cxp
 
-from conftest import SME_ON, guest
-from test_exec_q8 import FMAX, SENTINEL, VECTORS, _check
+from conftest import SME_ON, guest, vector_params
+from test_exec_q8 import FMAX, SENTINEL, _check
 
 VLS = (128, 256, 512, 1024, 2048)
 Q8_SVE = ("q8_0:sve_i8mm:16x1vl", "q8_0:sve_dotprod:1x1vl:k8:s1", "q8_0:sve_i8mm:8x2vl",
@@ -119,7 +119,7 @@ KLEIDIAI_AT_VL128 = {   # KleidiAI kernel stem -> scalable spec with the same la
 }
 
 
-@pytest.mark.parametrize("path", sorted(VECTORS.glob("q8_qai8dxp_qsi8cxp_*.npz")),
+@pytest.mark.parametrize("path", vector_params("q8_qai8dxp_qsi8cxp_*.npz"),
                          ids=lambda p: p.stem)
 def test_sve_q8_reproduce_kleidiai_vectors(path, q8_sve_lib):
     """At VL 128 one VL unit is 4 columns: KleidiAI's packed buffers in, KleidiAI's dst out."""

@@ -7,6 +7,8 @@ SME kernels must leave PSTATE.SM and PSTATE.ZA clear (SVCR == 0) after every cal
 """
 from __future__ import annotations
 
+from pathlib import Path
+
 import numpy as np
 import pytest
 
@@ -14,7 +16,7 @@ import tilegen
 from tilegen.layout import F32PackedRHS
 from tilegen.reference import matmul_f32, matmul_f64
 
-from conftest import SME_ON, guest
+from conftest import SME_ON, guest, vector_files, vector_params
 
 SENTINEL = np.float32(-12345.5)
 VLS = (128, 256, 512, 1024, 2048)
@@ -244,32 +246,32 @@ def test_sme2_q4_refused_on_sme_only(q4_sme_lib):
 # -- KleidiAI golden vectors through the scalable kernels at VL 128 -----------------------
 # At 128 bits one VL unit is 4 f32 lanes, so 1vl / 4vl panels are the vectors' nr=4 / nr=16
 # layouts byte for byte: the SVE kernels must reproduce KleidiAI's dst exactly.
-def _golden_cases():
-    from pathlib import Path
-    vec = Path(__file__).resolve().parents[2] / "shared" / "vectors"
-    table = {"qai8dxp4x8_qsi4c32p4x8": "q4_0_dx:sve_i8mm:8x1vl",
-             "qsi8d32p4x8_qsi4c32p4x8": "q4_0:sve_i8mm:16x1vl",
-             "qsi8d32p1x8_qsi4c32p4x8": "q4_0:sve_dotprod:1x1vl:k16",
-             "qai8dxp1x4_qsi4c32p4x4": "q4_0_dx:sve_dotprod:1x1vl",
-             "f32_f32p16x1b": "f32:sve:6x4vl"}
-    out = []
-    for f in sorted(vec.glob("*.npz")):
-        if not (f.name.startswith("matmul_clamp_f32_") or f.name.startswith("qsi8d32p_mm_")):
-            continue
-        hit = [s for key, s in table.items() if key in f.name]
-        if hit:
-            out.append((f, hit[0]))
-    return out
+_GOLDEN_SPECS = {"qai8dxp4x8_qsi4c32p4x8": "q4_0_dx:sve_i8mm:8x1vl",
+                 "qsi8d32p4x8_qsi4c32p4x8": "q4_0:sve_i8mm:16x1vl",
+                 "qsi8d32p1x8_qsi4c32p4x8": "q4_0:sve_dotprod:1x1vl:k16",
+                 "qai8dxp1x4_qsi4c32p4x4": "q4_0_dx:sve_dotprod:1x1vl",
+                 "f32_f32p16x1b": "f32:sve:6x4vl"}
 
 
-GOLDEN = _golden_cases()
+def _golden_spec(f) -> str | None:
+    """The scalable kernel spec whose VL 128 layouts are golden vector ``f``'s, if any."""
+    if not (f.name.startswith("matmul_clamp_f32_") or f.name.startswith("qsi8d32p_mm_")):
+        return None
+    return next((s for key, s in _GOLDEN_SPECS.items() if key in f.name), None)
+
+
+def _golden_params():
+    files = vector_params("*.npz", keep=_golden_spec, nargs=2)
+    return [pytest.param(f, _golden_spec(f), id=f.stem) if isinstance(f, Path) else f
+            for f in files]
 
 
 def test_golden_vectors_cover_every_format():
-    assert len(GOLDEN) == 12 and len({s for _, s in GOLDEN}) == 5   # 2 f32 + 10 q4 vectors
+    files = vector_files("*.npz", keep=_golden_spec)
+    assert len(files) == 12 and len({_golden_spec(f) for f in files}) == 5   # 2 f32 + 10 q4
 
 
-@pytest.mark.parametrize("path,text", GOLDEN, ids=[p.stem for p, _ in GOLDEN])
+@pytest.mark.parametrize("path,text", _golden_params())
 def test_sve_kernels_reproduce_kleidiai_vectors(path, text, tmp_path):
     z = np.load(path)
     spec = tilegen.parse_spec(text)

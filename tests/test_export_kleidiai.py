@@ -17,34 +17,26 @@ from tilegen.export import kleidiai as K
 from tilegen.layout import lhs_layout_for, rhs_layout_for
 from tilegen.layout.api import pack_lhs, pack_rhs
 
-from conftest import guest
+from conftest import guest, vector_params
 
-LLAMA_KAI = Path("/work/llama/llama_cpp_python-0.3.36/vendor/llama.cpp/ggml/src/ggml-cpu/kleidiai")
 SENT = np.float32(-4242.25)
 FMAX = 3.4028234663852886e38
 SVL_BITS = 512
-PACKER_PREFIXES = ("kai_get_lhs_offset_lhs_", "kai_get_lhs_packed_offset_lhs_",
-                   "kai_get_lhs_packed_size_lhs_", "kai_get_rhs_packed_size_rhs_",
-                   "kai_get_rhs_packed_stride_rhs_", "kai_run_lhs_", "kai_run_rhs_")
-
-
-def _has_packers() -> bool:
-    try:
-        from tilegen.export import packers_c  # noqa: F401
-    except ImportError:
-        return False
-    return True
 
 
 def _toolchain():
-    from tilegen.build.toolchain import ToolchainError, discover
-    try:
-        tc = discover("elf")
-    except ToolchainError as e:
-        pytest.skip(f"no aarch64 toolchain: {e}")
-    if tc.kind != "clang" or not shutil.which("cmake"):
-        pytest.skip("needs clang and cmake")
+    """clang for aarch64 and cmake (scripts/setup.sh installs both): missing ones fail."""
+    from tilegen.build.toolchain import discover
+    tc = discover("elf")
+    assert tc.kind == "clang", f"needs clang (scripts/setup.sh installs clang-19), found {tc.kind}"
+    assert shutil.which("cmake"), "needs cmake (scripts/setup.sh installs it)"
     return tc
+
+
+def _nm() -> str:
+    nm = shutil.which("llvm-nm-19") or shutil.which("llvm-nm")
+    assert nm, "needs llvm-nm (scripts/setup.sh installs llvm-19)"
+    return nm
 
 
 def _run(cmd, **kw):
@@ -70,23 +62,17 @@ def built(tmp_path_factory):
     return root, lib, tc, manifest
 
 
-def test_symbol_list_is_llama_cpps():
-    """The committed list is the grep of the vendored llama.cpp glue (when it is here)."""
+def test_symbol_list_is_llama_cpps(llama_kai):
+    """The committed list is the grep of the vendored llama.cpp glue."""
     syms = K.kai_symbols()
     assert len(syms) > 250 and syms == sorted(set(syms))
-    if not LLAMA_KAI.is_dir():
-        pytest.skip("no vendored llama.cpp sources")
-    text = (LLAMA_KAI / "kernels.cpp").read_text() + (LLAMA_KAI / "kleidiai.cpp").read_text()
+    text = (llama_kai / "kernels.cpp").read_text() + (llama_kai / "kleidiai.cpp").read_text()
     assert sorted(set(re.findall(r"kai_[a-zA-Z0-9_]*", text))) == syms
 
 
-def test_every_matmul_function_defined():
+def test_every_matmul_function_defined(llama_kai):
     files = K.export_files()
-    missing = K.missing_symbols(files)
-    if _has_packers():
-        assert missing == []
-    else:
-        assert missing and all(s.startswith(PACKER_PREFIXES) for s in missing), missing
+    assert K.missing_symbols(files) == []
     matmul = [s for s in K.function_symbols() if "matmul_clamp" in s]
     assert len(matmul) == len({s for s in matmul}) >= 20 * 11 - 2
     assert not set(matmul) - K.defined_functions(files)
@@ -95,10 +81,9 @@ def test_every_matmul_function_defined():
     for s in K.kai_symbols():
         if s.startswith("kai_matmul_clamp_") or s == "kai_common":
             assert s in paths, s
-    if LLAMA_KAI.is_dir():
-        inc = re.findall(r'#include "(kai/[^"]+)"', (LLAMA_KAI / "kernels.cpp").read_text())
-        have = {f.path for f in files}
-        assert [p for p in inc if p not in have and "/pack/" not in p] == []
+    inc = re.findall(r'#include "(kai/[^"]+)"', (llama_kai / "kernels.cpp").read_text())
+    have = {f.path for f in files}
+    assert len(inc) > 20 and [p for p in inc if p not in have and "/pack/" not in p] == []
 
 
 def test_mapping_is_documented_and_layouts_agree():
@@ -118,9 +103,7 @@ def test_mapping_is_documented_and_layouts_agree():
 
 def test_cmake_builds_target_kleidiai(built):
     root, lib, tc, manifest = built
-    nm = shutil.which("llvm-nm-19") or shutil.which("llvm-nm")
-    if nm is None:
-        pytest.skip("no llvm-nm")
+    nm = _nm()
     defined = set(_run([nm, "--defined-only", "-g", lib]).stdout.split())
     for kk in K.KERNELS:
         assert f"kai_run_{kk.name}" in defined
@@ -130,7 +113,7 @@ def test_cmake_builds_target_kleidiai(built):
 
 def test_link_every_llama_symbol(built, tmp_path):
     """A C file that takes the address of every function llama.cpp references links against
-    libkleidiai.a; no kai_ symbol stays undefined (the packers' only when packers_c is absent)."""
+    libkleidiai.a; no kai_ symbol stays undefined."""
     root, lib, tc, _ = built
     syms = K.function_symbols()
     src = tmp_path / "link_all.c"
@@ -141,13 +124,10 @@ def test_link_every_llama_symbol(built, tmp_path):
     _run([*tc.assemble_cmd(src, obj, "-O1", "-ffreestanding")])
     so = tmp_path / "liblink.so"
     _run(tc.link_cmd([obj, lib], so))
-    nm = shutil.which("llvm-nm-19") or shutil.which("llvm-nm")
-    if nm is None:
-        pytest.skip("no llvm-nm")
+    nm = _nm()
     undef = set(_run([nm, "-u", so]).stdout.split()) - {"U", "w"}
     kai_undef = sorted(s for s in undef if s.startswith("kai_"))
-    expect = [] if _has_packers() else sorted(K.missing_symbols())
-    assert kai_undef == expect
+    assert kai_undef == []
     assert not [s for s in undef if s.startswith("tilegen_")]
 
 
@@ -367,29 +347,15 @@ def test_sme_run_functions(kai_so):
         _check(g.call("guest_kai:run", kai_so, kk.name, kind, cases), cases, refs, stem)
 
 
-def _cross_sysroot() -> Path | None:
-    import os
-    env = os.environ.get("TILEGEN_CROSS_SYSROOT")
-    cands = [Path(env)] if env else []
-    cands.append(Path.home() / ".cache" / "tilegen" / "cross-sysroot")
-    for c in cands:
-        if (c / "usr" / "include" / "c++").is_dir():
-            return c
-    return None
-
-
 @pytest.mark.parametrize("src", ["kernels.cpp", "kleidiai.cpp"])
-def test_llama_cpp_glue_compiles(built, src):
-    """llama.cpp's own kleidiai/kernels.cpp and kleidiai.cpp compile against the tree (when the
-    vendored sources and an aarch64 sysroot with libstdc++ headers are present)."""
+def test_llama_cpp_glue_compiles(built, llama_kai, cross_sysroot, src):
+    """llama.cpp's own kleidiai/kernels.cpp and kleidiai.cpp compile against the tree (the
+    vendored sources and the aarch64 sysroot with libstdc++ headers come from provisioning)."""
     root, lib, tc, _ = built
-    sysroot = _cross_sysroot()
-    if not LLAMA_KAI.is_dir() or sysroot is None:
-        pytest.skip("needs the vendored llama.cpp sources and an aarch64 C++ sysroot")
-    ggml = LLAMA_KAI.parents[2]
+    ggml = llama_kai.parents[2]
     _run([*tc.driver, *tc.target_flags, "-x", "c++", "-std=c++17", "-fsyntax-only",
-          f"--sysroot={sysroot}", "-DGGML_USE_CPU_KLEIDIAI", f"-I{ggml / 'include'}",
-          f"-I{ggml / 'src'}", f"-I{ggml / 'src' / 'ggml-cpu'}", f"-I{root}", LLAMA_KAI / src])
+          f"--sysroot={cross_sysroot}", "-DGGML_USE_CPU_KLEIDIAI", f"-I{ggml / 'include'}",
+          f"-I{ggml / 'src'}", f"-I{ggml / 'src' / 'ggml-cpu'}", f"-I{root}", llama_kai / src])
 
 
 def test_ps1s0_kernels(kai_so):
@@ -531,8 +497,6 @@ def test_llama_table_entry_end_to_end(kai_so, entry):
     """One kernels.cpp table entry as kleidiai.cpp drives it, with the exported packers and
     kernels (geometry only from the getters): gemm (m = 7) and gemv (m = 1) within the
     quantisation error of the float product."""
-    if not _has_packers():
-        pytest.skip("needs tilegen.export.packers_c")
     from tilegen.layout.ggml import dequantize_q4_0, quantize_q4_0
     fam, gemm, gemm_lhs, gemv, gemv_lhs, rhs_packer = entry
     g = guest("max", None, SVL_BITS)
@@ -568,13 +532,10 @@ def test_llama_table_entry_end_to_end(kai_so, entry):
 def test_tuned_pairs_end_to_end(tmp_path_factory):
     """--tuned-pairs for a preset whose tuned q4_0 pair has nr 12: the replaced table entries
     still compute the product (RHS packed at the tuned gemm's nr, read by the tuned gemv)."""
-    if not _has_packers():
-        pytest.skip("needs tilegen.export.packers_c")
     from tilegen.layout.ggml import dequantize_q4_0, quantize_q4_0
     over = K.tuned_pair_overrides("neoverse-v2")
     entries = [e for e in LLAMA_TABLE if "matmul_clamp_f32_" + e[1] in over]
-    if not entries:
-        pytest.skip("the committed neoverse-v2 tuned file pairs no kernels.cpp entry")
+    assert entries, "the committed neoverse-v2 tuned file pairs no kernels.cpp entry: pick a preset that does"
     tc = _toolchain()
     base = tmp_path_factory.mktemp("kaituned")
     man = K.write_tree(base / "tree", target="neoverse-v2", tuned="pairs")
@@ -619,8 +580,6 @@ def parse_nr(spec: str) -> int:
 def test_llama_flow_q4_bit_exact(kai_so, gemm, lhs_packer, m, rounding):
     """The exported C packers + kernel of a q4_0 entry (as kleidiai.cpp calls them) give the
     bytes of tilegen's numpy pipeline: dst equals the reference bit for bit."""
-    if not _has_packers():
-        pytest.skip("needs tilegen.export.packers_c")
     from tilegen.layout.ggml import quantize_q4_0
     from tilegen.layout.q4 import QSI8D32P
     from tilegen.reference_q4 import matmul_qsi8d32p_qsi4c32pscalef16 as ref_q4
@@ -639,11 +598,13 @@ def test_llama_flow_q4_bit_exact(kai_so, gemm, lhs_packer, m, rounding):
     assert np.array_equal(got, want), np.abs(got - want).max()
 
 
+def _kai_stem(p: Path) -> str:
+    return re.sub(r"_m\d+_n\d+_k\d+(_bl\d+)?$", "", p.stem)
+
+
 def _kai_vectors():
-    vec = Path(__file__).resolve().parents[2] / "shared" / "vectors"
     names = {k.name for k in K.KERNELS}
-    return [p for p in sorted(vec.glob("matmul_clamp_f32_*.npz"))
-            if re.sub(r"_m\d+_n\d+_k\d+(_bl\d+)?$", "", p.stem) in names]
+    return vector_params("matmul_clamp_f32_*.npz", keep=lambda p: _kai_stem(p) in names)
 
 
 @pytest.mark.parametrize("path", _kai_vectors(), ids=lambda p: p.stem)
@@ -651,7 +612,7 @@ def test_reproduces_kleidiai_vectors(kai_so, path):
     """KleidiAI's own packed buffers through the exported name: KleidiAI's dst bit for bit, and
     the getters' mr/nr/kr/sr are KleidiAI's."""
     z = np.load(path)
-    name = re.sub(r"_m\d+_n\d+_k\d+(_bl\d+)?$", "", path.stem)
+    name = _kai_stem(path)
     kk = next(k for k in K.KERNELS if k.name == name)
     m, n, k = int(z["m"]), int(z["n"]), int(z["k"])
     g = guest("max")

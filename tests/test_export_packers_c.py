@@ -11,8 +11,6 @@ the getters agree with the layout objects and with KleidiAI's getter values in t
 """
 from __future__ import annotations
 
-import glob
-import os
 import re
 import subprocess
 from pathlib import Path
@@ -30,12 +28,9 @@ from tilegen.layout.q4 import QAI8DXP, QSI8D32P, QSI4C32PScaleF16
 from tilegen.layout.q4_sme import F16PLhs2, QSI4C32PS1S0ScaleF16, QSI8D32PScaleTail
 from tilegen.layout.q8 import QSI8CXP
 
-from conftest import guest
+from conftest import guest, vector_files
 from guest_kai_pack import MARGIN, PREFILLS
 
-VECTORS = Path(os.environ.get("TILEGEN_VECTORS", "/work/shared/vectors"))
-KERNELS_CPP = Path("/work/llama/llama_cpp_python-0.3.36/vendor/llama.cpp/ggml/src/ggml-cpu/"
-                   "kleidiai/kernels.cpp")
 F = np.float32
 SVLS = (16, 64)          # bytes: 128 and 512 bits
 
@@ -46,8 +41,7 @@ SVLS = (16, 64)          # bytes: 128 and 512 bits
 @pytest.fixture(scope="session")
 def lib(tmp_path_factory) -> str:
     tc = discover("elf")
-    if tc.kind not in ("clang", "custom-clang", "custom"):
-        pytest.skip(f"needs clang, found {tc.kind}")
+    assert tc.kind in ("clang", "custom-clang", "custom"), f"needs clang, found {tc.kind}"
     root = tmp_path_factory.mktemp("kai_export")
     for f in packer_sources():
         p = root / f.path
@@ -85,10 +79,8 @@ def test_tree_files():
     assert packer_sources() == files                       # deterministic
 
 
-def test_headers_declare_what_llama_cpp_calls():
-    if not KERNELS_CPP.exists():
-        pytest.skip("vendored llama.cpp not present")
-    used = set(re.findall(r"\bkai_\w+", KERNELS_CPP.read_text()))
+def test_headers_declare_what_llama_cpp_calls(llama_kai):
+    used = set(re.findall(r"\bkai_\w+", (llama_kai / "kernels.cpp").read_text()))
     declared = {n for names in _declared().values() for n in names}
     packer_fns = {u for u in used if any(u.endswith(p[4:]) for p in PACKERS)} - set(PACKERS)
     assert len(packer_fns) >= 40
@@ -99,8 +91,7 @@ def test_headers_declare_what_llama_cpp_calls():
 def test_headers_compile_as_cpp(tmp_path):
     """llama.cpp includes the headers from C++ (kernels.cpp): all together, with the structs."""
     tc = discover("elf")
-    if tc.kind not in ("clang", "custom-clang", "custom"):
-        pytest.skip(f"needs clang, found {tc.kind}")
+    assert tc.kind in ("clang", "custom-clang", "custom"), f"needs clang, found {tc.kind}"
     for f in packer_sources():
         p = tmp_path / f.path
         p.parent.mkdir(parents=True, exist_ok=True)
@@ -288,6 +279,7 @@ def test_lhs_golden_vectors(lib):
     """KleidiAI's qai8dxp and qsi8d32p (generic and 4x8sb) vectors, as the NEON packer tests
     collect them (same C API)."""
     from test_lhs_pack_neon import GOLDEN
+    assert len(GOLDEN) >= 13, f"{len(GOLDEN)} LHS golden vectors"
     cases = []
     for spec, a, src, exp, mask, label in GOLDEN:
         if spec.fmt == "qai8dxp":
@@ -300,7 +292,7 @@ def test_lhs_golden_vectors(lib):
                      U(a["m_idx_start"]), IN(src), U(a["lhs_stride"]), OUT(len(exp))], False)
         cases.append((call, dict(expected=exp, mask=mask), f"{call[0]} {label}"))
     # the Q8 vectors: every kernel's LHS, and m_idx_start = 2
-    for f in sorted(glob.glob(str(VECTORS / "q8_qai8dxp_qsi8cxp_*.npz"))):
+    for f in vector_files("q8_qai8dxp_qsi8cxp_*.npz"):
         z = np.load(f)
         x = z["lhs_f32"]
         m, k = x.shape
@@ -454,9 +446,10 @@ def test_qsi4c32pscalef16(lib):
                 cases.append(_getter(f"kai_get_rhs_packed_offset_{n4}", (nr, k, nr, kr, bl),
                                      lay.packed_offset(nr, k), "offset"))
     # golden vectors from KleidiAI's packer
-    for f in sorted(glob.glob(str(VECTORS / "*.npz"))):
+    golden = 0
+    for f in vector_files("*.npz"):
         z = np.load(f)
-        stem = Path(f).stem
+        stem = f.stem
         if stem.startswith("rhs_qsi4c32pscalef16"):
             raw, exp = z["rhs_bytes"], z["packed"]
         elif "rhs_packed" in z.files and ("rhs_bytes" in z.files or "rhs_q4_0" in z.files) \
@@ -469,6 +462,8 @@ def test_qsi4c32pscalef16(lib):
         n, k, nr, kr, bl = I("n"), I("k"), I("nr"), I("kr"), I("bl")
         assert np.array_equal(QSI4C32PScaleF16(nr, kr, 2, bl).pack(raw), exp), stem
         cases.append((_q4_call(name, n, k, nr, kr, bl, raw, len(exp)), dict(expected=exp), stem))
+        golden += 1
+    assert golden >= 8, f"{golden} q4 RHS golden vectors, expected 8"
     assert sum(1 for c in cases if not c[0][2]) >= 20
     _batch(lib, cases)
 
@@ -552,7 +547,7 @@ def test_qsi8cxp(lib):
             cases.append(_getter(f"kai_get_rhs_packed_size_{n4}", (n, k, nr, kr, 1), size, "size"))
             cases.append(_getter(f"kai_get_rhs_packed_stride_{n4}", (k, nr, kr, 1),
                                  lay.group_stride(k), "stride"))
-    for f in sorted(glob.glob(str(VECTORS / "q8_qai8dxp_qsi8cxp_*.npz"))):
+    for f in vector_files("q8_qai8dxp_qsi8cxp_*.npz"):
         z = np.load(f)
         q, scale, bias = z["rhs_qs8"], z["rhs_scale"], z["bias"]
         n, k = q.shape
@@ -618,12 +613,7 @@ def test_sme_rhs(lib, svl):
 
 
 def _bf16_sme_vectors():
-    out = []
-    for f in sorted(glob.glob(str(VECTORS / "bf16_*.npz"))):
-        z = np.load(f)
-        if "sme2_mopa__lhs_packed" in z.files:
-            out.append(Path(f))
-    return out
+    return vector_files("bf16_*.npz", keep=lambda f: "sme2_mopa__lhs_packed" in np.load(f).files)
 
 
 def test_bf16_sme_golden_vectors(lib):
@@ -689,7 +679,7 @@ def test_f32p2vlx1biasf32_golden_at_svl256(lib):
     packers, whose n x k twin gives the same bytes)."""
     name = "kai_run_rhs_pack_nxk_f32p2vlx1biasf32_f32_f32_sme"
     cases = []
-    for f in sorted(glob.glob(str(VECTORS / "rhs_f32p16x1b_*.npz"))):
+    for f in vector_files("rhs_f32p16x1b_*.npz"):
         z = np.load(f)
         w = np.ascontiguousarray(z["rhs_kxn"].T)
         n, k = w.shape

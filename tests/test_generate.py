@@ -36,9 +36,9 @@ def test_deterministic_render():
     assert tilegen.generate(s) == tilegen.generate(KernelSpec("f32", "neon", 6, 16))
 
 
-@pytest.mark.skipif(CLANG is None, reason="needs clang (scripts/setup.sh installs clang-19)")
 @pytest.mark.parametrize("fmt,triple", [("elf", "aarch64-linux-gnu"), ("macho", "arm64-apple-macos")])
 def test_every_tile_assembles(tmp_path, fmt, triple):
+    assert CLANG, "needs clang (scripts/setup.sh installs clang-19)"
     for tile in TILES:
         s = _spec(tile)
         src = tmp_path / f"{s.name}.{fmt}.S"

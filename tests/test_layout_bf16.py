@@ -1,7 +1,6 @@
 """Host-side tests of the bf16 layouts (tilegen.layout.bf16) and the numpy reference of the bf16
 kernels (tilegen.reference_bf16) against KleidiAI's golden vectors (SME at SVL 128/256/512 bits,
 NEON BFMMLA and BFDOT)."""
-from pathlib import Path
 
 import numpy as np
 import pytest
@@ -11,19 +10,14 @@ from tilegen.layout.bf16 import (BF16PLhs2, BF16PLhs4, BF16PRhs2B, BF16PRhs4B, b
                                  f32_to_bf16_rne)
 from tilegen.reference_bf16 import matmul_bf16, matmul_bf16_f64, rto32_add
 
-VECTORS = Path(__file__).resolve().parents[2] / "shared" / "vectors"
+from conftest import vector_params
+
 FLT_MAX = 3.4028234663852886e38
 
 
-def _vectors(pattern):
-    files = sorted(VECTORS.glob(pattern))
-    assert files, f"no golden vectors {pattern} in {VECTORS}"
-    return files
-
-
-ALL = _vectors("bf16_*.npz")
-NEON = [p for p in ALL if "_sme_" not in p.name]
-GEMV = [p for p in NEON if p.name.startswith("bf16_m1_")]
+ALL = vector_params("bf16_*.npz")
+NEON = vector_params("bf16_*.npz", keep=lambda p: "_sme_" not in p.name)
+GEMV = vector_params("bf16_m1_*.npz", keep=lambda p: "_sme_" not in p.name)
 
 
 def _ids(p):

@@ -1,21 +1,13 @@
-from pathlib import Path
-
 import numpy as np
 import pytest
 
 import tilegen
 from tilegen.layout import F32PackedRHS, LayoutError
 
-VECTORS = Path(__file__).resolve().parents[2] / "shared" / "vectors"
+from conftest import vector_params
 
 
-def _vectors(pattern):
-    files = sorted(VECTORS.glob(pattern))
-    assert files, f"no golden vectors {pattern} in {VECTORS}"
-    return files
-
-
-@pytest.mark.parametrize("path", _vectors("rhs_f32p16x1b_kxn_*.npz"), ids=lambda p: p.stem)
+@pytest.mark.parametrize("path", vector_params("rhs_f32p16x1b_kxn_*.npz"), ids=lambda p: p.stem)
 def test_pack_matches_kleidiai_vectors(path):
     z = np.load(path)
     bias = z["bias"] if int(z["has_bias"]) else None
@@ -28,7 +20,7 @@ def test_pack_matches_kleidiai_vectors(path):
     assert F32PackedRHS(16).packed_size(int(z["n"]), int(z["k"])) == int(z["packed_size"])
 
 
-@pytest.mark.parametrize("path", _vectors("matmul_clamp_f32_f32_f32p16x1b_*.npz"), ids=lambda p: p.stem)
+@pytest.mark.parametrize("path", vector_params("matmul_clamp_f32_f32_f32p16x1b_*.npz"), ids=lambda p: p.stem)
 def test_matmul_vector_rhs_and_reference(path):
     from tilegen.reference import matmul_f32
     z = np.load(path)

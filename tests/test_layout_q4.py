@@ -1,6 +1,5 @@
 """Host-side tests of the int8/int4 layouts (tilegen.layout.q4 / ggml / api) and the numpy
 references of the int kernels (tilegen.reference_q4) against KleidiAI's golden vectors."""
-from pathlib import Path
 
 import numpy as np
 import pytest
@@ -13,14 +12,9 @@ from tilegen.layout.q4 import (QAI8DXP, QSI4C32P, QSI8D32P, QSI4C32PScaleF16, bf
                                f16_bits_to_f32, f32_to_bf16_rne)
 from tilegen.reference_q4 import matmul_qai8dxp_qsi4c32p, matmul_qsi8d32p_qsi4c32pscalef16
 
-VECTORS = Path(__file__).resolve().parents[2] / "shared" / "vectors"
+from conftest import vector_files, vector_params
+
 FLT_MAX = 3.4028234663852886e38
-
-
-def _vectors(pattern):
-    files = sorted(VECTORS.glob(pattern))
-    assert files, f"no golden vectors {pattern} in {VECTORS}"
-    return files
 
 
 def _ids(p):
@@ -35,10 +29,6 @@ def _bits(a):
     return np.asarray(a, dtype=np.float32).view(np.uint32)
 
 
-def _gguf():
-    return pytest.importorskip("gguf")
-
-
 def _masked_equal(got, exp, mask):
     assert got.dtype == np.uint8 and got.shape == exp.shape, (got.shape, exp.shape)
     m = mask == 1
@@ -49,7 +39,7 @@ def _masked_equal(got, exp, mask):
 # -----------------------------------------------------------------------------------------
 # LHS qai8dxp
 # -----------------------------------------------------------------------------------------
-@pytest.mark.parametrize("path", _vectors("lhs_qai8dxp_*.npz"), ids=_ids)
+@pytest.mark.parametrize("path", vector_params("lhs_qai8dxp_*.npz"), ids=_ids)
 def test_qai8dxp_pack_vectors(path):
     z = np.load(path)
     m, k, mr, kr, sr, ms = (_i(z, f) for f in ("m", "k", "mr", "kr", "sr", "m_idx_start"))
@@ -67,7 +57,7 @@ def test_qai8dxp_pack_vectors(path):
     assert np.array_equal(api.pack_lhs("qai8dxp", z["lhs"], mr=mr, kr=kr, sr=sr, m_idx_start=ms), got)
 
 
-@pytest.mark.parametrize("path", _vectors("lhs_qai8dxp_*.npz"), ids=_ids)
+@pytest.mark.parametrize("path", vector_params("lhs_qai8dxp_*.npz"), ids=_ids)
 def test_qai8dxp_geometry_getters_vectors(path):
     """Read the fields straight from the vector's bytes with the generator-facing getters."""
     z = np.load(path)
@@ -165,7 +155,7 @@ def test_qai8dxp_extreme_ranges_follow_the_c_code():
 # -----------------------------------------------------------------------------------------
 # LHS qsi8d32p
 # -----------------------------------------------------------------------------------------
-@pytest.mark.parametrize("path", _vectors("lhs_qsi8d32p*.npz"), ids=_ids)
+@pytest.mark.parametrize("path", vector_params("lhs_qsi8d32p*.npz"), ids=_ids)
 def test_qsi8d32p_pack_vectors(path):
     z = np.load(path)
     m, k, bl, mr, kr, sr, ms = (_i(z, f) for f in ("m", "k", "bl", "mr", "kr", "sr", "m_idx_start"))
@@ -180,13 +170,15 @@ def test_qsi8d32p_pack_vectors(path):
                                        rounding=rounding), got)
 
 
-def _qsi8d32p_lhs_cases():
-    out = []
-    for p in _vectors("qsi8d32p_lhs_*.npz"):
-        out.append(pytest.param(p, "", id=p.stem))
-        if "lhs_packed_sb" in np.load(p).files:
-            out.append(pytest.param(p, "_sb", id=p.stem + "-sb"))
+def _qsi8d32p_lhs_params(p):
+    out = [pytest.param(p, "", id=p.stem)]
+    if "lhs_packed_sb" in np.load(p).files:
+        out.append(pytest.param(p, "_sb", id=p.stem + "-sb"))
     return out
+
+
+def _qsi8d32p_lhs_cases():
+    return vector_params("qsi8d32p_lhs_*.npz", nargs=2, expand=_qsi8d32p_lhs_params)
 
 
 @pytest.mark.parametrize("path,suffix", _qsi8d32p_lhs_cases())
@@ -222,7 +214,7 @@ def test_qsi8d32p_lhs_files(path, suffix):
 
 
 def test_qsi8d32p_rounding_modes_differ_on_ties():
-    z = np.load(_vectors("qsi8d32p_lhs_ties_*.npz")[0])
+    z = np.load(vector_files("qsi8d32p_lhs_ties_*.npz")[0])
     m, k, bl, mr, kr, sr = (_i(z, f) for f in ("m", "k", "bl", "mr", "kr", "sr"))
     away = QSI8D32P(mr, kr, sr, bl, "away").pack(z["lhs"][:m])
     even = QSI8D32P(mr, kr, sr, bl, "even").pack(z["lhs"][:m])
@@ -266,7 +258,7 @@ def test_qsi8d32p_special_values():
 # -----------------------------------------------------------------------------------------
 # RHS qsi4c32p (s1s0 -> bf16 scales, rsum, bias)
 # -----------------------------------------------------------------------------------------
-@pytest.mark.parametrize("path", _vectors("rhs_qsi4c32p_s1s0_*.npz"), ids=_ids)
+@pytest.mark.parametrize("path", vector_params("rhs_qsi4c32p_s1s0_*.npz"), ids=_ids)
 def test_qsi4c32p_pack_vectors(path):
     z = np.load(path)
     n, k, nr, kr, sr, bl = (_i(z, f) for f in ("n", "k", "nr", "kr", "sr", "bl"))
@@ -294,9 +286,6 @@ def test_qsi4c32p_pack_vectors(path):
         for blk in range(k // bl):
             o = g * GS + lay.block_offset(blk) + lay.scale_offset_in_block + 2 * i
             assert z["packed"][o:o + 2].view("<u2")[0] == z["scale_bf16"][src, blk]
-    # worked bytes of docs/layouts.md#qsi4c32p
-    if path.stem == "rhs_qsi4c32p_s1s0_n8_k64_nr4_kr8_sr2_bl32":
-        assert list(z["packed"][:4]) == [0x53, 0x81, 0x19, 0xB3]
     # dequantize: (u - 8) * f32(bf16)
     rows = [n - 1, 0, n // 2]
     d = lay.dequantize_rows(z["packed"], n, k, rows)
@@ -307,7 +296,7 @@ def test_qsi4c32p_pack_vectors(path):
 
 def test_qsi4c32p_pack_strided_inputs():
     """rhs_stride > k/2 and scale arrays wider than k/bl (KleidiAI's strides)."""
-    z = np.load(_vectors("rhs_qsi4c32p_s1s0_n12_*.npz")[0])
+    z = np.load(vector_files("rhs_qsi4c32p_s1s0_n12_*.npz")[0])
     n, k, nr, kr, sr, bl = (_i(z, f) for f in ("n", "k", "nr", "kr", "sr", "bl"))
     wide = np.full((n, z["rhs_bytes"].shape[1] + 7), 0xAB, np.uint8)
     wide[:, :k // 2] = z["rhs_bytes"]
@@ -357,7 +346,7 @@ def test_qsi4c32p_pack_from_ggml_and_float():
 # -----------------------------------------------------------------------------------------
 # RHS qsi4c32pscalef16 (q4_0 rows, f16 scales)
 # -----------------------------------------------------------------------------------------
-@pytest.mark.parametrize("path", _vectors("rhs_qsi4c32pscalef16_*.npz"), ids=_ids)
+@pytest.mark.parametrize("path", vector_params("rhs_qsi4c32pscalef16_*.npz"), ids=_ids)
 def test_qsi4c32pscalef16_pack_vectors(path):
     z = np.load(path)
     n, k, nr, kr, sr, bl = (_i(z, f) for f in ("n", "k", "nr", "kr", "sr", "bl"))
@@ -386,9 +375,9 @@ def test_qsi4c32pscalef16_pack_vectors(path):
                 assert np.array_equal(z["packed"][o:o + h], src[b, 2 + sg * h:2 + (sg + 1) * h] ^ 0x88)
 
 
-@pytest.mark.parametrize("path", _vectors("rhs_qsi4c32pscalef16_*.npz"), ids=_ids)
+@pytest.mark.parametrize("path", vector_params("rhs_qsi4c32pscalef16_*.npz"), ids=_ids)
 def test_qsi4c32pscalef16_dequantize_equals_gguf(path):
-    gguf = _gguf()
+    import gguf  # the `test` extra (pyproject.toml) installs it
     z = np.load(path)
     n, k, nr, kr, sr, bl = (_i(z, f) for f in ("n", "k", "nr", "kr", "sr", "bl"))
     lay = QSI4C32PScaleF16(nr, kr, sr, bl)
@@ -402,7 +391,7 @@ def test_qsi4c32pscalef16_dequantize_equals_gguf(path):
 
 @pytest.mark.parametrize("nr,kr", [(4, 8), (4, 16), (8, 8), (4, 2), (16, 16), (3, 4)])
 def test_qsi4c32pscalef16_ggml_round_trip(nr, kr):
-    gguf = _gguf()
+    import gguf  # the `test` extra (pyproject.toml) installs it
     rng = np.random.default_rng(nr * 31 + kr)
     n, k = 11, 160
     w = (rng.normal(size=(n, k)) * 10.0 ** rng.uniform(-4, 2, size=(n, 1))).astype(np.float32)
@@ -464,7 +453,7 @@ def _q4_inputs():
 
 @pytest.mark.parametrize("kind", list(_q4_inputs()))
 def test_quantize_q4_0_matches_gguf(kind):
-    gguf = _gguf()
+    import gguf  # the `test` extra (pyproject.toml) installs it
     w = _q4_inputs()[kind]
     with np.errstate(all="ignore"):
         exp = gguf.quants.quantize(w, gguf.GGMLQuantizationType.Q4_0)
@@ -478,7 +467,7 @@ def test_quantize_q4_0_matches_gguf(kind):
     assert np.array_equal(_bits(dequantize_q4_0(got.reshape(-1), n, k)), _bits(deq))
 
 
-@pytest.mark.parametrize("path", _vectors("qsi8d32p_mm_*.npz"), ids=_ids)
+@pytest.mark.parametrize("path", vector_params("qsi8d32p_mm_*.npz"), ids=_ids)
 def test_quantize_q4_0_matches_vectors(path):
     z = np.load(path)
     assert np.array_equal(quantize_q4_0(z["rhs_f32"]), z["rhs_q4_0"])
@@ -503,7 +492,7 @@ def _geom(z):
     return tuple(_i(z, f) for f in ("m", "n", "k", "bl", "mr", "nr", "kr", "sr"))
 
 
-@pytest.mark.parametrize("path", _vectors("matmul_clamp_f32_qai8dxp*.npz"), ids=_ids)
+@pytest.mark.parametrize("path", vector_params("matmul_clamp_f32_qai8dxp*.npz"), ids=_ids)
 def test_matmul_qai8dxp_qsi4c32p_vectors(path):
     z = np.load(path)
     m, n, k, bl, mr, nr, kr, sr = g = _geom(z)
@@ -519,14 +508,8 @@ def test_matmul_qai8dxp_qsi4c32p_vectors(path):
     assert np.array_equal(_bits(dst), _bits(z["dst"]))
 
 
-def _mm_q4_0_cases():
-    out = []
-    for p in _vectors("matmul_clamp_f32_qsi8d32p*.npz") + _vectors("qsi8d32p_mm_*.npz"):
-        out.append(pytest.param(p, id=p.stem))
-    return out
-
-
-@pytest.mark.parametrize("path", _mm_q4_0_cases())
+@pytest.mark.parametrize("path", vector_params("matmul_clamp_f32_qsi8d32p*.npz")
+                         + vector_params("qsi8d32p_mm_*.npz"), ids=_ids)
 def test_matmul_qsi8d32p_qsi4c32pscalef16_vectors(path):
     z = np.load(path)
     m, n, k, bl, mr, nr, kr, sr = g = _geom(z)
@@ -556,18 +539,32 @@ def test_matmul_qsi8d32p_qsi4c32pscalef16_vectors(path):
         assert np.array_equal(_bits(free), _bits(z["dst_unclamped"]))
 
 
+def test_worked_bytes_of_the_qsi4c32p_doc():
+    """The first packed bytes docs/layouts.md#qsi4c32p works out, from their vector."""
+    [path] = vector_files("rhs_qsi4c32p_s1s0_n8_k64_nr4_kr8_sr2_bl32.npz")
+    assert list(np.load(path)["packed"][:4]) == [0x53, 0x81, 0x19, 0xB3]
+
+
+def test_mm_vectors_hold_the_optional_fields():
+    """test_matmul_qsi8d32p_qsi4c32pscalef16_vectors checks rhs_f32, rhs_u4 and dst_unclamped
+    where a vector has them: some vectors must, or those checks run nowhere."""
+    files = vector_files("matmul_clamp_f32_qsi8d32p*.npz") + vector_files("qsi8d32p_mm_*.npz")
+    for key in ("rhs_f32", "rhs_u4", "dst_unclamped"):
+        assert any(key in np.load(f).files for f in files), key
+
+
 def test_reference_clamp_order():
     """max first, then min: clamp_min > clamp_max gives clamp_max (docs/layouts.md#arith-qai8dxp)."""
-    z = np.load(_vectors("matmul_clamp_f32_qai8dxp1x4_*_m1_*.npz")[0])
+    z = np.load(vector_files("matmul_clamp_f32_qai8dxp1x4_*_m1_*.npz")[0])
     dst = matmul_qai8dxp_qsi4c32p(z["lhs_packed"], z["rhs_packed"], *_geom(z), 1.0, -1.0)
     assert np.all(dst == -1.0)
-    z = np.load(_vectors("qsi8d32p_mm_*_m1_n8_*.npz")[0])
+    z = np.load(vector_files("qsi8d32p_mm_*_m1_n8_*.npz")[0])
     dst = matmul_qsi8d32p_qsi4c32pscalef16(z["lhs_packed"], z["rhs_packed"], *_geom(z), 1.0, -1.0)
     assert np.all(dst == -1.0)
 
 
 def test_reference_ignores_padding_slots():
-    z = np.load(_vectors("matmul_clamp_f32_qai8dxp4x8_*_m5_*.npz")[0])
+    z = np.load(vector_files("matmul_clamp_f32_qai8dxp4x8_*_m5_*.npz")[0])
     lhs = z["lhs_packed"].copy()
     lay = QAI8DXP(4, 16, 2)
     S, k = lay.row_block_stride(_i(z, "k")), _i(z, "k")
@@ -629,7 +626,7 @@ def test_layout_for():
 
 
 def test_api_pack_f32p_and_lhs():
-    z = np.load(_vectors("rhs_f32p16x1b_kxn_*.npz")[0])
+    z = np.load(vector_files("rhs_f32p16x1b_kxn_*.npz")[0])
     bias = z["bias"] if int(z["has_bias"]) else None
     assert np.array_equal(api.pack_rhs("f32p", z["rhs_kxn"], nr=16, bias=bias, layout="kn"), z["packed"])
     f = api.dequantize_rows(z["packed"], "f32p", _i(z, "n"), _i(z, "k"), 16, 1, 1, 32, [1, 0])

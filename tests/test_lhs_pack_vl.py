@@ -10,10 +10,8 @@ lib.matmul through the SME kernels packs with these routines, never in numpy.
 from __future__ import annotations
 
 import json
-import os
 import re
 import subprocess
-from pathlib import Path
 
 import numpy as np
 import pytest
@@ -27,12 +25,10 @@ from tilegen.generator.packers import VL_ROWS_MAX, VL_ROWS_MIN, PackerSpec, pack
 from tilegen.generator.spec import SpecError
 from tilegen.layout.bf16 import f32_to_bf16_rne
 
-from conftest import SME_ON, guest
+from conftest import SME_ON, guest, vector_files, vector_params
 from test_lhs_pack_neon import (MARGIN, PREFILLS, _check, _qai8dxp_rows, _qsi8d32p_rows,
                                 _rows_bytes, hot_loop, model_qai8dxp, model_qsi8d32p)
 
-VECTORS = Path(os.environ.get("TILEGEN_VECTORS", Path(__file__).resolve().parents[2]
-                              / "shared" / "vectors"))
 SVLS = (128, 512, 2048)
 F = np.float32
 
@@ -189,21 +185,17 @@ def test_bf16_specials_exact():
         assert b[list(_SPECIAL_BITS).index(bits)] == v, hex(bits)
 
 
-def _golden():
-    out = []
-    for p in sorted(VECTORS.glob("bf16_*.npz")):
-        z = np.load(p)
-        if "sme2_mopa__lhs_packed" in z.files:
-            out.append(p)
-    return out
+def _has_sme_lhs(p) -> bool:
+    return "sme2_mopa__lhs_packed" in np.load(p).files
 
 
-GOLDEN = _golden()
+GOLDEN = vector_params("bf16_*.npz", keep=_has_sme_lhs, minimum=3)
 
 
 def test_golden_vectors_found():
-    svls = {int(np.load(p)["sme2_mopa__svl_bits"]) for p in GOLDEN}
-    assert len(GOLDEN) >= 3 and {128, 256, 512} <= svls, (GOLDEN, svls)
+    files = vector_files("bf16_*.npz", keep=_has_sme_lhs, minimum=3)
+    svls = {int(np.load(p)["sme2_mopa__svl_bits"]) for p in files}
+    assert {128, 256, 512} <= svls, (files, svls)
 
 
 @pytest.mark.parametrize("path", GOLDEN, ids=lambda p: p.stem)

@@ -163,7 +163,7 @@ def test_ggml_bytes_like_inputs(wrap):
 
 
 def test_truncated_gguf_is_a_load_error(tmp_path):
-    gguf = pytest.importorskip("gguf")
+    import gguf  # the `test` extra (pyproject.toml) installs it
     from tilegen.gguf import load_tensor
     rng = np.random.default_rng(32)
     w = rng.normal(size=(24, 96)).astype(np.float32)

@@ -73,8 +73,8 @@ def test_q8_header_getters_and_macho(tmp_path):
             f"const void* rhs_packed, void* dst, size_t dst_stride_row, size_t dst_stride_col, "
             f"float scalar_min, float scalar_max);") in h
     clang = shutil.which("clang-19")
-    if clang:
-        (tmp_path / "t.c").write_text('#include "tilegen_kernels.h"\nint main(void){return 0;}\n')
-        p = subprocess.run([clang, "--target=aarch64-linux-gnu", "-fsyntax-only", "-ffreestanding",
-                            f"-I{tmp_path}", str(tmp_path / "t.c")], capture_output=True, text=True)
-        assert p.returncode == 0, p.stderr
+    assert clang, "needs clang-19 (scripts/setup.sh installs it)"
+    (tmp_path / "t.c").write_text('#include "tilegen_kernels.h"\nint main(void){return 0;}\n')
+    p = subprocess.run([clang, "--target=aarch64-linux-gnu", "-fsyntax-only", "-ffreestanding",
+                        f"-I{tmp_path}", str(tmp_path / "t.c")], capture_output=True, text=True)
+    assert p.returncode == 0, p.stderr

@@ -1,12 +1,11 @@
 """The synthetic llama GGUF of scripts/llama_cpp_check.py (tilegen.synth_gguf): file contents,
 tokenizer helpers, and the float64 reference forward pass it is compared against."""
+import gguf
 import numpy as np
 import pytest
 
-gguf = pytest.importorskip("gguf")
-
-from tilegen import synth_gguf as sg  # noqa: E402
-from tilegen.gguf import load_tensor, tensor_names  # noqa: E402
+from tilegen import synth_gguf as sg
+from tilegen.gguf import load_tensor, tensor_names
 
 SMALL = sg.ModelConfig(n_vocab=128, n_embd=64, n_ff=128, n_layer=1, n_head=2, n_head_kv=1)
 

@@ -25,6 +25,7 @@ import re
 import shutil
 import subprocess
 import sys
+import tarfile
 import tempfile
 import time
 import zipfile
@@ -34,7 +35,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 __all__ = ["NUMPY_VERSION", "GUEST_WHEELS", "QEMU_MIN_VERSION", "CROSS_SYSROOT_PACKAGES",
-           "Toolbox", "ProvisionError", "cache_dir", "ensure", "ensure_cross_sysroot", "is_native"]
+           "LLAMA_CPP_PYTHON_VERSION", "Toolbox", "ProvisionError", "cache_dir", "ensure",
+           "ensure_cross_sysroot", "ensure_llama_cpp_source", "is_native"]
 
 NUMPY_VERSION = "2.4.6"
 #: Requirements installed into the guest site dir (pip resolves their dependencies).
@@ -50,6 +52,9 @@ _SYSROOT_PACKAGES = ("python3-minimal", "python3", "libstdc++6")
 #: against (gcc 12's libstdc++ and libgcc, as on a bookworm arm64 machine).
 CROSS_SYSROOT_PACKAGES: tuple[str, ...] = ("libc6-dev", "linux-libc-dev", "libstdc++-12-dev",
                                            "libgcc-12-dev")
+#: llama-cpp-python release whose sdist vendors the llama.cpp that is tilegen's client
+#: (``ensure_llama_cpp_source``: its ggml KleidiAI glue, and scripts/llama_cpp_check.sh's builds).
+LLAMA_CPP_PYTHON_VERSION = "0.3.36"
 _STAMP = ".tilegen-complete"
 #: The guest site dir is named after its requirement list, so changing GUEST_WHEELS
 #: provisions a new one instead of reusing a stale cache.
@@ -505,6 +510,65 @@ def ensure_cross_sysroot(quiet: bool = False) -> Path:
             _build_step(root, target.name, _step_cross_sysroot(root, log), log)
             shutil.rmtree(root / "apt" / "arm64-dev", ignore_errors=True)
     return target
+
+
+def _step_llama_cpp_source(root: Path, name: str,
+                           log: Callable[[str], None]) -> Callable[[Path], str]:
+    spec = f"llama-cpp-python=={LLAMA_CPP_PYTHON_VERSION}"
+
+    def build(tmp: Path) -> str:
+        sdist = root / f"{name}.tar.gz"
+        if not sdist.is_file():
+            dl = Path(tempfile.mkdtemp(prefix=".tmp-pip-", dir=root))
+            try:
+                log(f"llama.cpp: pip download {spec} (sdist, ~70 MB) into {root}")
+                _run([sys.executable, "-m", "pip", "download", "--disable-pip-version-check",
+                      "--no-deps", "--no-binary", ":all:", "-d", str(dl), spec],
+                     f"pip download {spec}",
+                     "Check that PyPI is reachable (pip config, network); then retry.")
+                got = dl / sdist.name
+                if not got.is_file():
+                    raise ProvisionError(f"pip download {spec} did not produce {sdist.name} "
+                                         f"(got {sorted(p.name for p in dl.iterdir())})")
+                os.rename(got, sdist)
+            finally:
+                shutil.rmtree(dl, ignore_errors=True)
+        with tarfile.open(sdist) as t:
+            t.extractall(tmp, filter="data")
+        top = tmp / name
+        if not (top / "vendor" / "llama.cpp" / "ggml" / "src" / "ggml-cpu" / "kleidiai").is_dir():
+            raise ProvisionError(f"{sdist} holds no {name}/vendor/llama.cpp with ggml's "
+                                 "KleidiAI backend; delete it and retry")
+        for entry in top.iterdir():   # the sdist's top directory becomes the step's directory
+            os.rename(entry, tmp / entry.name)
+        top.rmdir()
+        return f"{sdist.name} sha256={hashlib.sha256(sdist.read_bytes()).hexdigest()}"
+    return build
+
+
+def ensure_llama_cpp_source(quiet: bool = False) -> Path:
+    """Fetch (once) and return the llama.cpp source tree vendored in the llama-cpp-python
+    :data:`LLAMA_CPP_PYTHON_VERSION` sdist: ``<cache>/llama/llama_cpp_python-<v>/vendor/llama.cpp``.
+
+    ``pip download --no-deps --no-binary :all:`` of the sdist (kept next to the tree), unpacked
+    into a temporary directory that is stamped and renamed into place under a file lock, so
+    concurrent callers (test sessions, scripts/llama_cpp_check.sh) each see the whole tree or
+    wait for it; offline once done. Raises ProvisionError when the download or unpacking fails.
+    """
+    log = _logger(quiet)
+    root = cache_dir() / "llama"
+    name = f"llama_cpp_python-{LLAMA_CPP_PYTHON_VERSION}"
+    src = root / name / "vendor" / "llama.cpp"
+    if _read_stamp(root / name) is not None:
+        return src
+    root.mkdir(parents=True, exist_ok=True)
+    with _locked(root / ".lock", log):
+        if _read_stamp(root / name) is None:
+            for pattern in (f".tmp-{name}-*", ".tmp-pip-*", ".tmp-sdist-*"):
+                for leftover in root.glob(pattern):   # from an interrupted run; we hold the lock
+                    shutil.rmtree(leftover, ignore_errors=True)
+            _build_step(root, name, _step_llama_cpp_source(root, name, log), log)
+    return src
 
 
 def ensure(quiet: bool = False) -> Toolbox:
