@@ -118,7 +118,8 @@ def test_slugs_follow_github():
     assert slug("The best gemm and the best gemv on their own layouts: `for_ops`") == \
         "the-best-gemm-and-the-best-gemv-on-their-own-layouts-for_ops"
     assert slug("llama.cpp as a client") == "llamacpp-as-a-client"
-    assert slug("`f32p<nr>x1b` — f32 RHS panels with bias") == "f32pnrx1b--f32-rhs-panels-with-bias"
+    assert slug("`f32p<nr>x1b` — f32 RHS panels with bias") == \
+        "f32pnrx1b--f32-rhs-panels-with-bias"
     assert slug("[`tilegen tune`](x.md) <em>now</em>") == "tilegen-tune-now"
 
 
