@@ -186,7 +186,7 @@ def test_ggml_blocks_with_non_finite_scales_are_refused(lib, tmp_path):
     """A Q4_0 or Q8_0 block whose f16 scale is NaN or Inf is an ArgumentError naming the block
     (index, row, block within the row) in pack_weights(from_ggml=) and in
     gguf.load_tensor(lib=) -- not an all-zero row (Q8_0) nor NaN weights (Q4_0)."""
-    gguf = pytest.importorskip("gguf")
+    import gguf
     rng = np.random.default_rng(8)
     n, k = 6, 96
     w = rng.normal(size=(n, k)).astype(F)
@@ -226,7 +226,7 @@ def _write_gguf(gguf, path, kind: str, raw: np.ndarray) -> None:
 def test_gguf_tensors_with_non_finite_scales_are_refused_without_a_library(tmp_path):
     """gguf.load_tensor without lib= (llama.cpp's default layouts, numpy on the host) refuses
     Q4_0 and Q8_0 blocks with a NaN or Inf scale the same way, as ArgumentError."""
-    gguf = pytest.importorskip("gguf")
+    import gguf
     from tilegen.gguf import load_tensor
     rng = np.random.default_rng(9)
     w = rng.normal(size=(6, 96)).astype(F)
