@@ -14,11 +14,16 @@ paths and C ABI whose implementations are tilegen's:
   C from the spec and its layout objects (``tilegen.layout``: the same stride expressions the
   Python runtime evaluates).  Tiles in vector-length units read the streaming vector length
   (``rdsvl``) at run time, as KleidiAI's SME getters do;
-* the LHS/RHS packers come from :mod:`tilegen.export.packers_c` when that module is present
-  (:func:`packer_files`); without it the tree lacks their symbols and :func:`missing_symbols`
-  lists them;
+* the LHS/RHS packers come from :mod:`tilegen.export.packers_c` (:func:`packer_files`);
+  :func:`missing_symbols` lists any llama.cpp function the tree does not define;
 * ``kai/kai_common.h`` (+ ``kai_common.c``) provides what llama.cpp and the packers use from
   KleidiAI's common header, and ``CMakeLists.txt`` defines the static target ``kleidiai``.
+
+The C and CMake text is Jinja templates under ``templates/export/`` (``ukernel.h.j2``,
+``ukernel.c.j2`` and the generated portable C ``ukernel_<c_impl>.c.j2``, ``interface.h.j2``,
+``kai_common.h.j2``/``.c.j2``, ``CMakeLists.txt.j2``), rendered by the kernels' environment
+(:func:`tilegen.generator.render.render_template`); this module decides what each file holds
+and computes the numbers in it.
 
 Signatures are KleidiAI's public ones (facts of its headers); the code is tilegen's own.
 """
@@ -331,8 +336,9 @@ def ukernel_source(kk: KaiKernel) -> str:
         g, context = _C_IMPLS[kk.c_impl](kk)
         return _render(f"ukernel_{kk.c_impl}.c.j2", name=kk.name, c_impl=kk.c_impl,
                        getters=_getter_defs(kk, g), run_params=abi.run_params, **context)
-    return _render("ukernel.c.j2", name=kk.name, spec=spec, getters=_getter_defs(kk, _spec_getters(kk, spec)),
-                   run_params=abi.run_params, vl_kind=spec.vl_kind if spec.vl_scaled else None,
+    return _render("ukernel.c.j2", name=kk.name, spec=spec,
+                   getters=_getter_defs(kk, _spec_getters(kk, spec)), run_params=abi.run_params,
+                   vl_kind=spec.vl_kind if spec.vl_scaled else None,
                    symbol=_tilegen_symbol(spec), signature=signature(spec.family),
                    tilegen_args=abi.tilegen_args)
 
