@@ -2,7 +2,8 @@
 
 One template per family x ISA (``templates/<family>_<isa>.S.j2``) serves every tile;
 object-format differences (symbol prefix, ``.type``/``.size``, local-label prefix) are
-handled by the shared macros in ``common.S.j2``.
+handled by the shared macros in ``common.S.j2``.  The C and CMake text of the KleidiAI export
+(``templates/export/``) is rendered by the same environment (:func:`render_template`).
 """
 from __future__ import annotations
 
@@ -15,7 +16,8 @@ from ..layout import lhs_layout_for, rhs_layout_for
 from .regalloc import allocate
 from .spec import ISAS, KernelSpec, SpecError, as_spec
 
-__all__ = ["FORMATS", "Rendered", "symbol_for", "render", "generate", "template_layouts"]
+__all__ = ["FORMATS", "Rendered", "symbol_for", "render", "generate", "template_layouts",
+           "render_template"]
 
 FORMATS = ("elf", "macho")
 TEMPLATE_DIR = Path(__file__).resolve().parent.parent / "templates"
@@ -50,6 +52,13 @@ def _env() -> "jinja2.Environment":
     env.filters["pl"] = _pl_units
     env.filters["cntw"] = _cntw_units
     return env
+
+
+def render_template(path: str, /, **context) -> str:
+    """Render the template ``path`` (relative under ``templates/``, e.g. the C and CMake text of
+    ``tilegen export kleidiai`` under ``templates/export/``) in the kernels' environment: the
+    same whitespace rules, StrictUndefined, globals and filters."""
+    return _env().get_template(path).render(**context)
 
 
 def _require(cond, what: str) -> str:
