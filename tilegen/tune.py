@@ -22,9 +22,11 @@ from .analyze import AnalyzeError, LoopReport, analyze, mca_tool
 from .build.targets import Target
 from .build.tuned import TunedFamily
 from .generator.regalloc import allocate
-from .generator.spec import FAMILIES, ISAS, KernelSpec, SpecError
+from .generator.spec import KernelSpec
+from .generator.validate import validate
 from .layout.base import rhs_identity
 from .layout.base import rhs_layout_for
+from .records import FAMILIES, ISAS, SpecError
 
 __all__ = ["TuneError", "Candidate", "Score", "Ranking", "Pair", "REGIMES", "tunable_isas",
            "candidates", "distinct", "score", "rank", "rank_key", "tune", "pick_pair", "best_of", "tuned_entry", "clear_cache"]
@@ -145,7 +147,7 @@ def tunable_isas(target: Target, family: str, isa: str | None = None) -> list[st
 
 def _candidate(spec: KernelSpec) -> Candidate | None:
     try:
-        regs = allocate(spec)
+        regs = allocate(validate(spec))
     except SpecError:
         return None
     # VL-scaled tiles: bytes per MAC do not depend on the VL; measure them at 128 bits
@@ -348,7 +350,8 @@ def tuned_entry(family: str, pair: Pair) -> TunedFamily:
 def grid_specs() -> dict[str, KernelSpec]:
     """Spec string -> spec of every kernel any preset can build: each target's default
     kernels and every tile of the tuning grid the allocator accepts for it (gemm and gemv)."""
-    from .build.targets import TARGETS, default_specs
+    from .build.defaults import default_specs
+    from .build.targets import TARGETS
     out: dict[str, KernelSpec] = {}
     for tgt in dict.fromkeys(TARGETS.values()):
         for s in default_specs(tgt):

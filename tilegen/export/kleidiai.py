@@ -32,7 +32,8 @@ from pathlib import Path
 from .. import __version__
 from ..generator.abi import signature
 from ..generator.render import render
-from ..generator.spec import KernelSpec, parse_spec
+from ..generator.spec import KernelSpec
+from ..generator.validate import parse_spec
 from ..layout import lhs_layout_for, rhs_layout_for
 from ..layout.base import c_expr, eval_expr
 from .files import ExportFile
