@@ -1,4 +1,4 @@
-"""One record per ISA and per family (spec.ISAS, spec.FAMILIES): every stage reads them, and
+"""One record per ISA and per family (records.ISAS, records.FAMILIES): every stage reads them, and
 the predicates that used to drift (gemv tile, same packed RHS) have one definition."""
 from __future__ import annotations
 

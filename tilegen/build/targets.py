@@ -1,10 +1,10 @@
 """Build targets: CPU presets with their ISA features, object format and default kernels.
 
-Data only: the CLI, build_library and the tests all read this table.
+Data only: the CLI, build_library and the tests all read this table (a target's default kernels,
+tuned ones first: :func:`tilegen.build.defaults.default_specs`).
 """
 from __future__ import annotations
 
-import os
 from dataclasses import dataclass
 
 from ..generator.spec import KernelSpec

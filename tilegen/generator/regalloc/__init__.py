@@ -13,15 +13,14 @@ from functools import lru_cache
 from ...records import SpecError
 from ..spec import KernelSpec
 from . import bf16, f32, q4, q4_luti4, q4_sme, q8, q8_sme
-from .f32 import F32NeonRegs, F32SveRegs, Sme2GemvRegs, SmeF32Regs
+from .f32 import F32FmaRegs, Sme2GemvRegs, SmeF32Regs
 from .pool import NUM_VREGS, RegisterPool, VectorNeeds
 from .q4 import Q4Regs
 from .q4_sme import Q4SmeRegs
 from .q8 import Q8Regs
 
-__all__ = ["VectorNeeds", "RegisterPool", "F32NeonRegs", "F32SveRegs", "SmeF32Regs",
-           "Sme2GemvRegs", "Q4Regs", "Q4SmeRegs", "Q8Regs", "ALLOCATORS", "allocate",
-           "NUM_VREGS"]
+__all__ = ["VectorNeeds", "RegisterPool", "F32FmaRegs", "SmeF32Regs", "Sme2GemvRegs",
+           "Q4Regs", "Q4SmeRegs", "Q8Regs", "ALLOCATORS", "allocate", "NUM_VREGS"]
 
 
 def _registry(*modules) -> dict:

@@ -9,42 +9,26 @@ from ...records import SpecError
 from ..spec import KernelSpec
 from .pool import SME_X_ORDER, V_ORDER, Z_LOW_FIRST, Frame, RegisterPool, VectorNeeds, rows
 
-__all__ = ["F32NeonRegs", "F32SveRegs", "SmeF32Regs", "Sme2GemvRegs", "allocate_sme_tiles",
+__all__ = ["F32FmaRegs", "SmeF32Regs", "Sme2GemvRegs", "allocate_sme_tiles",
            "ALLOCATORS"]
 
 
 @dataclass(frozen=True)
-class F32NeonRegs(Frame):
-    """Registers of the f32 NEON FMLA kernel (numbers; templates add the prefix)."""
+class F32FmaRegs(Frame):
+    """Registers of the f32 FMLA kernels (numbers; templates add the prefix): V registers on
+    NEON, Z registers on SVE (one VL of columns per vector, ``pred[j]`` the store predicate of
+    column vector j)."""
 
-    acc: tuple[tuple[int, ...], ...]     # acc[row][vec] holds dst[row][4*vec : 4*vec+4]
-    lhs: tuple[int, ...]                  # one vector per row: 4 consecutive k values
+    acc: tuple[tuple[int, ...], ...]     # acc[row][vec] holds dst[row][4*vec : 4*vec+4] (NEON)
+    lhs: tuple[int, ...]                  # one vector per row: 4 consecutive k values (SVE:
+    #                                       z0-z7, the indexed FMLA operand)
     rhs: tuple[int, ...]                  # streamed RHS vectors (double-buffered)
     gpr: dict[str, int] = field(hash=False)   # named scalar registers
     lhs_ptr: tuple[int, ...]              # one LHS row pointer per tile row
     saved_x: tuple[int, ...]              # callee-saved GPRs the kernel uses
     saved_d: tuple[int, ...]              # callee-saved d-registers the kernel uses
     needs: VectorNeeds
-
-    @property
-    def n_vec(self) -> int:
-        return len(self.acc[0])
-
-
-@dataclass(frozen=True)
-class F32SveRegs(Frame):
-    """Registers of the f32 SVE FMLA kernel: Z registers in the NEON kernel's roles (acc[row][vec]
-    holds one VL of columns), ``pred[j]`` the store predicate of column vector j."""
-
-    acc: tuple[tuple[int, ...], ...]
-    lhs: tuple[int, ...]                  # z0-z7: the indexed FMLA operand, one per row
-    rhs: tuple[int, ...]
-    gpr: dict[str, int] = field(hash=False)
-    lhs_ptr: tuple[int, ...]
-    pred: tuple[int, ...]
-    saved_x: tuple[int, ...]
-    saved_d: tuple[int, ...]
-    needs: VectorNeeds
+    pred: tuple[int, ...] = ()            # SVE: store predicates
 
     @property
     def n_vec(self) -> int:
@@ -78,10 +62,10 @@ def _f32_fma_regs(spec: KernelSpec, v_order: list[int], lhs_within: int | None =
                 **pool.frame())
 
 
-def _allocate_f32_neon(spec: KernelSpec) -> F32NeonRegs:
+def _allocate_f32_neon(spec: KernelSpec) -> F32FmaRegs:
     if spec.nr % 4:
         raise SpecError(f"nr={spec.nr} must be a multiple of 4 (one f32x4 vector per 4 columns)")
-    return F32NeonRegs(**_f32_fma_regs(spec, V_ORDER))
+    return F32FmaRegs(**_f32_fma_regs(spec, V_ORDER))
 
 
 def _store_preds(nv: int) -> tuple[int, ...]:
@@ -90,7 +74,7 @@ def _store_preds(nv: int) -> tuple[int, ...]:
     return tuple(range(1, min(nv, 7) + 1)) + ((0,) if nv == 8 else ())
 
 
-def _allocate_f32_sve(spec: KernelSpec) -> F32SveRegs:
+def _allocate_f32_sve(spec: KernelSpec) -> F32FmaRegs:
     mr, nv = spec.mr, spec.nr
     if spec.mr_vl:
         raise SpecError(f"sve f32 kernels have a fixed row count: give mr as a number "
@@ -98,7 +82,7 @@ def _allocate_f32_sve(spec: KernelSpec) -> F32SveRegs:
     if nv > _SVE_MAX_VECS:
         raise SpecError(f"nr={spec.nr_str} exceeds {_SVE_MAX_VECS}vl (vector offsets of one "
                         f"panel row must fit the ld1w/st1w immediate)")
-    return F32SveRegs(pred=_store_preds(nv), **_f32_fma_regs(spec, Z_LOW_FIRST, lhs_within=8))
+    return F32FmaRegs(pred=_store_preds(nv), **_f32_fma_regs(spec, Z_LOW_FIRST, lhs_within=8))
 
 
 @dataclass(frozen=True)
