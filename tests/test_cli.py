@@ -34,7 +34,7 @@ def test_entry_points_accept_spec_strings():
     s = parse_spec("f32:neon:6x16")
     assert tilegen.generate("f32:neon:6x16") == tilegen.generate(s)
     assert render("f32:sve:4x4vl", "macho").text == render(parse_spec("f32:sve:4x4vl"), "macho").text
-    assert allocate("f32:neon:6x16") == allocate(s)
+    assert allocate(parse_spec("f32:neon:6x16")) == allocate(s)
     with pytest.raises(SpecError, match="cannot parse kernel spec"):
         tilegen.generate("f32-neon-6x16")
     with pytest.raises(SpecError, match="KernelSpec or a spec string"):

@@ -7,6 +7,7 @@ import numpy as np
 import pytest
 
 import tilegen
+from tilegen.generator import validate
 from tilegen.layout.ggml import quantize_q4_0
 from tilegen.layout.q4 import QAI8DXP, QSI4C32P, QSI8D32P, QSI4C32PScaleF16
 from tilegen.reference_q4 import matmul_qai8dxp_qsi4c32p, matmul_qsi8d32p_qsi4c32pscalef16
@@ -36,7 +37,7 @@ SENTINEL = np.float32(-4242.25)
 def _spec(family, isa, tile, kr):
     tile, _, opt = tile.partition(":")
     mr, nr = map(int, tile.split("x"))
-    return tilegen.KernelSpec(family, isa, mr, nr, kr=kr, sr=2, acc_mem=opt == "am").validate()
+    return validate(tilegen.KernelSpec(family, isa, mr, nr, kr=kr, sr=2, acc_mem=opt == "am"))
 
 
 ALL_SPECS = [_spec(f, i, t, kr) for f in FAMILIES for (i, t, kr) in Q4_TILES]
@@ -156,8 +157,8 @@ def test_q4_kernels_match_kleidiai_vectors(path, q4_lib, tmp_path):
     z = np.load(path)
     fam = "q4_0_dx" if "qai8dxp" in path.name else "q4_0"
     isa = "i8mm" if "i8mm" in path.name else "dotprod"
-    spec = tilegen.KernelSpec(fam, isa, int(z["m_step"]), int(z["n_step"]), kr=int(z["kr"]),
-                              sr=int(z["sr"])).validate()
+    spec = validate(tilegen.KernelSpec(fam, isa, int(z["m_step"]), int(z["n_step"]),
+                                       kr=int(z["kr"]), sr=int(z["sr"])))
     lib = q4_lib
     if spec.name not in {s.name for s in ALL_SPECS}:
         lib = tmp_path / "lib"

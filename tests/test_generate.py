@@ -6,7 +6,7 @@ import pytest
 
 import tilegen
 from tilegen import KernelSpec
-from tilegen.generator import allocate, render
+from tilegen.generator import allocate, render, validate
 
 from conftest import F32_EXTRA_TILES, F32_TILES
 
@@ -16,7 +16,7 @@ TILES = F32_TILES + F32_EXTRA_TILES
 
 def _spec(tile):
     mr, nr = map(int, tile.split("x"))
-    return KernelSpec("f32", "neon", mr, nr).validate()
+    return validate(KernelSpec("f32", "neon", mr, nr))
 
 
 @pytest.mark.parametrize("tile", TILES)

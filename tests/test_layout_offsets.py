@@ -21,7 +21,8 @@ import pytest
 
 from tilegen.generator import packers
 from tilegen.generator.regalloc import allocate
-from tilegen.generator.spec import SpecError
+from tilegen.generator.validate import validate
+from tilegen.records import SpecError
 from tilegen.tune import grid_specs
 
 render_mod = importlib.import_module("tilegen.generator.render")   # the package exports render()
@@ -220,7 +221,7 @@ def test_packer_offsets_come_from_layouts(pspec, monkeypatch):
 def test_perturbation_shows_up_as_the_value():
     """One hand-checked case: the qai8dxp row tail is the immediate of the row-block stride."""
     from tilegen import KernelSpec
-    spec = KernelSpec("q4_0_dx", "dotprod", 4, 4).validate()
+    spec = validate(KernelSpec("q4_0_dx", "dotprod", 4, 4))
     rhs, lhs = render_mod.template_layouts(spec)
     assert lhs.row_tail_bytes == 8
     base = render_mod.render(spec).text

@@ -16,7 +16,7 @@ import pytest
 
 from tilegen.build.toolchain import discover
 from tilegen.generator.packers import ELEMS_PER_ITER, MR_MAX, PackerSpec, render
-from tilegen.generator.spec import SpecError
+from tilegen.records import SpecError
 
 from conftest import EXEC_CPUS, VECTORS, guest
 

@@ -18,11 +18,12 @@ import pytest
 
 import tilegen
 from tilegen.build.library import MANIFEST_NAME
-from tilegen.build.targets import default_specs, get_target
+from tilegen.build.defaults import default_specs
+from tilegen.build.targets import get_target
 from tilegen.build.toolchain import discover
 from tilegen.generator.manifest import parse_packer_spec
 from tilegen.generator.packers import VL_ROWS_MAX, VL_ROWS_MIN, PackerSpec, packer_for, render
-from tilegen.generator.spec import SpecError
+from tilegen.records import SpecError
 from tilegen.layout.bf16 import f32_to_bf16_rne
 
 from conftest import SME_ON, guest, vector_files, vector_params

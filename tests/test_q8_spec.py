@@ -5,7 +5,9 @@ import pytest
 
 from tilegen.generator.manifest import kernel_entry
 from tilegen.generator.render import generate, render
-from tilegen.generator.spec import KernelSpec, SpecError, parse_spec
+from tilegen.generator.spec import KernelSpec
+from tilegen.generator.validate import parse_spec, validate
+from tilegen.records import SpecError
 
 
 @pytest.mark.parametrize("text, name", [
@@ -37,7 +39,7 @@ def test_q8_names_follow_kleidiai(text, name):
 ])
 def test_q8_allocator_refuses_with_numbers(kw, words):
     with pytest.raises(SpecError) as e:
-        KernelSpec("q8_0", **kw).validate()
+        validate(KernelSpec("q8_0", **kw))
     for w in words:
         assert w in str(e.value), str(e.value)
 
@@ -49,7 +51,8 @@ def test_q8_template_reads_offsets_from_the_layouts():
     assert "smull2" in generate("q8_0:neon:4x4") and "sdot" not in generate("q8_0:neon:4x4")
     # 16x8 does not fit the registers at once: it runs as two 8-row register blocks
     from tilegen.generator.regalloc import allocate
-    assert allocate("q8_0:i8mm:16x8").mr_reg == 8 and allocate("q8_0:i8mm:16x4").mr_reg == 16
+    assert allocate(parse_spec("q8_0:i8mm:16x8")).mr_reg == 8 and \
+        allocate(parse_spec("q8_0:i8mm:16x4")).mr_reg == 16
     assert render("q8_0:i8mm:16x8").text.count("smmla") == render("q8_0:i8mm:8x8").text.count("smmla")
 
 

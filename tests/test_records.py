@@ -1,4 +1,4 @@
-"""One record per ISA and per family (spec.ISAS, spec.FAMILIES): every stage reads them, and
+"""One record per ISA and per family (records.ISAS, records.FAMILIES): every stage reads them, and
 the predicates that used to drift (gemv tile, same packed RHS) have one definition."""
 from __future__ import annotations
 
@@ -10,8 +10,10 @@ from tilegen.build import get_target
 from tilegen.build.tuned import read_tuned
 from tilegen.generator import regalloc
 from tilegen.generator.render import TEMPLATE_DIR, render
-from tilegen.generator.spec import FAMILIES, ISAS, KernelSpec, parse_spec
+from tilegen.generator.spec import KernelSpec
+from tilegen.generator.validate import parse_spec, validate
 from tilegen.layout.base import rhs_identity, same_rhs
+from tilegen.records import FAMILIES, ISAS
 from tilegen.runtime.select import KIND_FAMILY
 
 
@@ -48,7 +50,7 @@ def test_acc_mem_follows_the_isa_record():
             continue
         assert isa.acc_mem
     with pytest.raises(Exception, match="acc_mem"):
-        KernelSpec("q4_0", "sve_i8mm", 8, 1, nr_vl=True, acc_mem=True)
+        validate(KernelSpec("q4_0", "sve_i8mm", 8, 1, nr_vl=True, acc_mem=True))
 
 
 def test_is_gemv_is_mr_one_in_row_units():

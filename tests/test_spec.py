@@ -2,7 +2,7 @@ import pytest
 
 import tilegen
 from tilegen import KernelSpec, SpecError, parse_spec
-from tilegen.generator import allocate
+from tilegen.generator import allocate, validate
 
 
 def test_name_grammar_matches_kleidiai():
@@ -28,7 +28,7 @@ def test_parse_spec(text, tile):
 
 def test_register_budget_message():
     with pytest.raises(SpecError) as e:
-        KernelSpec("f32", "neon", 8, 16).validate()
+        validate(KernelSpec("f32", "neon", 8, 16))
     msg = str(e.value)
     assert "mr=8, nr=16 needs 42 vector registers" in msg and "32 exist" in msg
 
@@ -36,7 +36,7 @@ def test_register_budget_message():
 @pytest.mark.parametrize("nr", [2, 6, 10, 18])
 def test_nr_must_be_multiple_of_4(nr):
     with pytest.raises(SpecError, match=f"nr={nr} must be a multiple of 4"):
-        KernelSpec("f32", "neon", 4, nr).validate()
+        validate(KernelSpec("f32", "neon", 4, nr))
 
 
 @pytest.mark.parametrize("kw,match", [
@@ -62,7 +62,7 @@ def test_nr_must_be_multiple_of_4(nr):
 ])
 def test_invalid_specs(kw, match):
     with pytest.raises(SpecError, match=match):
-        KernelSpec(**kw).validate()
+        validate(KernelSpec(**kw))
 
 
 @pytest.mark.parametrize("text", ["f32:neon:6", "f32-neon-6x16", "f32:neon:6x16:q2", ""])
@@ -74,7 +74,7 @@ def test_unparsable(text):
 def test_gpr_budget_refused():
     # 14 rows x 4 columns fits the vector file (14 + 14 + 2 = 30) but not the GPRs
     with pytest.raises(SpecError, match="general-purpose registers"):
-        KernelSpec("f32", "neon", 14, 4).validate()
+        validate(KernelSpec("f32", "neon", 14, 4))
 
 
 def test_allocation_is_disjoint_and_saves_callee_saved():
@@ -105,7 +105,7 @@ def test_public_api():
 ])
 def test_q4_invalid_tiles(kw, match):
     with pytest.raises(SpecError, match=match):
-        KernelSpec(**kw).validate()
+        validate(KernelSpec(**kw))
 
 
 def test_q4_names_and_register_blocking():
@@ -219,7 +219,7 @@ def test_huge_tiles_are_refused_at_once(text):
         mr, mr_vl, nr, nr_vl = (int(m["mr"]), bool(m["mrvl"]), int(m["nr"]), bool(m["nrvl"]))
         t = time.perf_counter()
         with pytest.raises(SpecError, match="out of range"):
-            KernelSpec(fam, isa, mr, nr, mr_vl=mr_vl, nr_vl=nr_vl, **kw).validate()
+            validate(KernelSpec(fam, isa, mr, nr, mr_vl=mr_vl, nr_vl=nr_vl, **kw))
         assert time.perf_counter() - t < 1
 
 
@@ -235,7 +235,7 @@ def test_error_types_are_exported_from_the_package():
                          TargetError, ToolchainError)
     from tilegen.build import BuildError as B, TargetError as T, ToolchainError as TC
     from tilegen.emulate.runner import EmulateError as E
-    from tilegen.generator.spec import SpecError as S
+    from tilegen.records import SpecError as S
     from tilegen.layout.base import LayoutError as L
     from tilegen.runtime.errors import ArgumentError as A, LoadError as LE
     assert (tilegen.SpecError, ArgumentError, LoadError, LayoutError, EmulateError, BuildError,

@@ -12,7 +12,9 @@ import tilegen
 from tilegen.analyze import AnalyzeError, LoopReport
 from tilegen.build import TargetError, default_specs, get_target
 from tilegen.build.tuned import TunedError, TunedFamily, read_tuned, reset_tuned, write_tuned
-from tilegen.generator.spec import FAMILIES, KernelSpec, SpecError, parse_spec
+from tilegen.generator.spec import KernelSpec
+from tilegen.generator.validate import parse_spec, validate
+from tilegen.records import FAMILIES, SpecError
 from tilegen.tune import (F32_MR, NR, TOLERANCE, Candidate, Ranking, Score, TuneError, candidates,
                           distinct, pick_pair, rank, rank_key, tunable_isas, tune, tuned_entry)
 
@@ -31,7 +33,7 @@ def test_candidates_are_exactly_the_accepted_tiles():
         for nr in NR:
             spec = KernelSpec("f32", "neon", mr, nr)
             try:
-                spec.validate()
+                validate(spec)
                 accepted = True
             except SpecError:
                 accepted = False
@@ -45,7 +47,7 @@ def test_q4_candidates_include_known_good_and_follow_the_regime():
     gemm = candidates(V2, "q4_0", "gemm")
     gemv = candidates(V2, "q4_0", "gemv")
     for c in gemm + gemv:
-        c.spec.validate()
+        validate(c.spec)
     assert {"q4_0:i8mm:16x4", "q4_0:dotprod:16x4", "q4_0:neon:4x4", "q4_0:i8mm:4x8"} <= _specs(gemm)
     assert {"q4_0:dotprod:1x4", "q4_0:dotprod:1x4:k16:s2", "q4_0:neon:1x4"} <= _specs(gemv)
     assert all(c.spec.mr > 1 for c in gemm) and all(c.spec.mr == 1 for c in gemv)

@@ -1,8 +1,7 @@
 """tilegen: generate, build and call Arm64 matrix-multiply micro-kernels."""
-__version__ = "0.1.0"
-
-from .generator import KernelSpec, SpecError, parse_spec, generate  # noqa: E402
-from .layout import LayoutError  # noqa: E402
+from .generator import KernelSpec, generate, parse_spec
+from .layout import LayoutError
+from .records import SpecError, __version__
 
 
 def __getattr__(name):

@@ -22,7 +22,9 @@ import subprocess
 from dataclasses import dataclass
 
 from .generator.render import render
-from .generator.spec import ISAS, KernelSpec, as_spec
+from .generator.spec import KernelSpec
+from .generator.validate import as_spec
+from .records import ISAS
 
 __all__ = ["AnalyzeError", "LoopReport", "InstructionMix", "hot_loop", "analyze",
            "instruction_mix", "mca_tool", "MODELS", "MAC_MNEMONICS", "MODEL_SVE_VL"]

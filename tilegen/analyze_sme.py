@@ -249,7 +249,7 @@ def _hot(text: str) -> tuple[list[str], int]:
 def sme_report(spec, block_svl: int = 512) -> SmeReport:
     """Instruction mix of one SME kernel's hot loop (and 32-k block, quantized families)."""
     from .generator.render import render
-    from .generator.spec import as_spec
+    from .generator.validate import as_spec
     spec = as_spec(spec)
     text = render(spec).text
     insns, k = _hot(text)

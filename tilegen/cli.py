@@ -8,7 +8,7 @@ import os
 import sys
 from pathlib import Path
 
-from . import __version__
+from .records import __version__
 
 
 class CliError(Exception):
@@ -16,10 +16,10 @@ class CliError(Exception):
 
 
 def _cmd_generate(a: argparse.Namespace) -> int:
-    from .generator import KernelSpec, render
+    from .generator import KernelSpec, render, validate
     from .generator.spec import parse_tile
     mr, mr_vl, nr, nr_vl = parse_tile(a.tile)
-    spec = KernelSpec(a.family, a.isa, mr, nr, kr=a.kr, sr=a.sr, mr_vl=mr_vl, nr_vl=nr_vl).validate()
+    spec = validate(KernelSpec(a.family, a.isa, mr, nr, kr=a.kr, sr=a.sr, mr_vl=mr_vl, nr_vl=nr_vl))
     r = render(spec, a.format)
     out = Path(a.output)
     out.mkdir(parents=True, exist_ok=True)
@@ -32,7 +32,7 @@ def _cmd_build(a: argparse.Namespace) -> int:
     from .build import build_library, default_specs, get_target
     kernels = a.kernel or None
     if a.isa is not None:   # the preset's defaults of these ISAs, plus any --kernel
-        from .generator.spec import ISAS
+        from .records import ISAS
         isas = [i.strip() for i in a.isa.split(",")]
         if not all(isas):
             raise CliError(f"--isa {a.isa!r} has an empty item: give a comma-separated list of "
@@ -382,7 +382,7 @@ def main(argv: list[str] | None = None) -> int:
     a = _parser().parse_args(argv)
     from .analyze import AnalyzeError
     from .build import BuildError, TargetError, ToolchainError
-    from .generator import SpecError
+    from .records import SpecError
     from .layout import LayoutError
     from .plot import PlotError
     from .runtime.library import LoadError

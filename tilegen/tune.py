@@ -18,13 +18,16 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Iterable, Sequence
 
-from .analyze import AnalyzeError, LoopReport, analyze, mca_tool
-from .build.targets import Target
+from .analyze import MODEL_SVE_VL, AnalyzeError, LoopReport, analyze, mca_tool
+from .build.defaults import default_specs
+from .build.targets import TARGETS, Target
 from .build.tuned import TunedFamily
 from .generator.regalloc import allocate
-from .generator.spec import FAMILIES, ISAS, KernelSpec, SpecError
+from .generator.spec import KernelSpec
+from .generator.validate import validate
 from .layout.base import rhs_identity
 from .layout.base import rhs_layout_for
+from .records import FAMILIES, ISAS, SpecError
 
 __all__ = ["TuneError", "Candidate", "Score", "Ranking", "Pair", "REGIMES", "tunable_isas",
            "candidates", "distinct", "score", "rank", "rank_key", "tune", "pick_pair", "best_of", "tuned_entry", "clear_cache"]
@@ -71,7 +74,6 @@ class Score:
     def block_macs(self) -> int:
         s = self.spec
         if s.vl_scaled:     # at the VL of the model's CPU
-            from .analyze import MODEL_SVE_VL
             vl = MODEL_SVE_VL[self.report.model] // 8
             return 32 * (s.mr_at(vl) if s.mr_vl else self.cand.rows) * s.nr_at(vl)
         return 32 * self.cand.rows * s.nr
@@ -145,7 +147,7 @@ def tunable_isas(target: Target, family: str, isa: str | None = None) -> list[st
 
 def _candidate(spec: KernelSpec) -> Candidate | None:
     try:
-        regs = allocate(spec)
+        regs = allocate(validate(spec))
     except SpecError:
         return None
     # VL-scaled tiles: bytes per MAC do not depend on the VL; measure them at 128 bits
@@ -348,7 +350,6 @@ def tuned_entry(family: str, pair: Pair) -> TunedFamily:
 def grid_specs() -> dict[str, KernelSpec]:
     """Spec string -> spec of every kernel any preset can build: each target's default
     kernels and every tile of the tuning grid the allocator accepts for it (gemm and gemv)."""
-    from .build.targets import TARGETS, default_specs
     out: dict[str, KernelSpec] = {}
     for tgt in dict.fromkeys(TARGETS.values()):
         for s in default_specs(tgt):

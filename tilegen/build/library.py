@@ -16,7 +16,6 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Iterable
 
-from .. import __version__
 from .. import driver as _driver
 from ..generator.manifest import kernel_entry, packer_entry, render_digest, table_digest
 from ..generator.render import render
@@ -24,9 +23,13 @@ from ..generator import packers as _packers
 from .cheader import getters_c, header
 from ..generator.packers import PackerSpec, packer_for
 from ..generator.render import ABI_PROBE, Rendered, render_abi_probe, render_vl_query
-from ..generator.spec import KernelSpec, parse_spec
-from .targets import Target, TargetError, default_specs, get_target
+from ..generator.spec import KernelSpec
+from ..generator.validate import parse_spec, validate
+from ..records import __version__
+from .defaults import default_specs
+from .targets import Target, TargetError, get_target
 from .toolchain import Toolchain, ToolchainError, discover
+from .tuned import tuned_roles
 
 __all__ = ["BuildError", "BuildResult", "build_library", "library_filename", "MANIFEST_NAME",
            "kernel_entry"]
@@ -125,7 +128,6 @@ def build_library(specs: Iterable[KernelSpec | PackerSpec | str] | None = None, 
     roles: dict[str, set[str]] = {}
     if specs is None:
         spec_list = default_specs(tgt)
-        from .tuned import tuned_roles
         # "preferred": the tuned pair, which the runtime tries first; "best": the best gemm /
         # gemv of any layout (weights packed with for_ops=("gemm", "gemv"))
         roles = tuned_roles(tgt)
@@ -135,7 +137,7 @@ def build_library(specs: Iterable[KernelSpec | PackerSpec | str] | None = None, 
             if isinstance(s, PackerSpec):
                 extra_packers.append(s)
             else:
-                spec_list.append(parse_spec(s) if isinstance(s, str) else s.validate())
+                spec_list.append(parse_spec(s) if isinstance(s, str) else validate(s))
     if not spec_list and not extra_packers:
         raise BuildError(f"no kernels to build for target {tgt.name}")
     for s in spec_list:

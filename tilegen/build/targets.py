@@ -1,15 +1,15 @@
 """Build targets: CPU presets with their ISA features, object format and default kernels.
 
-Data only: the CLI, build_library and the tests all read this table.
+Data only: the CLI, build_library and the tests all read this table (a target's default kernels,
+tuned ones first: :func:`tilegen.build.defaults.default_specs`).
 """
 from __future__ import annotations
 
-import os
 from dataclasses import dataclass
 
-from ..generator.spec import KernelSpec, parse_spec
+from ..generator.spec import KernelSpec
 
-__all__ = ["Target", "TARGETS", "DEFAULT_KERNELS", "get_target", "default_specs", "TargetError"]
+__all__ = ["Target", "TARGETS", "DEFAULT_KERNELS", "get_target", "TargetError"]
 
 
 class TargetError(ValueError):
@@ -116,25 +116,3 @@ def get_target(name: str) -> Target:
     except KeyError:
         raise TargetError(f"unknown target {name!r}; known: {', '.join(sorted(TARGETS))}, "
                           f"native") from None
-
-
-def default_specs(target: Target, isas: list[str] | None = None,
-                  tuned_dir: str | os.PathLike | None = None) -> list[KernelSpec]:
-    """The default kernels the target can run, optionally only those of ``isas``.
-
-    The target's tuned kernels (``tilegen tune --write``, see :mod:`tilegen.build.tuned`; read
-    from ``tuned_dir``, else ``$TILEGEN_TUNED_DIR``, else the package) come first, then
-    DEFAULT_KERNELS; a kernel name appears once (its first occurrence wins)."""
-    from ..generator.spec import ISAS
-    from .tuned import tuned_specs
-    for isa in isas or ():
-        if isa not in ISAS:
-            raise TargetError(f"unknown isa {isa!r}; known: {', '.join(ISAS)}")
-    specs = tuned_specs(target, tuned_dir) + [parse_spec(s) for s in DEFAULT_KERNELS]
-    seen: set[str] = set()
-    out = []
-    for s in specs:
-        if target.supports(s) and (not isas or s.isa in isas) and s.name not in seen:
-            seen.add(s.name)
-            out.append(s)
-    return out

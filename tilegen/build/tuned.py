@@ -34,8 +34,10 @@ import os
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from ..generator.spec import FAMILIES, KernelSpec, SpecError, parse_spec
-from .targets import Target, TargetError
+from ..generator.spec import KernelSpec
+from ..generator.validate import parse_spec
+from ..records import FAMILIES, SpecError
+from .targets import TARGETS, Target, TargetError
 
 __all__ = ["TunedError", "TunedFamily", "TunedFile", "FORMAT_VERSION", "tuned_dir", "tuned_path",
            "read_tuned", "write_tuned", "reset_tuned", "tuned_specs", "tuned_roles"]
@@ -112,7 +114,6 @@ def tuned_path(target: Target, directory: str | os.PathLike | None = None) -> Pa
 
 def tuned_targets(directory: str | os.PathLike | None = None) -> list[str]:
     """The targets that have a tuned file (in ``directory``, else as :func:`tuned_dir`)."""
-    from .targets import TARGETS
     d = tuned_dir(directory)
     return sorted({t.name for t in TARGETS.values() if (d / f"{t.name}.json").is_file()})
 

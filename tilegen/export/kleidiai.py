@@ -39,7 +39,8 @@ from ..build.targets import get_target
 from ..build.tuned import read_tuned, tuned_path, tuned_targets
 from ..generator.abi import signature
 from ..generator.render import render, render_template
-from ..generator.spec import KernelSpec, parse_spec
+from ..generator.spec import KernelSpec
+from ..generator.validate import parse_spec
 from ..layout import lhs_layout_for, rhs_layout_for
 from ..layout.base import c_expr, eval_expr, same_rhs
 from ..layout.q4_sme import F16PLhs2, QSI4C32PS1S0ScaleF16, QSI8D32PScaleTail

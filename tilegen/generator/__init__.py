@@ -1,7 +1,9 @@
 """Kernel generator: specs, validation, register allocation, rendering."""
-from .spec import KernelSpec, SpecError, parse_spec, FAMILIES, ISAS
+from ..records import FAMILIES, ISAS, SpecError
 from .regalloc import allocate
-from .render import generate, render, symbol_for, FORMATS
+from .render import FORMATS, generate, render, symbol_for
+from .spec import KernelSpec
+from .validate import as_spec, parse_spec, validate
 
-__all__ = ["KernelSpec", "SpecError", "parse_spec", "FAMILIES", "ISAS", "allocate",
-           "generate", "render", "symbol_for", "FORMATS"]
+__all__ = ["KernelSpec", "SpecError", "parse_spec", "as_spec", "validate", "FAMILIES", "ISAS",
+           "allocate", "generate", "render", "symbol_for", "FORMATS"]

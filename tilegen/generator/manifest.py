@@ -15,8 +15,9 @@ import re
 
 from .abi import signature
 from .packers import PackerSpec
-from .render import _check_format, symbol_for
-from .spec import KernelSpec, SpecError
+from ..records import SpecError
+from .render import check_format, symbol_for
+from .spec import KernelSpec
 
 __all__ = ["DIGEST_SYMBOL", "kernel_entry", "packer_entry", "parse_packer_spec", "table_digest",
            "render_digest"]
@@ -68,7 +69,7 @@ def table_digest(kernels: list, packers: list, fmt: str, abi_probe: str | None) 
 
 def render_digest(digest: str, fmt: str = "elf") -> str:
     """Assembly source of the read-only data object holding the kernel-table digest."""
-    _check_format(fmt)
+    check_format(fmt)
     if not re.fullmatch(r"[0-9a-f]{64}", digest):
         raise ValueError(f"not a sha256 hex digest: {digest!r}")
     sym = symbol_for(DIGEST_SYMBOL, fmt)

@@ -63,9 +63,10 @@ from __future__ import annotations
 from dataclasses import dataclass
 from functools import lru_cache
 
-from .. import __version__
-from .render import _check_format, _env, symbol_for
-from .spec import SpecError
+from ..layout.base import LayoutError
+from ..layout.registry import layout_class
+from ..records import SpecError, __version__
+from .render import check_format, symbol_for, template_env
 
 __all__ = ["PackerSpec", "PACKER_FORMATS", "MR_MAX", "render", "ROUNDINGS"]
 
@@ -109,8 +110,6 @@ _PER_ROW = {"qai8dxp": ("row_block_tail_bytes", "chunk_bytes", "rscale_after_off
 
 @lru_cache(maxsize=256)
 def _packer_layout(fmt: str, mr: int, kr: int, sr: int, rounding: str, bl: int | None):
-    from ..layout.base import LayoutError
-    from ..layout.registry import layout_class
     if fmt == "qsi8d32p" and (bl is None or bl < 32 or bl % 32):
         raise SpecError(f"qsi8d32p needs bl, a positive multiple of 32, got bl={bl!r}")
     opts = {} if fmt in _FIXED_ROUNDING else {"rounding": rounding}
@@ -202,7 +201,6 @@ class PackerSpec:
     def name(self) -> str:
         """KleidiAI grammar: ``lhs_quant_pack_<layout label>[sb]_f32_neon`` (formats without
         quantisation, as KleidiAI's SME packers: ``lhs_pack_<label>_f32_neon``)."""
-        from ..layout.registry import layout_class
         label = layout_class("lhs", self.fmt).label_for(self.mr_str, self.kr, self.sr)
         verb = "lhs_pack" if self.fmt in VL_ONLY_FORMATS else "lhs_quant_pack"
         return f"{verb}_{label}{'sb' if self.rounding == 'even' else ''}_f32_neon"
@@ -353,10 +351,10 @@ def _quad_require(cond, what: str) -> None:
 
 def render(spec: PackerSpec, fmt: str = "elf") -> str:
     """Assembly source of ``spec`` for object format ``fmt`` (``elf`` or ``macho``)."""
-    _check_format(fmt)
+    check_format(fmt)
     if not isinstance(spec, PackerSpec):
         raise SpecError(f"expected a PackerSpec, got {type(spec).__name__}")
-    template = _env().get_template(
+    template = template_env().get_template(
         f"{_TEMPLATES.get(spec.fmt, f'lhs_pack_{spec.fmt}_neon')}.S.j2")
     # the layout's offsets do not depend on bl (a run-time argument of qsi8d32p); any valid bl
     bl = ELEMS_PER_ITER if spec.fmt == "qsi8d32p" else None

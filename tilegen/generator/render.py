@@ -11,34 +11,35 @@ from dataclasses import dataclass
 from functools import lru_cache
 from pathlib import Path
 
-from .. import __version__
-from ..layout import lhs_layout_for, rhs_layout_for
+from ..records import ISAS, VL_GRANULE, SpecError, __version__
 from .regalloc import allocate
-from .spec import ISAS, KernelSpec, SpecError, as_spec
+from .spec import KernelSpec
+from .tile_layouts import template_layouts
+from .validate import as_spec
 
-__all__ = ["FORMATS", "Rendered", "symbol_for", "render", "generate", "template_layouts",
-           "render_template"]
+__all__ = ["FORMATS", "TEMPLATE_DIR", "Rendered", "symbol_for", "check_format", "template_env",
+           "render", "generate", "template_layouts", "render_template"]
 
 FORMATS = ("elf", "macho")
 TEMPLATE_DIR = Path(__file__).resolve().parent.parent / "templates"
 
-# Bytes of one 128-bit granule: SVE and SME vector lengths are multiples of it.
-VL_GRANULE = 16
-
 
 def symbol_for(name: str, fmt: str) -> str:
     """Assembler-level symbol of a C function name in an object format."""
-    _check_format(fmt)
+    check_format(fmt)
     return "_" + name if fmt == "macho" else name
 
 
-def _check_format(fmt: str) -> None:
+def check_format(fmt: str) -> None:
+    """Refuse an object format tilegen does not write."""
     if fmt not in FORMATS:
         raise SpecError(f"unknown object format {fmt!r}; use one of {', '.join(FORMATS)}")
 
 
 @lru_cache(maxsize=1)
-def _env() -> "jinja2.Environment":
+def template_env() -> "jinja2.Environment":
+    """The Jinja2 environment of every template (kernels, packers, probes): its globals and
+    filters are what templates may call."""
     import jinja2       # here, not at import: the runtime (and the emulated guest) never renders
     env = jinja2.Environment(
         loader=jinja2.FileSystemLoader(str(TEMPLATE_DIR)),
@@ -58,7 +59,7 @@ def render_template(path: str, /, **context) -> str:
     """Render the template ``path`` (relative under ``templates/``, e.g. the C and CMake text of
     ``tilegen export kleidiai`` under ``templates/export/``) in the kernels' environment: the
     same whitespace rules, StrictUndefined, globals and filters."""
-    return _env().get_template(path).render(**context)
+    return template_env().get_template(path).render(**context)
 
 
 def _require(cond, what: str) -> str:
@@ -101,17 +102,6 @@ def _cntw_units(nbytes: int) -> int:
     return nbytes // (VL_GRANULE // 4)
 
 
-def template_layouts(spec: KernelSpec):
-    """(RHS, LHS) layout objects a kernel template takes its offsets from (LHS None: unpacked
-    f32 rows).  Fixed-width tiles get their concrete layouts.  VL-scaled tiles get the layouts
-    at one 128-bit granule (vl = VL_GRANULE bytes): every size and offset of those layouts is
-    proportional to the vector length, so the granule layout's byte count divided by 16 (filter
-    ``vl``) or 2 (``pl``) is the same quantity in units the addvl/addpl/``mul vl`` operands take
-    at every vector length."""
-    vl = VL_GRANULE if spec.vl_scaled else None
-    return rhs_layout_for(spec, 32, vl), lhs_layout_for(spec, 32, vl)
-
-
 @dataclass(frozen=True)
 class Rendered:
     spec: KernelSpec
@@ -135,13 +125,13 @@ def save_plan(regs) -> list[tuple[tuple[str, ...], int]]:
 def render(spec: KernelSpec | str, fmt: str = "elf") -> Rendered:
     """Render ``spec`` (a KernelSpec or a spec string) for object format ``fmt``."""
     spec = as_spec(spec)
-    _check_format(fmt)
+    check_format(fmt)
     regs = allocate(spec)
     # Every byte offset and stride of the packed operands comes from their layout objects
     # (block-length dependent ones as the layout's per-block facts, combined with bl at run
     # time); templates hold no format literals.
     rhs, lhs = template_layouts(spec)
-    template = _env().get_template(spec.template)
+    template = template_env().get_template(spec.template)
     sym = symbol_for(spec.name, fmt)
     text = template.render(
         spec=spec, R=regs, RHS=rhs, LHS=lhs, fmt=fmt, sym=sym, saves=save_plan(regs),
@@ -155,8 +145,8 @@ ABI_PROBE = "tilegen_abi_call"
 
 def render_abi_probe(fmt: str = "elf") -> str:
     """The ABI probe trampoline every library carries (see templates/abi_probe.S.j2)."""
-    _check_format(fmt)
-    return _env().get_template("abi_probe.S.j2").render(
+    check_format(fmt)
+    return template_env().get_template("abi_probe.S.j2").render(
         fmt=fmt, sym=symbol_for(ABI_PROBE, fmt), lp=".L" if fmt == "elf" else "L",
         version=__version__)
 
@@ -166,8 +156,8 @@ VL_QUERIES = ("tilegen_sve_vl_bytes", "tilegen_sme_svl_bytes", "tilegen_svcr")
 
 def render_vl_query(fmt: str = "elf") -> str:
     """The vector-length and streaming-state queries every library carries."""
-    _check_format(fmt)
-    return _env().get_template("vl_query.S.j2").render(
+    check_format(fmt)
+    return template_env().get_template("vl_query.S.j2").render(
         fmt=fmt, prefix="_" if fmt == "macho" else "", lp=".L" if fmt == "elf" else "L",
         version=__version__)
 

@@ -107,7 +107,7 @@ class PackedLayout:
 
 def _dims(spec, vl: int | None) -> tuple[int, int]:
     """Concrete (mr, nr) of a spec; VL-scaled tiles need the CPU's vector length in bytes."""
-    from ..generator.spec import SpecError
+    from ..records import SpecError
     try:
         return spec.mr_at(vl), spec.nr_at(vl)
     except SpecError as e:
@@ -143,7 +143,7 @@ def same_rhs(a, b, vl: int | None = None) -> bool:
 
 
 def _lhs_mr(spec, vl: int | None) -> int:
-    from ..generator.spec import SpecError
+    from ..records import SpecError
     try:
         return spec.lhs_mr_at(vl)
     except SpecError as e:

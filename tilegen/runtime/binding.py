@@ -12,8 +12,10 @@ from functools import lru_cache
 
 import numpy as np
 
-from ..generator.spec import ISAS, KernelSpec, parse_spec
+from ..generator.spec import KernelSpec
+from ..generator.validate import parse_spec
 from ..layout import LayoutError, StridedF32, lhs_layout_for, rhs_layout_for
+from ..records import ISAS
 from .checks import check_bytes, check_matrix, clamp_bounds, positive_int, require_features, row_stride
 from .cpu import CpuInfo
 from .errors import ArgumentError

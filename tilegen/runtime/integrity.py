@@ -116,7 +116,8 @@ def check_entries(kernels: list, packers: list, fmt: str, name: str) -> None:
     from ..generator.manifest import (KERNEL_FREE_FIELDS, kernel_entry, packer_entry,
                                       parse_packer_spec)
     from ..generator.render import symbol_for
-    from ..generator.spec import SpecError, parse_spec
+    from ..generator.validate import parse_spec
+    from ..records import SpecError
     if not isinstance(kernels, list) or not isinstance(packers, list):
         raise _error(f"{name}: the manifest's kernels and packers must be lists")
     for what, entries in (("kernel", kernels), ("packer", packers)):

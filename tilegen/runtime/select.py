@@ -10,8 +10,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Iterable
 
-from ..generator.spec import FAMILIES, ISAS
 from ..layout.base import same_rhs
+from ..records import FAMILIES, ISAS
 
 __all__ = ["KernelPair", "build_table", "KIND_FAMILY", "KIND_FAMILIES", "kind_table"]
 

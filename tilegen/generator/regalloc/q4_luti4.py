@@ -4,14 +4,15 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from .regalloc import _SME_X_ORDER, RegisterPool, VectorNeeds, _Frame
-from .spec import KernelSpec, SpecError
+from ...records import SpecError
+from ..spec import KernelSpec
+from .pool import SME_X_ORDER, Frame, RegisterPool, VectorNeeds
 
-__all__ = ["Q4Luti4Regs", "Q4Luti4MopaRegs", "allocate_q4_sme2_luti4"]
+__all__ = ["Q4Luti4Regs", "Q4Luti4MopaRegs", "ALLOCATORS"]
 
 
 @dataclass(frozen=True)
-class Q4Luti4Regs(_Frame):
+class Q4Luti4Regs(Frame):
     """``src[h]``: two 4-vector groups of packed nibbles (2 k-chunks of 4 each); ``grp[c]``:
     the 4 unpacked int8 vectors of k-chunk c (c < 4, one SDOT vgx4 each; LUTI4 writes pairs);
     ``lhs``: the two 16-byte LHS quads of a 32-k chunk; ``acc``: the f32 sums of the 4vl
@@ -54,7 +55,7 @@ _CHART = ("LHS", "packed RHS", "unpacked RHS", "f32 accumulators", "clamp", "tab
 
 
 @dataclass(frozen=True)
-class Q4Luti4MopaRegs(_Frame):
+class Q4Luti4MopaRegs(Frame):
     """The 1vl x 4vl SMOPA gemm: ``lhs[h]``: LHS k-chunks 4h..4h+3 of a 32-k chunk (one vector
     each: SVL/32 rows x 4 bytes); ``src``/``grp`` as the gemv; ZA tile t holds the int32 sums
     of column vector t.  Block fold per row slice: ``sums`` (int32 -> f32), ``dr`` the column
@@ -83,7 +84,7 @@ _MOPA_SCALARS = ("n_rem", "rhs_ptr", "rsc", "dst_tile", "dst_row", "lhs_ptr", "l
 
 
 def _allocate_mopa(spec: KernelSpec) -> Q4Luti4MopaRegs:
-    pool = RegisterPool(_CHART, x_order=_SME_X_ORDER, streaming=True)
+    pool = RegisterPool(_CHART, x_order=SME_X_ORDER, streaming=True)
     v = pool.v
     lhs = (v.claim(range(0, 4), "LHS"), v.claim(range(4, 8), "LHS"))
     src = (v.claim(range(8, 12), "packed RHS"), v.claim(range(12, 16), "packed RHS"))
@@ -96,16 +97,13 @@ def _allocate_mopa(spec: KernelSpec) -> Q4Luti4MopaRegs:
                            table=grp[2][0], gpr=gpr, **pool.frame())
 
 
-def allocate_q4_sme2_luti4(spec: KernelSpec):
+def _allocate_q4_sme2_luti4(spec: KernelSpec) -> Q4Luti4Regs | Q4Luti4MopaRegs:
     if not spec.nr_vl or spec.nr != 4 or spec.mr != 1:
         raise SpecError(f"the LUTI4 q4 kernels read qsi4c32p4vlx4 panels: the tile is 1x4vl "
                         f"(gemv) or 1vlx4vl (gemm), got {spec.mr_str}x{spec.nr_str}")
-    if spec.kr != 4 or spec.sr != 1:
-        raise SpecError(f"the LUTI4 q4 kernels read 4-byte groups: kr must be 4 and sr 1, got "
-                        f"kr={spec.kr}, sr={spec.sr}")
     if spec.mr_vl:
         return _allocate_mopa(spec)
-    pool = RegisterPool(_CHART, x_order=_SME_X_ORDER, streaming=True)
+    pool = RegisterPool(_CHART, x_order=SME_X_ORDER, streaming=True)
     v = pool.v
     # by-lane SDOT operands in z0-z15; multi-vector groups start at multiples of 4 (LUTI4 pairs
     # at multiples of 2)
@@ -118,3 +116,7 @@ def allocate_q4_sme2_luti4(spec: KernelSpec):
     pool.settle(f"sme2 luti4 q4 gemv 1x{spec.nr_str}")
     return Q4Luti4Regs(src=src, grp=grp, lhs=lhs, acc=acc, clamp=clamp, table=grp[0][0],
                        gpr=gpr, **pool.frame())
+
+
+# allocator name (``IsaImpl.allocator`` of the family records) -> function
+ALLOCATORS = {"q4_sme2_luti4": _allocate_q4_sme2_luti4}

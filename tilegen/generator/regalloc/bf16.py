@@ -17,10 +17,13 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from .regalloc import RegisterPool, SmeF32Regs, VectorNeeds, _Frame
-from .spec import KernelSpec, SpecError
+from ...records import SpecError
+from ..spec import KernelSpec
+from ..tile_layouts import template_layouts
+from .f32 import SmeF32Regs, allocate_sme_tiles
+from .pool import Frame, RegisterPool, VectorNeeds
 
-__all__ = ["Bf16NeonRegs", "allocate_bf16_neon"]
+__all__ = ["Bf16NeonRegs", "SmeBf16Regs", "ALLOCATORS"]
 
 _SCALARS = ("n_rem", "rhs_ptr", "dst_tile", "dst_row", "k_cnt", "nk", "lhs_ptr", "lhs_rbs",
             "dst_blk_stride", "tmp")
@@ -30,7 +33,7 @@ _EPILOGUE = 3
 
 
 @dataclass(frozen=True)
-class Bf16NeonRegs(_Frame):
+class Bf16NeonRegs(Frame):
     """Registers of the bf16 NEON kernels (numbers; templates add the prefix).
 
     ``mmla``: ``mm[rp][cp]`` are the BFMMLA accumulators of rows 2rp, 2rp+1 and columns
@@ -61,8 +64,7 @@ class Bf16NeonRegs(_Frame):
 def _check_layouts(spec: KernelSpec) -> None:
     """What the template assumes of the layout objects: one k-chunk of kr = 4 values per loop
     iteration, 2 columns (or rows) x 4 values per 16-byte vector, the bias row first."""
-    from ..layout import lhs_layout_for, rhs_layout_for
-    R, L = rhs_layout_for(spec), lhs_layout_for(spec)
+    R, L = template_layouts(spec)
     if R.kr != 4 or L.kr != 4:
         raise SpecError(f"{R.name} / {L.name}: the bf16 NEON kernels read k-chunks of 4")
     for lay, rows in ((R, R.nr), (L, L.mr)):
@@ -73,20 +75,14 @@ def _check_layouts(spec: KernelSpec) -> None:
                     raise SpecError(f"{lay.name}: element ({x}, {t}) is not at byte {want}")
 
 
-def allocate_bf16_neon(spec: KernelSpec) -> Bf16NeonRegs:
+def _allocate_bf16_neon(spec: KernelSpec) -> Bf16NeonRegs:
     mr, nr = spec.mr, spec.nr
     if spec.mr_vl or spec.nr_vl:
         raise SpecError(f"bf16 NEON tiles have fixed sizes, got {spec.mr_str}x{spec.nr_str}")
-    if spec.kr != 4 or spec.sr != 1:
-        raise SpecError(f"the bf16 NEON layouts (bf16p<mr>x4 / bf16p<nr>x4b) need kr=4, sr=1; "
-                        f"got kr={spec.kr}, sr={spec.sr}")
     if nr % 4:
         raise SpecError(f"nr={nr} must be a multiple of 4 (one f32x4 vector per 4 columns)")
     if mr != 1 and mr % 2:
         raise SpecError(f"mr={mr} must be 1 (gemv, BFDOT) or even (BFMMLA takes 2 rows)")
-    if spec.acc_mem:
-        raise SpecError("bf16 kernels keep their accumulators in registers: acc_mem (:am) is a q4 "
-                        "option")
     if 8 * nr > 4095 or 8 * mr > 4095:
         raise SpecError(f"tile {mr}x{nr}: one k-chunk ({8 * nr} RHS / {8 * mr} LHS bytes) must fit "
                         f"an add immediate (<= 4095)")
@@ -127,12 +123,12 @@ class SmeBf16Regs(SmeF32Regs):
     pair_pred: int = 7
 
 
-def allocate_bf16_sme2(spec):
-    from .regalloc import _allocate_sme_tiles
+def _allocate_bf16_sme2(spec: KernelSpec) -> SmeBf16Regs:
     if not (spec.mr_vl and spec.nr_vl):
         raise SpecError(f"sme2 bf16 outer-product tiles are whole ZA tiles: give mr and nr in VL "
                         f"units (e.g. 2vlx2vl), got {spec.mr_str}x{spec.nr_str}")
-    if spec.kr != 2 or spec.sr != 1:
-        raise SpecError(f"BFMOPA reads bf16 pairs: kr must be 2 and sr 1 "
-                        f"(got kr={spec.kr}, sr={spec.sr})")
-    return _allocate_sme_tiles(spec, SmeBf16Regs)
+    return allocate_sme_tiles(spec, SmeBf16Regs)
+
+
+# allocator name (``IsaImpl.allocator`` of the family records) -> function
+ALLOCATORS = {"bf16_neon": _allocate_bf16_neon, "bf16_sme2": _allocate_bf16_sme2}

@@ -1,0 +1,192 @@
+"""The imports of ``tilegen/`` run one way, and no module takes another's private names.
+
+Every module of the package is parsed with :mod:`ast` (imports inside functions and classes
+included, relative imports resolved) into a module-level import graph.
+
+Rules of the graph:
+
+* A node is a module; a package is its ``__init__``.
+* ``import a.b.c`` and ``from a.b import c`` (``c`` a submodule) add one edge, to the most
+  specific module named (``a.b.c``), not to the parent packages ``a`` and ``a.b`` whose
+  ``__init__`` Python runs first: a package ``__init__`` that imports (re-exports) its
+  children is therefore no cycle by itself.  ``from a.b import name`` (``name`` not a
+  submodule) is an edge to ``a.b``, the ``__init__`` that defines or re-exports ``name``: a
+  child that takes a name from its package's ``__init__`` back (``from .. import
+  __version__`` below an ``__init__`` that imports that child) closes a cycle and fails.
+* ``if TYPE_CHECKING:`` blocks are not imports at run time and are skipped.
+
+The test fails on (a) any cycle of that graph (every strongly connected component of more
+than one module, and any module importing itself), and (b) any import of a private name --
+a leading underscore, not a dunder -- from another module of tilegen: ``from .x import _y``,
+``from . import _mod``, and ``m._y`` where ``m`` is a name bound to a tilegen module by an
+import.
+"""
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+import pytest
+
+PKG_DIR = Path(__file__).resolve().parent.parent / "tilegen"
+PKG = "tilegen"
+
+
+def _module_name(path: Path) -> str:
+    rel = path.relative_to(PKG_DIR.parent).with_suffix("")
+    parts = list(rel.parts)
+    if parts[-1] == "__init__":
+        parts.pop()
+    return ".".join(parts)
+
+
+def _modules() -> dict[str, Path]:
+    return {_module_name(p): p for p in sorted(PKG_DIR.rglob("*.py"))}
+
+
+def _is_private(name: str) -> bool:
+    return name.startswith("_") and not (name.startswith("__") and name.endswith("__"))
+
+
+def _is_type_checking(node: ast.If) -> bool:
+    t = node.test
+    return (isinstance(t, ast.Name) and t.id == "TYPE_CHECKING") or \
+        (isinstance(t, ast.Attribute) and t.attr == "TYPE_CHECKING")
+
+
+class _Imports(ast.NodeVisitor):
+    """The tilegen imports of one module: edges (target module, line) and private names."""
+
+    def __init__(self, name: str, is_pkg: bool, modules: dict[str, Path]) -> None:
+        self.name, self.modules = name, modules
+        self.package = name if is_pkg else name.rpartition(".")[0]
+        self.edges: list[tuple[str, int]] = []
+        self.private: list[tuple[int, str, str]] = []      # (line, source module, name)
+        self.bound: dict[str, str] = {}                     # local name -> tilegen module
+
+    def _resolve(self, module: str | None, level: int) -> str:
+        if not level:
+            return module or ""
+        base = self.package.split(".")
+        if level > 1:
+            base = base[:len(base) - (level - 1)]
+        return ".".join(base + ([module] if module else []))
+
+    def visit_If(self, node: ast.If) -> None:
+        if _is_type_checking(node):
+            for n in node.orelse:
+                self.visit(n)
+            return
+        self.generic_visit(node)
+
+    def visit_Import(self, node: ast.Import) -> None:
+        for alias in node.names:
+            target = alias.name
+            if target != PKG and not target.startswith(PKG + "."):
+                continue
+            self.edges.append((target, node.lineno))
+            for part in target.split("."):
+                if _is_private(part):
+                    self.private.append((node.lineno, target, part))
+            if alias.asname:
+                self.bound[alias.asname] = target
+
+    def visit_ImportFrom(self, node: ast.ImportFrom) -> None:
+        source = self._resolve(node.module, node.level)
+        if source != PKG and not source.startswith(PKG + "."):
+            return
+        for part in source.split(".")[1:]:
+            if _is_private(part):
+                self.private.append((node.lineno, source, part))
+        for alias in node.names:
+            sub = f"{source}.{alias.name}"
+            if sub in self.modules:               # a submodule: the edge goes to it
+                self.edges.append((sub, node.lineno))
+                self.bound[alias.asname or alias.name] = sub
+            else:
+                self.edges.append((source, node.lineno))
+            if _is_private(alias.name):
+                self.private.append((node.lineno, source, alias.name))
+
+    def visit_Attribute(self, node: ast.Attribute) -> None:
+        if isinstance(node.value, ast.Name) and node.value.id in self.bound \
+                and _is_private(node.attr):
+            self.private.append((node.lineno, self.bound[node.value.id], node.attr))
+        self.generic_visit(node)
+
+
+def _scan() -> dict[str, _Imports]:
+    modules = _modules()
+    out = {}
+    for name, path in modules.items():
+        v = _Imports(name, path.name == "__init__.py", modules)
+        v.visit(ast.parse(path.read_text(), str(path)))
+        out[name] = v
+    return out
+
+
+def _cycles(graph: dict[str, set[str]]) -> list[list[str]]:
+    """Strongly connected components with more than one module, or a self-import (Tarjan)."""
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    on: set[str] = set()
+    out: list[list[str]] = []
+
+    def strong(v: str) -> None:
+        index[v] = low[v] = len(index)
+        stack.append(v)
+        on.add(v)
+        for w in sorted(graph.get(v, ())):
+            if w not in index:
+                strong(w)
+                low[v] = min(low[v], low[w])
+            elif w in on:
+                low[v] = min(low[v], index[w])
+        if low[v] == index[v]:
+            comp = []
+            while True:
+                w = stack.pop()
+                on.discard(w)
+                comp.append(w)
+                if w == v:
+                    break
+            if len(comp) > 1 or v in graph.get(v, ()):
+                out.append(sorted(comp))
+
+    for v in sorted(graph):
+        if v not in index:
+            strong(v)
+    return out
+
+
+def _graph(scan: dict[str, _Imports]) -> dict[str, set[str]]:
+    return {name: {t for t, _ in v.edges if t in scan} for name, v in scan.items()}
+
+
+def test_modules_found():
+    scan = _scan()
+    assert "tilegen.records" in scan and "tilegen.generator.spec" in scan
+
+
+def test_no_import_cycle():
+    scan = _scan()
+    cycles = _cycles(_graph(scan))
+    if cycles:
+        lines = []
+        for comp in cycles:
+            members = set(comp)
+            lines.append(f"cycle of {len(comp)} modules: {', '.join(comp)}")
+            for m in comp:
+                for t, line in sorted(set(scan[m].edges)):
+                    if t in members:
+                        lines.append(f"    {m}:{line} -> {t}")
+        pytest.fail("\n".join(lines))
+
+
+def test_no_private_import():
+    scan = _scan()
+    bad = [f"{name}:{line}: {attr} from {source}"
+           for name, v in sorted(scan.items())
+           for line, source, attr in v.private if source != name]
+    assert not bad, f"{len(bad)} imports of private names:\n" + "\n".join(bad)

@@ -1,0 +1,53 @@
+"""Register allocation: from a tile shape to named AArch64 registers.
+
+The allocator is where tile-shape rules live: a tile is valid when its accumulators,
+operand registers and pointers fit the register file.  :mod:`.pool` holds the register file
+(allocation orders, the tally, the stack frame, the first fit over row blocks); each family
+module allocates its kernels and lists them in its ``ALLOCATORS``, keyed by the allocator
+names the family records give (``IsaImpl.allocator`` in :mod:`tilegen.records`).
+"""
+from __future__ import annotations
+
+from functools import lru_cache
+
+from ...records import SpecError
+from ..spec import KernelSpec
+from . import bf16, f32, q4, q4_luti4, q4_sme, q8, q8_sme
+from .f32 import F32FmaRegs, Sme2GemvRegs, SmeF32Regs
+from .pool import NUM_VREGS, RegisterPool, VectorNeeds
+from .q4 import Q4Regs
+from .q4_sme import Q4SmeRegs
+from .q8 import Q8Regs
+
+__all__ = ["VectorNeeds", "RegisterPool", "F32FmaRegs", "SmeF32Regs", "Sme2GemvRegs",
+           "Q4Regs", "Q4SmeRegs", "Q8Regs", "ALLOCATORS", "allocate", "NUM_VREGS"]
+
+
+def _registry(*modules) -> dict:
+    out: dict = {}
+    for m in modules:
+        taken = set(out) & set(m.ALLOCATORS)
+        if taken:
+            raise TypeError(f"{m.__name__} registers allocators another module has: {taken}")
+        out.update(m.ALLOCATORS)
+    return out
+
+
+# allocator name (``IsaImpl.allocator`` of the family records) -> function
+ALLOCATORS = _registry(f32, q4, q4_sme, q4_luti4, q8, q8_sme, bf16)
+
+
+@lru_cache(maxsize=1024)        # specs are immutable; render and validate ask for the same one
+def allocate(spec: KernelSpec):
+    """The registers of ``spec`` or a :class:`SpecError` naming the violated rule.  The spec
+    is one :func:`tilegen.generator.validate.validate` accepts or is checking: the records'
+    preconditions (fixed interleave, ``:am``) are the validator's, not repeated here."""
+    if not isinstance(spec, KernelSpec):
+        raise SpecError(f"expected a KernelSpec (tilegen.parse_spec reads spec strings), "
+                        f"got {spec!r}")
+    try:
+        fn = ALLOCATORS[spec.impl.allocator]
+    except KeyError:
+        raise SpecError(f"no register allocator {spec.impl.allocator!r} for "
+                        f"{spec.family}/{spec.isa}") from None
+    return fn(spec)
