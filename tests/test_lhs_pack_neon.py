@@ -42,7 +42,7 @@ SPECS = ([PackerSpec("qai8dxp", *t) for t in QAI8DXP_TILES]
 
 
 # --------------------------------------------------------------------------------------------
-# numpy model (written from docs/layouts.md#qai8dxp and #qsi8d32p); tilegen.layout.q4 is used
+# numpy model (written from docs/layouts.md#qai8dxp and #qsi8d32p); tilegen.layout.lhs_int8 is used
 # as well when it exists.
 F = np.float32
 
@@ -142,10 +142,10 @@ def model_qsi8d32p(x: np.ndarray, m: int, bl: int, mr: int, L: int, m_idx_start:
 
 def _q4_reference():
     try:
-        from tilegen.layout import q4  # noqa: F401  (written concurrently; optional)
+        from tilegen.layout import lhs_int8  # noqa: F401  (written concurrently; optional)
     except Exception:
         return None
-    return q4
+    return lhs_int8
 
 
 # --------------------------------------------------------------------------------------------
@@ -405,10 +405,10 @@ def test_random_sweep(spec, cpu, pack_lib):
 
 
 def test_sweep_against_q4_reference():
-    """Cross-check the local model with tilegen.layout.q4 when that module exists."""
+    """Cross-check the local model with tilegen.layout.lhs_int8 when that module exists."""
     q4 = _q4_reference()
     if q4 is None or not hasattr(q4, "QAI8DXP") or not hasattr(q4, "QSI8D32P"):
-        pytest.skip("tilegen.layout.q4 (QAI8DXP / QSI8D32P) not available")
+        pytest.skip("tilegen.layout.lhs_int8 (QAI8DXP / QSI8D32P) not available")
     rng = np.random.default_rng(5)
     for spec in SPECS:
         cases, refs = _sweep_cases(spec, rng)

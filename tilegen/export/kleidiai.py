@@ -366,7 +366,7 @@ def ukernel_source(kk: KaiKernel) -> str:
 # -- generated portable C for the layouts no tilegen kernel reads --------------------------
 #
 # llama.cpp's SME2 Q4_0 entry: RHS qsi4c32ps1s0scalef16, LHS f16p<mr>x2 (gemm) and qsi8d32p with
-# the scales behind the values (gemv); byte maps in tilegen.layout.q4_sme (docs/layouts.md).
+# the scales behind the values (gemv); byte maps in tilegen.layout.rhs_int4/f16/lhs_int8 (docs/layouts.md).
 # Every size and address below is an expression over the layout objects' geometry, checked here
 # against the objects' own methods (_checked) at every SVL and over a grid of positions.
 
@@ -375,7 +375,9 @@ _KR, _SR, _BL = 4, 2, 32     # KleidiAI's kr/sr of both kernels (its packer asse
 
 
 def _q4_sme_layouts(vl: int):
-    from ..layout.q4_sme import F16PLhs2, QSI4C32PS1S0ScaleF16, QSI8D32PScaleTail
+    from ..layout.f16 import F16PLhs2
+    from ..layout.lhs_int8 import QSI8D32PScaleTail
+    from ..layout.rhs_int4 import QSI4C32PS1S0ScaleF16
     return (QSI4C32PS1S0ScaleF16(_PS1S0_NR_UNITS * vl // 4, _KR, _SR, _BL),
             QSI8D32PScaleTail(1, _KR, 1, _BL), F16PLhs2(vl // 4, _KR, _SR))
 

@@ -3,21 +3,23 @@
 A format is a layout class's ``format`` stem; :func:`layout_for` also takes a layout's full
 ``name`` (``"f32p16x1b"``, ``"bf16p12x4b"``: the tile rows and L come from the name).
 
-=====================  ===========================================  ===========================
-format                 layout class                                 used by
-=====================  ===========================================  ===========================
-``"f32p"`` (RHS)       :class:`~tilegen.layout.f32.F32PackedRHS`     f32 kernels
-``"f32p"`` (LHS)       :class:`~tilegen.layout.f32.F32PackedLHS`     f32 SME outer products
-``"qsi4c32p"``         :class:`~tilegen.layout.q4.QSI4C32P`          qai8dxp x qsi4c32p (RHS)
-``"qsi4c32pscalef16"`` :class:`~tilegen.layout.q4.QSI4C32PScaleF16`  qsi8d32p x qsi4c32p (RHS)
-``"qai8dxp"``          :class:`~tilegen.layout.q4.QAI8DXP`           LHS of qai8dxp kernels
-``"qsi8d32p"``         :class:`~tilegen.layout.q4.QSI8D32P`          LHS of qsi8d32p kernels
-``"qsi8cxp"``          :class:`~tilegen.layout.q8.QSI8CXP`           qai8dxp x qsi8cxp (RHS)
-``"bf16px4b"``         :class:`~tilegen.layout.bf16.BF16PRhs4B`      NEON bf16 kernels (RHS)
-``"bf16px2b"``         :class:`~tilegen.layout.bf16.BF16PRhs2B`      SME bf16 kernels (RHS)
-``"bf16px4"``          :class:`~tilegen.layout.bf16.BF16PLhs4`       LHS of NEON bf16 kernels
-``"bf16px2"``          :class:`~tilegen.layout.bf16.BF16PLhs2`       LHS of SME bf16 kernels
-=====================  ===========================================  ===========================
+==========================  ======================================================  ============================
+format                      layout class                                            used by
+==========================  ======================================================  ============================
+``"f32p"`` (RHS)            :class:`~tilegen.layout.f32.F32PackedRHS`               f32 kernels
+``"f32p"`` (LHS)            :class:`~tilegen.layout.f32.F32PackedLHS`               f32 SME outer products
+``"qsi4c32p"``              :class:`~tilegen.layout.rhs_int4.QSI4C32P`              qai8dxp x qsi4c32p (RHS)
+``"qsi4c32pscalef16"``      :class:`~tilegen.layout.rhs_int4.QSI4C32PScaleF16`      qsi8d32p x qsi4c32p (RHS)
+``"qsi4c32ps1s0scalef16"``  :class:`~tilegen.layout.rhs_int4.QSI4C32PS1S0ScaleF16`  SME2 q4_0_s1s0 kernels (RHS)
+``"qai8dxp"``               :class:`~tilegen.layout.lhs_int8.QAI8DXP`               LHS of qai8dxp kernels
+``"qsi8d32p"``              :class:`~tilegen.layout.lhs_int8.QSI8D32P`              LHS of qsi8d32p kernels
+``"qsi8d32pscaletail"``     :class:`~tilegen.layout.lhs_int8.QSI8D32PScaleTail`     LHS of q4_0_s1s0 kernels
+``"qsi8cxp"``               :class:`~tilegen.layout.rhs_int8.QSI8CXP`               qai8dxp x qsi8cxp (RHS)
+``"bf16px4b"``              :class:`~tilegen.layout.bf16.BF16PRhs4B`                NEON bf16 kernels (RHS)
+``"bf16px2b"``              :class:`~tilegen.layout.bf16.BF16PRhs2B`                SME bf16 kernels (RHS)
+``"bf16px4"``               :class:`~tilegen.layout.bf16.BF16PLhs4`                 LHS of NEON bf16 kernels
+``"bf16px2"``               :class:`~tilegen.layout.bf16.BF16PLhs2`                 LHS of SME bf16 kernels
+==========================  ======================================================  ============================
 
 ``"f32p"`` names a layout of either role: :func:`layout_for` takes the LHS one when given
 ``mr=`` (the other functions know their role).
@@ -27,7 +29,8 @@ from __future__ import annotations
 import numpy as np
 
 from .base import LayoutError
-from .q4 import QAI8DXP, QSI8D32P, QSI4C32PScaleF16
+from .lhs_int8 import QAI8DXP, QSI8D32P
+from .rhs_int4 import QSI4C32PScaleF16
 from .registry import LAYOUTS, LHS_LAYOUTS, RHS_LAYOUTS, layout_class
 
 __all__ = ["pack_rhs", "pack_lhs", "dequantize_rows", "layout_for", "repack_rhs", "can_repack",
