@@ -232,6 +232,8 @@ class RowBlocks:
     """Sizes and offsets of a packed-LHS layout made of ceil(m / mr) row blocks of
     ``row_block_stride(k)`` bytes, and where a pack call puts its rows."""
 
+    role = "lhs"
+
     def packed_size(self, m: int, k: int) -> int:
         return -(-m // self.mr) * self.row_block_stride(k)
 
@@ -253,6 +255,8 @@ class ColumnGroups:
     """Sizes and offsets of a packed-RHS layout made of ceil(n / nr) groups of
     ``group_stride(k)`` bytes."""
 
+    role = "rhs"
+
     def packed_size(self, n: int, k: int) -> int:
         return -(-n // self.nr) * self.group_stride(k)
 
@@ -264,6 +268,27 @@ class ColumnGroups:
 
 class RhsGroups(ColumnGroups, Interleaved):
     """The interleaved packed-RHS layouts (groups of nr columns, :class:`ColumnGroups`)."""
+
+
+class ScaleBlocks:
+    """k in blocks of ``bl`` values (a multiple of 32, ggml's block) with a scale each, for
+    formats whose strides are expressions in k and bl (``stride_expr``) and need a positive k."""
+
+    def check_blocks(self, **positive) -> None:
+        """Positive geometry (``positive`` first, then kr, sr, bl) and bl a multiple of 32."""
+        check_pos(**positive, kr=self.kr, sr=self.sr, bl=self.bl)
+        if self.bl % 32:
+            raise LayoutError(f"bl={self.bl} must be a multiple of 32")
+
+    def num_blocks(self, k: int) -> int:
+        if k < 1 or k % self.bl:
+            raise LayoutError(f"k={k} must be a positive multiple of bl={self.bl}")
+        return k // self.bl
+
+    def blocks_stride(self, k: int) -> int:
+        """``stride_expr`` at k (a positive multiple of bl)."""
+        self.num_blocks(k)
+        return eval_expr(self.stride_expr, k=k, bl=self.bl)
 
 
 class PaddedSlots:

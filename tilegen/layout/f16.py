@@ -30,7 +30,6 @@ class F16PLhs2(RowBlocks, PackedLayout):
     odd k is padded with a 0 value here.  ``kr``/``sr`` only have to give L = kr/sr = 2."""
 
     format = "f16px2"
-    role = "lhs"
     label_prefix = "f16p"
     elem_bytes = 2   # one f16 value
     pair = 2         # k values of one row written together (L)

@@ -28,7 +28,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from .base import (Interleaved, LayoutError, PackedLayout, PaddedSlots, RowBlocks,
+from .base import (Interleaved, LayoutError, PackedLayout, PaddedSlots, RowBlocks, ScaleBlocks,
                    check_m_idx_start, check_pos, eval_expr, f32_to_i32_sat, flat_u8,
                    round_half_away, rows_f32)
 
@@ -61,7 +61,6 @@ class QAI8DXP(PaddedSlots, LhsRowBlocks):
     """
 
     format = "qai8dxp"
-    role = "lhs"
     label_prefix = "qai8dxp"
     rounding = "away"     # fixed: values ties-away, zero point ties-even
     packer_template = "lhs_pack_qai8dxp_neon"
@@ -231,7 +230,6 @@ class QSI8D32P(LhsRowBlocks):
     rounding: str = "away"
 
     format = "qsi8d32p"
-    role = "lhs"
     label_prefix = "qsi8d32p"
     packer_template = "lhs_pack_qsi8d32p_neon"
     packer_per_row = ("chunk_bytes", "data_offset_in_block")
@@ -361,7 +359,7 @@ class QSI8D32P(LhsRowBlocks):
 # LHS: qsi8d32p with the scales behind the values (the "_neon" packer)
 # ----------------------------------------------------------------------------------------
 @dataclass(frozen=True)
-class QSI8D32PScaleTail(RowBlocks, PackedLayout):
+class QSI8D32PScaleTail(RowBlocks, ScaleBlocks, PackedLayout):
     """The block-symmetric int8 LHS of ``kai_run_lhs_quant_pack_qsi8d32p_f32_neon``
     (docs/layouts.md#qsi8d32p-scale-tail): the quantisation of
     :class:`QSI8D32P` (ties away), another byte order.
@@ -376,7 +374,6 @@ class QSI8D32PScaleTail(RowBlocks, PackedLayout):
     (``qsi8d32p1x4_..._sme2_sdot``) has mr = 1."""
 
     format = "qsi8d32pscaletail"
-    role = "lhs"
     label_prefix = "qsi8d32p"
     name_suffix = "scaletail"
     scale_bytes = 2
@@ -387,9 +384,7 @@ class QSI8D32PScaleTail(RowBlocks, PackedLayout):
     bl: int = 32
 
     def __post_init__(self) -> None:
-        check_pos(mr=self.mr, kr=self.kr, sr=self.sr, bl=self.bl)
-        if self.bl % 32:
-            raise LayoutError(f"bl={self.bl} must be a multiple of 32")
+        self.check_blocks(mr=self.mr)
         if self.bl % self.kr:
             raise LayoutError(f"bl={self.bl} must be a multiple of kr={self.kr}")
         if self.sr != 1:    # KleidiAI ignores sr: one layout per (mr, kr), named with sr = 1
@@ -398,11 +393,6 @@ class QSI8D32PScaleTail(RowBlocks, PackedLayout):
     @property
     def label(self) -> str:
         return self.label_for(self.mr, self.kr, 1)
-
-    def num_blocks(self, k: int) -> int:
-        if k < 1 or k % self.bl:
-            raise LayoutError(f"k={k} must be a positive multiple of bl={self.bl}")
-        return k // self.bl
 
     @property
     def chunk_bytes(self) -> int:
@@ -414,8 +404,7 @@ class QSI8D32PScaleTail(RowBlocks, PackedLayout):
         return f"{self.mr} * (k // bl) * (bl + {self.scale_bytes})"
 
     def row_block_stride(self, k: int) -> int:
-        self.num_blocks(k)
-        return eval_expr(self.stride_expr, k=k, bl=self.bl)
+        return self.blocks_stride(k)
 
     def data_bytes(self, k: int) -> int:
         """Bytes of the int8 values of a row block (the scales follow them)."""

@@ -25,8 +25,8 @@ from dataclasses import dataclass
 import numpy as np
 
 from ..reference import fma_f32
-from .base import (ColumnGroups, LayoutError, PackedLayout, RhsGroups, check_pos, eval_expr,
-                   flat_u8, rows_index)
+from .base import (ColumnGroups, LayoutError, PackedLayout, RhsGroups, ScaleBlocks, check_pos,
+                   eval_expr, flat_u8, rows_index)
 from .bf16 import bf16_to_f32, f32_to_bf16_rne
 from .ggml import (as_bytes, check_block_scales, dequantize_q4_0, f16_bits_to_f32, quantize_q4_0,
                    split_q4_0)
@@ -60,7 +60,6 @@ class QSI4C32P(RhsGroups):
     bl: int = 32
 
     format = "qsi4c32p"
-    role = "rhs"
     label_prefix = "qsi4c32p"
 
     def __post_init__(self) -> None:
@@ -327,7 +326,6 @@ class QSI4C32PScaleF16(RhsGroups):
     bl: int = 32
 
     format = "qsi4c32pscalef16"
-    role = "rhs"
     label_prefix = "qsi4c32p"         # KleidiAI's kernel names: qsi4c32p<nr>x<L>, as QSI4C32P
     name_suffix = "scalef16"
 
@@ -513,7 +511,7 @@ class QSI4C32PScaleF16(RhsGroups):
 # RHS: qsi4c32ps1s0scalef16 (q4_0-style rows -> s1s0 nibble order, f16 scales at the end)
 # ----------------------------------------------------------------------------------------
 @dataclass(frozen=True)
-class QSI4C32PS1S0ScaleF16(ColumnGroups, PackedLayout):
+class QSI4C32PS1S0ScaleF16(ColumnGroups, ScaleBlocks, PackedLayout):
     """KleidiAI's ``kai_run_rhs_pack_nxk_qsi4c32ps1s0scalef16_qsu4c32s16s0_neon`` output
     (docs/layouts.md#qsi4c32ps1s0scalef16), read by the SME2 ``qsi4c32p4vlx4`` kernels.
 
@@ -529,21 +527,18 @@ class QSI4C32PS1S0ScaleF16(ColumnGroups, PackedLayout):
     KleidiAI requires kr = 4 (one uint16 of four nibbles per slot) and sr = 2.  Slots past n in
     the last group are never written (zero here)."""
 
-    format = "qsi4c32ps1s0scalef16"
-    role = "rhs"
-    label_prefix = "qsi4c32p"
-    name_suffix = "s1s0scalef16"
-    scale_bytes = 2
-
     nr: int
     kr: int = 4
     sr: int = 2
     bl: int = 32
 
+    format = "qsi4c32ps1s0scalef16"
+    label_prefix = "qsi4c32p"
+    name_suffix = "s1s0scalef16"
+    scale_bytes = 2
+
     def __post_init__(self) -> None:
-        check_pos(nr=self.nr, kr=self.kr, sr=self.sr, bl=self.bl)
-        if self.bl % 32:
-            raise LayoutError(f"bl={self.bl} must be a multiple of 32")
+        self.check_blocks(nr=self.nr)
         if self.kr % 2 or self.bl % self.kr:
             raise LayoutError(f"kr={self.kr} must be even and divide bl={self.bl}")
 
@@ -553,11 +548,6 @@ class QSI4C32PS1S0ScaleF16(ColumnGroups, PackedLayout):
 
     def src_row_bytes(self, k: int) -> int:
         return self.num_blocks(k) * self.src_block_bytes
-
-    def num_blocks(self, k: int) -> int:
-        if k < 1 or k % self.bl:
-            raise LayoutError(f"k={k} must be a positive multiple of bl={self.bl}")
-        return k // self.bl
 
     @property
     def chunk_bytes(self) -> int:
@@ -570,8 +560,7 @@ class QSI4C32PS1S0ScaleF16(ColumnGroups, PackedLayout):
         return f"{self.nr} * (k // bl) * (bl // 2 + {self.scale_bytes})"
 
     def group_stride(self, k: int) -> int:
-        self.num_blocks(k)
-        return eval_expr(self.stride_expr, k=k, bl=self.bl)
+        return self.blocks_stride(k)
 
     def data_bytes(self, k: int) -> int:
         return self.nr * k // 2

@@ -120,7 +120,6 @@ class QSI8CXP(PaddedSlots, RhsGroups):
     """
 
     format = "qsi8cxp"
-    role = "rhs"
     label_prefix = "qsi8cxp"
 
     nr: int
