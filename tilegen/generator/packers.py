@@ -65,7 +65,7 @@ from dataclasses import dataclass
 from functools import lru_cache
 
 from .. import __version__
-from ..layout.base import LayoutError
+from ..layout.base import LayoutError, RowBlocks
 from ..layout.registry import LHS_LAYOUTS, layout_class
 from .render import _check_format, _env, symbol_for
 from .spec import SpecError
@@ -202,11 +202,27 @@ class PackerSpec:
         return s + (":even" if self.rounding == "even" else "")
 
     @property
+    def takes_bl(self) -> bool:
+        """Whether the packer takes the block length ``bl`` (formats with blocks)."""
+        return layout_class("lhs", self.fmt).has_blocks()
+
+    @property
+    def lhs_at_row0(self) -> bool:
+        """Whether ``lhs`` points at row 0 of the whole matrix (the packer adds m_idx_start
+        rows) rather than at the first row to pack."""
+        return layout_class("lhs", self.fmt).packer_lhs_at_row0
+
+    @property
+    def from_any_row(self) -> bool:
+        """Whether a call may start at any row (``m_idx_start``), not only at a row block."""
+        return issubclass(layout_class("lhs", self.fmt), RowBlocks)
+
+    @property
     def signature(self) -> list[tuple[str, str]]:
         """C parameters (name, ctype) in order."""
         sz = "size_t"
         head = [("m", sz), ("k", sz)]
-        if layout_class("lhs", self.fmt).has_blocks():
+        if self.takes_bl:
             head.append(("bl", sz))
         return head + [("mr", sz), ("kr", sz), ("sr", sz), ("m_idx_start", sz),
                        ("lhs", "const void*"), ("lhs_stride", sz), ("lhs_packed", "void*")]

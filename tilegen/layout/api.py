@@ -28,8 +28,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from .base import LayoutError
-from .lhs_int8 import QAI8DXP, QSI8D32P
+from .base import LayoutError, RowBlocks
 from .rhs_int4 import QSI4C32PScaleF16
 from .registry import LAYOUTS, LHS_LAYOUTS, RHS_LAYOUTS, layout_class
 
@@ -147,9 +146,10 @@ def pack_lhs(fmt: str, x: np.ndarray, *, mr: int, kr: int, sr: int, bl: int = 32
     """Quantise and pack activation rows ``x`` (float32 (m, k); x[0] = global row m_idx_start)
     into LHS format ``fmt`` (``rounding``: qsi8d32p's, default "away"); returns the region from
     the row block of m_idx_start (``ceil(((m_idx_start % mr) + m) / mr)`` row blocks), unused
-    slots zero.  f32p and bf16 formats pack whole row blocks from row 0."""
+    slots zero: the row-block formats (:class:`~tilegen.layout.base.RowBlocks`: the int8 ones).
+    f32p and bf16 formats pack whole row blocks from row 0."""
     lay = _build("lhs", fmt, {"mr": mr, "kr": kr, "sr": sr, "bl": bl, "rounding": rounding})
-    if isinstance(lay, (QAI8DXP, QSI8D32P)):
+    if isinstance(lay, RowBlocks):
         return lay.pack(x, m_idx_start=m_idx_start)
     if m_idx_start:
         raise LayoutError(f"{lay.format} packs whole row blocks from row 0 (m_idx_start=0)")

@@ -129,6 +129,9 @@ class PackedLayout:
     packer_per_row: ClassVar[tuple[str, ...]] = ()
     #: a compile-time mr that is a multiple of 4 packs the slots 4i..4i+3 together
     packer_quad: ClassVar[bool] = False
+    #: the packer's ``lhs`` argument points at row 0 of the whole matrix (it adds m_idx_start
+    #: rows itself; KleidiAI's qsi8d32p convention), not at the first row to pack
+    packer_lhs_at_row0: ClassVar[bool] = False
     #: formats without a rounding option: how f32 values become the format's (None: the
     #: format quantises, with the ``rounding`` the layout takes or fixes)
     fixed_conversion: ClassVar[str | None] = None

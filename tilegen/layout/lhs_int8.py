@@ -234,6 +234,7 @@ class QSI8D32P(LhsRowBlocks):
     packer_template = "lhs_pack_qsi8d32p_neon"
     packer_per_row = ("chunk_bytes", "data_offset_in_block")
     packer_quad = True
+    packer_lhs_at_row0 = True
 
     def __post_init__(self) -> None:
         L = self.check_interleave(mr=self.mr, bl=self.bl)
