@@ -1,8 +1,12 @@
-"""What every layout module shares: :class:`PackedLayout` (names, ``for_geometry``, the
-generated-packer facts), the geometry mixins of the interleaved formats (:class:`Interleaved`,
-:class:`RowBlocks`, :class:`ColumnGroups`, :class:`RhsGroups`, :class:`PaddedSlots`), argument
-checks, C's float -> int rounding, and the layout a kernel spec reads (:func:`rhs_layout_for`,
-:func:`lhs_layout_for`, :func:`same_rhs`)."""
+"""What every layout module shares: :class:`PackedLayout` (names, ``for_geometry``, what the
+format's generated packer can do), the geometry mixins (:class:`Interleaved`, :class:`RowBlocks`
+(packed LHS), :class:`ColumnGroups` / :class:`RhsGroups` (packed RHS), :class:`ScaleBlocks`,
+:class:`PaddedSlots`), argument checks, C's float -> int rounding, and the layout a kernel spec
+reads (:func:`rhs_layout_for`, :func:`lhs_layout_for`, :func:`same_rhs`).
+
+A layout family is one module (``lhs_int8``, ``rhs_int4``, ``rhs_int8``, ``bf16``, ``f16``,
+``f32``; ggml's block formats in ``ggml``) importing only this one, ``ggml`` and ``bf16``; the
+registry (:mod:`tilegen.layout.registry`) lists the classes the dispatchers know."""
 from __future__ import annotations
 
 import dataclasses
