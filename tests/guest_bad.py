@@ -27,7 +27,7 @@ def _stale():
 
 def _other_format():
     """q4_0 weights (read as qsi4c32pscalef16) recorded in the qsi4c32p format."""
-    from tilegen.layout.q4 import QSI4C32P
+    from tilegen.layout.rhs_int4 import QSI4C32P
     lay = QSI4C32P(4, 8, 2)
     return tilegen.PackedWeights(lay, 8, 64, np.zeros(lay.packed_size(8, 64), np.uint8), False,
                                  "q4_0")

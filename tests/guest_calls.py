@@ -354,7 +354,7 @@ def adopt_weights(libdir: str, w, x, bias, raw, gguf_path: str, name: str) -> di
     """Weights packed for other layouts of their format: adopt, matmul, load_tensor(nr=)."""
     from tilegen.gguf import load_tensor
     from tilegen.layout.f32 import F32PackedRHS
-    from tilegen.layout.q4 import QSI4C32P
+    from tilegen.layout.rhs_int4 import QSI4C32P
     lib = _lib(libdir)
     n, k = w.shape
     out = {}

@@ -9,7 +9,7 @@ import tilegen
 def adopt_q8(libdir: str, packed_bytes, n: int, k: int, nr: int, kr: int, x):
     """PackedWeights of qsi8cxp<nr>x<kr> bytes made elsewhere: adopt (repack if no kernel here
     reads them), matmul; returns the adopted geometry, bytes and result."""
-    from tilegen.layout.q8 import QSI8CXP
+    from tilegen.layout.rhs_int8 import QSI8CXP
     lib = tilegen.load(libdir)
     pw = tilegen.PackedWeights(QSI8CXP(nr, kr), n, k, packed_bytes, True, "q8_0")
     a = lib.adopt(pw)

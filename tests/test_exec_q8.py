@@ -9,8 +9,8 @@ import numpy as np
 import pytest
 
 import tilegen
-from tilegen.layout.q4 import QAI8DXP
-from tilegen.layout.q8 import QSI8CXP
+from tilegen.layout.lhs_int8 import QAI8DXP
+from tilegen.layout.rhs_int8 import QSI8CXP
 from tilegen.reference_q8 import matmul_qai8dxp_qsi8cxp
 
 from conftest import guest, vector_params

@@ -10,8 +10,8 @@ import pytest
 
 import tilegen
 from tilegen.layout.base import same_rhs
-from tilegen.layout.q4 import QAI8DXP
-from tilegen.layout.q8 import QSI8CXP
+from tilegen.layout.lhs_int8 import QAI8DXP
+from tilegen.layout.rhs_int8 import QSI8CXP
 from tilegen.reference_q8 import matmul_qai8dxp_qsi8cxp
 
 from conftest import SME_ON, guest, vector_params
@@ -210,7 +210,7 @@ def q8_all_default_lib(tmp_path_factory):
 
 @pytest.mark.parametrize("run", list(DEFAULT_PICKS), ids=lambda r: "-".join(map(str, r)))
 def test_q8_default_table_picks_scalable_pairs(run, q8_all_default_lib):
-    from tilegen.runtime.q8 import quantize_per_channel
+    from tilegen.layout.rhs_int8 import quantize_per_channel
     cpu, sve_vl, sme_vl = run
     sess = guest(cpu, sve_vl, sme_vl, SME_ON if sme_vl else None)
     gemm, gemv = (tilegen.parse_spec(t) for t in DEFAULT_PICKS[run])

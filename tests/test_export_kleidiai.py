@@ -360,12 +360,13 @@ def test_llama_cpp_glue_compiles(built, llama_kai, cross_sysroot, src):
 
 def test_ps1s0_kernels(kai_so):
     """The two kernels of llama.cpp's SME2 Q4_0 entry on data from tilegen's numpy packers of
-    those layouts (tilegen.layout.q4_sme), at SVL 512: the gemv (tilegen's SME2 luti4 asm,
+    those layouts (tilegen.layout.rhs_int4, .f16, .lhs_int8), at SVL 512: the gemv (tilegen's SME2 luti4 asm,
     qsi8d32p scale-tail LHS, RHS packed with the getters' sr = 2) bit-exact with the block
     formula, the f16 gemm (generated C) likewise with a k-ordered f32 sum per block."""
     from tilegen.layout.ggml import quantize_q4_0, split_q4_0
-    from tilegen.layout.q4 import QSI8D32P
-    from tilegen.layout.q4_sme import F16PLhs2, QSI4C32PS1S0ScaleF16, QSI8D32PScaleTail
+    from tilegen.layout.f16 import F16PLhs2
+    from tilegen.layout.lhs_int8 import QSI8D32P, QSI8D32PScaleTail
+    from tilegen.layout.rhs_int4 import QSI4C32PS1S0ScaleF16
     from tilegen.reference import fma_f32
     from tilegen.reference_q4 import _block_dots
     vl = SVL_BITS // 8
@@ -581,7 +582,7 @@ def test_llama_flow_q4_bit_exact(kai_so, gemm, lhs_packer, m, rounding):
     """The exported C packers + kernel of a q4_0 entry (as kleidiai.cpp calls them) give the
     bytes of tilegen's numpy pipeline: dst equals the reference bit for bit."""
     from tilegen.layout.ggml import quantize_q4_0
-    from tilegen.layout.q4 import QSI8D32P
+    from tilegen.layout.lhs_int8 import QSI8D32P
     from tilegen.reference_q4 import matmul_qsi8d32p_qsi4c32pscalef16 as ref_q4
     rng = np.random.default_rng(19)
     n, k = 37, 256

@@ -22,11 +22,12 @@ from tilegen.build.toolchain import discover
 from tilegen.export.files import ExportFile
 from tilegen.export.packers_c import PACK_DIR, PACKERS, PARAMS_HEADER, SME_PACKERS, packer_sources
 from tilegen.layout.bf16 import BF16PLhs2, BF16PRhs2B
+from tilegen.layout.f16 import F16PLhs2
 from tilegen.layout.f32 import F32PackedLHS, F32PackedRHS
 from tilegen.layout.ggml import quantize_q4_0
-from tilegen.layout.q4 import QAI8DXP, QSI8D32P, QSI4C32PScaleF16
-from tilegen.layout.q4_sme import F16PLhs2, QSI4C32PS1S0ScaleF16, QSI8D32PScaleTail
-from tilegen.layout.q8 import QSI8CXP
+from tilegen.layout.lhs_int8 import QAI8DXP, QSI8D32P, QSI8D32PScaleTail
+from tilegen.layout.rhs_int4 import QSI4C32PS1S0ScaleF16, QSI4C32PScaleF16
+from tilegen.layout.rhs_int8 import QSI8CXP
 
 from conftest import guest, vector_files
 from guest_kai_pack import MARGIN, PREFILLS

@@ -1,4 +1,4 @@
-"""Host-side tests of the int8/int4 layouts (tilegen.layout.q4 / ggml / api) and the numpy
+"""Host-side tests of the int8/int4 layouts (tilegen.layout.lhs_int8 / rhs_int4 / ggml / api) and the numpy
 references of the int kernels (tilegen.reference_q4) against KleidiAI's golden vectors."""
 
 import numpy as np
@@ -6,10 +6,12 @@ import pytest
 
 from tilegen.layout import api
 from tilegen.layout.base import LayoutError
+from tilegen.layout.bf16 import bf16_to_f32, f32_to_bf16_rne
 from tilegen.layout.f32 import F32PackedRHS
-from tilegen.layout.ggml import dequantize_q4_0, join_q4_0, quantize_q4_0, split_q4_0
-from tilegen.layout.q4 import (QAI8DXP, QSI4C32P, QSI8D32P, QSI4C32PScaleF16, bf16_to_f32,
-                               f16_bits_to_f32, f32_to_bf16_rne)
+from tilegen.layout.ggml import (dequantize_q4_0, f16_bits_to_f32, join_q4_0, quantize_q4_0,
+                                 split_q4_0)
+from tilegen.layout.lhs_int8 import QAI8DXP, QSI8D32P
+from tilegen.layout.rhs_int4 import QSI4C32P, QSI4C32PScaleF16
 from tilegen.reference_q4 import matmul_qai8dxp_qsi4c32p, matmul_qsi8d32p_qsi4c32pscalef16
 
 from conftest import vector_files, vector_params

@@ -1,4 +1,4 @@
-"""Host-side tests of the int8 per-channel RHS layout (tilegen.layout.q8), the ggml Q8_0 path and
+"""Host-side tests of the int8 per-channel RHS layout (tilegen.layout.rhs_int8), the ggml Q8_0 path and
 the numpy reference of the qai8dxp x qsi8cxp kernels (tilegen.reference_q8) against KleidiAI's
 golden vectors."""
 
@@ -6,9 +6,9 @@ import numpy as np
 import pytest
 
 from tilegen.layout.base import LayoutError
-from tilegen.layout.q4 import QAI8DXP
-from tilegen.layout.q8 import (QSI8CXP, dequantize_q8_0, join_q8_0, quantize_q8_0,
-                               requant_error_q8_0, requantize_q8_0, split_q8_0)
+from tilegen.layout.ggml import dequantize_q8_0, join_q8_0, quantize_q8_0, split_q8_0
+from tilegen.layout.lhs_int8 import QAI8DXP
+from tilegen.layout.rhs_int8 import QSI8CXP, requant_error_q8_0, requantize_q8_0
 from tilegen.reference_q8 import matmul_qai8dxp_qsi8cxp
 
 from conftest import vector_files, vector_params

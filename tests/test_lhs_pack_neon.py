@@ -38,7 +38,7 @@ SPECS = ([PackerSpec("qai8dxp", *t) for t in QAI8DXP_TILES]
 
 
 # --------------------------------------------------------------------------------------------
-# numpy model (written from docs/layouts.md#qai8dxp and #qsi8d32p); tilegen.layout.q4 is used
+# numpy model (written from docs/layouts.md#qai8dxp and #qsi8d32p); tilegen.layout.lhs_int8 is used
 # as well when it exists.
 F = np.float32
 
@@ -395,8 +395,8 @@ def test_random_sweep(spec, cpu, pack_lib):
 
 
 def test_sweep_against_q4_reference():
-    """Cross-check the local model with tilegen.layout.q4's packers."""
-    from tilegen.layout import q4
+    """Cross-check the local model with tilegen.layout.lhs_int8's packers."""
+    from tilegen.layout import lhs_int8 as q4
     rng = np.random.default_rng(5)
     checked = 0
     for spec in SPECS:

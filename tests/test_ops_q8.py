@@ -9,10 +9,10 @@ import pytest
 
 import tilegen
 from tilegen.build import default_specs, get_target
-from tilegen.layout.q4 import QAI8DXP
-from tilegen.layout.q8 import QSI8CXP, quantize_q8_0
+from tilegen.layout.ggml import quantize_q8_0
+from tilegen.layout.lhs_int8 import QAI8DXP
+from tilegen.layout.rhs_int8 import QSI8CXP, quantize_per_channel
 from tilegen.reference_q8 import matmul_qai8dxp_qsi8cxp
-from tilegen.runtime.q8 import quantize_per_channel
 
 from conftest import guest
 

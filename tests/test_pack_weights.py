@@ -14,9 +14,8 @@ import pytest
 
 import tilegen
 from tilegen.runtime.errors import ArgumentError
-from tilegen.layout.ggml import quantize_q4_0
-from tilegen.layout.q4 import bf16_to_f32, f32_to_bf16_rne
-from tilegen.layout.q8 import quantize_q8_0
+from tilegen.layout.bf16 import bf16_to_f32, f32_to_bf16_rne
+from tilegen.layout.ggml import quantize_q4_0, quantize_q8_0
 
 from conftest import SME_ON, guest
 

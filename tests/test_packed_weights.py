@@ -217,7 +217,7 @@ def test_load_tensor_nr_must_be_a_positive_int(tmp_path):
 
 @pytest.mark.parametrize("kind", ["f32", "q4_0", "q4_0_dx"])
 def test_get_rows_of_no_rows(kind):
-    from tilegen.layout.q4 import QSI4C32P
+    from tilegen.layout.rhs_int4 import QSI4C32P
     from tilegen.runtime.packed import dequantize_packed_rows
     rng = np.random.default_rng(33)
     n, k = 9, 64
@@ -277,8 +277,7 @@ def test_repack_bf16_layouts_between_widths_and_into_f32p():
     losslessly: the bytes of packing the bf16 values there; f32p does not go back to bf16."""
     from tilegen.layout import LayoutError
     from tilegen.layout.api import can_repack, repack_rhs
-    from tilegen.layout.bf16 import BF16PRhs2B, BF16PRhs4B
-    from tilegen.layout.q4 import bf16_to_f32, f32_to_bf16_rne
+    from tilegen.layout.bf16 import BF16PRhs2B, BF16PRhs4B, bf16_to_f32, f32_to_bf16_rne
     rng = np.random.default_rng(53)
     n, k = 37, 21
     w = rng.normal(size=(n, k)).astype(np.float32)
@@ -304,9 +303,8 @@ def test_layout_packers_refuse_weights_beyond_their_format_without_warnings():
     tiny weights quantise without numpy warnings."""
     import warnings
     from tilegen.layout import LayoutError
-    from tilegen.layout.ggml import quantize_q4_0
-    from tilegen.layout.q8 import quantize_q8_0
-    from tilegen.runtime.q8 import quantize_per_channel
+    from tilegen.layout.ggml import quantize_q4_0, quantize_q8_0
+    from tilegen.layout.rhs_int8 import quantize_per_channel
     rng = np.random.default_rng(54)
     w = rng.normal(size=(6, 64)).astype(np.float32)
     geo = dict(nr=4, kr=8, sr=2)

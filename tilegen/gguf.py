@@ -66,7 +66,7 @@ def load_tensor(path, name: str, lib=None, *, nr: int | None = None) -> PackedWe
         if lib is not None:
             return lib.pack_weights(kind="q8_0", from_ggml=raw, n=n, k=k, nr=nr)
         from .layout import LayoutError
-        from .layout.q8 import QSI8CXP
+        from .layout.rhs_int8 import QSI8CXP
         lay = QSI8CXP(nr or 4, 8)
         try:
             data = lay.pack_from_ggml(raw, n, k)

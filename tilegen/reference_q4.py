@@ -12,7 +12,10 @@ from __future__ import annotations
 
 import numpy as np
 
-from .layout.q4 import QAI8DXP, QSI4C32P, QSI8D32P, QSI4C32PScaleF16, bf16_to_f32, f16_bits_to_f32
+from .layout.bf16 import bf16_to_f32
+from .layout.ggml import f16_bits_to_f32
+from .layout.lhs_int8 import QAI8DXP, QSI8D32P
+from .layout.rhs_int4 import QSI4C32P, QSI4C32PScaleF16
 from .reference import fma_f32
 
 __all__ = ["matmul_qai8dxp_qsi4c32p", "matmul_qsi8d32p_qsi4c32pscalef16"]

@@ -43,7 +43,9 @@ from ..generator.spec import KernelSpec
 from ..generator.validate import parse_spec
 from ..layout import lhs_layout_for, rhs_layout_for
 from ..layout.base import c_expr, eval_expr, same_rhs
-from ..layout.q4_sme import F16PLhs2, QSI4C32PS1S0ScaleF16, QSI8D32PScaleTail
+from ..layout.f16 import F16PLhs2
+from ..layout.lhs_int8 import QSI8D32PScaleTail
+from ..layout.rhs_int4 import QSI4C32PS1S0ScaleF16
 from . import packers_c
 from .files import ExportFile
 
@@ -347,7 +349,7 @@ def ukernel_source(kk: KaiKernel) -> str:
 # -- generated portable C for the layouts no tilegen kernel reads --------------------------
 #
 # llama.cpp's SME2 Q4_0 entry: RHS qsi4c32ps1s0scalef16, LHS f16p<mr>x2 (gemm) and qsi8d32p with
-# the scales behind the values (gemv); byte maps in tilegen.layout.q4_sme (docs/layouts.md).
+# the scales behind the values (gemv); byte maps in tilegen.layout.rhs_int4/f16/lhs_int8 (docs/layouts.md).
 # Every size and address below is an expression over the layout objects' geometry, checked here
 # against the objects' own methods (_checked) at every SVL and over a grid of positions.
 

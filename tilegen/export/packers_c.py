@@ -69,10 +69,11 @@ from .. import __version__
 from ..generator.render import render_template
 from ..layout.base import c_expr, eval_expr
 from ..layout.bf16 import BF16PLhs2, BF16PRhs2B
+from ..layout.f16 import F16PLhs2
 from ..layout.f32 import F32PackedLHS, F32PackedRHS
-from ..layout.q4 import QAI8DXP, QSI8D32P, QSI4C32PScaleF16
-from ..layout.q4_sme import F16PLhs2, QSI4C32PS1S0ScaleF16, QSI8D32PScaleTail
-from ..layout.q8 import QSI8CXP
+from ..layout.lhs_int8 import QAI8DXP, QSI8D32P, QSI8D32PScaleTail
+from ..layout.rhs_int4 import QSI4C32PS1S0ScaleF16, QSI4C32PScaleF16
+from ..layout.rhs_int8 import QSI8CXP
 from .files import ExportFile
 
 __all__ = ["packer_sources", "PACKERS", "PACK_DIR", "PARAMS_HEADER", "SME_PACKERS",

@@ -1,7 +1,8 @@
 """LHS "quantize and pack" routines (KleidiAI ``lhs_quant_pack_*_f32``) as generated NEON code.
 
-Three formats, byte-identical to KleidiAI (``docs/layouts.md``, sections ``#qai8dxp``,
-``#qsi8d32p`` and ``#bf16p``):
+Every LHS format whose layout class names a template (``packer_template``: what a format's
+packer can do is an attribute of its layout), byte-identical to KleidiAI (``docs/layouts.md``,
+sections ``#qai8dxp``, ``#qsi8d32p``, ``#bf16p`` and ``#f32p-lhs``):
 
 ``qai8dxp``
     per-row asymmetric int8 with an int32 offset (= -zero point) and an f32 ``1/scale`` per row;
@@ -63,22 +64,17 @@ from __future__ import annotations
 from dataclasses import dataclass
 from functools import lru_cache
 
-from ..layout.base import LayoutError
-from ..layout.registry import layout_class
+from ..layout.base import LayoutError, RowBlocks
+from ..layout.registry import LHS_LAYOUTS, layout_class
 from ..records import SpecError, __version__
 from .render import check_format, symbol_for, template_env
 
 __all__ = ["PackerSpec", "PACKER_FORMATS", "MR_MAX", "render", "ROUNDINGS"]
 
-PACKER_FORMATS = ("qai8dxp", "qsi8d32p", "bf16px4", "bf16px2", "f32p")
-# formats whose values are converted by one fixed rule (no rounding option)
-_FIXED_ROUNDING = ("bf16px4", "bf16px2", "f32p")
-# formats only SME kernels read: their row block is VL-scaled (mr in VL units only)
-VL_ONLY_FORMATS = ("bf16px2", "f32p")
-# formats whose packer has a compile-time mr only
-FIXED_MR_FORMATS = ("bf16px4",)
-# templates shared by several formats (others: lhs_pack_<fmt>_neon.S.j2)
-_TEMPLATES = {"bf16px2": "lhs_pack_kmajor_neon", "f32p": "lhs_pack_kmajor_neon"}
+# What a format's packer can do (template, name, row counts, per-row quantities, rounding) is
+# an attribute of its layout class (tilegen.layout.base.PackedLayout, "packer_*"): the formats
+# with a generated packer are the LHS layouts that name a template.
+PACKER_FORMATS = tuple(fmt for fmt, cls in LHS_LAYOUTS.items() if cls.packer_template)
 ROUNDINGS = ("away", "even")
 
 # Upper bound on mr.  Derivation: every KleidiAI consumer of these layouts has mr <= 64 (NEON
@@ -101,23 +97,19 @@ ELEMS_PER_ITER = 32
 VL_ROWS_MIN, VL_ROWS_MAX = 4, 64
 VL_UNITS = (1, 2, 4)
 
-# mr-dependent layout quantities the runtime-mr templates scale by the mr register (each
-# checked to be linear in mr over every accepted mr; the coefficient is a shift)
-_PER_ROW = {"qai8dxp": ("row_block_tail_bytes", "chunk_bytes", "rscale_after_offset"),
-            "qsi8d32p": ("chunk_bytes", "data_offset_in_block"),
-            "bf16px2": ("chunk_bytes",), "f32p": ("chunk_bytes",)}
 
 
 @lru_cache(maxsize=256)
 def _packer_layout(fmt: str, mr: int, kr: int, sr: int, rounding: str, bl: int | None):
-    if fmt == "qsi8d32p" and (bl is None or bl < 32 or bl % 32):
-        raise SpecError(f"qsi8d32p needs bl, a positive multiple of 32, got bl={bl!r}")
-    opts = {} if fmt in _FIXED_ROUNDING else {"rounding": rounding}
-    if fmt in _FIXED_ROUNDING and rounding != "away":
-        raise SpecError(f"{fmt} packer: f32 -> bf16 is round-to-nearest-even; no rounding option "
+    cls = layout_class("lhs", fmt)
+    if cls.has_blocks() and (bl is None or bl < 32 or bl % 32):
+        raise SpecError(f"{fmt} needs bl, a positive multiple of 32, got bl={bl!r}")
+    opts = {} if cls.fixed_conversion else {"rounding": rounding}
+    if cls.fixed_conversion and rounding != "away":
+        raise SpecError(f"{fmt} packer: {cls.fixed_conversion}; no rounding option "
                         f"(got {rounding!r})")
     try:
-        return layout_class("lhs", fmt).for_geometry(mr, kr, sr, bl, **opts)
+        return cls.for_geometry(mr, kr, sr, bl, **opts)
     except LayoutError as e:
         raise SpecError(f"{fmt} packer: {e}") from None
 
@@ -145,13 +137,14 @@ class PackerSpec:
                 raise SpecError(f"{field} must be >= 1, got {field}={v}")
         if not isinstance(self.mr_vl, bool):
             raise SpecError(f"mr_vl must be a bool, got {self.mr_vl!r}")
+        cls = layout_class("lhs", self.fmt)
         if self.mr_vl:
-            if self.fmt in FIXED_MR_FORMATS:
+            if "vl" not in cls.packer_mr:
                 raise SpecError(f"{self.fmt} packers have a compile-time mr (no VL units)")
             if self.mr not in VL_UNITS:
                 raise SpecError(f"a VL-scaled packer has mr of {', '.join(map(str, VL_UNITS))} "
                                 f"VL units, got mr={self.mr}vl")
-        elif self.fmt in VL_ONLY_FORMATS:
+        elif "fixed" not in cls.packer_mr:
             raise SpecError(f"{self.fmt} is the LHS of SME kernels: its packer's mr is in VL "
                             f"units (mr_vl=True)")
         elif self.mr > MR_MAX:
@@ -159,15 +152,11 @@ class PackerSpec:
                             f"immediate encodings of the template), got mr={self.mr}")
         if not isinstance(self.rounding, str):
             raise SpecError(f"rounding must be a string, got {self.rounding!r}")
-        self.layout(32)           # the layout's rules (interleave, rounding) at bl = 32
-        if self.fmt in VL_ONLY_FORMATS and (self.kr, self.sr) != (self.layout().kr, 1):
-            raise SpecError(f"{self.fmt} has kr={self.layout().kr}, sr=1; got kr={self.kr}, "
-                            f"sr={self.sr}")
-        L = self.kr // self.sr
-        if self.fmt == "qsi8d32p" and (L % 4 or 32 % L):
-            # one routine serves every bl: L must divide 32 (not only the bl of one call)
-            raise SpecError(f"qsi8d32p needs L = kr/sr to be a multiple of 4 dividing 32 "
-                            f"(4, 8, 16 or 32), got L={L} (kr={self.kr}, sr={self.sr})")
+        self.layout(32)           # the layout's rules (interleave, kr, sr, rounding) at bl = 32
+        try:
+            cls.check_packer_geometry(self.kr, self.sr)
+        except LayoutError as e:
+            raise SpecError(str(e)) from None
 
     # -- derived facts -------------------------------------------------------------
     @property
@@ -199,11 +188,12 @@ class PackerSpec:
 
     @property
     def name(self) -> str:
-        """KleidiAI grammar: ``lhs_quant_pack_<layout label>[sb]_f32_neon`` (formats without
-        quantisation, as KleidiAI's SME packers: ``lhs_pack_<label>_f32_neon``)."""
-        label = layout_class("lhs", self.fmt).label_for(self.mr_str, self.kr, self.sr)
-        verb = "lhs_pack" if self.fmt in VL_ONLY_FORMATS else "lhs_quant_pack"
-        return f"{verb}_{label}{'sb' if self.rounding == 'even' else ''}_f32_neon"
+        """KleidiAI grammar: ``<verb>_<layout label>[sb]_f32_neon``, the layout's
+        ``packer_verb``: ``lhs_quant_pack`` (``lhs_pack`` for formats without quantisation,
+        as KleidiAI's SME packers)."""
+        cls = layout_class("lhs", self.fmt)
+        label = cls.label_for(self.mr_str, self.kr, self.sr)
+        return f"{cls.packer_verb}_{label}{'sb' if self.rounding == 'even' else ''}_f32_neon"
 
     @property
     def spec_string(self) -> str:
@@ -211,11 +201,27 @@ class PackerSpec:
         return s + (":even" if self.rounding == "even" else "")
 
     @property
+    def takes_bl(self) -> bool:
+        """Whether the packer takes the block length ``bl`` (formats with blocks)."""
+        return layout_class("lhs", self.fmt).has_blocks()
+
+    @property
+    def lhs_at_row0(self) -> bool:
+        """Whether ``lhs`` points at row 0 of the whole matrix (the packer adds m_idx_start
+        rows) rather than at the first row to pack."""
+        return layout_class("lhs", self.fmt).packer_lhs_at_row0
+
+    @property
+    def from_any_row(self) -> bool:
+        """Whether a call may start at any row (``m_idx_start``), not only at a row block."""
+        return issubclass(layout_class("lhs", self.fmt), RowBlocks)
+
+    @property
     def signature(self) -> list[tuple[str, str]]:
         """C parameters (name, ctype) in order."""
         sz = "size_t"
         head = [("m", sz), ("k", sz)]
-        if self.fmt == "qsi8d32p":
+        if self.takes_bl:
             head.append(("bl", sz))
         return head + [("mr", sz), ("kr", sz), ("sr", sz), ("m_idx_start", sz),
                        ("lhs", "const void*"), ("lhs_stride", sz), ("lhs_packed", "void*")]
@@ -270,7 +276,7 @@ def _per_row(spec: PackerSpec, lay, bl: int | None) -> dict[str, int]:
     the layout ``lay`` at its mr), checked linear in mr over every mr the packer accepts: the
     template scales the mr register by them."""
     out = {}
-    for name in _PER_ROW[spec.fmt]:
+    for name in lay.packer_per_row:
         v = getattr(lay, name)
         if v % lay.mr:
             raise SpecError(f"template assumption does not hold for this layout: "
@@ -354,13 +360,14 @@ def render(spec: PackerSpec, fmt: str = "elf") -> str:
     check_format(fmt)
     if not isinstance(spec, PackerSpec):
         raise SpecError(f"expected a PackerSpec, got {type(spec).__name__}")
-    template = template_env().get_template(
-        f"{_TEMPLATES.get(spec.fmt, f'lhs_pack_{spec.fmt}_neon')}.S.j2")
-    # the layout's offsets do not depend on bl (a run-time argument of qsi8d32p); any valid bl
-    bl = ELEMS_PER_ITER if spec.fmt == "qsi8d32p" else None
+    cls = layout_class("lhs", spec.fmt)
+    template = template_env().get_template(f"{cls.packer_template}.S.j2")
+    # the layout's offsets do not depend on bl (a run-time argument of formats with blocks);
+    # any valid bl
+    bl = ELEMS_PER_ITER if cls.has_blocks() else None
     lay = spec.layout(bl)
     vl = dict(RT=False, QUAD=None)
-    if spec.fmt == "qsi8d32p" and not spec.mr_vl and spec.mr % QUAD_ROWS == 0:
+    if cls.packer_quad and not spec.mr_vl and spec.mr % QUAD_ROWS == 0:
         vl["QUAD"] = _quad_plan(lay)
     if spec.mr_vl:      # mr is the run-time argument: per-row quantities, the accepted range
         rows = spec.vl_rows

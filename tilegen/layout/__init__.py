@@ -7,7 +7,7 @@ through :mod:`tilegen.layout.registry`.
 """
 from .f32 import F32PackedLHS, F32PackedRHS, StridedF32
 from .base import LayoutError, PackedLayout, lhs_layout_for, rhs_layout_for
-from .q8 import QSI8CXP
+from .rhs_int8 import QSI8CXP
 from .bf16 import BF16PLhs2, BF16PLhs4, BF16PRhs2B, BF16PRhs4B
 
 __all__ = ["F32PackedLHS", "F32PackedRHS", "StridedF32", "LayoutError", "PackedLayout",

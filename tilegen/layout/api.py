@@ -3,21 +3,23 @@
 A format is a layout class's ``format`` stem; :func:`layout_for` also takes a layout's full
 ``name`` (``"f32p16x1b"``, ``"bf16p12x4b"``: the tile rows and L come from the name).
 
-=====================  ===========================================  ===========================
-format                 layout class                                 used by
-=====================  ===========================================  ===========================
-``"f32p"`` (RHS)       :class:`~tilegen.layout.f32.F32PackedRHS`     f32 kernels
-``"f32p"`` (LHS)       :class:`~tilegen.layout.f32.F32PackedLHS`     f32 SME outer products
-``"qsi4c32p"``         :class:`~tilegen.layout.q4.QSI4C32P`          qai8dxp x qsi4c32p (RHS)
-``"qsi4c32pscalef16"`` :class:`~tilegen.layout.q4.QSI4C32PScaleF16`  qsi8d32p x qsi4c32p (RHS)
-``"qai8dxp"``          :class:`~tilegen.layout.q4.QAI8DXP`           LHS of qai8dxp kernels
-``"qsi8d32p"``         :class:`~tilegen.layout.q4.QSI8D32P`          LHS of qsi8d32p kernels
-``"qsi8cxp"``          :class:`~tilegen.layout.q8.QSI8CXP`           qai8dxp x qsi8cxp (RHS)
-``"bf16px4b"``         :class:`~tilegen.layout.bf16.BF16PRhs4B`      NEON bf16 kernels (RHS)
-``"bf16px2b"``         :class:`~tilegen.layout.bf16.BF16PRhs2B`      SME bf16 kernels (RHS)
-``"bf16px4"``          :class:`~tilegen.layout.bf16.BF16PLhs4`       LHS of NEON bf16 kernels
-``"bf16px2"``          :class:`~tilegen.layout.bf16.BF16PLhs2`       LHS of SME bf16 kernels
-=====================  ===========================================  ===========================
+==========================  ======================================================  ============================
+format                      layout class                                            used by
+==========================  ======================================================  ============================
+``"f32p"`` (RHS)            :class:`~tilegen.layout.f32.F32PackedRHS`               f32 kernels
+``"f32p"`` (LHS)            :class:`~tilegen.layout.f32.F32PackedLHS`               f32 SME outer products
+``"qsi4c32p"``              :class:`~tilegen.layout.rhs_int4.QSI4C32P`              qai8dxp x qsi4c32p (RHS)
+``"qsi4c32pscalef16"``      :class:`~tilegen.layout.rhs_int4.QSI4C32PScaleF16`      qsi8d32p x qsi4c32p (RHS)
+``"qsi4c32ps1s0scalef16"``  :class:`~tilegen.layout.rhs_int4.QSI4C32PS1S0ScaleF16`  SME2 q4_0_s1s0 kernels (RHS)
+``"qai8dxp"``               :class:`~tilegen.layout.lhs_int8.QAI8DXP`               LHS of qai8dxp kernels
+``"qsi8d32p"``              :class:`~tilegen.layout.lhs_int8.QSI8D32P`              LHS of qsi8d32p kernels
+``"qsi8d32pscaletail"``     :class:`~tilegen.layout.lhs_int8.QSI8D32PScaleTail`     LHS of q4_0_s1s0 kernels
+``"qsi8cxp"``               :class:`~tilegen.layout.rhs_int8.QSI8CXP`               qai8dxp x qsi8cxp (RHS)
+``"bf16px4b"``              :class:`~tilegen.layout.bf16.BF16PRhs4B`                NEON bf16 kernels (RHS)
+``"bf16px2b"``              :class:`~tilegen.layout.bf16.BF16PRhs2B`                SME bf16 kernels (RHS)
+``"bf16px4"``               :class:`~tilegen.layout.bf16.BF16PLhs4`                 LHS of NEON bf16 kernels
+``"bf16px2"``               :class:`~tilegen.layout.bf16.BF16PLhs2`                 LHS of SME bf16 kernels
+==========================  ======================================================  ============================
 
 ``"f32p"`` names a layout of either role: :func:`layout_for` takes the LHS one when given
 ``mr=`` (the other functions know their role).
@@ -26,8 +28,8 @@ from __future__ import annotations
 
 import numpy as np
 
-from .base import LayoutError
-from .q4 import QAI8DXP, QSI8D32P, QSI4C32PScaleF16
+from .base import LayoutError, RowBlocks
+from .rhs_int4 import QSI4C32PScaleF16
 from .registry import LAYOUTS, LHS_LAYOUTS, RHS_LAYOUTS, layout_class
 
 __all__ = ["pack_rhs", "pack_lhs", "dequantize_rows", "layout_for", "repack_rhs", "can_repack",
@@ -144,9 +146,10 @@ def pack_lhs(fmt: str, x: np.ndarray, *, mr: int, kr: int, sr: int, bl: int = 32
     """Quantise and pack activation rows ``x`` (float32 (m, k); x[0] = global row m_idx_start)
     into LHS format ``fmt`` (``rounding``: qsi8d32p's, default "away"); returns the region from
     the row block of m_idx_start (``ceil(((m_idx_start % mr) + m) / mr)`` row blocks), unused
-    slots zero.  f32p and bf16 formats pack whole row blocks from row 0."""
+    slots zero: the row-block formats (:class:`~tilegen.layout.base.RowBlocks`: the int8 ones).
+    f32p and bf16 formats pack whole row blocks from row 0."""
     lay = _build("lhs", fmt, {"mr": mr, "kr": kr, "sr": sr, "bl": bl, "rounding": rounding})
-    if isinstance(lay, (QAI8DXP, QSI8D32P)):
+    if isinstance(lay, RowBlocks):
         return lay.pack(x, m_idx_start=m_idx_start)
     if m_idx_start:
         raise LayoutError(f"{lay.format} packs whole row blocks from row 0 (m_idx_start=0)")

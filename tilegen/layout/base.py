@@ -1,10 +1,20 @@
-"""Shared helpers for layout objects."""
+"""What every layout module shares: :class:`PackedLayout` (names, ``for_geometry``, what the
+format's generated packer can do), the geometry mixins (:class:`Interleaved`, :class:`RowBlocks`
+(packed LHS), :class:`ColumnGroups` / :class:`RhsGroups` (packed RHS), :class:`ScaleBlocks`,
+:class:`PaddedSlots`), argument checks, C's float -> int rounding, and the layout a kernel spec
+reads (:func:`rhs_layout_for`, :func:`lhs_layout_for`, :func:`same_rhs`).
+
+A layout family is one module (``lhs_int8``, ``rhs_int4``, ``rhs_int8``, ``bf16``, ``f16``,
+``f32``; ggml's block formats in ``ggml``) importing only this one, ``ggml`` and ``bf16``; the
+registry (:mod:`tilegen.layout.registry`) lists the classes the dispatchers know."""
 from __future__ import annotations
 
 import dataclasses
 import re
 from functools import lru_cache
 from typing import ClassVar
+
+import numpy as np
 
 
 class LayoutError(ValueError):
@@ -30,6 +40,61 @@ def roundup(a: int, b: int) -> int:
     return -(-a // b) * b
 
 
+# ----------------------------------------------------------------------------------------
+# argument checks and C arithmetic the packers share
+# ----------------------------------------------------------------------------------------
+def check_pos(**kw) -> None:
+    """LayoutError unless every value is a positive integer (bools refused)."""
+    for name, v in kw.items():
+        if not isinstance(v, (int, np.integer)) or isinstance(v, bool) or v < 1:
+            raise LayoutError(f"{name} must be a positive integer, got {v!r}")
+
+
+def check_m_idx_start(m_idx_start) -> int:
+    if not isinstance(m_idx_start, (int, np.integer)) or m_idx_start < 0:
+        raise LayoutError(f"m_idx_start must be a non-negative integer, got {m_idx_start!r}")
+    return int(m_idx_start)
+
+
+def rows_f32(x, what: str = "lhs") -> np.ndarray:
+    """``x`` as a 2-D float32 array of rows (LayoutError otherwise)."""
+    x = np.asarray(x)
+    if x.dtype != np.float32:
+        raise LayoutError(f"{what} must be float32, got {x.dtype}")
+    if x.ndim != 2:
+        raise LayoutError(f"{what} must be 2-D (rows, k), got shape {x.shape}")
+    return x
+
+
+def flat_u8(buf) -> np.ndarray:
+    """A packed buffer as flat uint8 (other dtypes viewed as their bytes)."""
+    b = np.asarray(buf)
+    if b.dtype != np.uint8:
+        b = np.ascontiguousarray(b).reshape(-1).view(np.uint8)
+    return b.reshape(-1)
+
+
+def rows_index(rows, n: int) -> np.ndarray:
+    """Row indices ``rows`` as a flat int64 array, each in [0, n)."""
+    idx = np.asarray(rows, dtype=np.int64).reshape(-1)
+    if idx.size and (idx.min() < 0 or idx.max() >= n):
+        raise LayoutError(f"row indices must be in [0, {n}), got {idx.min()}..{idx.max()}")
+    return idx
+
+
+def round_half_away(v: np.ndarray) -> np.ndarray:
+    """C roundf on float32 values (exact: v - trunc(v) is exact in f32)."""
+    t = np.trunc(v)
+    f = v - t
+    return t + np.where(np.abs(f) >= np.float32(0.5), np.sign(v), np.float32(0)).astype(v.dtype)
+
+
+def f32_to_i32_sat(v: np.ndarray) -> np.ndarray:
+    """AArch64 float -> int32 conversion of already-integral values (saturating, NaN -> 0)."""
+    v = np.where(np.isnan(v), 0.0, np.clip(v.astype(np.float64), -2.0 ** 31, 2.0 ** 31 - 1))
+    return v.astype(np.int64)
+
+
 class PackedLayout:
     """What every packed layout class says about its own name (docs/layouts.md#names).
 
@@ -53,6 +118,38 @@ class PackedLayout:
     label_prefix: ClassVar[str]
     label_tail: ClassVar[str] = ""
     name_suffix: ClassVar[str] = ""
+
+    # -- what tilegen's generated NEON packer of this format can do (LHS formats;
+    #    tilegen.generator.packers reads these, never a table of its own) -------------------
+    #: stem of the packer's template (``templates/<stem>.S.j2``); None: no generated packer
+    #: (numpy packs only)
+    packer_template: ClassVar[str | None] = None
+    #: KleidiAI's verb in the packer's name: ``<verb>_<label>..._f32_neon``
+    packer_verb: ClassVar[str] = "lhs_quant_pack"
+    #: row counts the packer takes: "fixed" (a compile-time mr) and/or "vl" (mr in VL units,
+    #: the row count a run-time argument)
+    packer_mr: ClassVar[tuple[str, ...]] = ("fixed", "vl")
+    #: mr-dependent quantities (attribute names) a runtime-mr template scales by the mr register
+    packer_per_row: ClassVar[tuple[str, ...]] = ()
+    #: a compile-time mr that is a multiple of 4 packs the slots 4i..4i+3 together
+    packer_quad: ClassVar[bool] = False
+    #: the packer's ``lhs`` argument points at row 0 of the whole matrix (it adds m_idx_start
+    #: rows itself; KleidiAI's qsi8d32p convention), not at the first row to pack
+    packer_lhs_at_row0: ClassVar[bool] = False
+    #: formats without a rounding option: how f32 values become the format's (None: the
+    #: format quantises, with the ``rounding`` the layout takes or fixes)
+    fixed_conversion: ClassVar[str | None] = None
+
+    @classmethod
+    def check_packer_geometry(cls, kr: int, sr: int) -> None:
+        """LayoutError when one generated packer cannot serve this ``kr``/``sr`` (beyond the
+        layout's own rules, which hold at every block length)."""
+
+    @classmethod
+    def has_blocks(cls) -> bool:
+        """Whether the format's values come in blocks of ``bl`` (a geometry field; their
+        packers take ``bl`` as an argument)."""
+        return any(f.name == "bl" for f in dataclasses.fields(cls))
 
     @classmethod
     def label_for(cls, rows: int | str, kr: int, sr: int) -> str:
@@ -103,6 +200,126 @@ class PackedLayout:
             if f.name not in args and f.default is dataclasses.MISSING:
                 raise LayoutError(f"layout {cls.format} needs {f.name}=")
         return cls(**args)
+
+
+# ----------------------------------------------------------------------------------------
+# geometry mixins of the interleaved formats
+# ----------------------------------------------------------------------------------------
+class Interleaved(PackedLayout):
+    """Interleave chunk L = kr/sr and (formats with blocks) blocks of bl elements."""
+
+    def check_interleave(self, **positive) -> int:
+        """The rules every interleaved layout shares: positive geometry, a whole chunk
+        L = kr/sr and (layouts with blocks, ``bl`` among ``positive``) ggml's block multiple
+        of 32; returns L."""
+        check_pos(kr=self.kr, sr=self.sr, **positive)
+        if self.kr % self.sr:
+            raise LayoutError(f"kr={self.kr} must be a multiple of sr={self.sr}")
+        if "bl" in positive and self.bl % 32:
+            raise LayoutError(f"bl={self.bl} must be a multiple of 32")
+        return self.kr // self.sr
+
+    @property
+    def L(self) -> int:
+        """Bytes of one row written contiguously (interleave chunk): kr / sr."""
+        return self.kr // self.sr
+
+    def num_blocks(self, k: int) -> int:
+        if k % self.bl:
+            raise LayoutError(f"k={k} is not a multiple of bl={self.bl}")
+        return k // self.bl
+
+
+def region_blocks(m: int, mr: int, m_idx_start: int) -> int:
+    """Row blocks a pack call for m rows starting at m_idx_start touches."""
+    return -(-((m_idx_start % mr) + m) // mr) if m else 0
+
+
+class RowBlocks:
+    """Sizes and offsets of a packed-LHS layout made of ceil(m / mr) row blocks of
+    ``row_block_stride(k)`` bytes, and where a pack call puts its rows."""
+
+    role = "lhs"
+
+    def packed_size(self, m: int, k: int) -> int:
+        return -(-m // self.mr) * self.row_block_stride(k)
+
+    def packed_offset(self, m_idx: int, k: int) -> int:
+        return (m_idx // self.mr) * self.row_block_stride(k)
+
+    def region_size(self, m: int, k: int, m_idx_start: int = 0) -> int:
+        """Bytes a pack call for m rows starting at m_idx_start can touch."""
+        return region_blocks(m, self.mr, m_idx_start) * self.row_block_stride(k)
+
+    def placement(self, m: int, m_idx_start: int):
+        """(row blocks of the region, block of each row, slot of each row) of a pack call for
+        m rows starting at global row m_idx_start."""
+        g = m_idx_start % self.mr + np.arange(m)
+        return region_blocks(m, self.mr, m_idx_start), g // self.mr, g % self.mr
+
+
+class ColumnGroups:
+    """Sizes and offsets of a packed-RHS layout made of ceil(n / nr) groups of
+    ``group_stride(k)`` bytes."""
+
+    role = "rhs"
+
+    def packed_size(self, n: int, k: int) -> int:
+        return -(-n // self.nr) * self.group_stride(k)
+
+    def packed_offset(self, n_idx: int, k: int) -> int:
+        if n_idx % self.nr:
+            raise LayoutError(f"n_idx={n_idx} is not a multiple of nr={self.nr}")
+        return (n_idx // self.nr) * self.group_stride(k)
+
+
+class RhsGroups(ColumnGroups, Interleaved):
+    """The interleaved packed-RHS layouts (groups of nr columns, :class:`ColumnGroups`)."""
+
+
+class ScaleBlocks:
+    """k in blocks of ``bl`` values (a multiple of 32, ggml's block) with a scale each, for
+    formats whose strides are expressions in k and bl (``stride_expr``) and need a positive k."""
+
+    def check_blocks(self, **positive) -> None:
+        """Positive geometry (``positive`` first, then kr, sr, bl) and bl a multiple of 32."""
+        check_pos(**positive, kr=self.kr, sr=self.sr, bl=self.bl)
+        if self.bl % 32:
+            raise LayoutError(f"bl={self.bl} must be a multiple of 32")
+
+    def num_blocks(self, k: int) -> int:
+        if k < 1 or k % self.bl:
+            raise LayoutError(f"k={k} must be a positive multiple of bl={self.bl}")
+        return k // self.bl
+
+    def blocks_stride(self, k: int) -> int:
+        """``stride_expr`` at k (a positive multiple of bl)."""
+        self.num_blocks(k)
+        return eval_expr(self.stride_expr, k=k, bl=self.bl)
+
+
+class PaddedSlots:
+    """Blocks of ``slots`` rows (LHS) or columns (RHS) whose k values are padded to
+    ``k_multiple`` and interleaved in chunks of L, then ``slot_tail_bytes`` per slot."""
+
+    k_multiple = 32
+
+    def k_padded(self, k: int) -> int:
+        return roundup(k, self.k_multiple)
+
+    @property
+    def stride_expr(self) -> str:
+        """Bytes per block as an expression in k (one source for Python and C getters)."""
+        km = self.k_multiple
+        return f"{self.slots} * ((k + {km - 1}) // {km} * {km} + {self.slot_tail_bytes})"
+
+    def slots_stride(self, k: int) -> int:
+        return eval_expr(self.stride_expr, k=k)
+
+    @property
+    def chunk_bytes(self) -> int:
+        """Bytes of one interleave chunk (the block's slots x L values)."""
+        return self.slots * self.L
 
 
 def _dims(spec, vl: int | None) -> tuple[int, int]:

@@ -12,7 +12,7 @@ class                  KleidiAI packer                                     docs/
 
 ``x4`` layouts feed NEON BFMMLA (a 2x4 by 4x2 bf16 product per instruction), ``x2`` layouts
 SME BFMOPA (one k-pair per outer product).  f32 -> bf16 is round-to-nearest-even
-(:func:`tilegen.layout.q4.f32_to_bf16_rne`).  The SME layouts take the concrete tile size; for a
+(:func:`f32_to_bf16_rne`).  The SME layouts take the concrete tile size; for a
 tile of ``units`` vector lengths use ``for_vl(vl_bytes, units)`` (mr = nr = units * VL / 4, the
 f32 lanes of ``units`` vectors), as the SME f32 layouts do.  Data packed for one VL does not fit
 a CPU with another.
@@ -25,13 +25,26 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from .base import LayoutError, PackedLayout, eval_expr, roundup
-from .q4 import _check_pos, _rows_index, _u8, bf16_to_f32, f32_to_bf16_rne
+from .base import LayoutError, PackedLayout, check_pos, eval_expr, flat_u8, roundup, rows_index
 
 __all__ = ["BF16PLhs4", "BF16PRhs4B", "BF16PLhs2", "BF16PRhs2B", "f32_to_bf16_rne", "bf16_to_f32"]
 
 F32 = np.dtype("<f4")
 U16 = np.dtype("<u2")
+
+
+def f32_to_bf16_rne(x: np.ndarray) -> np.ndarray:
+    """float32 -> raw bf16 bits (uint16), round to nearest even; NaN stays a quiet NaN."""
+    b = np.asarray(x, dtype=np.float32).view(np.uint32).astype(np.uint64)
+    nan = (b & 0x7FFFFFFF) > 0x7F800000
+    r = (b + 0x7FFF + ((b >> 16) & 1)) >> 16
+    r = np.where(nan, (b >> 16) | 0x0040, r)
+    return r.astype(np.uint16)
+
+
+def bf16_to_f32(bits: np.ndarray) -> np.ndarray:
+    """raw bf16 bits -> float32 (exact)."""
+    return (np.asarray(bits, dtype=np.uint16).astype(np.uint32) << 16).view(np.float32)
 
 
 def _f32_2d(x, what: str) -> np.ndarray:
@@ -70,14 +83,14 @@ class _Bf16Blocks(PackedLayout):
     # class tile_field ("mr": LHS row blocks, "nr": RHS column blocks)
 
     def __post_init__(self) -> None:
-        _check_pos(**{self.tile_field: self.tile})
+        check_pos(**{self.tile_field: self.tile})
         if self.kr != self.fixed_kr:
             raise LayoutError(f"{self.format} has kr={self.fixed_kr}, got kr={self.kr}")
 
     @classmethod
     def for_vl(cls, vl_bytes: int, units: int = 2):
         """The layout at vector length ``vl_bytes`` for a tile of ``units`` vectors of f32."""
-        _check_pos(vl_bytes=vl_bytes, units=units)
+        check_pos(vl_bytes=vl_bytes, units=units)
         if vl_bytes % 4:
             raise LayoutError(f"vector length {vl_bytes} bytes is not a multiple of 4")
         return cls(**{cls.tile_field: units * vl_bytes // 4})
@@ -142,6 +155,7 @@ class _Bf16Lhs(_Bf16Blocks):
     role = "lhs"
     tile_field = "mr"
     repeat_pad_rows = False
+    fixed_conversion = "f32 -> bf16 is round-to-nearest-even"
 
     @property
     def tile(self) -> int:
@@ -171,7 +185,7 @@ class _Bf16Lhs(_Bf16Blocks):
 
     def unpack(self, buf: np.ndarray, m: int, k: int) -> np.ndarray:
         """bf16 bits uint16 (m, kp) of the m packed rows (K padding included)."""
-        b = _u8(buf)
+        b = flat_u8(buf)
         size = self.packed_size(m, k)
         if b.size < size:
             raise LayoutError(f"packed buffer holds {b.size} bytes, {size} needed for m={m}, k={k}")
@@ -188,11 +202,12 @@ class BF16PLhs4(_Bf16Lhs):
 
     format = "bf16px4"
     fixed_kr = 4
+    packer_template = "lhs_pack_bf16px4_neon"
+    packer_mr = ("fixed",)
 
     mr: int = 8
     kr: int = 4
     repeat_pad_rows = True
-
 
 
 @dataclass(frozen=True)
@@ -204,11 +219,13 @@ class BF16PLhs2(_Bf16Lhs):
 
     format = "bf16px2"
     fixed_kr = 2
+    packer_template = "lhs_pack_kmajor_neon"     # with f32p: k-major row blocks, mr in VL units
+    packer_verb = "lhs_pack"
+    packer_mr = ("vl",)                          # the LHS of SME kernels only
+    packer_per_row = ("chunk_bytes",)
 
     mr: int
     kr: int = 2
-
-
 
 
 # ----------------------------------------------------------------------------------------
@@ -277,11 +294,11 @@ class _Bf16Rhs(_Bf16Blocks):
 
     def unpack(self, buf: np.ndarray, n: int, k: int, rows=None) -> tuple[np.ndarray, np.ndarray]:
         """(bf16 bits uint16 (R, kp) incl. K padding, bias f32 (R,)) of columns ``rows``."""
-        b = _u8(buf)
+        b = flat_u8(buf)
         size = self.packed_size(n, k)
         if b.size < size:
             raise LayoutError(f"packed buffer holds {b.size} bytes, {size} needed for n={n}, k={k}")
-        idx = np.arange(n) if rows is None else _rows_index(rows, n)
+        idx = np.arange(n) if rows is None else rows_index(rows, n)
         G = -(-n // self.nr)
         blk = b[:size].reshape(G, self.group_stride(k))
         bias = np.ascontiguousarray(blk[:, :4 * self.nr]).view(F32).reshape(-1)
@@ -309,7 +326,6 @@ class BF16PRhs4B(_Bf16Rhs):
     kr: int = 4
 
 
-
 @dataclass(frozen=True)
 class BF16PRhs2B(_Bf16Rhs):
     """KleidiAI ``bf16p<nr>x2b`` (SME BFMOPA RHS, nr = units * VL/4; ``bf16p2vlx2b``: units = 2).
@@ -322,5 +338,3 @@ class BF16PRhs2B(_Bf16Rhs):
 
     nr: int
     kr: int = 2
-
-

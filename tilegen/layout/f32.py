@@ -145,6 +145,11 @@ class F32PackedLHS(PackedLayout):
     role = "lhs"
     label_prefix = "f32p"
     kr = sr = 1
+    packer_template = "lhs_pack_kmajor_neon"     # with bf16px2: k-major row blocks
+    packer_verb = "lhs_pack"
+    packer_mr = ("vl",)                          # the LHS of SME kernels only
+    packer_per_row = ("chunk_bytes",)
+    fixed_conversion = "f32 values are stored as they are"
 
     mr: int
     elem_bytes: int = 4

@@ -1,4 +1,6 @@
-"""ggml ``block_q4_0`` (docs/layouts.md#ggml-q4_0): quantiser and dequantiser in numpy.
+"""ggml's block formats in numpy: ``block_q4_0`` (docs/layouts.md#ggml-q4_0) and ``block_q8_0``
+(docs/layouts.md#ggml-q8_0), their quantisers, dequantisers and byte splitters, and the checks
+the packers reading them share (finite f16 block scales, the weight range a block scale holds).
 
 A Q4_0 row of ``k`` values (k a multiple of 32) is ``k/32`` blocks of 18 bytes::
 
@@ -20,22 +22,38 @@ Both functions also take ``bl`` (a multiple of 32) for the "q4_0-style" rows wit
 that ``kai_run_rhs_pack_nxk_qsi4c32pscalef16_qsu4c32s16s0`` reads (docs/layouts.md#qsi4c32pscalef16):
 ``[f16 d][bl/2 bytes]`` per block, byte ``j`` = element ``j`` (low) | element ``j + bl/2`` (high).
 Only ``bl = 32`` is a ggml format.
+
+A Q8_0 row of ``k`` values is ``k/32`` blocks of 34 bytes::
+
+    struct block_q8_0 { uint16_t d;  /* f16 */  int8_t qs[32]; };     x_j = f32(d) * qs[j]
+
+:func:`quantize_q8_0` reproduces ggml's ``quantize_row_q8_0_ref``.
 """
 from __future__ import annotations
 
 import numpy as np
 
-from .base import LayoutError
+from .base import LayoutError, round_half_away
 
 QK4_0 = 32
 BLOCK_Q4_0_BYTES = 18
+QK8_0 = 32
+BLOCK_Q8_0_BYTES = 34
 
 __all__ = ["QK4_0", "BLOCK_Q4_0_BYTES", "quantize_q4_0", "dequantize_q4_0", "q4_0_row_bytes",
            "split_q4_0", "join_q4_0", "as_bytes", "F16_MAX", "check_weight_range",
-           "check_block_scales", "Q4_0_MAX"]
+           "check_block_scales", "Q4_0_MAX", "f16_bits_to_f32",
+           "QK8_0", "BLOCK_Q8_0_BYTES", "quantize_q8_0", "split_q8_0", "join_q8_0",
+           "dequantize_q8_0", "Q8_0_MAX"]
 
 F16_MAX = 65504.0       # largest finite f16: the block scales of ggml's Q4_0 and Q8_0
 Q4_0_MAX = 8 * F16_MAX  # largest |w| Q4_0 packers take: a block's scale is max|w| / -8, an f16
+Q8_0_MAX = 127 * F16_MAX    # largest |w| strict quantize_q8_0 takes (a scale max|w|/127 is f16)
+
+
+def f16_bits_to_f32(bits: np.ndarray) -> np.ndarray:
+    """raw IEEE half bits (ggml's block scales) -> float32 (exact)."""
+    return np.ascontiguousarray(np.asarray(bits, dtype=np.uint16)).view(np.float16).astype(np.float32)
 
 
 def _check_bl(bl: int) -> int:
@@ -116,7 +134,7 @@ def quantize_q4_0(w: np.ndarray, *, bl: int = QK4_0, strict: bool = False) -> np
 
 
 def as_bytes(raw) -> np.ndarray:
-    """q4_0 source data as a numpy array: bytes and bytearray as flat uint8 (no copy),
+    """ggml block data as a numpy array: bytes and bytearray as flat uint8 (no copy),
     anything else (uint8 arrays, memoryviews) through ``np.asarray``."""
     if isinstance(raw, (bytes, bytearray)):
         return np.frombuffer(raw, np.uint8)
@@ -161,3 +179,78 @@ def dequantize_q4_0(raw: np.ndarray, n: int, k: int, *, bl: int = QK4_0) -> np.n
     vals = (u.astype(np.int16) - 8).astype(np.float32).reshape(n, k // bl, bl)
     with np.errstate(invalid="ignore"):          # inf scale * 0 = NaN, as in ggml/gguf
         return (df[..., None] * vals).astype(np.float32).reshape(n, k)
+
+
+# ----------------------------------------------------------------------------------------
+# ggml block_q8_0
+# ----------------------------------------------------------------------------------------
+def _check_q8_k(k: int) -> int:
+    k = int(k)
+    if k < 1 or k % QK8_0:
+        raise LayoutError(f"k={k} must be a positive multiple of {QK8_0} for Q8_0 rows")
+    return k
+
+
+def quantize_q8_0(w: np.ndarray, *, strict: bool = False) -> np.ndarray:
+    """float32 (n, k) -> uint8 (n, k/32*34): ggml ``quantize_row_q8_0_ref`` per row.
+
+    Per block of 32: ``amax = max|x|``, ``d = amax / 127`` (f32), ``id = 1/d`` (0 if d == 0),
+    ``qs = roundf(x * id)`` (f32 product, ties away), ``d`` stored as f16 (nearest even).
+    ``strict``: refuse (LayoutError) weights that are not finite or have |w| > :data:`Q8_0_MAX`
+    (127 x 65504), whose blocks get an Inf scale."""
+    w = np.asarray(w)
+    if w.dtype != np.float32 or w.ndim != 2:
+        raise LayoutError(f"weights must be 2-D float32 (n, k), got {w.dtype} {w.shape}")
+    n, k = w.shape
+    _check_q8_k(k)
+    if strict:
+        check_weight_range(w, Q8_0_MAX, "127 x 65504: Q8_0 stores each block's scale "
+                                        "max|w|/127 as f16")
+    nb = k // QK8_0
+    blocks = np.ascontiguousarray(w).reshape(n, nb, QK8_0)
+    amax = np.abs(blocks).max(axis=-1)
+    d = (amax / np.float32(127)).astype(np.float32)
+    with np.errstate(divide="ignore", over="ignore", invalid="ignore"):
+        inv = np.where(d == 0, np.float32(0), np.float32(1) / d).astype(np.float32)
+        # 1/d overflows only for d < 2**-128, whose f16 is 0: q = 0 there (ggml casts inf)
+        inv = np.where(np.isinf(inv), np.float32(0), inv)
+        q = round_half_away((blocks * inv[..., None]).astype(np.float32))
+        dh = d.astype(np.float16)
+    qs = q.astype(np.int8)
+    out = np.concatenate([dh.view(np.uint8).reshape(n, nb, 2), qs.view(np.uint8)], axis=-1)
+    return out.reshape(n, nb * BLOCK_Q8_0_BYTES)
+
+
+def split_q8_0(raw: np.ndarray, n: int, k: int) -> tuple[np.ndarray, np.ndarray]:
+    """Q8_0 bytes -> (qs int8 (n, k), d f16 bits uint16 (n, k/32))."""
+    k = _check_q8_k(k)
+    raw = as_bytes(raw)
+    if raw.dtype != np.uint8:
+        raise LayoutError(f"Q8_0 data must be uint8 bytes, got {raw.dtype}")
+    nb = k // QK8_0
+    if raw.size != n * nb * BLOCK_Q8_0_BYTES:
+        raise LayoutError(f"Q8_0 data for n={n}, k={k} must hold {n * nb * BLOCK_Q8_0_BYTES} bytes, "
+                          f"got shape {raw.shape}")
+    b = np.ascontiguousarray(raw).reshape(n, nb, BLOCK_Q8_0_BYTES)
+    d = np.ascontiguousarray(b[..., :2]).view("<u2").reshape(n, nb)
+    qs = np.ascontiguousarray(b[..., 2:]).view(np.int8).reshape(n, k)
+    return qs, d
+
+
+def join_q8_0(qs: np.ndarray, d_f16: np.ndarray) -> np.ndarray:
+    """Inverse of :func:`split_q8_0`."""
+    qs = np.asarray(qs, dtype=np.int8)
+    n, k = qs.shape
+    nb = _check_q8_k(k) // QK8_0
+    d = np.ascontiguousarray(np.asarray(d_f16, dtype="<u2").reshape(n, nb))
+    return np.concatenate([d.view(np.uint8).reshape(n, nb, 2),
+                           np.ascontiguousarray(qs).view(np.uint8).reshape(n, nb, QK8_0)],
+                          axis=-1).reshape(n, nb * BLOCK_Q8_0_BYTES)
+
+
+def dequantize_q8_0(raw: np.ndarray, n: int, k: int) -> np.ndarray:
+    """Q8_0 bytes -> float32 (n, k) = f32(d) * qs (one f32 multiply, exact here: 11 x 8 bits)."""
+    qs, d = split_q8_0(raw, n, k)
+    df = d.view(np.float16).astype(np.float32)
+    with np.errstate(invalid="ignore"):
+        return (df[..., None] * qs.astype(np.float32).reshape(n, -1, QK8_0)).astype(np.float32).reshape(n, k)

@@ -6,11 +6,12 @@ layout's full name) look the class up here and build the object with its ``for_g
 """
 from __future__ import annotations
 
+from .base import LayoutError
 from .bf16 import BF16PLhs2, BF16PLhs4, BF16PRhs2B, BF16PRhs4B
 from .f32 import F32PackedLHS, F32PackedRHS
-from .q4 import QAI8DXP, QSI4C32P, QSI8D32P, QSI4C32PScaleF16
-from .q4_sme import QSI4C32PS1S0ScaleF16, QSI8D32PScaleTail
-from .q8 import QSI8CXP
+from .lhs_int8 import QAI8DXP, QSI8D32P, QSI8D32PScaleTail
+from .rhs_int4 import QSI4C32P, QSI4C32PS1S0ScaleF16, QSI4C32PScaleF16
+from .rhs_int8 import QSI8CXP
 
 __all__ = ["RHS_LAYOUTS", "LHS_LAYOUTS", "LAYOUTS", "layout_class"]
 
@@ -37,7 +38,6 @@ LAYOUTS: dict[str, dict[str, type]] = {"rhs": RHS_LAYOUTS, "lhs": LHS_LAYOUTS}
 
 def layout_class(role: str, fmt: str) -> type:
     """The layout class of format ``fmt`` (a stem, e.g. ``"qsi4c32p"``) in role ``role``."""
-    from .base import LayoutError
     try:
         return LAYOUTS[role][fmt]
     except KeyError:

@@ -59,7 +59,7 @@ class PackedWeights:
     def from_q4_0(cls, raw, n: int, k: int, nr: int = 4, kr: int = 16, sr: int = 2) -> "PackedWeights":
         """Repack raw ggml block_q4_0 bytes (n rows x k/32 blocks) for the q4_0 kernels with
         this (nr, kr, sr) -- llama.cpp's i8mm/dotprod pair uses nr=4, kr=16, sr=2."""
-        from ..layout.q4 import QSI4C32PScaleF16
+        from ..layout.rhs_int4 import QSI4C32PScaleF16
         try:
             lay = QSI4C32PScaleF16(nr, kr, sr, 32)
             data = lay.pack_from_ggml(raw, n, k)

@@ -1,24 +1,24 @@
-"""int8 per-channel RHS layout of KleidiAI's ``qai8dxp x qsi8cxp`` kernels, and the ggml Q8_0 path.
+"""int8 per-channel packed-RHS layout of KleidiAI's ``qai8dxp x qsi8cxp`` kernels, and the
+per-channel quantisation of the weights it holds (from float32, or from ggml Q8_0 rows as
+llama.cpp repacks them).
 
-=====================  ==============================================  ==========================
-name                   KleidiAI / ggml                                 docs/layouts.md
-=====================  ==============================================  ==========================
-:class:`QSI8CXP`       ``kai_run_rhs_pack_nxk_qsi8cxp_qsi8cx_neon``     layouts.md#qsi8cxp
-:func:`quantize_q8_0`  ggml ``quantize_row_q8_0_ref``                   layouts.md#ggml-q8_0
-:func:`requantize_q8_0`  llama.cpp ``kleidiai.cpp`` Q8_0 repack         layouts.md#q8_0-requant
-=====================  ==============================================  ==========================
+========================  ==============================================  ==========================
+name                      KleidiAI / llama.cpp                            docs/layouts.md
+========================  ==============================================  ==========================
+:class:`QSI8CXP`          ``kai_run_rhs_pack_nxk_qsi8cxp_qsi8cx_neon``     layouts.md#qsi8cxp
+:func:`requantize_q8_0`   llama.cpp ``kleidiai.cpp`` Q8_0 repack           layouts.md#q8_0-requant
+========================  ==============================================  ==========================
 
-The LHS of these kernels is :class:`tilegen.layout.q4.QAI8DXP` (the same packed activations the
-``qai8dxp x qsi4c32p`` kernels read).
+The LHS of these kernels is :class:`tilegen.layout.lhs_int8.QAI8DXP` (the same packed
+activations the ``qai8dxp x qsi4c32p`` kernels read); the ggml Q8_0 blocks are in
+:mod:`tilegen.layout.ggml`.
 
-ggml ``block_q8_0`` (34 bytes per 32 values)::
-
-    struct block_q8_0 { uint16_t d;  /* f16 */  int8_t qs[32]; };     x_j = f32(d) * qs[j]
-
-The KleidiAI kernels take one f32 scale per output channel, not one per 32 values, so llama.cpp
-requantises a Q8_0 row before packing: every value is dequantised (``f32(d) * qs``), the row gets
-``scale = max|value| / 127`` and the values ``clamp(lround(value * (1/scale)), -127, 127)``.
-:func:`requant_error_q8_0` measures what that second rounding costs.
+The kernels take one f32 scale per output channel, not one per 32 values, so weights are
+quantised per channel, symmetric (:func:`quantize_per_channel`): ``scale = max|w| / 127``,
+``q = clamp(roundf(w * (1/scale)), -127, 127)`` (f32 arithmetic; an all-zero row gets scale 0
+and q 0).  llama.cpp applies that arithmetic to the dequantised values of a Q8_0 row
+(``f32(d) * qs``): :func:`requantize_q8_0`; :func:`requant_error_q8_0` measures what that second
+rounding costs.
 """
 from __future__ import annotations
 
@@ -26,94 +26,43 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from .base import LayoutError
-from .ggml import F16_MAX, check_block_scales, check_weight_range
-from .q4 import _PaddedSlots, _RhsGroups, _check_pos, _round_half_away, _rows_index, _u8
+from .base import (LayoutError, PaddedSlots, RhsGroups, check_pos, flat_u8, round_half_away,
+                   rows_index)
+from .ggml import check_block_scales, dequantize_q8_0, quantize_q8_0, split_q8_0
 
-__all__ = ["QSI8CXP", "QK8_0", "BLOCK_Q8_0_BYTES", "quantize_q8_0", "split_q8_0", "join_q8_0",
-           "dequantize_q8_0", "requantize_q8_0", "requant_error_q8_0", "Q8_0_MAX"]
+__all__ = ["QSI8CXP", "quantize_per_channel", "requantize_q8_0", "requant_error_q8_0"]
 
 F32 = np.dtype("<f4")
 I32 = np.dtype("<i4")
 
-QK8_0 = 32
-BLOCK_Q8_0_BYTES = 34
-Q8_0_MAX = 127 * F16_MAX    # largest |w| strict quantize_q8_0 takes (a scale max|w|/127 is f16)
-
 
 # ----------------------------------------------------------------------------------------
-# ggml block_q8_0
+# per-channel quantisation
 # ----------------------------------------------------------------------------------------
-def _check_q8_k(k: int) -> int:
-    k = int(k)
-    if k < 1 or k % QK8_0:
-        raise LayoutError(f"k={k} must be a positive multiple of {QK8_0} for Q8_0 rows")
-    return k
+def _per_channel(v: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Finite float32 (n, k) -> (q int8 (n, k), scale f32 (n,)), symmetric per row."""
+    f = np.float32
+    amax = np.max(np.abs(v), axis=1, initial=f(0)).astype(f)
+    scale = np.where(amax > 0, amax / f(127), f(0)).astype(f)
+    with np.errstate(divide="ignore", over="ignore"):
+        inv = np.where(scale > 0, f(1) / scale, f(0)).astype(f)
+    tiny = np.isinf(inv)        # 1/scale overflows f32 (max|w| < 2**-121): divide those rows
+    q = round_half_away((v * np.where(tiny, f(0), inv)[:, None]).astype(f))
+    if tiny.any():
+        q[tiny] = round_half_away((v[tiny] / scale[tiny, None]).astype(f))
+    return np.clip(q, -127, 127).astype(np.int8), scale
 
 
-def quantize_q8_0(w: np.ndarray, *, strict: bool = False) -> np.ndarray:
-    """float32 (n, k) -> uint8 (n, k/32*34): ggml ``quantize_row_q8_0_ref`` per row.
-
-    Per block of 32: ``amax = max|x|``, ``d = amax / 127`` (f32), ``id = 1/d`` (0 if d == 0),
-    ``qs = roundf(x * id)`` (f32 product, ties away), ``d`` stored as f16 (nearest even).
-    ``strict``: refuse (LayoutError) weights that are not finite or have |w| > :data:`Q8_0_MAX`
-    (127 x 65504), whose blocks get an Inf scale."""
+def quantize_per_channel(w) -> tuple[np.ndarray, np.ndarray]:
+    """float32 (n, k) -> (q int8 (n, k), scale f32 (n,)), symmetric per row (the q8_0 weights
+    of :meth:`QSI8CXP.pack_per_channel`)."""
     w = np.asarray(w)
-    if w.dtype != np.float32 or w.ndim != 2:
-        raise LayoutError(f"weights must be 2-D float32 (n, k), got {w.dtype} {w.shape}")
-    n, k = w.shape
-    _check_q8_k(k)
-    if strict:
-        check_weight_range(w, Q8_0_MAX, "127 x 65504: Q8_0 stores each block's scale "
-                                        "max|w|/127 as f16")
-    nb = k // QK8_0
-    blocks = np.ascontiguousarray(w).reshape(n, nb, QK8_0)
-    amax = np.abs(blocks).max(axis=-1)
-    d = (amax / np.float32(127)).astype(np.float32)
-    with np.errstate(divide="ignore", over="ignore", invalid="ignore"):
-        inv = np.where(d == 0, np.float32(0), np.float32(1) / d).astype(np.float32)
-        # 1/d overflows only for d < 2**-128, whose f16 is 0: q = 0 there (ggml casts inf)
-        inv = np.where(np.isinf(inv), np.float32(0), inv)
-        q = _round_half_away((blocks * inv[..., None]).astype(np.float32))
-        dh = d.astype(np.float16)
-    qs = q.astype(np.int8)
-    out = np.concatenate([dh.view(np.uint8).reshape(n, nb, 2), qs.view(np.uint8)], axis=-1)
-    return out.reshape(n, nb * BLOCK_Q8_0_BYTES)
-
-
-def split_q8_0(raw: np.ndarray, n: int, k: int) -> tuple[np.ndarray, np.ndarray]:
-    """Q8_0 bytes -> (qs int8 (n, k), d f16 bits uint16 (n, k/32))."""
-    k = _check_q8_k(k)
-    raw = np.asarray(raw)
-    if raw.dtype != np.uint8:
-        raise LayoutError(f"Q8_0 data must be uint8 bytes, got {raw.dtype}")
-    nb = k // QK8_0
-    if raw.size != n * nb * BLOCK_Q8_0_BYTES:
-        raise LayoutError(f"Q8_0 data for n={n}, k={k} must hold {n * nb * BLOCK_Q8_0_BYTES} bytes, "
-                          f"got shape {raw.shape}")
-    b = np.ascontiguousarray(raw).reshape(n, nb, BLOCK_Q8_0_BYTES)
-    d = np.ascontiguousarray(b[..., :2]).view("<u2").reshape(n, nb)
-    qs = np.ascontiguousarray(b[..., 2:]).view(np.int8).reshape(n, k)
-    return qs, d
-
-
-def join_q8_0(qs: np.ndarray, d_f16: np.ndarray) -> np.ndarray:
-    """Inverse of :func:`split_q8_0`."""
-    qs = np.asarray(qs, dtype=np.int8)
-    n, k = qs.shape
-    nb = _check_q8_k(k) // QK8_0
-    d = np.ascontiguousarray(np.asarray(d_f16, dtype="<u2").reshape(n, nb))
-    return np.concatenate([d.view(np.uint8).reshape(n, nb, 2),
-                           np.ascontiguousarray(qs).view(np.uint8).reshape(n, nb, QK8_0)],
-                          axis=-1).reshape(n, nb * BLOCK_Q8_0_BYTES)
-
-
-def dequantize_q8_0(raw: np.ndarray, n: int, k: int) -> np.ndarray:
-    """Q8_0 bytes -> float32 (n, k) = f32(d) * qs (one f32 multiply, exact here: 11 x 8 bits)."""
-    qs, d = split_q8_0(raw, n, k)
-    df = d.view(np.float16).astype(np.float32)
-    with np.errstate(invalid="ignore"):
-        return (df[..., None] * qs.astype(np.float32).reshape(n, -1, QK8_0)).astype(np.float32).reshape(n, k)
+    if w.dtype != np.float32 or w.ndim != 2 or w.shape[0] < 1 or w.shape[1] < 1:
+        raise LayoutError(f"q8_0 weights must be non-empty 2-D float32 (n, k), got {w.dtype} "
+                          f"{w.shape}")
+    if not np.isfinite(w).all():
+        raise LayoutError("q8_0 weights must be finite")
+    return _per_channel(w)
 
 
 def requantize_q8_0(raw: np.ndarray, n: int, k: int) -> tuple[np.ndarray, np.ndarray]:
@@ -124,15 +73,10 @@ def requantize_q8_0(raw: np.ndarray, n: int, k: int) -> tuple[np.ndarray, np.nda
         scale     = max|value| / 127  (0 if the row is all zero)
         inv_scale = 1 / scale         (0 if scale == 0)
         q         = clamp(lround(value * inv_scale), -127, 127)   (f32 product, ties away)
-    """
-    v = dequantize_q8_0(raw, n, k)
-    amax = np.max(np.abs(v), axis=1, initial=np.float32(0)).astype(np.float32)
-    scale = np.where(amax > 0, amax / np.float32(127), np.float32(0)).astype(np.float32)
-    with np.errstate(divide="ignore"):
-        inv = np.where(scale > 0, np.float32(1) / scale, np.float32(0)).astype(np.float32)
-    q = _round_half_away((v * inv[:, None]).astype(np.float32))
-    q = np.where(scale[:, None] > 0, q, 0)
-    return np.clip(q, -127, 127).astype(np.int8), scale
+
+    (the arithmetic of :func:`quantize_per_channel`; 1/scale never overflows here: the
+    smallest nonzero value of a Q8_0 block is 2**-24)."""
+    return _per_channel(dequantize_q8_0(raw, n, k))
 
 
 def requant_error_q8_0(raw: np.ndarray, n: int, k: int) -> dict:
@@ -158,7 +102,7 @@ def requant_error_q8_0(raw: np.ndarray, n: int, k: int) -> dict:
 # RHS: qsi8cxp (int8 per-channel weights)
 # ----------------------------------------------------------------------------------------
 @dataclass(frozen=True)
-class QSI8CXP(_PaddedSlots, _RhsGroups):
+class QSI8CXP(PaddedSlots, RhsGroups):
     """KleidiAI ``qsi8cxp<nr>x<kr>``: int8 weights with one f32 scale per output channel
     (docs/layouts.md#qsi8cxp).
 
@@ -176,7 +120,6 @@ class QSI8CXP(_PaddedSlots, _RhsGroups):
     """
 
     format = "qsi8cxp"
-    role = "rhs"
     label_prefix = "qsi8cxp"
 
     nr: int
@@ -184,7 +127,7 @@ class QSI8CXP(_PaddedSlots, _RhsGroups):
     sr: int = 1
 
     def __post_init__(self) -> None:
-        _check_pos(nr=self.nr, kr=self.kr, sr=self.sr)
+        check_pos(nr=self.nr, kr=self.kr, sr=self.sr)
         if self.sr != 1:
             raise LayoutError(f"qsi8cxp needs sr=1, got sr={self.sr}")
         if 32 % self.kr:
@@ -224,7 +167,7 @@ class QSI8CXP(_PaddedSlots, _RhsGroups):
     slot_tail_bytes = property(lambda self: self.col_tail_bytes)
 
     def group_stride(self, k: int) -> int:
-        return self._stride(k)
+        return self.slots_stride(k)
 
     def data_bytes(self, k: int) -> int:
         """Bytes of the group's k data (K32/kr chunks)."""
@@ -299,6 +242,11 @@ class QSI8CXP(_PaddedSlots, _RhsGroups):
         raw = quantize_q8_0(w, strict=True)
         return self.pack_from_ggml(raw, w.shape[0], w.shape[1], bias)
 
+    def pack_per_channel(self, w: np.ndarray, bias: np.ndarray | None = None) -> np.ndarray:
+        """:func:`quantize_per_channel` then :meth:`pack` (the runtime's q8_0 weights from
+        float32: one rounding, not Q8_0's two)."""
+        return self.pack(*quantize_per_channel(w), bias)
+
     # -- readers -----------------------------------------------------------------------
     # -- repacking (tilegen.layout.api.repack_rhs): what pack takes, read back losslessly
     def packed_values(self, packed: np.ndarray, n: int, k: int) -> tuple:
@@ -312,13 +260,13 @@ class QSI8CXP(_PaddedSlots, _RhsGroups):
                ) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
         """(q int8 (R, K32), rsum int32 (R,), scale f32 (R,), bias f32 (R,)) of ``rows``
         (default all n); q includes the K padding."""
-        b = _u8(packed)
+        b = flat_u8(packed)
         nr, kr = self.nr, self.kr
         K32 = self.k_padded(k)
         size = self.packed_size(n, k)
         if b.size < size:
             raise LayoutError(f"packed buffer holds {b.size} bytes, {size} needed for n={n}, k={k}")
-        idx = np.arange(n) if rows is None else _rows_index(rows, n)
+        idx = np.arange(n) if rows is None else rows_index(rows, n)
         G, GS = -(-n // nr), self.group_stride(k)
         grp = b[:size].reshape(G, GS)
         data = np.ascontiguousarray(grp[:, :nr * K32]).view(np.int8).reshape(G, K32 // kr, nr, kr)

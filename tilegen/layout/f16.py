@@ -1,0 +1,96 @@
+"""f16 packed LHS: KleidiAI ``f16p<mr>x2`` (``kai_run_lhs_pack_f16pmrx2_f32_neon``,
+docs/layouts.md#f16pmrx2), the activations of llama.cpp's SME2 Q4_0 GEMM
+(``matmul_clamp_f32_f16p1vlx2_qsi4c32p4vlx2_1vlx4vl_sme2_mopa``; its weights are
+:class:`tilegen.layout.rhs_int4.QSI4C32PS1S0ScaleF16`), byte for byte.
+
+Not in :mod:`tilegen.layout.registry` (no tilegen kernel reads it); the generated KleidiAI
+packers (:mod:`tilegen.export.packers_c`) take every size and offset from it.  ``pack`` follows
+the LHS conventions of :mod:`tilegen.layout.lhs_int8`.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from .base import (LayoutError, PackedLayout, RowBlocks, check_m_idx_start, check_pos, eval_expr,
+                   roundup, rows_f32)
+
+__all__ = ["F16PLhs2"]
+
+U16 = np.dtype("<u2")
+
+
+@dataclass(frozen=True)
+class F16PLhs2(RowBlocks, PackedLayout):
+    """KleidiAI ``f16p<mr>x2`` from ``kai_run_lhs_pack_f16pmrx2_f32_neon`` (docs/layouts.md#f16pmrx2).
+
+    Row block of ``mr`` rows, stride ``mr * roundup(k, 2) * 2``: f16 values (f32 rounded to
+    nearest even) ordered [k-pair][row 0..mr)[2].  KleidiAI needs k even (a multiple of bl); an
+    odd k is padded with a 0 value here.  ``kr``/``sr`` only have to give L = kr/sr = 2."""
+
+    format = "f16px2"
+    label_prefix = "f16p"
+    elem_bytes = 2   # one f16 value
+    pair = 2         # k values of one row written together (L)
+    k_multiple = 2
+
+    mr: int
+    kr: int = 2
+    sr: int = 1
+
+    def __post_init__(self) -> None:
+        check_pos(mr=self.mr, kr=self.kr, sr=self.sr)
+        if self.kr % self.sr or self.kr // self.sr != self.pair:
+            raise LayoutError(f"f16p<mr>x2 needs kr/sr = 2, got kr={self.kr}, sr={self.sr}")
+
+    @property
+    def label(self) -> str:
+        return self.label_for(self.mr, self.pair, 1)
+
+    def k_padded(self, k: int) -> int:
+        return roundup(k, self.k_multiple)
+
+    @property
+    def chunk_bytes(self) -> int:
+        """Bytes of one k-pair of a row block (mr rows x 2 values)."""
+        return self.mr * self.pair * self.elem_bytes
+
+    @property
+    def stride_expr(self) -> str:
+        """Bytes per row block as an expression in k."""
+        km = self.k_multiple
+        return f"{self.mr} * ((k + {km - 1}) // {km} * {km}) * {self.elem_bytes}"
+
+    def row_block_stride(self, k: int) -> int:
+        return eval_expr(self.stride_expr, k=k)
+
+    def element_offset(self, x: int, t: int) -> int:
+        """Offset of (slot x, element t) inside a row block."""
+        return ((t // self.pair) * self.mr * self.pair + x * self.pair + t % self.pair) * self.elem_bytes
+
+    def pack(self, x: np.ndarray, m_idx_start: int = 0) -> np.ndarray:
+        x = rows_f32(x)
+        m_idx_start = check_m_idx_start(m_idx_start)
+        m, k = x.shape
+        if k < 1:
+            raise LayoutError("f16p<mr>x2 needs k >= 1")
+        if m == 0:
+            return np.zeros(0, np.uint8)
+        kp, P = self.k_padded(k), self.pair
+        nblk, rb, slot = self.placement(m, m_idx_start)
+        v = np.zeros((m, kp), np.float16)
+        with np.errstate(over="ignore"):
+            v[:, :k] = x.astype(np.float16)
+        data = np.zeros((nblk, kp // P, self.mr, P), U16)
+        data[rb, :, slot, :] = v.view(U16).reshape(m, kp // P, P)
+        return data.view(np.uint8).reshape(-1)
+
+    def unpack(self, buf: np.ndarray, m: int, k: int, m_idx_start: int = 0) -> np.ndarray:
+        """f16 bits uint16 (m, roundup(k, 2)) of the packed rows."""
+        b = np.asarray(buf, np.uint8).reshape(-1)
+        kp, P = self.k_padded(k), self.pair
+        nblk, rb, slot = self.placement(m, m_idx_start)
+        d = np.ascontiguousarray(b[:nblk * self.row_block_stride(k)]).view(U16)
+        d = d.reshape(nblk, kp // P, self.mr, P)
+        return d[rb, :, slot, :].reshape(m, kp)
