@@ -11,7 +11,7 @@ the same strings the Python layouts evaluate.
 """
 from __future__ import annotations
 
-from ..generator.abi import signature
+from ..callconv import abi_for
 from ..generator.packers import PackerSpec
 from ..generator.spec import KernelSpec
 from ..layout import lhs_layout_for, rhs_layout_for
@@ -66,11 +66,6 @@ def getters_c(specs: list[KernelSpec]) -> str:
     return "\n".join(lines) + "\n"
 
 
-def _proto(spec_name: str, family: str) -> str:
-    args = ", ".join(f"{p.ctype} {p.name}" for p in signature(family))
-    return f"void {spec_name}({args});"
-
-
 def header(specs: list[KernelSpec], packers: list[PackerSpec]) -> str:
     scalable = [s.name for s in specs if s.vl_scaled]
     specs = _fixed(specs)
@@ -79,7 +74,7 @@ def header(specs: list[KernelSpec], packers: list[PackerSpec]) -> str:
            "#ifndef TILEGEN_KERNELS_H", "#define TILEGEN_KERNELS_H", "#include <stddef.h>",
            "#ifdef __cplusplus", 'extern "C" {', "#endif", ""]
     for fam in fams:
-        args = ", ".join(p.ctype for p in signature(fam))
+        args = ", ".join(abi_for(fam).ctypes)
         lhs_sig = "size_t m_idx, size_t stride" if fam == "f32" else (
             "size_t m_idx, size_t k, size_t bl" if fam == "q4_0" else "size_t m_idx, size_t k")
         rhs_sig = "size_t n_idx, size_t k" if fam == "f32" else "size_t n_idx, size_t k, size_t bl"
@@ -97,7 +92,7 @@ def header(specs: list[KernelSpec], packers: list[PackerSpec]) -> str:
     for s in specs:
         out.append(f"/* {s.spec_string}: m_step {s.m_step}, n_step {s.n_step}, "
                    f"LHS {s.lhs_format}, RHS {rhs_layout_for(s).name} */")
-        out.append(_proto(s.name, s.family))
+        out.append(abi_for(s.family).prototype(s.name) + ";")
         defs = _getter_defs(s)
         for name, params, _ in defs:
             out.append(f"size_t {name}({params});")

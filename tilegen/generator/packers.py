@@ -64,6 +64,7 @@ from dataclasses import dataclass
 from functools import lru_cache
 
 from .. import __version__
+from ..callconv import LHS_BL, LHS_ROWS, Abi
 from .render import _check_format, _env, symbol_for
 from .spec import SpecError
 
@@ -213,19 +214,18 @@ class PackerSpec:
         return s + (":even" if self.rounding == "even" else "")
 
     @property
+    def abi(self) -> Abi:
+        """The calling convention (:mod:`tilegen.callconv`): qsi8d32p takes the block length."""
+        return LHS_BL if self.fmt == "qsi8d32p" else LHS_ROWS
+
+    @property
     def signature(self) -> list[tuple[str, str]]:
         """C parameters (name, ctype) in order."""
-        sz = "size_t"
-        head = [("m", sz), ("k", sz)]
-        if self.fmt == "qsi8d32p":
-            head.append(("bl", sz))
-        return head + [("mr", sz), ("kr", sz), ("sr", sz), ("m_idx_start", sz),
-                       ("lhs", "const void*"), ("lhs_stride", sz), ("lhs_packed", "void*")]
+        return [(p.name, p.ctype) for p in self.abi.params]
 
     @property
     def c_signature(self) -> str:
-        args = ", ".join(f"{t} {n}" for n, t in self.signature)
-        return f"void {self.name}({args})"
+        return self.abi.prototype(self.name)
 
     def symbol(self, fmt: str = "elf") -> str:
         return symbol_for(self.name, fmt)

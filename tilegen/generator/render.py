@@ -15,7 +15,8 @@ from ..layout import lhs_layout_for, rhs_layout_for
 from .regalloc import allocate
 from .spec import ISAS, KernelSpec, SpecError, as_spec
 
-__all__ = ["FORMATS", "Rendered", "symbol_for", "render", "generate", "template_layouts"]
+__all__ = ["FORMATS", "Rendered", "symbol_for", "render", "generate", "template_layouts",
+           "render_template"]
 
 FORMATS = ("elf", "macho")
 TEMPLATE_DIR = Path(__file__).resolve().parent.parent / "templates"
@@ -50,6 +51,12 @@ def _env() -> "jinja2.Environment":
     env.filters["pl"] = _pl_units
     env.filters["cntw"] = _cntw_units
     return env
+
+
+def render_template(name: str, **context) -> str:
+    """Render ``templates/<name>`` through the kernels' environment (the C sources beside the
+    kernel templates: the plan driver, ...)."""
+    return _env().get_template(name).render(**context)
 
 
 def _require(cond, what: str) -> str:
