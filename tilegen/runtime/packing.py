@@ -16,14 +16,14 @@ from .packed import OPS, PackedLayouts, PackedWeights
 from .q8 import pack_q8_0
 from .table import KernelTable
 
-__all__ = ["pack_weights", "pack_for", "find_packer", "lhs_packer", "pack_lhs"]
+__all__ = ["pack_weights", "pack_for", "find_packer", "lhs_packer", "pack_lhs", "check_ops"]
 
 
 def pack_weights(table: KernelTable, w, kind: str, bias, layout: str, nr: int | None,
                  from_ggml, n, k, for_ops) -> PackedWeights | PackedLayouts:
     """See :meth:`tilegen.runtime.library.Library.pack_weights`."""
     if for_ops is not None:
-        ops = _check_ops(for_ops)
+        ops = check_ops(for_ops)
         if nr is not None:
             raise ArgumentError("nr= and for_ops= do not combine (for_ops packs for the "
                                 "best kernels of each op)")
@@ -155,7 +155,7 @@ def _check_source(kind: str, w, layout, from_ggml, n, k) -> None:
         raise ArgumentError("from_ggml= needs n and k")
 
 
-def _check_ops(for_ops) -> tuple[str, ...]:
+def check_ops(for_ops) -> tuple[str, ...]:
     """``for_ops`` as a tuple: both of "gemm" and "gemv", each once, in any order."""
     if isinstance(for_ops, str) or not isinstance(for_ops, (tuple, list)):
         raise ArgumentError(f"for_ops must be a tuple of op names, e.g. ('gemm', 'gemv'), "
