@@ -34,14 +34,14 @@ calling conventions (:mod:`tilegen.callconv`): one argument kind per ``driver_ki
 from __future__ import annotations
 
 import ctypes
-import os
 import threading
 import weakref
 
 import numpy as np
 
 from ..callconv import ABIS, PACKER_ABIS
-from .errors import ArgumentError
+from .checks import env_int
+from .threads import reset_after_fork
 
 __all__ = ["ABI", "PLAN_FIELDS", "POOL_FIELDS", "PACK_FIELDS", "MM_FIELDS", "STRUCTS", "C_TYPES",
            "CONSTANTS", "ST_OK", "ST_LIMIT", "ST_SLOW", "ST_BUSY", "KERNEL_KINDS", "PACK_KINDS",
@@ -109,17 +109,9 @@ MAX_SPIN = 1 << 32
 
 def spin_count() -> int:
     """``TILEGEN_PLAN_SPIN`` (spin iterations before a futex sleep), default 20000."""
-    env = os.environ.get("TILEGEN_PLAN_SPIN")
-    if env is None or env.strip() == "":
-        return DEFAULT_SPIN
-    try:
-        v = int(env.strip(), 10)
-    except ValueError:
-        v = None
-    if v is None or not 0 <= v <= MAX_SPIN:
-        raise ArgumentError(f"TILEGEN_PLAN_SPIN must be an integer from 0 to {MAX_SPIN} "
-                            f"(spin iterations before an idle thread sleeps), got {env!r}")
-    return v
+    v = env_int("TILEGEN_PLAN_SPIN", 0, MAX_SPIN,
+                " (spin iterations before an idle thread sleeps)")
+    return DEFAULT_SPIN if v is None else v
 
 
 _CT = {"u64": ctypes.c_uint64, "u32": ctypes.c_uint32, "f32": ctypes.c_float,
@@ -225,7 +217,7 @@ class Pool:
         self.closed = False
         # holds the struct and the thread list, not the pool: runs when the pool is collected
         self._stop = weakref.finalize(self, _stop_workers, self.s, self.threads, drv.wake)
-        _POOLS.add(self)
+        reset_after_fork(self)
 
     def ensure(self, workers: int) -> None:
         with self.lock:
@@ -264,16 +256,3 @@ def _stop_workers(s, threads: list, wake) -> None:
             t.join(timeout=5.0)
     threads.clear()
 
-
-# live pools: a forked child resets their locks and run flags
-_POOLS: weakref.WeakSet = weakref.WeakSet()
-
-
-def _after_fork() -> None:
-    """In a forked child: the workers are gone (see :meth:`Pool.after_fork`)."""
-    for p in list(_POOLS):
-        p.after_fork()
-
-
-if hasattr(os, "register_at_fork"):
-    os.register_at_fork(after_in_child=_after_fork)

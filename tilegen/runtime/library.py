@@ -253,51 +253,30 @@ class Library:
         self.kernel_table.gemv_threshold = rows
 
     def table(self, kind: str) -> list[KernelPair]:
-        """The ordered kernel table for weight ``kind`` (replace with ``set_table``)."""
+        """The ordered kernel table for weight ``kind`` (:meth:`KernelTable.table`)."""
         return self.kernel_table.table(kind)
 
     def set_table(self, kind: str, pairs: list[KernelPair]) -> None:
-        """Replace the ordered kernel table of weight ``kind``: pairs of this library's kernels
-        (e.g. entries of :meth:`table`, or ``KernelPair(lib.kernels[gemm], lib.kernels[gemv])``
-        with ``KernelPair`` from ``tilegen.runtime.select``).  The first entry the CPU runs is
-        what pack_weights, adopt and workspace_size use; select (so matmul) uses the first
-        runnable entry that reads the weights' layout.  f32 and f16 have separate tables (f16:
-        bf16 and f32 kernels)."""
+        """Replace the ordered kernel table of weight ``kind`` with ``pairs`` of this library's
+        kernels (:meth:`KernelTable.set_table`)."""
         self.kernel_table.set_table(kind, pairs)
 
     def best_kernels(self, kind: str) -> dict[str, Kernel]:
-        """op ("gemm", "gemv") -> the best kernel of any layout for ``kind`` on this CPU: the
-        runnable kernels the build marked best (manifest ``"best"``, from the tuned preset's
-        best_gemm / best_gemv) of the family the default pair is of; where there is none, the
-        default pair's kernel (its gemm for gemv when the pair has no gemv)."""
+        """op ("gemm", "gemv") -> the best kernel of any layout for ``kind`` on this CPU
+        (:meth:`KernelTable.best_kernels`)."""
         return self.kernel_table.best_kernels(kind)
 
     def route(self, packed, m: int) -> tuple[PackedWeights, Kernel]:
-        """(packing, kernel) for an (m x k) @ packed matmul.  PackedLayouts: its gemv packing
-        with the gemv kernel for m <= gemv_threshold, else its gemm packing with the gemm
-        kernel; PackedWeights: ``(packed, select(packed, m))``."""
+        """(packing, kernel) for an (m x k) @ packed matmul (:meth:`KernelTable.route`)."""
         return self.kernel_table.route(packed, m)
 
     def select(self, packed: PackedWeights, m: int) -> Kernel:
-        """Kernel for an (m x k) @ packed matmul: first runnable table entry that reads the
-        packed layout; its gemv kernel when m <= gemv_threshold.  (PackedLayouts: see
-        :meth:`route`.)"""
+        """Kernel for an (m x k) @ packed matmul (:meth:`KernelTable.select`)."""
         return self.kernel_table.select(packed, m)
 
     def adopt(self, packed: PackedWeights, nr: int | None = None) -> PackedWeights:
-        """``packed`` in a layout a kernel of this library reads on this CPU.
-
-        Returned as it is when a runnable table entry reads it (with ``nr``: one of that nr).
-        Otherwise repacked, without loss, from any layout of its format (f32p: other nr;
-        qsi4c32p / qsi4c32pscalef16: other nr, kr, sr; bf16 layouts: any bf16 layout or f32p)
-        into the layout of the first runnable entry that holds its values (with ``nr``: of that
-        nr): new PackedWeights, the bytes ``pack_weights`` gives for the values they hold.
-        "f16" and "bf16" weights in a bf16 layout become f32p weights (kind "f16") where the
-        CPU runs no bf16 kernel: bf16 values widen to f32 exactly.  The repack costs about one
-        pack_weights call.
-
-        PackedLayouts are returned as they are when a runnable kernel reads each packing
-        (ArgumentError otherwise: pack them again with this library)."""
+        """``packed`` in a layout a kernel of this library reads on this CPU: as it is, or
+        repacked without loss (:meth:`KernelTable.adopt`)."""
         return self.kernel_table.adopt(packed, nr)
 
     # -- packing ----------------------------------------------------------------------

@@ -26,10 +26,8 @@ count; errors are :class:`ArgumentError` as in ``matmul``.
 from __future__ import annotations
 
 import ctypes
-import os
 import threading
 import time
-import weakref
 
 import numpy as np
 
@@ -38,7 +36,7 @@ from .checks import check_bytes, positive_int
 from .errors import ArgumentError
 from .ops import run as run_rows
 from .request import Request, activation_error, check_activations
-from .threads import split
+from .threads import reset_after_fork, split
 
 __all__ = ["Plan", "make_plan", "MAX_BYTES"]
 
@@ -47,28 +45,6 @@ _empty = np.empty
 # no array of a plan (x, out, workspace) can be larger than AArch64's 48-bit virtual address
 # space: a plan for more rows than that is refused when it is made
 MAX_BYTES = 1 << 48
-
-# live plans and variants: a forked child resets their locks and run flags (the pools reset
-# theirs, tilegen.runtime.driver)
-_PLANS: weakref.WeakSet = weakref.WeakSet()
-_VARIANTS: weakref.WeakSet = weakref.WeakSet()
-
-
-def _after_fork() -> None:
-    """In a forked child: only the forking thread exists, so a lock another thread held at
-    the fork stays held forever, and a run flag stays set.  Reset every lock and flag the plan
-    runtime owns; plans take the checked path once and start their pool's workers again."""
-    for v in list(_VARIANTS):
-        v.lock = threading.Lock()
-        if v.native:
-            v.s.busy = 0
-    for pl in list(_PLANS):
-        pl.after_fork()
-
-
-if hasattr(os, "register_at_fork"):
-    os.register_at_fork(after_in_child=_after_fork)
-
 
 class _Variant:
     """The driver descriptors for one row count."""
@@ -144,7 +120,13 @@ class _Variant:
             for name, v in D.ARRAY_OFFSETS.items():
                 setattr(s, "off_" + name, v)
         self.addr = ctypes.addressof(s)
-        _VARIANTS.add(self)
+        reset_after_fork(self)
+
+    def after_fork(self) -> None:
+        """In a forked child (:func:`tilegen.runtime.threads.reset_after_fork`): a new lock,
+        the run flag cleared."""
+        self.lock = threading.Lock()
+        self.s.busy = 0
 
     def run(self, plan: "Plan", x2: np.ndarray, dst: np.ndarray) -> None:
         """dst = the matmul of contiguous rows x2 (rows, k) into contiguous dst (rows, n)."""
@@ -218,7 +200,7 @@ class Plan:
         self._call = self.drv.call if self.drv is not None else None
         self._fast = v.addr if v.native and v.s.fast else None
         self._ctx = self._fast
-        _PLANS.add(self)
+        reset_after_fork(self)
 
     def __repr__(self) -> str:
         return (f"<tilegen.Plan m<={self.m} n={self.n} k={self.k} {self.weights.kind} "
@@ -250,7 +232,7 @@ class Plan:
         self._revive = False
 
     def after_fork(self) -> None:
-        """In a forked child (see :func:`_after_fork`): a new build lock; the next call takes the
+        """In a forked child (:func:`tilegen.runtime.threads.reset_after_fork`): a new build lock; the next call takes the
         checked path, which starts the pool's workers again, then the fast path is back."""
         self._build = threading.Lock()
         if not self._closed:
