@@ -8,13 +8,13 @@ from ..callconv import ABIS, PACKER_ABIS, Abi
 from ..generator.render import render_template
 from ..runtime.driver import C_TYPES, CONSTANTS, STRUCTS
 
-__all__ = ["source", "TEMPLATE", "WIDTH"]
+__all__ = ["source", "driver_kinds", "TEMPLATE", "WIDTH"]
 
 TEMPLATE = "driver.c.j2"
 WIDTH = 95      # columns of a wrapped function-pointer type
 
 
-def _kinds(abis) -> list[Abi]:
+def driver_kinds(abis) -> list[Abi]:
     """The first convention of each driver kind; the others of a kind must take the same C
     types and roles (the driver passes them the same values)."""
     first: dict[str, Abi] = {}
@@ -47,5 +47,5 @@ def _fn_type(abi: Abi) -> str:
 def source() -> str:
     """The driver's freestanding C source (no libc, no headers)."""
     return render_template(TEMPLATE, CONSTANTS=CONSTANTS, STRUCTS=STRUCTS, C_TYPES=C_TYPES,
-                           KERNEL_KINDS=_kinds(ABIS.values()),
-                           PACKER_ABIS=_kinds(PACKER_ABIS.values()), fn_type=_fn_type)
+                           KERNEL_KINDS=driver_kinds(ABIS.values()),
+                           PACKER_ABIS=driver_kinds(PACKER_ABIS.values()), fn_type=_fn_type)
