@@ -232,8 +232,9 @@ class Plan:
         self._revive = False
 
     def after_fork(self) -> None:
-        """In a forked child (:func:`tilegen.runtime.threads.reset_after_fork`): a new build lock; the next call takes the
-        checked path, which starts the pool's workers again, then the fast path is back."""
+        """In a forked child (:func:`tilegen.runtime.threads.reset_after_fork`): a new build
+        lock; the next call takes the checked path, which starts the pool's workers again, then
+        the fast path is back."""
         self._build = threading.Lock()
         if not self._closed:
             self._ctx, self._revive = None, True

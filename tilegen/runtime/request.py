@@ -48,7 +48,8 @@ class Request:
         self.bias = bias
         self.threads = default_threads() if threads is None else thread_count(threads)
         self.clamp = clamp_pair(clamp)
-        self.cmin, self.cmax = (-INF, INF) if self.clamp is None else self.clamp  # no clamp: Inf/NaN pass
+        # no clamp: Inf and NaN pass
+        self.cmin, self.cmax = (-INF, INF) if self.clamp is None else self.clamp
         # the kernels' clamp (a bias given here is added after the kernels, then clamped)
         self.kcmin, self.kcmax = (self.cmin, self.cmax) if bias is None else (-INF, INF)
 
