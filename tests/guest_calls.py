@@ -165,7 +165,7 @@ def picks(libdir: str) -> dict:
     lib = _lib(libdir)
     out = {}
     for kind in ("f32", "f16", "q4_0", "q4_0_dx"):
-        p = lib._pairs(kind)[0]
+        p = lib.kernel_table.pairs(kind)[0]
         out[kind] = (p.gemm.name, (p.gemv or p.gemm).name)
     return out
 
@@ -362,7 +362,7 @@ def adopt_weights(libdir: str, w, x, bias, raw, gguf_path: str, name: str) -> di
     foreign = load_tensor(gguf_path, name)
     native = lib.pack_weights(kind="q4_0", from_ggml=raw, n=n, k=k)
     out["q4_0 geometry"] = [(p.nr, p.kr, p.sr) for p in (foreign, native)]
-    out["q4_0 readable"] = any(p.gemm.rhs_matches(foreign) for p in lib._pairs("q4_0"))
+    out["q4_0 readable"] = any(p.gemm.rhs_matches(foreign) for p in lib.kernel_table.pairs("q4_0"))
     a = lib.adopt(foreign)
     out["q4_0 adopted"] = ((a.format, a.nr, a.kr, a.sr) == (native.format, native.nr, native.kr,
                                                              native.sr)
@@ -394,7 +394,7 @@ def adopt_weights(libdir: str, w, x, bias, raw, gguf_path: str, name: str) -> di
     except tilegen.runtime.ArgumentError as e:
         out["cross"] = str(e)
     # load_tensor(nr=) with a library: an nr other than the preferred kernel's
-    pairs = lib._pairs("q4_0")
+    pairs = lib.kernel_table.pairs("q4_0")
     alt = next((p.gemm.nr for p in pairs if p.gemm.nr != pairs[0].gemm.nr), None)
     if alt is not None:
         t = load_tensor(gguf_path, name, lib=lib, nr=alt)
@@ -465,7 +465,7 @@ def for_ops_check(libdir: str, kind: str, w, x1, xm, bias, tmpdir: str) -> dict:
     res["separate"] = sep
     # default packing: one layout, the default pair
     pw0 = lib.pack_weights(w, kind=kind, bias=bias)
-    pair = lib._pairs(kind)[0]
+    pair = lib.kernel_table.pairs(kind)[0]
     res["default"] = {"type": type(pw0).__name__, "pair": (pair.gemm.name, (pair.gemv or pair.gemm).name),
                       "layout_is_pair": pw0.layout == pair.gemm.rhs_layout(),
                       "kernels": (lib.select(pw0, xm.shape[0]).name, lib.select(pw0, 1).name),
@@ -503,7 +503,7 @@ def for_ops_fallback(libdir: str, kind: str, w, x1, xm) -> dict:
     lib = _lib(libdir)
     pl = lib.pack_weights(w, kind=kind, for_ops=("gemm", "gemv"))
     pw = lib.pack_weights(w, kind=kind)
-    pair = lib._pairs(kind)[0]
+    pair = lib.kernel_table.pairs(kind)[0]
     return {"best": {op: k.name for op, k in lib.best_kernels(kind).items()},
             "pair": {"gemm": pair.gemm.name, "gemv": (pair.gemv or pair.gemm).name},
             "n_layouts": len(pl.layouts), "same_bytes": bool(np.array_equal(pl.for_op("gemm").data, pw.data)),

@@ -35,7 +35,7 @@ def plan_vs_matmul(libdir: str, kinds, shapes, thread_counts=(1, 2), seed=0,
     lib = _lib(libdir)
     if no_driver:
         lib = tilegen.load(libdir)
-        lib._plan_driver = None
+        lib.driver = None
     rng = np.random.default_rng(seed)
     bad, ran = [], set()
     for kind in kinds:
@@ -202,8 +202,7 @@ def plan_threads(libdir: str, kind: str = "q4_0", thread_counts=(1, 2, 3, 5, 8))
         for t in ths:
             t.join()
         res[m] = {"alternating": alt, "concurrent_bad": bad, "errors": errors}
-    from tilegen.runtime.plan import driver
-    pool = driver(lib).pool
+    pool = lib.driver.pool
     res["pool_workers"] = len(pool.threads) if pool is not None else None
     return res
 
@@ -224,9 +223,8 @@ def plan_after_fork(libdir: str, kind: str = "q4_0") -> dict:
     pid = os.fork()
     if pid == 0:      # child
         try:
-            from tilegen.runtime.plan import driver
             ok = all(_same(p(x), ref) for _ in range(5))
-            msg = pickle.dumps((ok, len(driver(lib).pool.threads)))
+            msg = pickle.dumps((ok, len(lib.driver.pool.threads)))
         except BaseException as e:      # noqa: BLE001
             msg = pickle.dumps(repr(e))
         os.write(wfd, msg)

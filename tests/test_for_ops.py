@@ -11,7 +11,7 @@ from tilegen.build import get_target
 from tilegen.build.tuned import read_tuned
 from tilegen.layout.api import layout_for
 from tilegen.runtime.errors import ArgumentError
-from tilegen.runtime.library import _check_ops
+from tilegen.runtime.packing import check_ops
 from tilegen.runtime.packed import PackedLayouts, PackedWeights
 
 from conftest import guest
@@ -56,11 +56,11 @@ def test_packed_layouts_identity_is_the_layout():
 ])
 def test_bad_for_ops(bad, message):
     with pytest.raises(ArgumentError, match=message):
-        _check_ops(bad)
+        check_ops(bad)
 
 
 def test_good_for_ops():
-    assert _check_ops(("gemv", "gemm")) == _check_ops(["gemm", "gemv"]) == ("gemm", "gemv")
+    assert check_ops(("gemv", "gemm")) == check_ops(["gemm", "gemv"]) == ("gemm", "gemv")
 
 
 def test_presets_record_best_kernels():

@@ -10,7 +10,8 @@ from pathlib import Path
 import pytest
 
 import tilegen
-from tilegen import driver as D
+from tilegen.build.driver import source as driver_source
+from tilegen.runtime import driver as D
 
 from conftest import SME_ON, guest
 
@@ -115,7 +116,7 @@ def test_driver_source_is_freestanding(tmp_path):
     """The driver object calls nothing outside itself (no libc, no outlined atomics), and the
     C structs are the ctypes mirror's (same fields, in order)."""
     from tilegen.build.toolchain import discover
-    src = D.source()
+    src = driver_source()
     for name in ("tg_plan", "tg_pool", "tg_pack", "tg_mm"):
         assert f"struct {name} {{" in src
     tc = discover("elf")
@@ -128,8 +129,7 @@ def test_driver_source_is_freestanding(tmp_path):
     assert nm, "needs llvm-nm (scripts/setup.sh installs llvm-19)"
     und = subprocess.run([nm, "-u", str(obj)], capture_output=True, text=True, check=True)
     assert und.stdout.strip() == ""
-    from tilegen.runtime import plan as P
-    assert [f[0] for f in P.PlanStruct._fields_] == [f[0] for f in D.PLAN_FIELDS]
+    assert [f[0] for f in D.PlanStruct._fields_] == [f[0] for f in D.PLAN_FIELDS]
 
 
 def test_runtime_import_does_not_load_jinja2():
@@ -201,7 +201,7 @@ def test_bad_thread_environment(plan_lib):
 
 def test_spin_count_parsing(monkeypatch):
     from tilegen.runtime.errors import ArgumentError
-    from tilegen.runtime.plan import DEFAULT_SPIN, MAX_SPIN, spin_count
+    from tilegen.runtime.driver import DEFAULT_SPIN, MAX_SPIN, spin_count
     monkeypatch.delenv("TILEGEN_PLAN_SPIN", raising=False)
     assert spin_count() == DEFAULT_SPIN
     for v, want in (("0", 0), (" 7 ", 7), (str(MAX_SPIN), MAX_SPIN), ("", DEFAULT_SPIN)):

@@ -91,7 +91,7 @@ def _cmd_info(a: argparse.Namespace) -> int:
             print(f"  {'ok  ' if lib.runnable(k) else 'no  '}{k.name}{tile}")
         for kind in KIND_FAMILY:
             try:
-                pair = lib._pairs(kind)[0]
+                pair = lib.kernel_table.pairs(kind)[0]
             except Exception as e:  # noqa: BLE001 - report, don't fail
                 print(f"{kind}: {e}")
                 continue

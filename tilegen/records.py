@@ -8,8 +8,10 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from .callconv import BF16, F32, Q4, Q8, Abi
+
 __all__ = ["__version__", "SpecError", "VL_GRANULE", "TILE_MR_MAX", "TILE_NR_MAX",
-           "TILE_VL_MAX", "KR_MAX", "Isa", "ISAS", "IsaImpl", "FamilyInfo", "FAMILIES"]
+           "TILE_VL_MAX", "KR_MAX", "Isa", "ISAS", "IsaImpl", "FamilyInfo", "FAMILIES", "abi_for"]
 
 __version__ = "0.1.0"      # tilegen.__version__; generated files carry it
 
@@ -103,6 +105,7 @@ class FamilyInfo:
     rhs: str                        # packed-RHS layout format (registry stem)
     impls: dict[str, IsaImpl]       # isa -> realisation
     kinds: tuple[str, ...]          # runtime weight kinds the family consumes
+    abi: Abi                        # the kernels' calling convention (tilegen.callconv)
     quantized: bool = False
     packs_lhs: bool = False         # unquantized LHS packed by the kernel's own layout (mr rows
     #                                 per row block; bf16: f32 rows rounded to bf16)
@@ -120,7 +123,7 @@ def _q4_family(name: str, lhs: str, rhs: str) -> FamilyInfo:
            fixed_L: str | None = None) -> IsaImpl:
         return IsaImpl(op, strategy, allocator or strategy, kr=kr, sr=2, fixed_L=fixed_L)
     return FamilyInfo(
-        name=name, lhs=lhs, rhs=rhs, kinds=(name,), quantized=True, acc_mem=True,
+        name=name, lhs=lhs, rhs=rhs, kinds=(name,), abi=Q4, quantized=True, acc_mem=True,
         impls={"neon": q4("neon", "q4_neon", 8), "dotprod": q4("neon_dotprod", "q4_neon", 8),
                "i8mm": q4("neon_i8mm", "q4_neon", 16),
                "sve_dotprod": q4("sve_dotprod", "q4_sve", 8),
@@ -143,7 +146,7 @@ FAMILIES: dict[str, FamilyInfo] = {
     # f32 GEMM: NEON/SVE FMLA, SME FMOPA outer products (SME2: multi-vector loads and the
     # ZA-array FMLA gemv).
     "f32": FamilyInfo(
-        name="f32", lhs="f32p", rhs="f32p", kinds=("f32", "f16"),
+        name="f32", lhs="f32p", rhs="f32p", kinds=("f32", "f16"), abi=F32,
         impls={"neon": _f32("neon_mla", "f32_neon", "f32_neon"),
                "sve": _f32("sve_mla", "f32_sve", "f32_sve"),
                "sme": _f32("sme_mopa", "f32_sme", "f32_sme"),
@@ -158,7 +161,7 @@ FAMILIES: dict[str, FamilyInfo] = {
     # point 8: the LUTI4 unpack); no runtime weight kind of its own.
     "q4_0_s1s0": FamilyInfo(
         name="q4_0_s1s0", lhs="qsi8d32pscaletail", rhs="qsi4c32ps1s0scalef16", kinds=(),
-        quantized=True,
+        abi=Q4, quantized=True,
         impls={"sme2": IsaImpl("sme2_mopa", "q4_sme2_luti4_mopa", "q4_sme2_luti4", kr=4, sr=1,
                                gemv_op="sme2_luti4", gemv_template="q4_sme2_luti4",
                                fixed_kr="the LUTI4 q4 kernels read 4-byte groups")}),
@@ -168,7 +171,7 @@ FAMILIES: dict[str, FamilyInfo] = {
     # ggml Q8_0 weights requantised per channel: LHS per-row asymmetric int8, RHS int8 with an
     # f32 scale, row sum and bias per column (KleidiAI matmul_clamp_f32_qai8dxp_qsi8cxp).
     "q8_0": FamilyInfo(
-        name="q8_0", lhs="qai8dxp", rhs="qsi8cxp", kinds=("q8_0",), quantized=True,
+        name="q8_0", lhs="qai8dxp", rhs="qsi8cxp", kinds=("q8_0",), abi=Q8, quantized=True,
         impls={"neon": _q8("neon", "q8_neon", "q8_neon", 8),
                "dotprod": _q8("neon_dotprod", "q8_neon", "q8_neon", 4),
                "i8mm": _q8("neon_i8mm", "q8_neon", "q8_neon", 8),
@@ -182,7 +185,7 @@ FAMILIES: dict[str, FamilyInfo] = {
     # f32 activations and weights rounded to bf16, f32 accumulation (KleidiAI
     # matmul_clamp_f32_bf16p<mr>x4_bf16p<nr>x4b): BFMMLA gemm, BFDOT gemv on the same RHS.
     "bf16": FamilyInfo(
-        name="bf16", lhs="bf16px4", rhs="bf16px4b", kinds=("bf16",), packs_lhs=True,
+        name="bf16", lhs="bf16px4", rhs="bf16px4b", kinds=("bf16",), abi=BF16, packs_lhs=True,
         impls={"bf16": IsaImpl("neon_mmla", "bf16_neon", "bf16_neon", kr=4, sr=1,
                                gemv_op="neon_dot", fixed_kr="the bf16 NEON layouts "
                                "(bf16p<mr>x4 / bf16p<nr>x4b) read k-chunks of 4"),
@@ -192,3 +195,8 @@ FAMILIES: dict[str, FamilyInfo] = {
                                fixed_kr="BFMOPA reads bf16 pairs")},
     ),
 }
+
+
+def abi_for(family: str) -> Abi:
+    """The calling convention of ``family``'s kernels (its record's ``abi``)."""
+    return FAMILIES[family].abi

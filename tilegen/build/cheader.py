@@ -11,7 +11,7 @@ the same strings the Python layouts evaluate.
 """
 from __future__ import annotations
 
-from ..generator.abi import signature
+from ..records import abi_for
 from ..generator.packers import PackerSpec
 from ..generator.spec import KernelSpec
 from ..layout import lhs_layout_for, rhs_layout_for
@@ -66,9 +66,16 @@ def getters_c(specs: list[KernelSpec]) -> str:
     return "\n".join(lines) + "\n"
 
 
-def _proto(spec_name: str, family: str) -> str:
-    args = ", ".join(f"{p.ctype} {p.name}" for p in signature(family))
-    return f"void {spec_name}({args});"
+def _interface(specs: list[KernelSpec], family: str) -> list[tuple[str, str]]:
+    """(getter, parameter list) of the family's struct: the getters of its kernels, which
+    must agree (f32 rows: get_lhs_offset; the bl parameters where the layouts' strides use
+    it)."""
+    forms = {tuple((name[:-len(s.name) - 1], params) for name, params, _ in _getter_defs(s))
+             for s in specs if s.family == family}
+    if len(forms) != 1:
+        raise ValueError(f"the {family} kernels' getters take different parameters: "
+                         f"{sorted(forms)}")
+    return list(forms.pop())
 
 
 def header(specs: list[KernelSpec], packers: list[PackerSpec]) -> str:
@@ -79,25 +86,14 @@ def header(specs: list[KernelSpec], packers: list[PackerSpec]) -> str:
            "#ifndef TILEGEN_KERNELS_H", "#define TILEGEN_KERNELS_H", "#include <stddef.h>",
            "#ifdef __cplusplus", 'extern "C" {', "#endif", ""]
     for fam in fams:
-        args = ", ".join(p.ctype for p in signature(fam))
-        lhs_sig = "size_t m_idx, size_t stride" if fam == "f32" else (
-            "size_t m_idx, size_t k, size_t bl" if fam == "q4_0" else "size_t m_idx, size_t k")
-        rhs_sig = "size_t n_idx, size_t k" if fam == "f32" else "size_t n_idx, size_t k, size_t bl"
-        lhs_name = "get_lhs_offset" if fam == "f32" else "get_lhs_packed_offset"
         out += [f"/* KleidiAI-shaped interface of the {fam} family */",
-                f"struct tilegen_{fam}_ukernel {{",
-                "    size_t (*get_m_step)(void);", "    size_t (*get_n_step)(void);",
-                "    size_t (*get_mr)(void);", "    size_t (*get_nr)(void);",
-                "    size_t (*get_kr)(void);", "    size_t (*get_sr)(void);",
-                f"    size_t (*{lhs_name})({lhs_sig});",
-                f"    size_t (*get_rhs_packed_offset)({rhs_sig});",
-                "    size_t (*get_dst_offset)(size_t m_idx, size_t n_idx, size_t stride);",
-                "    size_t (*get_dst_size)(size_t m, size_t n);",
-                f"    void (*run_matmul)({args});", "};", ""]
+                f"struct tilegen_{fam}_ukernel {{"]
+        out += [f"    size_t (*{g})({params});" for g, params in _interface(specs, fam)]
+        out += [f"    void (*run_matmul)({', '.join(abi_for(fam).ctypes)});", "};", ""]
     for s in specs:
         out.append(f"/* {s.spec_string}: m_step {s.m_step}, n_step {s.n_step}, "
                    f"LHS {s.lhs_format}, RHS {rhs_layout_for(s).name} */")
-        out.append(_proto(s.name, s.family))
+        out.append(abi_for(s.family).prototype(s.name) + ";")
         defs = _getter_defs(s)
         for name, params, _ in defs:
             out.append(f"size_t {name}({params});")

@@ -16,11 +16,12 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Iterable
 
-from .. import driver as _driver
-from ..generator.manifest import kernel_entry, packer_entry, render_digest, table_digest
+from ..generator.manifest import (MANIFEST_NAME, kernel_entry, packer_entry, render_digest,
+                                  table_digest)
 from ..generator.render import render
 from ..generator import packers as _packers
 from .cheader import getters_c, header
+from .driver import source as driver_source
 from ..generator.packers import PackerSpec, packer_for
 from ..generator.render import ABI_PROBE, Rendered, render_abi_probe, render_vl_query
 from ..generator.spec import KernelSpec
@@ -34,7 +35,6 @@ from .tuned import tuned_roles
 __all__ = ["BuildError", "BuildResult", "build_library", "library_filename", "MANIFEST_NAME",
            "kernel_entry"]
 
-MANIFEST_NAME = "manifest.json"
 HEADER_NAME = "tilegen_kernels.h"
 MANIFEST_VERSION = 2      # 2: kernel and packer entries are spec, name, symbol, params
 
@@ -177,8 +177,8 @@ def build_library(specs: Iterable[KernelSpec | PackerSpec | str] | None = None, 
     objs.append(_support_object(tc, out, f"{ABI_PROBE}.S", render_abi_probe(fmt), "the ABI probe"))
     objs.append(_support_object(tc, out, "tilegen_vl_query.S", render_vl_query(fmt),
                                 "the vector-length queries"))
-    # the plan driver (tilegen.driver): prepared matmuls, one native call per thread
-    objs.append(_support_object(tc, out, "tilegen_driver.c", _driver.source(), "the plan driver",
+    # the plan driver (tilegen.runtime.driver): prepared matmuls, one native call per thread
+    objs.append(_support_object(tc, out, "tilegen_driver.c", driver_source(), "the plan driver",
                                 "-O2", "-ffreestanding", "-fno-stack-protector", "-fno-builtin",
                                 *(("-mno-outline-atomics",) if fmt == "elf" else ())))
     (out / HEADER_NAME).write_text(header(kspecs, packer_list))

@@ -31,13 +31,14 @@ from __future__ import annotations
 
 import json
 import re
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
-from .. import __version__
+from .. import __version__, callconv
 from ..build.targets import get_target
 from ..build.tuned import read_tuned, tuned_path, tuned_targets
-from ..generator.abi import signature
+from ..callconv import Param
+from ..records import abi_for
 from ..generator.render import render, render_template
 from ..generator.spec import KernelSpec
 from ..generator.validate import parse_spec
@@ -67,8 +68,9 @@ class ExportError(RuntimeError):
 
 @dataclass(frozen=True)
 class Abi:
-    """One KleidiAI matmul interface: directory, getter parameter lists and run signature
-    (facts of KleidiAI's headers), and how a tilegen kernel of ``family`` is called from it."""
+    """One KleidiAI matmul interface: directory, getter parameter lists and run parameters
+    (facts of KleidiAI's headers), and the tilegen calling convention (:mod:`tilegen.callconv`)
+    its run function calls."""
 
     key: str
     directory: str              # under kai/ukernels/matmul/
@@ -76,48 +78,48 @@ class Abi:
     lhs_getter: str             # get_lhs_packed_offset, or get_lhs_offset (plain f32 rows)
     lhs_params: str
     rhs_params: str
-    run_params: str
-    tilegen_args: str           # the tilegen kernel's arguments, in terms of run_params
+    run: tuple[Param, ...]      # kai_run_matmul_<...>'s parameters
+    calls: callconv.Abi         # the tilegen kernels' convention
+    fill: tuple[tuple[str, str], ...] = ()   # (role, C expression): kernel arguments run lacks
+
+    @property
+    def run_params(self) -> str:
+        return ", ".join(f"{p.ctype} {p.name}" for p in self.run)
+
+    @property
+    def tilegen_args(self) -> str:
+        """The tilegen kernel's arguments, in terms of run_params."""
+        return ", ".join(self.calls.arguments({**{p.role: p.name for p in self.run},
+                                               **dict(self.fill)}))
 
 
-_Q4_RUN = ("size_t m, size_t n, size_t k, size_t bl, const void* lhs_packed, "
-           "const void* rhs_packed, float* dst, size_t dst_stride_row, size_t dst_stride_col, "
-           "float scalar_min, float scalar_max")
-_Q4_ARGS = ("m, n, k, bl, lhs_packed, rhs_packed, dst, dst_stride_row, dst_stride_col, "
-            "scalar_min, scalar_max")
-_PACKED_VOID_RUN = ("size_t m, size_t n, size_t k, const void* lhs_packed, const void* rhs_packed, "
-                    "void* dst, size_t dst_stride_row, size_t dst_stride_col, float clamp_min, "
-                    "float clamp_max")
+# KleidiAI's quantised runs write float* dst; its packed-LHS f32 run is tilegen's f32
+# convention with the LHS named lhs_packed and no lhs_stride (a packed LHS is one block of
+# rows, 4k apart)
+_Q4_RUN = callconv.Q4.spelled(dst="float*")
+_F32P_RUN = tuple(replace(p, name="lhs_packed") if p.role == "lhs" else p
+                  for p in callconv.F32.params if p.role != "lhs_stride")
 
 ABIS: dict[str, Abi] = {a.key: a for a in (
     Abi("qsi8d32p_qsi4c32p", "matmul_clamp_f32_qsi8d32p_qsi4c32p",
         "matmul_clamp_f32_qsi8d32p_qsi4c32p", "get_lhs_packed_offset",
-        "size_t m_idx, size_t k, size_t bl", "size_t n_idx, size_t k, size_t bl", _Q4_RUN, _Q4_ARGS),
+        "size_t m_idx, size_t k, size_t bl", "size_t n_idx, size_t k, size_t bl", _Q4_RUN,
+        callconv.Q4),
     Abi("f16p_qsi4c32p", "matmul_clamp_f32_f16p_qsi4c32p", "matmul_clamp_f32_f16p_qsi4c32p",
         "get_lhs_packed_offset", "size_t m_idx, size_t k, size_t bl",
-        "size_t n_idx, size_t k, size_t bl", _Q4_RUN, _Q4_ARGS),
+        "size_t n_idx, size_t k, size_t bl", _Q4_RUN, callconv.Q4),
     Abi("qai8dxp_qsi8cxp", "matmul_clamp_f32_qai8dxp_qsi8cxp", "matmul_clamp_f32_qai8dxp_qsi8cxp",
         "get_lhs_packed_offset", "size_t m_idx, size_t k", "size_t n_idx, size_t k",
-        "size_t m, size_t n, size_t k, const void* lhs_packed, const void* rhs_packed, float* dst, "
-        "size_t dst_stride_row, size_t dst_stride_col, float scalar_min, float scalar_max",
-        "m, n, k, lhs_packed, rhs_packed, dst, dst_stride_row, dst_stride_col, scalar_min, "
-        "scalar_max"),
+        callconv.Q8.spelled(dst="float*"), callconv.Q8),
     Abi("bf16p_bf16p", "matmul_clamp_fp32_bf16p_bf16p", "matmul_clamp_f32_bf16p_bf16p",
         "get_lhs_packed_offset", "size_t m_idx, size_t k", "size_t n_idx, size_t k",
-        _PACKED_VOID_RUN,
-        "m, n, k, lhs_packed, rhs_packed, dst, dst_stride_row, dst_stride_col, clamp_min, clamp_max"),
-    # tilegen's f32 kernels take (lhs, lhs_stride): a packed LHS is one block of rows, 4k apart
+        callconv.BF16.params, callconv.BF16),
     Abi("f32p_f32p", "matmul_clamp_f32_f32p_f32p", "matmul_clamp_f32_f32p_f32p",
         "get_lhs_packed_offset", "size_t m_idx, size_t k", "size_t n_idx, size_t k",
-        _PACKED_VOID_RUN,
-        "m, n, k, lhs_packed, 4 * k, rhs_packed, dst, dst_stride_row, dst_stride_col, clamp_min, "
-        "clamp_max"),
+        _F32P_RUN, callconv.F32, fill=(("lhs_stride", "4 * k"),)),
     Abi("f32_f32p", "matmul_clamp_f32_f32_f32p", "matmul_clamp_f32_f32_f32p", "get_lhs_offset",
-        "size_t m_idx, size_t stride", "size_t n_idx, size_t k",
-        "size_t m, size_t n, size_t k, const void* lhs, size_t lhs_stride, const void* rhs_packed, "
-        "void* dst, size_t dst_stride_row, size_t dst_stride_col, float clamp_min, float clamp_max",
-        "m, n, k, lhs, lhs_stride, rhs_packed, dst, dst_stride_row, dst_stride_col, clamp_min, "
-        "clamp_max"),
+        "size_t m_idx, size_t stride", "size_t n_idx, size_t k", callconv.F32.params,
+        callconv.F32),
 )}
 
 
@@ -342,7 +344,7 @@ def ukernel_source(kk: KaiKernel) -> str:
     return _render("ukernel.c.j2", name=kk.name, spec=spec,
                    getters=_getter_defs(kk, _spec_getters(kk, spec)), run_params=abi.run_params,
                    vl_kind=spec.vl_kind if spec.vl_scaled else None,
-                   symbol=_tilegen_symbol(spec), signature=signature(spec.family),
+                   symbol=_tilegen_symbol(spec), signature=abi_for(spec.family).params,
                    tilegen_args=abi.tilegen_args)
 
 

@@ -13,15 +13,18 @@ import hashlib
 import json
 import re
 
-from .abi import signature
+from ..callconv import Abi
+from ..records import abi_for
 from .packers import PackerSpec
 from ..records import SpecError
 from .render import check_format, symbol_for
 from .spec import KernelSpec
 
-__all__ = ["DIGEST_SYMBOL", "kernel_entry", "packer_entry", "parse_packer_spec", "table_digest",
+__all__ = ["MANIFEST_NAME", "DIGEST_SYMBOL", "kernel_entry", "packer_entry", "parse_packer_spec", "table_digest",
            "render_digest"]
 
+# the manifest's file name in a library directory (written by the build, read at load)
+MANIFEST_NAME = "manifest.json"
 DIGEST_SYMBOL = "tilegen_manifest_sha256"
 # fields of a kernel entry that the spec does not determine (covered by the digest only)
 KERNEL_FREE_FIELDS = ("preferred", "best")
@@ -32,14 +35,18 @@ def kernel_entry(spec: KernelSpec, symbol: str) -> dict:
     object-file symbol, C parameters).  Everything else (tile, ISA features, formats, steps,
     vector-length kind) the runtime derives from ``parse_spec(entry["spec"])``."""
     return {"name": spec.name, "spec": spec.spec_string, "symbol": symbol,
-            "params": [{"name": p.name, "ctype": p.ctype} for p in signature(spec.family)]}
+            "params": _params(abi_for(spec.family))}
 
 
 def packer_entry(spec: PackerSpec, symbol: str) -> dict:
     """The manifest entry of an LHS packer (as :func:`kernel_entry`; the rest comes from
     :func:`parse_packer_spec`)."""
     return {"name": spec.name, "spec": spec.spec_string, "symbol": symbol,
-            "params": [{"name": n, "ctype": t} for n, t in spec.signature]}
+            "params": _params(spec.abi)}
+
+
+def _params(abi: Abi) -> list[dict]:
+    return [{"name": p.name, "ctype": p.ctype} for p in abi.params]
 
 
 _PACKER_RE = re.compile(r"^lhs:(?P<fmt>[a-z0-9]+):(?P<mr>\d+)(?P<vl>vl)?x(?P<L>\d+):k(?P<kr>\d+)"

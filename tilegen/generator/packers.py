@@ -64,6 +64,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from functools import lru_cache
 
+from ..callconv import LHS_BL, LHS_ROWS, Abi
 from ..layout.base import LayoutError, RowBlocks
 from ..layout.registry import LHS_LAYOUTS, layout_class
 from ..records import SpecError, __version__
@@ -217,19 +218,18 @@ class PackerSpec:
         return issubclass(layout_class("lhs", self.fmt), RowBlocks)
 
     @property
+    def abi(self) -> Abi:
+        """The calling convention (:mod:`tilegen.callconv`): formats with blocks take ``bl``."""
+        return LHS_BL if self.takes_bl else LHS_ROWS
+
+    @property
     def signature(self) -> list[tuple[str, str]]:
         """C parameters (name, ctype) in order."""
-        sz = "size_t"
-        head = [("m", sz), ("k", sz)]
-        if self.takes_bl:
-            head.append(("bl", sz))
-        return head + [("mr", sz), ("kr", sz), ("sr", sz), ("m_idx_start", sz),
-                       ("lhs", "const void*"), ("lhs_stride", sz), ("lhs_packed", "void*")]
+        return [(p.name, p.ctype) for p in self.abi.params]
 
     @property
     def c_signature(self) -> str:
-        args = ", ".join(f"{t} {n}" for n, t in self.signature)
-        return f"void {self.name}({args})"
+        return self.abi.prototype(self.name)
 
     def symbol(self, fmt: str = "elf") -> str:
         return symbol_for(self.name, fmt)

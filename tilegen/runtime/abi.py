@@ -5,8 +5,6 @@ known values, calls the routine with the argument block and returns a bit mask o
 the routine did not preserve (bits in :data:`ABI_BITS` order)."""
 from __future__ import annotations
 
-import ctypes
-
 import numpy as np
 
 from .binding import Kernel, Packer
@@ -33,8 +31,7 @@ def _probe_call(lib, obj, args) -> int:
     block[8:8 + len(floats)] = floats
     block[10:10 + len(stack)] = stack
     block[14] = 1 if "sme" in lib.cpu.features else 0     # SVCR readable: check it
-    fnptr = ctypes.cast(obj._fn, ctypes.c_void_p).value
-    return int(lib._abi(fnptr, block.ctypes.data))
+    return int(lib.abi_probe(obj.address, block.ctypes.data))
 
 
 def _exercise(obj, rng) -> None:
@@ -47,20 +44,17 @@ def _exercise(obj, rng) -> None:
         return
     w = rng.normal(size=(n, k)).astype(np.float32)
     dst = np.zeros((m, n), np.float32)
-    if obj.family == "f32":
-        obj(x, obj.rhs_layout().pack(w), dst)
-    elif obj.family == "bf16":
-        obj(obj.lhs_layout().pack(x), obj.rhs_layout().pack(w), dst, k=k)
-    else:
-        rhs = obj.rhs_layout(32).pack_from_float(w)
-        lhs = obj.lhs_layout(32).pack(x)
-        obj(lhs, rhs, dst, k=k, bl=32)
+    rhs_lay = obj.rhs_layout(32)
+    rhs = rhs_lay.pack_from_float(w) if obj.spec.info.quantized else rhs_lay.pack(w)
+    # f32 rows as they are (the binding packs them for packed-f32 kernels), else packed here
+    lhs = x if obj.abi.lhs_rows else obj.lhs_layout(32).pack(x)
+    obj(lhs, rhs, dst, k=k, bl=32)
 
 
 def check_abi(lib) -> dict[str, list[str]]:
     """Run every kernel and packer of ``lib`` the CPU supports once through the ABI probe;
     return, per routine, the callee-saved state it failed to preserve (empty = conforms)."""
-    if lib._abi is None:
+    if lib.abi_probe is None:
         raise LoadError(f"{lib.path.name} has no ABI probe (rebuild it with this tilegen)")
     rng = np.random.default_rng(0)
     results: dict[str, list[str]] = {}
@@ -68,11 +62,11 @@ def check_abi(lib) -> dict[str, list[str]]:
         if not (lib.runnable(obj) if isinstance(obj, Kernel) else obj.features <= lib.cpu.features):
             continue
         masks: list[int] = []
-        obj._probe = lambda o, a: masks.append(_probe_call(lib, o, a))
+        obj.probe = lambda o, a: masks.append(_probe_call(lib, o, a))
         try:
             _exercise(obj, rng)
         finally:
-            obj._probe = None
+            obj.probe = None
         bad = 0
         for mk in masks:
             bad |= mk

@@ -12,6 +12,8 @@ from functools import lru_cache
 
 import numpy as np
 
+from ..records import abi_for
+from ..generator.manifest import parse_packer_spec
 from ..generator.spec import KernelSpec
 from ..generator.validate import parse_spec
 from ..layout import LayoutError, StridedF32, lhs_layout_for, rhs_layout_for
@@ -35,7 +37,6 @@ def kernel_spec(text: str) -> KernelSpec:
 
 @lru_cache(maxsize=None)
 def _packer_spec(text: str):
-    from ..generator.manifest import parse_packer_spec
     return parse_packer_spec(text)
 
 
@@ -49,19 +50,26 @@ class _Routine:
         self.entry = entry
         self._cpu = cpu
         self._fn = fn
-        self._probe = None        # set by tilegen.runtime.abi: route calls through the ABI probe
+        # probe(routine, args): set by tilegen.runtime.abi to route calls through the ABI probe
+        self.probe = None
         fn.restype = None
         fn.argtypes = [CTYPES[p["ctype"]] for p in entry["params"]]
 
-    def _require_cpu(self) -> None:
+    @property
+    def address(self) -> int:
+        """The routine's address (for the ABI probe and the plan driver)."""
+        return ctypes.cast(self._fn, ctypes.c_void_p).value
+
+    def require_cpu(self) -> None:
+        """ArgumentError unless the CPU has the routine's features."""
         require_features(type(self).__name__.lower(), self.name, self.features, self._cpu)
 
     def _invoke(self, *args) -> None:
-        self._require_cpu()       # every foreign call: never an illegal instruction
-        if self._probe is None:
+        self.require_cpu()        # every foreign call: never an illegal instruction
+        if self.probe is None:
             self._fn(*args)
         else:
-            self._probe(self, args)
+            self.probe(self, args)
 
     def __repr__(self) -> str:
         return f"<{type(self).__name__} {self.name}>"
@@ -80,6 +88,7 @@ class Kernel(_Routine):
         # the CPU's vector length for this kernel's ISA (None: the CPU lacks it)
         self.vl_bytes = vl_bytes if self.spec.vl_scaled else None
         self.family = self.spec.family
+        self.abi = abi_for(self.family)      # its calling convention (tilegen.callconv)
         self.features = frozenset(self.spec.features)
         super().__init__(entry, fn, cpu)
 
@@ -156,21 +165,29 @@ class Kernel(_Routine):
         q4: dst = clamp(dequant(lhs_packed) @ dequant(W)), lhs = packed LHS bytes, with k and
         bl taken from PackedWeights (or given); q8_0 likewise, without bl.
         bf16: dst = clamp(bf16(lhs) @ W + bias), lhs packed bytes (bf16p<mr>x4) or f32 rows
-        (packed here by the layout object)."""
-        self._require_cpu()
-        cmin, cmax = clamp_bounds(clamp_min, clamp_max)
-        if self.family == "f32":
-            return self._call_f32(lhs, rhs_packed, dst, cmin, cmax, k)
-        if self.family == "q8_0":
-            return self._call_q8(lhs, rhs_packed, dst, cmin, cmax, k)
-        if self.family == "bf16":
-            if isinstance(lhs, np.ndarray) and lhs.dtype == np.float32:   # rows, packed here
-                lhs = self.lhs_layout().pack(check_matrix("lhs", lhs, rows=dst.shape[0] if
-                                                          isinstance(dst, np.ndarray) else None))
-            return self._call_q8(lhs, rhs_packed, dst, cmin, cmax, k)
-        return self._call_q4(lhs, rhs_packed, dst, cmin, cmax, k, bl)
+        (packed here by the layout object).
 
-    def _call_f32(self, lhs, rhs_packed, dst, cmin, cmax, k):
+        The arguments are passed as the kernel's calling convention (``self.abi``) orders
+        them: rows with a stride (f32), or a packed LHS with (q4) or without the block length."""
+        self.require_cpu()
+        cmin, cmax = clamp_bounds(clamp_min, clamp_max)
+        if self.abi.lhs_rows:
+            return self._call_rows(lhs, rhs_packed, dst, cmin, cmax, k)
+        if self.abi.packs_rows and isinstance(lhs, np.ndarray) and lhs.dtype == np.float32:
+            lhs = self.lhs_layout().pack(check_matrix("lhs", lhs, rows=dst.shape[0] if
+                                                      isinstance(dst, np.ndarray) else None))
+        return self._call_packed(lhs, rhs_packed, dst, cmin, cmax, k, bl)
+
+    def _run(self, lhs, stride, rhs, dst, cmin, cmax, k, bl) -> np.ndarray:
+        """The foreign call on checked arguments, in the convention's order."""
+        m, n = dst.shape
+        self._invoke(*self.abi.arguments({
+            "m": m, "n": n, "k": k, "bl": bl, "lhs": lhs.ctypes.data, "lhs_stride": stride,
+            "rhs": rhs.ctypes.data, "dst": dst.ctypes.data, "dst_stride_row": row_stride(dst),
+            "dst_stride_col": 4, "min": cmin, "max": cmax}))
+        return dst
+
+    def _call_rows(self, lhs, rhs_packed, dst, cmin, cmax, k):
         packed_lhs = self.spec.packs_f32_lhs
         if packed_lhs and isinstance(lhs, np.ndarray) and lhs.dtype == np.uint8:
             dst = check_matrix("dst", dst, writeable=True)       # already packed: m from dst
@@ -189,48 +206,36 @@ class Kernel(_Routine):
             lbuf = self.lhs_layout().pack(lhs) if packed_lhs else lhs
         buf = check_bytes("rhs_packed", rbytes, self.rhs_packed_size(n, k))
         stride = 4 * k if packed_lhs else row_stride(lbuf)
-        self._invoke(m, n, k, lbuf.ctypes.data, stride, buf.ctypes.data,
-                     dst.ctypes.data, row_stride(dst), 4, cmin, cmax)
-        return dst
+        return self._run(lbuf, stride, buf, dst, cmin, cmax, k, None)
 
-    def _call_q4(self, lhs_packed, rhs_packed, dst, cmin, cmax, k, bl):
+    def _call_packed(self, lhs_packed, rhs_packed, dst, cmin, cmax, k, bl):
+        """A packed LHS: q4 (k and bl from the weights, or given), q8_0 and bf16 (no block
+        length: a bl= argument is ignored; any k >= 1)."""
         dst = check_matrix("dst", dst, writeable=True)
         m, n = dst.shape
         given_bl = bl
         rbytes, k, bl = self._weights(rhs_packed, n, k)
-        if isinstance(rhs_packed, PackedWeights):
-            if given_bl is not None and given_bl != bl:
-                raise ArgumentError(f"bl={given_bl} but the packed weights have bl={bl}")
+        if not self.abi.takes_bl:
+            if k is None:
+                raise ArgumentError("k is needed when rhs_packed is raw bytes")
+            k = positive_int("k", k)
+            rsize, lsize = self.rhs_packed_size(n, k), self.lhs_packed_size(m, k)
         else:
-            bl = given_bl
-        if k is None or bl is None:
-            raise ArgumentError("k and bl are needed when rhs_packed is raw bytes")
-        k, bl = positive_int("k", k), positive_int("bl", bl)
-        try:        # the layouts' rules on bl and k (bl a multiple of 32, k of bl)
-            rsize, lsize = self.rhs_packed_size(n, k, bl), self.lhs_packed_size(m, k, bl)
-        except LayoutError as e:
-            raise ArgumentError(f"k={k}, bl={bl}: {e}") from None
+            if isinstance(rhs_packed, PackedWeights):
+                if given_bl is not None and given_bl != bl:
+                    raise ArgumentError(f"bl={given_bl} but the packed weights have bl={bl}")
+            else:
+                bl = given_bl
+            if k is None or bl is None:
+                raise ArgumentError("k and bl are needed when rhs_packed is raw bytes")
+            k, bl = positive_int("k", k), positive_int("bl", bl)
+            try:        # the layouts' rules on bl and k (bl a multiple of 32, k of bl)
+                rsize, lsize = self.rhs_packed_size(n, k, bl), self.lhs_packed_size(m, k, bl)
+            except LayoutError as e:
+                raise ArgumentError(f"k={k}, bl={bl}: {e}") from None
         rbuf = check_bytes("rhs_packed", rbytes, rsize)
         lbuf = check_bytes("lhs_packed", lhs_packed, lsize)
-        self._invoke(m, n, k, bl, lbuf.ctypes.data, rbuf.ctypes.data, dst.ctypes.data,
-                     row_stride(dst), 4, cmin, cmax)
-        return dst
-
-
-    def _call_q8(self, lhs_packed, rhs_packed, dst, cmin, cmax, k):
-        """qai8dxp x qsi8cxp (and bf16p x bf16p: the same arguments): no block length (a bl=
-        argument is ignored), any k >= 1."""
-        dst = check_matrix("dst", dst, writeable=True)
-        m, n = dst.shape
-        rbytes, k, _ = self._weights(rhs_packed, n, k)
-        if k is None:
-            raise ArgumentError("k is needed when rhs_packed is raw bytes")
-        k = positive_int("k", k)
-        rbuf = check_bytes("rhs_packed", rbytes, self.rhs_packed_size(n, k))
-        lbuf = check_bytes("lhs_packed", lhs_packed, self.lhs_packed_size(m, k))
-        self._invoke(m, n, k, lbuf.ctypes.data, rbuf.ctypes.data, dst.ctypes.data,
-                     row_stride(dst), 4, cmin, cmax)
-        return dst
+        return self._run(lbuf, None, rbuf, dst, cmin, cmax, k, bl)
 
 
 class Packer(_Routine):
@@ -273,7 +278,7 @@ class Packer(_Routine):
                  out: np.ndarray | None = None, mr: int | None = None) -> np.ndarray:
         """Pack rows ``x`` (global row index of x[0] = m_idx_start); returns the touched region
         (``out`` if given: the bytes of the row block holding row m_idx_start onwards)."""
-        self._require_cpu()
+        self.require_cpu()
         x = check_matrix("x", x)
         m, k = x.shape
         start = positive_int("m_idx_start", m_idx_start, minimum=0)
@@ -298,8 +303,9 @@ class Packer(_Routine):
                 raise ArgumentError("out is read-only")
         stride = row_stride(x)
         src = x.ctypes.data
-        args = [m, k] + ([bl] if sp.fmt == "qsi8d32p" else []) + [mr, sp.kr, sp.sr, start]
-        if sp.fmt == "qsi8d32p":   # KleidiAI convention: lhs = row 0 of the whole matrix
+        if sp.abi.lhs_at_row0:     # KleidiAI convention (qsi8d32p): lhs = row 0 of the matrix
             src -= start * stride
-        self._invoke(*args, src, stride, out.ctypes.data)
+        self._invoke(*sp.abi.arguments({
+            "m": m, "k": k, "bl": bl, "mr": mr, "kr": sp.kr, "sr": sp.sr, "m_idx_start": start,
+            "lhs": src, "lhs_stride": stride, "lhs_packed": out.ctypes.data}))
         return out

@@ -4,6 +4,7 @@ from __future__ import annotations
 import math
 import numbers
 import operator
+import os
 
 import numpy as np
 
@@ -11,7 +12,7 @@ from .cpu import CpuInfo, detect
 from .errors import ArgumentError
 
 __all__ = ["check_matrix", "row_stride", "check_bytes", "positive_int", "thread_count",
-           "clamp_bounds", "clamp_pair", "require_features"]
+           "clamp_bounds", "clamp_pair", "require_features", "env_int"]
 
 
 def check_matrix(name: str, a, rows: int | None = None, cols: int | None = None,
@@ -126,3 +127,18 @@ def require_features(what: str, name: str, features: frozenset, cpu: CpuInfo | N
         raise ArgumentError(f"{what} {name} needs {', '.join(missing)}, which this CPU lacks "
                             f"(features: {', '.join(sorted(have)) or 'none'}; TILEGEN_ISA and "
                             f"TILEGEN_SME restrict them)")
+
+
+def env_int(name: str, lo: int, hi: int, what: str = "") -> int | None:
+    """Environment variable ``name`` as an integer from lo to hi (None: unset or blank);
+    anything else is ArgumentError (``what``: what the number is, for the message)."""
+    env = os.environ.get(name)
+    if env is None or env.strip() == "":
+        return None
+    try:
+        v = int(env.strip(), 10)
+    except ValueError:
+        v = None
+    if v is None or not lo <= v <= hi:
+        raise ArgumentError(f"{name} must be an integer from {lo} to {hi}{what}, got {env!r}")
+    return v

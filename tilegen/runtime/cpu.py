@@ -13,6 +13,8 @@ import sys
 from dataclasses import dataclass
 from functools import lru_cache
 
+from ..records import ISAS
+
 __all__ = ["CpuInfo", "detect", "implied", "KNOWN_FEATURES"]
 
 KNOWN_FEATURES = ("neon", "dotprod", "i8mm", "bf16", "sve", "sve2", "sme", "sme2")
@@ -87,7 +89,6 @@ def implied(features) -> set[str]:
     """``features`` plus the features they imply: each implies neon (the base of every Arm64
     CPU tilegen runs on), and a feature that names an ISA implies the features of its
     ``spec.ISAS`` record (sve2: sve; sme2: sme), repeatedly."""
-    from ..records import ISAS
     out, todo = set(), list(features)
     while todo:
         f = todo.pop()

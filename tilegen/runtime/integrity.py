@@ -9,16 +9,17 @@ from __future__ import annotations
 
 import struct
 
+from ..generator.manifest import KERNEL_FREE_FIELDS, kernel_entry, packer_entry, parse_packer_spec
+from ..generator.render import symbol_for
+from ..generator.validate import parse_spec
+from ..records import SpecError
+from .errors import LoadError
+
 __all__ = ["check_image", "check_entries"]
 
 _EM_AARCH64, _ET_DYN, _SHT_NOBITS, _PT_LOAD = 183, 3, 8, 1
 _MH_MAGIC_64, _CPU_TYPE_ARM64, _MH_DYLIB = 0xFEEDFACF, 0x0100000C, 6
 _LC_SEGMENT_64, _LC_SYMTAB = 0x19, 0x2
-
-
-def _error(msg: str):
-    from .errors import LoadError
-    return LoadError(msg)
 
 
 def check_image(blob: bytes, fmt: str, name: str) -> None:
@@ -29,40 +30,40 @@ def check_image(blob: bytes, fmt: str, name: str) -> None:
     elif fmt == "macho":
         _check_macho(blob, name)
     else:
-        raise _error(f"{name}: unknown library format {fmt!r} in the manifest (elf or macho)")
+        raise LoadError(f"{name}: unknown library format {fmt!r} in the manifest (elf or macho)")
 
 
 def _within(blob: bytes, name: str, what: str, off: int, size: int) -> None:
     if off + size > len(blob):
-        raise _error(f"{name} is truncated or corrupt: {what} ends at byte {off + size}, the "
+        raise LoadError(f"{name} is truncated or corrupt: {what} ends at byte {off + size}, the "
                      f"file has {len(blob)} bytes (rebuild it)")
 
 
 def _check_elf(blob: bytes, name: str) -> None:
     if blob[:4] != b"\x7fELF":
-        raise _error(f"{name} is not an ELF file (manifest format elf)")
+        raise LoadError(f"{name} is not an ELF file (manifest format elf)")
     _within(blob, name, "the ELF header", 0, 64)
     if blob[4] != 2 or blob[5] != 1:
-        raise _error(f"{name} is not a 64-bit little-endian ELF file")
+        raise LoadError(f"{name} is not a 64-bit little-endian ELF file")
     e_type, e_machine = struct.unpack_from("<HH", blob, 16)
     if e_machine != _EM_AARCH64 or e_type != _ET_DYN:
-        raise _error(f"{name} is not an aarch64 shared object (e_type {e_type}, "
+        raise LoadError(f"{name} is not an aarch64 shared object (e_type {e_type}, "
                      f"e_machine {e_machine})")
     e_phoff, e_shoff = struct.unpack_from("<QQ", blob, 32)
     _, e_phentsize, e_phnum, e_shentsize, e_shnum, _ = struct.unpack_from("<6H", blob, 52)
     if e_phnum == 0 or e_phentsize != 56:
-        raise _error(f"{name} is corrupt: {e_phnum} program headers of {e_phentsize} bytes")
+        raise LoadError(f"{name} is corrupt: {e_phnum} program headers of {e_phentsize} bytes")
     _within(blob, name, "the program header table", e_phoff, e_phnum * 56)
     for i in range(e_phnum):
         p_type, _, p_offset, _, _, p_filesz, p_memsz, _ = struct.unpack_from(
             "<IIQQQQQQ", blob, e_phoff + 56 * i)
         _within(blob, name, f"segment {i}", p_offset, p_filesz)
         if p_type == _PT_LOAD and p_filesz > p_memsz:
-            raise _error(f"{name} is corrupt: loadable segment {i} has more file bytes "
+            raise LoadError(f"{name} is corrupt: loadable segment {i} has more file bytes "
                          f"({p_filesz}) than memory bytes ({p_memsz})")
     if e_shnum:
         if e_shentsize != 64:
-            raise _error(f"{name} is corrupt: section headers of {e_shentsize} bytes")
+            raise LoadError(f"{name} is corrupt: section headers of {e_shentsize} bytes")
         _within(blob, name, "the section header table", e_shoff, e_shnum * 64)
         for i in range(e_shnum):
             base = e_shoff + 64 * i
@@ -74,19 +75,19 @@ def _check_elf(blob: bytes, name: str) -> None:
 
 def _check_macho(blob: bytes, name: str) -> None:
     if len(blob) < 4 or struct.unpack_from("<I", blob, 0)[0] != _MH_MAGIC_64:
-        raise _error(f"{name} is not a 64-bit Mach-O file (manifest format macho)")
+        raise LoadError(f"{name} is not a 64-bit Mach-O file (manifest format macho)")
     _within(blob, name, "the Mach-O header", 0, 32)
     _, cputype, _, filetype, ncmds, sizeofcmds, _, _ = struct.unpack_from("<8I", blob, 0)
     if cputype != _CPU_TYPE_ARM64 or filetype != _MH_DYLIB:
-        raise _error(f"{name} is not an arm64 dylib (cputype {cputype:#x}, filetype {filetype})")
+        raise LoadError(f"{name} is not an arm64 dylib (cputype {cputype:#x}, filetype {filetype})")
     _within(blob, name, "the load commands", 32, sizeofcmds)
     off, end = 32, 32 + sizeofcmds
     for i in range(ncmds):
         if off + 8 > end:
-            raise _error(f"{name} is corrupt: load command {i} lies outside the load commands")
+            raise LoadError(f"{name} is corrupt: load command {i} lies outside the load commands")
         cmd, cmdsize = struct.unpack_from("<II", blob, off)
         if cmdsize < 8 or off + cmdsize > end:
-            raise _error(f"{name} is corrupt: load command {i} has size {cmdsize}")
+            raise LoadError(f"{name} is corrupt: load command {i} has size {cmdsize}")
         if cmd == _LC_SEGMENT_64 and cmdsize >= 72:
             fileoff, filesize = struct.unpack_from("<QQ", blob, off + 40)
             seg = blob[off + 8:off + 24].rstrip(b"\0").decode("ascii", "replace")
@@ -113,22 +114,17 @@ def _diff(have, want, prefix: str = "") -> tuple[str, object, object] | None:
 
 def check_entries(kernels: list, packers: list, fmt: str, name: str) -> None:
     """LoadError unless every entry equals what its spec string derives (for ``fmt``)."""
-    from ..generator.manifest import (KERNEL_FREE_FIELDS, kernel_entry, packer_entry,
-                                      parse_packer_spec)
-    from ..generator.render import symbol_for
-    from ..generator.validate import parse_spec
-    from ..records import SpecError
     if not isinstance(kernels, list) or not isinstance(packers, list):
-        raise _error(f"{name}: the manifest's kernels and packers must be lists")
+        raise LoadError(f"{name}: the manifest's kernels and packers must be lists")
     for what, entries in (("kernel", kernels), ("packer", packers)):
         for e in entries:
             label = e.get("name", "?") if isinstance(e, dict) else repr(e)
             if not isinstance(e, dict) or not isinstance(e.get("spec"), str):
-                raise _error(f"{name}: manifest {what} entry {label} has no spec string")
+                raise LoadError(f"{name}: manifest {what} entry {label} has no spec string")
             try:
                 spec = parse_spec(e["spec"]) if what == "kernel" else parse_packer_spec(e["spec"])
             except SpecError as err:
-                raise _error(f"{name}: manifest {what} {label} has a bad spec: {err}") from None
+                raise LoadError(f"{name}: manifest {what} {label} has a bad spec: {err}") from None
             sym = symbol_for(spec.name, fmt)
             want = kernel_entry(spec, sym) if what == "kernel" else packer_entry(spec, sym)
             have = e
@@ -137,6 +133,6 @@ def check_entries(kernels: list, packers: list, fmt: str, name: str) -> None:
             d = _diff(have, want)
             if d:
                 field, got, exp = d
-                raise _error(f"{name}: manifest {what} {label} has {field}={got!r}, but its spec "
+                raise LoadError(f"{name}: manifest {what} {label} has {field}={got!r}, but its spec "
                              f"{e['spec']!r} gives {exp!r} (the manifest was edited; rebuild "
                              f"the library or use its manifest)")

@@ -1,9 +1,12 @@
-"""A loaded tilegen library: manifest and image checks, kernel bindings, selection, packing.
+"""A loaded tilegen library: manifest and image checks, loading, the kernel bindings; the
+methods of the public API, forwarded to the modules that own them.
 
-The pieces live in their own modules: :mod:`.packed` (PackedWeights and its file format),
-:mod:`.binding` (Kernel, Packer), :mod:`.abi` (the ABI probe harness), :mod:`.ops` (matmul,
-workspace), :mod:`.plan` (prepared matmuls on the native driver), :mod:`.checks` (argument
-rules), :mod:`.errors`."""
+The pieces live in their own modules: :mod:`.integrity` (image and manifest-entry checks),
+:mod:`.binding` (Kernel, Packer), :mod:`.table` (KernelTable: selection, routes, adopt),
+:mod:`.packing` (weights and activations), :mod:`.packed` (PackedWeights and its file format),
+:mod:`.abi` (the ABI probe harness), :mod:`.ops` (matmul, workspace), :mod:`.request` (the
+checked arguments of matmul and plan), :mod:`.plan` (prepared matmuls on the native driver,
+:mod:`.driver`), :mod:`.checks` (argument rules), :mod:`.errors`."""
 from __future__ import annotations
 
 import ctypes
@@ -12,27 +15,28 @@ import json
 import os
 import sys
 import weakref
+from functools import cached_property
 from pathlib import Path
 
 import numpy as np
 
-from ..layout import LayoutError
-from ..layout.base import same_rhs
+from ..generator.manifest import DIGEST_SYMBOL, MANIFEST_NAME, table_digest
 from .abi import check_abi
 from .binding import Kernel, Packer, kernel_spec
 from .cpu import CpuInfo, detect
+from .driver import Driver
 from .errors import ArgumentError, LoadError
 from .integrity import check_entries, check_image
 from .ops import matmul, workspace_size
-from .packed import OPS, PackedLayouts, PackedWeights, dequantize_packed_rows
-from .select import KIND_FAMILIES, KIND_FAMILY, KernelPair, kind_table
+from .packed import PackedLayouts, PackedWeights, dequantize_packed_rows
+from .packing import find_packer, lhs_packer, pack_lhs, pack_weights
+from .plan import Plan
+from .select import KernelPair
+from .table import KernelTable
 from .threads import Workers
 
 __all__ = ["ArgumentError", "LoadError", "PackedWeights", "PackedLayouts", "Kernel", "Packer", "Library", "load",
            "dequantize_packed_rows", "MANIFEST_NAME"]
-
-MANIFEST_NAME = "manifest.json"
-
 
 # manifest fields: (JSON type, Python types, required); the entries of kernels/packers are
 # checked against their spec strings (integrity.check_entries)
@@ -119,8 +123,6 @@ class Library:
             raise LoadError(f"cannot load {self.path}: {e}") from None
         self._check_digest(entries, packers, fmt)
         self.kernels: dict[str, Kernel] = {}
-        self._tables: dict[str, list[KernelPair]] = {}
-        self.gemv_threshold = 1
         self.vl_bytes = self._read_vls()
         for e in entries:
             try:
@@ -130,10 +132,14 @@ class Library:
             kind = kernel_spec(e["spec"]).vl_kind
             self.kernels[e["name"]] = Kernel(e, fn, self.vl_bytes.get(kind) if kind else None,
                                              cpu=self.cpu)
-        self._abi = getattr(self._dll, self.manifest.get("abi_probe") or "tilegen_abi_call", None)
-        if self._abi is not None:
-            self._abi.restype = ctypes.c_uint64
-            self._abi.argtypes = [ctypes.c_void_p, ctypes.c_void_p]
+        # the kernels on this CPU, ordered per weight kind: selection, routes, adopt
+        self.kernel_table = KernelTable(self.kernels, self.cpu, self.path.name)
+        # the ABI probe trampoline (tilegen.runtime.abi), None in libraries built before it
+        self.abi_probe = getattr(self._dll, self.manifest.get("abi_probe") or "tilegen_abi_call",
+                                 None)
+        if self.abi_probe is not None:
+            self.abi_probe.restype = ctypes.c_uint64
+            self.abi_probe.argtypes = [ctypes.c_void_p, ctypes.c_void_p]
         self.packers: dict[str, Packer] = {}
         for e in packers:
             try:
@@ -145,7 +151,6 @@ class Library:
     def _check_digest(self, entries: list, packers: list, fmt: str) -> None:
         """LoadError unless the manifest's kernel table is the one the library was built with
         (the library carries its digest, see :mod:`tilegen.generator.manifest`)."""
-        from ..generator.manifest import DIGEST_SYMBOL, table_digest
         try:
             carried = (ctypes.c_char * 64).in_dll(self._dll, DIGEST_SYMBOL).raw.decode("ascii")
         except (ValueError, UnicodeDecodeError):
@@ -172,7 +177,7 @@ class Library:
         self.closed = True
         for p in list(self._plans):
             p.close()
-        drv = self.__dict__.get("_plan_driver")
+        drv = self.__dict__.get("driver")     # loaded (cached_property) or set
         if drv:
             drv.close()
         self.workers.close()
@@ -182,6 +187,13 @@ class Library:
 
     def __exit__(self, *exc) -> None:
         self.close()
+
+    @cached_property
+    def driver(self) -> Driver | None:
+        """The library's plan driver (:mod:`tilegen.runtime.driver`), loaded when first used;
+        None for a library built before it (or with another driver ABI): plans then run
+        through :mod:`tilegen.runtime.ops`."""
+        return Driver.load(self._dll)
 
     def ensure_open(self) -> None:
         if self.closed:
@@ -224,168 +236,48 @@ class Library:
         the callee-saved state it failed to preserve (see :mod:`tilegen.runtime.abi`)."""
         return check_abi(self)
 
-    # -- kernels --------------------------------------------------------------------
+    # -- kernels and selection (tilegen.runtime.table) -------------------------------------
     def runnable(self, kernel: Kernel) -> bool:
-        return kernel.features <= self.cpu.features and (
-            not kernel.spec.vl_scaled or kernel.vl_bytes is not None)
+        return self.kernel_table.runnable(kernel)
 
     def kernel(self, name: str) -> Kernel:
-        try:
-            k = self.kernels[name]
-        except KeyError:
-            raise KeyError(f"no kernel {name!r} in {self.path.name}; it has: "
-                           f"{', '.join(sorted(self.kernels))}") from None
-        if not self.runnable(k):
-            missing = sorted(k.features - self.cpu.features)
-            raise ArgumentError(f"kernel {name} needs {', '.join(missing)}, which this CPU lacks")
-        return k
+        return self.kernel_table.kernel(name)
 
-    # -- selection ------------------------------------------------------------------
+    @property
+    def gemv_threshold(self) -> int:
+        """Matmuls of at most this many rows run a pair's gemv kernel (default 1)."""
+        return self.kernel_table.gemv_threshold
+
+    @gemv_threshold.setter
+    def gemv_threshold(self, rows: int) -> None:
+        self.kernel_table.gemv_threshold = rows
+
     def table(self, kind: str) -> list[KernelPair]:
-        """The ordered kernel table for weight ``kind`` (replace with ``set_table``)."""
-        if kind not in KIND_FAMILY:
-            raise ArgumentError(f"unknown weights kind {kind!r}; known: {', '.join(KIND_FAMILY)}")
-        if kind not in self._tables:
-            self._tables[kind] = kind_table(self.kernels.values(), kind)
-        return self._tables[kind]
+        """The ordered kernel table for weight ``kind`` (:meth:`KernelTable.table`)."""
+        return self.kernel_table.table(kind)
 
     def set_table(self, kind: str, pairs: list[KernelPair]) -> None:
-        """Replace the ordered kernel table of weight ``kind``: pairs of this library's kernels
-        (e.g. entries of :meth:`table`, or ``KernelPair(lib.kernels[gemm], lib.kernels[gemv])``
-        with ``KernelPair`` from ``tilegen.runtime.select``).  The first entry the CPU runs is
-        what pack_weights, adopt and workspace_size use; select (so matmul) uses the first
-        runnable entry that reads the weights' layout.  f32 and f16 have separate tables (f16:
-        bf16 and f32 kernels)."""
-        self.table(kind)
-        pairs = list(pairs)
-        if not pairs:
-            raise ArgumentError(f"the {kind} kernel table must not be empty")
-        fams = KIND_FAMILIES[kind]
-        mine = set(map(id, self.kernels.values()))
-        for p in pairs:
-            if not isinstance(p, KernelPair):
-                raise ArgumentError(f"table entries must be KernelPair, got {type(p).__name__}")
-            for kern in (p.gemm, p.gemv):
-                if kern is None:
-                    continue
-                if id(kern) not in mine:
-                    raise ArgumentError(f"{kern!r} is not a kernel of {self.path.name}")
-                if kern.family not in fams:
-                    raise ArgumentError(f"{kern.name} is not a {' or '.join(fams)} kernel "
-                                        f"({kind} weights need the {' or '.join(fams)} family)")
-            if p.gemv is not None and not same_rhs(p.gemm.spec, p.gemv.spec):
-                raise ArgumentError(f"gemv {p.gemv.name} does not read the packed weights of "
-                                    f"gemm {p.gemm.name}")
-        self._tables[kind] = pairs
-
-    def _pairs(self, kind: str, nr: int | None = None) -> list[KernelPair]:
-        """Runnable table entries for ``kind`` (with ``nr``: those whose gemm has that nr)."""
-        pairs = [p for p in self.table(kind) if p.features <= self.cpu.features
-                 and all(self.runnable(k) for k in (p.gemm, p.gemv) if k is not None)]
-        if not pairs:
-            raise ArgumentError(f"no kernel for {kind} weights in {self.path.name} runs on this "
-                                f"CPU (features: {', '.join(sorted(self.cpu.features))})")
-        if nr is not None:
-            some = [p for p in pairs if p.gemm.nr == nr]
-            if not some:
-                raise ArgumentError(f"no {kind} kernel with nr={nr}; available nr: "
-                                    f"{sorted({p.gemm.nr for p in pairs})}")
-            pairs = some
-        return pairs
+        """Replace the ordered kernel table of weight ``kind`` with ``pairs`` of this library's
+        kernels (:meth:`KernelTable.set_table`)."""
+        self.kernel_table.set_table(kind, pairs)
 
     def best_kernels(self, kind: str) -> dict[str, Kernel]:
-        """op ("gemm", "gemv") -> the best kernel of any layout for ``kind`` on this CPU: the
-        runnable kernels the build marked best (manifest ``"best"``, from the tuned preset's
-        best_gemm / best_gemv) of the family the default pair is of; where there is none, the
-        default pair's kernel (its gemm for gemv when the pair has no gemv)."""
-        top = self._pairs(kind)[0]
-        fam = top.gemm.family
-        out = {"gemm": top.gemm, "gemv": top.gemv or top.gemm}
-        found: set[str] = set()
-        for kern in sorted(self.kernels.values(), key=lambda k: k.name):
-            op = kern.entry.get("best")
-            if op in OPS and op not in found and kern.family == fam and self.runnable(kern) \
-                    and (op == "gemv") == kern.spec.is_gemv:
-                out[op] = kern
-                found.add(op)
-        return out
-
-    def _kernel_for(self, pw: PackedWeights, op: str) -> Kernel:
-        """The kernel ``op`` uses on packing ``pw``: the best one if it reads pw's layout, else
-        the first runnable table entry's that does."""
-        cands = [self.best_kernels(pw.kind)[op]]
-        for p in self._pairs(pw.kind):
-            cands += [p.gemv, p.gemm] if op == "gemv" else [p.gemm]
-        for kern in cands:
-            if kern is not None and self.runnable(kern) and kern.rhs_matches(pw):
-                return kern
-        raise ArgumentError(f"no runnable {op} kernel reads {pw.layout.name} nr={pw.nr} "
-                            f"kr={pw.kr} sr={pw.sr}; pack the weights again with this library "
-                            f"(lib.pack_weights(..., for_ops=...))")
+        """op ("gemm", "gemv") -> the best kernel of any layout for ``kind`` on this CPU
+        (:meth:`KernelTable.best_kernels`)."""
+        return self.kernel_table.best_kernels(kind)
 
     def route(self, packed, m: int) -> tuple[PackedWeights, Kernel]:
-        """(packing, kernel) for an (m x k) @ packed matmul.  PackedLayouts: its gemv packing
-        with the gemv kernel for m <= gemv_threshold, else its gemm packing with the gemm
-        kernel; PackedWeights: ``(packed, select(packed, m))``."""
-        if isinstance(packed, PackedLayouts):
-            op = "gemv" if m <= self.gemv_threshold else "gemm"
-            pw = packed.for_op(op)
-            return pw, self._kernel_for(pw, op)
-        return packed, self.select(packed, m)
+        """(packing, kernel) for an (m x k) @ packed matmul (:meth:`KernelTable.route`)."""
+        return self.kernel_table.route(packed, m)
 
     def select(self, packed: PackedWeights, m: int) -> Kernel:
-        """Kernel for an (m x k) @ packed matmul: first runnable table entry that reads the
-        packed layout; its gemv kernel when m <= gemv_threshold.  (PackedLayouts: see
-        :meth:`route`.)"""
-        if isinstance(packed, PackedLayouts):
-            return self.route(packed, m)[1]
-        for p in self._pairs(packed.kind):
-            if p.gemm.rhs_matches(packed):
-                return p.pick(m, self.gemv_threshold)
-        raise ArgumentError(f"no runnable kernel reads {packed.layout.name} nr={packed.nr} "
-                            f"kr={packed.kr} sr={packed.sr}; lib.adopt(weights) repacks them "
-                            f"for this library")
+        """Kernel for an (m x k) @ packed matmul (:meth:`KernelTable.select`)."""
+        return self.kernel_table.select(packed, m)
 
     def adopt(self, packed: PackedWeights, nr: int | None = None) -> PackedWeights:
-        """``packed`` in a layout a kernel of this library reads on this CPU.
-
-        Returned as it is when a runnable table entry reads it (with ``nr``: one of that nr).
-        Otherwise repacked, without loss, from any layout of its format (f32p: other nr;
-        qsi4c32p / qsi4c32pscalef16: other nr, kr, sr; bf16 layouts: any bf16 layout or f32p)
-        into the layout of the first runnable entry that holds its values (with ``nr``: of that
-        nr): new PackedWeights, the bytes ``pack_weights`` gives for the values they hold.
-        "f16" and "bf16" weights in a bf16 layout become f32p weights (kind "f16") where the
-        CPU runs no bf16 kernel: bf16 values widen to f32 exactly.  The repack costs about one
-        pack_weights call.
-
-        PackedLayouts are returned as they are when a runnable kernel reads each packing
-        (ArgumentError otherwise: pack them again with this library)."""
-        if isinstance(packed, PackedLayouts):
-            for op in OPS:
-                self._kernel_for(packed.for_op(op), op)
-            return packed
-        if not isinstance(packed, PackedWeights):
-            raise ArgumentError(f"weights must be PackedWeights, got {type(packed).__name__}")
-        kind = packed.kind
-        if kind == "bf16":
-            try:
-                self._pairs(kind)
-            except ArgumentError:   # no bf16 kernel runs here: f16's table (its f32 kernels)
-                kind = "f16"
-        pairs = self._pairs(kind, nr)
-        if any(p.gemm.rhs_matches(packed) for p in pairs):
-            return packed
-        from ..layout.api import can_repack, repack_rhs
-        bl = packed.bl or 32
-        kern = next((p.gemm for p in pairs if can_repack(packed.layout, p.gemm.rhs_layout(bl))),
-                    pairs[0].gemm)
-        try:
-            dst = kern.rhs_layout(bl)
-            data = repack_rhs(packed.data, packed.layout, dst, packed.n, packed.k)
-        except LayoutError as e:
-            raise ArgumentError(f"{packed.kind} weights in {packed.format} nr={packed.nr} "
-                                f"kr={packed.kr} sr={packed.sr}: {e} (kernel {kern.name})") from None
-        return PackedWeights(dst, packed.n, packed.k, data, packed.has_bias, kind)
+        """``packed`` in a layout a kernel of this library reads on this CPU: as it is, or
+        repacked without loss (:meth:`KernelTable.adopt`)."""
+        return self.kernel_table.adopt(packed, nr)
 
     # -- packing ----------------------------------------------------------------------
     def pack_weights(self, w=None, kind: str = "f32", bias: np.ndarray | None = None,
@@ -414,111 +306,27 @@ class Library:
         packings, twice the memory, when their layouts differ; matmul then runs the gemm on
         its packing for m > 1 and the gemv on its own for m = 1.  Without it: one packing for
         the default pair, which shares one layout."""
-        if for_ops is not None:
-            ops = _check_ops(for_ops)
-            if nr is not None:
-                raise ArgumentError("nr= and for_ops= do not combine (for_ops packs for the "
-                                    "best kernels of each op)")
-            best = self.best_kernels(kind)
-            by_layout: dict = {}
-            by_op = {}
-            for op in ops:
-                kern = best[op]
-                lay = kern.rhs_layout()
-                if lay not in by_layout:
-                    by_layout[lay] = self._pack_for(kern, w, kind, bias, layout, from_ggml, n, k)
-                by_op[op] = by_layout[lay]
-            return PackedLayouts(by_op)
-        return self._pack_for(self._pairs(kind, nr)[0].gemm, w, kind, bias, layout, from_ggml,
-                              n, k)
-
-    def _pack_for(self, kern: Kernel, w, kind: str, bias, layout: str, from_ggml, n, k
-                  ) -> PackedWeights:
-        """The weights packed in the layout ``kern`` reads."""
-        _check_source(kind, w, layout, from_ggml, n, k)
-        if from_ggml is None and kind not in _FLOAT_KINDS:
-            w = np.asarray(w)           # the quantisers take (n, k)
-            if w.ndim != 2:
-                raise ArgumentError(f"weights must be 2-D ({layout[0]}, {layout[1]}), got shape "
-                                    f"{w.shape}")
-            if layout == "kn":
-                w = np.ascontiguousarray(w.T)
-        try:
-            if kind == "q8_0":      # per-channel int8 (tilegen.runtime.q8)
-                from .q8 import pack_q8_0
-                return pack_q8_0(kern, w, bias, from_ggml, n, k)
-            if kind in ("f32", "f16", "bf16"):
-                w = np.asarray(w)
-                if kind == "f16":
-                    if w.dtype != np.float16:
-                        raise ArgumentError(f"f16 weights must be float16, got {w.dtype}")
-                    w = w.astype(np.float32)
-                elif kind == "bf16":     # rounded to bf16 (nearest even) by the layout
-                    if w.dtype not in (np.float32, np.float16):
-                        raise ArgumentError(f"bf16 weights must be float32 or float16, got "
-                                            f"{w.dtype}")
-                    w = w.astype(np.float32)
-                lay = kern.rhs_layout()
-                data = lay.pack(w, bias=bias, layout=layout)
-                n_, k_ = (w.shape if layout == "nk" else w.shape[::-1])
-                return PackedWeights(lay, n_, k_, data, bias is not None, kind)
-            lay = kern.rhs_layout(32)
-            if from_ggml is not None:
-                data = lay.pack_from_ggml(from_ggml, n, k, bias=bias)
-            else:
-                n, k = w.shape
-                data = lay.pack_from_float(w, bias=bias)
-        except LayoutError as e:
-            raise ArgumentError(str(e)) from None
-        return PackedWeights(lay, int(n), int(k), data, bias is not None, kind)
+        return pack_weights(self.kernel_table, w, kind, bias, layout, nr, from_ggml, n, k,
+                            for_ops)
 
     def packer(self, fmt: str, mr: int, kr: int, sr: int, rounding: str = "away") -> Packer | None:
         """The library's NEON packer for this LHS format and geometry (same L = kr/sr; None
         when there is none, or the geometry is not one of the format's): one of that mr, else
         a VL-scaled packer accepting ``mr`` rows at run time (bound to it, :meth:`Packer.at`;
         the one with the most rows per VL unit, an SME kernel's mr is units x SVL/32)."""
-        from ..layout.api import layout_for
-        try:
-            layout_for(fmt, mr=mr, kr=kr, sr=sr)     # the format's rules on the geometry
-        except LayoutError:
-            return None
-        L = kr // sr
-        scaled = []
-        for p in self.packers.values():
-            sp = p.spec
-            if (sp.fmt, sp.L, sp.rounding) != (fmt, L, rounding):
-                continue
-            if not sp.mr_vl and sp.mr == mr:
-                return p
-            if sp.mr_vl and sp.accepts_mr(mr):
-                scaled.append(p)
-        if not scaled:
-            return None
-        return max(scaled, key=lambda p: (p.spec.mr, p.name)).at(mr)
+        return find_packer(self.packers, fmt, mr, kr, sr, rounding)
 
     def lhs_packer(self, kern: Kernel, bl: int = 32) -> Packer | None:
         """The generated packer that writes the packed LHS ``kern`` reads on this CPU (bound
         to its row count; None: the kernel reads f32 rows, or the library lacks the packer)."""
-        from ..generator.packers import packer_for
-        want = packer_for(kern.spec)
-        if want is None:
-            return None
-        mr = kern.lhs_layout(bl).mr
-        p = self.packers.get(want.name)
-        if p is not None and p.spec.accepts_mr(mr):
-            return p.at(mr)
-        return self.packer(want.fmt, mr, want.kr, want.sr, want.rounding)
+        return lhs_packer(self.packers, kern, bl)
 
     def pack_lhs(self, fmt: str, x: np.ndarray, *, mr: int, kr: int, sr: int, bl: int = 32,
                  m_idx_start: int = 0, rounding: str = "away") -> np.ndarray:
         """Quantise and pack activation rows with the library's generated NEON packer (same
         arguments and bytes as ``tilegen.pack_lhs``)."""
-        p = self.packer(fmt, mr, kr, sr, rounding)
-        if p is None:
-            raise ArgumentError(f"no {fmt} packer with mr={mr}, kr/sr={kr // max(sr, 1)} "
-                                f"({rounding}) in {self.path.name}; it has: "
-                                f"{', '.join(sorted(self.packers)) or 'none'}")
-        return p(x, bl=bl, m_idx_start=m_idx_start)
+        return pack_lhs(self.packers, self.path.name, fmt, x, mr=mr, kr=kr, sr=sr, bl=bl,
+                        m_idx_start=m_idx_start, rounding=rounding)
 
     # -- ops (tilegen.runtime.ops) -----------------------------------------------------
     def workspace_size(self, op: str, m: int, n: int, k: int) -> int:
@@ -544,7 +352,6 @@ class Library:
         ``plan(x)`` or ``plan(x, out)``, bit-identical to :meth:`matmul`.  Checks, ``adopt``,
         kernel selection, the thread split and the workspace are done here, once; a call of
         the planned shape is one native call (see :mod:`tilegen.runtime.plan`)."""
-        from .plan import Plan
         plan = Plan(self, weights, m, bias, clamp, threads)
         self._plans.add(plan)
         return plan
@@ -552,53 +359,6 @@ class Library:
     def get_rows(self, packed: PackedWeights, rows) -> np.ndarray:
         """Dequantise rows of packed weights (get_rows: an embedding lookup)."""
         return dequantize_packed_rows(packed, rows)
-
-
-_FLOAT_KINDS = ("f32", "f16", "bf16")
-_GGML_KINDS = ("q4_0", "q4_0_dx", "q8_0")      # kinds with a ggml block form (from_ggml=)
-_LAYOUTS = ("nk", "kn")
-
-
-def _check_source(kind: str, w, layout, from_ggml, n, k) -> None:
-    """ArgumentError unless pack_weights got one weight source that fits ``kind``: ``w`` in
-    ``layout`` "nk" or "kn", or (q4_0, q4_0_dx, q8_0) ggml blocks ``from_ggml`` with n and k,
-    always n rows of k/32 blocks (ggml's (n, k) order: layout "nk")."""
-    if not isinstance(layout, str) or layout not in _LAYOUTS:
-        raise ArgumentError(f"layout must be 'nk' ((n, k) weights) or 'kn' ((k, n) weights), "
-                            f"got {layout!r}")
-    if from_ggml is None:
-        if w is None:
-            raise ArgumentError("no weights: pass w (or ggml blocks via from_ggml= with n and "
-                                f"k, for kinds {', '.join(_GGML_KINDS)})")
-        return
-    if kind not in _GGML_KINDS:
-        raise ArgumentError(f"from_ggml= takes ggml Q4_0/Q8_0 blocks, for kinds "
-                            f"{', '.join(_GGML_KINDS)}; kind {kind!r} has no ggml block form: "
-                            f"pass its weights as w")
-    if w is not None:
-        raise ArgumentError("pass either w or from_ggml=, not both")
-    if layout != "nk":
-        raise ArgumentError("from_ggml= blocks are always n rows of k/32 blocks (ggml's (n, k) "
-                            "order): layout must be 'nk' with from_ggml=, got 'kn'")
-    if n is None or k is None:
-        raise ArgumentError("from_ggml= needs n and k")
-
-
-def _check_ops(for_ops) -> tuple[str, ...]:
-    """``for_ops`` as a tuple: both of "gemm" and "gemv", each once, in any order."""
-    if isinstance(for_ops, str) or not isinstance(for_ops, (tuple, list)):
-        raise ArgumentError(f"for_ops must be a tuple of op names, e.g. ('gemm', 'gemv'), "
-                            f"got {for_ops!r}")
-    ops = tuple(for_ops)
-    bad = [o for o in ops if o not in OPS]
-    if bad:
-        raise ArgumentError(f"unknown op {bad[0]!r} in for_ops; known: {', '.join(OPS)}")
-    if len(set(ops)) != len(ops):
-        raise ArgumentError(f"for_ops names an op twice: {ops!r}")
-    if set(ops) != set(OPS):
-        raise ArgumentError(f"for_ops must name both ops, ('gemm', 'gemv'), got {ops!r} (without "
-                            f"for_ops the weights are packed once for the default pair)")
-    return tuple(OPS)
 
 
 def load(directory: str | os.PathLike, cpu: CpuInfo | None = None) -> Library:

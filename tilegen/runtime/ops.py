@@ -1,87 +1,53 @@
 """The ops over a loaded library: matmul (LHS packed per thread over m, the matmul split over
-n in multiples of n_step) and the workspace it needs."""
-from __future__ import annotations
+n in multiples of n_step) and the workspace it needs.
 
-import math
+``matmul`` checks its arguments as a plan does (:class:`tilegen.runtime.request.Request`) and
+runs :func:`run` once; a plan without the native driver runs :func:`run` too."""
+from __future__ import annotations
 
 import numpy as np
 
-from .checks import clamp_pair, positive_int, thread_count
-from .errors import ArgumentError
-from .packed import PackedLayouts, PackedWeights
-from .threads import default_threads, run_parallel, split
+from .checks import positive_int
+from .request import Request, check_activations
+from .threads import run_parallel, split
 
-__all__ = ["matmul", "workspace_size"]
-
-INF = math.inf
+__all__ = ["matmul", "run", "workspace_size"]
 
 
 def workspace_size(lib, op: str, m: int, n: int, k: int) -> int:
     """Bytes of packed activations a matmul on ``op`` weights of shape (n, k) needs for m rows
     with the library's preferred kernel (0 when the kernel reads f32 rows as they are)."""
     m, n, k = (positive_int(nm, v) for nm, v in (("m", m), ("n", n), ("k", k)))
-    kern = lib._pairs(op)[0].pick(m, lib.gemv_threshold)
-    if kern.family == "f32" and not kern.spec.packs_f32_lhs:
+    table = lib.kernel_table
+    kern = table.pairs(op)[0].pick(m, table.gemv_threshold)
+    if kern.abi.lhs_rows and not kern.spec.packs_f32_lhs:
         return 0
     return kern.lhs_packed_size(m, k, 32)
 
 
-def matmul(lib, x: np.ndarray, packed: PackedWeights, bias: np.ndarray | None = None,
+def matmul(lib, x: np.ndarray, packed, bias: np.ndarray | None = None,
            clamp: tuple[float, float] | None = None, threads: int | None = None,
            out: np.ndarray | None = None) -> np.ndarray:
     """See :meth:`tilegen.runtime.library.Library.matmul`."""
     lib.ensure_open()
-    if not isinstance(packed, (PackedWeights, PackedLayouts)):
-        raise ArgumentError(f"weights must be PackedWeights or PackedLayouts (see lib.pack_weights), "
-                            f"got {type(packed).__name__}")
-    if bias is not None:
-        bias = np.asarray(bias)
-        if bias.dtype != np.float32 or bias.shape != (packed.n,):
-            raise ArgumentError(f"bias must be float32 of shape ({packed.n},), "
-                                f"got {bias.dtype} {bias.shape}")
-    if not isinstance(x, np.ndarray) or x.dtype != np.float32:
-        raise ArgumentError(f"x must be a float32 numpy array, got "
-                            f"{getattr(x, 'dtype', type(x).__name__)}")
-    if x.ndim < 2:
-        raise ArgumentError(f"x must have shape (m, k) or (..., m, k), got {x.shape}")
-    if x.shape[-1] != packed.k:
-        raise ArgumentError(f"x has k={x.shape[-1]}, packed weights have k={packed.k}")
-    nthreads = default_threads() if threads is None else thread_count(threads)
-    clamp = clamp_pair(clamp)
-    cmin, cmax = (-INF, INF) if clamp is None else clamp     # no clamp: Inf/NaN pass
-    lead = x.shape[:-1]
-    x2 = np.ascontiguousarray(x.reshape(-1, packed.k))
-    m = x2.shape[0]
-    if m == 0:
-        raise ArgumentError(f"x has no rows (shape {x.shape})")
-    shape = (*lead, packed.n)
+    req = Request(packed, bias, clamp, threads)
+    lead, m = req.rows(x)
+    given = out
+    out = req.output(out, lead, x)
     if out is None:
-        out = np.empty(shape, dtype=np.float32)
-    elif not isinstance(out, np.ndarray) or out.shape != shape or out.dtype != np.float32 \
-            or not out.flags.c_contiguous or not out.flags.writeable:
-        raise ArgumentError(f"out must be a writeable C-contiguous float32 array of shape {shape}")
-    elif any(a is not None and np.shares_memory(out, a) for a in (x, bias, *_datas(packed))):
         # the kernels read x while they write out, and the bias is read after them
-        out[...] = matmul(lib, x, packed, bias, clamp, threads)
-        return out
+        given[...] = matmul(lib, x, packed, bias, clamp, threads)
+        return given
+    x2 = np.ascontiguousarray(x.reshape(m, req.k))
     packed = lib.adopt(packed)       # a repack per call when no kernel reads its layout
-    dst = out.reshape(m, packed.n)
-    if bias is None:
-        _run(lib, x2, packed, dst, cmin, cmax, nthreads)
-    else:
-        _run(lib, x2, packed, dst, -INF, INF, nthreads)
-        dst += bias
-        if clamp is not None:
-            np.minimum(np.maximum(dst, np.float32(cmin), out=dst), np.float32(cmax), out=dst)
+    dst = out.reshape(m, req.n)
+    run(lib, x2, packed, dst, req.kcmin, req.kcmax, req.threads)
+    req.finish(dst)
     return out
 
 
-def _datas(packed) -> tuple:
-    return packed.datas if isinstance(packed, PackedLayouts) else (packed.data,)
-
-
-def _run(lib, x2: np.ndarray, packed, dst: np.ndarray, cmin: float,
-         cmax: float, nthreads: int) -> None:
+def run(lib, x2: np.ndarray, packed, dst: np.ndarray, cmin: float, cmax: float,
+        nthreads: int) -> None:
     """dst = clamp(x2 @ W.T) for contiguous rows x2 (m, k), split over nthreads
     (PackedLayouts: on the packing of the op m selects, :meth:`Library.route`)."""
     m = x2.shape[0]
@@ -91,12 +57,7 @@ def _run(lib, x2: np.ndarray, packed, dst: np.ndarray, cmin: float,
     if lay is None:     # f32 rows as they are
         lhs = x2
     else:   # packed activations (q4: quantised), split over m in multiples of m_step
-        limit = getattr(lay, "activation_limit", None)
-        if limit is not None:
-            amax = float(np.abs(x2).max())      # NaN when x has a NaN
-            if not amax <= limit[0]:
-                raise ArgumentError(f"{packed.kind} activations must be finite with |x| <= "
-                                    f"{limit[0]:g} ({limit[1]}); got max |x| = {amax:g}")
+        check_activations(packed.kind, getattr(lay, "activation_limit", None), x2)
         lhs = np.zeros(lay.packed_size(m, k), np.uint8)
         neon = lib.lhs_packer(kern, bl)     # generated packer (VL-scaled: bound to lay.mr)
 

@@ -19,25 +19,15 @@ import weakref
 from concurrent.futures import ThreadPoolExecutor
 from typing import Callable, Sequence
 
-from .checks import MAX_THREADS
-from .errors import ArgumentError
+from .checks import MAX_THREADS, env_int
 
-__all__ = ["split", "default_threads", "run_parallel", "Workers"]
+__all__ = ["split", "default_threads", "run_parallel", "Workers", "reset_after_fork"]
 
 
 def default_threads() -> int:
     """``TILEGEN_THREADS`` (1..MAX_THREADS), else the number of CPUs."""
-    env = os.environ.get("TILEGEN_THREADS")
-    if env is not None and env.strip() != "":
-        try:
-            n = int(env.strip(), 10)
-        except ValueError:
-            n = None
-        if n is None or not 1 <= n <= MAX_THREADS:
-            raise ArgumentError(f"TILEGEN_THREADS must be an integer from 1 to {MAX_THREADS}, "
-                                f"got {env!r}")
-        return n
-    return max(1, os.cpu_count() or 1)
+    n = env_int("TILEGEN_THREADS", 1, MAX_THREADS)
+    return max(1, os.cpu_count() or 1) if n is None else n
 
 
 def split(total: int, step: int, parts: int) -> list[tuple[int, int]]:
@@ -65,7 +55,7 @@ class Workers:
         self._pool: ThreadPoolExecutor | None = None
         self._size = 0
         self.closed = False
-        _ALL.add(self)
+        reset_after_fork(self)
 
     def _get(self, workers: int) -> ThreadPoolExecutor | None:
         with self._lock:
@@ -97,7 +87,7 @@ class Workers:
         if pool is not None:
             pool.shutdown(wait=False)
 
-    def _after_fork(self) -> None:
+    def after_fork(self) -> None:
         # the executor's threads (and any lock they held) are the parent's: forget it
         self._lock = threading.Lock()
         self._pool, self._size = None, 0
@@ -131,12 +121,21 @@ class Workers:
             raise err
 
 
-_ALL: weakref.WeakSet = weakref.WeakSet()
+# objects with locks and run flags of threads a forked child does not have: the worker pools
+# here, the plan driver's pools, plans and their row-count variants (tilegen.runtime.plan)
+_FORK_RESET: weakref.WeakSet = weakref.WeakSet()
+
+
+def reset_after_fork(obj) -> None:
+    """Call ``obj.after_fork()`` in every forked child while ``obj`` lives: only the forking
+    thread exists there, so a lock another thread held at the fork stays held forever, and a
+    run flag stays set; ``after_fork`` resets them."""
+    _FORK_RESET.add(obj)
 
 
 def _after_fork() -> None:
-    for w in list(_ALL):
-        w._after_fork()
+    for obj in list(_FORK_RESET):
+        obj.after_fork()
 
 
 if hasattr(os, "register_at_fork"):

@@ -1,0 +1,172 @@
+"""Packing for a loaded library: weights in the layout of the kernel its table prefers (or
+the best gemm / gemv), and activations with its generated LHS packers.
+
+:class:`tilegen.runtime.library.Library` forwards ``pack_weights``, ``packer``,
+``lhs_packer`` and ``pack_lhs`` here (their docs are the Library methods')."""
+from __future__ import annotations
+
+import numpy as np
+
+from ..generator.packers import packer_for
+from ..layout import LayoutError
+from ..layout.api import layout_for
+from .binding import Kernel, Packer
+from .errors import ArgumentError
+from .packed import OPS, PackedLayouts, PackedWeights
+from .q8 import pack_q8_0
+from .table import KernelTable
+
+__all__ = ["pack_weights", "pack_for", "find_packer", "lhs_packer", "pack_lhs", "check_ops"]
+
+
+def pack_weights(table: KernelTable, w, kind: str, bias, layout: str, nr: int | None,
+                 from_ggml, n, k, for_ops) -> PackedWeights | PackedLayouts:
+    """See :meth:`tilegen.runtime.library.Library.pack_weights`."""
+    if for_ops is not None:
+        ops = check_ops(for_ops)
+        if nr is not None:
+            raise ArgumentError("nr= and for_ops= do not combine (for_ops packs for the "
+                                "best kernels of each op)")
+        best = table.best_kernels(kind)
+        by_layout: dict = {}
+        by_op = {}
+        for op in ops:
+            kern = best[op]
+            lay = kern.rhs_layout()
+            if lay not in by_layout:
+                by_layout[lay] = pack_for(kern, w, kind, bias, layout, from_ggml, n, k)
+            by_op[op] = by_layout[lay]
+        return PackedLayouts(by_op)
+    return pack_for(table.pairs(kind, nr)[0].gemm, w, kind, bias, layout, from_ggml, n, k)
+
+
+def pack_for(kern: Kernel, w, kind: str, bias, layout: str, from_ggml, n, k) -> PackedWeights:
+    """The weights packed in the layout ``kern`` reads."""
+    _check_source(kind, w, layout, from_ggml, n, k)
+    if from_ggml is None and kind not in _FLOAT_KINDS:
+        w = np.asarray(w)           # the quantisers take (n, k)
+        if w.ndim != 2:
+            raise ArgumentError(f"weights must be 2-D ({layout[0]}, {layout[1]}), got shape "
+                                f"{w.shape}")
+        if layout == "kn":
+            w = np.ascontiguousarray(w.T)
+    try:
+        if kind == "q8_0":      # per-channel int8 (tilegen.runtime.q8)
+            return pack_q8_0(kern, w, bias, from_ggml, n, k)
+        if kind in ("f32", "f16", "bf16"):
+            w = np.asarray(w)
+            if kind == "f16":
+                if w.dtype != np.float16:
+                    raise ArgumentError(f"f16 weights must be float16, got {w.dtype}")
+                w = w.astype(np.float32)
+            elif kind == "bf16":     # rounded to bf16 (nearest even) by the layout
+                if w.dtype not in (np.float32, np.float16):
+                    raise ArgumentError(f"bf16 weights must be float32 or float16, got "
+                                        f"{w.dtype}")
+                w = w.astype(np.float32)
+            lay = kern.rhs_layout()
+            data = lay.pack(w, bias=bias, layout=layout)
+            n_, k_ = (w.shape if layout == "nk" else w.shape[::-1])
+            return PackedWeights(lay, n_, k_, data, bias is not None, kind)
+        lay = kern.rhs_layout(32)
+        if from_ggml is not None:
+            data = lay.pack_from_ggml(from_ggml, n, k, bias=bias)
+        else:
+            n, k = w.shape
+            data = lay.pack_from_float(w, bias=bias)
+    except LayoutError as e:
+        raise ArgumentError(str(e)) from None
+    return PackedWeights(lay, int(n), int(k), data, bias is not None, kind)
+
+
+def find_packer(packers: dict[str, Packer], fmt: str, mr: int, kr: int, sr: int,
+                rounding: str = "away") -> Packer | None:
+    """See :meth:`tilegen.runtime.library.Library.packer`."""
+    try:
+        layout_for(fmt, mr=mr, kr=kr, sr=sr)     # the format's rules on the geometry
+    except LayoutError:
+        return None
+    L = kr // sr
+    scaled = []
+    for p in packers.values():
+        sp = p.spec
+        if (sp.fmt, sp.L, sp.rounding) != (fmt, L, rounding):
+            continue
+        if not sp.mr_vl and sp.mr == mr:
+            return p
+        if sp.mr_vl and sp.accepts_mr(mr):
+            scaled.append(p)
+    if not scaled:
+        return None
+    return max(scaled, key=lambda p: (p.spec.mr, p.name)).at(mr)
+
+
+def lhs_packer(packers: dict[str, Packer], kern: Kernel, bl: int = 32) -> Packer | None:
+    """See :meth:`tilegen.runtime.library.Library.lhs_packer`."""
+    want = packer_for(kern.spec)
+    if want is None:
+        return None
+    mr = kern.lhs_layout(bl).mr
+    p = packers.get(want.name)
+    if p is not None and p.spec.accepts_mr(mr):
+        return p.at(mr)
+    return find_packer(packers, want.fmt, mr, want.kr, want.sr, want.rounding)
+
+
+def pack_lhs(packers: dict[str, Packer], libname: str, fmt: str, x: np.ndarray, *, mr: int,
+             kr: int, sr: int, bl: int = 32, m_idx_start: int = 0,
+             rounding: str = "away") -> np.ndarray:
+    """See :meth:`tilegen.runtime.library.Library.pack_lhs`."""
+    p = find_packer(packers, fmt, mr, kr, sr, rounding)
+    if p is None:
+        raise ArgumentError(f"no {fmt} packer with mr={mr}, kr/sr={kr // max(sr, 1)} "
+                            f"({rounding}) in {libname}; it has: "
+                            f"{', '.join(sorted(packers)) or 'none'}")
+    return p(x, bl=bl, m_idx_start=m_idx_start)
+
+
+_FLOAT_KINDS = ("f32", "f16", "bf16")
+_GGML_KINDS = ("q4_0", "q4_0_dx", "q8_0")      # kinds with a ggml block form (from_ggml=)
+_LAYOUTS = ("nk", "kn")
+
+
+def _check_source(kind: str, w, layout, from_ggml, n, k) -> None:
+    """ArgumentError unless pack_weights got one weight source that fits ``kind``: ``w`` in
+    ``layout`` "nk" or "kn", or (q4_0, q4_0_dx, q8_0) ggml blocks ``from_ggml`` with n and k,
+    always n rows of k/32 blocks (ggml's (n, k) order: layout "nk")."""
+    if not isinstance(layout, str) or layout not in _LAYOUTS:
+        raise ArgumentError(f"layout must be 'nk' ((n, k) weights) or 'kn' ((k, n) weights), "
+                            f"got {layout!r}")
+    if from_ggml is None:
+        if w is None:
+            raise ArgumentError("no weights: pass w (or ggml blocks via from_ggml= with n and "
+                                f"k, for kinds {', '.join(_GGML_KINDS)})")
+        return
+    if kind not in _GGML_KINDS:
+        raise ArgumentError(f"from_ggml= takes ggml Q4_0/Q8_0 blocks, for kinds "
+                            f"{', '.join(_GGML_KINDS)}; kind {kind!r} has no ggml block form: "
+                            f"pass its weights as w")
+    if w is not None:
+        raise ArgumentError("pass either w or from_ggml=, not both")
+    if layout != "nk":
+        raise ArgumentError("from_ggml= blocks are always n rows of k/32 blocks (ggml's (n, k) "
+                            "order): layout must be 'nk' with from_ggml=, got 'kn'")
+    if n is None or k is None:
+        raise ArgumentError("from_ggml= needs n and k")
+
+
+def check_ops(for_ops) -> tuple[str, ...]:
+    """``for_ops`` as a tuple: both of "gemm" and "gemv", each once, in any order."""
+    if isinstance(for_ops, str) or not isinstance(for_ops, (tuple, list)):
+        raise ArgumentError(f"for_ops must be a tuple of op names, e.g. ('gemm', 'gemv'), "
+                            f"got {for_ops!r}")
+    ops = tuple(for_ops)
+    bad = [o for o in ops if o not in OPS]
+    if bad:
+        raise ArgumentError(f"unknown op {bad[0]!r} in for_ops; known: {', '.join(OPS)}")
+    if len(set(ops)) != len(ops):
+        raise ArgumentError(f"for_ops names an op twice: {ops!r}")
+    if set(ops) != set(OPS):
+        raise ArgumentError(f"for_ops must name both ops, ('gemm', 'gemv'), got {ops!r} (without "
+                            f"for_ops the weights are packed once for the default pair)")
+    return tuple(OPS)
