@@ -88,7 +88,7 @@ def _sme_mode() -> str:
 def implied(features) -> set[str]:
     """``features`` plus the features they imply: each implies neon (the base of every Arm64
     CPU tilegen runs on), and a feature that names an ISA implies the features of its
-    ``spec.ISAS`` record (sve2: sve; sme2: sme), repeatedly."""
+    ``records.ISAS`` record (sve2: sve; sme2: sme), repeatedly."""
     out, todo = set(), list(features)
     while todo:
         f = todo.pop()
