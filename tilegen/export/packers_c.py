@@ -23,16 +23,16 @@ prototypes, the checked expressions and which template each packer takes.
 ============================================================  ====================================
 packer                                                        layout object
 ============================================================  ====================================
-``kai_lhs_quant_pack_qai8dxp_f32``                            :class:`~tilegen.layout.q4.QAI8DXP`
-``kai_lhs_quant_pack_qsi8d32p_f32``                           :class:`~tilegen.layout.q4.QSI8D32P` (away)
-``kai_lhs_quant_pack_qsi8d32p4x8sb_f32_neon``                 :class:`~tilegen.layout.q4.QSI8D32P` (even)
-``kai_lhs_quant_pack_qsi8d32p_f32_neon``                      :class:`~tilegen.layout.q4_sme.QSI8D32PScaleTail`
-``kai_lhs_pack_f16pmrx2_f32_neon``                            :class:`~tilegen.layout.q4_sme.F16PLhs2`
+``kai_lhs_quant_pack_qai8dxp_f32``                            :class:`~tilegen.layout.lhs_int8.QAI8DXP`
+``kai_lhs_quant_pack_qsi8d32p_f32``                           :class:`~tilegen.layout.lhs_int8.QSI8D32P` (away)
+``kai_lhs_quant_pack_qsi8d32p4x8sb_f32_neon``                 :class:`~tilegen.layout.lhs_int8.QSI8D32P` (even)
+``kai_lhs_quant_pack_qsi8d32p_f32_neon``                      :class:`~tilegen.layout.lhs_int8.QSI8D32PScaleTail`
+``kai_lhs_pack_f16pmrx2_f32_neon``                            :class:`~tilegen.layout.f16.F16PLhs2`
 ``kai_lhs_pack_bf16p2vlx2_f32_sme``                           :class:`~tilegen.layout.bf16.BF16PLhs2`
 ``kai_lhs_pack_f32p2vlx1_f32_sme``                            :class:`~tilegen.layout.f32.F32PackedLHS`
-``kai_rhs_pack_nxk_qsi4c32pscalef16_qsu4c32s16s0``            :class:`~tilegen.layout.q4.QSI4C32PScaleF16`
-``kai_rhs_pack_nxk_qsi4c32ps1s0scalef16_qsu4c32s16s0_neon``   :class:`~tilegen.layout.q4_sme.QSI4C32PS1S0ScaleF16`
-``kai_rhs_pack_nxk_qsi8cxp_qsi8cx_neon``                      :class:`~tilegen.layout.q8.QSI8CXP`
+``kai_rhs_pack_nxk_qsi4c32pscalef16_qsu4c32s16s0``            :class:`~tilegen.layout.rhs_int4.QSI4C32PScaleF16`
+``kai_rhs_pack_nxk_qsi4c32ps1s0scalef16_qsu4c32s16s0_neon``   :class:`~tilegen.layout.rhs_int4.QSI4C32PS1S0ScaleF16`
+``kai_rhs_pack_nxk_qsi8cxp_qsi8cx_neon``                      :class:`~tilegen.layout.rhs_int8.QSI8CXP`
 ``kai_rhs_pack_kxn_bf16p2vlx2b_f32_x32_sme``                  :class:`~tilegen.layout.bf16.BF16PRhs2B`
 ``kai_rhs_pack_nxk_f32p2vlx1biasf32_f32_f32_sme``             :class:`~tilegen.layout.f32.F32PackedRHS`
 ============================================================  ====================================
@@ -210,7 +210,7 @@ def _qai8dxp():
     elem = _check("(t // (kr // sr)) * (mr * (kr // sr)) + x * (kr // sr) + t % (kr // sr)",
                   lambda x, t, **g: lay(**g).element_offset(x, t), egeo)
     protos, getters = _lhs_getters(name, 'const float*', bl=False, bl_in_stride=False, m_step='mr')
-    return _Packer(name, protos, "qai8dxp<mr>x<kr/sr> (tilegen.layout.q4.QAI8DXP)", "qai8dxp",
+    return _Packer(name, protos, "qai8dxp<mr>x<kr/sr> (tilegen.layout.lhs_int8.QAI8DXP)", "qai8dxp",
                    "qai8dxp.c.j2",
                    dict(getters, stride=stride, kpad=kpad, elem=elem.replace("x *", "slot *"),
                         off_f=off_f, rs_f=rs_f, ob=ref.offset_bytes, rb=ref.rscale_bytes))
@@ -234,7 +234,7 @@ def _qsi8d32p(name: str, rounding: str):
                   lambda x, e, **g: lay(**g).element_offset(x, e), egeo)
     protos, getters = _lhs_getters(name, 'const float*', bl=True, bl_in_stride=True, m_step='mr')
     del doff
-    label = "qsi8d32p<mr>x<kr/sr> (tilegen.layout.q4.QSI8D32P, rounding=" + rounding + ")"
+    label = "qsi8d32p<mr>x<kr/sr> (tilegen.layout.lhs_int8.QSI8D32P, rounding=" + rounding + ")"
     return _Packer(name, protos, label, "qsi8d32p", "qsi8d32p.c.j2",
                    dict(getters, stride=stride, bstride=bstride, sb=sb, elem=elem,
                         rounding=rounding))
@@ -259,7 +259,7 @@ def _qsi8d32p_neon():
                   lambda x, e, **g: lay(**g).element_offset(x, e), egeo)
     protos, getters = _lhs_getters(name, 'const float*', bl=True, bl_in_stride=True, m_step='1')
     return _Packer(name, protos,
-                   "qsi8d32p<mr>x<kr>, scales last (tilegen.layout.q4_sme.QSI8D32PScaleTail)",
+                   "qsi8d32p<mr>x<kr>, scales last (tilegen.layout.lhs_int8.QSI8D32PScaleTail)",
                    "qsi8d32p-scale-tail", "qsi8d32p_scale_tail.c.j2",
                    dict(getters, stride=stride, soff=soff, elem=elem))
 
@@ -280,7 +280,7 @@ def _f16pmrx2():
     elem = _check(f"((t // {P2}) * (mr * {P2}) + x * {P2} + t % {P2}) * {ref.elem_bytes}",
                   lambda x, t, **g: lay(**g).element_offset(x, t), egeo)
     protos, getters = _lhs_getters(name, 'const void*', bl=True, bl_in_stride=False, m_step='mr')
-    return _Packer(name, protos, "f16p<mr>x2 (tilegen.layout.q4_sme.F16PLhs2)", "f16pmrx2",
+    return _Packer(name, protos, "f16p<mr>x2 (tilegen.layout.f16.F16PLhs2)", "f16pmrx2",
                    "f16pmrx2.c.j2", dict(getters, stride=stride, kpad=kpad, elem=elem))
 
 
@@ -359,7 +359,7 @@ def _qsi4c32pscalef16():
     doff = _check(f"{ref.scale_offset_in_block} + nr * {sb}", lambda k, **g: lay(**g).data_offset(0), geo)
     seg = _check("nr * kr // 2", lambda k, **g: lay(**g).segment_bytes, geo)
     protos = _q4_getters(n4)
-    return _Packer(name, protos, "qsi4c32p<nr>x<kr/2>scalef16 (tilegen.layout.q4.QSI4C32PScaleF16)",
+    return _Packer(name, protos, "qsi4c32p<nr>x<kr/2>scalef16 (tilegen.layout.rhs_int4.QSI4C32PScaleF16)",
                    "qsi4c32pscalef16", "qsi4c32pscalef16.c.j2",
                    dict(stride=stride, src_row=src_row, bstride=bstride, soff=soff, doff=doff,
                         seg=seg, sb=sb, xor=hex(ref.data_xor)), params=True)
@@ -383,7 +383,7 @@ def _qsi4c32ps1s0scalef16():
                   lambda i, t, **g: lay(**g).byte_offset(i, t), bgeo)
     protos = _q4_getters(n4)
     return _Packer(name, protos,
-                   "qsi4c32p<nr>x4 s1s0 scalef16 (tilegen.layout.q4_sme.QSI4C32PS1S0ScaleF16)",
+                   "qsi4c32p<nr>x4 s1s0 scalef16 (tilegen.layout.rhs_int4.QSI4C32PS1S0ScaleF16)",
                    "qsi4c32ps1s0scalef16", "qsi4c32ps1s0scalef16.c.j2",
                    dict(stride=stride, src_row=src_row, soff=soff, boff=boff, sb=sb), params=True)
 
@@ -420,7 +420,7 @@ def _qsi8cxp():
         "const int8_t* rhs, const float* bias, const float* scale, void* rhs_packed, "
         "size_t extra_bytes, const struct kai_rhs_pack_qsi8cx_params* params)",
     ]
-    return _Packer(name, protos, "qsi8cxp<nr>x<kr> (tilegen.layout.q8.QSI8CXP)", "qsi8cxp",
+    return _Packer(name, protos, "qsi8cxp<nr>x<kr> (tilegen.layout.rhs_int8.QSI8CXP)", "qsi8cxp",
                    "qsi8cxp.c.j2",
                    dict(stride=stride, kpad=kpad, elem=elem, rs=rs, sc=sc, bi=bi, rb=ref.rsum_bytes,
                         sbytes=ref.scale_bytes, bb=ref.bias_bytes), params=True)
