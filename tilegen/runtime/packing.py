@@ -10,6 +10,7 @@ import numpy as np
 from ..generator.packers import packer_for
 from ..layout import LayoutError
 from ..layout.api import layout_for
+from ..records import FAMILIES
 from .binding import Kernel, Packer
 from .errors import ArgumentError
 from .packed import OPS, PackedLayouts, PackedWeights
@@ -125,8 +126,9 @@ def pack_lhs(packers: dict[str, Packer], libname: str, fmt: str, x: np.ndarray, 
     return p(x, bl=bl, m_idx_start=m_idx_start)
 
 
-_FLOAT_KINDS = ("f32", "f16", "bf16")
-_GGML_KINDS = ("q4_0", "q4_0_dx", "q8_0")      # kinds with a ggml block form (from_ggml=)
+# kinds of the float families, and of the quantised ones (ggml block forms: from_ggml=)
+_FLOAT_KINDS = tuple(k for f in FAMILIES.values() if not f.quantized for k in f.kinds)
+_GGML_KINDS = tuple(k for f in FAMILIES.values() if f.quantized for k in f.kinds)
 _LAYOUTS = ("nk", "kn")
 
 
