@@ -11,6 +11,7 @@ import hashlib
 import json
 import os
 import sys
+import threading
 import weakref
 from pathlib import Path
 
@@ -32,6 +33,19 @@ __all__ = ["ArgumentError", "LoadError", "PackedWeights", "PackedLayouts", "Kern
            "dequantize_packed_rows", "MANIFEST_NAME"]
 
 MANIFEST_NAME = "manifest.json"
+
+# live libraries: a forked child resets their locks (tilegen.runtime.threads, .plan: the pools'
+# and plans' own)
+_LIBRARIES: weakref.WeakSet = weakref.WeakSet()
+
+
+def _after_fork() -> None:
+    for lib in list(_LIBRARIES):
+        lib._after_fork()
+
+
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=_after_fork)
 
 
 # manifest fields: (JSON type, Python types, required); the entries of kernels/packers are
@@ -85,6 +99,10 @@ class Library:
 
     def __init__(self, directory: str | os.PathLike, cpu: CpuInfo | None = None) -> None:
         self.closed = False
+        # close() and what registers with the library (the plan driver, plans) take it: a
+        # plan made while the library closes is closed with it, or refused
+        self._lifetime = threading.Lock()
+        _LIBRARIES.add(self)
         self.workers = Workers()
         self._plans: weakref.WeakSet = weakref.WeakSet()
         self.directory = Path(directory)
@@ -167,12 +185,14 @@ class Library:
         """End the library's threads (joined) and every plan of it.  Afterwards ``matmul``,
         ``plan`` and calls of its plans raise ArgumentError; packing and ``get_rows`` (no
         kernels) still work.  Closing twice is a no-op."""
-        if self.closed:
-            return
-        self.closed = True
-        for p in list(self._plans):
+        with self._lifetime:
+            if self.closed:
+                return
+            self.closed = True
+            plans = list(self._plans)
+            drv = self.__dict__.get("_plan_driver")
+        for p in plans:
             p.close()
-        drv = self.__dict__.get("_plan_driver")
         if drv:
             drv.close()
         self.workers.close()
@@ -185,7 +205,13 @@ class Library:
 
     def ensure_open(self) -> None:
         if self.closed:
-            raise ArgumentError(f"library {self.path.name} is closed (lib.close()); load it again")
+            raise self._closed_error()
+
+    def _closed_error(self) -> ArgumentError:
+        return ArgumentError(f"library {self.path.name} is closed (lib.close()); load it again")
+
+    def _after_fork(self) -> None:
+        self._lifetime = threading.Lock()   # another thread may have held it at the fork
 
     def _query(self, name: str):
         fn = getattr(self._dll, name, None)
@@ -546,8 +572,12 @@ class Library:
         the planned shape is one native call (see :mod:`tilegen.runtime.plan`)."""
         from .plan import Plan
         plan = Plan(self, weights, m, bias, clamp, threads)
-        self._plans.add(plan)
-        return plan
+        with self._lifetime:
+            if not self.closed:
+                self._plans.add(plan)
+                return plan
+        plan.close()         # the library closed while the plan was made: refused
+        raise self._closed_error()
 
     def get_rows(self, packed: PackedWeights, rows) -> np.ndarray:
         """Dequantise rows of packed weights (get_rows: an embedding lookup)."""

@@ -254,10 +254,16 @@ if hasattr(os, "register_at_fork"):
 
 
 def driver(lib):
-    """The driver of ``lib`` (cached on it), or None."""
+    """The driver of ``lib`` (cached on it), or None.  Made under the library's lifetime lock:
+    a library that closed (lib.close()) before it was made gets none started (ArgumentError);
+    one made before is closed by close()."""
     drv = lib.__dict__.get("_plan_driver", False)
     if drv is False:
-        drv = lib._plan_driver = _Driver.load(lib._dll)
+        with lib._lifetime:
+            drv = lib.__dict__.get("_plan_driver", False)
+            if drv is False:
+                lib.ensure_open()
+                drv = lib._plan_driver = _Driver.load(lib._dll)
     return drv
 
 
