@@ -30,14 +30,17 @@ SEED = random.SystemRandom().randrange(2**32) if _seed == "random" else int(_see
 
 # (cpu, sve_vl, sme_vl, env, examples in the suite)
 CONFIGS = [
-    pytest.param("neoverse-n1", None, None, {}, 12, id="neoverse-n1"),      # NEON, dotprod
-    pytest.param("max", None, 512, SME_ON, 6, id="max-sme512"),           # SVE, i8mm, bf16, SME
+    pytest.param("neoverse-n1", None, None, {}, 16, id="neoverse-n1"),      # NEON, dotprod
+    pytest.param("max", None, 512, SME_ON, 8, id="max-sme512"),           # SVE, i8mm, bf16, SME
 ]
 if SOAK:
     CONFIGS += [
         pytest.param("neoverse-v1", None, None, {}, 0, id="neoverse-v1"),   # i8mm, bf16, SVE 256
         pytest.param("max", 128, None, {}, 0, id="max-sve128"),           # SVE kernels at VL 128
         pytest.param("cortex-a53", None, None, {}, 0, id="cortex-a53"),    # plain NEON
+        # idle plan workers sleep at once (futex wake-ups on every call)
+        pytest.param("neoverse-n1", None, None, {"TILEGEN_PLAN_SPIN": "0"}, 0,
+                     id="neoverse-n1-spin0"),
     ]
 
 # every kind of check the machine makes, which a run is expected to have made
