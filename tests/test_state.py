@@ -28,20 +28,21 @@ STEPS = int(os.environ.get("TILEGEN_SOAK_STEPS", "50" if SOAK else "40"))
 _seed = os.environ.get("TILEGEN_SOAK_SEED", "2113").strip()
 SEED = random.SystemRandom().randrange(2**32) if _seed == "random" else int(_seed)
 
-# (cpu, sve_vl, sme_vl, env, examples in the suite)
+# (cpu, sve_vl, sme_vl, env, examples in the suite); the i-th configuration runs seed SEED + i
 CONFIGS = [
-    pytest.param("neoverse-n1", None, None, {}, 16, id="neoverse-n1"),      # NEON, dotprod
-    pytest.param("max", None, 512, SME_ON, 8, id="max-sme512"),           # SVE, i8mm, bf16, SME
+    ("neoverse-n1", None, None, {}, 16),          # NEON, dotprod
+    ("max", None, 512, SME_ON, 8),                # SVE, i8mm, bf16, SME (VL 512)
 ]
 if SOAK:
     CONFIGS += [
-        pytest.param("neoverse-v1", None, None, {}, 0, id="neoverse-v1"),   # i8mm, bf16, SVE 256
-        pytest.param("max", 128, None, {}, 0, id="max-sve128"),           # SVE kernels at VL 128
-        pytest.param("cortex-a53", None, None, {}, 0, id="cortex-a53"),    # plain NEON
+        ("neoverse-v1", None, None, {}, 0),           # i8mm, SVE 256
+        ("max", 128, None, {}, 0),                    # SVE kernels at VL 128, bf16, no SME
+        ("cortex-a53", None, None, {}, 0),            # plain NEON
         # idle plan workers sleep at once (futex wake-ups on every call)
-        pytest.param("neoverse-n1", None, None, {"TILEGEN_PLAN_SPIN": "0"}, 0,
-                     id="neoverse-n1-spin0"),
+        ("neoverse-n1", None, None, {"TILEGEN_PLAN_SPIN": "0"}, 0),
     ]
+IDS = ["neoverse-n1", "max-sme512", "neoverse-v1", "max-sve128", "cortex-a53",
+       "neoverse-n1-spin0"][:len(CONFIGS)]
 
 # every kind of check the machine makes, which a run is expected to have made
 CHECKS = ("float64 reference checks", "get_rows checks", "matmul calls", "plan calls",
@@ -56,9 +57,13 @@ def state_lib(tmp_path_factory):
     return out
 
 
-@pytest.mark.parametrize("cpu,sve_vl,sme_vl,env,examples", CONFIGS)
-def test_runtime_state_machine(state_lib, tmp_path, cpu, sve_vl, sme_vl, env, examples):
+@pytest.mark.parametrize("config", range(len(CONFIGS)), ids=IDS)
+def test_runtime_state_machine(state_lib, tmp_path, config):
+    cpu, sve_vl, sme_vl, env, examples = CONFIGS[config]
     examples = int(SOAK) if SOAK else examples
+    seed = SEED + config
+    replay = (f"seed {seed} (replay: TILEGEN_SOAK_SEED={SEED} TILEGEN_SOAK_EXAMPLES={examples} "
+              f"TILEGEN_SOAK_STEPS={STEPS} pytest tests/test_state.py -k {IDS[config]})")
     # a fresh guest (no library of another test in it: the leak checks count threads and
     # fds); OpenBLAS without threads (it stops them at fork and starts them later)
     g = guest(cpu, sve_vl, sme_vl,
@@ -66,16 +71,16 @@ def test_runtime_state_machine(state_lib, tmp_path, cpu, sve_vl, sme_vl, env, ex
     log = tmp_path / "steps.log"
     timeout = 300 + 2.0 * examples * STEPS
     try:
-        r = g.call_with_timeout(timeout, "guest_state:run_state_machine", str(state_lib), SEED,
+        r = g.call_with_timeout(timeout, "guest_state:run_state_machine", str(state_lib), seed,
                                 examples, STEPS, log_path=str(log))
     except GuestCrashed as e:
         steps = log.read_text()[-8000:] if log.exists() else "(no step log)"
-        pytest.fail(f"seed {SEED}: the guest died or hung: {e}\n-- steps of the example --\n"
+        pytest.fail(f"{replay}: the guest died or hung: {e}\n-- steps of the example --\n"
                     f"{steps}", pytrace=False)
     failure = r.pop("failure")
-    print(f"\nstate machine on {cpu} (seed {SEED}, {examples} examples x {STEPS} steps): "
+    print(f"\nstate machine on {IDS[config]} (seed {seed}, {examples} examples x {STEPS} steps): "
           + json.dumps(r, sort_keys=True))
-    assert failure is None, (f"seed {SEED}: {failure['error']}\n{failure['steps']}\n"
+    assert failure is None, (f"{replay}: {failure['error']}\n{failure['steps']}\n"
                              f"{failure['traceback']}")
     assert r["examples"] >= examples and r["steps"] >= examples * STEPS // 2, r
     missing = [c for c in CHECKS if not any(n for what, n in r["checks"].items()
