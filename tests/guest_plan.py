@@ -484,3 +484,104 @@ def bad_env(libdir: str) -> dict:
                 del os.environ[var]
     lib.close()
     return out
+
+
+def plan_made_while_closing(libdir: str) -> dict:
+    """lib.plan in one thread while this thread closes the library, the interleaving forced:
+    the plan's maker is held (in adopt, after the open check) until close() has returned.
+    Per case (the library's first plan, so no driver yet; a library that already has a plan
+    driver and pool): what lib.plan gave, the threads left over the baseline, and what the
+    plan (if any) does when called."""
+    import gc
+    import threading
+    import time
+    rng = np.random.default_rng(13)
+    n, k, m = 64, 32, 4
+    w = rng.normal(size=(n, k)).astype(np.float32)
+    x = rng.normal(size=(m, k)).astype(np.float32)
+    gc.collect()
+    base = threading.active_count()
+    res = {}
+    for case in ("first plan", "driver exists"):
+        lib = tilegen.load(libdir)
+        pw = lib.pack_weights(w, kind="f32")
+        if case == "driver exists":
+            lib.plan(pw, m, threads=2)(x)
+        inside, closed = threading.Event(), threading.Event()
+        adopt = lib.adopt
+
+        def held_adopt(weights, *a, **kw):
+            inside.set()
+            closed.wait(30)
+            return adopt(weights, *a, **kw)
+        lib.adopt = held_adopt
+        got = {}
+
+        def make():
+            try:
+                got["plan"] = lib.plan(pw, m, threads=3)
+            except Exception as e:      # noqa: BLE001 - the error is the result
+                got["error"] = (type(e).__name__, str(e))
+        th = threading.Thread(target=make)
+        th.start()
+        inside.wait(30)
+        lib.close()
+        closed.set()
+        th.join(30)
+        t0 = time.monotonic()
+        while threading.active_count() > base + 1 and time.monotonic() - t0 < 5:
+            time.sleep(0.01)         # + 1: the maker thread, ending
+        th.join()
+        out = {"error": got.get("error"), "plan": "plan" in got,
+               "threads": threading.active_count() - base}
+        if "plan" in got:
+            try:
+                got["plan"](x)
+                out["call"] = "computed"
+            except Exception as e:      # noqa: BLE001
+                out["call"] = (type(e).__name__, str(e))
+        res[case] = out
+        del lib, pw, got
+        gc.collect()
+    return res
+
+
+def fork_while_closing_lock_held(libdir: str, timeout: float = 60.0) -> dict:
+    """fork while the library's lifetime lock (close(), plan registration, the driver) is
+    held: the child makes and calls a plan and closes the library without blocking."""
+    import os
+    import pickle
+    import signal
+    import time
+    lib = tilegen.load(libdir)
+    rng = np.random.default_rng(14)
+    pw = lib.pack_weights(rng.normal(size=(64, 32)).astype(np.float32), kind="q4_0")
+    x = rng.normal(size=(3, 32)).astype(np.float32)
+    ref = lib.matmul(x, pw, threads=1)
+    rd, wr = os.pipe()
+    with lib._lifetime:
+        pid = os.fork()
+        if pid == 0:
+            try:
+                os.close(rd)
+                ok = _same(lib.plan(pw, 3, threads=2)(x), ref)
+                lib.close()
+                msg = pickle.dumps(("ok", ok, lib.closed))
+            except BaseException as e:      # noqa: BLE001
+                msg = pickle.dumps(("error", repr(e)))
+            os.write(wr, msg)
+            os._exit(0)
+    os.close(wr)
+    t0 = time.monotonic()
+    hung = False
+    while not os.waitpid(pid, os.WNOHANG)[0]:
+        if time.monotonic() - t0 > timeout:
+            os.kill(pid, signal.SIGKILL)
+            os.waitpid(pid, 0)
+            hung = True
+            break
+        time.sleep(0.005)
+    data = os.read(rd, 65536)
+    os.close(rd)
+    lib.close()
+    return {"hung": hung, "child": pickle.loads(data) if data else None}

@@ -3,7 +3,7 @@ import sys
 
 import pytest
 
-from tilegen.emulate.remote import GuestCrashed, GuestError, GuestSession
+from tilegen.emulate.remote import GuestCrashed, GuestError, GuestSession, GuestTimeout
 from tilegen.emulate.runner import EmulateError, validate
 
 
@@ -57,3 +57,6 @@ def test_guest_session_errors_and_crash_recovery():
         with pytest.raises(GuestCrashed, match="signal 6"):
             g.call("os:abort")
         assert g.call("operator:add", 2, 3) == 5      # a fresh guest after the crash
+        with pytest.raises(GuestTimeout, match="within 1 s"):
+            g.call_with_timeout(1, "time:sleep", 60)
+        assert g.call_with_timeout(60, "operator:add", 2, 3) == 5   # a fresh guest again

@@ -169,6 +169,27 @@ def test_threads_end_with_their_library(plan_lib):
     assert r["end"] == r["base"], r
 
 
+def test_plan_made_while_the_library_closes(plan_lib):
+    """lib.plan racing lib.close() (found by tests/test_state.py's state machine): the plan
+    used to escape the close (callable afterwards) and start pool threads on the closed
+    library when it made the library's plan driver.  Now lib.plan raises ArgumentError and
+    starts nothing, whether the driver existed or not."""
+    r = guest("neoverse-n1", env={"TILEGEN_TEST_FRESH": "close-race"}).call(
+        "guest_plan:plan_made_while_closing", str(plan_lib))
+    for case in ("first plan", "driver exists"):
+        c = r[case]
+        assert not c["plan"] and c["error"] is not None, (case, c)
+        assert c["error"][0] == "ArgumentError" and "closed" in c["error"][1], (case, c)
+        assert c["threads"] == 0, (case, c)
+
+
+def test_fork_while_the_lifetime_lock_is_held(plan_lib):
+    """The lock that orders close() and plan registration is reset in a forked child."""
+    r = guest("neoverse-n1", env={"TILEGEN_TEST_FRESH": "close-race"}).call(
+        "guest_plan:fork_while_closing_lock_held", str(plan_lib))
+    assert not r["hung"] and r["child"] == ("ok", True, True), r
+
+
 def test_plan_keeps_its_kernel_table(plan_lib):
     """set_table and gemv_threshold after the plan do not change the plan's kernels, for row
     counts it prepares later (README: a plan keeps its kernel table)."""

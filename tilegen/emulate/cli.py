@@ -18,8 +18,9 @@ def _parser() -> argparse.ArgumentParser:
         usage="%(prog)s [-h] [--cpu MODEL] [--sve-vl BITS] [--sme-vl BITS] [--quiet]\n"
               "                       (--provision-only | -- CMD...)",
         description="Run CMD on an emulated aarch64 CPU (qemu-user; native on aarch64 hosts). "
-                    "`python` as CMD is the guest Python, which sees tilegen, numpy, pytest "
-                    "and jinja2. Tools are provisioned into the cache on first use.",
+                    "`python` as CMD is the guest Python, which sees tilegen, numpy, pytest, "
+                    "hypothesis, jinja2 and gguf. Tools are provisioned into the cache on first "
+                    "use.",
         epilog="example: tilegen emulate --cpu max --sve-vl 512 -- python -m pytest tests")
     p.add_argument("--cpu", default="max", metavar="MODEL",
                    help=f"CPU model (default max): {', '.join(CPU_MODELS)}")

@@ -4,7 +4,8 @@ Three steps, each done once (a stamp file marks it complete, so later calls are 
 
 1. ``qemu``: qemu-user 11.x from Debian sid (a static-pie build that runs on bookworm).
 2. ``sysroot``: an aarch64 Debian bookworm root with ``python3.11`` (``dpkg -x`` of arm64 .debs).
-3. ``wheels``: PyPI aarch64 wheels (numpy, pytest, jinja2 and their dependencies), unzipped
+3. ``wheels``: PyPI aarch64 wheels (numpy, pytest, hypothesis, jinja2, gguf and their
+   dependencies), unzipped
    into one guest ``site`` directory.
 
 apt runs with a private state (sources list, lists, archives, ``status``) under the cache, so
@@ -40,7 +41,9 @@ __all__ = ["NUMPY_VERSION", "GUEST_WHEELS", "QEMU_MIN_VERSION", "CROSS_SYSROOT_P
 
 NUMPY_VERSION = "2.4.6"
 #: Requirements installed into the guest site dir (pip resolves their dependencies).
-GUEST_WHEELS: tuple[str, ...] = (f"numpy=={NUMPY_VERSION}", "pytest", "jinja2", "gguf")
+#: hypothesis: the runtime's stateful property test (tests/guest_state.py) runs in the guest.
+GUEST_WHEELS: tuple[str, ...] = (f"numpy=={NUMPY_VERSION}", "pytest", "jinja2", "gguf",
+                                 "hypothesis")
 #: qemu-user older than this lacks SME2.
 QEMU_MIN_VERSION = 11
 GUEST_PYTHON_VERSION = "3.11"
@@ -603,7 +606,8 @@ def ensure(quiet: bool = False) -> Toolbox:
 
         def check(site: Path) -> None:
             _run([str(qemu), "-L", str(sysroot), "-cpu", "max", "-E", f"PYTHONPATH={site}",
-                  "-E", "PYTHONNOUSERSITE=1", str(python), "-c", "import numpy, jinja2, pytest, gguf"],
+                  "-E", "PYTHONNOUSERSITE=1", str(python), "-c",
+                  "import numpy, jinja2, pytest, gguf, hypothesis"],
                  "importing the guest wheels under qemu",
                  "The downloaded wheels do not import in the aarch64 Python.")
 

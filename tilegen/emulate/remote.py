@@ -20,7 +20,7 @@ import sys
 import traceback
 from typing import Any, Sequence
 
-__all__ = ["GuestSession", "GuestError", "GuestCrashed"]
+__all__ = ["GuestSession", "GuestError", "GuestCrashed", "GuestTimeout"]
 
 _HDR = struct.Struct("<Q")
 
@@ -40,6 +40,16 @@ class GuestCrashed(RuntimeError):
         sig = f" (signal {-returncode})" if returncode is not None and returncode < 0 else ""
         super().__init__(f"guest Python died with exit code {returncode}{sig}: {stderr.strip()[-2000:]}")
         self.returncode, self.stderr = returncode, stderr
+
+
+class GuestTimeout(GuestCrashed):
+    """The call took longer than its timeout: the guest was killed (the next call starts a
+    fresh one)."""
+
+    def __init__(self, timeout: float, stderr: str) -> None:
+        RuntimeError.__init__(self, f"guest call did not return within {timeout:g} s (guest "
+                              f"killed): {stderr.strip()[-4000:]}")
+        self.returncode, self.stderr, self.timeout = None, stderr, timeout
 
 
 def _send(f, obj) -> None:
@@ -110,6 +120,30 @@ class GuestSession:
         if reply[0] == "ok":
             return reply[1]
         raise GuestError(reply[1], reply[2], reply[3])
+
+    def call_with_timeout(self, timeout: float, target: str, *args: Any, **kwargs: Any) -> Any:
+        """:meth:`call`, but a call still running after ``timeout`` seconds kills the guest and
+        raises :class:`GuestTimeout` (with the guest's stderr, e.g. a faulthandler dump)."""
+        import threading
+        if self._proc is None or self._proc.poll() is not None:
+            self._start()
+        proc = self._proc
+        fired = threading.Event()
+
+        def kill() -> None:
+            fired.set()
+            proc.kill()
+        timer = threading.Timer(timeout, kill)
+        timer.daemon = True
+        timer.start()
+        try:
+            return self.call(target, *args, **kwargs)
+        except GuestCrashed as e:
+            if fired.is_set():
+                raise GuestTimeout(timeout, e.stderr) from None
+            raise
+        finally:
+            timer.cancel()
 
     def close(self) -> None:
         if self._proc is not None:

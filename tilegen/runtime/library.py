@@ -14,8 +14,8 @@ import hashlib
 import json
 import os
 import sys
+import threading
 import weakref
-from functools import cached_property
 from pathlib import Path
 
 import numpy as np
@@ -33,7 +33,7 @@ from .packing import find_packer, lhs_packer, pack_lhs, pack_weights
 from .plan import Plan
 from .select import KernelPair
 from .table import KernelTable
-from .threads import Workers
+from .threads import Workers, reset_after_fork
 
 __all__ = ["ArgumentError", "LoadError", "PackedWeights", "PackedLayouts", "Kernel", "Packer", "Library", "load",
            "dequantize_packed_rows", "MANIFEST_NAME"]
@@ -81,6 +81,9 @@ def _json_type(v) -> str:
             type(None): "null"}.get(type(v), type(v).__name__)
 
 
+_UNSET = object()
+
+
 class Library:
     """A built tilegen library: its manifest, its kernels, and the ops over them.
 
@@ -89,6 +92,10 @@ class Library:
 
     def __init__(self, directory: str | os.PathLike, cpu: CpuInfo | None = None) -> None:
         self.closed = False
+        # close() and what registers with the library (its plan driver, its plans) take this
+        # lock: a plan made while the library closes is closed with it, or refused
+        self._lifetime = threading.Lock()
+        reset_after_fork(self)
         self.workers = Workers()
         self._plans: weakref.WeakSet = weakref.WeakSet()
         self.directory = Path(directory)
@@ -172,15 +179,22 @@ class Library:
         """End the library's threads (joined) and every plan of it.  Afterwards ``matmul``,
         ``plan`` and calls of its plans raise ArgumentError; packing and ``get_rows`` (no
         kernels) still work.  Closing twice is a no-op."""
-        if self.closed:
-            return
-        self.closed = True
-        for p in list(self._plans):
+        with self._lifetime:
+            if self.closed:
+                return
+            self.closed = True
+            plans = list(self._plans)
+            drv = self.__dict__.get("_driver")      # loaded, or set
+        for p in plans:
             p.close()
-        drv = self.__dict__.get("driver")     # loaded (cached_property) or set
         if drv:
             drv.close()
         self.workers.close()
+
+    def after_fork(self) -> None:
+        """In a forked child (:func:`tilegen.runtime.threads.reset_after_fork`): another
+        thread may have held the lifetime lock at the fork."""
+        self._lifetime = threading.Lock()
 
     def __enter__(self) -> "Library":
         return self
@@ -188,16 +202,32 @@ class Library:
     def __exit__(self, *exc) -> None:
         self.close()
 
-    @cached_property
+    @property
     def driver(self) -> Driver | None:
-        """The library's plan driver (:mod:`tilegen.runtime.driver`), loaded when first used;
-        None for a library built before it (or with another driver ABI): plans then run
-        through :mod:`tilegen.runtime.ops`."""
-        return Driver.load(self._dll)
+        """The library's plan driver (:mod:`tilegen.runtime.driver`), loaded when first used
+        (under the lifetime lock: a closed library gets none, ArgumentError); None for a
+        library built before it (or with another driver ABI): plans then run through
+        :mod:`tilegen.runtime.ops`."""
+        drv = self.__dict__.get("_driver", _UNSET)
+        if drv is _UNSET:
+            with self._lifetime:
+                drv = self.__dict__.get("_driver", _UNSET)
+                if drv is _UNSET:
+                    self.ensure_open()
+                    drv = self._driver = Driver.load(self._dll)
+        return drv
+
+    @driver.setter
+    def driver(self, drv: Driver | None) -> None:
+        """Replace the driver (None: plans run through :mod:`tilegen.runtime.ops`)."""
+        self._driver = drv
 
     def ensure_open(self) -> None:
         if self.closed:
-            raise ArgumentError(f"library {self.path.name} is closed (lib.close()); load it again")
+            raise self._closed_error()
+
+    def _closed_error(self) -> ArgumentError:
+        return ArgumentError(f"library {self.path.name} is closed (lib.close()); load it again")
 
     def _query(self, name: str):
         fn = getattr(self._dll, name, None)
@@ -353,8 +383,12 @@ class Library:
         kernel selection, the thread split and the workspace are done here, once; a call of
         the planned shape is one native call (see :mod:`tilegen.runtime.plan`)."""
         plan = Plan(self, weights, m, bias, clamp, threads)
-        self._plans.add(plan)
-        return plan
+        with self._lifetime:
+            if not self.closed:
+                self._plans.add(plan)
+                return plan
+        plan.close()         # the library closed while the plan was made: refused
+        raise self._closed_error()
 
     def get_rows(self, packed: PackedWeights, rows) -> np.ndarray:
         """Dequantise rows of packed weights (get_rows: an embedding lookup)."""
