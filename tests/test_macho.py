@@ -8,10 +8,11 @@ function llama.cpp references and needs nothing beyond what a freestanding C com
 from libSystem; every header compiles as C++; the C header of an apple-m4 library build compiles
 and a C client calling every prototype it declares links against the dylib; the dylib exports
 exactly its manifest's symbols, their getters and the support symbols listed in SUPPORT.
-Statically: no instruction names x18, and the SME kernels use SVE/SME instructions only between
-smstart and smstop and no AdvSIMD/FP between them.  Not covered (no SDK, no Mac): the hosted
-branch of `kai_common.h`, linking against libSystem, loading or running anything.
-docs/export.md#mach-o says more.
+Statically: no instruction names x18, the SME kernels use SVE/SME instructions only between
+smstart and smstop and no AdvSIMD/FP between them, and every stack argument is 8 bytes (where
+Darwin's ABI and AAPCS64 agree).  Not covered (no SDK, no Mac): the hosted branch of
+`kai_common.h`, linking against libSystem, loading or running anything.
+docs/export.md#mach-o-macos says more.
 """
 from __future__ import annotations
 
@@ -28,6 +29,7 @@ import pytest
 import tilegen
 from tilegen.build.cheader import getter_names
 from tilegen.build.toolchain import discover
+from tilegen.callconv import ABIS, PACKER_ABIS
 from tilegen.cli import main
 from tilegen.export import kleidiai as K
 from tilegen.generator.manifest import DIGEST_SYMBOL
@@ -279,3 +281,18 @@ def test_library_sme_kernels_keep_sve_in_streaming_mode(apple_lib):
            if tilegen.parse_spec(k["spec"]).isa in ("sme", "sme2")]
     assert len(sme) >= 10
     assert {n: _streaming_faults(out / "obj" / f"{n}.o") for n in sme} == {n: [] for n in sme}
+
+
+def test_stack_arguments_fit_darwins_abi():
+    """Darwin's arm64 ABI passes stack arguments at their natural size and alignment, AAPCS64
+    in 8-byte slots; the generated routines read AAPCS64 slots (e.g. a packer's lhs_stride and
+    lhs_packed at [sp] and [sp, #8]).  The two agree because every argument past x7 is 8 bytes
+    and no convention has more than 8 floating-point arguments."""
+    stacked = {}
+    for abi in [*ABIS.values(), *PACKER_ABIS.values()]:
+        fp = [c for c in abi.ctypes if c in ("float", "double")]
+        gp = [c for c in abi.ctypes if c not in ("float", "double")]
+        assert len(fp) <= 8, abi.name
+        stacked[abi.name] = gp[8:]
+    assert all(c == "size_t" or c.endswith("*") for c in sum(stacked.values(), [])), stacked
+    assert {n for n, s in stacked.items() if s} >= {"f32", "q4", "lhs_bl", "lhs_rows"}
