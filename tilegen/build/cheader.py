@@ -17,7 +17,7 @@ from ..generator.spec import KernelSpec
 from ..layout import lhs_layout_for, rhs_layout_for
 from ..layout.base import c_expr
 
-__all__ = ["getters_c", "header", "GETTERS"]
+__all__ = ["getters_c", "getter_names", "header", "GETTERS"]
 
 GETTERS = ("get_m_step", "get_n_step", "get_mr", "get_nr", "get_kr", "get_sr",
            "get_lhs_packed_offset", "get_rhs_packed_offset", "get_dst_offset", "get_dst_size")
@@ -54,6 +54,12 @@ def _getter_defs(spec: KernelSpec) -> list[tuple[str, str, str]]:
 def _fixed(specs: list[KernelSpec]) -> list[KernelSpec]:
     """Kernels with compile-time geometry; VL-scaled tiles are sized by the Python runtime."""
     return [s for s in specs if not s.vl_scaled]
+
+
+def getter_names(spec: KernelSpec) -> list[str]:
+    """The getter functions the library exports and the header declares for ``spec``; none for
+    a kernel whose tile is in vector-length units (see :func:`header`)."""
+    return [] if spec.vl_scaled else [name for name, _, _ in _getter_defs(spec)]
 
 
 def getters_c(specs: list[KernelSpec]) -> str:
