@@ -58,10 +58,13 @@ def _arg(a, keep: list):
 
 def packers(paths: list[str], calls: list) -> list:
     """``[name, args, out_bytes, out_offset]``: args as for :func:`_arg` plus one ``("out",)``,
-    the destination, a buffer of ``out_bytes`` passed at ``out_offset`` bytes in.  Returns per
-    call, per library, per fill the whole destination buffer."""
+    the destination, a buffer of ``out_bytes`` passed at ``out_offset`` bytes in (either a number
+    or ``(getter, args)``, the value of KleidiAI's getter, paths[0]).  Returns per call, per
+    library, per fill the whole destination buffer."""
     res = []
     for name, args, nbytes, offset in calls:
+        nbytes, offset = (v if isinstance(v, int) else _get(paths[0], v[0], *v[1])
+                          for v in (nbytes, offset))
         per_lib = []
         for p in paths:
             outs = []

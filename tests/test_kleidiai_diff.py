@@ -67,12 +67,15 @@ _Q4S = "kai_rhs_pack_nxk_qsi4c32ps1s0scalef16_qsu4c32s16s0_neon"
 _Q8P = "kai_rhs_pack_nxk_qsi8cxp_qsi8cx_neon"
 _BFR, _F32R = "kai_rhs_pack_kxn_bf16p2vlx2b_f32_x32_sme", "kai_rhs_pack_nxk_f32p2vlx1biasf32_f32_f32_sme"
 
-#: LHS packers taking ``bl``; the ones that honour lhs_stride and m_idx_start (KleidiAI's
-#: qsi8d32p_f32_neon and f16pmrx2 ignore both, its SME packers assert m_idx_start == 0); the
-#: ones whose lhs pointer is row 0 of the matrix (not the first row packed) when m_idx_start > 0
+#: LHS packers taking ``bl``; the ones that honour lhs_stride (KleidiAI's qsi8d32p_f32_neon and
+#: f16pmrx2 ignore it; its 4x8sb reads the rows of a 4-row group k floats apart) and
+#: m_idx_start (its SME packers assert m_idx_start == 0; its 4x8sb packs 4-row groups into whole
+#: row blocks, so m_idx_start a multiple of mr); the ones whose lhs pointer is row 0 of the
+#: matrix (not the first row packed) when m_idx_start > 0
 BL_PACKERS = (_D32, _SB, _D32N, _F16)
-STRIDED = (_QAI, _D32, _SB, _BFL, _F32L)
+STRIDED = (_QAI, _D32, _BFL, _F32L)
 IDX_START = (_QAI, _D32, _SB)
+IDX_START_ALIGNED = (_SB,)
 ROW0_POINTER = (_D32, _SB)
 
 
@@ -285,3 +288,233 @@ def test_getters_match_kleidiai(config, kleidiai_ref, export_kai):
     expected = {f"kai_get_{_GETTER_FN.get(g, g)}_matmul_clamp_f32_{s}"
                 for s, gs in GETTERS_DIFFER.items() if config in BY_STEM[s].configs for g in gs}
     assert by_design == expected
+
+
+# -- micro-kernels, as llama.cpp runs them ---------------------------------------------
+
+FLOW_DRAWS = st.fixed_dictionaries(dict(
+    mi=st.integers(0, 2), mo=st.sampled_from((-1, 0, 1, 3)), ni=st.integers(0, 3),
+    no=st.sampled_from((-1, 0, 1, 5)), k=st.integers(1, 300), threads=st.integers(1, 4),
+    m_parts=st.integers(1, 3), lpad=st.sampled_from((0, 1, 16)), dpad=st.sampled_from((0, 1, 9)),
+    rpad=st.sampled_from((0, 3)), clamp=st.booleans(), bias=st.booleans(),
+    seed=st.integers(0, 2 ** 16)))
+FLOW_EXAMPLES = 6
+
+
+def _k_for(kind: str, k: int) -> int:
+    """q4 formats take whole 32-blocks; q8 any k (off 32 too); the float formats any k."""
+    return 32 * (1 + k % 8) if kind == "q4" else (k if kind == "q8" else 1 + k % 160)
+
+
+def _flow_case(name: Name, geo: dict, d: dict) -> tuple[dict, dict]:
+    """One guest flow case from a draw, and the host's context for the bounds."""
+    rng = np.random.default_rng(d["seed"])
+    m = 1 if name.gemv else max(1, d["mi"] * geo["m_step"] + d["mo"])
+    n = max(1, d["ni"] * geo["n_step"] + d["no"])
+    k = _k_for(name.rhs_kind, d["k"])
+    strided = name.lhs in STRIDED or name.lhs is None
+    ldx = k + (d["lpad"] if strided else 0)
+    x = rng.normal(size=(m, ldx)).astype(np.float32)
+    w = rng.normal(size=(n, k)).astype(np.float32)
+    bias = rng.normal(size=n).astype(np.float32)
+    rhs = dict(packer=name.rhs, kind=name.rhs_kind)
+    if name.rhs_kind == "q4":               # KleidiAI's q4 packers take no bias
+        rhs["w"] = quantize_q4_0(w)
+        wf, bias = dequantize_q4_0(rhs["w"], n, k), np.zeros(n, np.float32)
+    elif name.rhs_kind == "q8":
+        s = (np.abs(w).max(axis=1) / 127).astype(np.float32)
+        q = np.clip(np.rint(w / s[:, None]), -127, 127).astype(np.int8)
+        bias = bias if d["bias"] else np.zeros(n, np.float32)
+        rhs.update(w=q, scale=s, bias=bias if d["bias"] else None)
+        wf = q.astype(np.float64) * s[:, None]
+    else:                                   # float rows of rhs_stride bytes; bias required
+        ld = (n if name.rhs_kind == "kxn" else k) + d["rpad"]
+        src = np.ascontiguousarray(w.T) if name.rhs_kind == "kxn" else w
+        full = rng.normal(size=(src.shape[0], ld)).astype(np.float32)
+        full[:, :src.shape[1]] = src
+        rhs.update(w=full, stride=4 * ld, bias=bias)
+        wf = w
+    ref = x[:, :k].astype(np.float64) @ np.asarray(wf, np.float64).T + bias
+    lo, hi = (np.quantile(ref, [0.3, 0.7]).astype(np.float32) if d["clamp"]
+              else (np.float32(-FMAX), np.float32(FMAX)))
+    case = dict(kernel=name.name, run=name.run, lhs=name.lhs and dict(packer=name.lhs,
+                bl=name.lhs in BL_PACKERS), rhs=rhs, m=m, n=n, k=k, x=x, lhs_stride=4 * ldx,
+                dst_stride=4 * (n + d["dpad"]), clamp=(float(lo), float(hi)), sentinel=SENT,
+                threads=d["threads"], m_parts=d["m_parts"])
+    a16 = np.abs(x[:, :k].astype(np.float16).astype(np.float64))
+    ctx = dict(bias=bias, k=k, T=a16 @ np.abs(np.asarray(wf, np.float64)).T,
+               A=a16.sum(axis=1, keepdims=True))
+    return case, ctx
+
+
+def _rows(buf: np.ndarray, c: dict) -> tuple[np.ndarray, np.ndarray]:
+    """dst[m, n] from the guest's buffer, and the bytes between the rows."""
+    ds, m, n = c["dst_stride"], c["m"], c["n"]
+    full = np.zeros(m * ds, np.uint8)
+    full[:buf.size] = buf
+    rows = full.reshape(m, ds)
+    return rows[:, :4 * n].copy().view(np.float32), rows[:-1, 4 * n:]
+
+
+def _written(kai: list, exp: list, what: str) -> list[str]:
+    """The export writes exactly the bytes KleidiAI's packer writes, with its values."""
+    wk, we = kai[0] == kai[1], exp[0] == exp[1]
+    if wk.size != we.size:
+        return [f"{what}: {we.size} bytes, KleidiAI {wk.size}"]
+    out = []
+    if (wk != we).any():
+        out.append(f"{what}: writes {int(np.sum(we & ~wk))} bytes KleidiAI leaves, leaves "
+                   f"{int(np.sum(wk & ~we))} it writes (first at {int(np.argmax(wk != we))})")
+    diff = wk & (kai[0] != exp[0])
+    if diff.any():
+        out.append(f"{what}: {int(diff.sum())} of {int(wk.sum())} written bytes differ (first at "
+                   f"{int(np.argmax(diff))})")
+    return out
+
+
+def _compare_flow(name: Name, c: dict, ctx: dict, res: dict) -> list[str]:
+    kai, exp = res["libs"]
+    where = f"m={c['m']} n={c['n']} k={c['k']}"
+    bad = []
+    if name.stem not in GETTERS_DIFFER:
+        if kai["geo"] != exp["geo"]:
+            bad.append(f"geometry {exp['geo']}, KleidiAI {kai['geo']}")
+        bad += _written(kai["rhs"], exp["rhs"], "packed RHS")
+        if kai["lhs"] is not None:
+            bad += _written(kai["lhs"], exp["lhs"], "packed LHS")
+    else:
+        bad += _written(kai["rhs"], exp["rhs"], "packed RHS")
+    want, gap = _rows(kai["dst"], c)
+    sent = np.frombuffer(np.float32(SENT).tobytes(), np.uint8)
+    assert (gap.reshape(-1, 4) == sent).all() if gap.size else True, "KleidiAI wrote between rows"
+    runs = [("dst", exp["dst"])] + ([("cross", res["cross"])] if "cross" in res else [])
+    for what, buf in runs:
+        got, g = _rows(buf, c)
+        if g.size and not (g.reshape(-1, 4) == sent).all():
+            bad.append(f"{what}: written between rows")
+        if name.stem in BOUNDED:
+            lim = BOUNDED[name.stem][1](want.astype(np.float64), ctx)
+            err = np.abs(got.astype(np.float64) - want)
+            if not (err <= lim).all():
+                i = np.unravel_index(np.argmax(err - lim), err.shape)
+                bad.append(f"{what}: |d| {err[i]:.3g} over the bound {lim[i]:.3g} at {i}")
+        elif not np.array_equal(got.view(np.uint32), want.view(np.uint32)):
+            diff = got.view(np.uint32) != want.view(np.uint32)
+            bad.append(f"{what}: {int(diff.sum())} of {diff.size} differ, max |d| "
+                       f"{np.nanmax(np.abs(got - want)):.3g}")
+    return [f"{where}: {b}" for b in bad]
+
+
+_RUNS = [(n, c) for n in NAMES for c in n.configs]
+
+
+@pytest.mark.parametrize("name,config", _RUNS, ids=[f"{n.stem}-{c}" for n, c in _RUNS])
+def test_kernel_matches_kleidiai(name, config, kleidiai_ref, export_kai):
+    """``name`` as llama.cpp runs it, with each library's own packers and getters: packed
+    buffers, dst (and the export's kernel on KleidiAI's packed buffers) equal KleidiAI's, or
+    within BOUNDED's bound."""
+    g = guest(*CONFIGS[config])
+    paths = [str(kleidiai_ref.shared), str(export_kai["so"])]
+    geo = g.call("guest_kaidiff:geometry", paths[0], name.name, name.lhs)
+    built = [_flow_case(name, geo, d) for d in draw_examples(FLOW_DRAWS, FLOW_EXAMPLES)]
+    results = g.call("guest_kaidiff:flow", paths, [c for c, _ in built])
+    bad = [b for (c, ctx), r in zip(built, results) for b in _compare_flow(name, c, ctx, r)]
+    assert not bad, f"{name.stem} on {config}: " + "; ".join(bad[:6])
+
+
+# -- packers, called directly ------------------------------------------------------------
+
+PACK_DRAWS = st.fixed_dictionaries(dict(
+    mi=st.integers(0, 3), mo=st.sampled_from((-1, 0, 1, 2)), start=st.integers(0, 9),
+    k=st.integers(1, 300), pad=st.sampled_from((0, 1, 7)), bias=st.booleans(),
+    seed=st.integers(0, 2 ** 16)))
+PACK_EXAMPLES = 8
+_P4_BYTES = np.array([1, 8], np.uint8)                         # lhs_zero_point 1, rhs_zero_point 8
+_P8_BYTES = np.frombuffer(np.int32(1).tobytes() + np.float32(1).tobytes(), np.uint8)
+
+
+def _lhs_call(p: str, geo: dict, d: dict, kind: str) -> tuple:
+    """A direct call of LHS packer ``p`` at the kernel geometry ``geo``: m rows from row
+    m_idx_start (where KleidiAI honours it), rows ``pad`` floats apart where it honours
+    lhs_stride; the destination the whole packed size of m_idx_start + m rows, passed at
+    get_lhs_packed_offset(m_idx_start) (KleidiAI's getters, evaluated in the guest)."""
+    rng = np.random.default_rng(d["seed"])
+    mr = geo["mr"]
+    m = max(1, d["mi"] * mr + d["mo"])
+    start = d["start"] if p in IDX_START else 0
+    start -= start % mr if p in IDX_START_ALIGNED else 0
+    k = _k_for(kind, d["k"])
+    ld = k + (d["pad"] if p in STRIDED else 0)
+    x = rng.normal(size=(start + m, ld)).astype(np.float32)
+    bl = [32] if p in BL_PACKERS else []
+    g3 = [mr, geo["kr"], geo["sr"]]
+    size = (f"kai_get_lhs_packed_size_{p[4:]}", [start + m, k, *bl, *g3])
+    off = (f"kai_get_lhs_packed_offset_{p[4:]}", [start, k, *bl, *g3])
+    src = ("in", x, 0 if p in ROW0_POINTER else 4 * ld * start)
+    args = [("u", m), ("u", k), *(("u", v) for v in bl + g3), ("u", start), src, ("u", 4 * ld),
+            ("out",)]
+    return (f"kai_run_{p[4:]}", args, size, off), f"m={m} k={k} m_idx_start={start} ld={ld}"
+
+
+def _rhs_call(p: str, geo: dict, d: dict, kind: str) -> tuple:
+    """A direct call of RHS packer ``p`` at ``geo``: n rows off the nr multiples, bias or none
+    (where KleidiAI takes one), padded rows of the float formats."""
+    rng = np.random.default_rng(d["seed"])
+    nr, kr, sr = geo["nr"], geo["kr"], geo["sr"]
+    n = max(1, d["mi"] * nr + d["mo"])
+    k = _k_for(kind, d["k"])
+    w = rng.normal(size=(n, k)).astype(np.float32)
+    bias = rng.normal(size=n).astype(np.float32)
+    head = [("u", 1), ("u", n), ("u", k), ("u", nr), ("u", kr), ("u", sr)]
+    if kind == "q4":
+        size = (f"kai_get_rhs_packed_size_{p[4:]}", [n, k, nr, kr, 32])
+        args = [*head, ("u", 32), ("in", quantize_q4_0(w)), ("null",), ("out",), ("u", 0),
+                ("in", _P4_BYTES)]
+    elif kind == "q8":
+        size = (f"kai_get_rhs_packed_size_{p[4:]}", [n, k, nr, kr, sr])
+        s = (np.abs(w).max(axis=1) / 127).astype(np.float32)
+        q = np.clip(np.rint(w / s[:, None]), -127, 127).astype(np.int8)
+        args = [*head, ("in", q), ("in", bias) if d["bias"] else ("null",), ("in", s), ("out",),
+                ("u", 0), ("in", _P8_BYTES)]
+    else:
+        size = (f"kai_get_rhs_packed_size_{p[4:]}", [n, k])
+        src = np.ascontiguousarray(w.T) if kind == "kxn" else w
+        full = rng.normal(size=(src.shape[0], src.shape[1] + d["pad"])).astype(np.float32)
+        full[:, :src.shape[1]] = src
+        args = [*head, ("u", full.strides[0]), ("in", full), ("in", bias), ("null",), ("out",),
+                ("u", 0), ("null",)]
+    return (f"kai_run_{p[4:]}", args, size, 0), f"n={n} k={k} nr={nr}"
+
+
+def _packer_plan(config: str) -> list[tuple[str, Name]]:
+    """(packer, a name that reads it) for every packer used on ``config``, at every distinct
+    geometry its names give it."""
+    seen, out = set(), []
+    for n in _names_on(config):
+        for p in (n.lhs, n.rhs):
+            if p and (p, n.stem) not in seen:
+                seen.add((p, n.stem))
+                out.append((p, n))
+    return out
+
+
+@pytest.mark.parametrize("config", list(CONFIGS))
+def test_packers_match_kleidiai(config, kleidiai_ref, export_kai):
+    """Every packer used on ``config``, at the geometry of each name that reads it, called
+    directly on drawn arguments (m_idx_start > 0, padded strides where KleidiAI honours them):
+    the export writes exactly KleidiAI's bytes."""
+    g = guest(*CONFIGS[config])
+    paths = [str(kleidiai_ref.shared), str(export_kai["so"])]
+    draws = draw_examples(PACK_DRAWS, PACK_EXAMPLES)
+    calls, where = [], []
+    for p, name in _packer_plan(config):
+        geo = g.call("guest_kaidiff:geometry", paths[0], name.name, name.lhs)
+        make = _lhs_call if p == name.lhs else _rhs_call
+        for d in draws:
+            call, what = make(p, geo, d, name.rhs_kind)
+            calls.append(call)
+            where.append(f"{p} ({name.stem} geometry) {what}")
+    bad = []
+    for w, (kai, exp) in zip(where, g.call("guest_kaidiff:packers", paths, calls)):
+        bad += [f"{w}: {b}" for b in _written(kai, exp, "packed")]
+    assert not bad, "; ".join(bad[:6])
