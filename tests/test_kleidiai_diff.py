@@ -23,6 +23,8 @@ docs/export.md ("Against KleidiAI") has the table of names and results.
 from __future__ import annotations
 
 import re
+import shutil
+import subprocess
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -188,19 +190,33 @@ def _packer_header(p: str) -> str:
 
 def test_the_names_are_the_exports():
     """The tables here cover exactly the export's 20 micro-kernels and 12 packers, with the
-    pairings of llama.cpp's kernels.cpp."""
+    pairings of llama.cpp's kernels.cpp (test_export_kleidiai.LLAMA_TABLE)."""
+    from test_export_kleidiai import LLAMA_TABLE
     assert sorted(n.name for n in NAMES) == sorted(k.name for k in K.KERNELS)
     used = {n.lhs for n in NAMES if n.lhs} | {n.rhs for n in NAMES}
     assert used == set(PACKERS)
     assert set(BOUNDED) | set(GETTERS_DIFFER) <= set(BY_STEM)
+    pairs = {(gemm, gemm_lhs, rhs) for _, gemm, gemm_lhs, _, _, rhs in LLAMA_TABLE}
+    pairs |= {(gemv, gemv_lhs, rhs) for _, _, _, gemv, gemv_lhs, rhs in LLAMA_TABLE if gemv}
+    assert {(n.stem, n.lhs and n.lhs[4:], n.rhs[4:]) for n in NAMES} == pairs
+
+
+def test_docs_table_is_these_results():
+    """docs/export.md's table ("Against KleidiAI") has a row per name, "bounded" exactly for
+    BOUNDED and "differ by design" exactly for GETTERS_DIFFER."""
+    doc = (Path(__file__).resolve().parents[1] / "docs" / "export.md").read_text()
+    part = doc[doc.index("## Against KleidiAI"):doc.index("## Tests")]
+    rows = dict(re.findall(r"^\| `(\w+)` \|(.*)$", part, re.M))
+    assert sorted(rows) == sorted(BY_STEM)
+    assert {s for s, r in rows.items() if "**bounded**" in r} == set(BOUNDED)
+    assert {s for s, r in rows.items() if "differ by design" in r} == set(GETTERS_DIFFER)
 
 
 def test_every_kleidiai_function_is_exported(kleidiai_ref, export_kai):
     """Every function KleidiAI's header of an exported name declares is defined by the export
     (the symbols of its shared object)."""
-    from tilegen.build.toolchain import discover  # noqa: F401  (the fixture checked clang)
-    import subprocess
-    nm = next(p for p in ("llvm-nm-19", "llvm-nm") if __import__("shutil").which(p))
+    nm = next((p for p in ("llvm-nm-19", "llvm-nm") if shutil.which(p)), None)
+    assert nm, "needs llvm-nm (scripts/setup.sh installs llvm-19)"
     syms = set(subprocess.run([nm, "-D", "--defined-only", str(export_kai["so"])],
                               capture_output=True, text=True, check=True).stdout.split())
     headers = [k.header for k in K.KERNELS] + [_packer_header(p) for p in PACKERS]
@@ -298,7 +314,7 @@ FLOW_DRAWS = st.fixed_dictionaries(dict(
     m_parts=st.integers(1, 3), lpad=st.sampled_from((0, 1, 16)), dpad=st.sampled_from((0, 1, 9)),
     rpad=st.sampled_from((0, 3)), clamp=st.booleans(), bias=st.booleans(),
     seed=st.integers(0, 2 ** 16)))
-FLOW_EXAMPLES = 6
+FLOW_EXAMPLES = 8
 
 
 def _k_for(kind: str, k: int) -> int:

@@ -12,6 +12,11 @@ the machine's own apt configuration and dpkg database are never touched. The Deb
 taken from the machine's apt sources. Each step builds in a temporary directory that is
 renamed into place, and a file lock serialises concurrent callers.
 
+Besides: the arm64 cross-build sysroot (``ensure_cross_sysroot``), llama.cpp's source
+(``ensure_llama_cpp_source``) and the real KleidiAI from a release tarball the caller names
+(``ensure_kleidiai_source``; ``ensure_kleidiai_library`` builds it for aarch64 with its own CMake),
+each the same way (temporary directory, stamp, rename, lock).
+
 On an aarch64 host nothing is emulated: the running interpreter is the guest Python.
 """
 from __future__ import annotations
