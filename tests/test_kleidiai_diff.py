@@ -213,19 +213,40 @@ def test_docs_table_is_these_results():
 
 
 def test_every_kleidiai_function_is_exported(kleidiai_ref, export_kai):
-    """Every function KleidiAI's header of an exported name declares is defined by the export
-    (the symbols of its shared object)."""
+    """Every function KleidiAI's header of an exported name declares is defined by KleidiAI's
+    shared object (its CMake built every micro-kernel and packer) and by the export's."""
     nm = next((p for p in ("llvm-nm-19", "llvm-nm") if shutil.which(p)), None)
     assert nm, "needs llvm-nm (scripts/setup.sh installs llvm-19)"
-    syms = set(subprocess.run([nm, "-D", "--defined-only", str(export_kai["so"])],
-                              capture_output=True, text=True, check=True).stdout.split())
     headers = [k.header for k in K.KERNELS] + [_packer_header(p) for p in PACKERS]
     declared = set()
     for h in headers:
         text = re.sub(r"//[^\n]*", "", (kleidiai_ref.source / h).read_text())
         declared |= set(re.findall(r"\b(kai_(?:get|run)_\w+)\s*\(", text))
     assert len(declared) > 250
-    assert sorted(declared - syms) == []
+    for so in (kleidiai_ref.shared, export_kai["so"]):
+        syms = set(subprocess.run([nm, "-D", "--defined-only", str(so)], capture_output=True,
+                                  text=True, check=True).stdout.split())
+        assert sorted(declared - syms) == [], so
+
+
+def test_kleidiai_provisioning(kleidiai_ref, tmp_path, monkeypatch):
+    """The reference build is keyed and checked: a tarball that is no known KleidiAI release
+    is refused before anything is extracted; the cached build holds the static library, the
+    shared object and its stamp, in a directory named by version and key."""
+    from tilegen.emulate import provision
+    assert kleidiai_ref.version == "1.24.0"
+    assert kleidiai_ref.static.is_file() and kleidiai_ref.shared.is_file()
+    assert (kleidiai_ref.static.parent / ".tilegen-complete").is_file()
+    assert kleidiai_ref.static.parent.name.startswith("lib-1.24.0-")
+    assert (kleidiai_ref.source / "kai" / "kai_common.h").is_file()
+    fake = tmp_path / "kleidiai-v1.24.0.tar.gz"
+    fake.write_bytes(b"not KleidiAI")
+    monkeypatch.setenv("TILEGEN_CACHE", str(tmp_path / "cache"))
+    with pytest.raises(provision.ProvisionError, match="no KleidiAI release tilegen knows"):
+        provision.ensure_kleidiai_source(fake)
+    with pytest.raises(provision.ProvisionError, match="no KleidiAI tarball"):
+        provision.ensure_kleidiai_library(tmp_path / "missing.tar.gz")
+    assert not (tmp_path / "cache").exists()
 
 
 # -- getters ------------------------------------------------------------------------------
@@ -292,7 +313,8 @@ def test_getters_match_kleidiai(config, kleidiai_ref, export_kai):
     wrong, by_design = [], set()
     for name in _names_on(config):
         geo = g.call("guest_kaidiff:geometry", paths[0], name.name, name.lhs)
-        calls = _getter_calls(name, kleidiai_ref.source, geo, draws)
+        calls = [(fn, list(a)) for fn, a in dict.fromkeys(
+            (fn, tuple(a)) for fn, a in _getter_calls(name, kleidiai_ref.source, geo, draws))]
         for (fn, args), (want, got) in zip(calls, g.call("guest_kaidiff:getters", paths, calls)):
             if want == got:
                 continue
@@ -301,8 +323,8 @@ def test_getters_match_kleidiai(config, kleidiai_ref, export_kai):
             else:
                 wrong.append((fn, args, want, got))
     assert not wrong, f"{len(wrong)} getter values differ from KleidiAI's, e.g. {wrong[:6]}"
-    expected = {f"kai_get_{_GETTER_FN.get(g, g)}_matmul_clamp_f32_{s}"
-                for s, gs in GETTERS_DIFFER.items() if config in BY_STEM[s].configs for g in gs}
+    expected = {f"kai_get_{_GETTER_FN.get(x, x)}_matmul_clamp_f32_{s}"
+                for s, xs in GETTERS_DIFFER.items() if config in BY_STEM[s].configs for x in xs}
     assert by_design == expected
 
 
