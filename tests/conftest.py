@@ -15,6 +15,10 @@ TESTS_DIR = Path(__file__).resolve().parent
 #: the repository's ``../shared/vectors``. Tests built from them fail (never skip) when the
 #: directory or a file pattern is missing.
 VECTORS = Path(os.environ.get("TILEGEN_VECTORS") or TESTS_DIR.parents[1] / "shared" / "vectors")
+#: KleidiAI v1.24.0's release tarball (the version llama.cpp pins): ``$TILEGEN_KLEIDIAI``, else
+#: the repository's ``../shared/thirdparty/kleidiai``; missing, the tests built on it fail.
+KLEIDIAI_TARBALL = Path(os.environ.get("TILEGEN_KLEIDIAI") or TESTS_DIR.parents[1] / "shared"
+                        / "thirdparty" / "kleidiai" / "kleidiai-v1.24.0.tar.gz")
 # qemu CPU models the execution tests run on.
 EXEC_CPUS = ("cortex-a53", "neoverse-n1", "neoverse-v1", "max")
 F32_TILES = ("6x16", "4x16", "8x8", "4x24", "5x12", "1x16", "1x4")
@@ -114,6 +118,44 @@ def cross_sysroot() -> Path:
     root = provision.ensure_cross_sysroot()
     assert (root / "usr" / "include" / "c++").is_dir(), root
     return root
+
+
+@pytest.fixture(scope="session")
+def kleidiai_ref() -> provision.KleidiAI:
+    """KleidiAI v1.24.0 built for aarch64 by its own CMake (clang-19, the cross sysroot),
+    once per machine into the cache (``provision.ensure_kleidiai_library``)."""
+    return provision.ensure_kleidiai_library(KLEIDIAI_TARBALL)
+
+
+@pytest.fixture(scope="session")
+def export_kai(tmp_path_factory) -> dict:
+    """``tilegen export kleidiai`` (linux-aarch64-all) configured and built by its CMake
+    (clang cross, target ``kleidiai``) and linked into a shared object (``-Bsymbolic``, so it
+    loads next to KleidiAI's own): root, lib (libkleidiai.a), so, toolchain, manifest."""
+    import shutil
+    import subprocess
+    from tilegen.build.toolchain import discover
+    from tilegen.export import kleidiai as K
+
+    def run(cmd):
+        p = subprocess.run([str(c) for c in cmd], capture_output=True, text=True)
+        assert p.returncode == 0, f"{' '.join(map(str, cmd))}\n{p.stdout}\n{p.stderr}"
+
+    tc = discover("elf")
+    assert tc.kind == "clang", f"needs clang (scripts/setup.sh installs clang-19), found {tc.kind}"
+    assert shutil.which("cmake"), "needs cmake (scripts/setup.sh installs it)"
+    base = tmp_path_factory.mktemp("kai")
+    root = base / "kleidiai"
+    manifest = K.write_tree(root, target="linux-aarch64-all")
+    (base / "aarch64.cmake").write_text(K.cmake_toolchain(cc=tc.driver[0]))
+    gen = ["-G", "Ninja"] if shutil.which("ninja") else []
+    run(["cmake", "-S", root, "-B", base / "build", *gen, "-DCMAKE_BUILD_TYPE=Release",
+         f"-DCMAKE_TOOLCHAIN_FILE={base / 'aarch64.cmake'}"])
+    run(["cmake", "--build", base / "build", "-j", "2"])
+    lib = base / "build" / "libkleidiai.a"
+    so = base / "libkai_export.so"
+    run(tc.link_cmd(["-Wl,-Bsymbolic", "-Wl,--whole-archive", lib, "-Wl,--no-whole-archive"], so))
+    return dict(root=root, lib=lib, so=so, tc=tc, manifest=manifest)
 
 
 def pytest_sessionfinish(session, exitstatus):

@@ -46,20 +46,10 @@ def _run(cmd, **kw):
 
 
 @pytest.fixture(scope="module")
-def built(tmp_path_factory):
+def built(export_kai):
     """The exported tree, configured and built by CMake; (root, libkleidiai.a, toolchain)."""
-    tc = _toolchain()
-    base = tmp_path_factory.mktemp("kai")
-    root = base / "kleidiai"
-    manifest = K.write_tree(root, target="linux-aarch64-all")
-    (base / "aarch64.cmake").write_text(K.cmake_toolchain(cc=tc.driver[0]))
-    gen = ["-G", "Ninja"] if shutil.which("ninja") else []
-    _run(["cmake", "-S", root, "-B", base / "build", *gen, "-DCMAKE_BUILD_TYPE=Release",
-          f"-DCMAKE_TOOLCHAIN_FILE={base / 'aarch64.cmake'}"])
-    _run(["cmake", "--build", base / "build", "-j", "2"])
-    lib = base / "build" / "libkleidiai.a"
-    assert lib.exists()
-    return root, lib, tc, manifest
+    e = export_kai
+    return e["root"], e["lib"], e["tc"], e["manifest"]
 
 
 def test_symbol_list_is_llama_cpps(llama_kai):
@@ -184,11 +174,8 @@ def test_headers_have_llama_cpps_types(built, tmp_path):
 # -- numerics under qemu -----------------------------------------------------------------
 
 @pytest.fixture(scope="module")
-def kai_so(built, tmp_path_factory):
-    root, lib, tc, _ = built
-    so = tmp_path_factory.mktemp("kaiso") / "libkai_export.so"
-    _run(tc.link_cmd(["-Wl,--whole-archive", lib, "-Wl,--no-whole-archive"], so))
-    return str(so)
+def kai_so(export_kai):
+    return str(export_kai["so"])
 
 
 def _cases(m_n_k, make):
@@ -229,7 +216,7 @@ def _getters_match(g, kk, kai_so, vl):
     got = g.call("guest_kai:getters", kai_so, kk.name,
                  "get_lhs_offset" if lhs is None else "get_lhs_packed_offset", lhs_args,
                  [3 * rhs.nr, k] + bl)
-    want = dict(m_step=spec.mr_at(vl), n_step=spec.nr_at(vl), mr=lhs.mr if lhs else 1,
+    want = dict(m_step=spec.mr_at(vl), n_step=kk.n_step_tiles * spec.nr_at(vl), mr=lhs.mr if lhs else 1,
                 nr=rhs.nr, kr=spec.kr, sr=spec.sr,
                 lhs_offset=2 * _stride(lhs, k) if lhs is not None else 3000,
                 rhs_offset=3 * _stride(rhs, k), dst_offset=3 * 100 + 8 * 4, dst_size=60)

@@ -13,6 +13,11 @@ the machine's own apt configuration and dpkg database are never touched. The Deb
 taken from the machine's apt sources. Each step builds in a temporary directory that is
 renamed into place, and a file lock serialises concurrent callers.
 
+Besides: the arm64 cross-build sysroot (``ensure_cross_sysroot``), llama.cpp's source
+(``ensure_llama_cpp_source``) and the real KleidiAI from a release tarball the caller names
+(``ensure_kleidiai_source``; ``ensure_kleidiai_library`` builds it for aarch64 with its own CMake),
+each the same way (temporary directory, stamp, rename, lock).
+
 On an aarch64 host nothing is emulated: the running interpreter is the guest Python.
 """
 from __future__ import annotations
@@ -37,7 +42,9 @@ from pathlib import Path
 
 __all__ = ["NUMPY_VERSION", "GUEST_WHEELS", "QEMU_MIN_VERSION", "CROSS_SYSROOT_PACKAGES",
            "LLAMA_CPP_PYTHON_VERSION", "Toolbox", "ProvisionError", "cache_dir", "ensure",
-           "ensure_cross_sysroot", "ensure_llama_cpp_source", "is_native"]
+           "ensure_cross_sysroot", "ensure_llama_cpp_source", "is_native", "KLEIDIAI_SHA256",
+           "KLEIDIAI_CMAKE_FLAGS", "KleidiAI", "ensure_kleidiai_source", "ensure_kleidiai_library",
+           "cross_cmake_toolchain"]
 
 NUMPY_VERSION = "2.4.6"
 #: Requirements installed into the guest site dir (pip resolves their dependencies).
@@ -621,3 +628,156 @@ def ensure(quiet: bool = False) -> Toolbox:
     tb = _cross_toolbox(root)
     assert tb is not None
     return tb
+
+
+# ---------------------------------------------------------------------------------------------
+# the real KleidiAI (reference for differential tests), from a release tarball given by path
+
+#: sha256 of the KleidiAI release tarballs tilegen knows (``git archive`` of the tags; the
+#: shared ``thirdparty/kleidiai`` README lists them): a tarball with another digest is refused.
+KLEIDIAI_SHA256: dict[str, str] = {
+    "1.24.0": "1833ce2b5e1f78ccb2961a45aea9c3ec8a39d7f02822f96355542b8b69022653",
+    "1.30.0": "8dc596977c2266f116948d9cdc2ebc6fc877d471952dc29eadc51dc27917385e",
+}
+#: KleidiAI's own CMake options for the reference library: no unit tests or benchmarks (they
+#: fetch GoogleTest), position-independent objects so one shared object can hold all of them.
+#: KleidiAI's CMake adds every micro-kernel and packer on a non-MSVC aarch64 build (NEON,
+#: SVE, SME and SME2 files each with their own ``-march``); there is no per-ISA switch.
+#: Release optimisation without ``-DNDEBUG``: KleidiAI's precondition checks (``KAI_ASSUME``,
+#: ``KAI_ASSERT``) stay on and abort with a message, where a Release build would turn them into
+#: ``__builtin_unreachable()`` (a call outside them undefined, not reported).
+KLEIDIAI_CMAKE_FLAGS: tuple[str, ...] = (
+    "-DCMAKE_BUILD_TYPE=Release", "-DCMAKE_C_FLAGS_RELEASE=-O3", "-DCMAKE_CXX_FLAGS_RELEASE=-O3",
+    "-DKLEIDIAI_BUILD_TESTS=OFF", "-DKLEIDIAI_BUILD_BENCHMARK=OFF",
+    "-DCMAKE_POSITION_INDEPENDENT_CODE=ON")
+_KLEIDIAI_CC = ("clang-19", "clang++-19")
+
+
+@dataclass(frozen=True)
+class KleidiAI:
+    """A built KleidiAI: its source tree (include root), static library and a shared object
+    holding every object of it (``--whole-archive``, ``-Bsymbolic``: its ``kai_`` calls bind
+    inside it, so it loads next to another library with the same names)."""
+
+    version: str
+    source: Path
+    static: Path
+    shared: Path
+
+
+def _kleidiai_version(tarball: Path) -> tuple[str, str]:
+    """(version, sha256) of a known KleidiAI release tarball, or ProvisionError."""
+    if not tarball.is_file():
+        raise ProvisionError(f"no KleidiAI tarball at {tarball}: check out the shared inputs next "
+                             "to the repository (../shared/thirdparty/kleidiai)")
+    digest = hashlib.sha256(tarball.read_bytes()).hexdigest()
+    for version, want in KLEIDIAI_SHA256.items():
+        if digest == want:
+            return version, digest
+    raise ProvisionError(f"{tarball}: sha256 {digest} is no KleidiAI release tilegen knows "
+                         f"({', '.join(KLEIDIAI_SHA256)})")
+
+
+def _step_kleidiai_source(tarball: Path, version: str) -> Callable[[Path], str]:
+    def build(tmp: Path) -> str:
+        with tarfile.open(tarball) as t:
+            t.extractall(tmp, filter="data")
+        top = tmp / f"kleidiai-{version}"
+        if not (top / "CMakeLists.txt").is_file() or not (top / "kai" / "kai_common.h").is_file():
+            raise ProvisionError(f"{tarball} holds no kleidiai-{version}/ with CMakeLists.txt and "
+                                 "kai/kai_common.h")
+        for entry in top.iterdir():   # the archive's top directory becomes the step's directory
+            os.rename(entry, tmp / entry.name)
+        top.rmdir()
+        return f"{tarball.name} sha256={KLEIDIAI_SHA256[version]}"
+    return build
+
+
+def ensure_kleidiai_source(tarball: Path, quiet: bool = False) -> Path:
+    """Extract (once) a KleidiAI release tarball (:data:`KLEIDIAI_SHA256`) into
+    ``<cache>/kleidiai/src-<version>-<sha>``, the tree's root (``CMakeLists.txt``, ``kai/``);
+    unpacked into a temporary directory, stamped and renamed into place under a file lock."""
+    log = _logger(quiet)
+    version, digest = _kleidiai_version(Path(tarball))
+    root = cache_dir() / "kleidiai"
+    name = f"src-{version}-{digest[:12]}"
+    if _read_stamp(root / name) is not None:
+        return root / name
+    root.mkdir(parents=True, exist_ok=True)
+    with _locked(root / ".lock", log):
+        if _read_stamp(root / name) is None:
+            for leftover in root.glob(f".tmp-{name}-*"):
+                shutil.rmtree(leftover, ignore_errors=True)
+            _build_step(root, name, _step_kleidiai_source(Path(tarball), version), log)
+    return root / name
+
+
+def cross_cmake_toolchain(sysroot: Path, cc: str = _KLEIDIAI_CC[0],
+                          cxx: str = _KLEIDIAI_CC[1]) -> str:
+    """A CMake toolchain file: clang (C, C++, ASM) + lld for aarch64 Linux against ``sysroot``
+    (:func:`ensure_cross_sysroot`)."""
+    settings = [("CMAKE_SYSTEM_NAME", "Linux"), ("CMAKE_SYSTEM_PROCESSOR", "aarch64"),
+                ("CMAKE_SYSROOT", f'"{sysroot}"')]
+    for lang, comp in (("C", cc), ("CXX", cxx), ("ASM", cc)):
+        settings += [(f"CMAKE_{lang}_COMPILER", comp),
+                     (f"CMAKE_{lang}_COMPILER_TARGET", "aarch64-linux-gnu")]
+    settings += [(f"CMAKE_{kind}_LINKER_FLAGS_INIT", '"-fuse-ld=lld"')
+                 for kind in ("EXE", "SHARED", "MODULE")]
+    settings += [(f"CMAKE_FIND_ROOT_PATH_MODE_{what}", mode) for what, mode in
+                 (("PROGRAM", "NEVER"), ("LIBRARY", "ONLY"), ("INCLUDE", "ONLY"),
+                  ("PACKAGE", "ONLY"))]
+    return "".join(f"set({k} {v})\n" for k, v in settings)
+
+
+def _step_kleidiai_library(src: Path, sysroot: Path, toolchain: str, jobs: int,
+                           log: Callable[[str], None]) -> Callable[[Path], str]:
+    def build(tmp: Path) -> str:
+        (tmp / "toolchain.cmake").write_text(toolchain)
+        bdir = tmp / ".build"
+        gen = ["-G", "Ninja"] if shutil.which("ninja") else []
+        hint = "KleidiAI's CMake needs cmake >= 3.16, clang-19, clang++-19 and lld (scripts/setup.sh)."
+        _run(["cmake", "-S", str(src), "-B", str(bdir), *gen, *KLEIDIAI_CMAKE_FLAGS,
+              f"-DCMAKE_TOOLCHAIN_FILE={tmp / 'toolchain.cmake'}"], "configuring KleidiAI", hint)
+        log(f"kleidiai: building {src.name} for aarch64 ({jobs} jobs)")
+        _run(["cmake", "--build", str(bdir), "--target", "kleidiai", "-j", str(jobs)],
+             "building KleidiAI", hint)
+        static = next(bdir.rglob("libkleidiai.a"), None)
+        if static is None:
+            raise ProvisionError(f"KleidiAI's build made no libkleidiai.a under {bdir}")
+        os.rename(static, tmp / "libkleidiai.a")
+        shutil.rmtree(bdir)
+        _run([_KLEIDIAI_CC[0], "--target=aarch64-linux-gnu", f"--sysroot={sysroot}",
+              "-fuse-ld=lld", "-shared", "-Wl,-Bsymbolic", "-o", str(tmp / "libkleidiai.so"),
+              "-Wl,--whole-archive", str(tmp / "libkleidiai.a"), "-Wl,--no-whole-archive", "-lm"],
+             "linking KleidiAI into a shared object", hint)
+        return "built"
+    return build
+
+
+def ensure_kleidiai_library(tarball: Path, quiet: bool = False, jobs: int | None = None) -> KleidiAI:
+    """Build (once) KleidiAI's static library for aarch64 Linux with KleidiAI's own CMake
+    (:data:`KLEIDIAI_CMAKE_FLAGS`), clang-19 + lld and the cross sysroot, and a shared object of
+    it; cached in ``<cache>/kleidiai/lib-<key>``, keyed by the tarball's sha256, the flags, the
+    toolchain file, clang's version and the sysroot's stamp (a file lock serialises builders)."""
+    log = _logger(quiet)
+    src = ensure_kleidiai_source(tarball, quiet)
+    version, digest = _kleidiai_version(Path(tarball))
+    sysroot = ensure_cross_sysroot(quiet)
+    toolchain = cross_cmake_toolchain(sysroot)
+    clang = _run([_KLEIDIAI_CC[0], "--version"], "clang-19 --version",
+                 "KleidiAI's reference build needs clang-19 (scripts/setup.sh installs it).")
+    key = hashlib.sha256("\n".join([digest, *KLEIDIAI_CMAKE_FLAGS, toolchain,
+                                    clang.stdout.splitlines()[0],
+                                    _read_stamp(sysroot) or ""]).encode()).hexdigest()[:12]
+    root = cache_dir() / "kleidiai"
+    name = f"lib-{version}-{key}"
+    done = KleidiAI(version, src, root / name / "libkleidiai.a", root / name / "libkleidiai.so")
+    if _read_stamp(root / name) is not None:
+        return done
+    with _locked(root / ".lock", log):
+        if _read_stamp(root / name) is None:
+            for leftover in root.glob(f".tmp-{name}-*"):
+                shutil.rmtree(leftover, ignore_errors=True)
+            _build_step(root, name, _step_kleidiai_library(src, sysroot, toolchain,
+                                                           jobs or os.cpu_count() or 2, log), log)
+    return done

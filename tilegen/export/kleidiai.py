@@ -142,6 +142,7 @@ class KaiKernel:
     c_impl: str | None = None
     note: str = ""
     getter_sr: int | None = None    # get_sr's value where it is not the spec's sr
+    n_step_tiles: int = 1           # get_n_step in tiles of the spec's nr (KleidiAI's unrolled n)
 
     @property
     def header(self) -> str:
@@ -163,7 +164,7 @@ def _k(name: str, abi: str, spec: str | None, **kw) -> KaiKernel:
 _Q4, _Q8 = "qsi8d32p_qsi4c32p", "qai8dxp_qsi8cxp"
 KERNELS: tuple[KaiKernel, ...] = (
     _k("qsi8d32p1x8_qsi4c32p4x8_1x4x32_neon_dotprod", _Q4, "q4_0:dotprod:1x4:k16:s2",
-       note="n_step 4 (KleidiAI's 32 is a loop unroll)"),
+       note="n_step 4, as KleidiAI's getter (the x32 is its loop unroll)"),
     _k("qsi8d32p1x4_qsi4c32p4x4_1x4_neon_dotprod", _Q4, "q4_0:dotprod:1x4"),
     _k("qsi8d32p4x4_qsi4c32p4x4_16x4_neon_dotprod", _Q4, "q4_0:dotprod:16x4"),
     _k("qsi8d32p4x8_qsi4c32p4x8_16x4_neon_i8mm", _Q4, "q4_0:i8mm:16x4"),
@@ -192,8 +193,8 @@ KERNELS: tuple[KaiKernel, ...] = (
        note="RHS bf16p2vlx2b (KleidiAI's kernel name drops the b)"),
     _k("f32p2vlx1_f32p2vlx1biasf32_sme2_mopa", "f32p_f32p", "f32:sme2:2vlx2vl",
        note="f32p2vlx1biasf32 = f32p2vlx1b byte for byte (bias panel first)"),
-    _k("f32_f32p2vlx1b_1x16vl_sme2_mla", "f32_f32p", "f32:sme2:1x2vl",
-       note="n_step 2vl (KleidiAI's 16vl is a loop unroll over 2vl panels)"),
+    _k("f32_f32p2vlx1b_1x16vl_sme2_mla", "f32_f32p", "f32:sme2:1x2vl", n_step_tiles=8,
+       note="the 1x2vl gemv; get_n_step says 16vl (8 panels of 2vl), as KleidiAI's"),
     _k("f32p2vlx1_f32p2vlx1b_2vlx2vl_sme_mopa", "f32p_f32p", "f32:sme:2vlx2vl"),
 )
 
@@ -294,7 +295,8 @@ def _spec_getters(kk: KaiKernel, spec: KernelSpec) -> _Getters:
     else:
         rstride = f"({c_expr(rhs_layout_for(spec).stride_expr)})"
     rhs_off = f"(n_idx / {nr}) * {rstride}"
-    return _Getters(units(spec.mr, spec.mr_vl), nr if spec.nr_vl else str(spec.nr), mr, nr,
+    n_step = units(kk.n_step_tiles * spec.nr, spec.nr_vl)
+    return _Getters(units(spec.mr, spec.mr_vl), n_step, mr, nr,
                     str(spec.kr), str(kk.getter_sr or spec.sr), lhs_off, rhs_off)
 
 
@@ -545,7 +547,7 @@ def tuned_pair_overrides(target) -> dict[str, str]:
 
 def _with_spec(kk: KaiKernel, spec: str) -> KaiKernel:
     return KaiKernel(kk.name, kk.abi, spec, kk.same_layouts, kk.c_impl,
-                     f"tuned: {spec} (default {kk.spec})", kk.getter_sr)
+                     f"tuned: {spec} (default {kk.spec})", kk.getter_sr, kk.n_step_tiles)
 
 
 def kernels_for(target=None, tuned: bool | str = False) -> list[KaiKernel]:
