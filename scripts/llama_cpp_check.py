@@ -14,7 +14,8 @@ End to end, on an x86-64 host:
    ``../shared/thirdparty/kleidiai``, unpacked by provision.ensure_kleidiai_source; ``real``).
    Builds are cached under ``<cache>/llama/<version>-<off|on|real>-<config hash>/``; an ON
    build's stamp holds its KleidiAI tree's content hash, and a changed tree is rebuilt
-   incrementally in place;
+   incrementally in place. ccache (``CCACHE``) hands the objects the three builds share
+   (libllama, llama-common, ggml-base) from the first build to the others;
 3. writes a synthetic llama GGUF (tilegen.synth_gguf) in Q4_0, Q8_0 and F16;
 4. runs llama.cpp's ``llama-debug --save-logits`` (the last prompt position's logits; one GEMM
    batch of 133 tokens, F16: 45) and ``llama-batched --temp 0`` (a 45-token prompt, then 16
@@ -498,13 +499,13 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
                         f"{LLAMA_CPP_PYTHON_VERSION} sdist's vendor/llama.cpp, downloaded into the cache)")
     p.add_argument("--types", default=",".join(sg.TYPES), help="weight types (default: all)")
     p.add_argument("--cpus", default=",".join(CPUS),
-                   help=f"CPU models for the ON build (default: all of {', '.join(CPUS)})")
+                   help=f"CPU models for the ON builds (default: all of {', '.join(CPUS)})")
     p.add_argument("--off-cpus", default="n1",
                    help="CPU models for the OFF build (the first is the reference; default n1; "
                         "ggml's kernels are fixed at compile time, so OFF on another model must "
                         "agree bit for bit: `n1,max` checks that)")
     p.add_argument("--sme", default=f"1,{THREADS}",
-                   help="GGML_KLEIDIAI_SME values (SME thread caps) for the ON build on max, "
+                   help="GGML_KLEIDIAI_SME values (SME thread caps) for the ON builds on max, "
                         f"besides 0 (default 1,{THREADS}: with {THREADS} threads and a cap of 1, "
                         "batches under 128 rows run the non-SME fallback kernel for Q4_0/Q8_0; "
                         f"a cap of {THREADS} runs the SME kernels on every thread)")
@@ -731,20 +732,22 @@ def print_real_table(pairs: list[dict]) -> None:
     print(f"tilegen export (on) vs the real KleidiAI v{KLEIDIAI_VERSION} (real), same llama.cpp "
           "and configuration:")
     hdr = (f"{'type':5} {'cpu':4} {'sme':3} {'kleidiai kernels':28} {'max|d|':>8} "
-           f"{'bit-equal':>9} {'tok=':>4} {'expected':12}  result")
+           f"{'d/rms':>8} {'bit-equal':>9} {'tok=':>4} {'expected':12}  result")
     print(hdr)
     print("-" * len(hdr))
     for r in pairs:
         eq = f"{r['bit_equal']}/{r['n_logits']}" if "bit_equal" in r else "-"
         tok = ("yes" if r["tok_equal"] else "NO") if "tok_equal" in r else "-"
         mx = format(r["max_abs"], "8.4f") if "max_abs" in r else format("-", ">8")
-        print(f"{r['type']:5} {r['cpu']:4} {r['sme']:3} {r['kernels'][:28]:28} {mx} {eq:>9} "
+        dr = format(r["d_rel"], "8.5f") if "d_rel" in r else format("-", ">8")
+        print(f"{r['type']:5} {r['cpu']:4} {r['sme']:3} {r['kernels'][:28]:28} {mx} {dr} {eq:>9} "
               f"{tok:>4} {r['expect']:12}  {'ok' if r['ok'] else 'FAIL'}")
         for pr in r["problems"]:
             print(f"      {pr.splitlines()[0]}")
     print()
-    print("columns: max|d| = max |export logit - real logit| at the last prompt position; "
-          "bit-equal = logits with the same float32 bits; tok= = the 16 greedy tokens agree; "
+    print("columns: max|d| = max |export logit - real logit| at the last prompt position; d/rms "
+          "= that over the real logits' rms; bit-equal = logits with the same float32 bits; "
+          "tok= = the 16 greedy tokens agree; "
           "expected: identical (every logit bit-equal) where the export's kernels are bit-exact "
           "with KleidiAI's, else max|d| over the real logits' rms within the tolerance.")
     if not F16P_Q4_0_SME2_GEMM_BIT_EXACT:
