@@ -1,0 +1,180 @@
+"""scripts/llama_cpp_check.py's own logic, without building or running llama.cpp: which runs it
+plans, the environment of each (the deterministic hybrid SME split), which export-vs-real pairs
+must be bit-identical, and how a pair is judged."""
+import importlib.util
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from tilegen.emulate import provision
+
+REPO = Path(__file__).resolve().parents[1]
+SHARED = Path(__file__).resolve().parents[2] / "shared"
+
+
+def _load():
+    spec = importlib.util.spec_from_file_location("llama_cpp_check",
+                                                  REPO / "scripts" / "llama_cpp_check.py")
+    mod = importlib.util.module_from_spec(spec)
+    sys.modules.setdefault(spec.name, mod)
+    spec.loader.exec_module(mod)
+    return mod
+
+
+lc = _load()
+N_VOCAB = 512
+
+
+def _run(build, cpu, sme, wtype, logits, tokens=(1, 2, 3), kernels="q4:I8MM q8:I8MM"):
+    return lc.Run(build, cpu, sme, wtype, logits=np.asarray(logits, np.float32),
+                  tokens=list(tokens), kernels=kernels)
+
+
+@pytest.fixture
+def logits():
+    return np.random.default_rng(23).normal(0.0, 2.5, N_VOCAB).astype(np.float32)
+
+
+def test_the_default_archive_is_the_shared_kleidiai_release_llama_cpp_pins(llama_cpp_src):
+    assert lc.KLEIDIAI_ARCHIVE == SHARED / "thirdparty" / "kleidiai" / "kleidiai-v1.24.0.tar.gz"
+    assert lc.KLEIDIAI_ARCHIVE.is_file(), "check out the shared inputs next to the repository"
+    assert lc.parse_args([]).kleidiai == lc.KLEIDIAI_ARCHIVE
+    cmake = (llama_cpp_src / "ggml" / "src" / "ggml-cpu" / "CMakeLists.txt").read_text()
+    assert f'set(KLEIDIAI_COMMIT_TAG "v{lc.KLEIDIAI_VERSION}")' in cmake
+
+
+def test_the_archive_unpacks_into_the_cache_once(tmp_path, monkeypatch):
+    monkeypatch.setenv("TILEGEN_CACHE", str(tmp_path))
+    src = provision.ensure_kleidiai_source(lc.KLEIDIAI_ARCHIVE, quiet=True)
+    assert src.parent == tmp_path / "kleidiai" and (src / "CMakeLists.txt").is_file()
+    assert (src / "kai" / "ukernels" / "matmul").is_dir()
+    assert provision.ensure_kleidiai_source(lc.KLEIDIAI_ARCHIVE, quiet=True) == src
+    bad = tmp_path / "kleidiai-v1.24.0.tar.gz"
+    bad.write_bytes(lc.KLEIDIAI_ARCHIVE.read_bytes()[:-1])
+    with pytest.raises(provision.ProvisionError, match="sha256"):
+        provision.ensure_kleidiai_source(bad, quiet=True)
+
+
+def test_the_plan_pairs_every_export_run_with_a_real_run():
+    off, on, real = (lc.Build(n, Path(n), Path(n), 0.0, True) for n in ("off", "on", "real"))
+    plan = lc.run_plan([off, on, real], ["n1", "v1", "max"], ["n1", "max"], ["1", "2"])
+    got = [(b.name, c, s) for b, c, s in plan]
+    assert got[:2] == [("off", "n1", "-"), ("off", "max", "-")]
+    keys = {"on": [], "real": []}
+    for b, c, s in got[2:]:
+        keys[b].append((c, s))
+    assert keys["on"] == keys["real"] == [("n1", "0"), ("v1", "0"), ("max", "0"), ("max", "1"),
+                                          ("max", "2")]
+    # side by side: each export run is directly followed by its real run
+    assert all(got[i][0] == "on" and got[i + 1][0] == "real" and got[i][1:] == got[i + 1][1:]
+               for i in range(2, len(got), 2))
+    assert [(b.name, c, s) for b, c, s in lc.run_plan([off, on], ["max"], ["n1"], ["2"])] == \
+        [("off", "n1", "-"), ("on", "max", "0"), ("on", "max", "2")]
+
+
+def test_only_hybrid_runs_get_a_static_chunk_split():
+    assert lc.THREADS == 2
+    assert lc.run_env("n1", "-") == {}
+    assert lc.run_env("max", "0") == {"GGML_KLEIDIAI_SME": "0"}
+    assert lc.run_env("n2", "1") == {"GGML_KLEIDIAI_SME": "1"}          # no SME: no hybrid
+    # cap 1 < 2 threads on an SME CPU: 128+-row batches split between SME and the fallback
+    assert lc.run_env("max", "1") == {"GGML_KLEIDIAI_SME": "1",
+                                      "GGML_KLEIDIAI_CHUNK_MULTIPLIER": "1"}
+    assert lc.run_env("max", "2") == {"GGML_KLEIDIAI_SME": "2"}        # every thread on SME
+    assert lc.run_env("max", "3") == {"GGML_KLEIDIAI_SME": "3"}
+
+
+@pytest.mark.parametrize("bit_exact", [False, True])
+def test_only_q4_0_with_sme_on_an_sme2_cpu_may_differ_until_its_gemm_is_bit_exact(
+        monkeypatch, bit_exact):
+    monkeypatch.setattr(lc, "F16P_Q4_0_SME2_GEMM_BIT_EXACT", bit_exact)
+    for wtype in ("q4_0", "q8_0", "f16"):
+        for cpu in lc.CPUS:
+            for sme in ("0", "1", "2"):
+                f16p = wtype == "q4_0" and cpu == "max" and sme != "0"
+                assert lc.expect_identical(wtype, cpu, sme) == (bit_exact or not f16p), \
+                    (wtype, cpu, sme)
+
+
+def test_a_bit_exact_path_must_give_identical_logits(logits):
+    row = lc.compare_real(_run("on", "n2", "0", "q4_0", logits),
+                          _run("real", "n2", "0", "q4_0", logits.copy()))
+    assert row["ok"] and row["problems"] == []
+    assert (row["bit_equal"], row["n_logits"], row["max_abs"], row["tok_equal"]) == \
+        (N_VOCAB, N_VOCAB, 0.0, True)
+    assert row["expect"] == "identical"
+    one_ulp = logits.copy()
+    one_ulp[17] = np.nextafter(one_ulp[17], np.float32(np.inf))
+    row = lc.compare_real(_run("on", "n2", "0", "q4_0", logits),
+                          _run("real", "n2", "0", "q4_0", one_ulp))
+    assert not row["ok"] and row["bit_equal"] == N_VOCAB - 1
+    assert row["problems"] == [f"1 of {N_VOCAB} logits differ (max |d| {row['max_abs']:.3g}) "
+                               "on a path whose kernels are bit-exact"]
+    neg0 = np.where(np.arange(N_VOCAB) == 3, np.float32(0.0), logits)
+    row = lc.compare_real(_run("on", "n1", "0", "f16", neg0),
+                          _run("real", "n1", "0", "f16", np.where(neg0 == 0, -0.0, neg0)))
+    assert not row["ok"] and row["max_abs"] == 0.0 and row["bit_equal"] == N_VOCAB - 1
+
+
+def test_the_f16p_gemm_path_is_held_to_the_tolerance(logits, monkeypatch):
+    monkeypatch.setattr(lc, "F16P_Q4_0_SME2_GEMM_BIT_EXACT", False)
+    rms = float(np.sqrt(np.mean(logits.astype(np.float64) ** 2)))
+    tol = lc.TOLERANCE["q4_0"]
+    rng = np.random.default_rng(5)
+    noise = rng.uniform(-1.0, 1.0, N_VOCAB).astype(np.float32)
+    near = logits + noise * np.float32(0.5 * tol * rms)
+    row = lc.compare_real(_run("on", "max", "2", "q4_0", near),
+                          _run("real", "max", "2", "q4_0", logits))
+    assert row["ok"], row["problems"]
+    assert row["expect"] == f"d/rms<={tol}" and row["bit_equal"] < N_VOCAB
+    far = logits.copy()
+    far[101] += np.float32(1.5 * tol * rms)
+    row = lc.compare_real(_run("on", "max", "1", "q4_0", far),
+                          _run("real", "max", "1", "q4_0", logits))
+    assert not row["ok"] and "> tolerance" in row["problems"][0]
+    monkeypatch.setattr(lc, "F16P_Q4_0_SME2_GEMM_BIT_EXACT", True)
+    row = lc.compare_real(_run("on", "max", "2", "q4_0", near),
+                          _run("real", "max", "2", "q4_0", logits))
+    assert not row["ok"] and row["expect"] == "identical"
+
+
+def test_tokens_kernel_picks_and_failed_runs_are_failures(logits):
+    row = lc.compare_real(_run("on", "v1", "0", "q8_0", logits, tokens=(1, 2, 3)),
+                          _run("real", "v1", "0", "q8_0", logits, tokens=(1, 2, 4)))
+    assert not row["ok"] and not row["tok_equal"]
+    assert row["problems"] == ["greedy tokens differ: [1, 2, 3] vs [1, 2, 4]"]
+    row = lc.compare_real(_run("on", "v1", "0", "q8_0", logits, kernels="q8:SVE"),
+                          _run("real", "v1", "0", "q8_0", logits, kernels="q8:I8MM"))
+    assert not row["ok"] and "picked" in row["problems"][0]
+    broken = _run("real", "v1", "0", "q8_0", logits)
+    broken.error, broken.logits = "llama-debug failed (exit 132)", None
+    row = lc.compare_real(_run("on", "v1", "0", "q8_0", logits), broken)
+    assert not row["ok"] and row["problems"] == ["not compared: the real run failed"]
+    assert "bit_equal" not in row
+
+
+def test_the_table_names_the_setting_that_relaxes_the_f16p_path(logits, capsys, monkeypatch):
+    monkeypatch.setattr(lc, "F16P_Q4_0_SME2_GEMM_BIT_EXACT", False)
+    rows = [lc.compare_real(_run("on", c, s, "q4_0", logits), _run("real", c, s, "q4_0", logits))
+            for c, s in (("n1", "0"), ("max", "1"))]
+    lc.print_real_table(rows)
+    out = capsys.readouterr().out
+    assert f"{N_VOCAB}/{N_VOCAB}" in out and "F16P_Q4_0_SME2_GEMM_BIT_EXACT = False" in out
+    assert "GGML_KLEIDIAI_SME=1 runs on SME CPUs set GGML_KLEIDIAI_CHUNK_MULTIPLIER=1" in out
+
+
+def test_ccache_counts_reuse_from_its_stats_log(tmp_path):
+    log = tmp_path / "stats.log"
+    log.write_text("# ../../a.c\ncache_miss\ndirect_cache_miss\nlocal_storage_write\n"
+                   "# ../../b.cpp\ndirect_cache_hit\nlocal_storage_hit\n"
+                   "# ../../c.cpp\ndirect_cache_miss\npreprocessed_cache_hit\n")
+    assert lc.ccache_counts(log) == (2, 1)
+    assert lc.ccache_counts(tmp_path / "none.log") == (0, 0)
+    env = lc.ccache_env(log)
+    assert env["CCACHE_BASEDIR"] == str(lc.llama_root())
+    assert Path(env["CCACHE_DIR"]).parent == lc.llama_root()
+    flags = lc.cmake_flags(True, Path("/x"))
+    assert f"-DCMAKE_CXX_COMPILER_LAUNCHER={lc.CCACHE}" in flags
+    assert "-DFETCHCONTENT_SOURCE_DIR_KLEIDIAI=/x" in flags
