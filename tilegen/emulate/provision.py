@@ -36,7 +36,8 @@ from pathlib import Path
 
 __all__ = ["NUMPY_VERSION", "GUEST_WHEELS", "QEMU_MIN_VERSION", "CROSS_SYSROOT_PACKAGES",
            "LLAMA_CPP_PYTHON_VERSION", "Toolbox", "ProvisionError", "cache_dir", "ensure",
-           "ensure_cross_sysroot", "ensure_llama_cpp_source", "is_native"]
+           "ensure_cross_sysroot", "ensure_llama_cpp_source", "is_native", "KLEIDIAI_SHA256",
+           "ensure_kleidiai_source"]
 
 NUMPY_VERSION = "2.4.6"
 #: Requirements installed into the guest site dir (pip resolves their dependencies).
@@ -617,3 +618,61 @@ def ensure(quiet: bool = False) -> Toolbox:
     tb = _cross_toolbox(root)
     assert tb is not None
     return tb
+
+
+# ---------------------------------------------------------------------------------------------
+# the real KleidiAI (reference for differential tests), from a release tarball given by path
+
+#: sha256 of the KleidiAI release tarballs tilegen knows (``git archive`` of the tags; the
+#: shared ``thirdparty/kleidiai`` README lists them): a tarball with another digest is refused.
+KLEIDIAI_SHA256: dict[str, str] = {
+    "1.24.0": "1833ce2b5e1f78ccb2961a45aea9c3ec8a39d7f02822f96355542b8b69022653",
+    "1.30.0": "8dc596977c2266f116948d9cdc2ebc6fc877d471952dc29eadc51dc27917385e",
+}
+
+
+def _kleidiai_version(tarball: Path) -> tuple[str, str]:
+    """(version, sha256) of a known KleidiAI release tarball, or ProvisionError."""
+    if not tarball.is_file():
+        raise ProvisionError(f"no KleidiAI tarball at {tarball}: check out the shared inputs next "
+                             "to the repository (../shared/thirdparty/kleidiai)")
+    digest = hashlib.sha256(tarball.read_bytes()).hexdigest()
+    for version, want in KLEIDIAI_SHA256.items():
+        if digest == want:
+            return version, digest
+    raise ProvisionError(f"{tarball}: sha256 {digest} is no KleidiAI release tilegen knows "
+                         f"({', '.join(KLEIDIAI_SHA256)})")
+
+
+def _step_kleidiai_source(tarball: Path, version: str) -> Callable[[Path], str]:
+    def build(tmp: Path) -> str:
+        with tarfile.open(tarball) as t:
+            t.extractall(tmp, filter="data")
+        top = tmp / f"kleidiai-{version}"
+        if not (top / "CMakeLists.txt").is_file() or not (top / "kai" / "kai_common.h").is_file():
+            raise ProvisionError(f"{tarball} holds no kleidiai-{version}/ with CMakeLists.txt and "
+                                 "kai/kai_common.h")
+        for entry in top.iterdir():   # the archive's top directory becomes the step's directory
+            os.rename(entry, tmp / entry.name)
+        top.rmdir()
+        return f"{tarball.name} sha256={KLEIDIAI_SHA256[version]}"
+    return build
+
+
+def ensure_kleidiai_source(tarball: Path, quiet: bool = False) -> Path:
+    """Extract (once) a KleidiAI release tarball (:data:`KLEIDIAI_SHA256`) into
+    ``<cache>/kleidiai/src-<version>-<sha>``, the tree's root (``CMakeLists.txt``, ``kai/``);
+    unpacked into a temporary directory, stamped and renamed into place under a file lock."""
+    log = _logger(quiet)
+    version, digest = _kleidiai_version(Path(tarball))
+    root = cache_dir() / "kleidiai"
+    name = f"src-{version}-{digest[:12]}"
+    if _read_stamp(root / name) is not None:
+        return root / name
+    root.mkdir(parents=True, exist_ok=True)
+    with _locked(root / ".lock", log):
+        if _read_stamp(root / name) is None:
+            for leftover in root.glob(f".tmp-{name}-*"):
+                shutil.rmtree(leftover, ignore_errors=True)
+            _build_step(root, name, _step_kleidiai_source(Path(tarball), version), log)
+    return root / name
