@@ -47,7 +47,8 @@ from dataclasses import dataclass
 __all__ = ["SmeReport", "Memory", "Traffic", "macs_of", "load_vectors", "is_load", "is_store",
            "mem_bytes", "memory", "accumulators", "count", "sme_report", "kleidiai_lines",
            "count_kleidiai", "SME_HEADER", "SME_LEGEND", "ROLES", "KaiRecipe", "KAI_RECIPES",
-           "kleidiai_version", "kleidiai_source", "kleidiai_report"]
+           "kleidiai_version", "kleidiai_source", "kleidiai_report", "PackerMix", "packer_mix",
+           "KAI_PACKERS", "kleidiai_packer_mix", "packer_call_insns"]
 
 _ESZ = {"b": 1, "h": 2, "s": 4, "d": 8, "q": 16}
 _MOPA = ("fmopa", "fmops", "bfmopa", "bfmops", "smopa", "smops", "umopa", "umops", "sumopa",
@@ -399,11 +400,13 @@ def expand(lines: list[str], svl: int, trips: dict[str, str] | None = None,
     left out), every other forward branch falls through."""
     parsed = [_clean(ln) for ln in lines]
     where = {lab: i for i, (lab, _, _) in enumerate(parsed) if lab}
-    trips = dict(trips or {})
+    given = dict(trips or {})        # the caller's trips win over the label comments
+    trips = {}
     for lab, _, com in parsed:
         m = re.search(r"tilegen:trips\s+(\S+)", com)
         if lab and m:
             trips[lab] = m.group(1)
+    trips.update(given)
 
     def target(insn: str) -> str:
         return insn.replace(",", " ").split()[-1]
@@ -570,3 +573,95 @@ def kleidiai_report(tree, name: str, block_svl: int = 512) -> SmeReport:
     text = kleidiai_source(tree, name).read_text()
     return count_kleidiai("kai_" + name, text, r.hot, r.k, r.block, dict(r.trips) or None,
                           block_svl, r.taken)
+
+
+# --- LHS packers: instructions per packed element --------------------------------------------
+
+@dataclass(frozen=True)
+class PackerMix:
+    """Instructions per packed f32 element of an LHS packer's steady state at SVL ``svl``."""
+
+    name: str
+    source: str
+    svl: int
+    insns: int              # instructions of the counted region (hot loop or expanded pass)
+    elements: int           # f32 source elements it packs
+    memory: Memory
+
+    @property
+    def per_element(self) -> float:
+        return self.insns / self.elements
+
+    def as_dict(self) -> dict:
+        t = self.memory.total
+        return {"packer": self.name, "source": self.source, "svl": self.svl, "insns": self.insns,
+                "elements": self.elements, "insns_per_element": round(self.per_element, 4),
+                "loads": t.loads, "stores": t.stores, "load_bytes": t.load_bytes,
+                "store_bytes": t.store_bytes}
+
+
+def packer_mix(spec, svl: int) -> PackerMix:
+    """A generated VL-scaled LHS packer at SVL ``svl`` bits: the NEON packer's hot loop (4 rows
+    x 8 values, the same at every SVL), or the streaming twin's pass over a whole row block
+    (its marked block: units x SVL/32 rows x 4/units chunks of SVL/32 k values, every inner
+    loop run its trips)."""
+    from .generator.packers import render
+    text = render(spec)
+    if spec.streaming:
+        dyn = expand(_region_lines(text, "tilegen:block-begin", "tilegen:block-end"), svl)
+        rows = svl // 32
+        return PackerMix(spec.name, "tilegen", svl, len(dyn), 4 * rows * rows, memory(dyn, svl))
+    insns, _ = _hot(text)
+    return PackerMix(spec.name, "tilegen", svl, len(insns), 32, memory(insns, svl))
+
+
+#: KleidiAI's SME LHS packers: (hot-loop label, f32 elements per iteration as an expression of
+#: svl in bits): the main loop of each, the steady state of a whole row block
+KAI_PACKERS: dict[str, tuple[str, str]] = {
+    "lhs_pack_f32p2vlx1_f32_sme": ("label_4", "4 * svl // 32"),      # 4 slices in, 4 out
+    "lhs_pack_bf16p2vlx2_f32_sme": ("label_4", "8 * svl // 32"),     # 8 f32 vectors in
+    "lhs_pack_bf16p2vlx2_f32_sme2": ("label_3", "4 * svl // 32"),    # 2 x 2 f32 vectors in
+}
+
+
+def kleidiai_packer_mix(tree, name: str, svl: int) -> PackerMix:
+    """The same figure for KleidiAI's packer ``name`` (a :data:`KAI_PACKERS` key)."""
+    from pathlib import Path
+    label, elems = KAI_PACKERS[name]
+    base = Path(tree) / "kai" / "ukernels" / "matmul" / "pack"
+    text = (base / f"kai_{name}_asm.S").read_text()
+    hot = [i for _, i, _ in map(_clean, _loop_body(kleidiai_lines(text), label)) if i]
+    n = int(eval(elems, {"__builtins__": {}}, {"svl": svl}))  # noqa: S307
+    return PackerMix("kai_" + name, "kleidiai", svl, len(hot), n, memory(hot, svl))
+
+
+def packer_call_insns(spec, svl: int, m: int, k: int) -> int:
+    """Instructions of one call of a generated VL-scaled packer packing ``m`` rows (1 or the
+    row block, mr = units x SVL/32) of ``k`` values (a multiple of 8 and of 4 x SVL/32), at SVL
+    ``svl``: its steady-state loops only (argument checks and per-block set-up left out).  NEON:
+    the 4-row loop (m = mr) or the one-row loop plus the padding-row loop of the other mr - 1
+    rows (m = 1); streaming: the pass over the row block (4/units chunks of SVL/32 k values),
+    once per pass (m = 1: one row loaded per pass; the skipped row groups' set-up counted, an
+    upper bound)."""
+    from .generator.packers import render
+    text = render(spec)
+    rows = svl // 32
+    mr = spec.mr * rows
+    if m not in (1, mr):
+        raise ValueError(f"m must be 1 or mr = {mr}")
+    if spec.streaming:
+        block = _region_lines(text, "tilegen:block-begin", "tilegen:block-end")
+        lp = ".L"
+        trips = {}
+        if m == 1:
+            for i in range(spec.mr):
+                trips[f"{lp}rows4_{i}"] = "0"
+                trips[f"{lp}rows1_{i}"] = "1" if i == 0 else "0"
+        return len(expand(block, svl, trips)) * (k // (4 // spec.mr * rows))
+    lines = text.splitlines()
+    if m == mr:
+        hot, _ = _hot(text)
+        return len(hot) * (mr // 4) * (k // 8)
+    one = [i for _, i, _ in map(_clean, _loop_body(lines, ".Lloop")) if i]
+    pad = [i for _, i, _ in map(_clean, _loop_body(lines, ".Lpad_loop")) if i]
+    return len(one) * (k // 8) + len(pad) * (mr - 1) * (k // spec.kr)
