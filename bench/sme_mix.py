@@ -21,8 +21,10 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from tilegen.analyze_sme import (SME_HEADER, SME_LEGEND, kleidiai_report,  # noqa: E402
-                                 kleidiai_version, sme_report)
+from tilegen.analyze_sme import (KAI_PACKERS, SME_HEADER, SME_LEGEND,  # noqa: E402
+                                 kleidiai_packer_mix, kleidiai_report, kleidiai_version,
+                                 packer_call_insns, packer_mix, sme_report)
+from tilegen.generator.packers import PackerSpec  # noqa: E402
 from tilegen.export.kleidiai import KERNELS  # noqa: E402
 
 SHARED = Path(__file__).resolve().parents[2] / "shared" / "thirdparty" / "kleidiai"
@@ -81,11 +83,52 @@ def collect(kai: list[tuple[str, Path, str]]) -> list[dict]:
     return rows
 
 
+SVLS = (128, 256, 512, 1024, 2048)
+# the SME kernels whose LHS the VL packers write, for the share of a whole matmul
+PACKER_KERNELS = (("f32p", 1, "f32:sme2:2vlx2vl"), ("bf16px2", 2, "bf16:sme2:2vlx2vl"))
+SHARE_N, SHARE_K = 4096, 4096
+
+
+def packers(kai: list[tuple[str, Path, str]]) -> list[dict]:
+    """Instructions per packed element of the SME kernels' LHS packers (2vl row blocks): NEON,
+    the streaming twin, KleidiAI's (each tree); per call at m = 1 and m = mr (k = SHARE_K); and
+    the packer's share of packer + kernel instructions at n = SHARE_N."""
+    rows = []
+    for fmt, kr, kspec in PACKER_KERNELS:
+        twin = PackerSpec(fmt, 2, kr, 1, mr_vl=True, isa="sme")
+        for isa in ("neon", "sme"):
+            spec = PackerSpec(fmt, 2, kr, 1, mr_vl=True, isa=isa)
+            for svl in SVLS:
+                d = packer_mix(spec, svl).as_dict()
+                kern = sme_report(kspec, block_svl=svl)
+                mr = 2 * svl // 32
+                per_elem_kernel = SHARE_N / kern.block_macs_per_insn   # kernel insns per LHS element
+                calls = {m: packer_call_insns(spec, svl, m, SHARE_K) for m in (1, mr)}
+                d.update({"fmt": fmt, "isa": isa, "kernel": kspec,
+                          "call_insns_m1": calls[1], "call_insns_mr": calls[mr],
+                          "kernel_insns_m1": round(per_elem_kernel * SHARE_K * mr),
+                          "share_mr": round(d["insns_per_element"]
+                                            / (d["insns_per_element"] + per_elem_kernel), 4),
+                          "share_m1": round(calls[1] / (calls[1] + per_elem_kernel * SHARE_K * mr),
+                                            4),
+                          "runtime_uses": (isa == "sme") == (svl >= twin.streaming_from_svl)})
+                rows.append(d)
+    for v, t, _ in kai:
+        for name in KAI_PACKERS:
+            for svl in SVLS:
+                try:
+                    d = kleidiai_packer_mix(t, name, svl).as_dict()
+                except FileNotFoundError:
+                    continue
+                rows.append({**d, "version": v})
+    return rows
+
+
 def _f(v, fmt: str) -> str:
     return "–" if v is None else format(v, fmt)
 
 
-def markdown(rows: list[dict], kai: list[tuple[str, Path, str]], cmd: str) -> str:
+def markdown(rows: list[dict], pk: list[dict], kai: list[tuple[str, Path, str]], cmd: str) -> str:
     vers = [v for v, _, _ in kai]
     last = vers[-1]
     out = ["# SME/SME2 kernels: static model, tilegen vs KleidiAI", "",
@@ -146,6 +189,29 @@ def markdown(rows: list[dict], kai: list[tuple[str, Path, str]], cmd: str) -> st
                        f"{d['macs_per_insn_128']:.2f} | {d['loads']} | "
                        f"{d['block_insns']}{' (derived)' if d['block_derived'] else ''} | "
                        f"{d['block_macs_per_insn']:.1f} |")
+    out += ["", "## LHS packers of the SME kernels (2vl row blocks)", "",
+            f"Instructions per packed f32 element (steady state; tilegen: "
+            f"`tilegen.analyze_sme.packer_mix`, KleidiAI: the main loop of its packer), per call "
+            f"(m = 1 and m = mr, k = {SHARE_K}: `packer_call_insns`) and the packer's share of "
+            f"packer + kernel instructions (the kernel `blk MAC/i` at that SVL, n = {SHARE_N}). "
+            "`*`: what tilegen's runtime packs with at that SVL.", "",
+            "| packer | SVL | insns / element | call m = 1 | call m = mr | share m = mr | "
+            "share m = 1 |", "|---|---|---|---|---|---|---|"]
+    for p in pk:
+        if p["source"] != "tilegen":
+            continue
+        star = " *" if p["runtime_uses"] else ""
+        out.append(f"| {p['packer']}{star} | {p['svl']} | {p['insns_per_element']:.3f} | "
+                   f"{p['call_insns_m1']} | {p['call_insns_mr']} | {100 * p['share_mr']:.1f} % | "
+                   f"{100 * p['share_m1']:.1f} % |")
+    out += ["", "| KleidiAI packer | release | " + " | ".join(f"SVL {v}" for v in SVLS) + " |",
+            "|---|---|" + "---|" * len(SVLS)]
+    kp: dict = {}
+    for p in pk:
+        if p["source"] == "kleidiai":
+            kp.setdefault((p["packer"], p["version"]), {})[p["svl"]] = p["insns_per_element"]
+    for (name, v), by in sorted(kp.items()):
+        out.append(f"| {name} | v{v} | " + " | ".join(f"{by[x]:.3f}" for x in SVLS) + " |")
     notes = sorted({(r["name"], r["note"]) for r in rows if r["group"] == "exported" and r["note"]})
     out += ["", "Notes:", ""]
     out += [f"- `{n.removeprefix('matmul_clamp_f32_')}`: {t}" for n, t in notes]
@@ -181,6 +247,7 @@ def main() -> int:
     a = ap.parse_args()
     kai = trees(a.kleidiai)
     rows = collect(kai)
+    pk = packers(kai)
     cmd = "python bench/sme_mix.py" + "".join(f" --kleidiai {g}" for g in a.kleidiai or []) + (
         f" --out {a.out}" if a.out else "")
     print(SME_HEADER.replace("kernel (SME static model: per 128-bit SVL granule)",
@@ -198,9 +265,9 @@ def main() -> int:
     if a.out:
         doc = {"command": cmd,
                "kleidiai": {v: Path(g).name for v, _, g in kai},
-               "rows": rows}
+               "rows": rows, "packers": pk}
         a.out.with_suffix(".json").write_text(json.dumps(doc, indent=1) + "\n")
-        a.out.with_suffix(".md").write_text(markdown(rows, kai, cmd))
+        a.out.with_suffix(".md").write_text(markdown(rows, pk, kai, cmd))
     return 0
 
 

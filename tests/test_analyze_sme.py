@@ -183,7 +183,24 @@ def test_recorded_sme_mix_is_current(tmp_path):
                         str(tmp_path / "mix")], capture_output=True, text=True, cwd=REPO)
     assert p.returncode == 0, p.stderr
     now = json.loads((tmp_path / "mix.json").read_text())
-    assert now["rows"] == rec["rows"], f"stale bench/results/sme_mix: run `{rec['command']}`"
+    assert (now["rows"], now["packers"]) == (rec["rows"], rec["packers"]), \
+        f"stale bench/results/sme_mix: run `{rec['command']}`"
     names = {r["name"] for r in now["rows"] if r["group"] == "exported"}
     from tilegen.export.kleidiai import KERNELS
     assert names == {k.name for k in KERNELS if "_sme" in k.name}
+
+
+def test_kleidiai_sme_packers_read(kai_tree):
+    """KleidiAI's SME LHS packers (v1.24.0 has no bf16 _sme2: its _sme one is that code) give a
+    positive count per element that halves when SVL doubles (one VL of work per instruction)."""
+    from tilegen.analyze_sme import KAI_PACKERS, kleidiai_packer_mix
+    found = set()
+    for name in KAI_PACKERS:
+        try:
+            a, b = (kleidiai_packer_mix(kai_tree, name, s) for s in (512, 1024))
+        except FileNotFoundError:
+            assert name.endswith("_sme2") and kleidiai_version(kai_tree) == "1.24.0", name
+            continue
+        found.add(name)
+        assert a.per_element > 0 and a.per_element == 2 * b.per_element, name
+    assert {"lhs_pack_f32p2vlx1_f32_sme", "lhs_pack_bf16p2vlx2_f32_sme"} <= found

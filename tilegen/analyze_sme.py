@@ -615,21 +615,30 @@ def packer_mix(spec, svl: int) -> PackerMix:
     return PackerMix(spec.name, "tilegen", svl, len(insns), 32, memory(insns, svl))
 
 
-#: KleidiAI's SME LHS packers: (hot-loop label, f32 elements per iteration as an expression of
-#: svl in bits): the main loop of each, the steady state of a whole row block
-KAI_PACKERS: dict[str, tuple[str, str]] = {
-    "lhs_pack_f32p2vlx1_f32_sme": ("label_4", "4 * svl // 32"),      # 4 slices in, 4 out
-    "lhs_pack_bf16p2vlx2_f32_sme": ("label_4", "8 * svl // 32"),     # 8 f32 vectors in
-    "lhs_pack_bf16p2vlx2_f32_sme2": ("label_3", "4 * svl // 32"),    # 2 x 2 f32 vectors in
+#: KleidiAI's SME LHS packers: per source file kind ("asm": ``kai_<name>_asm.S``, "c": the
+#: inline asm of ``kai_<name>.c``, which v1.24.0 has for the bf16 packer), the hot loop's label
+#: and the f32 elements one iteration packs (an expression of svl in bits): the main loop of
+#: each, the steady state of a whole row block
+KAI_PACKERS: dict[str, dict[str, tuple[str, str]]] = {
+    "lhs_pack_f32p2vlx1_f32_sme": {"asm": ("label_4", "4 * svl // 32")},    # 4 slices in, 4 out
+    "lhs_pack_bf16p2vlx2_f32_sme": {"asm": ("label_4", "8 * svl // 32"),    # 8 f32 vectors in
+                                    "c": ("3", "4 * svl // 32")},           # 2 x 2 f32 vectors in
+    "lhs_pack_bf16p2vlx2_f32_sme2": {"asm": ("label_3", "4 * svl // 32")},  # 2 x 2 f32 vectors in
 }
 
 
 def kleidiai_packer_mix(tree, name: str, svl: int) -> PackerMix:
-    """The same figure for KleidiAI's packer ``name`` (a :data:`KAI_PACKERS` key)."""
+    """The same figure for KleidiAI's packer ``name`` (a :data:`KAI_PACKERS` key) in the source
+    tree ``tree``."""
     from pathlib import Path
-    label, elems = KAI_PACKERS[name]
     base = Path(tree) / "kai" / "ukernels" / "matmul" / "pack"
-    text = (base / f"kai_{name}_asm.S").read_text()
+    for kind, fname in (("asm", f"kai_{name}_asm.S"), ("c", f"kai_{name}.c")):
+        if (base / fname).is_file() and kind in KAI_PACKERS[name]:
+            label, elems = KAI_PACKERS[name][kind]
+            text = (base / fname).read_text()
+            break
+    else:
+        raise FileNotFoundError(f"{name}: no counted source under {base}")
     hot = [i for _, i, _ in map(_clean, _loop_body(kleidiai_lines(text), label)) if i]
     n = int(eval(elems, {"__builtins__": {}}, {"svl": svl}))  # noqa: S307
     return PackerMix("kai_" + name, "kleidiai", svl, len(hot), n, memory(hot, svl))
