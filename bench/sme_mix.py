@@ -24,7 +24,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from tilegen.analyze_sme import (KAI_PACKERS, SME_HEADER, SME_LEGEND,  # noqa: E402
                                  kleidiai_packer_mix, kleidiai_report, kleidiai_version,
                                  packer_call_insns, packer_mix, sme_report)
-from tilegen.generator.packers import PackerSpec  # noqa: E402
+from tilegen.generator import parse_spec  # noqa: E402
+from tilegen.generator.packers import packer_for, streaming_packer_for  # noqa: E402
 from tilegen.export.kleidiai import KERNELS  # noqa: E402
 
 SHARED = Path(__file__).resolve().parents[2] / "shared" / "thirdparty" / "kleidiai"
@@ -95,9 +96,10 @@ def packers(kai: list[tuple[str, Path, str]]) -> list[dict]:
     the packer's share of packer + kernel instructions at n = SHARE_N."""
     rows = []
     for fmt, kr, kspec in PACKER_KERNELS:
-        twin = PackerSpec(fmt, 2, kr, 1, mr_vl=True, isa="sme")
-        for isa in ("neon", "sme"):
-            spec = PackerSpec(fmt, 2, kr, 1, mr_vl=True, isa=isa)
+        neon, twin = packer_for(parse_spec(kspec)), streaming_packer_for(parse_spec(kspec))
+        assert (neon.fmt, neon.kr, twin.fmt) == (fmt, kr, fmt)
+        for spec in (neon, twin):
+            isa = spec.isa
             for svl in SVLS:
                 d = packer_mix(spec, svl).as_dict()
                 kern = sme_report(kspec, block_svl=svl)
@@ -111,7 +113,7 @@ def packers(kai: list[tuple[str, Path, str]]) -> list[dict]:
                                             / (d["insns_per_element"] + per_elem_kernel), 4),
                           "share_m1": round(calls[1] / (calls[1] + per_elem_kernel * SHARE_K * mr),
                                             4),
-                          "runtime_uses": (isa == "sme") == (svl >= twin.streaming_from_svl)})
+                          "runtime_uses": spec.streaming == (svl >= twin.streaming_from_svl)})
                 rows.append(d)
     for v, t, _ in kai:
         for name in KAI_PACKERS:

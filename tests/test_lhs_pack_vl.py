@@ -40,12 +40,12 @@ SPECS = [PackerSpec("bf16px2", u, 2, 1, mr_vl=True) for u in (1, 2, 4)] + [
     PackerSpec("qsi8d32p", 1, 8, 2, mr_vl=True),     # q4_0:sme:1vlx2vl
 ]
 # the streaming twins (ZA transpose; mr = units x the guest's SVL/32 only)
-SME_SPECS = [PackerSpec(fmt, u, kr, 1, mr_vl=True, isa="sme")
-             for fmt, kr in (("bf16px2", 2), ("f32p", 1)) for u in (1, 2, 4)]
+SME_SPECS = [PackerSpec(fmt, u, kr, 1, mr_vl=True, isa=isa)
+             for fmt, kr, isa in (("bf16px2", 2, "sme2"), ("f32p", 1, "sme")) for u in (1, 2, 4)]
 SPECS += SME_SPECS
 # the SME kernels' streaming twins: what lib.matmul packs with (lib.packer / pack_lhs: NEON)
 SME_TWINS = {
-    "bf16:sme2:2vlx2vl": "lhs_pack_bf16p2vlx2_f32_sme",
+    "bf16:sme2:2vlx2vl": "lhs_pack_bf16p2vlx2_f32_sme2",
     "f32:sme:2vlx2vl": "lhs_pack_f32p2vlx1_f32_sme",
     "f32:sme2:2vlx2vl": "lhs_pack_f32p2vlx1_f32_sme",
     "f32:sme2:1vlx4vl": "lhs_pack_f32p1vlx1_f32_sme",
@@ -413,11 +413,12 @@ def test_render_both_formats(spec, tmp_path):
     # transpose of 4-byte granules per 4 chunks (8 trn), one 16-byte store per chunk of 4 rows
     loop = hot_loop(render(spec))
     if spec.streaming:
-        # 4 rows: per row one ZA-slice load per chunk of the pass (4 / units chunks) and the
-        # row step; the slice index and the counter
-        per_row = 4 // spec.mr
-        assert len(loop) == 4 * (per_row + 1) + 4, loop
-        assert sum(i.startswith("ld1w {za") for i in loop) == 4 * per_row
+        # 4 rows: per row and chunk of the pass (4 / units chunks) one ZA-slice load (f32p) or
+        # a two-vector load, BFCVT and MOVA into the slice (bf16p), then the row step; the
+        # slice index and the counter
+        chunks, per_chunk = 4 // spec.mr, 3 if spec.fmt == "bf16px2" else 1
+        assert len(loop) == 4 * (chunks * per_chunk + 1) + 4, loop
+        assert sum(i.startswith("ld1w {z") for i in loop) == 4 * chunks
     elif spec.fmt == "bf16px2":
         assert len(loop) == 4 + 64 + 4 + 8 + 4 + 2, loop
         assert sum(i.startswith("st1 {v") and ".4s}" in i for i in loop) == 4

@@ -603,14 +603,15 @@ class PackerMix:
 def packer_mix(spec, svl: int) -> PackerMix:
     """A generated VL-scaled LHS packer at SVL ``svl`` bits: the NEON packer's hot loop (4 rows
     x 8 values, the same at every SVL), or the streaming twin's pass over a whole row block
-    (its marked block: units x SVL/32 rows x 4/units chunks of SVL/32 k values, every inner
-    loop run its trips)."""
+    (its marked block: units x SVL/32 rows x 4/units chunks of SVL/32 granules of kr values,
+    every inner loop run its trips)."""
     from .generator.packers import render
     text = render(spec)
     if spec.streaming:
         dyn = expand(_region_lines(text, "tilegen:block-begin", "tilegen:block-end"), svl)
-        rows = svl // 32
-        return PackerMix(spec.name, "tilegen", svl, len(dyn), 4 * rows * rows, memory(dyn, svl))
+        rows = svl // 32      # a pass: units x R rows, 4/units chunks of R kr-value granules
+        return PackerMix(spec.name, "tilegen", svl, len(dyn), 4 * rows * rows * spec.kr,
+                         memory(dyn, svl))
     insns, _ = _hot(text)
     return PackerMix(spec.name, "tilegen", svl, len(insns), 32, memory(insns, svl))
 
@@ -649,8 +650,8 @@ def packer_call_insns(spec, svl: int, m: int, k: int) -> int:
     row block, mr = units x SVL/32) of ``k`` values (a multiple of 8 and of 4 x SVL/32), at SVL
     ``svl``: its steady-state loops only (argument checks and per-block set-up left out).  NEON:
     the 4-row loop (m = mr) or the one-row loop plus the padding-row loop of the other mr - 1
-    rows (m = 1); streaming: the pass over the row block (4/units chunks of SVL/32 k values),
-    once per pass (m = 1: one row loaded per pass; the skipped row groups' set-up counted, an
+    rows (m = 1); streaming: the pass over the row block (4/units chunks of SVL/32 granules of
+    kr values), once per pass (m = 1: one row loaded per pass; the skipped row groups' set-up counted, an
     upper bound)."""
     from .generator.packers import render
     text = render(spec)
@@ -666,7 +667,7 @@ def packer_call_insns(spec, svl: int, m: int, k: int) -> int:
             for i in range(spec.mr):
                 trips[f"{lp}rows4_{i}"] = "0"
                 trips[f"{lp}rows1_{i}"] = "1" if i == 0 else "0"
-        return len(expand(block, svl, trips)) * (k // (4 // spec.mr * rows))
+        return len(expand(block, svl, trips)) * (k // (4 // spec.mr * rows * spec.kr))
     lines = text.splitlines()
     if m == mr:
         hot, _ = _hot(text)

@@ -78,9 +78,9 @@ __all__ = ["PackerSpec", "PACKER_FORMATS", "PACKER_ISAS", "MR_MAX", "render", "R
 # with a generated packer are the LHS layouts that name a template.
 PACKER_FORMATS = tuple(fmt for fmt, cls in LHS_LAYOUTS.items() if cls.packer_template)
 ROUNDINGS = ("away", "even")
-# "neon": generated NEON code; "sme": the streaming twin of a VL-scaled packer (its layout's
-# packer_template_sme), for the SME kernels' k-major LHS
-PACKER_ISAS = ("neon", "sme")
+# "neon": generated NEON code; "sme" / "sme2": the streaming twin of a VL-scaled packer (its
+# layout's packer_template_sme, of ISA packer_sme_isa), for the SME kernels' k-major LHS
+PACKER_ISAS = ("neon", "sme", "sme2")
 
 # Upper bound on mr.  Derivation: every KleidiAI consumer of these layouts has mr <= 64 (NEON
 # kernels use 1, 4, 8; the SME "1vl" kernels use mr = SVL/32 bits, at most 2048/32 = 64), and the
@@ -129,7 +129,7 @@ class PackerSpec:
     sr: int
     rounding: str = "away"
     mr_vl: bool = False     # mr in VL units (SVL/32 rows each), the row count a run-time argument
-    isa: str = "neon"       # "sme": the streaming twin (mr = units x the CPU's SVL/32 only)
+    isa: str = "neon"       # "sme"/"sme2": the streaming twin (mr = units x the CPU's SVL/32 only)
 
     def __post_init__(self) -> None:
         if self.fmt not in PACKER_FORMATS:
@@ -147,9 +147,13 @@ class PackerSpec:
         if self.isa not in PACKER_ISAS:
             raise SpecError(f"packer isa must be one of {', '.join(PACKER_ISAS)}, got "
                             f"{self.isa!r}")
-        if self.isa == "sme" and not (self.mr_vl and cls.packer_template_sme):
-            raise SpecError(f"{self.fmt}: no streaming (sme) packer"
+        if self.isa != "neon" and not (self.mr_vl and cls.packer_template_sme
+                                       and cls.packer_sme_isa == self.isa):
+            raise SpecError(f"{self.fmt}: no streaming {self.isa} packer"
                             + ("" if cls.packer_template_sme else " for this format")
+                            + (f" (its streaming packer is {cls.packer_sme_isa})"
+                               if cls.packer_template_sme and cls.packer_sme_isa != self.isa
+                               else "")
                             + ("" if self.mr_vl else ": it packs row blocks in VL units"))
         if self.mr_vl:
             if "vl" not in cls.packer_mr:
@@ -215,7 +219,7 @@ class PackerSpec:
     def streaming(self) -> bool:
         """Whether the routine runs in streaming mode (smstart / smstop inside): it packs only
         the row blocks of the running CPU's SVL (``units`` x SVL/32 rows)."""
-        return self.isa == "sme"
+        return self.isa != "neon"
 
     @property
     def streaming_from_svl(self) -> int:
@@ -306,7 +310,8 @@ def streaming_packer_for(spec) -> PackerSpec | None:
     if (p is None or not p.mr_vl or spec.isa_info.vl_kind != "sme"
             or not layout_class("lhs", p.fmt).packer_template_sme):
         return None
-    return PackerSpec(p.fmt, p.mr, p.kr, p.sr, p.rounding, mr_vl=True, isa="sme")
+    return PackerSpec(p.fmt, p.mr, p.kr, p.sr, p.rounding, mr_vl=True,
+                      isa=layout_class("lhs", p.fmt).packer_sme_isa)
 
 
 def _per_row(spec: PackerSpec, lay, bl: int | None) -> dict[str, int]:
