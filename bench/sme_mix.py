@@ -1,13 +1,16 @@
-"""SME2 rows of issue #15 item 5: tilegen's kernels and KleidiAI's, counted by one static model
-(tilegen/analyze_sme.py: instruction mix per hot-loop iteration and per 32-k block, MACs per
-128-bit SVL granule).
+"""SME/SME2 kernels by one static model (tilegen/analyze_sme.py): tilegen against the KleidiAI
+kernel llama.cpp runs, per exported SME name, plus reference rows.
 
-    python bench/sme_mix.py --kleidiai /tmp/kai [--out bench/results/sme_mix]
+    python bench/sme_mix.py [--kleidiai TREE_OR_TARBALL ...] [--out bench/results/sme_mix]
 
-KleidiAI's kernels are read from a directory outside this repository (excerpts of their
-public sources: the hot loop and, for q4, the block loop, taken from ARM-software/kleidiai at
-the commits named below); none of their code is kept here.  Each entry names the file, the
-label of its hot loop, k per iteration, and for q4 the block loop and its inner loops' trips.
+KleidiAI's side is read from real KleidiAI source trees: each ``--kleidiai`` is an extracted
+tree (its root: ``CMakeLists.txt``, ``kai/``) or a release tarball, which is extracted once into
+the tilegen cache (``tilegen.emulate.provision.ensure_kleidiai_source``).  Without
+``--kleidiai`` the two release tarballs next to the repository are used
+(``../shared/thirdparty/kleidiai``: v1.24.0, the release llama.cpp pins, and v1.30.0).  Each
+kernel's file is found in the tree by its name (``kai_<name>_asm.S``, else the inline asm of
+``kai_<name>.c``); which loop is its hot loop and its 32-k block is in
+``tilegen.analyze_sme.KAI_RECIPES``.  Nothing of KleidiAI's code is kept in this repository.
 """
 from __future__ import annotations
 
@@ -18,116 +21,255 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from tilegen.analyze_sme import SME_HEADER, count_kleidiai, sme_report  # noqa: E402
+from tilegen.analyze_sme import (KAI_PACKERS, SME_HEADER, SME_LEGEND,  # noqa: E402
+                                 kleidiai_packer_mix, kleidiai_report, kleidiai_version,
+                                 packer_call_insns, packer_mix, sme_report)
+from tilegen.generator import parse_spec  # noqa: E402
+from tilegen.generator.packers import packer_for, streaming_packer_for  # noqa: E402
+from tilegen.export.kleidiai import KERNELS  # noqa: E402
 
-_KAI = "kai/ukernels/matmul"
-# row -> (tilegen spec strings, KleidiAI kernel: file in --kleidiai, source path@commit,
-#         hot-loop label, k per iteration, block label, block inner-loop trips)
-ROWS = {
-    "SME2 f32 gemm (FMOPA)": (
-        ["f32:sme2:2vlx2vl", "f32:sme2:1vlx4vl"],
-        ("f32p2vlx1_f32p2vlx1biasf32_sme2_mopa.c.excerpt",
-         f"{_KAI}/matmul_clamp_f32_f32p_f32p/kai_matmul_clamp_f32_f32p2vlx1_f32p2vlx1biasf32_"
-         f"sme2_mopa.c", "7", 4, None, None)),
-    "SME2 f32 gemv (ZA FMLA)": (
-        ["f32:sme2:1x4vl", "f32:sme2:1x16vl"],
-        ("f32_f32p16vlx1b_1x16vl_sme2_mla.c.excerpt",
-         f"{_KAI}/matmul_clamp_f32_f32_f32p/kai_matmul_clamp_f32_f32_f32p16vlx1b_1x16vl_sme2_mla.c"
-         "@e4e3c5495611e49df41d34ac4cdb38552b0dd761 (width 4)", "23", 4, None, None)),
-    "SME2 q4 gemm": (
-        ["q4_0:sme:1vlx2vl", "q4_0_s1s0:sme2:1vlx4vl"],
-        ("qsi8d32p1vlx4_qsi4c32p4vlx4_1vlx4vl_sme2_mopa.c.excerpt",
-         f"{_KAI}/matmul_clamp_f32_qsi8d32p_qsi4c32p/kai_matmul_clamp_f32_qsi8d32p1vlx4_"
-         "qsi4c32p4vlx4_1vlx4vl_sme2_mopa.c@50fc897953c1cd7530f109ed39f2161384b7a395",
-         "4", 4, "3", {"4": "32//4", "5": "svl//32"})),
-    "SME2 q4 gemv": (
-        ["q4_0:sme2:1x2vl", "q4_0:sme2:1x4vl", "q4_0_s1s0:sme2:1x4vl"],
-        ("qsi8d32p1x4_qsi4c32p4vlx4_1x4vl_sme2_sdot.c.excerpt",
-         f"{_KAI}/matmul_clamp_f32_qsi8d32p_qsi4c32p/kai_matmul_clamp_f32_qsi8d32p1x4_"
-         "qsi4c32p4vlx4_1x4vl_sme2_sdot.c@202e455f2b2f44a6cb2ffadcc94396f21636b743",
-         "3", 16, "2", {"3": "32//16"})),
+SHARED = Path(__file__).resolve().parents[2] / "shared" / "thirdparty" / "kleidiai"
+DEFAULT_TARBALLS = ("kleidiai-v1.24.0.tar.gz", "kleidiai-v1.30.0.tar.gz")
+
+# exported names with no tilegen kernel behind them: the tilegen kernel compared instead
+CLOSEST = {
+    "matmul_clamp_f32_f16p1vlx2_qsi4c32p4vlx2_1vlx4vl_sme2_mopa": (
+        "q4_0_s1s0:sme2:1vlx4vl",
+        "the export runs generated portable C for this name; tilegen's SME2 q4 gemm "
+        "(int8 LHS, LUTI4 + SMOPA, f32 sums in dst between blocks) for comparison"),
 }
+# reference rows: (row, tilegen specs, KleidiAI kernel or None)
+REFERENCE = (
+    ("SME2 f32 gemv, 16vl panels", ["f32:sme2:1x16vl", "f32:sme2:1x4vl"],
+     "matmul_clamp_f32_f32_f32p16vlx1b_1x16vl_sme2_mla"),
+    ("SME2 q4 gemm, int8 LHS", ["q4_0_s1s0:sme2:1vlx4vl", "q4_0:sme:1vlx2vl"],
+     "matmul_clamp_f32_qsi8d32p1vlx4_qsi4c32p4vlx4_1vlx4vl_sme2_mopa"),
+    ("SME2 q4 gemv, tilegen's other tiles", ["q4_0:sme2:1x2vl", "q4_0:sme2:1x4vl"], None),
+    ("SME2 bf16 / f32 gemm, tilegen's other tiles",
+     ["bf16:sme2:1vlx4vl", "bf16:sme2:4vlx1vl", "f32:sme2:1vlx4vl"], None),
+)
 
 
-def collect(kai_dir: Path | None) -> list[dict]:
+def trees(args: list[str] | None) -> list[tuple[str, Path, str]]:
+    """(version, tree, what was given) per KleidiAI source."""
+    from tilegen.emulate.provision import ensure_kleidiai_source
+    given = args or [str(SHARED / t) for t in DEFAULT_TARBALLS]
     out = []
-    for row, (specs, kai) in ROWS.items():
-        for s in specs:
-            try:
-                r = sme_report(s)
-            except Exception as e:      # a tile this branch does not generate
-                out.append({"row": row, "spec": s, "source": "tilegen", "error": str(e)})
-                continue
-            out.append({"row": row, "spec": s, **r.as_dict()})
-        if kai_dir is not None:
-            fname, src, hot, k, blk, trips = kai
-            text = (kai_dir / fname).read_text()
-            r = count_kleidiai(Path(src.split("@")[0]).name.removesuffix(".c"), text, hot, k,
-                               blk, trips)
-            out.append({"row": row, "spec": src, **r.as_dict(), "hot_label": hot,
-                        "block_label": blk, "block_trips": trips})
+    for g in given:
+        p = Path(g)
+        tree = ensure_kleidiai_source(p, quiet=True) if p.is_file() else p
+        out.append((kleidiai_version(tree), tree, g))
     return out
 
 
-def markdown(rows: list[dict], cmd: str) -> str:
-    lines = ["# SME2 kernels: static instruction mix (tilegen vs KleidiAI)", "",
-             f"Command: `{cmd}`", "",
-             "Model: tilegen/analyze_sme.py (counting rule in its docstring): MACs per 128-bit "
-             "SVL granule (SVL = 128); per-32-k-block figures at SVL = 512 (block loops "
-             "expanded).", "",
-             "| row | kernel | source | k/iter | insns | MAC insns | MAC ins / ins | MACs/ins "
-             "(128) | loads | loads/kMAC | block insns (512) | block MACs/ins (512) |",
-             "|---|---|---|---|---|---|---|---|---|---|---|---|"]
-    for r in rows:
-        if "error" in r:
-            lines.append(f"| {r['row']} | {r['spec']} | tilegen | – | – | – | – | – | – | – | – "
-                         f"| ({r['error'][:60]}) |")
+def _tilegen(spec: str) -> dict:
+    return sme_report(spec).as_dict()
+
+
+def collect(kai: list[tuple[str, Path, str]]) -> list[dict]:
+    rows = []
+    for k in KERNELS:
+        if "_sme" not in k.name:
             continue
-        blk = (f"{r['block_insns']} | {r['block_macs_per_insn']}" if "block_insns" in r
-               else "– | –")
-        lines.append(f"| {r['row']} | {r['kernel']} | {r['source']} | {r['k_per_iter']} | "
-                     f"{r['insns']} | {r['mac_insns']} | {r['mac_per_insn']:.3f} | "
-                     f"{r['macs_per_insn_128']:.2f} | {r['loads']} | "
-                     f"{1000 * r['loads_per_mac_128']:.2f} | {blk} |")
-    lines += ["", "Notes:",
-              "- `MAC ins / ins`: MAC instructions per hot-loop instruction (loop control and "
-              "pointer steps included); `MACs/ins (128)`: multiply-accumulates per instruction "
-              "at SVL = 128 (outer products x g^2, ZA-array and Z-register ops x g at "
-              "SVL = 128 g).",
-              "- Block figures: one 32-k block (q4_0 scale block) of the whole tile with the "
-              "block's loops expanded at SVL = 512 (ZA row-slice loops run SVL/32 times), "
-              "scale handling included; per-tile passes outside the block loop (tilegen's "
-              "q4_0_s1s0 gemm zeroes and clamps its dst rows once per tile, KleidiAI's takes "
-              "the first-block path once) are not in them.",
-              "- KleidiAI's q4 gemm block is its K-loop body on the path of every block after "
-              "the first (`.ACCUMULATE`); KleidiAI's kernels were read from "
-              "ARM-software/kleidiai (paths and commits in the `spec` column) into a directory "
-              "outside this repository, hot loop and block loop only."]
-    return "\n".join(lines) + "\n"
+        spec, note = (k.spec, k.note) if k.spec else CLOSEST[k.name]
+        rows.append({"group": "exported", "name": k.name, "spec": spec,
+                     "exported": k.spec is not None, "note": note, "tilegen": _tilegen(spec),
+                     "kleidiai": {v: kleidiai_report(t, k.name).as_dict() for v, t, _ in kai}})
+    for row, specs, kname in REFERENCE:
+        for s in specs:
+            rows.append({"group": "reference", "row": row, "name": kname, "spec": s,
+                         "tilegen": _tilegen(s),
+                         "kleidiai": ({v: kleidiai_report(t, kname).as_dict() for v, t, _ in kai}
+                                      if kname else {})})
+    return rows
+
+
+SVLS = (128, 256, 512, 1024, 2048)
+# the SME kernels whose LHS the VL packers write, for the share of a whole matmul
+PACKER_KERNELS = (("f32p", 1, "f32:sme2:2vlx2vl"), ("bf16px2", 2, "bf16:sme2:2vlx2vl"))
+SHARE_N, SHARE_K = 4096, 4096
+
+
+def packers(kai: list[tuple[str, Path, str]]) -> list[dict]:
+    """Instructions per packed element of the SME kernels' LHS packers (2vl row blocks): NEON,
+    the streaming twin, KleidiAI's (each tree); per call at m = 1 and m = mr (k = SHARE_K); and
+    the packer's share of packer + kernel instructions at n = SHARE_N."""
+    rows = []
+    for fmt, kr, kspec in PACKER_KERNELS:
+        neon, twin = packer_for(parse_spec(kspec)), streaming_packer_for(parse_spec(kspec))
+        assert (neon.fmt, neon.kr, twin.fmt) == (fmt, kr, fmt)
+        for spec in (neon, twin):
+            isa = spec.isa
+            for svl in SVLS:
+                d = packer_mix(spec, svl).as_dict()
+                kern = sme_report(kspec, block_svl=svl)
+                mr = 2 * svl // 32
+                per_elem_kernel = SHARE_N / kern.block_macs_per_insn   # kernel insns per LHS element
+                calls = {m: packer_call_insns(spec, svl, m, SHARE_K) for m in (1, mr)}
+                d.update({"fmt": fmt, "isa": isa, "kernel": kspec,
+                          "call_insns_m1": calls[1], "call_insns_mr": calls[mr],
+                          "kernel_insns_m1": round(per_elem_kernel * SHARE_K * mr),
+                          "share_mr": round(d["insns_per_element"]
+                                            / (d["insns_per_element"] + per_elem_kernel), 4),
+                          "share_m1": round(calls[1] / (calls[1] + per_elem_kernel * SHARE_K * mr),
+                                            4),
+                          "runtime_uses": spec.streaming == (svl >= twin.streaming_from_svl)})
+                rows.append(d)
+    for v, t, _ in kai:
+        for name in KAI_PACKERS:
+            for svl in SVLS:
+                try:
+                    d = kleidiai_packer_mix(t, name, svl).as_dict()
+                except FileNotFoundError:
+                    continue
+                rows.append({**d, "version": v})
+    return rows
+
+
+def _f(v, fmt: str) -> str:
+    return "–" if v is None else format(v, fmt)
+
+
+def markdown(rows: list[dict], pk: list[dict], kai: list[tuple[str, Path, str]], cmd: str) -> str:
+    vers = [v for v, _, _ in kai]
+    last = vers[-1]
+    out = ["# SME/SME2 kernels: static model, tilegen vs KleidiAI", "",
+           f"Command: `{cmd}`", "",
+           "KleidiAI source trees: " + ", ".join(f"v{v} (`{Path(g).name}`)" for v, _, g in kai)
+           + ". llama.cpp pins v1.24.0.", "",
+           "Model: `tilegen/analyze_sme.py` (counting rule in its docstring). `MACi/i`: MAC "
+           "instructions per hot-loop instruction; `blk MAC/i`: MACs per instruction over one "
+           "32-k block at SVL 512 (the issue's rule; derived from the hot loop, x 32 / k per "
+           "iteration, where a kernel has no per-block work); bytes per 32-k block of one "
+           "tile at SVL 512.", "",
+           "## Per exported SME/SME2 name: tilegen vs the KleidiAI kernel llama.cpp runs", "",
+           "| exported name (`matmul_clamp_f32_` …) | tilegen kernel | tilegen MACi/i | "
+           + " | ".join(f"KleidiAI v{v} MACi/i" for v in vers) + " | tilegen blk MAC/i | "
+           + " | ".join(f"KleidiAI v{v} blk MAC/i" for v in vers)
+           + f" | tilegen / KleidiAI v{last} (blk) |",
+           "|---|---|---|" + "---|" * len(vers) + "---|" + "---|" * len(vers) + "---|"]
+    for r in rows:
+        if r["group"] != "exported":
+            continue
+        t, ks = r["tilegen"], r["kleidiai"]
+        spec = r["spec"] if r["exported"] else f"({r['spec']}: not exported, see notes)"
+        ratio = t["block_macs_per_insn"] / ks[last]["block_macs_per_insn"]
+        out.append(f"| {r['name'].removeprefix('matmul_clamp_f32_')} | {spec} | "
+                   f"{t['mac_per_insn']:.3f} | "
+                   + " | ".join(f"{ks[v]['mac_per_insn']:.3f}" for v in vers)
+                   + f" | {t['block_macs_per_insn']:.1f} | "
+                   + " | ".join(f"{ks[v]['block_macs_per_insn']:.1f}" for v in vers)
+                   + f" | {ratio:.2f} |")
+    out += ["", "## Memory per 32-k block and accumulators (SVL 512, one tile)", "",
+            "| kernel | source | loads | bytes loaded | stores | bytes stored | dst bytes "
+            "(loaded + stored) | stack bytes | accumulators |", "|---|---|---|---|---|---|---|---|---|"]
+    seen = set()
+    for r in rows:
+        items = [("tilegen", r["tilegen"])] + [(f"KleidiAI v{last}", r["kleidiai"][last])
+                                               for _ in [0] if r["kleidiai"]]
+        for src, d in items:
+            if (d["kernel"], src) in seen:
+                continue
+            seen.add((d["kernel"], src))
+            out.append(f"| {d['kernel']} | {src} | {d['block_loads']} | "
+                       f"{d['block_load_bytes']} | {d['block_stores']} | "
+                       f"{d['block_store_bytes']} | "
+                       f"{d['block_dst_load_bytes'] + d['block_dst_store_bytes']} | "
+                       f"{d['block_stack_load_bytes'] + d['block_stack_store_bytes']} | "
+                       f"{d['accumulators']} |")
+    out += ["", "## Every row", "",
+            "| group | row / exported name | kernel | source | k/iter | insns | MAC insns | "
+            "MACi/i | MACs/ins (128) | loads | block insns (512) | blk MAC/i (512) |",
+            "|---|---|---|---|---|---|---|---|---|---|---|---|"]
+    for r in rows:
+        label = r.get("row") or r["name"].removeprefix("matmul_clamp_f32_")
+        items = [("tilegen", r["tilegen"])] + [(f"KleidiAI v{v}", r["kleidiai"][v])
+                                               for v in vers if v in r["kleidiai"]]
+        for src, d in items:
+            out.append(f"| {r['group']} | {label} | {d['kernel']} | {src} | {d['k_per_iter']} | "
+                       f"{d['insns']} | {d['mac_insns']} | {d['mac_per_insn']:.3f} | "
+                       f"{d['macs_per_insn_128']:.2f} | {d['loads']} | "
+                       f"{d['block_insns']}{' (derived)' if d['block_derived'] else ''} | "
+                       f"{d['block_macs_per_insn']:.1f} |")
+    out += ["", "## LHS packers of the SME kernels (2vl row blocks)", "",
+            f"Instructions per packed f32 element (steady state; tilegen: "
+            f"`tilegen.analyze_sme.packer_mix`, KleidiAI: the main loop of its packer), per call "
+            f"(m = 1 and m = mr, k = {SHARE_K}: `packer_call_insns`) and the packer's share of "
+            f"packer + kernel instructions (the kernel `blk MAC/i` at that SVL, n = {SHARE_N}). "
+            "`*`: what tilegen's runtime packs with at that SVL.", "",
+            "| packer | SVL | insns / element | call m = 1 | call m = mr | share m = mr | "
+            "share m = 1 |", "|---|---|---|---|---|---|---|"]
+    for p in pk:
+        if p["source"] != "tilegen":
+            continue
+        star = " *" if p["runtime_uses"] else ""
+        out.append(f"| {p['packer']}{star} | {p['svl']} | {p['insns_per_element']:.3f} | "
+                   f"{p['call_insns_m1']} | {p['call_insns_mr']} | {100 * p['share_mr']:.1f} % | "
+                   f"{100 * p['share_m1']:.1f} % |")
+    out += ["", "| KleidiAI packer | release | " + " | ".join(f"SVL {v}" for v in SVLS) + " |",
+            "|---|---|" + "---|" * len(SVLS)]
+    kp: dict = {}
+    for p in pk:
+        if p["source"] == "kleidiai":
+            kp.setdefault((p["packer"], p["version"]), {})[p["svl"]] = p["insns_per_element"]
+    for (name, v), by in sorted(kp.items()):
+        out.append(f"| {name} | v{v} | " + " | ".join(f"{by[x]:.3f}" for x in SVLS) + " |")
+    notes = sorted({(r["name"], r["note"]) for r in rows if r["group"] == "exported" and r["note"]})
+    out += ["", "Notes:", ""]
+    out += [f"- `{n.removeprefix('matmul_clamp_f32_')}`: {t}" for n, t in notes]
+    for r in rows:      # a gemv name (mr = 1) served by an outer-product tile of 1vl rows
+        if r["group"] == "exported" and "_1x" in r["name"] and "vlx" in r["spec"]:
+            useful = r["tilegen"]["block_macs_per_insn"] / (512 // 32)
+            out.append(f"- `{r['name'].removeprefix('matmul_clamp_f32_')}` is a gemv name served "
+                       f"by the outer-product tile `{r['spec']}`: at m = 1 one row of its "
+                       f"SVL/32 = 16 (SVL 512) is useful, so {useful:.1f} useful MACs per "
+                       "instruction against the figure in the table.")
+    out += ["- KleidiAI's hot loops and blocks: the labels of `tilegen.analyze_sme.KAI_RECIPES` "
+            "(e.g. the f32 gemv `f32p2vlx1b_1x16vl` and `f32p16vlx1b_1x16vl`: the width-4 "
+            "pass, 16 VL columns; the int8 q4 gemm `qsi8d32p1vlx4_qsi4c32p4vlx4_1vlx4vl`: the "
+            "K-loop body on the path of every block after the first, `.ACCUMULATE`).",
+            "- Corrected against the earlier excerpt-based table: KleidiAI's f32 FMOPA hot loop "
+            "(`f32p2vlx1_f32p2vlx1biasf32_sme2_mopa`) is 24 instructions / 16 FMOPA (0.667, "
+            "not 0.571); the f32 gemv figure 0.381 is `f32p16vlx1b_1x16vl`'s, while "
+            "`f32p2vlx1b_1x16vl` (the name llama.cpp runs) scores 0.186.",
+            "- What the model does not see (docs/sve-sme.md#what-the-static-model-cannot-see): "
+            "latencies (an accumulator count of 1 serialises the loop's MACs), per-tile and "
+            "per-call work outside the block (bias and store passes, ZT0 table, "
+            "smstart/smstop), bandwidth (bytes are counted, not timed).",
+            f"- Legend of the terminal table: {SME_LEGEND}."]
+    return "\n".join(out) + "\n"
 
 
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    ap.add_argument("--kleidiai", type=Path, help="directory of the KleidiAI excerpts")
+    ap.add_argument("--kleidiai", action="append", metavar="TREE_OR_TARBALL",
+                    help="a KleidiAI source tree or release tarball (repeatable; default: the "
+                         "v1.24.0 and v1.30.0 tarballs in ../shared/thirdparty/kleidiai)")
     ap.add_argument("--out", type=Path, help="write <out>.json and <out>.md")
     a = ap.parse_args()
-    rows = collect(a.kleidiai)
-    cmd = "python bench/sme_mix.py" + (f" --kleidiai {a.kleidiai}" if a.kleidiai else "") + (
+    kai = trees(a.kleidiai)
+    rows = collect(kai)
+    pk = packers(kai)
+    cmd = "python bench/sme_mix.py" + "".join(f" --kleidiai {g}" for g in a.kleidiai or []) + (
         f" --out {a.out}" if a.out else "")
-    print(SME_HEADER.replace("kernel (SME static model: per 128-bit SVL granule)", "row / kernel"))
+    print(SME_HEADER.replace("kernel (SME static model: per 128-bit SVL granule)",
+                             "kernel (per exported name: tilegen, then KleidiAI)"))
+    from tilegen.analyze_sme import SmeReport  # noqa: F401 (rows are dicts; print them plainly)
     for r in rows:
-        if "error" in r:
-            print(f"{r['spec']:<62} error: {r['error'][:80]}")
-        else:
-            print(f"{r['kernel'][:62]:<62} {r['k_per_iter']:4d} {r['insns']:5d} "
-                  f"{r['mac_insns']:5d} {r['mac_per_insn']:7.3f} {r['macs_per_insn_128']:8.2f} "
-                  f"{r['loads']:5d} "
-                  f"{1000 * r['loads_per_mac_128']:8.2f} {r.get('block_insns', '-'):>6} "
-                  f"{r.get('block_macs_per_insn', '-'):>8}")
+        for d in [r["tilegen"]] + list(r["kleidiai"].values()):
+            print(f"{d['kernel'][:62]:<62} {d['k_per_iter']:4d} {d['insns']:5d} "
+                  f"{d['mac_insns']:5d} {d['mac_per_insn']:7.3f} {d['macs_per_insn_128']:8.2f} "
+                  f"{d['loads']:5d} {1000 * d['loads_per_mac_128']:8.2f} {d['accumulators']:3d} "
+                  f"{d['block_insns']:6d} {d['block_macs_per_insn']:8.1f} "
+                  f"{d['block_stores']:4d} {d['block_load_bytes']:7d} "
+                  f"{d['block_store_bytes']:6d} "
+                  f"{d['block_dst_load_bytes'] + d['block_dst_store_bytes']:6d}")
     if a.out:
-        doc = {"command": cmd, "rows": rows}
+        doc = {"command": cmd,
+               "kleidiai": {v: Path(g).name for v, _, g in kai},
+               "rows": rows, "packers": pk}
         a.out.with_suffix(".json").write_text(json.dumps(doc, indent=1) + "\n")
-        a.out.with_suffix(".md").write_text(markdown(rows, cmd))
+        a.out.with_suffix(".md").write_text(markdown(rows, pk, kai, cmd))
     return 0
 
 

@@ -3,11 +3,18 @@ KleidiAI-source reader, and the CLI rows for SME kernels."""
 import json
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 
-from tilegen.analyze_sme import (count, count_kleidiai, expand, kleidiai_lines, load_vectors,
-                                 macs_of, sme_report)
+from tilegen.analyze_sme import (KAI_RECIPES, accumulators, count, count_kleidiai, expand,
+                                 kleidiai_lines, kleidiai_report, kleidiai_version, load_vectors,
+                                 macs_of, mem_bytes, memory, sme_report)
+from tilegen.emulate.provision import ensure_kleidiai_source
+
+REPO = Path(__file__).resolve().parents[1]
+#: KleidiAI's release tarballs next to the repository (read, extracted into the tilegen cache)
+KAI_TARBALLS = REPO.parent / "shared" / "thirdparty" / "kleidiai"
 
 
 @pytest.mark.parametrize("insn, macs", [
@@ -59,7 +66,9 @@ def test_tilegen_sme_reports():
     assert q4.k_per_iter == 32 and q4.loop.macs == 16 * 64
     assert q4.block is not None and q4.block.insns > q4.loop.insns
     f = sme_report("f32:sme2:2vlx2vl")
-    assert f.block is None and f.loop.macs == f.loop.mac_insns * 16
+    assert f.loop.macs == f.loop.mac_insns * 16
+    # no marked block: the hot loop x 32 / k per iteration
+    assert f.block_derived and f.block.insns == f.loop.insns * 32 // f.k_per_iter
 
 
 def test_cli_reports_sme_rows():
@@ -68,3 +77,130 @@ def test_cli_reports_sme_rows():
     assert p.returncode == 0, p.stderr
     row = json.loads(p.stdout)[0]
     assert row["model"] == "sme-static" and row["macs_per_insn_128"] > 0
+
+
+@pytest.mark.parametrize("insn, svl, nbytes", [
+    ("ld1w {z0.s-z3.s}, pn8/z, [x15, #8, mul vl]", 512, 256),
+    ("ld1h {z8.s}, p0/z, [x11, #0, mul vl]", 512, 32),         # widening: halfwords into .s
+    ("st1w {z28.s-z31.s}, pn9, [x14]", 256, 128),
+    ("ld1rw {z4.s}, p0/z, [sp, #16]", 512, 4),
+    ("ld1rqb { z0.b }, p1/z, [x21, x23]", 2048, 16),
+    ("ldr zt0, [x9]", 512, 64),
+    ("ldr x24, [x0, #0x18]", 512, 8),
+    ("ldp x19, x20, [sp], 96", 512, 16),
+    ("ld1 {v0.4s, v1.4s}, [x13], #32", 512, 32),
+    ("st1 {v0.s}[2], [x14], x10", 512, 4),
+    ("add x1, x1, #4", 512, 0),
+])
+def test_mem_bytes(insn, svl, nbytes):
+    assert mem_bytes(insn, svl) == nbytes
+
+
+def test_block_memory_sees_the_dst_round_trip():
+    """tilegen's int8 q4 SME2 gemm folds ZA into dst every 32-k block (ld1w + st1w of the tile's
+    16 rows x 4 VL at SVL 512: 8 KiB); the bf16 and f32 gemms move only packed operands."""
+    q4 = sme_report("q4_0_s1s0:sme2:1vlx4vl")
+    dst = q4.block_mem["dst"]
+    assert (dst.load_bytes, dst.store_bytes, dst.stores) == (4096, 4096, 16)
+    bf = sme_report("bf16:sme2:2vlx2vl")
+    # 16 k-pairs of a 32-row LHS block and a 32-column RHS panel at SVL 512, bf16 pairs
+    assert bf.block_mem["packed"].load_bytes == 2 * 16 * 32 * 4
+    assert bf.block_mem.total.stores == 0 and bf.block_mem["dst"].load_bytes == 0
+
+
+def test_memory_roles():
+    m = memory(["ld1w {z0.s}, p0/z, [x3]", "ld1w {z1.s}, p0/z, [x6]", "st1w {z1.s}, p0, [x6]",
+                "ldr x5, [x0, #8]", "ldr zt0, [sp]"], 128)
+    assert (m["packed"].load_bytes, m["dst"].load_bytes, m["dst"].store_bytes,
+            m["scalar"].load_bytes, m["stack"].load_bytes) == (16, 16, 16, 8, 64)
+
+
+def test_accumulator_chains():
+    """One ZA-array group in the luti4 gemv and the f32 1x4vl gemv: one dependency chain."""
+    assert sme_report("q4_0_s1s0:sme2:1x4vl").accumulators == 1
+    assert sme_report("f32:sme2:1x4vl").accumulators == 1
+    assert sme_report("bf16:sme2:2vlx2vl").accumulators == 4
+    assert accumulators(["fmopa za1.s, p0/m, p0/m, z0.s, z1.s",
+                         "fmla za.s[w8, 0, vgx4], {z0.s-z3.s}, z4.s",
+                         "fmla za.s[w8, 1, vgx4], {z0.s-z3.s}, z4.s",
+                         "sdot z1.s, z2.b, z3.b[0]"]) == 4
+
+
+def test_expand_takes_listed_forward_branches():
+    lines = ["cmp x1, x2", "b.ne 6f", "fmul z0.s, z0.s, z1.s", "b 7f", "6:", "fmla z0.s, p0/m, z1.s, z2.s",
+             "7:", "st1w {z0.s}, p0, [x3]"]
+    assert expand(lines, 512, taken=("6",)) == ["cmp x1, x2", "b.ne 6f", "fmla z0.s, p0/m, z1.s, z2.s",
+                                               "st1w {z0.s}, p0, [x3]"]
+    assert len(expand(lines, 512)) == 6
+
+
+@pytest.fixture(scope="module", params=["1.24.0", "1.30.0"])
+def kai_tree(request):
+    """A real KleidiAI source tree, extracted once into the tilegen cache."""
+    tree = ensure_kleidiai_source(KAI_TARBALLS / f"kleidiai-v{request.param}.tar.gz", quiet=True)
+    assert kleidiai_version(tree) == request.param
+    return tree
+
+
+def test_every_kleidiai_recipe_reads_its_kernel(kai_tree):
+    for name, r in KAI_RECIPES.items():
+        rep = kleidiai_report(kai_tree, name)
+        assert rep.loop.mac_insns > 0 and rep.block_macs_per_insn > 0, name
+        assert rep.block_derived == (r.block is None), name
+
+
+def test_kleidiai_figures_of_issue_23(kai_tree):
+    """The figures of issue #23, counted on the real trees: f32 FMOPA 24 instructions / 16
+    FMOPA; the f32 gemv llama.cpp runs (f32p2vlx1b_1x16vl) 0.186, f32p16vlx1b_1x16vl 0.381;
+    bf16 0.667 (21.3 MACs per instruction per granule); the f16-LHS q4 gemm 151.0 per block."""
+    def rep(name):
+        return kleidiai_report(kai_tree, "matmul_clamp_f32_" + name)
+    f32 = rep("f32p2vlx1_f32p2vlx1biasf32_sme2_mopa")
+    assert (f32.loop.insns, f32.loop.mac_insns) == (24, 16)
+    assert round(rep("f32_f32p2vlx1b_1x16vl_sme2_mla").mac_per_insn, 3) == 0.186
+    assert round(rep("f32_f32p16vlx1b_1x16vl_sme2_mla").mac_per_insn, 3) == 0.381
+    bf = rep("bf16p2vlx2_bf16p2vlx2_2vlx2vl_sme2_mopa")
+    assert round(bf.mac_per_insn, 3) == 0.667 and round(bf.macs_per_insn, 1) == 21.3
+    assert round(rep("f16p1vlx2_qsi4c32p4vlx2_1vlx4vl_sme2_mopa").block_macs_per_insn, 1) == 151.0
+    assert round(rep("qsi8d32p1vlx4_qsi4c32p4vlx4_1vlx4vl_sme2_mopa").block_macs_per_insn, 1) == 67.6
+
+
+def test_bf16_sme2_gemm_at_or_above_kleidiai(kai_tree):
+    """Issue #23 item 4: tilegen's bf16 SME2 gemm scores at least KleidiAI's by the static rule
+    (MAC instructions per hot-loop instruction, MACs per instruction per 32-k block at SVL 512)."""
+    t = sme_report("bf16:sme2:2vlx2vl")
+    k = kleidiai_report(kai_tree, "matmul_clamp_f32_bf16p2vlx2_bf16p2vlx2_2vlx2vl_sme2_mopa")
+    assert t.mac_per_insn >= k.mac_per_insn and t.block_macs_per_insn >= k.block_macs_per_insn
+    assert t.block_mem.total.load_bytes <= k.block_mem.total.load_bytes
+
+
+def test_recorded_sme_mix_is_current(tmp_path):
+    """bench/results/sme_mix.{json,md} are what its recorded command prints now (the real
+    KleidiAI trees, tilegen's kernels of this tree): re-record with that command otherwise."""
+    rec = json.loads((REPO / "bench" / "results" / "sme_mix.json").read_text())
+    assert rec["command"] == "python bench/sme_mix.py --out bench/results/sme_mix"
+    p = subprocess.run([sys.executable, str(REPO / "bench" / "sme_mix.py"), "--out",
+                        str(tmp_path / "mix")], capture_output=True, text=True, cwd=REPO)
+    assert p.returncode == 0, p.stderr
+    now = json.loads((tmp_path / "mix.json").read_text())
+    assert (now["rows"], now["packers"]) == (rec["rows"], rec["packers"]), \
+        f"stale bench/results/sme_mix: run `{rec['command']}`"
+    names = {r["name"] for r in now["rows"] if r["group"] == "exported"}
+    from tilegen.export.kleidiai import KERNELS
+    assert names == {k.name for k in KERNELS if "_sme" in k.name}
+
+
+def test_kleidiai_sme_packers_read(kai_tree):
+    """KleidiAI's SME LHS packers (v1.24.0 has no bf16 _sme2: its _sme one is that code) give a
+    positive count per element that halves when SVL doubles (one VL of work per instruction)."""
+    from tilegen.analyze_sme import KAI_PACKERS, kleidiai_packer_mix
+    found = set()
+    for name in KAI_PACKERS:
+        try:
+            a, b = (kleidiai_packer_mix(kai_tree, name, s) for s in (512, 1024))
+        except FileNotFoundError:
+            assert name.endswith("_sme2") and kleidiai_version(kai_tree) == "1.24.0", name
+            continue
+        found.add(name)
+        assert a.per_element > 0 and a.per_element == 2 * b.per_element, name
+    assert {"lhs_pack_f32p2vlx1_f32_sme", "lhs_pack_bf16p2vlx2_f32_sme"} <= found

@@ -22,7 +22,8 @@ from tilegen.build.defaults import default_specs
 from tilegen.build.targets import get_target
 from tilegen.build.toolchain import discover
 from tilegen.generator.manifest import parse_packer_spec
-from tilegen.generator.packers import VL_ROWS_MAX, VL_ROWS_MIN, PackerSpec, packer_for, render
+from tilegen.generator.packers import (VL_ROWS_MAX, VL_ROWS_MIN, PackerSpec, packer_for, render,
+                                       streaming_packer_for)
 from tilegen.records import SpecError
 from tilegen.layout.bf16 import f32_to_bf16_rne
 
@@ -38,7 +39,18 @@ SPECS = [PackerSpec("bf16px2", u, 2, 1, mr_vl=True) for u in (1, 2, 4)] + [
     PackerSpec("qai8dxp", 1, 4, 1, mr_vl=True),      # q8_0:sme:1vlx4vl, q4_0_dx:sme:1vlx2vl
     PackerSpec("qsi8d32p", 1, 8, 2, mr_vl=True),     # q4_0:sme:1vlx2vl
 ]
-# the SME kernels of the default build and the packer each reads
+# the streaming twins (ZA transpose; mr = units x the guest's SVL/32 only)
+SME_SPECS = [PackerSpec(fmt, u, kr, 1, mr_vl=True, isa=isa)
+             for fmt, kr, isa in (("bf16px2", 2, "sme2"), ("f32p", 1, "sme")) for u in (1, 2, 4)]
+SPECS += SME_SPECS
+# the SME kernels' streaming twins: what lib.matmul packs with (lib.packer / pack_lhs: NEON)
+SME_TWINS = {
+    "bf16:sme2:2vlx2vl": "lhs_pack_bf16p2vlx2_f32_sme2",
+    "f32:sme:2vlx2vl": "lhs_pack_f32p2vlx1_f32_sme",
+    "f32:sme2:2vlx2vl": "lhs_pack_f32p2vlx1_f32_sme",
+    "f32:sme2:1vlx4vl": "lhs_pack_f32p1vlx1_f32_sme",
+}
+# the SME kernels of the default build and the NEON packer each reads
 SME_KERNELS = {
     "bf16:sme2:2vlx2vl": "lhs_pack_bf16p2vlx2_f32_neon",
     "f32:sme:2vlx2vl": "lhs_pack_f32p2vlx1_f32_neon",
@@ -245,6 +257,24 @@ def test_nothing_written_on_bad_arguments(vl_lib):
             assert (got == fill).all(), w
 
 
+def test_streaming_twin_packs_the_running_svl_only(vl_lib):
+    """A streaming packer transposes through ZA tiles of SVL/32 rows: at SVL 512 a call with the
+    row count of another SVL (valid for the NEON packer) writes nothing."""
+    rng = np.random.default_rng(5)
+    cases, what = [], []
+    for spec in SME_SPECS:
+        x = _float_rows(rng, 9, 40, special=False)
+        for svl in (128, 256, 1024, 2048):
+            args = dict(m=9, k=40, mr=_mr(spec, svl), kr=spec.kr, sr=spec.sr, m_idx_start=0,
+                        lhs_stride=160)
+            cases.append(_case(spec, args, _rows_bytes(x, 160), 4096))
+            what.append((spec.name, svl))
+    outs = _sme_guest(512).call("guest_pack:run_cases", vl_lib, cases)
+    for w, o in zip(what, outs):
+        for fill, got in zip(PREFILLS, o):
+            assert (got == fill).all(), w
+
+
 # --------------------------------------------------------------------------------------------
 # the runtime: default build, lib.packer, matmul through the SME kernels
 
@@ -255,6 +285,13 @@ def test_default_build_brings_the_packers():
         p = packer_for(tilegen.parse_spec(spec_text))
         assert p is not None and p.mr_vl and p.name == name, (spec_text, p)
         assert parse_packer_spec(p.spec_string) == p
+        twin = streaming_packer_for(tilegen.parse_spec(spec_text))
+        assert (twin and twin.name) == SME_TWINS.get(spec_text), spec_text
+        if twin is not None:
+            assert twin.streaming and (twin.fmt, twin.mr, twin.kr, twin.sr) == (p.fmt, p.mr, p.kr, p.sr)
+            assert parse_packer_spec(twin.spec_string) == twin
+    assert streaming_packer_for(tilegen.parse_spec("f32:neon:6x16")) is None
+    assert streaming_packer_for(tilegen.parse_spec("bf16:bf16:8x12")) is None
     for tgt in ("linux-aarch64-all", "apple-m4"):
         specs = default_specs(get_target(tgt))
         sme = {s.spec_string for s in specs if s.spec_string in SME_KERNELS}
@@ -280,9 +317,12 @@ def test_matmul_packs_with_the_generated_packer(kernels, kind, svl, tmp_path_fac
     out = tmp_path_factory.mktemp("e2e")
     tilegen.build_library(kernels, target="linux-aarch64-all", out_dir=out)
     spec = tilegen.parse_spec(kernels[0])
-    name = SME_KERNELS[kernels[0]]
+    neon = SME_KERNELS[kernels[0]]
+    twin = streaming_packer_for(spec)
+    # the streaming twin where the format has one, from the SVL where it is the cheaper
+    name = twin.name if twin is not None and svl >= twin.streaming_from_svl else neon
     man = json.loads((out / MANIFEST_NAME).read_text())
-    assert name in {p["name"] for p in man["packers"]}
+    assert {name, neon} <= {p["name"] for p in man["packers"]}
     rng = np.random.default_rng(svl + len(kind))
     mr = spec.mr * svl // 32
     m, n, k = 2 * mr + 3, 37, 64
@@ -291,12 +331,13 @@ def test_matmul_packs_with_the_generated_packer(kernels, kind, svl, tmp_path_fac
     res = _sme_guest(svl).call("guest_pack:ops_packers", str(out), kind, w, x)
     assert res["spec"] == kernels[0], res["kernel"]
     assert res["mr"] == mr
-    assert res["packer"] == (name, mr) and res["found"] == name
+    assert res["packer"] == (name, mr) and res["found"] == neon     # lib.packer: NEON
     assert res["used"] and {u for u in res["used"]} == {(name, mr)}, res["used"]
     for o in res["outs"]:
         assert np.array_equal(o.view(np.uint32), res["ref"].view(np.uint32)), kernels
     assert res["pack_lhs_same"] and res["call_mr_same"]
     assert res["unbound"].startswith("ArgumentError") and "mr" in res["unbound"], res["unbound"]
+    assert _sme_guest(svl).call("guest_calls:svcr_now", str(out)) == 0     # streaming left
 
 
 # --------------------------------------------------------------------------------------------
@@ -351,17 +392,34 @@ def test_render_both_formats(spec, tmp_path):
                            capture_output=True, text=True)
         assert p.returncode == 0, p.stderr
         body = text.split(f"{sym}:\n", 1)[1]
+        if spec.streaming:      # d8-d15 saved around smstart/smstop (it clears the vector file)
+            saves = [ln.strip() for ln in body.splitlines() if re.match(r"\s+(stp|ldp) d", ln)]
+            ins = [ln.split("//")[0].strip() for ln in body.splitlines()]
+            assert len(saves) == 8 and ins.count("smstart") == ins.count("smstop") == 1, saves
+            assert ins.index("smstop") > ins.index("smstart")
+            body = "\n".join(ln for ln in body.splitlines()
+                              if not re.match(r"\s+(stp|ldp) d", ln))
         for kind, num in _REG.findall(body):
             n = int(num)
             assert not (kind in "xw" and 18 <= n <= 30), f"{kind}{n} used"
             assert not (kind in "vqdsbh" and 8 <= n <= 15), f"{kind}{n} used (callee-saved)"
         # mr is the run-time argument: no immediate of a row count of the accepted range
         # other than the bounds of its check
-        assert f"#{spec.vl_rows[-1]}\n" in text
+        if spec.streaming:      # mr must be units x SVL/32 of the running CPU
+            assert f"rdsvl x9, #{spec.mr}\n" in text
+        else:
+            assert f"#{spec.vl_rows[-1]}\n" in text
     # 4 rows x 8 values per iteration: 4 loads, (bf16: 8 x to_bf16 (8 each), 4 uzp2), a 4 x 4
     # transpose of 4-byte granules per 4 chunks (8 trn), one 16-byte store per chunk of 4 rows
     loop = hot_loop(render(spec))
-    if spec.fmt == "bf16px2":
+    if spec.streaming:
+        # 4 rows: per row and chunk of the pass (4 / units chunks) one ZA-slice load (f32p) or
+        # a two-vector load, BFCVT and MOVA into the slice (bf16p), then the row step; the
+        # slice index and the counter
+        chunks, per_chunk = 4 // spec.mr, 3 if spec.fmt == "bf16px2" else 1
+        assert len(loop) == 4 * (chunks * per_chunk + 1) + 4, loop
+        assert sum(i.startswith("ld1w {z") for i in loop) == 4 * chunks
+    elif spec.fmt == "bf16px2":
         assert len(loop) == 4 + 64 + 4 + 8 + 4 + 2, loop
         assert sum(i.startswith("st1 {v") and ".4s}" in i for i in loop) == 4
     elif spec.fmt == "f32p":
@@ -376,3 +434,16 @@ def test_fixed_mr_renders_unchanged_by_vl_variant():
         a, b = render(fixed), render(scaled)
         assert "cmp x2, #4" in a or "cmp x3, #4" in a
         assert "tst x2, #3" in b or "tst x3, #3" in b
+
+
+def test_streaming_threshold_is_the_static_models():
+    """packer_sme_from_svl (where the runtime switches to the streaming twin) is the smallest
+    SVL at which the twin takes fewer instructions per packed element than the NEON packer,
+    and it stays cheaper above (tilegen.analyze_sme.packer_mix, every unit count)."""
+    from tilegen.analyze_sme import packer_mix
+    for twin in SME_SPECS:
+        neon = PackerSpec(twin.fmt, twin.mr, twin.kr, twin.sr, mr_vl=True)
+        cheaper = [svl for svl in (128, 256, 512, 1024, 2048)
+                   if packer_mix(twin, svl).per_element < packer_mix(neon, svl).per_element]
+        assert cheaper and cheaper[0] == twin.streaming_from_svl, (twin.name, cheaper)
+        assert cheaper == [s for s in (128, 256, 512, 1024, 2048) if s >= cheaper[0]], twin.name

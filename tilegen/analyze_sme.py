@@ -20,6 +20,19 @@ not change, so MACs/instruction of an outer-product loop grows with g^2, of a ve
     loads           every instruction whose mnemonic starts with ``ld`` (vectors: the Z
                     registers it writes; scalar loads count 0 vectors).
 
+Memory traffic per 32-k block (``Memory``, at ``block_svl``): every load and store (mnemonic
+``ld*`` / ``st*``) with the bytes it moves at that SVL (a whole vector per Z register even where
+a predicate masks lanes: an upper bound), split by role from the base register: ``dst`` (a base
+register that some vector store of the region also uses: the kernel reads back what it wrote,
+a dst round trip), ``stack`` (``sp``), ``scalar`` (general-register loads: arguments,
+pointers) and ``packed`` (every other load: the packed LHS and RHS, their scales and biases).
+Accumulators: the distinct ZA tiles / ZA-array vector groups / Z registers the hot loop's MAC
+instructions write: the independent accumulation chains (one chain serialises every MAC
+instruction of the loop on the MAC latency; the instruction count does not show it).
+
+Kernels without a marked block (the f32, bf16 and q8 per-channel kernels, whose hot loop runs
+over the whole k) get a derived block: the hot loop repeated 32 / k-per-iteration times.
+
 Loops inside a block region run the trip count written on their label line as
 ``// tilegen:trips <expr>`` (``svl`` = SVL in bits, e.g. ``svl/32``); the block figures are
 taken at a stated SVL (``block_svl``, default 512: the block's ZA-slice loops make the
@@ -31,8 +44,11 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 
-__all__ = ["SmeReport", "macs_of", "load_vectors", "is_load", "count", "sme_report",
-           "kleidiai_lines", "count_kleidiai", "SME_HEADER"]
+__all__ = ["SmeReport", "Memory", "Traffic", "macs_of", "load_vectors", "is_load", "is_store",
+           "mem_bytes", "memory", "accumulators", "count", "sme_report", "kleidiai_lines",
+           "count_kleidiai", "SME_HEADER", "SME_LEGEND", "ROLES", "KaiRecipe", "KAI_RECIPES",
+           "kleidiai_version", "kleidiai_source", "kleidiai_report", "PackerMix", "packer_mix",
+           "KAI_PACKERS", "kleidiai_packer_mix", "packer_call_insns"]
 
 _ESZ = {"b": 1, "h": 2, "s": 4, "d": 8, "q": 16}
 _MOPA = ("fmopa", "fmops", "bfmopa", "bfmops", "smopa", "smops", "umopa", "umops", "sumopa",
@@ -104,6 +120,138 @@ def load_vectors(insn: str) -> int:
     return 1 if re.match(r"\w+\s+z\d+", low) else 0
 
 
+def is_store(insn: str) -> bool:
+    return _mnemonic(insn).startswith("st")
+
+
+_GPR_BYTES = {"x": 8, "w": 4, "q": 16, "d": 8, "s": 4, "h": 2, "b": 1}
+_NEON_BYTES = {"8b": 8, "4h": 8, "2s": 8, "1d": 8, "16b": 16, "8h": 16, "4s": 16, "2d": 16,
+               "1q": 16}
+
+
+def mem_bytes(insn: str, svl: int) -> int:
+    """Bytes one load or store moves at SVL = ``svl`` bits (0 if it is neither); predicated
+    vector accesses count whole vectors."""
+    op, low = _mnemonic(insn), insn.lower()
+    if not (is_load(insn) or is_store(insn)):
+        return 0
+    vbytes = svl // 8
+    if "zt0" in low:                                        # ldr/str zt0: 512 bits
+        return 64
+    if re.search(r"\bza\w*\[", low) and op in ("ldr", "str"):   # one ZA array vector
+        return vbytes
+    m = re.match(r"(ld|st)(?:nt)?([1-4])(r?)(q|o)?(s?)([bhwd])\b", op)
+    lst = re.match(r"\w+\s+\{([^}]*)\}", low)
+    if m and re.search(r"\bz\d+", low):                     # SVE / SME vector accesses
+        msize = {"b": 1, "h": 2, "w": 4, "d": 8}[m.group(6)]
+        if m.group(3):                                      # broadcasts: ld1r<T>, ld1rq<T>, ld1ro<T>
+            return {"q": 16, "o": 32}.get(m.group(4) or "", msize)
+        regs = _list_len(lst.group(1)) if lst else 1
+        esz = _ESZ[re.findall(r"z\d+\.([bhsdq])", low)[0]] if re.search(r"z\d+\.[bhsdq]", low) \
+            else msize
+        return regs * vbytes * msize // max(esz, msize)
+    if lst and re.search(r"\bv\d+", lst.group(1)):          # NEON ld1/st1 ... {v0.4s, ...}
+        lane = re.search(r"\}\s*\[\d+\]", low)
+        arr = re.findall(r"v\d+\.(\w+)", lst.group(1))
+        if lane:
+            return _ESZ.get(arr[0][-1], 4) * len(arr) if arr else 4
+        n = re.match(r"(?:ld|st)([1-4])r?$", op)
+        if n and "r" in op[3:]:                             # ld1r: one element per register
+            return _ESZ.get(arr[0][-1], 4) * len(arr)
+        return sum(_NEON_BYTES.get(a, 16) for a in arr)
+    if op in ("ldr", "str", "ldur", "stur") and re.match(r"\w+\s+z\d+", low):
+        return vbytes
+    if op in ("ldr", "str") and re.match(r"\w+\s+p\d+", low):
+        return vbytes // 8
+    r = re.match(r"\w+\s+([xwqdshb])\d+", low)
+    if r:
+        size = {"ldrb": 1, "strb": 1, "ldrh": 2, "strh": 2, "ldrsb": 1, "ldrsh": 2,
+                "ldrsw": 4}.get(op, _GPR_BYTES[r.group(1)])
+        return size * (2 if op in ("ldp", "stp", "ldnp", "stnp", "ldpsw") else 1)
+    return 0
+
+
+def _base(insn: str) -> str | None:
+    m = re.search(r"\[\s*(%x\[\w+\]|x\d+|sp)\b", insn.lower())
+    return m.group(1) if m else None
+
+
+def _is_vector(insn: str) -> bool:
+    """Whether a load/store moves vector registers (Z, NEON V, ZA, ZT0)."""
+    parts = insn.lower().split(None, 1)
+    return len(parts) > 1 and bool(re.search(r"\b(z\d+|v\d+|za\w*|zt0)\b", parts[1]))
+
+
+ROLES = ("packed", "dst", "scalar", "stack")
+
+
+@dataclass(frozen=True)
+class Traffic:
+    loads: int = 0
+    load_bytes: int = 0
+    stores: int = 0
+    store_bytes: int = 0
+
+    def __add__(self, o: "Traffic") -> "Traffic":
+        return Traffic(self.loads + o.loads, self.load_bytes + o.load_bytes,
+                       self.stores + o.stores, self.store_bytes + o.store_bytes)
+
+
+@dataclass(frozen=True)
+class Memory:
+    """Loads and stores of an instruction list at SVL ``svl``, by role (see the module doc)."""
+
+    svl: int
+    roles: tuple[tuple[str, Traffic], ...]
+
+    def __getitem__(self, role: str) -> Traffic:
+        return dict(self.roles).get(role, Traffic())
+
+    @property
+    def total(self) -> Traffic:
+        out = Traffic()
+        for _, t in self.roles:
+            out = out + t
+        return out
+
+    def as_dict(self) -> dict:
+        d = {}
+        for role, t in self.roles:
+            d.update({f"{role}_loads": t.loads, f"{role}_load_bytes": t.load_bytes,
+                      f"{role}_stores": t.stores, f"{role}_store_bytes": t.store_bytes})
+        return d
+
+
+def memory(insns: list[str], svl: int) -> Memory:
+    """Memory traffic of ``insns`` at SVL ``svl`` bits, by role."""
+    dst = {_base(i) for i in insns if is_store(i) and _is_vector(i)} - {None, "sp"}
+    acc = {r: Traffic() for r in ROLES}
+    for i in insns:
+        ld, st = is_load(i), is_store(i)
+        if not (ld or st):
+            continue
+        b = _base(i)
+        role = ("stack" if b == "sp" else "dst" if b in dst
+                else "scalar" if not _is_vector(i) else "packed")
+        n = mem_bytes(i, svl)
+        acc[role] = acc[role] + (Traffic(1, n, 0, 0) if ld else Traffic(0, 0, 1, n))
+    return Memory(svl, tuple((r, acc[r]) for r in ROLES))
+
+
+def accumulators(insns: list[str]) -> int:
+    """Distinct accumulators the MAC instructions of ``insns`` write: ZA tiles, ZA-array vector
+    groups (select register and offset), Z registers."""
+    out = set()
+    for i in insns:
+        if not macs_of(i):
+            continue
+        low = i.lower()
+        m = (re.search(r"\bza(\d+)\.[bhsdq]", low) or re.search(r"\bza\.[bhsdq](\[[^\]]*\])", low)
+             or re.match(r"\w+\s+(z\d+)", low))
+        out.add(re.sub(r"\s+", "", m.group(1)) if m else low)
+    return len(out)
+
+
 @dataclass(frozen=True)
 class Counts:
     insns: int
@@ -128,6 +276,9 @@ def _macs_at(insns: list[str], svl: int) -> int:
     return sum(macs_of(i) * (g * g if _outer(i) else g) for i in insns)
 
 
+BLOCK_K = 32
+
+
 @dataclass(frozen=True)
 class SmeReport:
     kernel: str
@@ -137,6 +288,9 @@ class SmeReport:
     block_macs_at_svl: int | None = None
     block_svl: int = 512
     source: str = "tilegen"
+    block_mem: Memory | None = None  # loads and stores of that block, by role
+    accumulators: int = 0            # distinct accumulators of the hot loop's MAC instructions
+    block_derived: bool = False      # block = the hot loop x 32 / k_per_iter (no marked block)
 
     @property
     def mac_per_insn(self) -> float:
@@ -162,25 +316,59 @@ class SmeReport:
              "mac_insns": self.loop.mac_insns, "mac_per_insn": round(self.mac_per_insn, 4),
              "macs_per_iter_128": self.loop.macs, "macs_per_insn_128": round(self.macs_per_insn, 3),
              "loads": self.loop.loads, "load_vectors": self.loop.load_vectors,
-             "loads_per_mac_128": round(self.loads_per_mac, 5)}
+             "loads_per_mac_128": round(self.loads_per_mac, 5),
+             "accumulators": self.accumulators}
         if self.block is not None:
             d.update({"block_svl": self.block_svl, "block_insns": self.block.insns,
                       "block_mac_insns": self.block.mac_insns,
                       "block_macs": self.block_macs_at_svl, "block_loads": self.block.loads,
-                      "block_macs_per_insn": round(self.block_macs_per_insn, 2)})
+                      "block_macs_per_insn": round(self.block_macs_per_insn, 2),
+                      "block_derived": self.block_derived})
+        if self.block_mem is not None:
+            t = self.block_mem.total
+            d.update({"block_stores": t.stores, "block_load_bytes": t.load_bytes,
+                      "block_store_bytes": t.store_bytes,
+                      **{f"block_{k}": v for k, v in self.block_mem.as_dict().items()}})
         return d
 
     def row(self) -> str:
         blk = (f"{self.block.insns:6d} {self.block_macs_per_insn:8.1f}"
                if self.block is not None else f"{'-':>6} {'-':>8}")
+        if self.block_mem is not None:
+            t, dst = self.block_mem.total, self.block_mem["dst"]
+            mem = (f"{t.stores:4d} {t.load_bytes:7d} {t.store_bytes:6d} "
+                   f"{dst.load_bytes + dst.store_bytes:6d}")
+        else:
+            mem = f"{'-':>4} {'-':>7} {'-':>6} {'-':>6}"
         return (f"{self.kernel:<62} {self.k_per_iter:4d} {self.loop.insns:5d} "
                 f"{self.loop.mac_insns:5d} {self.mac_per_insn:7.3f} {self.macs_per_insn:8.2f} "
-                f"{self.loop.loads:5d} {1000 * self.loads_per_mac:8.2f} {blk}")
+                f"{self.loop.loads:5d} {1000 * self.loads_per_mac:8.2f} {self.accumulators:3d} "
+                f"{blk} {mem}")
 
 
 SME_HEADER = (f"{'kernel (SME static model: per 128-bit SVL granule)':<62} {'k/it':>4} "
               f"{'ins':>5} {'MACi':>5} {'MACi/i':>7} {'MAC/ins':>8} {'lds':>5} "
-              f"{'ld/kMAC':>8} {'blkins':>6} {'blkMAC/i':>8}")
+              f"{'ld/kMAC':>8} {'acc':>3} {'blkins':>6} {'blkMAC/i':>8} {'blst':>4} "
+              f"{'blldB':>7} {'blstB':>6} {'dstB':>6}")
+SME_LEGEND = ("per hot-loop iteration at SVL 128: ins, MACi (MAC instructions), MACi/i, MAC/ins, "
+              "lds (loads), ld/kMAC, acc (independent accumulators); per 32-k block at SVL "
+              "512 (derived from the hot loop where no block is marked): blkins, blkMAC/i, "
+              "blst (stores), blldB / blstB (bytes loaded / stored), dstB (dst bytes loaded + "
+              "stored)")
+
+
+def _block_report(name: str, k: int, insns: list[str], dyn: list[str] | None, svl: int,
+                  source: str) -> SmeReport:
+    """The report of a hot loop ``insns`` and a 32-k block ``dyn`` (expanded; None: derived
+    from the hot loop)."""
+    derived = dyn is None
+    if derived:
+        if not k or BLOCK_K % k:
+            raise ValueError(f"{name}: {k} k per hot-loop iteration does not divide a "
+                             f"{BLOCK_K}-k block")
+        dyn = insns * (BLOCK_K // k)
+    return SmeReport(name, k, count(insns), count(dyn), _macs_at(dyn, svl), svl, source,
+                     memory(dyn, svl), accumulators(insns), derived)
 
 
 def _region_lines(text: str, begin: str, end: str) -> list[str] | None:
@@ -204,15 +392,21 @@ def _clean(line: str) -> tuple[str | None, str | None, str]:
     return None, code, comment
 
 
-def expand(lines: list[str], svl: int, trips: dict[str, str] | None = None) -> list[str]:
+def expand(lines: list[str], svl: int, trips: dict[str, str] | None = None,
+           taken: tuple[str, ...] = ()) -> list[str]:
     """Dynamic instruction list of a region: each loop (a label with a later branch back to
-    it) runs its trip count, from ``// tilegen:trips <expr>`` on the label line or ``trips``."""
+    it) runs its trip count, from ``// tilegen:trips <expr>`` on the label line or ``trips``;
+    a forward branch to a label in ``taken`` is taken (the instructions up to the label are
+    left out), every other forward branch falls through."""
     parsed = [_clean(ln) for ln in lines]
-    trips = dict(trips or {})
+    where = {lab: i for i, (lab, _, _) in enumerate(parsed) if lab}
+    given = dict(trips or {})        # the caller's trips win over the label comments
+    trips = {}
     for lab, _, com in parsed:
         m = re.search(r"tilegen:trips\s+(\S+)", com)
         if lab and m:
             trips[lab] = m.group(1)
+    trips.update(given)
 
     def target(insn: str) -> str:
         return insn.replace(",", " ").split()[-1]
@@ -232,6 +426,12 @@ def expand(lines: list[str], svl: int, trips: dict[str, str] | None = None) -> l
                     continue
             if insn is not None:
                 out.append(insn)
+                if _BRANCH.match(insn):
+                    t = target(insn)
+                    t = t[:-1] if t.endswith("f") and t[:-1].isdigit() else t
+                    if t in taken and i < where.get(t, -1) < i1:
+                        i = where[t]
+                        continue
             i += 1
         return out
 
@@ -254,10 +454,8 @@ def sme_report(spec, block_svl: int = 512) -> SmeReport:
     text = render(spec).text
     insns, k = _hot(text)
     block = _region_lines(text, "tilegen:block-begin", "tilegen:block-end")
-    if block is None:
-        return SmeReport(spec.name, k, count(insns))
-    dyn = expand(block, block_svl)
-    return SmeReport(spec.name, k, count(insns), count(dyn), _macs_at(dyn, block_svl), block_svl)
+    dyn = None if block is None else expand(block, block_svl)
+    return _block_report(spec.name, k, insns, dyn, block_svl, "tilegen")
 
 
 # --- KleidiAI's published kernels (read, never copied into this repository) ---------------
@@ -296,13 +494,184 @@ def _loop_body(lines: list[str], label: str) -> list[str]:
 
 def count_kleidiai(name: str, text: str, hot_label: str, k_per_iter: int,
                    block_label: str | None = None, block_trips: dict[str, str] | None = None,
-                   block_svl: int = 512) -> SmeReport:
+                   block_svl: int = 512, taken: tuple[str, ...] = ()) -> SmeReport:
     """The same figures for a KleidiAI kernel: its hot loop is the loop at ``hot_label``; the
     32-k block the loop at ``block_label`` (one iteration), inner loops by ``block_trips``."""
     lines = kleidiai_lines(text)
     hot = [i for _, i, _ in map(_clean, _loop_body(lines, hot_label)) if i]
-    if block_label is None:
-        return SmeReport(name, k_per_iter, count(hot), source="kleidiai")
-    dyn = expand(_loop_body(lines, block_label), block_svl, block_trips)
-    return SmeReport(name, k_per_iter, count(hot), count(dyn), _macs_at(dyn, block_svl),
-                     block_svl, source="kleidiai")
+    dyn = (None if block_label is None
+           else expand(_loop_body(lines, block_label), block_svl, block_trips, taken))
+    return _block_report(name, k_per_iter, hot, dyn, block_svl, "kleidiai")
+
+
+# --- KleidiAI source trees: where each kernel's hot loop is (facts about their sources) ----
+
+@dataclass(frozen=True)
+class KaiRecipe:
+    """How to count one KleidiAI kernel: the label of its hot loop, k per iteration, and for
+    kernels with a per-32-k scale block the label of the block loop and the trip counts of the
+    loops inside it (``svl`` in bits).  The same labels hold in v1.24.0 and v1.30.0."""
+
+    hot: str
+    k: int
+    block: str | None = None
+    trips: tuple[tuple[str, str], ...] = ()
+    note: str = ""
+    taken: tuple[str, ...] = ()       # forward branches of the block taken (see expand)
+
+
+#: KleidiAI kernels (names without the ``kai_`` prefix) the static model counts.
+KAI_RECIPES: dict[str, KaiRecipe] = {
+    "matmul_clamp_f32_qsi8d32p1x4_qsi4c32p4vlx4_1x4vl_sme2_sdot":
+        KaiRecipe("3", 16, "2", (("3", "32//16"),), "block loop: LOOP_K_START"),
+    "matmul_clamp_f32_f16p1vlx2_qsi4c32p4vlx2_1vlx4vl_sme2_mopa":
+        KaiRecipe("label_4", 4, "label_3", (("label_4", "32//4"),), "block: the K loop at bl = 32"),
+    "matmul_clamp_f32_qsi8d32p1vlx4_qsi4c32p4vlx4_1vlx4vl_sme2_mopa":
+        KaiRecipe("4", 4, "3", (("4", "32//4"), ("5", "svl//32")),
+                  "block: LOOP_K_START on the path of every block after the first (ACCUMULATE)",
+                  ("6",)),
+    "matmul_clamp_f32_qai8dxp1vlx4_qsi8cxp4vlx4_1vlx4vl_sme2_mopa": KaiRecipe("label_3", 4),
+    "matmul_clamp_f32_qai8dxp1x4_qsi8cxp4vlx4_1x4vl_sme2_dot": KaiRecipe("label_3", 16),
+    "matmul_clamp_f32_qai8dxp1vlx4_qsi8cxp4vlx4_1vlx4vl_sme_mopa": KaiRecipe("label_3", 4),
+    "matmul_clamp_f32_qai8dxp1x4_qsi8cxp4vlx4_1x4vl_sme_dot": KaiRecipe("label_3", 16),
+    "matmul_clamp_f32_bf16p2vlx2_bf16p2vlx2_2vlx2vl_sme2_mopa": KaiRecipe("label_4", 8),
+    "matmul_clamp_f32_f32p2vlx1_f32p2vlx1biasf32_sme2_mopa": KaiRecipe("label_4", 4),
+    "matmul_clamp_f32_f32p2vlx1_f32p2vlx1b_2vlx2vl_sme_mopa": KaiRecipe("label_4", 4),
+    "matmul_clamp_f32_f32_f32p2vlx1b_1x16vl_sme2_mla":
+        KaiRecipe("label_23", 4, note="hot loop: width 4 (16 VL columns per pass)"),
+    "matmul_clamp_f32_f32_f32p16vlx1b_1x16vl_sme2_mla":
+        KaiRecipe("label_23", 4, note="hot loop: width 4 (16 VL columns per pass)"),
+}
+
+
+def kleidiai_version(tree) -> str:
+    """The release of a KleidiAI source tree (``project(... VERSION x.y.z)`` of its CMake)."""
+    from pathlib import Path
+    cm = Path(tree) / "CMakeLists.txt"
+    m = re.search(r"project\s*\([^)]*?VERSION\s+([\d.]+)", cm.read_text()) if cm.is_file() else None
+    if m is None:
+        raise ValueError(f"{tree}: no KleidiAI CMakeLists.txt with project(... VERSION ...)")
+    return m.group(1)
+
+
+def kleidiai_source(tree, name: str):
+    """The file holding kernel ``name``'s assembly in a KleidiAI tree: ``kai_<name>_asm.S``
+    where it exists (v1.24.0+ moved most kernels there), else the inline asm of ``kai_<name>.c``."""
+    from pathlib import Path
+    base = Path(tree) / "kai" / "ukernels" / "matmul"
+    for fname in (f"kai_{name}_asm.S", f"kai_{name}.c"):
+        found = sorted(base.rglob(fname))
+        if found:
+            return found[0]
+    raise FileNotFoundError(f"{name}: neither kai_{name}_asm.S nor kai_{name}.c under {base}")
+
+
+def kleidiai_report(tree, name: str, block_svl: int = 512) -> SmeReport:
+    """The static model of KleidiAI kernel ``name`` (a :data:`KAI_RECIPES` key) read from the
+    source tree ``tree``."""
+    r = KAI_RECIPES[name]
+    text = kleidiai_source(tree, name).read_text()
+    return count_kleidiai("kai_" + name, text, r.hot, r.k, r.block, dict(r.trips) or None,
+                          block_svl, r.taken)
+
+
+# --- LHS packers: instructions per packed element --------------------------------------------
+
+@dataclass(frozen=True)
+class PackerMix:
+    """Instructions per packed f32 element of an LHS packer's steady state at SVL ``svl``."""
+
+    name: str
+    source: str
+    svl: int
+    insns: int              # instructions of the counted region (hot loop or expanded pass)
+    elements: int           # f32 source elements it packs
+    memory: Memory
+
+    @property
+    def per_element(self) -> float:
+        return self.insns / self.elements
+
+    def as_dict(self) -> dict:
+        t = self.memory.total
+        return {"packer": self.name, "source": self.source, "svl": self.svl, "insns": self.insns,
+                "elements": self.elements, "insns_per_element": round(self.per_element, 4),
+                "loads": t.loads, "stores": t.stores, "load_bytes": t.load_bytes,
+                "store_bytes": t.store_bytes}
+
+
+def packer_mix(spec, svl: int) -> PackerMix:
+    """A generated VL-scaled LHS packer at SVL ``svl`` bits: the NEON packer's hot loop (4 rows
+    x 8 values, the same at every SVL), or the streaming twin's pass over a whole row block
+    (its marked block: units x SVL/32 rows x 4/units chunks of SVL/32 granules of kr values,
+    every inner loop run its trips)."""
+    from .generator.packers import render
+    text = render(spec)
+    if spec.streaming:
+        dyn = expand(_region_lines(text, "tilegen:block-begin", "tilegen:block-end"), svl)
+        rows = svl // 32      # a pass: units x R rows, 4/units chunks of R kr-value granules
+        return PackerMix(spec.name, "tilegen", svl, len(dyn), 4 * rows * rows * spec.kr,
+                         memory(dyn, svl))
+    insns, _ = _hot(text)
+    return PackerMix(spec.name, "tilegen", svl, len(insns), 32, memory(insns, svl))
+
+
+#: KleidiAI's SME LHS packers: per source file kind ("asm": ``kai_<name>_asm.S``, "c": the
+#: inline asm of ``kai_<name>.c``, which v1.24.0 has for the bf16 packer), the hot loop's label
+#: and the f32 elements one iteration packs (an expression of svl in bits): the main loop of
+#: each, the steady state of a whole row block
+KAI_PACKERS: dict[str, dict[str, tuple[str, str]]] = {
+    "lhs_pack_f32p2vlx1_f32_sme": {"asm": ("label_4", "4 * svl // 32")},    # 4 slices in, 4 out
+    "lhs_pack_bf16p2vlx2_f32_sme": {"asm": ("label_4", "8 * svl // 32"),    # 8 f32 vectors in
+                                    "c": ("3", "4 * svl // 32")},           # 2 x 2 f32 vectors in
+    "lhs_pack_bf16p2vlx2_f32_sme2": {"asm": ("label_3", "4 * svl // 32")},  # 2 x 2 f32 vectors in
+}
+
+
+def kleidiai_packer_mix(tree, name: str, svl: int) -> PackerMix:
+    """The same figure for KleidiAI's packer ``name`` (a :data:`KAI_PACKERS` key) in the source
+    tree ``tree``."""
+    from pathlib import Path
+    base = Path(tree) / "kai" / "ukernels" / "matmul" / "pack"
+    for kind, fname in (("asm", f"kai_{name}_asm.S"), ("c", f"kai_{name}.c")):
+        if (base / fname).is_file() and kind in KAI_PACKERS[name]:
+            label, elems = KAI_PACKERS[name][kind]
+            text = (base / fname).read_text()
+            break
+    else:
+        raise FileNotFoundError(f"{name}: no counted source under {base}")
+    hot = [i for _, i, _ in map(_clean, _loop_body(kleidiai_lines(text), label)) if i]
+    n = int(eval(elems, {"__builtins__": {}}, {"svl": svl}))  # noqa: S307
+    return PackerMix("kai_" + name, "kleidiai", svl, len(hot), n, memory(hot, svl))
+
+
+def packer_call_insns(spec, svl: int, m: int, k: int) -> int:
+    """Instructions of one call of a generated VL-scaled packer packing ``m`` rows (1 or the
+    row block, mr = units x SVL/32) of ``k`` values (a multiple of 8 and of 4 x SVL/32), at SVL
+    ``svl``: its steady-state loops only (argument checks and per-block set-up left out).  NEON:
+    the 4-row loop (m = mr) or the one-row loop plus the padding-row loop of the other mr - 1
+    rows (m = 1); streaming: the pass over the row block (4/units chunks of SVL/32 granules of
+    kr values), once per pass (m = 1: one row loaded per pass; the skipped row groups' set-up counted, an
+    upper bound)."""
+    from .generator.packers import render
+    text = render(spec)
+    rows = svl // 32
+    mr = spec.mr * rows
+    if m not in (1, mr):
+        raise ValueError(f"m must be 1 or mr = {mr}")
+    if spec.streaming:
+        block = _region_lines(text, "tilegen:block-begin", "tilegen:block-end")
+        lp = ".L"
+        trips = {}
+        if m == 1:
+            for i in range(spec.mr):
+                trips[f"{lp}rows4_{i}"] = "0"
+                trips[f"{lp}rows1_{i}"] = "1" if i == 0 else "0"
+        return len(expand(block, svl, trips)) * (k // (4 // spec.mr * rows * spec.kr))
+    lines = text.splitlines()
+    if m == mr:
+        hot, _ = _hot(text)
+        return len(hot) * (mr // 4) * (k // 8)
+    one = [i for _, i, _ in map(_clean, _loop_body(lines, ".Lloop")) if i]
+    pad = [i for _, i, _ in map(_clean, _loop_body(lines, ".Lpad_loop")) if i]
+    return len(one) * (k // 8) + len(pad) * (mr - 1) * (k // spec.kr)

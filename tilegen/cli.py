@@ -106,7 +106,7 @@ def _cmd_analyze(a: argparse.Namespace) -> int:
     from .build import default_specs, get_target
     from .generator import parse_spec
     from .analyze import MODEL_SVE_VL
-    from .analyze_sme import SME_HEADER, sme_report
+    from .analyze_sme import SME_HEADER, SME_LEGEND, sme_report
     specs = [parse_spec(k) for k in a.kernel] if a.kernel else default_specs(get_target(a.target))
     models = a.cpu_model or list(MODELS)
     sme = [s for s in specs if s.isa_info.vl_kind == "sme"]
@@ -129,6 +129,7 @@ def _cmd_analyze(a: argparse.Namespace) -> int:
             print(SME_HEADER)
             for x in mixes:
                 print(x.row())
+            print(f"({SME_LEGEND})")
     if a.plot:
         from .plot import efficiency_chart
         efficiency_chart(reports, models, a.plot)

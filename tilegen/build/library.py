@@ -22,7 +22,7 @@ from ..generator.render import render
 from ..generator import packers as _packers
 from .cheader import getters_c, header
 from .driver import source as driver_source
-from ..generator.packers import PackerSpec, packer_for
+from ..generator.packers import PackerSpec, packer_for, streaming_packer_for
 from ..generator.render import ABI_PROBE, Rendered, render_abi_probe, render_vl_query
 from ..generator.spec import KernelSpec
 from ..generator.validate import parse_spec, validate
@@ -147,7 +147,10 @@ def build_library(specs: Iterable[KernelSpec | PackerSpec | str] | None = None, 
                               f"{tgt.name} lacks (it has {', '.join(sorted(tgt.features))})")
     uniq = {s.name: s for s in spec_list}
     spec_list = [uniq[n] for n in sorted(uniq)]
-    pk = {p.name: p for p in extra_packers + [packer_for(s) for s in spec_list] if p is not None}
+    # every kernel's packer; SME kernels also the streaming twin (the runtime packs with it)
+    pk = {p.name: p for p in extra_packers + [f(s) for s in spec_list
+                                              for f in (packer_for, streaming_packer_for)]
+          if p is not None}
     packer_list = [pk[n] for n in sorted(pk)]
     tc: Toolchain = discover(fmt, cc)
 

@@ -50,18 +50,20 @@ def _params(abi: Abi) -> list[dict]:
 
 
 _PACKER_RE = re.compile(r"^lhs:(?P<fmt>[a-z0-9]+):(?P<mr>\d+)(?P<vl>vl)?x(?P<L>\d+):k(?P<kr>\d+)"
-                        r":s(?P<sr>\d+)(?P<even>:even)?$")
+                        r":s(?P<sr>\d+)(?P<even>:even)?(?::(?P<isa>sme2?))?$")
 
 
 def parse_packer_spec(text: str) -> PackerSpec:
-    """Parse ``lhs:FMT:MR[vl]xL:kKR:sSR[:even]`` (:attr:`PackerSpec.spec_string`; ``vl``: mr
-    in VL units, the row count a run-time argument)."""
+    """Parse ``lhs:FMT:MR[vl]xL:kKR:sSR[:even][:sme|:sme2]`` (:attr:`PackerSpec.spec_string`;
+    ``vl``: mr in VL units, the row count a run-time argument; ``sme``/``sme2``: the streaming
+    twin)."""
     m = _PACKER_RE.match(text.strip()) if isinstance(text, str) else None
     if not m:
         raise SpecError(f"cannot parse packer spec {text!r}; expected "
-                        f"lhs:FMT:MR[vl]xL:kKR:sSR[:even]")
+                        f"lhs:FMT:MR[vl]xL:kKR:sSR[:even][:sme|:sme2]")
     spec = PackerSpec(m["fmt"], int(m["mr"]), int(m["kr"]), int(m["sr"]),
-                      "even" if m["even"] else "away", mr_vl=bool(m["vl"]))
+                      "even" if m["even"] else "away", mr_vl=bool(m["vl"]),
+                      isa=m["isa"] or "neon")
     if spec.L != int(m["L"]):
         raise SpecError(f"packer spec {text!r}: L={m['L']} but kr/sr={spec.L}")
     return spec

@@ -70,13 +70,17 @@ from ..layout.registry import LHS_LAYOUTS, layout_class
 from ..records import SpecError, __version__
 from .render import check_format, symbol_for, template_env
 
-__all__ = ["PackerSpec", "PACKER_FORMATS", "MR_MAX", "render", "ROUNDINGS"]
+__all__ = ["PackerSpec", "PACKER_FORMATS", "PACKER_ISAS", "MR_MAX", "render", "ROUNDINGS",
+           "packer_for", "streaming_packer_for"]
 
 # What a format's packer can do (template, name, row counts, per-row quantities, rounding) is
 # an attribute of its layout class (tilegen.layout.base.PackedLayout, "packer_*"): the formats
 # with a generated packer are the LHS layouts that name a template.
 PACKER_FORMATS = tuple(fmt for fmt, cls in LHS_LAYOUTS.items() if cls.packer_template)
 ROUNDINGS = ("away", "even")
+# "neon": generated NEON code; "sme" / "sme2": the streaming twin of a VL-scaled packer (its
+# layout's packer_template_sme, of ISA packer_sme_isa), for the SME kernels' k-major LHS
+PACKER_ISAS = ("neon", "sme", "sme2")
 
 # Upper bound on mr.  Derivation: every KleidiAI consumer of these layouts has mr <= 64 (NEON
 # kernels use 1, 4, 8; the SME "1vl" kernels use mr = SVL/32 bits, at most 2048/32 = 64), and the
@@ -125,6 +129,7 @@ class PackerSpec:
     sr: int
     rounding: str = "away"
     mr_vl: bool = False     # mr in VL units (SVL/32 rows each), the row count a run-time argument
+    isa: str = "neon"       # "sme"/"sme2": the streaming twin (mr = units x the CPU's SVL/32 only)
 
     def __post_init__(self) -> None:
         if self.fmt not in PACKER_FORMATS:
@@ -139,6 +144,17 @@ class PackerSpec:
         if not isinstance(self.mr_vl, bool):
             raise SpecError(f"mr_vl must be a bool, got {self.mr_vl!r}")
         cls = layout_class("lhs", self.fmt)
+        if self.isa not in PACKER_ISAS:
+            raise SpecError(f"packer isa must be one of {', '.join(PACKER_ISAS)}, got "
+                            f"{self.isa!r}")
+        if self.isa != "neon" and not (self.mr_vl and cls.packer_template_sme
+                                       and cls.packer_sme_isa == self.isa):
+            raise SpecError(f"{self.fmt}: no streaming {self.isa} packer"
+                            + ("" if cls.packer_template_sme else " for this format")
+                            + (f" (its streaming packer is {cls.packer_sme_isa})"
+                               if cls.packer_template_sme and cls.packer_sme_isa != self.isa
+                               else "")
+                            + ("" if self.mr_vl else ": it packs row blocks in VL units"))
         if self.mr_vl:
             if "vl" not in cls.packer_mr:
                 raise SpecError(f"{self.fmt} packers have a compile-time mr (no VL units)")
@@ -166,10 +182,6 @@ class PackerSpec:
         return self.kr // self.sr
 
     @property
-    def isa(self) -> str:
-        return "neon"
-
-    @property
     def mr_str(self) -> str:
         """``mr`` as names write it (``"2vl"`` in VL units)."""
         return f"{self.mr}vl" if self.mr_vl else str(self.mr)
@@ -194,12 +206,30 @@ class PackerSpec:
         as KleidiAI's SME packers)."""
         cls = layout_class("lhs", self.fmt)
         label = cls.label_for(self.mr_str, self.kr, self.sr)
-        return f"{cls.packer_verb}_{label}{'sb' if self.rounding == 'even' else ''}_f32_neon"
+        return (f"{cls.packer_verb}_{label}{'sb' if self.rounding == 'even' else ''}"
+                f"_f32_{self.isa}")
 
     @property
     def spec_string(self) -> str:
         s = f"lhs:{self.fmt}:{self.mr_str}x{self.L}:k{self.kr}:s{self.sr}"
-        return s + (":even" if self.rounding == "even" else "")
+        return s + (":even" if self.rounding == "even" else "") + (
+            "" if self.isa == "neon" else f":{self.isa}")
+
+    @property
+    def streaming(self) -> bool:
+        """Whether the routine runs in streaming mode (smstart / smstop inside): it packs only
+        the row blocks of the running CPU's SVL (``units`` x SVL/32 rows)."""
+        return self.isa != "neon"
+
+    @property
+    def streaming_from_svl(self) -> int:
+        """The smallest SVL (bits) at which the runtime packs with this streaming packer rather
+        than the NEON one (the layout's ``packer_sme_from_svl``, from the SME static model)."""
+        return layout_class("lhs", self.fmt).packer_sme_from_svl
+
+    def svl_rows(self, svl_bytes: int) -> int:
+        """The row count a VL-scaled packer's blocks have at SVL ``svl_bytes`` bytes."""
+        return self.mr * svl_bytes // 4
 
     @property
     def takes_bl(self) -> bool:
@@ -269,6 +299,19 @@ def packer_for(spec) -> PackerSpec | None:
     if spec.mr_vl:
         return PackerSpec(fmt, spec.mr, spec.kr, spec.sr, mr_vl=True)
     return PackerSpec(fmt, spec.lhs_mr, spec.kr, spec.sr)
+
+
+def streaming_packer_for(spec) -> PackerSpec | None:
+    """The streaming (SME) twin of :func:`packer_for` for an SME kernel whose LHS format has one
+    (f32p, bf16px2: k-major row blocks transposed through ZA); None otherwise.  Libraries carry
+    both: the runtime packs an SME kernel's LHS with the twin, ``lib.pack_lhs`` with the NEON
+    packer (any mr)."""
+    p = packer_for(spec)
+    if (p is None or not p.mr_vl or spec.isa_info.vl_kind != "sme"
+            or not layout_class("lhs", p.fmt).packer_template_sme):
+        return None
+    return PackerSpec(p.fmt, p.mr, p.kr, p.sr, p.rounding, mr_vl=True,
+                      isa=layout_class("lhs", p.fmt).packer_sme_isa)
 
 
 def _per_row(spec: PackerSpec, lay, bl: int | None) -> dict[str, int]:
@@ -361,7 +404,8 @@ def render(spec: PackerSpec, fmt: str = "elf") -> str:
     if not isinstance(spec, PackerSpec):
         raise SpecError(f"expected a PackerSpec, got {type(spec).__name__}")
     cls = layout_class("lhs", spec.fmt)
-    template = template_env().get_template(f"{cls.packer_template}.S.j2")
+    stem = cls.packer_template_sme if spec.streaming else cls.packer_template
+    template = template_env().get_template(f"{stem}.S.j2")
     # the layout's offsets do not depend on bl (a run-time argument of formats with blocks);
     # any valid bl
     bl = ELEMS_PER_ITER if cls.has_blocks() else None

@@ -124,6 +124,15 @@ class PackedLayout:
     #: stem of the packer's template (``templates/<stem>.S.j2``); None: no generated packer
     #: (numpy packs only)
     packer_template: ClassVar[str | None] = None
+    #: stem of the streaming (SME) twin of the packer's template, for the LHS of SME kernels
+    #: (``isa="sme"`` packers); None: NEON only
+    packer_template_sme: ClassVar[str | None] = None
+    #: the ISA of that streaming packer ("sme", or "sme2" where it uses SME2 instructions)
+    packer_sme_isa: ClassVar[str] = "sme"
+    #: the smallest SVL (bits) from which the streaming packer takes fewer instructions per
+    #: packed element than the NEON one (SME static model, tilegen.analyze_sme.packer_mix; a
+    #: test recomputes it): the runtime packs with the streaming twin from there on
+    packer_sme_from_svl: ClassVar[int] = 128
     #: KleidiAI's verb in the packer's name: ``<verb>_<label>..._f32_neon``
     packer_verb: ClassVar[str] = "lhs_quant_pack"
     #: row counts the packer takes: "fixed" (a compile-time mr) and/or "vl" (mr in VL units,

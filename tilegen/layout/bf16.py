@@ -220,6 +220,8 @@ class BF16PLhs2(_Bf16Lhs):
     format = "bf16px2"
     fixed_kr = 2
     packer_template = "lhs_pack_kmajor_neon"     # with f32p: k-major row blocks, mr in VL units
+    packer_template_sme = "lhs_pack_kmajor_sme"  # streaming twin (ZA transpose)
+    packer_sme_isa = "sme2"                      # two-vector loads and BFCVT (SME2 kernels)
     packer_verb = "lhs_pack"
     packer_mr = ("vl",)                          # the LHS of SME kernels only
     packer_per_row = ("chunk_bytes",)

@@ -146,6 +146,8 @@ class F32PackedLHS(PackedLayout):
     label_prefix = "f32p"
     kr = sr = 1
     packer_template = "lhs_pack_kmajor_neon"     # with bf16px2: k-major row blocks
+    packer_template_sme = "lhs_pack_kmajor_sme"  # streaming twin (ZA transpose)
+    packer_sme_from_svl = 256                    # at 128 bits the NEON transpose is cheaper
     packer_verb = "lhs_pack"
     packer_mr = ("vl",)                          # the LHS of SME kernels only
     packer_per_row = ("chunk_bytes",)

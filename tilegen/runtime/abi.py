@@ -40,7 +40,9 @@ def _exercise(obj, rng) -> None:
     x = rng.normal(size=(m, k)).astype(np.float32)
     if isinstance(obj, Packer):     # bf16 and f32 packers start at a row block
         whole = obj.spec.fmt in ("bf16px4", "bf16px2", "f32p")
-        obj(x, bl=32, m_idx_start=0 if whole else 1, mr=obj.spec.vl_rows[0])
+        # a streaming packer packs this CPU's row blocks (units x SVL/32) only
+        mr = (obj.spec.svl_rows(obj.svl_bytes) if obj.spec.streaming else obj.spec.vl_rows[0])
+        obj(x, bl=32, m_idx_start=0 if whole else 1, mr=mr)
         return
     w = rng.normal(size=(n, k)).astype(np.float32)
     dst = np.zeros((m, n), np.float32)

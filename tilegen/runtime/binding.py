@@ -239,27 +239,45 @@ class Kernel(_Routine):
 
 
 class Packer(_Routine):
-    """A generated NEON LHS quantise-and-pack routine (byte-identical to the numpy packer).
+    """A generated LHS quantise-and-pack routine (byte-identical to the numpy packer): NEON,
+    or the streaming twin of a VL-scaled one (``spec.streaming``: SME, this CPU's SVL only).
 
     A VL-scaled packer (``spec.mr_vl``: the SME kernels' row blocks of ``units`` x SVL/32 rows)
     takes the row count at run time: ``mr`` (None until bound with :meth:`at`, or passed to
     the call) is what it is called with."""
 
-    def __init__(self, entry: dict, fn, cpu: CpuInfo | None = None) -> None:
+    def __init__(self, entry: dict, fn, cpu: CpuInfo | None = None,
+                 svl_bytes: int | None = None) -> None:
         self.spec = _packer_spec(entry["spec"])
         self.name: str = self.spec.name
         self.features = frozenset(ISAS[self.spec.isa].features)
         self.mr: int | None = None if self.spec.mr_vl else self.spec.mr
         self._bound: dict[int, Packer] = {}
+        # a streaming packer packs the row blocks of this CPU's SVL only
+        self.svl_bytes = svl_bytes if self.spec.streaming else None
         super().__init__(entry, fn, cpu)
 
+    def accepts_mr(self, mr) -> bool:
+        """Whether a call with ``mr`` rows packs on this CPU (streaming packers: units x SVL/32
+        of the running CPU only)."""
+        if not self.spec.accepts_mr(mr):
+            return False
+        return not self.spec.streaming or (self.svl_bytes is not None
+                                           and mr == self.spec.svl_rows(self.svl_bytes))
+
+    def _rows(self) -> str:
+        if self.spec.streaming:
+            return (f"units x SVL/32 = {self.spec.svl_rows(self.svl_bytes)} rows (this CPU)"
+                    if self.svl_bytes else "units x SVL/32 rows of an SME CPU")
+        return f"{', '.join(map(str, self.spec.vl_rows))} rows"
+
     def at(self, mr: int) -> "Packer":
-        """This packer called with row blocks of ``mr`` rows (one of ``spec.vl_rows``)."""
+        """This packer called with row blocks of ``mr`` rows (one of ``spec.vl_rows``; a
+        streaming packer: this CPU's units x SVL/32)."""
         if mr == self.mr:
             return self
-        if not self.spec.accepts_mr(mr):
-            raise ArgumentError(f"{self.name} packs row blocks of "
-                                f"{', '.join(map(str, self.spec.vl_rows))} rows, not mr={mr!r}")
+        if not self.accepts_mr(mr):
+            raise ArgumentError(f"{self.name} packs row blocks of {self._rows()}, not mr={mr!r}")
         b = self._bound.get(mr)
         if b is None:
             b = copy.copy(self)
@@ -270,8 +288,8 @@ class Packer(_Routine):
     def layout(self, bl: int = 32):
         """The layout this packer writes (at its bound mr)."""
         if self.mr is None:
-            raise ArgumentError(f"{self.name} takes mr at run time ({', '.join(map(str, self.spec.vl_rows))} "
-                                f"rows): use .at(mr) or pass mr=")
+            raise ArgumentError(f"{self.name} takes mr at run time ({self._rows()}): use "
+                                f".at(mr) or pass mr=")
         return self.spec.layout(bl, self.mr)
 
     def __call__(self, x: np.ndarray, bl: int = 32, m_idx_start: int = 0,
@@ -285,9 +303,8 @@ class Packer(_Routine):
         sp = self.spec
         if mr is None:
             mr = self.mr
-        elif not sp.accepts_mr(mr):
-            raise ArgumentError(f"{self.name} packs row blocks of "
-                                f"{', '.join(map(str, sp.vl_rows))} rows, not mr={mr!r}")
+        elif not self.accepts_mr(mr):
+            raise ArgumentError(f"{self.name} packs row blocks of {self._rows()}, not mr={mr!r}")
         try:
             lay = self.layout(bl) if mr == self.mr else sp.layout(bl, mr)
             if sp.fmt == "qsi8d32p" and k % bl:

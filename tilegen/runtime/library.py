@@ -153,7 +153,8 @@ class Library:
                 fn = getattr(self._dll, e["name"])
             except AttributeError:
                 raise LoadError(f"packer {e['name']} is in the manifest but not in {self.path.name}") from None
-            self.packers[e["name"]] = Packer(e, fn, cpu=self.cpu)
+            self.packers[e["name"]] = Packer(e, fn, cpu=self.cpu,
+                                             svl_bytes=self.vl_bytes.get("sme"))
 
     def _check_digest(self, entries: list, packers: list, fmt: str) -> None:
         """LoadError unless the manifest's kernel table is the one the library was built with
@@ -348,7 +349,9 @@ class Library:
 
     def lhs_packer(self, kern: Kernel, bl: int = 32) -> Packer | None:
         """The generated packer that writes the packed LHS ``kern`` reads on this CPU (bound
-        to its row count; None: the kernel reads f32 rows, or the library lacks the packer)."""
+        to its row count; None: the kernel reads f32 rows, or the library lacks the packer):
+        for an SME kernel the streaming twin (``..._f32_sme``) when the library has it, else
+        the NEON packer."""
         return lhs_packer(self.packers, kern, bl)
 
     def pack_lhs(self, fmt: str, x: np.ndarray, *, mr: int, kr: int, sr: int, bl: int = 32,

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from ..generator.packers import packer_for
+from ..generator.packers import packer_for, streaming_packer_for
 from ..layout import LayoutError
 from ..layout.api import layout_for
 from ..records import FAMILIES
@@ -91,7 +91,7 @@ def find_packer(packers: dict[str, Packer], fmt: str, mr: int, kr: int, sr: int,
     scaled = []
     for p in packers.values():
         sp = p.spec
-        if (sp.fmt, sp.L, sp.rounding) != (fmt, L, rounding):
+        if (sp.fmt, sp.L, sp.rounding) != (fmt, L, rounding) or sp.streaming:
             continue
         if not sp.mr_vl and sp.mr == mr:
             return p
@@ -108,6 +108,11 @@ def lhs_packer(packers: dict[str, Packer], kern: Kernel, bl: int = 32) -> Packer
     if want is None:
         return None
     mr = kern.lhs_layout(bl).mr
+    twin = streaming_packer_for(kern.spec)
+    p = packers.get(twin.name) if twin is not None else None
+    if (p is not None and p.features <= kern.features and p.accepts_mr(mr)
+            and 8 * p.svl_bytes >= p.spec.streaming_from_svl):
+        return p.at(mr)     # the SME kernel's LHS packed in streaming mode (ZA transpose)
     p = packers.get(want.name)
     if p is not None and p.spec.accepts_mr(mr):
         return p.at(mr)

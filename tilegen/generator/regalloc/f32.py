@@ -139,8 +139,8 @@ def allocate_sme_tiles(spec: KernelSpec, regs_cls=None) -> SmeF32Regs:
                         f"{spec.nr_str} has a group of 3")
     pool = RegisterPool(_SME_F32_CHART, x_order=SME_X_ORDER, streaming=True)
     v = pool.v
-    if spec.isa == "sme2" and regs_cls is None:
-        return _allocate_sme2_f32_k4(spec, pool)
+    if spec.isa == "sme2":
+        return _allocate_sme2_k4(spec, pool, regs_cls or SmeF32Regs)
     lhs = tuple(v.claim(range(a, a + mu), "LHS") for a, _ in _SME_SETS)
     rhs = tuple(v.claim(range(b, b + nu), "RHS") for _, b in _SME_SETS)
     clamp = v.claim((16, 17), "clamp")
@@ -154,10 +154,11 @@ def allocate_sme_tiles(spec: KernelSpec, regs_cls=None) -> SmeF32Regs:
         **pool.frame())
 
 
-def _allocate_sme2_f32_k4(spec: KernelSpec, pool: RegisterPool) -> SmeF32Regs:
-    """SME2 f32 FMOPA: 4 k steps of LHS (4*mu vectors) and RHS (4*nu vectors) in 4-vector load
-    groups z0..z(4(mu+nu)-1), each reloaded for the next 4 k right after its last FMOPA; the
-    one-k remainder steps and the bias row reuse the first vectors of the first groups."""
+def _allocate_sme2_k4(spec: KernelSpec, pool: RegisterPool, regs_cls) -> SmeF32Regs:
+    """SME2 outer products (f32 FMOPA: a step is one k; bf16 BFMOPA: one k-pair): 4 steps of
+    LHS (4*mu vectors) and RHS (4*nu vectors) in 4-vector load groups z0..z(4(mu+nu)-1), each
+    reloaded for the next 4 steps right after its last outer product; the single remainder
+    steps and the bias row reuse the first vectors of the first groups."""
     mu, nu = spec.mr, spec.nr
     v = pool.v
     k4_lhs = tuple(v.claim(range(4 * c, 4 * c + 4), "LHS") for c in range(mu))
@@ -167,7 +168,7 @@ def _allocate_sme2_f32_k4(spec: KernelSpec, pool: RegisterPool) -> SmeF32Regs:
     tmp = v.claim(range(28, 28 + nu), "store")
     gpr = pool.scalars(_SME_SCALARS)
     pool.settle(f"{spec.mr_str}x{spec.nr_str}")
-    return SmeF32Regs(
+    return regs_cls(
         tile=tuple(tuple(i * nu + j for j in range(nu)) for i in range(mu)),
         lhs=(one[0], one[0]), rhs=(one[1], one[1]), row_pred=tuple(range(1, mu + 1)),
         col_pred=tuple(range(mu + 1, mu + nu + 1)), clamp=clamp, tmp=tmp, gpr=gpr,
