@@ -50,6 +50,7 @@ KERNEL_FACTS = {
     "BF16PLhs2": {"chunk_bytes"},
     "QSI4C32PS1S0ScaleF16": {"chunk_bytes", "scale_bytes", "data_bytes"},
     "QSI8D32PScaleTail": {"chunk_bytes", "scale_bytes", "data_bytes"},
+    "F16PLhs2": {"chunk_bytes", "row_block_stride", "element_offset"},
 }
 PACKER_FACTS = {
     "QAI8DXP": {"k_multiple", "row_block_tail_bytes", "chunk_bytes",
