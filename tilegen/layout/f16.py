@@ -3,8 +3,8 @@ docs/layouts.md#f16pmrx2), the activations of llama.cpp's SME2 Q4_0 GEMM
 (``matmul_clamp_f32_f16p1vlx2_qsi4c32p4vlx2_1vlx4vl_sme2_mopa``; its weights are
 :class:`tilegen.layout.rhs_int4.QSI4C32PS1S0ScaleF16`), byte for byte.
 
-Not in :mod:`tilegen.layout.registry` (no tilegen kernel reads it); the generated KleidiAI
-packers (:mod:`tilegen.export.packers_c`) take every size and offset from it.  ``pack`` follows
+The LHS format ``f16px2`` of the ``q4_0_f16`` kernels (:mod:`tilegen.layout.registry`); the
+generated KleidiAI packers (:mod:`tilegen.export.packers_c`) take every size and offset from it.  ``pack`` follows
 the LHS conventions of :mod:`tilegen.layout.lhs_int8`.
 """
 from __future__ import annotations
