@@ -111,6 +111,8 @@ class FamilyInfo:
     #                                 per row block; bf16: f32 rows rounded to bf16)
     acc_mem: bool = False           # tiles may keep f32 accumulators in memory (":am", on the
     #                                 ISAs whose record allows it)
+    gemv_family: str | None = None  # a family whose gemv kernels read this family's packed
+    #                                 weights and pair with its gemm (another LHS format)
 
     @property
     def isas(self) -> tuple[str, ...]:
@@ -170,9 +172,11 @@ FAMILIES: dict[str, FamilyInfo] = {
     # f16, each product with the block scale is rounded to f16 (FMUL) and FMOPA (f16 pairs
     # into f32) accumulates in ZA over all of k.  kr = 4, sr = 2 are KleidiAI's getters (the
     # RHS packer's arguments); the layouts read pairs (L = 2).
+    # Its gemm pairs with the q4_0_s1s0 gemv on one packing (llama.cpp's SME2 Q4_0 entry); the
+    # runtime's q4_0 weights use the pair where the CPU runs it (tilegen.runtime.select).
     "q4_0_f16": FamilyInfo(
         name="q4_0_f16", lhs="f16px2", rhs="qsi4c32ps1s0scalef16", kinds=(), abi=Q4,
-        quantized=True,
+        quantized=True, gemv_family="q4_0_s1s0",
         impls={"sme2": IsaImpl("sme2_mopa", "q4_sme2_f16_mopa", "q4_sme2_f16", kr=4, sr=2,
                                fixed_kr="the f16 x q4 SME2 kernel reads k-pairs of 4-nibble "
                                         "chunks (KleidiAI's kr = 4, sr = 2)")}),
