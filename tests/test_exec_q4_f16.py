@@ -106,3 +106,43 @@ def test_f16_gemm_guard_pages(f16_lib):
         refs.append(ref)
     outs = sess.call("guest_pack:guarded_q4_cases", str(f16_lib), NAME, cases, PLACEMENTS)
     _check_guarded(NAME, cases, refs, outs)
+
+
+GEMV = "q4_0_s1s0:sme2:1x4vl"
+
+
+@pytest.fixture(scope="module")
+def pair_lib(tmp_path_factory):
+    out = tmp_path_factory.mktemp("q4pair")
+    tilegen.build_library([tilegen.parse_spec(SPEC), tilegen.parse_spec(GEMV)],
+                          target="linux-aarch64-all", out_dir=out)
+    return out
+
+
+@pytest.mark.parametrize("vl", (128, 512, 2048))
+def test_runtime_q4_0_pair(vl, pair_lib):
+    """q4_0 weights in tilegen's runtime on an SME2 CPU: packed once (from floats and from ggml
+    blocks, the same bytes) in qsi4c32ps1s0scalef16 for llama.cpp's pair; m > 1 runs the f16
+    gemm (LHS packed by the generated f16 packer, split over threads) and m = 1 the int8 LUTI4
+    gemv, each bit-exact with its reference; get_rows dequantises the packing."""
+    from test_exec_q4_luti4 import _reference as luti4_reference
+    from tilegen.layout.ggml import dequantize_q4_0
+    sess = guest("max", None, vl, SME_ON)
+    mr, nr = vl // 32, vl // 8
+    rng = np.random.default_rng(vl + 5)
+    m, n, k = 2 * mr + 3, 2 * nr + 5, 96
+    w = (rng.normal(size=(n, k)) * 2).astype(np.float32)
+    x = (rng.normal(size=(m, k)) * 3).astype(np.float32)
+    raw = quantize_q4_0(w)
+    r = sess.call("guest_calls:q4_ops", str(pair_lib), "q4_0", w, x, raw, (1, 2, 3), [0, n - 1])
+    assert (r["kernel"], r["gemv"]) == (NAME, tilegen.parse_spec(GEMV).name)
+    assert r["format"] == "qsi4c32ps1s0scalef16" and r["nr"] == nr
+    want = QSI4C32PS1S0ScaleF16(nr, 4, 2, 32).pack(raw, n, k)
+    assert np.array_equal(r["packed"], want) and np.array_equal(r["packed_ggml"], want)
+    ref = matmul_f16p_qsi4c32ps1s0(F16PLhs2(mr, 4, 2).pack(x), want, m, n, k, 32, mr, nr,
+                                   -np.inf, np.inf)
+    for out in r["outs"]:
+        assert np.array_equal(out.view(np.uint32), ref.view(np.uint32))
+    ref1 = luti4_reference(x[:1], raw, n, k, 32, nr, -np.inf, np.inf)
+    assert np.array_equal(r["gemv_out"].view(np.uint32), ref1.view(np.uint32))
+    assert np.array_equal(r["rows"], dequantize_q4_0(raw, n, k)[[0, n - 1]])
