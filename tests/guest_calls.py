@@ -420,8 +420,9 @@ def choose_kernel(libdir: str, w, x, suffix: str) -> dict:
         out["y"] = [lib.matmul(x, pw), default]
         errs = []
         f32 = lib.table("f32")[0]
-        other = next(p.gemv for p in table
-                     if p.gemv is not None and not same_rhs(p.gemv.spec, want.gemm.spec))
+        other = next(p.gemv for p in table       # a gemv of the gemm's own family
+                     if p.gemv is not None and p.gemv.family == want.gemm.family
+                     and not same_rhs(p.gemv.spec, want.gemm.spec))
         for bad in ([], [f32], [KernelPair(want.gemm, other)], ["not a pair"]):
             try:
                 lib.set_table("q4_0", bad)

@@ -60,7 +60,8 @@ class _Guarded:
 def run_cases(so: str, cases: list[dict]) -> list[list[np.ndarray]]:
     """Run each case once per prefill byte.
 
-    case keys: name, fmt ('qsi8d32p' or a format without bl: 'qai8dxp', 'bf16px2', ...), args (dict of the C integer arguments),
+    case keys: name, fmt (with bl: 'qsi8d32p', 'qsi8d32pscaletail'; without: 'qai8dxp',
+    'bf16px2', ...), args (dict of the C integer arguments),
     src (uint8: the bytes from the lhs pointer to the end of the last row read),
     dst_size (bytes from the lhs_packed pointer), prefills (list of ints), margin (bytes before
     lhs_packed that must stay untouched).  Returns, per case and prefill, the margin + region.
@@ -74,7 +75,7 @@ def run_cases(so: str, cases: list[dict]) -> list[list[np.ndarray]]:
         for fill in c["prefills"]:
             dst = _Guarded(max(c["dst_size"], 1), before=c["margin"])
             dst.view()[:] = fill
-            if c["fmt"] != "qsi8d32p":        # qai8dxp, bf16 and f32p: no bl argument
+            if c["fmt"] not in ("qsi8d32p", "qsi8d32pscaletail"):   # no bl argument
                 f = _func(so, c["name"], 9)
                 f(a["m"], a["k"], a["mr"], a["kr"], a["sr"], a["m_idx_start"], src.addr,
                   a["lhs_stride"], dst.addr)

@@ -3,6 +3,7 @@ KleidiAI-source reader, and the CLI rows for SME kernels."""
 import json
 import subprocess
 import sys
+import tarfile
 from pathlib import Path
 
 import pytest
@@ -204,3 +205,36 @@ def test_kleidiai_sme_packers_read(kai_tree):
         found.add(name)
         assert a.per_element > 0 and a.per_element == 2 * b.per_element, name
     assert {"lhs_pack_f32p2vlx1_f32_sme", "lhs_pack_bf16p2vlx2_f32_sme"} <= found
+
+# KleidiAI's release trees (../shared/thirdparty/kleidiai, README there), read in memory
+KAI_TREES = Path(__file__).resolve().parents[2] / "shared" / "thirdparty" / "kleidiai"
+_F16_GEMM = ("matmul_clamp_f32_f16p_qsi4c32p/"
+             "kai_matmul_clamp_f32_f16p1vlx2_qsi4c32p4vlx2_1vlx4vl_sme2_mopa_asm.S")
+
+
+def _kai_source(version: str, rel: str) -> str:
+    tar = KAI_TREES / f"kleidiai-v{version}.tar.gz"
+    assert tar.is_file(), f"{tar}: KleidiAI's release tree (check out ../shared next to the repo)"
+    with tarfile.open(tar) as t:
+        return t.extractfile(f"kleidiai-{version}/kai/ukernels/matmul/{rel}").read().decode()
+
+
+def test_q4_f16_gemm_at_least_kleidiai():
+    """Issue #23 item 4: the SME2 Q4_0 gemm llama.cpp runs, KleidiAI v1.30.0's
+    f16p1vlx2_qsi4c32p4vlx2_1vlx4vl_sme2_mopa (block loop label_3, its 4-k loop label_4 run
+    bl/4 = 8 times), scores 151.0 MACs per instruction per 32-k block at SVL 512; tilegen's
+    q4_0_f16:sme2:1vlx4vl (the kernel behind that name in the export) scores at least as much,
+    with the same 64 FMOPA per block and nothing stored in the block (ZA holds the sums over
+    all of k)."""
+    kai = count_kleidiai("f16p1vlx2_qsi4c32p4vlx2_1vlx4vl_sme2_mopa",
+                         _kai_source("1.30.0", _F16_GEMM), "label_4", 4, "label_3",
+                         {"label_4": "32//4"})
+    assert (kai.block.insns, kai.block.mac_insns) == (217, 64)
+    assert round(kai.block_macs_per_insn, 1) == 151.0
+    ours = sme_report("q4_0_f16:sme2:1vlx4vl")
+    assert ours.block.mac_insns == 64 and ours.block_macs_at_svl == kai.block_macs_at_svl
+    assert ours.block_macs_per_insn >= kai.block_macs_per_insn
+    from tilegen.generator.render import render
+    text = render("q4_0_f16:sme2:1vlx4vl").text
+    block = text[text.index("tilegen:block-begin"):text.index("tilegen:block-end")]
+    assert not [ln for ln in block.splitlines() if ln.split() and ln.split()[0].startswith("st")]

@@ -80,15 +80,35 @@ def test_mapping_is_documented_and_layouts_agree():
     assert len(K.KERNELS) == 20 and len({k.name for k in K.KERNELS}) == 20
     for kk in K.KERNELS:
         spec = kk.kernel_spec
-        if spec is None:
-            assert kk.c_impl in K._C_IMPLS
-            continue
         lhs_tok, rhs_tok = kk.name.split("_")[3:5] if kk.abi != "f32_f32p" else ("f32", kk.name.split("_")[4])
         if kk.same_layouts:
             assert lhs_tok == spec.lhs_format, kk.name
             assert rhs_tok.replace("biasf32", "b").rstrip("b") == spec.rhs_format.rstrip("b"), kk.name
     doc = (Path(__file__).resolve().parents[1] / "docs" / "export.md").read_text()
     assert K.mapping_table() in doc, "docs/export.md: regenerate the table (K.mapping_table())"
+
+
+def test_no_exported_name_is_portable_c():
+    """Every name of the export (default, --tuned and --tuned-pairs of every preset with a
+    tuned file) is a tilegen assembly kernel: a checked spec, a run function that calls its
+    hidden symbol, its .S file in the tree, "asm" in the manifest; and no template for a
+    generated C kernel is left."""
+    import json
+    from tilegen.build.tuned import tuned_targets
+    from tilegen.generator.render import TEMPLATE_DIR
+    assert sorted(p.name for p in (TEMPLATE_DIR / "export").glob("ukernel*.j2")) == [
+        "ukernel.c.j2", "ukernel.h.j2"]
+    runs = [("linux-aarch64-all", False)] + [(t, tu) for t in tuned_targets()
+                                             for tu in (True, "pairs")]
+    for target, tuned in runs:
+        files = {f.path: f.text for f in K.export_files(target, tuned, include_packers=False)}
+        man = json.loads(files[K.MANIFEST])
+        assert [k["impl"] for k in man["kernels"]] == ["asm"] * len(K.KERNELS), (target, tuned)
+        for kk in K.kernels_for(target, tuned):
+            spec = kk.kernel_spec
+            sym = f"tilegen_{spec.name}"
+            assert re.search(rf"kai_run_{kk.name}\([^)]*\) \{{\n    {sym}\(", files[kk.source]), kk.name
+            assert f"kai/ukernels/matmul/tilegen/{sym}.S" in files, (target, kk.name)
 
 
 def test_cmake_builds_target_kleidiai(built):
@@ -349,13 +369,14 @@ def test_ps1s0_kernels(kai_so):
     """The two kernels of llama.cpp's SME2 Q4_0 entry on data from tilegen's numpy packers of
     those layouts (tilegen.layout.rhs_int4, .f16, .lhs_int8), at SVL 512: the gemv (tilegen's SME2 luti4 asm,
     qsi8d32p scale-tail LHS, RHS packed with the getters' sr = 2) bit-exact with the block
-    formula, the f16 gemm (generated C) likewise with a k-ordered f32 sum per block."""
+    formula, the f16 gemm (tilegen's SME2 FMOPA asm, q4_0_f16) bit-exact with the reference of
+    KleidiAI's arithmetic (tilegen.reference_q4.matmul_f16p_qsi4c32ps1s0)."""
     from tilegen.layout.ggml import quantize_q4_0, split_q4_0
     from tilegen.layout.f16 import F16PLhs2
     from tilegen.layout.lhs_int8 import QSI8D32P, QSI8D32PScaleTail
     from tilegen.layout.rhs_int4 import QSI4C32PS1S0ScaleF16
     from tilegen.reference import fma_f32
-    from tilegen.reference_q4 import _block_dots
+    from tilegen.reference_q4 import _block_dots, matmul_f16p_qsi4c32ps1s0
     vl = SVL_BITS // 8
     g = guest("max", None, SVL_BITS)
     rng = np.random.default_rng(16)
@@ -401,19 +422,8 @@ def test_ps1s0_kernels(kai_so):
                        dst_offset=332, dst_size=60)
 
     def make_gemm(m, n, k, i):
-        x = rng.normal(size=(m, k)).astype(np.float32)
-        rp, v, dr = weights(n, k)
-        a16 = x.astype(np.float16).astype(np.float32)
-
-        def ref(c0, c1):
-            acc = np.zeros((m, n), np.float32)
-            for b in range(k // 32):
-                bs = np.zeros((m, n), np.float32)
-                for j in range(b * 32, b * 32 + 32):
-                    bs = (bs + a16[:, j:j + 1] * v[None, :, j].astype(np.float32)).astype(np.float32)
-                acc = fma_f32(bs, dr[None, :, b], acc)
-            return np.minimum(np.maximum(acc, np.float32(c0)), np.float32(c1))
-        return lf.pack(x), rp, ref
+        lp, rp = lf.pack(rng.normal(size=(m, k)).astype(np.float32)), weights(n, k)[0]
+        return lp, rp, lambda c0, c1: matmul_f16p_qsi4c32ps1s0(lp, rp, m, n, k, 32, mr, nr, c0, c1)
     cases, refs = _cases([(1, 3, 32), (mr + 3, nr + 5, 64), (2, 7, 96)], make_gemm)
     _check(g.call("guest_kai:run", kai_so, kk.name, "bl", cases), cases, refs, kk.name)
 

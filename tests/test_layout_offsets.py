@@ -50,6 +50,7 @@ KERNEL_FACTS = {
     "BF16PLhs2": {"chunk_bytes"},
     "QSI4C32PS1S0ScaleF16": {"chunk_bytes", "scale_bytes", "data_bytes"},
     "QSI8D32PScaleTail": {"chunk_bytes", "scale_bytes", "data_bytes"},
+    "F16PLhs2": {"chunk_bytes", "row_block_stride", "element_offset"},
 }
 PACKER_FACTS = {
     "QAI8DXP": {"k_multiple", "row_block_tail_bytes", "chunk_bytes",
@@ -59,6 +60,10 @@ PACKER_FACTS = {
     # the VL-scaled packers of the SME kernels' LHS (mr at run time)
     "BF16PLhs2": {"chunk_bytes", "element_offset", "row_block_stride"},
     "F32PackedLHS": {"chunk_bytes", "element_offset", "row_block_stride"},
+    "F16PLhs2": {"chunk_bytes", "element_offset", "row_block_stride"},
+    # the qsi8d32p template's scale-tail mode (mr = 1)
+    "QSI8D32PScaleTail": {"scale_bytes", "data_bytes", "scale_offset", "element_offset",
+                          "row_block_stride"},
 }
 
 
@@ -199,7 +204,7 @@ def test_kernel_offsets_come_from_layouts(spec, monkeypatch):
 @pytest.mark.parametrize("pspec", PACKERS, ids=lambda p: p.spec_string)
 def test_packer_offsets_come_from_layouts(pspec, monkeypatch):
     base = packers.render(pspec)
-    lay = pspec.layout(32 if pspec.fmt == "qsi8d32p" else None)
+    lay = pspec.layout(32 if pspec.takes_bl else None)
     seen = set()
     monkeypatch.setattr(packers.PackerSpec, "layout", lambda self, bl=None: _Probe(lay, seen))
     assert packers.render(pspec) == base

@@ -450,6 +450,40 @@ def test_nothing_written_on_bad_arguments(cpu, pack_lib):
     _check(outs[-1], exp, mask, "kr=4 sr=1")
 
 
+def test_scale_tail_packer(tmp_path):
+    """The qsi8d32p scale-tail packer (the q4_0_s1s0 gemv's LHS; the qsi8d32p template's ST
+    mode, mr = 1): byte-identical to QSI8D32PScaleTail.pack at bl 32 and 64, any m_idx_start,
+    padded row strides, blocks with ties and zeros; nothing written on bad arguments."""
+    from tilegen.layout.lhs_int8 import QSI8D32PScaleTail
+    spec = PackerSpec("qsi8d32pscaletail", 1, 4, 1)
+    assert spec.name == "lhs_quant_pack_qsi8d32p1x4scaletail_f32_neon" and spec.takes_bl
+    tc = discover("elf")
+    src, obj, so = tmp_path / "st.S", tmp_path / "st.o", tmp_path / "libst.so"
+    src.write_text(render(spec, "elf"))
+    subprocess.run(tc.assemble_cmd(src, obj), check=True, capture_output=True)
+    subprocess.run(tc.link_cmd([obj], so), check=True, capture_output=True)
+    rng = np.random.default_rng(1404)
+    cases, refs = [], []
+    for i, (bl, nb) in enumerate([(32, 1), (32, 3), (64, 2), (32, 4), (64, 1), (32, 2)]):
+        k, ms, m = bl * nb, i % 4, 1 + i % 3
+        x = _qsi8d32p_rows(rng, ms + m, k, bl)
+        stride = 4 * k + [0, 4, 12, 64][i % 4]
+        exp = QSI8D32PScaleTail(1, 4, 1, bl).pack(x[ms:ms + m], m_idx_start=ms)
+        args = dict(m=m, k=k, bl=bl, mr=1, kr=4, sr=1, m_idx_start=ms, lhs_stride=stride)
+        cases.append(_case(spec, args, _rows_bytes(x, stride), exp.size))
+        refs.append((exp, f"bl={bl} k={k} m={m} ms={ms} stride={stride}"))
+    base = cases[1]["args"]
+    bad = [{"mr": 2}, {"kr": 8}, {"sr": 2}, {"bl": 48}, {"bl": 0}, {"m": 0}, {"k": 48}]
+    for b in bad:
+        cases.append(_case(spec, {**base, **b}, cases[1]["src"], 256))
+    outs = guest("cortex-a53").call("guest_pack:run_cases", str(so), cases)
+    for (exp, what), o in zip(refs, outs):
+        _check(o, exp, np.ones_like(exp), f"scale tail {what}")
+    for b, o in zip(bad, outs[len(refs):]):
+        for fill, got in zip(PREFILLS, o):
+            assert (got == fill).all(), b
+
+
 # --------------------------------------------------------------------------------------------
 # rendering, validation, object formats, instruction counts
 

@@ -1,5 +1,5 @@
-"""VL-scaled LHS packers (the SME kernels' LHS: bf16p<vl>x2, f32p<vl>x1, qai8dxp<vl>x4,
-qsi8d32p<vl>x4) as generated NEON code taking mr at run time.
+"""VL-scaled LHS packers (the SME kernels' LHS: bf16p<vl>x2, f32p<vl>x1, f16p<vl>x2,
+qai8dxp<vl>x4, qsi8d32p<vl>x4) as generated NEON code taking mr at run time.
 
 Byte-identical to the layout objects' numpy packers under qemu at SVL 128, 512 and 2048 (mr =
 units x SVL/32 rows, the row count of the SME kernels at that SVL), source rows ending at a guard
@@ -38,6 +38,7 @@ SPECS = [PackerSpec("bf16px2", u, 2, 1, mr_vl=True) for u in (1, 2, 4)] + [
     PackerSpec("f32p", u, 1, 1, mr_vl=True) for u in (1, 2, 4)] + [
     PackerSpec("qai8dxp", 1, 4, 1, mr_vl=True),      # q8_0:sme:1vlx4vl, q4_0_dx:sme:1vlx2vl
     PackerSpec("qsi8d32p", 1, 8, 2, mr_vl=True),     # q4_0:sme:1vlx2vl
+    PackerSpec("f16px2", 1, 4, 2, mr_vl=True),       # q4_0_f16:sme2:1vlx4vl (kr 4, sr 2)
 ]
 # the streaming twins (ZA transpose; mr = units x the guest's SVL/32 only)
 SME_SPECS = [PackerSpec(fmt, u, kr, 1, mr_vl=True, isa=isa)
@@ -59,6 +60,7 @@ SME_KERNELS = {
     "q8_0:sme:1vlx4vl": "lhs_quant_pack_qai8dxp1vlx4_f32_neon",
     "q4_0_dx:sme:1vlx2vl": "lhs_quant_pack_qai8dxp1vlx4_f32_neon",
     "q4_0:sme:1vlx2vl": "lhs_quant_pack_qsi8d32p1vlx4_f32_neon",
+    "q4_0_f16:sme2:1vlx4vl": "lhs_pack_f16p1vlx2_f32_neon",
 }
 
 
@@ -163,7 +165,7 @@ def _cases(spec, mr, rng):
                         lhs_stride=stride)
         else:
             x = (_qai8dxp_rows(rng, m, k) if spec.fmt == "qai8dxp"
-                 else _float_rows(rng, m, k, special=spec.fmt == "bf16px2" or m % 2 == 1))
+                 else _float_rows(rng, m, k, special=spec.fmt != "f32p" or m % 2 == 1))
             src = _rows_bytes(x, stride)           # lhs = the first row to pack
             args = dict(m=m, k=k, mr=mr, kr=spec.kr, sr=spec.sr, m_idx_start=ms,
                         lhs_stride=stride)
@@ -246,8 +248,8 @@ def test_nothing_written_on_bad_arguments(vl_lib):
             base["bl"] = 32
         bad = [{"mr": 0}, {"mr": unit + 1}, {"mr": unit // 2}, {"mr": limit + unit},
                {"mr": 2 * limit}, {"m": 0}, {"k": 0}, {"kr": spec.kr * 2}, {"sr": 0}]
-        if spec.fmt in ("bf16px2", "f32p"):
-            bad += [{"m_idx_start": 1}, {"m_idx_start": unit + 1}, {"sr": 2}]
+        if spec.fmt in ("bf16px2", "f32p", "f16px2"):
+            bad += [{"m_idx_start": 1}, {"m_idx_start": unit + 1}, {"sr": 3 - spec.sr}]
         for b in bad:
             cases.append(_case(spec, {**base, **b}, src, 512))
             what.append((spec.name, b))
@@ -307,6 +309,7 @@ E2E = [  # (kernels of one library, weight kind) -- one SME kernel per library, 
     (["f32:sme2:1vlx4vl"], "f32"),
     (["q8_0:sme:1vlx4vl"], "q8_0"),
     (["q4_0:sme:1vlx2vl"], "q4_0"),
+    (["q4_0_f16:sme2:1vlx4vl"], "q4_0"),
     (["q4_0_dx:sme:1vlx2vl"], "q4_0_dx"),
 ]
 

@@ -255,8 +255,8 @@ def _cmd_export(a: argparse.Namespace) -> int:
         print(json.dumps(m, indent=2))
         return 0
     for k in m["kernels"]:
-        impl = f"{k['spec']} (asm)" if k["impl"] == "asm" else f"generated C ({k['c_impl']})"
-        print(f"kai_run_{k['name']}: {impl}" + ("  [tuned]" if k["note"].startswith("tuned") else ""))
+        tuned = "  [tuned]" if k["note"].startswith("tuned") else ""
+        print(f"kai_run_{k['name']}: {k['spec']} ({k['impl']}){tuned}")
     print(f"{a.output}: {m['functions']} of {m['functions'] + len(m['missing'])} llama.cpp kai_ "
           f"functions defined")
     if m["missing"]:

@@ -111,6 +111,8 @@ class FamilyInfo:
     #                                 per row block; bf16: f32 rows rounded to bf16)
     acc_mem: bool = False           # tiles may keep f32 accumulators in memory (":am", on the
     #                                 ISAs whose record allows it)
+    gemv_family: str | None = None  # a family whose gemv kernels read this family's packed
+    #                                 weights and pair with its gemm (another LHS format)
 
     @property
     def isas(self) -> tuple[str, ...]:
@@ -165,6 +167,19 @@ FAMILIES: dict[str, FamilyInfo] = {
         impls={"sme2": IsaImpl("sme2_mopa", "q4_sme2_luti4_mopa", "q4_sme2_luti4", kr=4, sr=1,
                                gemv_op="sme2_luti4", gemv_template="q4_sme2_luti4",
                                fixed_kr="the LUTI4 q4 kernels read 4-byte groups")}),
+    # llama.cpp's SME2 Q4_0 gemm (KleidiAI matmul_clamp_f32_f16p_qsi4c32p): f32 activations
+    # rounded to f16 (LHS f16p<mr>x2), the q4_0_s1s0 RHS; the LUTI4 unpack gives (u - 8) as
+    # f16, each product with the block scale is rounded to f16 (FMUL) and FMOPA (f16 pairs
+    # into f32) accumulates in ZA over all of k.  kr = 4, sr = 2 are KleidiAI's getters (the
+    # RHS packer's arguments); the layouts read pairs (L = 2).
+    # Its gemm pairs with the q4_0_s1s0 gemv on one packing (llama.cpp's SME2 Q4_0 entry); the
+    # runtime's q4_0 weights use the pair where the CPU runs it (tilegen.runtime.select).
+    "q4_0_f16": FamilyInfo(
+        name="q4_0_f16", lhs="f16px2", rhs="qsi4c32ps1s0scalef16", kinds=(), abi=Q4,
+        quantized=True, gemv_family="q4_0_s1s0",
+        impls={"sme2": IsaImpl("sme2_mopa", "q4_sme2_f16_mopa", "q4_sme2_f16", kr=4, sr=2,
+                               fixed_kr="the f16 x q4 SME2 kernel reads k-pairs of 4-nibble "
+                                        "chunks (KleidiAI's kr = 4, sr = 2)")}),
     # LHS per-row asymmetric int8, RHS int4 per 32-block with bf16 scales, row sums and bias
     # (KleidiAI matmul_clamp_f32_qai8dxp_qsi4c32p).
     "q4_0_dx": _q4_family("q4_0_dx", "qai8dxp", "qsi4c32p"),

@@ -71,6 +71,9 @@ DEFAULT_KERNELS: tuple[str, ...] = (
     "q4_0_dx:sve_i8mm:8x1vl", "q4_0_dx:sve_dotprod:1x1vl:k16:s2",
     # SME: SMOPA gemm + SME2 ZA-array SDOT gemv on one packed RHS (opt-in at run time)
     "q4_0:sme:1vlx2vl", "q4_0:sme2:1x2vl", "q4_0_dx:sme:1vlx2vl", "q4_0_dx:sme2:1x2vl",
+    # SME2, llama.cpp's Q4_0 pair (q4_0 weights take it first): the f16-activation FMOPA gemm
+    # (ZA accumulates over all of k) + the int8 LUTI4 gemv, one qsi4c32ps1s0scalef16 packing
+    "q4_0_f16:sme2:1vlx4vl", "q4_0_s1s0:sme2:1x4vl",
     "q4_0:i8mm:16x4", "q4_0:dotprod:1x4:k16:s2",
     "q4_0:dotprod:16x4", "q4_0:dotprod:1x4",
     "q4_0:neon:4x4", "q4_0:neon:1x4",

@@ -5,11 +5,10 @@ llama.cpp's CPU backend adds KleidiAI with ``add_subdirectory`` and links a targ
 takes the address of ~300 ``kai_`` functions.  This module writes a tree with the same include
 paths and C ABI whose implementations are tilegen's:
 
-* every matmul micro-kernel llama.cpp names (:data:`KERNELS`) is either a tilegen assembly
-  kernel that reads the same packed layouts (rendered once per spec under a hidden symbol
+* every matmul micro-kernel llama.cpp names (:data:`KERNELS`) is a tilegen assembly kernel
+  that reads the same packed layouts (rendered once per spec under a hidden symbol
   ``tilegen_<name>``; the ``kai_run_*`` function is a one-call C wrapper that adapts the
-  argument list) or, where no tilegen kernel reads the layouts, a small portable C
-  implementation generated here (``impl="c"``);
+  argument list);
 * the getters (m_step, n_step, mr, nr, kr, sr, packed offsets, dst offset/size) are generated
   C from the spec and its layout objects (``tilegen.layout``: the same stride expressions the
   Python runtime evaluates).  Tiles in vector-length units read the streaming vector length
@@ -20,7 +19,7 @@ paths and C ABI whose implementations are tilegen's:
   KleidiAI's common header, and ``CMakeLists.txt`` defines the static target ``kleidiai``.
 
 The C and CMake text is Jinja templates under ``templates/export/`` (``ukernel.h.j2``,
-``ukernel.c.j2`` and the generated portable C ``ukernel_<c_impl>.c.j2``, ``interface.h.j2``,
+``ukernel.c.j2``, ``interface.h.j2``,
 ``kai_common.h.j2``/``.c.j2``, ``CMakeLists.txt.j2``), rendered by the kernels' environment
 (:func:`tilegen.generator.render.render_template`); this module decides what each file holds
 and computes the numbers in it.
@@ -44,9 +43,6 @@ from ..generator.spec import KernelSpec
 from ..generator.validate import parse_spec
 from ..layout import lhs_layout_for, rhs_layout_for
 from ..layout.base import c_expr, eval_expr, same_rhs
-from ..layout.f16 import F16PLhs2
-from ..layout.lhs_int8 import QSI8D32PScaleTail
-from ..layout.rhs_int4 import QSI4C32PS1S0ScaleF16
 from . import packers_c
 from .files import ExportFile
 
@@ -129,17 +125,16 @@ ABIS: dict[str, Abi] = {a.key: a for a in (
 class KaiKernel:
     """One KleidiAI matmul micro-kernel name and what stands behind it.
 
-    ``spec``: the tilegen kernel (assembly) whose getters the name gets, or None with
-    ``c_impl`` naming the generated portable C implementation.  ``same_layouts``: the spec
+    ``spec``: the tilegen kernel (assembly) whose getters the name gets (every name has one:
+    no exported name is portable C).  ``same_layouts``: the spec
     reads the packed LHS and RHS the KleidiAI name describes (False: it reads layouts the
     packers make from the getters' mr/nr/kr/sr, e.g. an outer-product tile standing in for a
     gemv).  ``note``: one line for docs/export.md."""
 
     name: str
     abi: str
-    spec: str | None
+    spec: str
     same_layouts: bool = True
-    c_impl: str | None = None
     note: str = ""
     getter_sr: int | None = None    # get_sr's value where it is not the spec's sr
     n_step_tiles: int = 1           # get_n_step in tiles of the spec's nr (KleidiAI's unrolled n)
@@ -153,11 +148,11 @@ class KaiKernel:
         return self.header[:-2] + ".c"
 
     @property
-    def kernel_spec(self) -> KernelSpec | None:
-        return parse_spec(self.spec) if self.spec else None
+    def kernel_spec(self) -> KernelSpec:
+        return parse_spec(self.spec)
 
 
-def _k(name: str, abi: str, spec: str | None, **kw) -> KaiKernel:
+def _k(name: str, abi: str, spec: str, **kw) -> KaiKernel:
     return KaiKernel("matmul_clamp_f32_" + name, abi, spec, **kw)
 
 
@@ -175,9 +170,9 @@ KERNELS: tuple[KaiKernel, ...] = (
     _k("qsi8d32p1x4_qsi4c32p4vlx4_1x4vl_sme2_sdot", _Q4, "q4_0_s1s0:sme2:1x4vl", getter_sr=2,
        note="the SME2 luti4 gemv (tilegen's name ends _sme2_luti4) on qsi4c32ps1s0scalef16; "
             "get_sr says 2, the sr KleidiAI's RHS packer takes (the LHS layout ignores sr)"),
-    _k("f16p1vlx2_qsi4c32p4vlx2_1vlx4vl_sme2_mopa", "f16p_qsi4c32p", None,
-       c_impl="f16p_ps1s0_gemm",
-       note="f16 LHS x qsi4c32ps1s0scalef16: no tilegen kernel; generated portable C"),
+    _k("f16p1vlx2_qsi4c32p4vlx2_1vlx4vl_sme2_mopa", "f16p_qsi4c32p", "q4_0_f16:sme2:1vlx4vl",
+       note="LUTI4, FMUL by the f16 block scales, FMOPA into ZA over all of k: KleidiAI's "
+            "arithmetic bit for bit"),
     _k("qai8dxp1vlx4_qsi8cxp4vlx4_1vlx4vl_sme2_mopa", _Q8, "q8_0:sme:1vlx4vl",
        note="the SME1 SMOPA kernel (SME2 CPUs run it)"),
     _k("qai8dxp1x4_qsi8cxp4vlx4_1x4vl_sme2_dot", _Q8, "q8_0:sme2:1x4vl"),
@@ -326,7 +321,7 @@ def _getter_defs(kk: KaiKernel, g: _Getters) -> list[dict]:
 
 
 def ukernel_header(kk: KaiKernel) -> str:
-    return _render("ukernel.h.j2", name=kk.name, spec=kk.kernel_spec, c_impl=kk.c_impl,
+    return _render("ukernel.h.j2", name=kk.name, spec=kk.kernel_spec,
                    getters=_getter_protos(kk), run_params=ABIS[kk.abi].run_params)
 
 
@@ -335,98 +330,14 @@ def _tilegen_symbol(spec: KernelSpec) -> str:
 
 
 def ukernel_source(kk: KaiKernel) -> str:
-    """``ukernel.c.j2`` (getters + a call of the tilegen kernel), or for a generated portable C
-    kernel ``ukernel_<c_impl>.c.j2`` with the expressions :data:`_C_IMPLS` computes."""
+    """``ukernel.c.j2``: the getters and a call of the tilegen kernel."""
     abi = ABIS[kk.abi]
     spec = kk.kernel_spec
-    if spec is None:
-        g, context = _C_IMPLS[kk.c_impl](kk)
-        return _render(f"ukernel_{kk.c_impl}.c.j2", name=kk.name, c_impl=kk.c_impl,
-                       getters=_getter_defs(kk, g), run_params=abi.run_params, **context)
     return _render("ukernel.c.j2", name=kk.name, spec=spec,
                    getters=_getter_defs(kk, _spec_getters(kk, spec)), run_params=abi.run_params,
                    vl_kind=spec.vl_kind if spec.vl_scaled else None,
                    symbol=_tilegen_symbol(spec), signature=abi_for(spec.family).params,
                    tilegen_args=abi.tilegen_args)
-
-
-# -- generated portable C for the layouts no tilegen kernel reads --------------------------
-#
-# llama.cpp's SME2 Q4_0 entry: RHS qsi4c32ps1s0scalef16, LHS f16p<mr>x2 (gemm) and qsi8d32p with
-# the scales behind the values (gemv); byte maps in tilegen.layout.rhs_int4/f16/lhs_int8 (docs/layouts.md).
-# Every size and address below is an expression over the layout objects' geometry, checked here
-# against the objects' own methods (_checked) at every SVL and over a grid of positions.
-
-_PS1S0_NR_UNITS = 4          # qsi4c32p4vlx4 / 4vlx2: nr = 4 VL of f32 lanes
-_KR, _SR, _BL = 4, 2, 32     # KleidiAI's kr/sr of both kernels (its packer asserts them)
-
-
-def _q4_sme_layouts(vl: int):
-    return (QSI4C32PS1S0ScaleF16(_PS1S0_NR_UNITS * vl // 4, _KR, _SR, _BL),
-            QSI8D32PScaleTail(1, _KR, 1, _BL), F16PLhs2(vl // 4, _KR, _SR))
-
-
-
-def _checked(c: str, env_names: tuple[str, ...], method, grid) -> str:
-    """``c`` (a C expression over size_t names) agrees with ``method(**point)`` on ``grid``."""
-    py = compile(c.replace("/", "//"), "<c>", "eval")
-    for point in grid:
-        want = method(point)
-        got = eval(py, {"__builtins__": {}}, {n: point[n] for n in env_names})  # noqa: S307
-        if got != want:
-            raise ExportError(f"generated C {c!r} gives {got} at {point}, the layout {want}")
-    return c
-
-
-def _ps1s0_exprs() -> dict[str, str]:
-    grid_r, grid_l, grid_f = [], [], []
-    for vl in (16, 32, 64, 256):
-        rl, ll, lf = _q4_sme_layouts(vl)
-        for k in (32, 64, 160):
-            for col in (0, 1, rl.nr - 1):
-                for t in range(0, k, 2):
-                    grid_r.append(dict(vl=vl, nr=rl.nr, k=k, col=col, kk=t, b=t // _BL, lay=rl))
-            for x in (0, lf.mr - 1):
-                for t in range(k):
-                    grid_f.append(dict(mr=lf.mr, x=x, kk=t, lay=lf))
-            for t in range(k):
-                grid_l.append(dict(k=k, kk=t, b=t // _BL, lay=ll))
-    kr = str(_KR)
-    return {
-        "rhs_byte": _checked(f"(kk / {kr}) * (nr * {kr} / 2) + col * ({kr} / 2) + (kk % {kr}) / 2",
-                             ("kk", "nr", "col"), lambda p: p["lay"].byte_offset(p["col"], p["kk"]),
-                             grid_r),
-        "rhs_scale": _checked("nr * k / 2 + (b * nr + col) * 2", ("nr", "k", "b", "col"),
-                              lambda p: p["lay"].scale_offset(p["col"], p["b"], p["k"]), grid_r),
-        "lhs_q": _checked(f"(kk / {kr}) * {kr} + kk % {kr}", ("kk",),
-                          lambda p: p["lay"].element_offset(0, p["kk"]), grid_l),
-        "lhs_scale": _checked("k + b * 2", ("k", "b"),
-                              lambda p: p["lay"].scale_offset(0, p["b"], p["k"]), grid_l),
-        "f16_elem": _checked("((kk / 2) * mr * 2 + x * 2 + kk % 2) * 2", ("kk", "mr", "x"),
-                             lambda p: p["lay"].element_offset(p["x"], p["kk"]), grid_f),
-    }
-
-
-def _vl_stride(which: int, what: str) -> str:
-    return _linear_in_vl(lambda v: _q4_sme_layouts(v)[which].stride_expr, what).format(
-        vl="tg_svl_bytes()")
-
-
-def _c_f16p_ps1s0_gemm(kk: KaiKernel) -> tuple[_Getters, dict]:
-    """f16p<1vl>x2 x qsi4c32ps1s0scalef16 (templates/export/ukernel_f16p_ps1s0_gemm.c.j2): its
-    getters and the template's checked expressions."""
-    e = _ps1s0_exprs()
-    mr = "(tg_svl_bytes() / 4)"
-    nr = f"({_PS1S0_NR_UNITS} * (tg_svl_bytes() / 4))"
-    lstride = _vl_stride(2, f"{kk.name} LHS")
-    rstride = _vl_stride(0, f"{kk.name} RHS")
-    g = _Getters(mr, nr, mr, nr, str(_KR), str(_SR), f"(m_idx / {mr}) * {lstride}",
-                 f"(n_idx / {nr}) * {rstride}")
-    return g, dict(e=e, mr=mr, nr=nr, lstride=lstride, rstride=rstride)
-
-
-_C_IMPLS = {"f16p_ps1s0_gemm": _c_f16p_ps1s0_gemm}
-
 
 
 # -- the assembly kernels --------------------------------------------------------------
@@ -476,8 +387,6 @@ def tuned_overrides(target) -> dict[str, str]:
     out: dict[str, str] = {}
     for kk in KERNELS:
         base = kk.kernel_spec
-        if base is None:
-            continue
         for fam in tf.families.values():
             for s in (x for x in (fam.gemm, fam.gemv) if x is not None):   # the pair only
                 if s.family != base.family or s.is_gemv != base.is_gemv or s == base:
@@ -521,7 +430,7 @@ def tuned_pair_overrides(target) -> dict[str, str]:
     claimed: dict[str, str] = {}
     for gname, vname in ENTRIES:
         g0, v0 = byname[gname].kernel_spec, byname[vname].kernel_spec
-        if g0 is None or v0 is None or g0.vl_scaled or v0.vl_scaled:
+        if g0.vl_scaled or v0.vl_scaled:
             continue
         for fam in tf.families.values():
             tg, tv = fam.gemm, fam.gemv
@@ -546,7 +455,7 @@ def tuned_pair_overrides(target) -> dict[str, str]:
 # -- the tree ---------------------------------------------------------------------------
 
 def _with_spec(kk: KaiKernel, spec: str) -> KaiKernel:
-    return KaiKernel(kk.name, kk.abi, spec, kk.same_layouts, kk.c_impl,
+    return KaiKernel(kk.name, kk.abi, spec, kk.same_layouts,
                      f"tuned: {spec} (default {kk.spec})", kk.getter_sr, kk.n_step_tiles)
 
 
@@ -594,8 +503,7 @@ def export_files(target: str = "linux-aarch64-all", tuned: bool | str = False,
     for kk in kernels:
         files.append(ExportFile(kk.header, ukernel_header(kk)))
         files.append(ExportFile(kk.source, ukernel_source(kk)))
-        if kk.kernel_spec is not None:
-            specs[kk.kernel_spec.name] = kk.kernel_spec
+        specs[kk.kernel_spec.name] = kk.kernel_spec
     for name in sorted(specs):
         files.append(ExportFile(f"kai/ukernels/matmul/tilegen/tilegen_{name}.S",
                                 kernel_asm(specs[name], fmt)))
@@ -612,9 +520,9 @@ def export_files(target: str = "linux-aarch64-all", tuned: bool | str = False,
     manifest = {
         "tilegen_export": 1, "kleidiai_version": KAI_VERSION, "tilegen_version": __version__,
         "target": tgt.name, "tuned": tuned,
-        "kernels": [{"name": k.name, "impl": "asm" if k.spec else "c", "spec": k.spec,
-                     "tilegen_kernel": k.kernel_spec.name if k.spec else None,
-                     "c_impl": k.c_impl, "same_layouts": k.same_layouts, "note": k.note}
+        "kernels": [{"name": k.name, "impl": "asm", "spec": k.spec,
+                     "tilegen_kernel": k.kernel_spec.name, "same_layouts": k.same_layouts,
+                     "note": k.note}
                     for k in kernels],
     }
     files.append(ExportFile(MANIFEST, json.dumps(manifest, indent=2) + "\n"))
@@ -657,8 +565,7 @@ def mapping_table(kernels: list[KaiKernel] | None = None) -> str:
     rows = ["| KleidiAI micro-kernel | tilegen implementation | same layouts | note |",
             "|---|---|---|---|"]
     for k in kernels or KERNELS:
-        impl = (f"`{k.spec}` (asm `{k.kernel_spec.name}`)" if k.spec
-                else f"generated C (`{k.c_impl}`)")
+        impl = f"`{k.spec}` (asm `{k.kernel_spec.name}`)"
         rows.append(f"| `{k.name}` | {impl} | {'yes' if k.same_layouts else 'no'} | {k.note} |")
     return "\n".join(rows) + "\n"
 

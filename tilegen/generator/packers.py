@@ -167,6 +167,9 @@ class PackerSpec:
         elif self.mr > MR_MAX:
             raise SpecError(f"mr must be <= {MR_MAX} (largest mr of any consumer kernel; "
                             f"immediate encodings of the template), got mr={self.mr}")
+        elif cls.packer_rows is not None and self.mr not in cls.packer_rows:
+            raise SpecError(f"the {self.fmt} packer packs row blocks of "
+                            f"{', '.join(map(str, cls.packer_rows))} rows, got mr={self.mr}")
         if not isinstance(self.rounding, str):
             raise SpecError(f"rounding must be a string, got {self.rounding!r}")
         self.layout(32)           # the layout's rules (interleave, kr, sr, rounding) at bl = 32
@@ -205,7 +208,7 @@ class PackerSpec:
         ``packer_verb``: ``lhs_quant_pack`` (``lhs_pack`` for formats without quantisation,
         as KleidiAI's SME packers)."""
         cls = layout_class("lhs", self.fmt)
-        label = cls.label_for(self.mr_str, self.kr, self.sr)
+        label = cls.label_for(self.mr_str, self.kr, self.sr) + cls.name_suffix
         return (f"{cls.packer_verb}_{label}{'sb' if self.rounding == 'even' else ''}"
                 f"_f32_{self.isa}")
 
@@ -294,9 +297,11 @@ def packer_for(spec) -> PackerSpec | None:
     if not spec.packs_lhs:
         return None
     fmt = spec.impl.lhs or spec.info.lhs
-    if fmt not in PACKER_FORMATS:       # KleidiAI's SME2 q4 layouts (q4_0_s1s0): numpy packs only
+    if fmt not in PACKER_FORMATS:
         return None
     if spec.mr_vl:
+        if "vl" not in layout_class("lhs", fmt).packer_mr:  # the q4_0_s1s0 gemm: numpy packs
+            return None
         return PackerSpec(fmt, spec.mr, spec.kr, spec.sr, mr_vl=True)
     return PackerSpec(fmt, spec.lhs_mr, spec.kr, spec.sr)
 

@@ -138,6 +138,8 @@ class PackedLayout:
     #: row counts the packer takes: "fixed" (a compile-time mr) and/or "vl" (mr in VL units,
     #: the row count a run-time argument)
     packer_mr: ClassVar[tuple[str, ...]] = ("fixed", "vl")
+    #: the compile-time mr values the packer's template serves (None: any up to its bound)
+    packer_rows: ClassVar[tuple[int, ...] | None] = None
     #: mr-dependent quantities (attribute names) a runtime-mr template scales by the mr register
     packer_per_row: ClassVar[tuple[str, ...]] = ()
     #: a compile-time mr that is a multiple of 4 packs the slots 4i..4i+3 together

@@ -3,8 +3,8 @@ docs/layouts.md#f16pmrx2), the activations of llama.cpp's SME2 Q4_0 GEMM
 (``matmul_clamp_f32_f16p1vlx2_qsi4c32p4vlx2_1vlx4vl_sme2_mopa``; its weights are
 :class:`tilegen.layout.rhs_int4.QSI4C32PS1S0ScaleF16`), byte for byte.
 
-Not in :mod:`tilegen.layout.registry` (no tilegen kernel reads it); the generated KleidiAI
-packers (:mod:`tilegen.export.packers_c`) take every size and offset from it.  ``pack`` follows
+The LHS format ``f16px2`` of the ``q4_0_f16`` kernels (:mod:`tilegen.layout.registry`); the
+generated KleidiAI packers (:mod:`tilegen.export.packers_c`) take every size and offset from it.  ``pack`` follows
 the LHS conventions of :mod:`tilegen.layout.lhs_int8`.
 """
 from __future__ import annotations
@@ -16,9 +16,21 @@ import numpy as np
 from .base import (LayoutError, PackedLayout, RowBlocks, check_m_idx_start, check_pos, eval_expr,
                    roundup, rows_f32)
 
-__all__ = ["F16PLhs2"]
+__all__ = ["F16PLhs2", "f32_to_f16_bits"]
 
 U16 = np.dtype("<u2")
+
+
+def f32_to_f16_bits(x: np.ndarray) -> np.ndarray:
+    """uint16 f16 bits of float32 ``x`` as Arm's FCVT/FCVTN give them (FPCR.DN = 0): round to
+    nearest even, overflow to +-inf, and a NaN quiet with its sign and the top 9 bits of its
+    payload (numpy's conversion keeps a signalling NaN signalling)."""
+    x = np.asarray(x, np.float32)
+    with np.errstate(over="ignore", invalid="ignore"):
+        h = x.astype(np.float16).view(U16)
+    bits = x.view(np.uint32)
+    nan = ((bits >> 16) & 0x8000 | 0x7E00 | (bits >> 13) & 0x01FF).astype(U16)
+    return np.where(np.isnan(x), nan, h)
 
 
 @dataclass(frozen=True)
@@ -26,7 +38,7 @@ class F16PLhs2(RowBlocks, PackedLayout):
     """KleidiAI ``f16p<mr>x2`` from ``kai_run_lhs_pack_f16pmrx2_f32_neon`` (docs/layouts.md#f16pmrx2).
 
     Row block of ``mr`` rows, stride ``mr * roundup(k, 2) * 2``: f16 values (f32 rounded to
-    nearest even) ordered [k-pair][row 0..mr)[2].  KleidiAI needs k even (a multiple of bl); an
+    nearest even, :func:`f32_to_f16_bits`) ordered [k-pair][row 0..mr)[2].  KleidiAI needs k even (a multiple of bl); an
     odd k is padded with a 0 value here.  ``kr``/``sr`` only have to give L = kr/sr = 2."""
 
     format = "f16px2"
@@ -34,6 +46,11 @@ class F16PLhs2(RowBlocks, PackedLayout):
     elem_bytes = 2   # one f16 value
     pair = 2         # k values of one row written together (L)
     k_multiple = 2
+    packer_template = "lhs_pack_kmajor_neon"     # with f32p, bf16px2: k-major row blocks
+    packer_verb = "lhs_pack"
+    packer_mr = ("vl",)                          # the LHS of an SME kernel only
+    packer_per_row = ("chunk_bytes",)
+    fixed_conversion = "f32 -> f16 is round-to-nearest-even (FCVTN)"
 
     mr: int
     kr: int = 2
@@ -79,11 +96,10 @@ class F16PLhs2(RowBlocks, PackedLayout):
             return np.zeros(0, np.uint8)
         kp, P = self.k_padded(k), self.pair
         nblk, rb, slot = self.placement(m, m_idx_start)
-        v = np.zeros((m, kp), np.float16)
-        with np.errstate(over="ignore"):
-            v[:, :k] = x.astype(np.float16)
+        v = np.zeros((m, kp), U16)
+        v[:, :k] = f32_to_f16_bits(x)
         data = np.zeros((nblk, kp // P, self.mr, P), U16)
-        data[rb, :, slot, :] = v.view(U16).reshape(m, kp // P, P)
+        data[rb, :, slot, :] = v.reshape(m, kp // P, P)
         return data.view(np.uint8).reshape(-1)
 
     def unpack(self, buf: np.ndarray, m: int, k: int, m_idx_start: int = 0) -> np.ndarray:

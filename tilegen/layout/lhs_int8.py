@@ -378,6 +378,19 @@ class QSI8D32PScaleTail(RowBlocks, ScaleBlocks, PackedLayout):
     label_prefix = "qsi8d32p"
     name_suffix = "scaletail"
     scale_bytes = 2
+    rounding = "away"       # the quantisation of QSI8D32P, ties away (no option)
+    # the generated packer: the qsi8d32p template's scale-tail mode, one row per block (the
+    # gemv's LHS)
+    packer_template = "lhs_pack_qsi8d32p_neon"
+    packer_mr = ("fixed",)
+    packer_rows = (1,)
+    packer_lhs_at_row0 = True
+
+    @classmethod
+    def check_packer_geometry(cls, kr: int, sr: int) -> None:
+        if (kr, sr) != (4, 1):
+            raise LayoutError(f"the qsi8d32p scale-tail packer takes kr = 4, sr = 1 (KleidiAI's "
+                              f"kr; the layout ignores sr), got kr={kr}, sr={sr}")
 
     mr: int
     kr: int = 4

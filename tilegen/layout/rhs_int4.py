@@ -20,7 +20,7 @@ here).
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import numpy as np
 
@@ -525,11 +525,16 @@ class QSI4C32PS1S0ScaleF16(ColumnGroups, ScaleBlocks, PackedLayout):
         +nr*k/2     f16 scales ordered [block][slot] (raw copies)
 
     KleidiAI requires kr = 4 (one uint16 of four nibbles per slot) and sr = 2.  Slots past n in
-    the last group are never written (zero here)."""
+    the last group are never written (zero here).
+
+    No byte depends on ``sr``: it only names the layout (``qsi4c32p<nr>x<kr/sr>``: the f16 gemm
+    of llama.cpp's entry says ``x2``, tilegen's int8 LUTI4 kernels ``x4``), so it takes no part
+    in equality: every kernel reading this format at one nr, kr and bl reads the same packed
+    weights (the f16 gemm and the int8 gemv of the entry share them, as in llama.cpp)."""
 
     nr: int
     kr: int = 4
-    sr: int = 2
+    sr: int = field(default=2, compare=False)
     bl: int = 32
 
     format = "qsi4c32ps1s0scalef16"
@@ -596,6 +601,23 @@ class QSI4C32PS1S0ScaleF16(ColumnGroups, ScaleBlocks, PackedLayout):
         scales[:n] = d
         scales = np.ascontiguousarray(scales.reshape(G, nr, B).transpose(0, 2, 1))
         return np.concatenate([data, scales.view(np.uint8).reshape(G, -1)], axis=1).reshape(-1)
+
+    def pack_from_ggml(self, raw: np.ndarray, n: int, k: int, bias: None = None) -> np.ndarray:
+        """:meth:`pack` for ggml block_q4_0 bytes (needs bl = 32; finite block scales);
+        ``bias`` must be None (the kernels take none: ``matmul(bias=)`` adds it)."""
+        QSI4C32PScaleF16.require_no_bias(bias)
+        if self.bl != 32:
+            raise LayoutError(f"ggml block_q4_0 data has bl=32, this layout has bl={self.bl}")
+        raw = as_bytes(raw)
+        check_block_scales(split_q4_0(np.ascontiguousarray(raw).reshape(int(n), -1), int(n),
+                                      int(k), bl=self.bl)[1], "Q4_0")
+        return self.pack(raw, n, k)
+
+    def pack_from_float(self, w: np.ndarray, bias: None = None) -> np.ndarray:
+        """Quantise float32 (n, k) like ggml Q4_0 (per bl-block) and pack; ``bias`` must be
+        None; |w| <= 8 x 65504 (the f16 block scales' range)."""
+        QSI4C32PScaleF16.require_no_bias(bias)
+        return self.pack(quantize_q4_0(w, bl=self.bl, strict=True))
 
     def written_mask(self, n: int, k: int) -> np.ndarray:
         """1 where KleidiAI's packer writes (every byte but those of slots past n)."""

@@ -13,7 +13,8 @@ from typing import Iterable
 from ..layout.base import same_rhs
 from ..records import FAMILIES, ISAS
 
-__all__ = ["KernelPair", "build_table", "KIND_FAMILY", "KIND_FAMILIES", "kind_table"]
+__all__ = ["KernelPair", "build_table", "KIND_FAMILY", "KIND_FAMILIES", "kind_table",
+           "gemv_families"]
 
 # weight kind -> kernel family that consumes it (FamilyInfo.kinds)
 KIND_FAMILY = {kind: fam.name for fam in FAMILIES.values() for kind in fam.kinds}
@@ -23,6 +24,11 @@ KIND_FAMILY = {kind: fam.name for fam in FAMILIES.values() for kind in fam.kinds
 KIND_FAMILIES: dict[str, tuple[str, ...]] = {kind: (fam,) for kind, fam in KIND_FAMILY.items()}
 if "bf16" in FAMILIES:
     KIND_FAMILIES["f16"] = ("bf16", KIND_FAMILY["f16"])
+# q4_0 weights: llama.cpp's SME2 pair where the CPU runs it (the f16-activation gemm, FMOPA into
+# ZA over all of k, with the int8 LUTI4 gemv on the same qsi4c32ps1s0scalef16 packing), the
+# int8 kernels of q4_0 elsewhere
+if "q4_0_f16" in FAMILIES:
+    KIND_FAMILIES["q4_0"] = ("q4_0_f16", KIND_FAMILY["q4_0"])
 
 
 @dataclass(frozen=True)
@@ -44,15 +50,24 @@ class KernelPair:
         return f"KernelPair(gemm={self.gemm.name}, gemv={self.gemv.name if self.gemv else None})"
 
 
+def gemv_families(family: str) -> tuple[str, ...]:
+    """The families whose gemv kernels may pair with ``family``'s gemms: its own and its
+    record's ``gemv_family``."""
+    other = FAMILIES[family].gemv_family
+    return (family,) + ((other,) if other else ())
+
+
 def build_table(kernels: Iterable, family: str) -> list[KernelPair]:
     """Default ordered table for ``family`` from a library's kernels."""
+    kernels = list(kernels)
     ks = [k for k in kernels if k.family == family]
     # tiles compared as specs (VL units stay symbolic: 6x4vl pairs with 1x4vl at every VL)
     gemms = [k for k in ks if not k.spec.is_gemv] or ks
+    partners = [k for k in kernels if k.family in gemv_families(family)]
 
     table = []
     for g in gemms:
-        gemvs = [v for v in ks if v.spec.is_gemv and same_rhs(v.spec, g.spec)]
+        gemvs = [v for v in partners if v.spec.is_gemv and same_rhs(v.spec, g.spec)]
         # prefer a gemv of the gemm's own ISA, then any the CPU may run
         gemvs.sort(key=lambda v: (v.spec.isa != g.spec.isa, ISAS[v.spec.isa].rank))
         table.append(KernelPair(g, gemvs[0] if gemvs else (g if g.spec.is_gemv else None)))

@@ -15,7 +15,7 @@ from .binding import Kernel
 from .cpu import CpuInfo
 from .errors import ArgumentError
 from .packed import OPS, PackedLayouts, PackedWeights
-from .select import KIND_FAMILIES, KIND_FAMILY, KernelPair, kind_table
+from .select import KIND_FAMILIES, KIND_FAMILY, KernelPair, gemv_families, kind_table
 
 __all__ = ["KernelTable"]
 
@@ -78,7 +78,9 @@ class KernelTable:
                     continue
                 if id(kern) not in mine:
                     raise ArgumentError(f"{kern!r} is not a kernel of {self.name}")
-                if kern.family not in fams:
+                ok = (kern.family in fams or kern is p.gemv and p.gemm.family in fams
+                      and kern.family in gemv_families(p.gemm.family))
+                if not ok:
                     raise ArgumentError(f"{kern.name} is not a {' or '.join(fams)} kernel "
                                         f"({kind} weights need the {' or '.join(fams)} family)")
             if p.gemv is not None and not same_rhs(p.gemm.spec, p.gemv.spec):
