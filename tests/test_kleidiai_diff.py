@@ -41,7 +41,7 @@ from conftest import SME_ON, draw_examples, guest
 SENT = -4242.25
 FMAX = float(np.finfo(np.float32).max)
 U32 = 2.0 ** -24            # binary32 unit roundoff
-U16 = 2.0 ** -11            # binary16 unit roundoff
+
 
 # -- where each name runs -------------------------------------------------------------------
 #: guest configurations: name -> (cpu, sve_vl, sme_vl, env)
@@ -136,18 +136,6 @@ def _fused_bias_bound(kai: np.ndarray, ctx: dict) -> np.ndarray:
     return U32 * (3 * np.abs(kai) / (1 - U32) + np.abs(bias)) * (1 + U32) + 1e-45
 
 
-def _f16_weights_bound(kai: np.ndarray, ctx: dict) -> np.ndarray:
-    """KleidiAI's f16 gemm rounds every int4 x scale to f16 before FMOPA (w = fl16(q*d),
-    |w - q*d| <= 2^-11 |q*d|, or 2^-25 in f16's subnormal range) and accumulates over all of k
-    in f32; the export's generated C keeps q*d exact (f16 x int4 fits f32), sums each 32-block in
-    f32 and adds fl(S_b * d_b) per block.  Both see the same f16 activations a (the same packed
-    LHS), so with T = sum_k |a_k q_k d_k| and A = sum_k |a_k|:
-    |dst_tilegen - dst_kai| <= 2^-11 T + 2^-25 A + 2(k + 2) u T (1 + 2^-11), u = 2^-24
-    (each f32 sum of at most k + 2 terms is within (k + 2)u of its exact value)."""
-    t, a, k = ctx["T"], ctx["A"], ctx["k"]
-    return U16 * t + 2.0 ** -25 * a + 2 * (k + 2) * U32 * t * (1 + U16)
-
-
 #: name -> (why the export's dst is not KleidiAI's bit for bit, the bound's function)
 BOUNDED = {
     "qai8dxp1x4_qsi8cxp4vlx4_1x4vl_sme2_dot": (
@@ -155,9 +143,6 @@ BOUNDED = {
     "qai8dxp1x4_qsi8cxp4vlx4_1x4vl_sme_dot": (
         "the SMOPA tile behind the SME1 gemv name: not fused, and it reads the LHS at mr = 1vl",
         _fused_bias_bound),
-    "f16p1vlx2_qsi4c32p4vlx2_1vlx4vl_sme2_mopa": (
-        "generated portable C: q*d exact in f32, per-block f32 sums; KleidiAI rounds q*d to f16 "
-        "and FMOPAs over all of k", _f16_weights_bound),
 }
 #: getters whose value is the export's by design, not KleidiAI's: name -> {getter: why}
 GETTERS_DIFFER = {
