@@ -510,3 +510,22 @@ def for_ops_fallback(libdir: str, kind: str, w, x1, xm) -> dict:
             "n_layouts": len(pl.layouts), "same_bytes": bool(np.array_equal(pl.for_op("gemm").data, pw.data)),
             "same_out": bool(np.array_equal(lib.matmul(x1, pl), lib.matmul(x1, pw))
                              and np.array_equal(lib.matmul(xm, pl), lib.matmul(xm, pw)))}
+
+
+def activation_limit_outcomes(libdir: str, kind: str, w, xs) -> list:
+    """matmul and plan of each x (m > 1) on ``kind`` weights: ("ok", kernel name) or
+    ("ArgumentError", message)."""
+    lib = _lib(libdir)
+    pw = lib.pack_weights(w, kind=kind)
+    out = []
+    for x in xs:
+        for how in ("matmul", "plan"):
+            try:
+                if how == "matmul":
+                    lib.matmul(x, pw, threads=2)
+                else:
+                    lib.plan(pw, x.shape[0], threads=2)(x)
+                out.append(("ok", lib.select(pw, x.shape[0]).name))
+            except tilegen.runtime.errors.ArgumentError as e:
+                out.append(("ArgumentError", str(e)))
+    return out

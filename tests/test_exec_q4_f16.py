@@ -146,3 +146,21 @@ def test_runtime_q4_0_pair(vl, pair_lib):
     ref1 = luti4_reference(x[:1], raw, n, k, 32, nr, -np.inf, np.inf)
     assert np.array_equal(r["gemv_out"].view(np.uint32), ref1.view(np.uint32))
     assert np.array_equal(r["rows"], dequantize_q4_0(raw, n, k)[[0, n - 1]])
+
+
+def test_f16_activations_beyond_f16_are_refused(pair_lib):
+    """The f16 gemm converts activations to f16: |x| above 65504 (f16's largest finite value)
+    would become Inf, so matmul and plan refuse it (ArgumentError naming the limit), as the int8
+    LHS formats refuse x beyond theirs; at the limit it runs."""
+    sess = guest("max", None, 512, SME_ON)
+    rng = np.random.default_rng(77)
+    n, k, m = 40, 64, 20
+    w = rng.normal(size=(n, k)).astype(np.float32)
+    x = rng.normal(size=(m, k)).astype(np.float32)
+    at, over, nan = x.copy(), x.copy(), x.copy()
+    at[3, 5], over[3, 5], nan[1, 1] = 65504.0, 65536.0, np.nan
+    r = sess.call("guest_calls:activation_limit_outcomes", str(pair_lib), "q4_0", w,
+                  [at, over, nan])
+    assert r[0] == r[1] == ("ok", NAME), r
+    for got in r[2:]:
+        assert got[0] == "ArgumentError" and "65504" in got[1], r

@@ -62,6 +62,13 @@ class F16PLhs2(RowBlocks, PackedLayout):
             raise LayoutError(f"f16p<mr>x2 needs kr/sr = 2, got kr={self.kr}, sr={self.sr}")
 
     @property
+    def activation_limit(self) -> tuple[float, str]:
+        """Largest |x| this format represents, and why: each x is converted to f16 (a larger one
+        would become Inf)."""
+        return (65504.0, "each activation is converted to f16, whose largest finite value is "
+                         "65504")
+
+    @property
     def label(self) -> str:
         return self.label_for(self.mr, self.pair, 1)
 
