@@ -183,6 +183,38 @@ def _build_step(root: Path, name: str, build: Callable[[Path], str],
     return stamp
 
 
+def _ensure_step(root: Path, name: str, step: Callable[[], Callable[[Path], str]],
+                 log: Callable[[str], None], leftovers: tuple[str, ...] = ()) -> bool:
+    """Build step ``root/name`` once: unless it is stamped, take ``root``'s lock, look again,
+    clear what an interrupted run left (``.tmp-<name>-*`` and the ``leftovers`` patterns: we
+    hold the lock) and build it with ``step()``'s function.  True when this call built it."""
+    if _read_stamp(root / name) is not None:
+        return False
+    root.mkdir(parents=True, exist_ok=True)
+    with _locked(root / ".lock", log):
+        if _read_stamp(root / name) is not None:
+            return False
+        for pattern in (f".tmp-{name}-*", *leftovers):
+            for leftover in root.glob(pattern):
+                shutil.rmtree(leftover, ignore_errors=True)
+        _build_step(root, name, step(), log)
+        return True
+
+
+def _unpack_top(archive: Path, tmp: Path, top: str, required: tuple[str, ...],
+                what: str) -> None:
+    """Extract ``archive`` into ``tmp`` and make its top directory ``top`` the tree at
+    ``tmp``; ProvisionError unless every ``required`` path (relative to ``top``) is there."""
+    with tarfile.open(archive) as t:
+        t.extractall(tmp, filter="data")
+    root = tmp / top
+    if not all((root / r).exists() for r in required):
+        raise ProvisionError(f"{archive} holds no {top}/ with {what}")
+    for entry in root.iterdir():
+        os.rename(entry, tmp / entry.name)
+    root.rmdir()
+
+
 # ---------------------------------------------------------------------------------------------
 # apt with a private state
 
@@ -510,15 +542,8 @@ def ensure_cross_sysroot(quiet: bool = False) -> Path:
     log = _logger(quiet)
     root = cache_dir()
     target = root / "cross-sysroot"
-    if _read_stamp(target) is not None:
-        return target
-    root.mkdir(parents=True, exist_ok=True)
-    with _locked(root / ".lock", log):
-        if _read_stamp(target) is None:
-            for leftover in root.glob(".tmp-cross-sysroot-*"):
-                shutil.rmtree(leftover, ignore_errors=True)
-            _build_step(root, target.name, _step_cross_sysroot(root, log), log)
-            shutil.rmtree(root / "apt" / "arm64-dev", ignore_errors=True)
+    if _ensure_step(root, target.name, lambda: _step_cross_sysroot(root, log), log):
+        shutil.rmtree(root / "apt" / "arm64-dev", ignore_errors=True)
     return target
 
 
@@ -543,15 +568,9 @@ def _step_llama_cpp_source(root: Path, name: str,
                 os.rename(got, sdist)
             finally:
                 shutil.rmtree(dl, ignore_errors=True)
-        with tarfile.open(sdist) as t:
-            t.extractall(tmp, filter="data")
-        top = tmp / name
-        if not (top / "vendor" / "llama.cpp" / "ggml" / "src" / "ggml-cpu" / "kleidiai").is_dir():
-            raise ProvisionError(f"{sdist} holds no {name}/vendor/llama.cpp with ggml's "
-                                 "KleidiAI backend; delete it and retry")
-        for entry in top.iterdir():   # the sdist's top directory becomes the step's directory
-            os.rename(entry, tmp / entry.name)
-        top.rmdir()
+        _unpack_top(sdist, tmp, name, ("vendor/llama.cpp/ggml/src/ggml-cpu/kleidiai",),
+                    "ggml's KleidiAI backend (vendor/llama.cpp/ggml/src/ggml-cpu/kleidiai); "
+                    "delete it and retry")
         return f"{sdist.name} sha256={hashlib.sha256(sdist.read_bytes()).hexdigest()}"
     return build
 
@@ -569,15 +588,8 @@ def ensure_llama_cpp_source(quiet: bool = False) -> Path:
     root = cache_dir() / "llama"
     name = f"llama_cpp_python-{LLAMA_CPP_PYTHON_VERSION}"
     src = root / name / "vendor" / "llama.cpp"
-    if _read_stamp(root / name) is not None:
-        return src
-    root.mkdir(parents=True, exist_ok=True)
-    with _locked(root / ".lock", log):
-        if _read_stamp(root / name) is None:
-            for pattern in (f".tmp-{name}-*", ".tmp-pip-*", ".tmp-sdist-*"):
-                for leftover in root.glob(pattern):   # from an interrupted run; we hold the lock
-                    shutil.rmtree(leftover, ignore_errors=True)
-            _build_step(root, name, _step_llama_cpp_source(root, name, log), log)
+    _ensure_step(root, name, lambda: _step_llama_cpp_source(root, name, log), log,
+                 leftovers=(".tmp-pip-*", ".tmp-sdist-*"))
     return src
 
 
@@ -680,15 +692,8 @@ def _kleidiai_version(tarball: Path) -> tuple[str, str]:
 
 def _step_kleidiai_source(tarball: Path, version: str) -> Callable[[Path], str]:
     def build(tmp: Path) -> str:
-        with tarfile.open(tarball) as t:
-            t.extractall(tmp, filter="data")
-        top = tmp / f"kleidiai-{version}"
-        if not (top / "CMakeLists.txt").is_file() or not (top / "kai" / "kai_common.h").is_file():
-            raise ProvisionError(f"{tarball} holds no kleidiai-{version}/ with CMakeLists.txt and "
-                                 "kai/kai_common.h")
-        for entry in top.iterdir():   # the archive's top directory becomes the step's directory
-            os.rename(entry, tmp / entry.name)
-        top.rmdir()
+        _unpack_top(tarball, tmp, f"kleidiai-{version}", ("CMakeLists.txt", "kai/kai_common.h"),
+                    "CMakeLists.txt and kai/kai_common.h")
         return f"{tarball.name} sha256={KLEIDIAI_SHA256[version]}"
     return build
 
@@ -701,14 +706,7 @@ def ensure_kleidiai_source(tarball: Path, quiet: bool = False) -> Path:
     version, digest = _kleidiai_version(Path(tarball))
     root = cache_dir() / "kleidiai"
     name = f"src-{version}-{digest[:12]}"
-    if _read_stamp(root / name) is not None:
-        return root / name
-    root.mkdir(parents=True, exist_ok=True)
-    with _locked(root / ".lock", log):
-        if _read_stamp(root / name) is None:
-            for leftover in root.glob(f".tmp-{name}-*"):
-                shutil.rmtree(leftover, ignore_errors=True)
-            _build_step(root, name, _step_kleidiai_source(Path(tarball), version), log)
+    _ensure_step(root, name, lambda: _step_kleidiai_source(Path(tarball), version), log)
     return root / name
 
 
@@ -772,12 +770,6 @@ def ensure_kleidiai_library(tarball: Path, quiet: bool = False, jobs: int | None
     root = cache_dir() / "kleidiai"
     name = f"lib-{version}-{key}"
     done = KleidiAI(version, src, root / name / "libkleidiai.a", root / name / "libkleidiai.so")
-    if _read_stamp(root / name) is not None:
-        return done
-    with _locked(root / ".lock", log):
-        if _read_stamp(root / name) is None:
-            for leftover in root.glob(f".tmp-{name}-*"):
-                shutil.rmtree(leftover, ignore_errors=True)
-            _build_step(root, name, _step_kleidiai_library(src, sysroot, toolchain,
-                                                           jobs or os.cpu_count() or 2, log), log)
+    _ensure_step(root, name, lambda: _step_kleidiai_library(
+        src, sysroot, toolchain, jobs or os.cpu_count() or 2, log), log)
     return done
