@@ -283,6 +283,15 @@ class ColumnGroups:
             raise LayoutError(f"n_idx={n_idx} is not a multiple of nr={self.nr}")
         return (n_idx // self.nr) * self.group_stride(k)
 
+    def column_groups(self, packed, n: int, k: int) -> np.ndarray:
+        """The packed bytes of n columns as (ceil(n / nr), group_stride(k)) uint8; LayoutError
+        when the buffer is shorter than ``packed_size(n, k)``."""
+        b = flat_u8(packed)
+        size = self.packed_size(n, k)
+        if b.size < size:
+            raise LayoutError(f"packed buffer holds {b.size} bytes, {size} needed for n={n}, k={k}")
+        return b[:size].reshape(-(-n // self.nr), self.group_stride(k))
+
 
 class RhsGroups(ColumnGroups, Interleaved):
     """The interleaved packed-RHS layouts (groups of nr columns, :class:`ColumnGroups`)."""

@@ -273,15 +273,11 @@ class QSI4C32P(RhsGroups):
     def unpack(self, packed: np.ndarray, n: int, k: int, rows=None
                ) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
         """(u4 uint8 (R, k), scale_bf16 uint16 (R, k/bl), rsum f32 (R,), bias f32 (R,)) of rows."""
-        b = flat_u8(packed)
         nr, L, bl = self.nr, self.L, self.bl
         B, C, Sg = self.num_blocks(k), bl // 32, 16 // L
-        size = self.packed_size(n, k)
-        if b.size < size:
-            raise LayoutError(f"packed buffer holds {b.size} bytes, {size} needed for n={n}, k={k}")
+        grp = self.column_groups(packed, n, k)
         idx = np.arange(n) if rows is None else rows_index(rows, n)
-        G, GS = -(-n // nr), self.group_stride(k)
-        grp = b[:size].reshape(G, GS)
+        G = grp.shape[0]
         blocks = grp[:, :B * self.block_bytes].reshape(G, B, self.block_bytes)
         data = blocks[..., :self.block_data_bytes].reshape(G, B, C, Sg, nr, L)
         scl = np.ascontiguousarray(blocks[..., self.block_data_bytes:]).view(U16)   # (G, B, nr)
@@ -478,15 +474,12 @@ class QSI4C32PScaleF16(RhsGroups):
 
     def unpack(self, packed: np.ndarray, n: int, k: int, rows=None) -> np.ndarray:
         """Source bytes of ``rows`` (uint8 (R, B*(2+bl/2))): the inverse of :meth:`pack`."""
-        b = flat_u8(packed)
         nr, kr, bl = self.nr, self.kr, self.bl
         B = self.num_blocks(k)
-        size = self.packed_size(n, k)
-        if b.size < size:
-            raise LayoutError(f"packed buffer holds {b.size} bytes, {size} needed for n={n}, k={k}")
+        grp = self.column_groups(packed, n, k)
         idx = np.arange(n) if rows is None else rows_index(rows, n)
-        G = -(-n // nr)
-        blk = b[:size].reshape(G, B, self.block_stride)
+        G = grp.shape[0]
+        blk = grp.reshape(G, B, self.block_stride)
         s0, d0 = self.scale_offset_in_block, self.data_offset_in_block
         scales = blk[..., s0:d0].reshape(G, B, nr, 2)
         data = blk[..., d0:].reshape(G, B, bl // kr, nr, kr // 2)
@@ -631,14 +624,10 @@ class QSI4C32PS1S0ScaleF16(ColumnGroups, ScaleBlocks, PackedLayout):
     def unpack(self, packed: np.ndarray, n: int, k: int, rows=None) -> tuple[np.ndarray, np.ndarray]:
         """(u4 uint8 (R, k) in k order, f16 scale bits uint16 (R, k/bl)) of ``rows`` (default
         all n): what llama.cpp's ``dequantize_row_qsi4c32ps1s0scalef16`` reads."""
-        b = np.asarray(packed, np.uint8).reshape(-1)
         nr, kr, B = self.nr, self.kr, self.num_blocks(k)
-        size = self.packed_size(n, k)
-        if b.size < size:
-            raise LayoutError(f"packed buffer holds {b.size} bytes, {size} needed for n={n}, k={k}")
+        grp = self.column_groups(packed, n, k)
         idx = np.arange(n) if rows is None else np.asarray(rows, np.int64).reshape(-1)
-        G = -(-n // nr)
-        grp = b[:size].reshape(G, self.group_stride(k))
+        G = grp.shape[0]
         data = grp[:, :self.data_bytes(k)].reshape(G, k // kr, nr, kr // 2)
         scales = np.ascontiguousarray(grp[:, self.data_bytes(k):]).view(U16).reshape(G, B, nr)
         g, i = idx // nr, idx % nr

@@ -260,15 +260,11 @@ class QSI8CXP(PaddedSlots, RhsGroups):
                ) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
         """(q int8 (R, K32), rsum int32 (R,), scale f32 (R,), bias f32 (R,)) of ``rows``
         (default all n); q includes the K padding."""
-        b = flat_u8(packed)
         nr, kr = self.nr, self.kr
         K32 = self.k_padded(k)
-        size = self.packed_size(n, k)
-        if b.size < size:
-            raise LayoutError(f"packed buffer holds {b.size} bytes, {size} needed for n={n}, k={k}")
+        grp = self.column_groups(packed, n, k)
         idx = np.arange(n) if rows is None else rows_index(rows, n)
-        G, GS = -(-n // nr), self.group_stride(k)
-        grp = b[:size].reshape(G, GS)
+        G = grp.shape[0]
         data = np.ascontiguousarray(grp[:, :nr * K32]).view(np.int8).reshape(G, K32 // kr, nr, kr)
         tail = np.ascontiguousarray(grp[:, nr * K32:]).reshape(G, 3, 4 * nr)
         rsum = np.ascontiguousarray(tail[:, 0]).view(I32)
