@@ -29,7 +29,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from .base import (Interleaved, LayoutError, PackedLayout, PaddedSlots, RowBlocks, ScaleBlocks,
-                   check_m_idx_start, check_pos, eval_expr, f32_to_i32_sat, flat_u8,
+                   check_m_idx_start, eval_expr, f32_to_i32_sat, flat_u8,
                    round_half_away, rows_f32)
 
 __all__ = ["QAI8DXP", "QSI8D32P", "QSI8D32PScaleTail"]

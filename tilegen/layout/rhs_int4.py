@@ -26,7 +26,7 @@ import numpy as np
 
 from ..reference import fma_f32
 from .base import (ColumnGroups, LayoutError, PackedLayout, RhsGroups, ScaleBlocks, check_pos,
-                   eval_expr, flat_u8, rows_index)
+                   eval_expr, rows_index)
 from .bf16 import bf16_to_f32, f32_to_bf16_rne
 from .ggml import (as_bytes, check_block_scales, dequantize_q4_0, f16_bits_to_f32, quantize_q4_0,
                    split_q4_0)

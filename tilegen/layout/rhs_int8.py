@@ -26,7 +26,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from .base import (LayoutError, PaddedSlots, RhsGroups, check_pos, flat_u8, round_half_away,
+from .base import (LayoutError, PaddedSlots, RhsGroups, check_pos, round_half_away,
                    rows_index)
 from .ggml import check_block_scales, dequantize_q8_0, quantize_q8_0, split_q8_0
 
