@@ -450,3 +450,15 @@ def test_streaming_threshold_is_the_static_models():
                    if packer_mix(twin, svl).per_element < packer_mix(neon, svl).per_element]
         assert cheaper and cheaper[0] == twin.streaming_from_svl, (twin.name, cheaper)
         assert cheaper == [s for s in (128, 256, 512, 1024, 2048) if s >= cheaper[0]], twin.name
+
+
+@pytest.mark.parametrize("spec", [s for s in SPECS if s not in SME_SPECS], ids=lambda s: s.name)
+def test_neon_packers_on_the_baseline_cpu(spec, vl_lib):
+    """The runtime-mr packers are plain NEON (they run outside streaming mode): the same bytes
+    on cortex-a53, the baseline model, at the row count of SVL 512."""
+    mr = _mr(spec, 512)
+    rng = np.random.default_rng(sum(map(ord, spec.name)) + 53)
+    cases, refs = _cases(spec, mr, rng)
+    outs = guest("cortex-a53").call("guest_pack:run_cases", vl_lib, cases)
+    for (exp, mask, what), o in zip(refs, outs):
+        _check(o, exp, mask, f"{spec.name} on cortex-a53 {what}")
