@@ -21,6 +21,42 @@ def _same(a, b) -> bool:
                                                  np.ascontiguousarray(b).view(np.uint32))
 
 
+def _in_child(fn, timeout: float = 60.0, hold=None):
+    """fn() in a forked child (forked inside the context manager ``hold`` when given):
+    ("ok", its result) or ("error", repr of what it raised), through a pipe; None when the
+    child did not end within ``timeout`` seconds (it is killed)."""
+    import contextlib
+    import os
+    import pickle
+    import signal
+    import time
+    rd, wr = os.pipe()
+    with hold if hold is not None else contextlib.nullcontext():
+        pid = os.fork()
+        if pid == 0:
+            try:
+                os.close(rd)
+                msg = pickle.dumps(("ok", fn()))
+            except BaseException as e:      # noqa: BLE001 - reported to the parent
+                msg = pickle.dumps(("error", repr(e)))
+            os.write(wr, msg)
+            os._exit(0)
+    os.close(wr)
+    t0, hung = time.monotonic(), False
+    while not os.waitpid(pid, os.WNOHANG)[0]:
+        if time.monotonic() - t0 > timeout:
+            os.kill(pid, signal.SIGKILL)
+            os.waitpid(pid, 0)
+            hung = True
+            break
+        time.sleep(0.002)
+    data = b""
+    while chunk := os.read(rd, 4096):
+        data += chunk
+    os.close(rd)
+    return None if hung else pickle.loads(data)
+
+
 def _weights(lib, kind, w):
     if kind == "f16":
         return lib.pack_weights(w.astype(np.float16), kind="f16")
@@ -209,8 +245,6 @@ def plan_threads(libdir: str, kind: str = "q4_0", thread_counts=(1, 2, 3, 5, 8))
 
 def plan_after_fork(libdir: str, kind: str = "q4_0") -> dict:
     """A 2-thread plan used before fork, then in the child (its pool started again)."""
-    import os
-    import pickle
     lib = _lib(libdir)
     rng = np.random.default_rng(9)
     n, k = 40, 64
@@ -219,23 +253,10 @@ def plan_after_fork(libdir: str, kind: str = "q4_0") -> dict:
     p = lib.plan(pw, 1, threads=2)
     ref = lib.matmul(x, pw, threads=1)
     before = _same(p(x), ref)
-    r, wfd = os.pipe()
-    pid = os.fork()
-    if pid == 0:      # child
-        try:
-            ok = all(_same(p(x), ref) for _ in range(5))
-            msg = pickle.dumps((ok, len(lib.driver.pool.threads)))
-        except BaseException as e:      # noqa: BLE001
-            msg = pickle.dumps(repr(e))
-        os.write(wfd, msg)
-        os._exit(0)
-    os.close(wfd)
-    data = b""
-    while chunk := os.read(r, 4096):
-        data += chunk
-    os.close(r)
-    os.waitpid(pid, 0)
-    return {"before": before, "child": pickle.loads(data), "after": _same(p(x), ref)}
+    child = _in_child(lambda: (all(_same(p(x), ref) for _ in range(5)),
+                               len(lib.driver.pool.threads)))
+    child = child[1] if child and child[0] == "ok" else child
+    return {"before": before, "child": child, "after": _same(p(x), ref)}
 
 
 # -- hardening: fork, thread lifetime, table snapshot, allocation, environment -----------------
@@ -251,11 +272,7 @@ def fork_while_preparing(libdir: str, forks: int = 200, kind: str = "q4_0",
     takes the plan's build lock) while this thread forks ``forks`` children; each child calls
     the plan with a row count nobody prepared and reports its result.  Hung children are
     killed after ``timeout`` seconds."""
-    import os
-    import pickle
-    import signal
     import threading
-    import time
     lib = tilegen.load(libdir)
     rng = np.random.default_rng(21)
     n, k = 8, 32
@@ -280,35 +297,11 @@ def fork_while_preparing(libdir: str, forks: int = 200, kind: str = "q4_0",
     th.start()
     hangs, bad, errors = [], [], []
     for r in child_rows:
-        rd, wr = os.pipe()
-        pid = os.fork()
-        if pid == 0:
-            try:
-                os.close(rd)
-                msg = pickle.dumps(("ok", _same(p(x[:r]), refs[r])))
-            except BaseException as e:      # noqa: BLE001
-                msg = pickle.dumps(("error", repr(e)))
-            os.write(wr, msg)
-            os._exit(0)
-        os.close(wr)
-        t0 = time.monotonic()
-        while True:
-            done, _ = os.waitpid(pid, os.WNOHANG)
-            if done:
-                break
-            if time.monotonic() - t0 > timeout:
-                os.kill(pid, signal.SIGKILL)
-                os.waitpid(pid, 0)
-                hangs.append(r)
-                break
-            time.sleep(0.002)
-        data = b""
-        while chunk := os.read(rd, 4096):
-            data += chunk
-        os.close(rd)
-        if r in hangs:
+        got = _in_child(lambda r=r: _same(p(x[:r]), refs[r]), timeout)
+        if got is None:
+            hangs.append(r)
             continue
-        status, value = pickle.loads(data)
+        status, value = got
         if status != "ok":
             errors.append((r, value))
         elif not value:
@@ -401,7 +394,6 @@ def threads_after_cycles(libdir: str, cycles: int = 30, kind: str = "q4_0") -> d
 def plan_keeps_its_table(libdir: str) -> dict:
     """A plan made before set_table (and a gemv_threshold change) keeps the kernels it was made
     with for row counts it prepares later."""
-    from tilegen.runtime.select import KernelPair
     lib = tilegen.load(libdir)
     rng = np.random.default_rng(3)
     n, k = 24, 64
@@ -549,39 +541,17 @@ def plan_made_while_closing(libdir: str) -> dict:
 def fork_while_closing_lock_held(libdir: str, timeout: float = 60.0) -> dict:
     """fork while the library's lifetime lock (close(), plan registration, the driver) is
     held: the child makes and calls a plan and closes the library without blocking."""
-    import os
-    import pickle
-    import signal
-    import time
     lib = tilegen.load(libdir)
     rng = np.random.default_rng(14)
     pw = lib.pack_weights(rng.normal(size=(64, 32)).astype(np.float32), kind="q4_0")
     x = rng.normal(size=(3, 32)).astype(np.float32)
     ref = lib.matmul(x, pw, threads=1)
-    rd, wr = os.pipe()
-    with lib._lifetime:
-        pid = os.fork()
-        if pid == 0:
-            try:
-                os.close(rd)
-                ok = _same(lib.plan(pw, 3, threads=2)(x), ref)
-                lib.close()
-                msg = pickle.dumps(("ok", ok, lib.closed))
-            except BaseException as e:      # noqa: BLE001
-                msg = pickle.dumps(("error", repr(e)))
-            os.write(wr, msg)
-            os._exit(0)
-    os.close(wr)
-    t0 = time.monotonic()
-    hung = False
-    while not os.waitpid(pid, os.WNOHANG)[0]:
-        if time.monotonic() - t0 > timeout:
-            os.kill(pid, signal.SIGKILL)
-            os.waitpid(pid, 0)
-            hung = True
-            break
-        time.sleep(0.005)
-    data = os.read(rd, 65536)
-    os.close(rd)
+
+    def child():
+        ok = _same(lib.plan(pw, 3, threads=2)(x), ref)
+        lib.close()
+        return ok, lib.closed
+    got = _in_child(child, timeout, hold=lib._lifetime)
     lib.close()
-    return {"hung": hung, "child": pickle.loads(data) if data else None}
+    return {"hung": got is None,
+            "child": None if got is None else (got[0], *got[1]) if got[0] == "ok" else got}
