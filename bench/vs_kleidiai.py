@@ -12,8 +12,10 @@ inner k loop runs once).  tilegen: the region between the ``tilegen:block-begin/
 KleidiAI: its kernels are built from the given tree only (never vendored, never committed):
 ``<kernel>_asm.S`` is assembled, else ``<kernel>.c`` compiled (clang-19 -O2, the tree as include
 path), the object disassembled; the hot loop is the innermost backward-branch loop with the most
-multiply-accumulates, the block loop the smallest loop around it that converts (``scvtf``), and
-its body is measured like tilegen's.  MACs per block = m_step x n_step x 32 (from the name).
+multiply-accumulates, the block loop the smallest loop that converts (``scvtf``) among it and
+the loops around it, and its body is measured like tilegen's.  Where the C wrapper picks its
+kernel by block length (``if (bl == 32)``, e.g. the 16x4x32 i8mm gemm's ``opt32`` kernel), only
+the function it calls at bl = 32 is read.  MACs per block = m_step x n_step x 32 (from the name).
 
 ``--packers``: cycles per element of one 32-value block of the qsi8d32p LHS quantize-and-pack
 routines (tilegen's 4-row and one-row paths, KleidiAI's 4x8sb 4-row block; see
@@ -47,7 +49,8 @@ KLEIDIAI = {
     ("q4_0", "gemm"): ("qsi8d32p4x8_qsi4c32p4x8_8x4x32_neon_i8mm", "qsi8d32p4x8_qsi4c32p4x8_16x4_neon_i8mm",
                        "qsi8d32p4x4_qsi4c32p4x4_16x4_neon_dotprod"),
     ("q4_0", "gemv"): ("qsi8d32p1x4_qsi4c32p4x4_1x4_neon_dotprod", "qsi8d32p1x8_qsi4c32p4x8_1x4x32_neon_dotprod"),
-    ("q4_0_dx", "gemm"): ("qai8dxp4x8_qsi4c32p4x8_8x4x32_neon_i8mm", "qai8dxp4x8_qsi4c32p8x8_4x8x32_neon_i8mm",
+    ("q4_0_dx", "gemm"): ("qai8dxp4x8_qsi4c32p4x8_16x4x32_neon_i8mm", "qai8dxp4x8_qsi4c32p4x8_8x4x32_neon_i8mm",
+                          "qai8dxp4x8_qsi4c32p8x8_4x8x32_neon_i8mm",
                           "qai8dxp4x8_qsi4c32p8x8_4x8_neon_i8mm", "qai8dxp4x4_qsi4c32p4x4_16x4_neon_dotprod",
                           "qai8dxp4x4_qsi4c32p8x4_4x8_neon_dotprod"),
     ("q4_0_dx", "gemv"): ("qai8dxp1x4_qsi4c32p4x4_1x4_neon_dotprod", "qai8dxp1x8_qsi4c32p4x8_1x4x32_neon_dotprod",
@@ -63,6 +66,8 @@ TILEGEN = {
              "i8mm:1x8", "i8mm:1x12", "i8mm:1x8:k8:s2", "i8mm:1x16:k8:s2", "i8mm:1x20:k8:s2",
              "i8mm:1x24:k8:s2"),
 }
+# a wrapper's ``if (bl == 32) { kai_kernel_...(`` : the kernel it runs at this script's block size
+_BL32_CALL = re.compile(r"if\s*\(\s*bl\s*==\s*32\s*\)\s*\{?\s*(kai_kernel_\w+)\s*\(")
 _BRANCH = re.compile(r"^(b\.\w+|b|cbz|cbnz|tbz|tbnz)$")
 
 
@@ -111,9 +116,29 @@ def _build(src_root: Path, family: str, name: str, tmp: Path) -> Path | None:
     return obj
 
 
-def _disasm(obj: Path) -> list[tuple[int, str, str]]:
+def _bl32_kernel(src_root: Path, family: str, name: str) -> str | None:
+    """The assembly kernel the C wrapper of ``name`` calls at bl = 32 when it picks one by block
+    length (e.g. the 16x4x32 i8mm gemm's ``..._opt32_...``), else None (one kernel for all)."""
+    c = src_root / "kai" / "ukernels" / "matmul" / _DIRS[family] / f"kai_matmul_clamp_f32_{name}.c"
+    m = _BL32_CALL.search(c.read_text()) if c.exists() else None
+    return m.group(1) if m else None
+
+
+def _function_range(obj: Path, symbol: str) -> tuple[int, int]:
+    """[start, end) of the function ``symbol`` in the object (llvm-nm --print-size)."""
+    out = subprocess.run([_tool("llvm-nm-19", "llvm-nm"), "--print-size", "--defined-only", str(obj)],
+                         capture_output=True, text=True, check=True).stdout
+    for line in out.splitlines():
+        f = line.split()
+        if len(f) == 4 and f[3] == symbol:
+            return int(f[0], 16), int(f[0], 16) + int(f[1], 16)
+    raise ValueError(f"{symbol} is not defined in {obj.name}")
+
+
+def _disasm(obj: Path, symbol: str | None = None) -> list[tuple[int, str, str]]:
     """(address, mnemonic, operands) of the object's code, in address order (local labels of
-    the kernel's loops split the listing into symbols: they are read as one stream)."""
+    the kernel's loops split the listing into symbols: they are read as one stream); with
+    ``symbol``, only that function's code."""
     out = subprocess.run([_tool("llvm-objdump-19", "llvm-objdump"), "-d", "--no-show-raw-insn",
                           "--mattr=+sve2,+i8mm,+dotprod,+bf16,+fullfp16", str(obj)],
                          capture_output=True, text=True, check=True).stdout
@@ -123,6 +148,9 @@ def _disasm(obj: Path) -> list[tuple[int, str, str]]:
         if m:
             ops = re.sub(r"\s*//.*$", "", m.group(3)).strip()
             ins.append((int(m.group(1), 16), m.group(2), ops))
+    if symbol is not None:
+        lo, hi = _function_range(obj, symbol)
+        ins = [i for i in ins if lo <= i[0] < hi]
     return sorted(ins)
 
 
@@ -142,7 +170,7 @@ def _block_region(ins: list[tuple[int, str, str]]) -> list[str]:
 
     inner = [lp for lp in loops if not any(o != lp and lp[0] <= o[0] and o[1] <= lp[1] for o in loops)]
     hot = max(inner, key=lambda lp: macs(*lp))
-    around = [lp for lp in loops if lp != hot and lp[0] <= hot[0] and hot[1] <= lp[1]
+    around = [lp for lp in loops if lp[0] <= hot[0] and hot[1] <= lp[1]      # hot itself too
               and any(mn == "scvtf" for _, mn, _ in body(*lp))]
     blk = min(around, key=lambda lp: lp[1] - lp[0]) if around else hot
     return [f"{mn} {ops}".strip() for _, mn, ops in body(*blk) if not _BRANCH.match(mn)]
@@ -157,8 +185,9 @@ def measure_kleidiai(src_root: Path) -> dict:
                 if obj is None:
                     print(f"  KleidiAI {name}: not in the tree, skipped", file=sys.stderr)
                     continue
+                entry = _bl32_kernel(src_root, family, name)
                 try:
-                    region = _block_region(_disasm(obj))
+                    region = _block_region(_disasm(obj, entry))
                 except ValueError:      # e.g. a wrapper .c whose _asm.S is not in the tree
                     print(f"  KleidiAI {name}: no multiply-accumulate loop in {obj.name}, skipped",
                           file=sys.stderr)
@@ -169,6 +198,7 @@ def measure_kleidiai(src_root: Path) -> dict:
                     cyc = _mca_block(region, model)
                     rows.append({"family": family, "regime": regime, "kernel": name, "model": model,
                                  "source": src.read_text().split("\n", 1)[0],
+                                 **({"bl32_kernel": entry} if entry else {}),
                                  "block_insns": len(region),
                                  "block_macs": 32 * mr * nr, "block_cycles": round(cyc, 2),
                                  "block_macs_per_cycle": round(32 * mr * nr / cyc, 2)})
