@@ -39,6 +39,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))   # this checkout's tilegen
 from tilegen.analyze import MAC_MNEMONICS, AnalyzeError, _MATTR, analyze  # noqa: E402
+from tilegen.emulate.provision import ensure_cross_sysroot  # noqa: E402
 
 MODELS = ("neoverse-v2", "neoverse-n2", "neoverse-v1", "apple-m4")
 RESULTS = Path(__file__).resolve().parent / "results"
@@ -94,13 +95,18 @@ def _tile(name: str) -> tuple[int, int]:
     return int(m.group(1)), int(m.group(2))
 
 
+def _cc(*flags: str) -> list[str]:
+    """clang-19 for aarch64 Linux against tilegen's arm64 cross sysroot (its C headers: the
+    host needs none; ``provision.ensure_cross_sysroot`` fetches it once)."""
+    return [_tool("clang-19", "clang"), "--target=aarch64-linux-gnu",
+            f"--sysroot={ensure_cross_sysroot(quiet=True)}", *flags]
+
+
 def _build(src_root: Path, family: str, name: str, tmp: Path) -> Path | None:
     d = src_root / "kai" / "ukernels" / "matmul" / _DIRS[family]
     stem = f"kai_matmul_clamp_f32_{name}"
     obj = tmp / f"{stem}.o"
-    flags = ["-O2", "-c", "--target=aarch64-linux-gnu", "-march=armv8.6-a+dotprod+i8mm+fp16",
-             f"-I{src_root}", f"-I{d}"]
-    cc = _tool("clang-19", "clang")
+    flags = ["-O2", "-c", "-march=armv8.6-a+dotprod+i8mm+fp16", f"-I{src_root}", f"-I{d}"]
     if (d / f"{stem}_asm.S").exists():
         src = d / f"{stem}_asm.S"
     elif (d / f"{stem}.c").exists():
@@ -109,7 +115,7 @@ def _build(src_root: Path, family: str, name: str, tmp: Path) -> Path | None:
         return None
     (tmp / "src").mkdir(exist_ok=True)      # which file was built (path in the tree)
     (tmp / "src" / f"{stem}.txt").write_text(str(src.relative_to(src_root)) + "\n")
-    p = subprocess.run([cc, *flags, str(src), "-o", str(obj)], capture_output=True, text=True)
+    p = subprocess.run(_cc(*flags, str(src), "-o", str(obj)), capture_output=True, text=True)
     if p.returncode:
         print(f"  {name}: build failed: {p.stderr.strip()[:300]}", file=sys.stderr)
         return None
@@ -289,16 +295,16 @@ PACKER_KLEIDIAI = {"kernel": PACKER_KAI, "cycles_per_element": {"neoverse-v2": 0
 
 
 def measure_kleidiai_packer(src_root: Path) -> dict:
-    """KleidiAI's 4x8sb packer built from the tree (clang-19 -O2, the tree as include path):
+    """KleidiAI's 4x8sb packer built from the tree (clang-19 -O2 against the cross sysroot, the
+    tree as include path):
     the loop around its amax and quantize loops (4 rows), those two inner loops expanded to
     their trip counts at bl = 32 (32 / the fabs, resp. fcvtns, per iteration: each is 4 values
     of one of the 4 rows), branches removed."""
     src = src_root / "kai" / "ukernels" / "matmul" / "pack" / f"kai_{PACKER_KAI}.c"
     with tempfile.TemporaryDirectory() as tmp:
         obj = Path(tmp) / "p.o"
-        subprocess.run([_tool("clang-19", "clang"), "-O2", "-c", "--target=aarch64-linux-gnu",
-                        "-march=armv8.2-a+fp16", "-ffreestanding", f"-I{src_root}",
-                        f"-I{src.parent}", str(src), "-o", str(obj)], check=True)
+        subprocess.run(_cc("-O2", "-c", "-march=armv8.2-a+fp16", "-ffreestanding", f"-I{src_root}",
+                           f"-I{src.parent}", str(src), "-o", str(obj)), check=True)
         ins = _disasm(obj)
     loops = []
     for addr, mn, ops in ins:
