@@ -5,6 +5,10 @@
     python bench/vs_kleidiai.py --kleidiai DIR --record   # and write those numbers as the new reference
     python bench/vs_kleidiai.py --packers [--kleidiai DIR [--record]]   # the qsi8d32p LHS packers
 
+DIR may be a KleidiAI release tarball tilegen knows (``../shared/thirdparty/kleidiai/
+kleidiai-v1.30.0.tar.gz``): it is unpacked once into tilegen's cache
+(``provision.ensure_kleidiai_source``) and recorded with its version and digest.
+
 The figure is the one `tilegen analyze` / `tilegen tune` rank by: MACs per cycle over one
 32-k block of the whole tile, scale loads and conversion included (llvm-mca-19
 ``-iterations=200`` over the block loop's body with its branches removed; at bl = 32 every
@@ -39,7 +43,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))   # this checkout's tilegen
 from tilegen.analyze import MAC_MNEMONICS, AnalyzeError, _MATTR, analyze  # noqa: E402
-from tilegen.emulate.provision import ensure_cross_sysroot  # noqa: E402
+from tilegen.emulate.provision import ensure_cross_sysroot, ensure_kleidiai_source  # noqa: E402
 
 MODELS = ("neoverse-v2", "neoverse-n2", "neoverse-v1", "apple-m4")
 RESULTS = Path(__file__).resolve().parent / "results"
@@ -54,7 +58,8 @@ KLEIDIAI = {
                           "qai8dxp4x8_qsi4c32p8x8_4x8x32_neon_i8mm",
                           "qai8dxp4x8_qsi4c32p8x8_4x8_neon_i8mm", "qai8dxp4x4_qsi4c32p4x4_16x4_neon_dotprod",
                           "qai8dxp4x4_qsi4c32p8x4_4x8_neon_dotprod"),
-    ("q4_0_dx", "gemv"): ("qai8dxp1x4_qsi4c32p4x4_1x4_neon_dotprod", "qai8dxp1x8_qsi4c32p4x8_1x4x32_neon_dotprod",
+    ("q4_0_dx", "gemv"): ("qai8dxp1x4_qsi4c32p4x4_1x4_neon_dotprod", "qai8dxp1x4_qsi4c32p8x4_1x8_neon_dotprod",
+                          "qai8dxp1x8_qsi4c32p4x8_1x4x32_neon_dotprod",
                           "qai8dxp1x8_qsi4c32p8x8_1x8x32_neon_dotprod", "qai8dxp1x8_qsi4c32p8x8_1x8_neon_dotprod"),
 }
 _DIRS = {"q4_0": "matmul_clamp_f32_qsi8d32p_qsi4c32p", "q4_0_dx": "matmul_clamp_f32_qai8dxp_qsi4c32p"}
@@ -396,9 +401,21 @@ def packers_markdown(rows: list[dict], cmd: str, k: dict) -> str:
     return "\n".join(lines) + "\n"
 
 
+def _tree(given: Path) -> tuple[Path, str]:
+    """(source tree, where it came from) of ``--kleidiai``: a directory as it is, a release
+    tarball unpacked by ``provision.ensure_kleidiai_source`` (version and digest in its name)."""
+    if given.is_file():
+        tree = ensure_kleidiai_source(given, quiet=True)
+        return tree, (f"ARM-software/kleidiai from `{given.name}` (unmodified release tarball; "
+                      f"unpacked by tilegen.emulate.provision.ensure_kleidiai_source into "
+                      f"`{tree.name}`)")
+    return given, f"the source tree `{given}`"
+
+
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    p.add_argument("--kleidiai", type=Path, help="a KleidiAI source tree (its kernels are built from it)")
+    p.add_argument("--kleidiai", type=Path, help="a KleidiAI source tree or release tarball (its "
+                                                 "kernels are built from it)")
     p.add_argument("--record", action="store_true",
                    help=f"with --kleidiai: write the KleidiAI numbers to {REFERENCE.name}")
     p.add_argument("--provenance", default="",
@@ -412,9 +429,10 @@ def main(argv: list[str] | None = None) -> int:
         cmd = "python bench/vs_kleidiai.py --packers" + (
             f" --kleidiai {a.kleidiai}" if a.kleidiai else "") + (" --record" if a.record else "")
         if a.kleidiai:
-            kai = measure_kleidiai_packer(a.kleidiai)
+            tree, origin = _tree(a.kleidiai)
+            kai = measure_kleidiai_packer(tree)
             kai["command"] = cmd
-            kai["provenance"] = (a.provenance or f"built from `{a.kleidiai}`") + f" by `{cmd}`"
+            kai["provenance"] = (a.provenance or f"built from {origin}") + f" by `{cmd}`"
             if a.record:
                 PACKER_REFERENCE.write_text(json.dumps(kai, indent=1) + "\n")
         elif PACKER_REFERENCE.exists():
@@ -436,11 +454,11 @@ def main(argv: list[str] | None = None) -> int:
     cmd = "python bench/vs_kleidiai.py" + (f" --kleidiai {a.kleidiai}" if a.kleidiai else "") + \
         (" --record" if a.record else "")
     if a.kleidiai:
-        kai = measure_kleidiai(a.kleidiai)
+        tree, origin = _tree(a.kleidiai)
+        kai = measure_kleidiai(tree)
         kai["command"] = cmd
-        if a.provenance:
-            kai["provenance"] = a.provenance
-        source = f"built from `{a.kleidiai}` by this run"
+        kai["provenance"] = a.provenance or origin
+        source = f"built from {origin} by this run"
         if a.record:
             REFERENCE.write_text(json.dumps(kai, indent=1) + "\n")
     else:
