@@ -1,5 +1,5 @@
-"""`tilegen` command line: generate, build, list, targets, info, analyze, tune, check-abi, export,
-emulate."""
+"""`tilegen` command line: generate, build, list, targets, info, analyze, tune, bench, check-abi,
+export, emulate."""
 from __future__ import annotations
 
 import argparse
@@ -133,6 +133,43 @@ def _cmd_analyze(a: argparse.Namespace) -> int:
     if a.plot:
         from .plot import efficiency_chart
         efficiency_chart(reports, models, a.plot)
+    return 0
+
+
+def _bench_config(a: argparse.Namespace, lib: str, tmp: str) -> dict:
+    """The harness configuration of `tilegen bench` / `tune --measure` (see tilegen.bench)."""
+    from .bench.report import build_clock_routines
+    rule = {"rel_ci": a.rel_ci, "budget_s": a.budget}
+    if a.rel_ci <= 0 or a.budget <= 0:
+        raise CliError(f"--rel-ci and --budget must be > 0, got {a.rel_ci} and {a.budget}")
+    so = build_clock_routines(tmp)
+    return {"lib": str(Path(lib).resolve()), "rule": rule, "clock": a.clock,
+            "freq_ghz": a.freq_ghz, "clock_routines": str(so) if so else None,
+            "bandwidth_mib": a.bandwidth_mib, "seed": 0}
+
+
+def _cmd_bench(a: argparse.Namespace) -> int:
+    import tempfile
+    from .bench.report import (DEFAULT_SHAPES, BenchError, default_model, guest_cpu, join,
+                               kleidiai_config, parse_shape, parse_threads, run_harness, table)
+    from .runtime.library import read_manifest
+    try:
+        manifest = read_manifest(a.lib)
+        shapes = [parse_shape(s) for s in a.shape] if a.shape else list(DEFAULT_SHAPES)
+        threads = parse_threads(a.threads)
+        with tempfile.TemporaryDirectory(prefix="tilegen-bench-") as tmp:
+            cfg = _bench_config(a, a.lib, tmp)
+            cfg.update(shapes=shapes, threads=threads, kernels=a.kernel, kinds=a.kind,
+                       plan=not a.no_plan)
+            if a.vs_kleidiai:
+                cfg["kleidiai"] = kleidiai_config(a.vs_kleidiai)
+            target = manifest.get("target")
+            raw = run_harness(cfg, cpu=a.cpu or guest_cpu(target), sve_vl=a.sve_vl,
+                              sme_vl=a.sme_vl)
+    except BenchError as e:
+        raise CliError(str(e)) from None
+    doc = join(raw, str(a.lib), target, a.cpu_model or default_model(target))
+    print(json.dumps(doc, indent=2) if a.json else table(doc))
     return 0
 
 
@@ -349,6 +386,48 @@ def _parser() -> argparse.ArgumentParser:
     tu.add_argument("--json", action="store_true", help="print JSON instead of tables")
     tu.set_defaults(fn=_cmd_tune)
 
+    be = sub.add_parser("bench", help="time kernels and prepared calls on this CPU (emulated on "
+                                      "x86-64: labelled, not hardware timings)")
+    be.add_argument("lib", help="library directory (from `tilegen build`)")
+    be.add_argument("--kernel", action="append", metavar="NAME|SPEC",
+                    help="time this kernel of LIB (repeatable; default: the kernel LIB picks per "
+                         "weights kind and m, and the plan calls)")
+    be.add_argument("--kind", action="append", metavar="KIND",
+                    help="weights kinds to time (repeatable; default f32, q4_0, q4_0_dx, q8_0, "
+                         "bf16: those LIB has kernels for)")
+    be.add_argument("--shape", action="append", metavar="M,N,K",
+                    help="a job shape (repeatable; default decode 1,4096,4096 and prefill "
+                         "128,4096,4096, and a llama-7B layer's FFN shapes)")
+    be.add_argument("--threads", default="1", metavar="N|A..B|A,B",
+                    help="thread counts of the plan calls: N means 1..N (default 1)")
+    be.add_argument("--no-plan", action="store_true", help="time the kernels only")
+    be.add_argument("--rel-ci", type=float, default=0.02,
+                    help="stop when the 95%% CI half-width of the median is within this "
+                         "fraction of it (default 0.02)")
+    be.add_argument("--budget", type=float, default=2.0, metavar="SECONDS",
+                    help="time budget per measurement (default 2)")
+    be.add_argument("--clock", choices=("auto", "perf", "wall"), default="auto",
+                    help="auto: the cycle counter (perf_event_open) when permitted, else the "
+                         "wall clock; perf: the counter or fail; wall: the wall clock")
+    be.add_argument("--freq-ghz", type=float,
+                    help="core clock for wall-time cycles (default: measured by a dependent-ADD "
+                         "chain)")
+    be.add_argument("--bandwidth-mib", type=float, default=64,
+                    help="size of the streaming copy that measures the bandwidth (default 64)")
+    be.add_argument("--cpu-model", metavar="MCPU",
+                    help="llvm-mca -mcpu of the model column (default: the library target's)")
+    be.add_argument("--vs-kleidiai", metavar="DIR",
+                    help="also time KleidiAI's micro-kernels of the same jobs, built from a "
+                         "release tarball or the directory holding it (../shared/thirdparty/"
+                         "kleidiai: the newest)")
+    be.add_argument("--cpu", help="qemu model when emulating (default: the library's target "
+                                  "if qemu has it, else max)")
+    be.add_argument("--sve-vl", type=int, metavar="BITS", help="SVE vector length when emulating")
+    be.add_argument("--sme-vl", type=int, metavar="BITS", help="SME vector length when emulating")
+    be.add_argument("--json", action="store_true",
+                    help="print the JSON document (schema tilegen-bench/1, docs/cli.md)")
+    be.set_defaults(fn=_cmd_bench)
+
     ca = sub.add_parser("check-abi", help="run every kernel of LIB through the AAPCS64 probe")
     ca.add_argument("lib", help="library directory (from `tilegen build`)")
     ca.add_argument("--cpu", default="max", help="qemu model when emulating (default max)")
@@ -389,6 +468,7 @@ def main(argv: list[str] | None = None) -> int:
     from .runtime.library import LoadError
     from .tune import TuneError
     from .export.kleidiai import ExportError
+    from .bench.report import BenchError
     try:
         rc = a.fn(a)
         sys.stdout.flush()      # a closed pipe raises here, not at interpreter exit
@@ -397,7 +477,7 @@ def main(argv: list[str] | None = None) -> int:
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
         return 1
     except (CliError, SpecError, LayoutError, BuildError, TargetError, ToolchainError, LoadError,
-            AnalyzeError, TuneError, PlotError, ExportError, OSError) as e:
+            AnalyzeError, TuneError, PlotError, ExportError, BenchError, OSError) as e:
         print(f"tilegen {a.cmd}: error: {e}", file=sys.stderr)
         return 2
 
