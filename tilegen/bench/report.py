@@ -274,13 +274,13 @@ def table(doc: dict) -> str:
               f"repetitions until the 95% CI of the median is within +-{100 * mach['rule']['rel_ci']:g}% "
               f"or {mach['rule']['budget_s']:g} s per measurement",
               "",
-              f"{'what':<8} {'kind':<7} {"kernel":<62} {'m':>4} {'n':>6} {'k':>6} {'thr':>3} "
+              f"{'what':<8} {'kind':<7} {'kernel':<62} {'m':>4} {'n':>6} {'k':>6} {'thr':>3} "
               f"{'median ms':>10} {'+-CI%':>6} {'reps':>5} {'GFLOP/s':>8} {'MAC/cyc':>8} "
               f"{'W GB/s':>7} {'%strm':>6} {'model':>6} {'meas/model':>10}"]
     for r in doc["rows"]:
         t = r["timing"]
         lines.append(
-            f"{r['what']:<8} {r['kind']:<7} {r["kernel"][:62]:<62} {r['m']:>4} {r['n']:>6} "
+            f"{r['what']:<8} {r['kind']:<7} {r['kernel'][:62]:<62} {r['m']:>4} {r['n']:>6} "
             f"{r['k']:>6} {r['threads']:>3} {t['median_ns'] / 1e6:10.3f} "
             f"{_f(t['rel_ci'] and 100 * t['rel_ci'], '6.1f'):>6} {t['reps']:>5} "
             f"{r['gflops']:8.2f} {_f(r['macs_per_cycle'], '8.2f'):>8} "
