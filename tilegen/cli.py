@@ -173,11 +173,14 @@ def _cmd_bench(a: argparse.Namespace) -> int:
     return 0
 
 
-def _tune_table(r, top: int) -> list[str]:
+def _tune_table(r, top: int, measured: dict | None = None) -> list[str]:
     lines = [f"{r.family} {r.regime} on {r.target} (llvm-mca -mcpu={r.model}): {r.n_tiles} tiles "
              f"the allocator accepts, {len(r.scores)} distinct kernels (+N: tiles with the same code)",
-             f"score = MACs per cycle over one 32-k block of the tile (hot loop after the bar)",
-             f"{'rank':>4} {'spec':<28} {'kernel':<62} {'blkMAC/c':>9} {'cyc/32k':>8} {'vregs':>5} "
+             f"score = MACs per cycle over one 32-k block of the tile (hot loop after the bar)"
+             if measured is None else
+             f"score = measured {measured['method']['unit']} at {measured['method']['shapes'][r.regime]} "
+             f"({measured['method']['label']}); the model's score after the bar",
+             f"{'rank':>4} {'spec':<28} {'kernel':<62} {'blkMAC/c' if measured is None else 'measured':>9} {'cyc/32k':>8} {'vregs':>5} "
              f"{'RHS B/MAC':>9} | {'cyc/it':>7} {'eff':>6} {'MAC/cyc':>7}"]
     for i, s in enumerate(r.scores[:top], 1):
         rep = s.report
@@ -185,8 +188,64 @@ def _tune_table(r, top: int) -> list[str]:
         label = s.spec.spec_string + (f" (+{more})" if more else "")
         lines.append(f"{i:>4} {label:<28} {s.spec.name:<62} {s.value:9.2f} {s.block_cycles:8.1f} "
                      f"{s.cand.vregs:5d} {s.cand.rhs_bytes_per_mac:9.4f} | {rep.cycles_per_iter:7.2f} "
-                     f"{100 * rep.efficiency:5.1f}% {rep.macs_per_cycle:7.1f}")
+                     f"{100 * rep.efficiency:5.1f}% {rep.macs_per_cycle:7.1f}"
+                     + (f" model {s.model_value:.2f}" if measured is not None else ""))
     return lines
+
+
+def _tune_measure(a: argparse.Namespace, tgt, rankings: dict) -> dict:
+    """`tune --measure`: the top ``a.top`` kernels of each ranking built into one library and
+    timed by the bench harness on this CPU (emulated on x86-64); the rankings by the timings."""
+    import tempfile
+    from .bench.report import BenchError, guest_cpu, join, parse_shape, run_harness
+    from .build import build_library
+    from .tune import measured_ranking
+    try:
+        m, n, k = parse_shape(a.measure_shape)
+    except BenchError as e:
+        raise CliError(str(e)) from None
+    if m < 2:
+        raise CliError(f"--measure-shape: the gemm job needs m >= 2, got {m}")
+    shapes = {"gemm": (m, n, k), "gemv": (1, n, k)}
+    top = {reg: [s.spec.spec_string for s in r.scores[:a.top]] for reg, r in rankings.items()}
+    with tempfile.TemporaryDirectory(prefix="tilegen-tune-") as tmp:
+        build_library(sorted({s for v in top.values() for s in v}), target=tgt,
+                      out_dir=Path(tmp) / "lib", quiet=True)
+        cfg = _bench_config(a, Path(tmp) / "lib", tmp)
+        cfg.update(shapes=[], plan=False, threads=[1],
+                   kernel_jobs=[[spec, *shapes[reg]] for reg in rankings for spec in top[reg]])
+        try:
+            raw = run_harness(cfg, cpu=a.cpu or guest_cpu(tgt.name), sve_vl=a.sve_vl,
+                              sme_vl=a.sme_vl)
+        except BenchError as e:
+            raise CliError(str(e)) from None
+        doc = join(raw, str(Path(tmp) / "lib"), tgt.name, rankings["gemm" if "gemm" in rankings
+                                                                    else "gemv"].model)
+    regime = {(s, shapes[reg]): reg for reg in rankings for s in top[reg]}
+    docs = {reg: dict(doc, rows=[r for r in doc["rows"]
+                                 if regime.get((r["spec"], (r["m"], r["n"], r["k"]))) == reg])
+            for reg in rankings}
+    per_cycle = all(r["macs_per_cycle"] for d in docs.values() for r in d["rows"])
+    unit = "MACs/cycle" if per_cycle else "MACs/ns"
+    thr = {reg: {r["spec"]: (r["macs_per_cycle"] if per_cycle else r["gflops"] / 2)
+                 for r in d["rows"]} for reg, d in docs.items()}
+    out = {reg: measured_ranking(rankings[reg], thr[reg]) for reg in rankings}
+    mach = next(iter(docs.values()))["machine"]
+    rows = {reg: {r["spec"]: r for r in d["rows"]} for reg, d in docs.items()}
+    method = {"cpu": mach["cpu"], "cpu_features": mach["cpu_features"],
+              "emulated": mach["emulated"], "emulation_check": mach["emulation_check"],
+              "label": mach["label"], "counter": mach["counter_why"],
+              "cycles": sorted({r["cycles_source"] for d in docs.values() for r in d["rows"]}),
+              "unit": unit, "rule": mach["rule"],
+              "shapes": {reg: ",".join(map(str, shp)) for reg, shp in shapes.items()
+                         if reg in rankings}}
+    ranking = {reg: [{"spec": s.spec.spec_string, "measured": round(s.value, 4),
+                      "model": round(s.model_value, 3),
+                      "median_ns": rows[reg][s.spec.spec_string]["timing"]["median_ns"],
+                      "rel_ci": rows[reg][s.spec.spec_string]["timing"]["rel_ci"],
+                      "reps": rows[reg][s.spec.spec_string]["timing"]["reps"]}
+                     for s in r.scores] for reg, r in out.items()}
+    return {"rankings": out, "method": method, "ranking": ranking, "emulated": mach["emulated"]}
 
 
 def _cmd_tune(a: argparse.Namespace) -> int:
@@ -205,6 +264,8 @@ def _cmd_tune(a: argparse.Namespace) -> int:
         raise CliError("--family is required (unless --reset)")
     if a.m is not None and a.m < 1:
         raise CliError(f"--m must be >= 1, got {a.m}")
+    if a.top is None:
+        a.top = 8 if a.measure else 10
     if a.top < 1:
         raise CliError(f"--top must be >= 1 (rows per table), got {a.top}")
     if a.jobs is not None and a.jobs < 1:
@@ -215,15 +276,31 @@ def _cmd_tune(a: argparse.Namespace) -> int:
         rankings = {reg: tune(tgt, a.family, reg, isa=a.isa,
                               m=a.m if (reg == "gemm" and a.m and a.m > 1) else None, jobs=a.jobs)
                     for reg in needed}
+        measured = _tune_measure(a, tgt, rankings) if a.measure else None
+        if measured is not None:
+            rankings = measured["rankings"]
         pair = pick_pair(rankings["gemm"], rankings["gemv"]) if a.write else None
     except (TuneError, AnalyzeError) as e:
         print(f"tilegen tune: error: {e}", file=sys.stderr)
         return 2
     written = None
+    if pair is not None and measured is not None and measured["emulated"] and not a.force:
+        for reg in shown:
+            print("\n".join(_tune_table(rankings[reg], a.top, measured)))
+        raise CliError(f"the timings are emulated ({measured['method']['emulation_check']}): "
+                       f"{measured['method']['label']}; not writing a tuned file from them "
+                       f"(--force writes it anyway)")
     if pair is not None:
-        written = write_tuned(tgt, rankings["gemm"].model, tuned_entry(a.family, pair), a.tuned_dir)
+        entry = tuned_entry(a.family, pair)
+        if measured is not None:
+            from dataclasses import replace
+            entry = replace(entry, measured={"method": measured["method"],
+                                             "ranking": measured["ranking"]})
+        written = write_tuned(tgt, rankings["gemm"].model, entry, a.tuned_dir)
     if a.json:
         out = {"target": tgt.name, "model": rankings[needed[0]].model, "family": a.family,
+               "measured": ({"method": measured["method"], "ranking": measured["ranking"]}
+                            if measured is not None else None),
                "rankings": {reg: [dict(s.as_dict(), same_code=list(
                    rankings[reg].same_code.get(s.spec.spec_string, ())))
                    for s in rankings[reg].scores[:a.top]] for reg in shown},
@@ -237,7 +314,7 @@ def _cmd_tune(a: argparse.Namespace) -> int:
         print(_json.dumps(out, indent=2))
         return 0
     for reg in shown:
-        print("\n".join(_tune_table(rankings[reg], a.top)))
+        print("\n".join(_tune_table(rankings[reg], a.top, measured)))
         for spec, why in rankings[reg].not_modelled:
             print(f"not modelled: {spec}: {why}", file=sys.stderr)
         print()
@@ -245,7 +322,9 @@ def _cmd_tune(a: argparse.Namespace) -> int:
         for role, s, best in (("gemm", pair.gemm, pair.best_gemm), ("gemv", pair.gemv, pair.best_gemv)):
             note = "" if s is best else (f" (best alone: {best.spec.spec_string}, "
                                          f"{best.value:.2f}; this one {100 * s.value / best.value:.0f}%)")
-            print(f"{role}: {s.spec.spec_string:<26} {s.value:8.2f} MACs/cycle per 32-k block{note}")
+            unit = (f"{measured['method']['unit']} measured" if measured is not None
+                    else "MACs/cycle per 32-k block")
+            print(f"{role}: {s.spec.spec_string:<26} {s.value:8.2f} {unit}{note}")
         ent = tuned_entry(a.family, pair)
         if (ent.top_gemm, ent.top_gemv) != (ent.gemm, ent.gemv):
             print(f"for_ops: best gemm {ent.top_gemm.spec_string} ({ent.scores['best_gemm']:.2f}), "
@@ -301,6 +380,27 @@ def _cmd_export(a: argparse.Namespace) -> int:
               + ", ".join(m["missing"]), file=sys.stderr)
         return 1
     return 0
+
+
+def _timing_args(p: argparse.ArgumentParser) -> None:
+    """The measurement options `bench` and `tune --measure` share."""
+    p.add_argument("--rel-ci", type=float, default=0.02,
+                   help="stop when the 95%% CI half-width of the median is within this "
+                        "fraction of it (default 0.02)")
+    p.add_argument("--budget", type=float, default=2.0, metavar="SECONDS",
+                   help="time budget per measurement (default 2)")
+    p.add_argument("--clock", choices=("auto", "perf", "wall"), default="auto",
+                   help="auto: the cycle counter (perf_event_open) when permitted, else the "
+                        "wall clock; perf: the counter or fail; wall: the wall clock")
+    p.add_argument("--freq-ghz", type=float,
+                   help="core clock for wall-time cycles (default: measured by a dependent-ADD "
+                        "chain)")
+    p.add_argument("--bandwidth-mib", type=float, default=64,
+                   help="size of the streaming copy that measures the bandwidth (default 64)")
+    p.add_argument("--cpu", help="qemu model when emulating (default: the library's target "
+                                 "if qemu has it, else max)")
+    p.add_argument("--sve-vl", type=int, metavar="BITS", help="SVE vector length when emulating")
+    p.add_argument("--sme-vl", type=int, metavar="BITS", help="SME vector length when emulating")
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -374,7 +474,9 @@ def _parser() -> argparse.ArgumentParser:
                     help="1: gemv tiles (mr == 1); M > 1: gemm tiles with 1 < mr <= M "
                          "(default: both regimes)")
     tu.add_argument("--isa", help="only this ISA (default: the family's ISAs the target has)")
-    tu.add_argument("--top", type=int, default=10, help="rows per table (default 10)")
+    tu.add_argument("--top", type=int,
+                    help="rows per table (default 10); with --measure: kernels timed per op "
+                         "(default 8)")
     tu.add_argument("--write", action="store_true",
                     help="write the best gemm + gemv pair to the target's tuned file, which "
                          "default builds then use (tunes both regimes)")
@@ -384,6 +486,15 @@ def _parser() -> argparse.ArgumentParser:
                     help="tuned files directory (default $TILEGEN_TUNED_DIR, else the package's)")
     tu.add_argument("--jobs", type=int, help="parallel llvm-mca runs (default: CPU count)")
     tu.add_argument("--json", action="store_true", help="print JSON instead of tables")
+    tu.add_argument("--measure", action="store_true",
+                    help="build the model's top --top kernels per op and time them on this CPU "
+                         "(`tilegen bench`); rank (and --write) by the timings")
+    tu.add_argument("--measure-shape", default="128,4096,4096", metavar="M,N,K",
+                    help="the gemm job of --measure (the gemv job is 1,N,K; default "
+                         "128,4096,4096)")
+    tu.add_argument("--force", action="store_true",
+                    help="with --measure --write: write a tuned file even from emulated timings")
+    _timing_args(tu)
     tu.set_defaults(fn=_cmd_tune)
 
     be = sub.add_parser("bench", help="time kernels and prepared calls on this CPU (emulated on "
@@ -401,29 +512,13 @@ def _parser() -> argparse.ArgumentParser:
     be.add_argument("--threads", default="1", metavar="N|A..B|A,B",
                     help="thread counts of the plan calls: N means 1..N (default 1)")
     be.add_argument("--no-plan", action="store_true", help="time the kernels only")
-    be.add_argument("--rel-ci", type=float, default=0.02,
-                    help="stop when the 95%% CI half-width of the median is within this "
-                         "fraction of it (default 0.02)")
-    be.add_argument("--budget", type=float, default=2.0, metavar="SECONDS",
-                    help="time budget per measurement (default 2)")
-    be.add_argument("--clock", choices=("auto", "perf", "wall"), default="auto",
-                    help="auto: the cycle counter (perf_event_open) when permitted, else the "
-                         "wall clock; perf: the counter or fail; wall: the wall clock")
-    be.add_argument("--freq-ghz", type=float,
-                    help="core clock for wall-time cycles (default: measured by a dependent-ADD "
-                         "chain)")
-    be.add_argument("--bandwidth-mib", type=float, default=64,
-                    help="size of the streaming copy that measures the bandwidth (default 64)")
+    _timing_args(be)
     be.add_argument("--cpu-model", metavar="MCPU",
                     help="llvm-mca -mcpu of the model column (default: the library target's)")
     be.add_argument("--vs-kleidiai", metavar="DIR",
                     help="also time KleidiAI's micro-kernels of the same jobs, built from a "
                          "release tarball or the directory holding it (../shared/thirdparty/"
                          "kleidiai: the newest)")
-    be.add_argument("--cpu", help="qemu model when emulating (default: the library's target "
-                                  "if qemu has it, else max)")
-    be.add_argument("--sve-vl", type=int, metavar="BITS", help="SVE vector length when emulating")
-    be.add_argument("--sme-vl", type=int, metavar="BITS", help="SME vector length when emulating")
     be.add_argument("--json", action="store_true",
                     help="print the JSON document (schema tilegen-bench/1, docs/cli.md)")
     be.set_defaults(fn=_cmd_bench)

@@ -29,7 +29,7 @@ from typing import Callable
 from .stats import Reading
 
 __all__ = ["EMULATED_LABEL", "emulation", "PerfCycles", "WallClock", "open_timer",
-           "ClockRoutines", "core_frequency", "cpufreq_max_ghz", "ADD_CHAIN"]
+           "ClockRoutines", "core_frequency", "cpufreq_max_ghz", "cpu_id", "ADD_CHAIN"]
 
 EMULATED_LABEL = "emulated: not a hardware timing"
 ADD_CHAIN = 16          # dependent ADDs per iteration of tilegen_add_chain (the template's chain)
@@ -182,3 +182,17 @@ def cpufreq_max_ghz() -> float | None:
         return int(Path("/sys/devices/system/cpu/cpu0/cpufreq/cpuinfo_max_freq").read_text()) / 1e6
     except (OSError, ValueError):
         return None
+
+
+def cpu_id() -> str:
+    """The CPU as /proc/cpuinfo names it (model name, or implementer/part), with the machine."""
+    try:
+        text = Path("/proc/cpuinfo").read_text()
+    except OSError:
+        text = ""
+    fields: dict[str, str] = {}
+    for line in text.splitlines():
+        key, _, val = line.partition(":")
+        fields.setdefault(key.strip(), val.strip())
+    parts = [fields[f] for f in ("model name", "CPU implementer", "CPU part") if fields.get(f)]
+    return " ".join([platform.machine(), *parts])

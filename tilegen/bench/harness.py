@@ -34,8 +34,8 @@ from ..layout import lhs_layout_for, rhs_layout_for
 from ..runtime import load
 from ..runtime.binding import CTYPES
 from ..runtime.select import KIND_FAMILIES
-from .clock import (EMULATED_LABEL, ClockRoutines, core_frequency, cpufreq_max_ghz, emulation,
-                    open_timer)
+from .clock import (EMULATED_LABEL, ClockRoutines, core_frequency, cpu_id, cpufreq_max_ghz,
+                    emulation, open_timer)
 from .stats import Rule, measure, rule_dict
 
 __all__ = ["job_inputs", "run", "main", "DEFAULT_KINDS"]
@@ -118,7 +118,7 @@ def _kai_kernels(cfg: dict, lib, kind: str, m: int):
         spec = parse_spec(kk["spec"])
         if spec.family not in fams or spec.is_gemv != (m == 1):
             continue
-        if not set(spec.features) <= lib.cpu.features:
+        if not set(kk["features"]) <= lib.cpu.features:
             continue
         vl = lib.vl_bytes.get(spec.vl_kind) if spec.vl_scaled else None
         if spec.vl_scaled and vl is None:
@@ -127,15 +127,24 @@ def _kai_kernels(cfg: dict, lib, kind: str, m: int):
     return out
 
 
-def _jobs(cfg: dict, lib) -> list[dict]:
-    """Every timed measurement of the run, in order (without running anything)."""
+def _jobs(cfg: dict, lib, skipped: list) -> list[dict]:
+    """Every timed measurement of the run, in order (without running anything); kernels this
+    CPU cannot run go to ``skipped`` as (name, why)."""
     jobs = []
     threads = cfg.get("threads") or [1]
-    for m, n, k in cfg["shapes"]:
-        if cfg.get("kernels"):
-            for kern in _kernels_for(lib, cfg["kernels"]):
-                jobs.append(dict(what="kernel", kind=kern.family, kernel=kern, m=m, n=n, k=k))
+    # (kernel, shape) pairs: --kernel at every shape, and the explicit "kernel_jobs"
+    pairs = [(s, shp) for shp in cfg["shapes"] for s in cfg.get("kernels") or ()]
+    pairs += [(s, tuple(shp)) for s, *shp in cfg.get("kernel_jobs") or ()]
+    for s, (m, n, k) in pairs:
+        kern = _kernels_for(lib, [s])[0]
+        if not lib.runnable(kern):
+            if (kern.name, "not runnable on this CPU") not in skipped:
+                skipped.append((kern.name, "not runnable on this CPU"))
             continue
+        jobs.append(dict(what="kernel", kind=kern.family, kernel=kern, m=m, n=n, k=k))
+    if pairs:
+        return jobs
+    for m, n, k in cfg["shapes"]:
         for kind in cfg.get("kinds") or DEFAULT_KINDS:
             try:
                 lib.kernel_table.pairs(kind)
@@ -167,14 +176,15 @@ def run(cfg: dict) -> dict:
     lib = load(cfg["lib"])
     seed = int(cfg.get("seed", 0))
     machine = {
-        "cpu_features": sorted(lib.cpu.features), "vl_bytes": dict(lib.vl_bytes),
+        "cpu": cpu_id(), "cpu_features": sorted(lib.cpu.features), "vl_bytes": dict(lib.vl_bytes),
         "emulated": emulated, "emulation_check": how,
         "label": EMULATED_LABEL if emulated else "hardware timing",
         "counter": timer.name, "counter_why": why,
         "core_ghz": ghz, "core_ghz_source": ghz_src,
         "cntfrq_hz": routines.cntfrq() if routines else None,
         "cpufreq_max_ghz": cpufreq_max_ghz(), "rule": rule_dict(rule)}
-    jobs = _jobs(cfg, lib)
+    skipped: list = []
+    jobs = _jobs(cfg, lib, skipped)
     total = len(jobs) + 1
     t_start = time.perf_counter()
     machine["stream"] = _stream_bandwidth(cfg, timer, rule)
@@ -191,7 +201,8 @@ def run(cfg: dict) -> dict:
             kk, spec, vl = job["kai"]
             fn = getattr(ctypes.CDLL(cfg["kleidiai"]["so"]), f"kai_run_{kk['name']}", None)
             if fn is None:
-                continue        # not in this KleidiAI release
+                skipped.append((f"kai_run_{kk['name']}", f"not in KleidiAI {cfg['kleidiai']['version']}"))
+                continue
             params = [Param(p["name"], p["ctype"], p["role"]) for p in kk["run"]]
             call = _bound(ctypes.cast(fn, ctypes.c_void_p).value, params, spec, vl, x, w, dst)
             row.update(kernel=f"kai_run_{kk['name']}", spec=spec.spec_string,
@@ -232,7 +243,7 @@ def run(cfg: dict) -> dict:
                                  f"({t['reps']} reps, stop: {t['stop']}; "
                                  f"{time.perf_counter() - t_start:.0f} s so far)")
     timer.close()
-    return {"machine": machine, "rows": rows}
+    return {"machine": machine, "rows": rows, "skipped": [list(x) for x in skipped]}
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -20,7 +20,7 @@ from ..build.targets import get_target
 from ..build.toolchain import ToolchainError, discover
 from ..generator.render import render_template
 from ..generator.validate import parse_spec
-from ..records import __version__
+from ..records import ISAS, __version__
 from .clock import ADD_CHAIN, EMULATED_LABEL
 
 __all__ = ["SCHEMA_ID", "SCHEMA", "DEFAULT_SHAPES", "BenchError", "build_clock_routines",
@@ -47,12 +47,13 @@ _TIMING = {"reps": int, "batch": int, "stop": str, "median_ns": _NUM, "ci95_ns":
 #: key -> type(s), or a nested dict for an object, or [dict] for a list of objects
 SCHEMA = {
     "schema": str, "tilegen": str, "library": str, "target": (str, type(None)), "label": str,
-    "machine": {"cpu_features": list, "vl_bytes": dict, "emulated": bool,
+    "machine": {"cpu": str, "cpu_features": list, "vl_bytes": dict, "emulated": bool,
                 "emulation_check": str, "label": str, "counter": str, "counter_why": str,
                 "core_ghz": _OPT_NUM, "core_ghz_source": str, "cntfrq_hz": (int, type(None)),
                 "cpufreq_max_ghz": _OPT_NUM, "rule": dict,
                 "stream": {"bytes": int, "timing": _TIMING, "bytes_per_s": _NUM}},
     "model": (str, type(None)),
+    "skipped": [list],
     "rows": [{"what": str, "kind": str, "kernel": str, "spec": str, "m": int, "n": int, "k": int,
               "threads": int, "weights_bytes": int, "timing": _TIMING, "cycles_counted": bool,
               "label": str, "gflops": _NUM, "cycles": _OPT_NUM, "cycles_source": str,
@@ -164,6 +165,16 @@ def _kleidiai_tarball(path: Path) -> Path:
                      f"there")
 
 
+def _kai_features(name: str, spec: str) -> list[str]:
+    """The CPU features KleidiAI's kernel ``name`` needs: its tilegen spec's, and those its
+    name's ISA tokens say (a ``_sve_`` kernel runs SVE instructions even where tilegen's
+    counterpart on the same layouts is NEON)."""
+    feats = set(parse_spec(spec).features)
+    for tok in set(name.split("_")) & {"dotprod", "i8mm", "sve", "sme", "sme2"}:
+        feats |= set(ISAS[tok].features)
+    return sorted(feats)
+
+
 def kleidiai_config(path: str | os.PathLike, quiet: bool = False) -> dict:
     """KleidiAI built from a release tarball (or the newest in a directory: e.g.
     ``../shared/thirdparty/kleidiai``) by :func:`tilegen.emulate.provision.ensure_kleidiai_library`,
@@ -176,7 +187,7 @@ def kleidiai_config(path: str | os.PathLike, quiet: bool = False) -> dict:
         kai = ensure_kleidiai_library(tarball, quiet=quiet)
     except ProvisionError as e:
         raise BenchError(str(e)) from None
-    kernels = [{"name": kk.name, "spec": kk.spec,
+    kernels = [{"name": kk.name, "spec": kk.spec, "features": _kai_features(kk.name, kk.spec),
                 "run": [{"name": p.name, "ctype": p.ctype, "role": p.role}
                         for p in ABIS[kk.abi].run]}
                for kk in KERNELS if kk.same_layouts]
@@ -250,7 +261,8 @@ def join(raw: dict, library: str, target: str | None, model: str | None) -> dict
                  ratio_to_model=per_thread / mv if (per_thread is not None and mv) else None)
         rows.append(r)
     return {"schema": SCHEMA_ID, "tilegen": __version__, "library": str(library),
-            "target": target, "label": label, "machine": mach, "model": model, "rows": rows}
+            "target": target, "label": label, "machine": mach, "model": model,
+            "skipped": raw.get("skipped", []), "rows": rows}
 
 
 def _f(v, fmt: str) -> str:
@@ -290,6 +302,7 @@ def table(doc: dict) -> str:
     lines += ["", "MAC/cyc: all threads (cycles: " + ("; ".join(sorted({r['cycles_source'] for r in
               doc['rows']})) or "-") + "); meas/model: per thread against llvm-mca's "
               "32-k-block MACs/cycle; %strm: packed-weight bytes/s over the copy bandwidth (gemv)"]
+    lines += [f"skipped: {name} ({why})" for name, why in doc["skipped"]]
     if mach["emulated"]:
         lines.append(f"*** every figure above: {EMULATED_LABEL} ***")
     return "\n".join(lines)

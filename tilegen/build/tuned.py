@@ -43,7 +43,8 @@ __all__ = ["TunedError", "TunedFamily", "TunedFile", "FORMAT_VERSION", "tuned_di
            "read_tuned", "write_tuned", "reset_tuned", "tuned_specs", "tuned_roles"]
 
 FORMAT_VERSION = 1
-_ENTRY_KEYS = {"gemm", "gemv", "shared_rhs", "scores", "best_gemm", "best_gemv"}
+_ENTRY_KEYS = {"gemm", "gemv", "shared_rhs", "scores", "best_gemm", "best_gemv", "measured"}
+_MEASURED_KEYS = {"method", "ranking"}
 
 
 class TunedError(TargetError):
@@ -59,6 +60,9 @@ class TunedFamily:
     scores: dict[str, float] = field(default_factory=dict, compare=False)
     best_gemm: KernelSpec | None = None     # best of any layout (None: the pair's gemm)
     best_gemv: KernelSpec | None = None
+    # `tune --measure`: {"method": {...}, "ranking": {"gemm": [...], "gemv": [...]}} (the
+    # timings the pair was chosen by; information, like the scores)
+    measured: dict | None = field(default=None, compare=False)
 
     @property
     def top_gemm(self) -> KernelSpec | None:
@@ -86,6 +90,8 @@ class TunedFamily:
             if s is not None:
                 d[role] = s.spec_string
         d["scores"] = dict(self.scores)
+        if self.measured is not None:
+            d["measured"] = self.measured
         return d
 
 
@@ -178,8 +184,15 @@ def _parse(path: Path, target: Target, data) -> TunedFile:
         if not (isinstance(scores, dict) and all(
                 isinstance(v, (int, float)) and not isinstance(v, bool) for v in scores.values())):
             raise TunedError(f"{path}: families.{fam}.scores must map names to numbers")
+        measured = e.get("measured")
+        if measured is not None and not (
+                isinstance(measured, dict) and set(measured) == _MEASURED_KEYS
+                and isinstance(measured["method"], dict) and isinstance(measured["ranking"], dict)
+                and all(isinstance(v, list) for v in measured["ranking"].values())):
+            raise TunedError(f"{path}: families.{fam}.measured must be an object with "
+                             f"\"method\" (an object) and \"ranking\" (op -> list)")
         out[fam] = TunedFamily(fam, gemm, gemv, shared, {k: float(v) for k, v in scores.items()},
-                               best_gemm, best_gemv)
+                               best_gemm, best_gemv, measured)
     return TunedFile(target.name, model, out)
 
 
