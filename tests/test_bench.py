@@ -270,10 +270,22 @@ def test_thread_lists_and_emulation_checks(monkeypatch):
     assert emulation()[0] is False      # this x86-64 host runs its own code natively
 
 
-def test_tune_measure_refuses_emulated_timings_unless_forced(tmp_path, capsys):
+def test_tune_measure_refuses_emulated_timings_unless_forced(tmp_path, capsys, monkeypatch):
+    import tilegen.tune as T
+    real = T.tune
+    # the real model and search, over a small grid (mr 1 and 4, nr 4 and 8): fast
+    monkeypatch.setattr(T, "tune", lambda *a, **k: real(*a, **k, mrs=(1, 4), nrs=(4, 8)))
     argv = ["tune", "--target", CPU, "--family", "q8_0", "--isa", "dotprod", "--measure",
             "--top", "2", "--measure-shape", "4,32,64", "--budget", "0.05", "--bandwidth-mib",
             "1", "--write", "--tuned-dir", str(tmp_path)]
+    assert main(argv) == 2      # x86-64 host: refused before anything is timed
+    assert "not written from emulated timings" in capsys.readouterr().err
+    assert not (tmp_path / f"{CPU}.json").exists()
+    # the harness's own check (a tilegen inside the guest passes the host's): the measured
+    # rankings are shown, labelled, then refused
+    real_run = report.run_harness
+    monkeypatch.setattr(report, "will_emulate", lambda: False)
+    monkeypatch.setattr(report, "run_harness", lambda cfg, **kw: real_run(cfg, emulate=True, **kw))
     assert main(argv) == 2
     out, err = capsys.readouterr()
     assert "not writing a tuned file" in err and EMULATED_LABEL in out

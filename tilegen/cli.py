@@ -270,6 +270,12 @@ def _cmd_tune(a: argparse.Namespace) -> int:
         raise CliError(f"--top must be >= 1 (rows per table), got {a.top}")
     if a.jobs is not None and a.jobs < 1:
         raise CliError(f"--jobs must be >= 1, got {a.jobs}")
+    if a.measure and a.write and not a.force:
+        from .bench.report import will_emulate
+        if will_emulate():      # the timings would come from qemu: refuse before timing
+            raise CliError("this host is not an Arm64 CPU: `tune --measure` would time the "
+                           "kernels under qemu (emulated: not a hardware timing), and a tuned "
+                           "file is not written from emulated timings (--force writes it anyway)")
     shown = list(REGIMES) if a.m is None else ["gemv" if a.m == 1 else "gemm"]
     needed = list(REGIMES) if a.write else shown
     try:

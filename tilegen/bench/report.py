@@ -25,7 +25,7 @@ from .clock import ADD_CHAIN, EMULATED_LABEL
 
 __all__ = ["SCHEMA_ID", "SCHEMA", "DEFAULT_SHAPES", "BenchError", "build_clock_routines",
            "kleidiai_config", "run_harness", "join", "check_schema", "table", "parse_shape",
-           "parse_threads", "guest_cpu", "default_model", "progress"]
+           "parse_threads", "guest_cpu", "default_model", "progress", "will_emulate"]
 
 SCHEMA_ID = "tilegen-bench/1"
 # decode and prefill of a 4096 x 4096 projection, then a llama-7B layer's other shapes
@@ -194,12 +194,18 @@ def kleidiai_config(path: str | os.PathLike, quiet: bool = False) -> dict:
     return {"so": str(kai.shared), "version": kai.version, "kernels": kernels}
 
 
-def run_harness(cfg: dict, cpu: str = "max", sve_vl: int | None = None,
-                sme_vl: int | None = None) -> dict:
-    """The harness's raw result: in this process on an Arm64 CPU, else in the guest Python
-    on qemu model ``cpu`` (progress lines on stderr as they come)."""
+def will_emulate() -> bool:
+    """Whether :func:`run_harness` times under qemu: this host is no Arm64 CPU."""
     from ..runtime.cpu import detect
-    if detect().is_arm64:
+    return not detect().is_arm64
+
+
+def run_harness(cfg: dict, cpu: str = "max", sve_vl: int | None = None,
+                sme_vl: int | None = None, emulate: bool | None = None) -> dict:
+    """The harness's raw result: in this process on an Arm64 CPU, else (or with
+    ``emulate=True``) in the guest Python on qemu model ``cpu`` (progress lines on stderr as
+    they come)."""
+    if not (will_emulate() if emulate is None else emulate):
         from .harness import run
         return run(cfg)
     from ..emulate.runner import guest_command
