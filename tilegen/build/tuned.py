@@ -15,7 +15,9 @@ else ``tilegen/build/tuned/`` in the package.  Format (version 1)::
           "best_gemm": "q4_0:i8mm:12x4",  # optional: the best gemm and gemv of any layout
           "best_gemv": "q4_0:i8mm:1x12:k8:s2",   #   (pack_weights(..., for_ops=("gemm", "gemv")))
           "scores": {"gemm": 42.1, "gemv": 9.8,   # MACs/cycle over a 32-k block (information)
-                     "best_gemm": 63.1, "best_gemv": 26.8}
+                     "best_gemm": 63.1, "best_gemv": 26.8},
+          "measured": {"method": {...}, "ranking": {"gemm": [...], "gemv": [...]}}
+                                          # optional (tune --measure): how the pair was timed
         }
       }
     }
