@@ -29,12 +29,14 @@ from typing import Callable
 from .stats import Reading
 
 __all__ = ["EMULATED_LABEL", "emulation", "PerfCycles", "WallClock", "open_timer",
-           "ClockRoutines", "core_frequency", "cpufreq_max_ghz", "cpu_id", "ADD_CHAIN"]
+           "ClockRoutines", "core_frequency", "cpufreq_max_ghz", "cpu_id", "ADD_CHAIN",
+           "PERF_SW_TASK_CLOCK"]
 
 EMULATED_LABEL = "emulated: not a hardware timing"
 ADD_CHAIN = 16          # dependent ADDs per iteration of tilegen_add_chain (the template's chain)
 _PERF_SYSCALL = {"aarch64": 241, "arm64": 241, "x86_64": 298}
 _PERF_TYPE_HARDWARE, _PERF_COUNT_HW_CPU_CYCLES = 0, 0
+PERF_SW_TASK_CLOCK = (1, 1)     # PERF_TYPE_SOFTWARE, PERF_COUNT_SW_TASK_CLOCK (ns on the CPU)
 _IOC_ENABLE, _IOC_DISABLE, _IOC_RESET = 0x2400, 0x2401, 0x2403
 _FLAG_DISABLED, _FLAG_EXCLUDE_KERNEL, _FLAG_EXCLUDE_HV = 1 << 0, 1 << 5, 1 << 6
 _PERF_FLAG_FD_CLOEXEC = 8
@@ -78,23 +80,26 @@ class PerfCycles(WallClock):
     counts_cycles = True
     name = "perf_event"
 
-    def __init__(self) -> None:
+    def __init__(self, event: tuple[int, int] = (_PERF_TYPE_HARDWARE, _PERF_COUNT_HW_CPU_CYCLES)
+                 ) -> None:
+        """``event``: perf_event_attr (type, config); the default is the core's cycles (the
+        tests also open a software event, which every Linux kernel counts)."""
         nr = _PERF_SYSCALL.get(platform.machine())
         if nr is None:
             raise OSError(f"no perf_event_open syscall number for {platform.machine()}")
         self._libc = ctypes.CDLL(None, use_errno=True)
         self._libc.syscall.restype = ctypes.c_long
         attr = (ctypes.c_uint8 * 64)()
-        ctypes.c_uint32.from_buffer(attr, 0).value = _PERF_TYPE_HARDWARE
+        ctypes.c_uint32.from_buffer(attr, 0).value = event[0]
         ctypes.c_uint32.from_buffer(attr, 4).value = 64          # PERF_ATTR_SIZE_VER0
-        ctypes.c_uint64.from_buffer(attr, 8).value = _PERF_COUNT_HW_CPU_CYCLES
+        ctypes.c_uint64.from_buffer(attr, 8).value = event[1]
         ctypes.c_uint64.from_buffer(attr, 40).value = (_FLAG_DISABLED | _FLAG_EXCLUDE_KERNEL
                                                        | _FLAG_EXCLUDE_HV)
         fd = self._libc.syscall(ctypes.c_long(nr), attr, ctypes.c_int(0), ctypes.c_int(-1),
                                 ctypes.c_int(-1), ctypes.c_ulong(_PERF_FLAG_FD_CLOEXEC))
         if fd < 0:
             err = ctypes.get_errno()
-            raise OSError(err, f"perf_event_open(PERF_COUNT_HW_CPU_CYCLES): "
+            raise OSError(err, f"perf_event_open(type {event[0]}, config {event[1]}): "
                                f"{os.strerror(err) if err else 'failed'}")
         self.fd = int(fd)
 
@@ -133,7 +138,8 @@ def open_timer(kind: str = "auto") -> tuple[WallClock, str]:
     except OSError as e:
         if kind == "perf":
             raise
-        return WallClock(), f"wall clock: the cycle counter is not available ({e})"
+        return WallClock(), f"wall clock: the cycle counter is not available ({e}; the cycles of " \
+                            f"perf_event_open(PERF_COUNT_HW_CPU_CYCLES))"
 
 
 class ClockRoutines:

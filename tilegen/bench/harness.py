@@ -148,7 +148,9 @@ def _jobs(cfg: dict, lib, skipped: list) -> list[dict]:
         for kind in cfg.get("kinds") or DEFAULT_KINDS:
             try:
                 lib.kernel_table.pairs(kind)
-            except Exception:       # noqa: BLE001 - this library has no runnable kernel of kind
+            except Exception as e:  # noqa: BLE001 - this library has no runnable kernel of kind
+                if (kind, str(e)) not in skipped:
+                    skipped.append((kind, str(e)))
                 continue
             jobs.append(dict(what="kernel", kind=kind, kernel=None, m=m, n=n, k=k))
             if cfg.get("plan", True):

@@ -275,6 +275,13 @@ def _f(v, fmt: str) -> str:
     return "-" if v is None else format(v, fmt)
 
 
+def _short(kernel: str) -> str:
+    """A kernel name without the prefix every matmul shares (KleidiAI's: ``kai:``)."""
+    kai = kernel.startswith("kai_run_")
+    name = kernel.removeprefix("kai_run_").removeprefix("matmul_clamp_f32_")
+    return ("kai:" if kai else "") + name
+
+
 def table(doc: dict) -> str:
     """The readable form of a bench document."""
     mach = doc["machine"]
@@ -297,15 +304,17 @@ def table(doc: dict) -> str:
               f"{'W GB/s':>7} {'%strm':>6} {'model':>6} {'meas/model':>10}"]
     for r in doc["rows"]:
         t = r["timing"]
+        name = _short(r["kernel"])
         lines.append(
-            f"{r['what']:<8} {r['kind']:<7} {r['kernel'][:62]:<62} {r['m']:>4} {r['n']:>6} "
+            f"{r['what']:<8} {r['kind']:<7} {name[:62]:<62} {r['m']:>4} {r['n']:>6} "
             f"{r['k']:>6} {r['threads']:>3} {t['median_ns'] / 1e6:10.3f} "
             f"{_f(t['rel_ci'] and 100 * t['rel_ci'], '6.1f'):>6} {t['reps']:>5} "
             f"{r['gflops']:8.2f} {_f(r['macs_per_cycle'], '8.2f'):>8} "
             f"{r['weights_bytes_per_s'] / 1e9:7.2f} "
             f"{(_f(100 * r['stream_fraction'], '5.0f') + '%') if r['m'] == 1 else '-':>6} "
             f"{_f(r['model_macs_per_cycle'], '6.1f'):>6} {_f(r['ratio_to_model'], '10.3f'):>10}")
-    lines += ["", "MAC/cyc: all threads (cycles: " + ("; ".join(sorted({r['cycles_source'] for r in
+    lines += ["", "kernel names without matmul_clamp_f32_ (kai: KleidiAI's kai_run_ function); "
+              "MAC/cyc: all threads (cycles: " + ("; ".join(sorted({r['cycles_source'] for r in
               doc['rows']})) or "-") + "); meas/model: per thread against llvm-mca's "
               "32-k-block MACs/cycle; %strm: packed-weight bytes/s over the copy bandwidth (gemv)"]
     lines += [f"skipped: {name} ({why})" for name, why in doc["skipped"]]
