@@ -180,6 +180,16 @@ def test_harness_runs_the_picked_kernels_on_the_right_work(n1_lib, clock_so):
             assert np.array_equal(job[1]["out"], job[2]["out"])   # any threads: bit-identical
 
 
+def test_named_kernels_run_at_every_shape(n1_lib, clock_so):
+    names = ["q8_0:dotprod:1x4", "matmul_clamp_f32_f32_f32p16x1b_6x16_neon_mla"]
+    res = guest(CPU).call("tilegen.bench.harness:run", _cfg(n1_lib, clock_so, kernels=names))
+    rows = res["rows"]
+    assert [(r["what"], r["spec"], r["m"]) for r in rows] == [
+        ("kernel", s, m) for m, _, _ in SHAPES for s in ("q8_0:dotprod:1x4", "f32:neon:6x16")]
+    for r in rows:      # a gemv kernel at m = 5 too: it runs m row by row
+        assert _rel_err(r["out"], _reference(r)) < (1e-5 if r["kind"] == "f32" else 2e-2)
+
+
 def test_wall_clock_fallback_and_the_core_frequency(n1_lib, clock_so):
     g = guest(CPU)
     small = dict(shapes=[(1, 32, 64)], kinds=["f32"], plan=False)
@@ -253,7 +263,8 @@ def _no_emulator(*a, **k):
 @pytest.mark.parametrize("argv,needle", [
     (["--shape", "1,2"], "give m,n,k"), (["--shape", "0,4,4"], "give m,n,k"),
     (["--threads", "0"], "--threads '0'"), (["--threads", "x"], "--threads 'x'"),
-    (["--budget", "0"], "--budget must be > 0")])
+    (["--budget", "0"], "--budget must be > 0"),
+    (["--kernel", "f32:neon:7x12"], "has no such kernel"), (["--kernel", "nope"], "no such kernel")])
 def test_bench_argument_errors(n1_lib, argv, needle, monkeypatch, capsys):
     monkeypatch.setattr(report, "run_harness", _no_emulator)
     assert main(["bench", str(n1_lib), *argv]) == 2

@@ -148,6 +148,16 @@ def _bench_config(a: argparse.Namespace, lib: str, tmp: str) -> dict:
             "bandwidth_mib": a.bandwidth_mib, "seed": 0}
 
 
+def _kernel_name(text: str) -> str | None:
+    """The kernel name of a spec string (None: not a spec)."""
+    from .generator import parse_spec
+    from .records import SpecError
+    try:
+        return parse_spec(text).name
+    except SpecError:
+        return None
+
+
 def _cmd_bench(a: argparse.Namespace) -> int:
     import tempfile
     from .bench.report import (DEFAULT_SHAPES, BenchError, default_model, guest_cpu, join,
@@ -155,6 +165,12 @@ def _cmd_bench(a: argparse.Namespace) -> int:
     from .runtime.library import read_manifest
     try:
         manifest = read_manifest(a.lib)
+        have = {k["name"] for k in manifest.get("kernels", [])}
+        for kern in a.kernel or ():
+            name = kern if kern in have else _kernel_name(kern)
+            if name not in have:
+                raise CliError(f"--kernel {kern!r}: {a.lib} has no such kernel (`tilegen info "
+                               f"--lib {a.lib}` lists them)")
         shapes = [parse_shape(s) for s in a.shape] if a.shape else list(DEFAULT_SHAPES)
         threads = parse_threads(a.threads)
         with tempfile.TemporaryDirectory(prefix="tilegen-bench-") as tmp:

@@ -194,6 +194,7 @@ def run(cfg: dict) -> dict:
                              f"{machine['stream']['bytes_per_s'] / 1e9:.2f} GB/s")
     rows = []
     weights: dict[tuple, object] = {}
+    kai_so = ctypes.CDLL(cfg["kleidiai"]["so"]) if cfg.get("kleidiai") else None
     for i, job in enumerate(jobs, 2):
         m, n, k, kind = job["m"], job["n"], job["k"], job["kind"]
         x, w = job_inputs(seed, m, n, k)
@@ -201,7 +202,7 @@ def run(cfg: dict) -> dict:
         row = {"what": job["what"], "kind": kind, "m": m, "n": n, "k": k, "threads": 1}
         if job["what"] == "kleidiai":
             kk, spec, vl = job["kai"]
-            fn = getattr(ctypes.CDLL(cfg["kleidiai"]["so"]), f"kai_run_{kk['name']}", None)
+            fn = getattr(kai_so, f"kai_run_{kk['name']}", None)
             if fn is None:
                 skipped.append((f"kai_run_{kk['name']}", f"not in KleidiAI {cfg['kleidiai']['version']}"))
                 continue
