@@ -256,6 +256,13 @@ def test_bench_json_follows_the_schema_and_every_figure_is_labelled(n1_lib, caps
                                         "$.rows[1].m: expected int, got str"]
 
 
+def test_bench_refuses_a_macho_library_under_the_emulator(tmp_path, monkeypatch, capsys):
+    from test_cli import _fake_lib
+    monkeypatch.setattr(report, "run_harness", _no_emulator)
+    assert main(["bench", str(_fake_lib(tmp_path / "m", "macho"))]) == 2
+    assert "Mach-O needs macOS" in capsys.readouterr().err
+
+
 def _no_emulator(*a, **k):
     raise AssertionError("the harness must not start")
 

@@ -161,10 +161,15 @@ def _kernel_name(text: str) -> str | None:
 def _cmd_bench(a: argparse.Namespace) -> int:
     import tempfile
     from .bench.report import (DEFAULT_SHAPES, BenchError, default_model, guest_cpu, join,
-                               kleidiai_config, parse_shape, parse_threads, run_harness, table)
+                               kleidiai_config, parse_shape, parse_threads, run_harness, table,
+                               will_emulate)
     from .runtime.library import read_manifest
     try:
         manifest = read_manifest(a.lib)
+        fmt = manifest.get("format", "elf")
+        if fmt != "elf" and will_emulate():
+            raise CliError(f"{a.lib} holds a {fmt} library: the emulator runs Linux ELF "
+                           f"libraries (Mach-O needs macOS); build one with --format elf")
         have = {k["name"] for k in manifest.get("kernels", [])}
         for kern in a.kernel or ():
             name = kern if kern in have else _kernel_name(kern)
@@ -419,8 +424,8 @@ def _timing_args(p: argparse.ArgumentParser) -> None:
                         "chain)")
     p.add_argument("--bandwidth-mib", type=float, default=64,
                    help="size of the streaming copy that measures the bandwidth (default 64)")
-    p.add_argument("--cpu", help="qemu model when emulating (default: the library's target "
-                                 "if qemu has it, else max)")
+    p.add_argument("--cpu", help="qemu model when emulating (default: the target's when qemu "
+                                 "has that model, else max)")
     p.add_argument("--sve-vl", type=int, metavar="BITS", help="SVE vector length when emulating")
     p.add_argument("--sme-vl", type=int, metavar="BITS", help="SME vector length when emulating")
 
