@@ -99,8 +99,7 @@ class PerfCycles(WallClock):
                                 ctypes.c_int(-1), ctypes.c_ulong(_PERF_FLAG_FD_CLOEXEC))
         if fd < 0:
             err = ctypes.get_errno()
-            raise OSError(err, f"perf_event_open(type {event[0]}, config {event[1]}): "
-                               f"{os.strerror(err) if err else 'failed'}")
+            raise OSError(err, os.strerror(err) if err else "failed")
         self.fd = int(fd)
 
     def _ioctl(self, req: int) -> None:
@@ -136,10 +135,11 @@ def open_timer(kind: str = "auto") -> tuple[WallClock, str]:
             raise OSError("the counter did not count")
         return t, "perf_event_open(PERF_COUNT_HW_CPU_CYCLES), user space, calling thread"
     except OSError as e:
+        why = (f"the cycle counter (perf_event_open, PERF_COUNT_HW_CPU_CYCLES) is not "
+               f"available: {e.strerror or e}" + (f" (errno {e.errno})" if e.errno else ""))
         if kind == "perf":
-            raise
-        return WallClock(), f"wall clock: the cycle counter is not available ({e}; the cycles of " \
-                            f"perf_event_open(PERF_COUNT_HW_CPU_CYCLES))"
+            raise OSError(e.errno, f"--clock perf: {why}") from None
+        return WallClock(), f"wall clock: {why}"
 
 
 class ClockRoutines:
