@@ -21,8 +21,9 @@ KQ_SVE = ("q4_K:sve_i8mm:8x1vl", "q4_K:sve_i8mm:4x2vl", "q4_K:sve_i8mm:12x1vl",
           "q4_K:sve_dotprod:8x1vl", "q4_K:sve_dotprod:4x2vl", "q4_K:sve_dotprod:1x1vl",
           "q4_K:sve_dotprod:1x4vl")
 SPECS = [tilegen.parse_spec(s) for s in KQ_SVE]
-# (cpu, VL in bits): qemu's max CPU at 128/256/512 and two SVE cores at their own VL
-RUNS = [("max", 128), ("max", 256), ("max", 512), ("neoverse-v1", None), ("neoverse-n2", None)]
+# (cpu, VL in bits): qemu's max CPU at 128/256/512/2048 and two SVE cores at their own VL
+RUNS = [("max", 128), ("max", 256), ("max", 512), ("max", 2048), ("neoverse-v1", None),
+        ("neoverse-n2", None)]
 NATIVE_VL = {"neoverse-v1": 256, "neoverse-n2": 128}
 
 
