@@ -17,9 +17,9 @@ from conftest import guest
 from test_exec_kquant_q4 import FMAX, SENTINEL, _check
 
 KQ_SVE = ("q4_K:sve_i8mm:8x1vl", "q4_K:sve_i8mm:4x2vl", "q4_K:sve_i8mm:12x1vl",
-          "q4_K:sve_i8mm:1x1vl", "q4_K:sve_i8mm:1x4vl",
+          "q4_K:sve_i8mm:1x1vl", "q4_K:sve_i8mm:1x3vl", "q4_K:sve_i8mm:1x4vl",
           "q4_K:sve_dotprod:8x1vl", "q4_K:sve_dotprod:4x2vl", "q4_K:sve_dotprod:1x1vl",
-          "q4_K:sve_dotprod:1x4vl")
+          "q4_K:sve_dotprod:1x4vl", "q4_K:sve_dotprod:12x1vl", "q4_K:sve_dotprod:1x3vl")
 SPECS = [tilegen.parse_spec(s) for s in KQ_SVE]
 # (cpu, VL in bits): qemu's max CPU at 128/256/512/2048 and two SVE cores at their own VL
 RUNS = [("max", 128), ("max", 256), ("max", 512), ("max", 2048), ("neoverse-v1", None),
