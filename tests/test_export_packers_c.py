@@ -20,11 +20,14 @@ import pytest
 
 from tilegen.build.toolchain import discover
 from tilegen.export.files import ExportFile
-from tilegen.export.packers_c import PACK_DIR, PACKERS, PARAMS_HEADER, SME_PACKERS, packer_sources
+from tilegen.export.packers_c import (ALL_PACKERS, KQUANT_PACKERS, PACK_DIR, PACKERS, PARAMS_HEADER,
+                                     SME_PACKERS, packer_sources)
 from tilegen.layout.bf16 import BF16PLhs2, BF16PRhs2B
 from tilegen.layout.f16 import F16PLhs2
 from tilegen.layout.f32 import F32PackedLHS, F32PackedRHS
-from tilegen.layout.ggml import quantize_q4_0
+from tilegen.layout.ggml import (BLOCK_Q4_K_BYTES, BLOCK_Q6_K_BYTES, quantize_q4_0, random_q4_k,
+                                 random_q6_k)
+from tilegen.layout.kquant import Q4KP, Q6KP, Q8KP
 from tilegen.layout.lhs_int8 import QAI8DXP, QSI8D32P, QSI8D32PScaleTail
 from tilegen.layout.rhs_int4 import QSI4C32PS1S0ScaleF16, QSI4C32PScaleF16
 from tilegen.layout.rhs_int8 import QSI8CXP
@@ -74,8 +77,8 @@ def test_tree_files():
     files = packer_sources()
     assert all(isinstance(f, ExportFile) for f in files)
     paths = [f.path for f in files]
-    assert len(paths) == len(set(paths)) == 2 * len(PACKERS) + 1
-    for name in PACKERS:
+    assert len(paths) == len(set(paths)) == 2 * len(ALL_PACKERS) + 1
+    for name in ALL_PACKERS:
         assert f"{PACK_DIR}/{name}.h" in paths and f"{PACK_DIR}/{name}.c" in paths
     assert packer_sources() == files                       # deterministic
 
@@ -693,3 +696,91 @@ def test_f32p2vlx1biasf32_golden_at_svl256(lib):
                              (n, k), int(z["packed_size"]), Path(f).stem))
     assert len(cases) >= 4
     _batch(lib, cases, svl=32)
+
+
+# --------------------------------------------------------------------------------------------
+# K-quants: q8kp (LHS), q4kp / q6kp (RHS from ggml blocks) and their row dequantisers
+
+KQ_TILES = ((1, 8), (1, 16), (4, 8), (4, 16), (8, 16), (16, 4), (3, 32), (2, 2))
+
+
+def test_q8kp(lib):
+    """The C quantiser writes Q8KP.pack's bytes: rows m off mr, m_idx_start > 0 (the slots
+    before it untouched), padded row strides, the slots after the last row zeroed."""
+    rng = np.random.default_rng(2501)
+    name = "kai_run_lhs_quant_pack_q8kp_f32"
+    n4 = name[8:]
+    cases = []
+    for mr, kr in KQ_TILES:
+        lay = Q8KP(mr, kr)
+        for k in (256, 512, 768):
+            m, ms = int(rng.integers(1, 2 * mr + 3)), int(rng.integers(0, mr + 2))
+            stride = 4 * k + int(rng.choice([0, 4, 12]))
+            x = _lhs_rows(rng, m, k)
+            exp = lay.pack(x, m_idx_start=ms)
+            size = lay.region_size(m, k, ms)
+            call = (name, [U(m), U(k), U(mr), U(kr), U(2), U(ms), IN(_rows_bytes(x, stride)),
+                           U(stride), OUT(size)], False)
+            skipped = (ms % mr) * lay.row_block_stride(k) // mr
+            cases.append((call, dict(expected=exp, unwritten=skipped),
+                          f"q8kp {mr}x{kr} m={m} k={k} ms={ms} stride={stride}"))
+            cases.append(_getter(f"kai_get_lhs_packed_size_{n4}", (m, k, mr, kr, 2),
+                                 lay.packed_size(m, k), "size"))
+            cases.append(_getter(f"kai_get_lhs_packed_offset_{n4}", (ms, k, mr, kr, 2),
+                                 lay.packed_offset(ms, k), "offset"))
+        cases.append(_getter(f"kai_get_m_step_{n4}", (mr,), mr, "m_step"))
+    _batch(lib, cases)
+
+
+def _kq_rhs_cases(cls, random_blocks, block_bytes, tag, seed):
+    """Pack calls (checked against the layout's pack_from_ggml) and row dequantiser calls
+    (checked against dequantize_rows, i.e. gguf.quants, bit for bit) of one K-quant RHS."""
+    rng = np.random.default_rng(seed)
+    name = f"kai_run_rhs_pack_nxk_{tag}"
+    n4 = name[8:]
+    packs, rows = [], []
+    for nr, kr in KQ_TILES:
+        lay = cls(nr, kr)
+        for k in (256, 768):
+            n = int(rng.integers(1, 3 * nr + 2))
+            raw = random_blocks(n, k, int(rng.integers(1 << 30))).reshape(n, -1)
+            pad = int(rng.choice([0, 16]))
+            stride = k // 256 * block_bytes + pad
+            src = np.zeros((n, stride), np.uint8)
+            src[:, :raw.shape[1]] = raw
+            exp = lay.pack_from_ggml(raw, n, k)
+            call = (name, [U(1), U(n), U(k), U(nr), U(kr), U(2), U(stride if pad else 0), IN(src),
+                           NULL, NULL, OUT(lay.packed_size(n, k)), U(0), NULL], False)
+            packs.append((call, dict(expected=exp), f"{tag} {nr}x{kr} n={n} k={k} pad={pad}"))
+            packs.append(_getter(f"kai_get_rhs_packed_size_{n4}", (n, k, nr, kr, 2),
+                                 lay.packed_size(n, k), "size"))
+            packs.append(_getter(f"kai_get_rhs_packed_offset_{n4}", (nr, k, nr, kr, 2),
+                                 lay.packed_offset(nr, k), "offset"))
+            for row in sorted({0, n - 1, int(rng.integers(n))}):
+                want = lay.dequantize_rows(exp, n, k, [row])[0]
+                rows.append(((f"kai_run_dequant_row_{n4}", [U(row), U(k), U(nr), U(kr), IN(exp),
+                                                             OUT(4 * k)], False),
+                             want, f"{tag} dequant {nr}x{kr} n={n} k={k} row={row}"))
+        packs.append(_getter(f"kai_get_n_step_{n4}", (nr,), nr, "n_step"))
+    return packs, rows
+
+
+@pytest.mark.parametrize("tag", ["q4kp_q4k", "q6kp_q6k"])
+def test_kquant_rhs(lib, tag):
+    """The C repacks of ggml block_q4_K / block_q6_K rows write the layout object's bytes
+    (whole groups, padding columns zero; rows with a padded stride), and the row dequantisers
+    give gguf.quants' floats bit for bit."""
+    args = ((Q4KP, random_q4_k, BLOCK_Q4_K_BYTES, tag, 2502) if tag == "q4kp_q4k"
+            else (Q6KP, random_q6_k, BLOCK_Q6_K_BYTES, tag, 2503))
+    packs, rows = _kq_rhs_cases(*args)
+    _batch(lib, packs)
+    outs = _run(lib, [c for c, _, _ in rows])
+    for (call, want, label), o in zip(rows, outs):
+        got, written = _split(o, label)
+        assert written.all(), label
+        got = got.view(np.float32)
+        assert np.array_equal(got.view(np.uint32), want.astype(np.float32).view(np.uint32)), label
+
+
+def test_kquant_packers_listed():
+    assert set(KQUANT_PACKERS) <= set(ALL_PACKERS) and not set(KQUANT_PACKERS) & set(PACKERS)

@@ -71,13 +71,15 @@ from ..layout.base import c_expr, eval_expr
 from ..layout.bf16 import BF16PLhs2, BF16PRhs2B
 from ..layout.f16 import F16PLhs2
 from ..layout.f32 import F32PackedLHS, F32PackedRHS
+from ..layout import ggml as gg
+from ..layout.kquant import Q4KP, Q6KP, Q8KP
 from ..layout.lhs_int8 import QAI8DXP, QSI8D32P, QSI8D32PScaleTail
 from ..layout.rhs_int4 import QSI4C32PS1S0ScaleF16, QSI4C32PScaleF16
 from ..layout.rhs_int8 import QSI8CXP
 from .files import ExportFile
 
 __all__ = ["packer_sources", "PACKERS", "PACK_DIR", "PARAMS_HEADER", "SME_PACKERS",
-           "COMPILE_OPTIONS"]
+           "COMPILE_OPTIONS", "KQUANT_PACKERS", "ALL_PACKERS"]
 
 PACK_DIR = "kai/ukernels/matmul/pack"
 PARAMS_HEADER = "kai/kai_pack_params.h"
@@ -97,6 +99,15 @@ PACKERS = (
     "kai_rhs_pack_nxk_f32p2vlx1biasf32_f32_f32_sme",
 )
 SME_PACKERS = tuple(p for p in PACKERS if p.endswith("_sme"))
+#: tilegen's own packers for the K-quant kernels (no KleidiAI counterpart; llama.cpp calls them
+#: with tilegen/export/llama-kquants.patch): the q8kp activations, and lossless repacks of ggml
+#: block_q4_K / block_q6_K rows with a row dequantiser each (llama.cpp's GET_ROWS).
+KQUANT_PACKERS = (
+    "kai_lhs_quant_pack_q8kp_f32",
+    "kai_rhs_pack_nxk_q4kp_q4k",
+    "kai_rhs_pack_nxk_q6kp_q6k",
+)
+ALL_PACKERS = PACKERS + KQUANT_PACKERS
 
 # Extra compiler options per generated file (path -> options).  None are needed: the SME
 # packers encode RDSVL with .inst, f16 conversion is C's _Float16 (AArch64 baseline).
@@ -490,6 +501,129 @@ def _f32p2vlx1biasf32():
 
 
 # ----------------------------------------------------------------------------------------
+# K-quants: q8kp (LHS), q4kp and q6kp (RHS from ggml blocks)
+# ----------------------------------------------------------------------------------------
+_KQ_KRS = (2, 4, 8, 16, 32)
+
+
+def _q8kp():
+    name = "kai_lhs_quant_pack_q8kp_f32"
+    ref = Q8KP(1, 8)
+    qk, db, nb = ref.qk, ref.d_bytes, ref.bsum_count
+    geo = list(_grid(mr=(1, 2, 4, 8, 16), kr=_KQ_KRS, k=(256, 512, 1024)))
+    lay = lambda mr, kr, **_: Q8KP(mr, kr)  # noqa: E731
+    rec = _check(f"mr * ({qk} + {db} + 2 * {nb})", lambda k, **g: lay(**g).sb_record_bytes, geo)
+    stride = _check(f"(k // {qk}) * mr * ({qk} + {db} + 2 * {nb})",
+                    lambda k, **g: lay(**g).row_block_stride(k), geo)
+    d_off = _check(f"mr * {qk}", lambda k, **g: lay(**g).d_offset, geo)
+    hi_off = _check(f"mr * ({qk} + {db})", lambda k, **g: lay(**g).bsum_hi_offset, geo)
+    lo_off = _check(f"mr * ({qk} + {db} + {nb})", lambda k, **g: lay(**g).bsum_lo_offset, geo)
+    egeo = [dict(g, x=x, t=t) for g in geo[::3] for x in (0, g["mr"] - 1) for t in (0, 5, 37, 300)
+            if t < g["k"]]
+    elem = _check(f"(t // {qk}) * mr * ({qk} + {db} + 2 * {nb}) + (t % {qk}) // (kr // 2) * "
+                  "(mr * (kr // 2)) + x * (kr // 2) + (t % (kr // 2))",
+                  lambda x, t, **g: lay(**g).element_offset(x, t), egeo)
+    protos, getters = _lhs_getters(name, "const float*", bl=False, bl_in_stride=False, m_step="mr")
+    return _Packer(name, protos, "q8kp<mr>x<kr/2> (tilegen.layout.kquant.Q8KP)", "q8kp",
+                   "q8kp.c.j2",
+                   dict(getters, stride=stride, rec=rec, d_off=d_off, hi_off=hi_off, lo_off=lo_off,
+                        elem=elem.replace("x *", "slot *"), qk=qk, db=db, nb=nb,
+                        sub=ref.sub_k, bsum_shift=7))
+
+
+_KQ_RUN = ("void kai_run_{n4}(size_t num_groups, size_t n, size_t k, size_t nr, size_t kr, "
+           "size_t sr, size_t rhs_stride, const void* rhs, const void* bias, const void* scale, "
+           "void* rhs_packed, size_t extra_bytes, const void* params)")
+
+
+def _kq_rhs_protos(n4: str) -> list[str]:
+    P = "size_t nr, size_t kr, size_t sr"
+    return [
+        f"size_t kai_get_n_step_{n4}(size_t nr)",
+        f"size_t kai_get_rhs_offset_{n4}(size_t n_idx, size_t rhs_stride)",
+        f"size_t kai_get_rhs_packed_stride_{n4}(size_t k, {P})",
+        f"size_t kai_get_rhs_packed_offset_{n4}(size_t n_idx, size_t k, {P})",
+        f"size_t kai_get_rhs_packed_size_{n4}(size_t n, size_t k, {P})",
+        _KQ_RUN.format(n4=n4),
+        f"void kai_run_dequant_row_{n4}(size_t row, size_t k, size_t nr, size_t kr, "
+        "const void* rhs_packed, float* out)",
+    ]
+
+
+def _kq_geo():
+    return list(_grid(nr=(1, 4, 8, 12, 16, 64), kr=_KQ_KRS, k=(256, 512)))
+
+
+def _q4kp():
+    name = "kai_rhs_pack_nxk_q4kp_q4k"
+    ref = Q4KP(4, 8)
+    qk, db, sbk, nsb = ref.qk, ref.d_bytes, ref.sub_k, ref.subblocks
+    geo = _kq_geo()
+    lay = lambda nr, kr, **_: Q4KP(nr, kr)  # noqa: E731
+    rec = _check(f"nr * (2 * {db} + 2 * {nsb} + {nsb} * {sbk} // 2)",
+                 lambda k, **g: lay(**g).sb_record_bytes, geo)
+    stride = _check(f"(k // {qk}) * nr * (2 * {db} + 2 * {nsb} + {nsb} * {sbk} // 2)",
+                    lambda k, **g: lay(**g).group_stride(k), geo)
+    cgeo = [dict(g, c=c, j=j) for g in geo for c in (0, g["nr"] - 1) for j in (0, 5)]
+    d_f = _check(f"c * {db}", lambda c, j, **g: lay(**g).d_offset + c * db, cgeo)
+    dmin_f = _check(f"nr * {db} + c * {db}", lambda c, j, **g: lay(**g).dmin_offset + c * db, cgeo)
+    sc_f = _check(f"nr * 2 * {db} + j * nr + c", lambda c, j, **g: lay(**g).scale_offset(j, c), cgeo)
+    m_f = _check(f"nr * (2 * {db} + {nsb}) + c * {nsb} + j",
+                 lambda c, j, **g: lay(**g).min_offset(c, j), cgeo)
+    tgeo = [dict(g, c=c, t=t) for g in geo for c in (0, g["nr"] - 1) for t in (0, 3, 37, 255)]
+    nib = _check(f"nr * (2 * {db} + 2 * {nsb}) + (t // {sbk}) * (nr * {sbk} // 2) + "
+                 f"(t % {sbk}) // kr * (nr * kr // 2) + c * (kr // 2) + (t % kr) % (kr // 2)",
+                 lambda c, t, **g: lay(**g).nibble_offset(c, t)[0], tgeo)
+    shift = _check("(t % kr) // (kr // 2) * 4", lambda c, t, **g: 4 * lay(**g).nibble_offset(c, t)[1],
+                   tgeo)
+    n4 = name[4:]
+    return _Packer(name, _kq_rhs_protos(n4), "q4kp<nr>x<kr/2> (tilegen.layout.kquant.Q4KP)", "q4kp",
+                   "q4kp.c.j2",
+                   dict(stride=stride, rec=rec, d_f=d_f, dmin_f=dmin_f, sc_f=sc_f, m_f=m_f,
+                        nib=nib, shift=shift, qk=qk, nsb=nsb, sbk=sbk,
+                        blk=gg.BLOCK_Q4_K_BYTES, b_d=gg.Q4_K_D, b_dmin=gg.Q4_K_DMIN,
+                        b_sc=gg.Q4_K_SCALES, b_qs=gg.Q4_K_QS))
+
+
+def _q6kp():
+    name = "kai_rhs_pack_nxk_q6kp_q6k"
+    ref = Q6KP(4, 8)
+    qk, db, nsb = ref.qk, ref.d_bytes, ref.subblocks
+    geo = _kq_geo()
+    lay = lambda nr, kr, **_: Q6KP(nr, kr)  # noqa: E731
+    rec = _check(f"nr * ({db} + {nsb} + {qk} // 2 + {qk} // 4)",
+                 lambda k, **g: lay(**g).sb_record_bytes, geo)
+    stride = _check(f"(k // {qk}) * nr * ({db} + {nsb} + {qk} // 2 + {qk} // 4)",
+                    lambda k, **g: lay(**g).group_stride(k), geo)
+    cgeo = [dict(g, c=c, j=j) for g in geo for c in (0, g["nr"] - 1) for j in (0, 11)]
+    d_f = _check(f"c * {db}", lambda c, j, **g: lay(**g).d_offset + c * db, cgeo)
+    sc_f = _check(f"nr * {db} + j * nr + c", lambda c, j, **g: lay(**g).scale_offset(j, c), cgeo)
+    low_f = _check(f"nr * ({db} + {nsb})", lambda c, j, **g: lay(**g).low_plane_offset, cgeo)
+    high_f = _check(f"nr * ({db} + {nsb} + {qk} // 2)",
+                    lambda c, j, **g: lay(**g).high_plane_offset, cgeo)
+    tgeo = [dict(g, c=c, t=t) for g in geo for c in (0, g["nr"] - 1) for t in (0, 3, 37, 130, 255)]
+    lowp = _check("t // kr * (nr * kr // 2) + c * (kr // 2) + (t % kr) % (kr // 2)",
+                  lambda c, t, **g: lay(**g).low_offset(c, t)[0], tgeo)
+    lows = _check("(t % kr) // (kr // 2) * 4", lambda c, t, **g: 4 * lay(**g).low_offset(c, t)[1],
+                  tgeo)
+    half = f"(nr * {qk} // 4)"
+    p_py = "t // kr * (nr * kr // 2) + c * (kr // 2) + (t % kr) % (kr // 2)"
+    hs_py = "(t % kr) // (kr // 2) * 4"
+    _check(f"({p_py}) % {half}", lambda c, t, **g: lay(**g).high_field(c, t)[0], tgeo)
+    _check(f"({p_py}) // {half} * 4 + ({hs_py}) // 2",
+           lambda c, t, **g: lay(**g).high_field(c, t)[1], tgeo)
+    hbyte, hbit = c_expr(f"p % {half}"), c_expr(f"p // {half} * 4 + hs // 2")
+    n4 = name[4:]
+    return _Packer(name, _kq_rhs_protos(n4), "q6kp<nr>x<kr/2> (tilegen.layout.kquant.Q6KP)", "q6kp",
+                   "q6kp.c.j2",
+                   dict(stride=stride, rec=rec, d_f=d_f, sc_f=sc_f, low_f=low_f, high_f=high_f,
+                        lowp=lowp, lows=lows, hbyte=hbyte, hbit=hbit, qk=qk, nsb=nsb,
+                        sub6=ref.sub_k6, hxor=ref.h_xor,
+                        blk=gg.BLOCK_Q6_K_BYTES, b_ql=gg.Q6_K_QL, b_qh=gg.Q6_K_QH,
+                        b_sc=gg.Q6_K_SCALES, b_d=gg.Q6_K_D))
+
+
+# ----------------------------------------------------------------------------------------
 # the tree
 # ----------------------------------------------------------------------------------------
 def _builders():
@@ -507,6 +641,9 @@ def _builders():
         "kai_rhs_pack_nxk_qsi8cxp_qsi8cx_neon": _qsi8cxp,
         "kai_rhs_pack_kxn_bf16p2vlx2b_f32_x32_sme": _bf16p2vlx2b,
         "kai_rhs_pack_nxk_f32p2vlx1biasf32_f32_f32_sme": _f32p2vlx1biasf32,
+        "kai_lhs_quant_pack_q8kp_f32": _q8kp,
+        "kai_rhs_pack_nxk_q4kp_q4k": _q4kp,
+        "kai_rhs_pack_nxk_q6kp_q6k": _q6kp,
     }
 
 
@@ -516,8 +653,8 @@ def packer_sources() -> list[ExportFile]:
     common = dict(version=__version__, pack_dir=PACK_DIR, params_header=PARAMS_HEADER)
     out = [ExportFile(PARAMS_HEADER, render_template("export/pack/params.h.j2", **common))]
     builders = _builders()
-    assert tuple(builders) == PACKERS
-    for name in PACKERS:
+    assert tuple(builders) == ALL_PACKERS
+    for name in ALL_PACKERS:
         p = builders[name]()
         assert p.name == name
         ctx = dict(common, name=name, n4=name[4:], P=p.protos, layout=p.layout, anchor=p.anchor)

@@ -271,8 +271,13 @@ def dequantize_q8_0(raw: np.ndarray, n: int, k: int) -> np.ndarray:
 QK_K = 256
 BLOCK_Q4_K_BYTES = 144
 BLOCK_Q6_K_BYTES = 210
+# byte offsets of the fields inside one block (the C packers of the export read them too)
+Q4_K_D, Q4_K_DMIN, Q4_K_SCALES, Q4_K_QS = 0, 2, 4, 16
+Q6_K_QL, Q6_K_QH, Q6_K_SCALES, Q6_K_D = 0, 128, 192, 208
 
 __all__ += ["QK_K", "BLOCK_Q4_K_BYTES", "BLOCK_Q6_K_BYTES", "check_superblocks",
+            "Q4_K_D", "Q4_K_DMIN", "Q4_K_SCALES", "Q4_K_QS", "Q6_K_QL", "Q6_K_QH", "Q6_K_SCALES",
+            "Q6_K_D",
             "split_q4_k", "join_q4_k", "q4_k_values", "dequantize_q4_k", "check_q4_k_scales",
             "split_q6_k", "join_q6_k", "q6_k_values", "dequantize_q6_k", "check_q6_k_scales",
             "random_q4_k", "random_q6_k", "refuse_float_kquant"]
@@ -307,13 +312,13 @@ def split_q4_k(raw, n: int, k: int) -> tuple[np.ndarray, ...]:
     sc uint8 (n, S, 8), m uint8 (n, S, 8), q uint8 (n, k) 0..15 in k order), S = k/256."""
     b = _kquant_blocks(raw, n, k, BLOCK_Q4_K_BYTES, "Q4_K")
     n, S = b.shape[:2]
-    d = np.ascontiguousarray(b[..., 0:2]).view("<u2").reshape(n, S)
-    dmin = np.ascontiguousarray(b[..., 2:4]).view("<u2").reshape(n, S)
-    s = b[..., 4:16].astype(np.uint8)
+    d = np.ascontiguousarray(b[..., Q4_K_D:Q4_K_D + 2]).view("<u2").reshape(n, S)
+    dmin = np.ascontiguousarray(b[..., Q4_K_DMIN:Q4_K_DMIN + 2]).view("<u2").reshape(n, S)
+    s = b[..., Q4_K_SCALES:Q4_K_QS].astype(np.uint8)
     lo4, mid4, hi4 = s[..., 0:4], s[..., 4:8], s[..., 8:12]
     sc = np.concatenate([lo4 & 63, (hi4 & 15) | ((lo4 >> 6) << 4)], axis=-1)
     m = np.concatenate([mid4 & 63, (hi4 >> 4) | ((mid4 >> 6) << 4)], axis=-1)
-    qs = b[..., 16:].reshape(n, S, 4, 1, 32)
+    qs = b[..., Q4_K_QS:].reshape(n, S, 4, 1, 32)
     q = np.concatenate([qs & 15, qs >> 4], axis=3).reshape(n, k)
     return d, dmin, sc.astype(np.uint8), m.astype(np.uint8), q.astype(np.uint8)
 
@@ -367,10 +372,10 @@ def split_q6_k(raw, n: int, k: int) -> tuple[np.ndarray, ...]:
     0..63 in k order; the weight is d*sc*(q - 32))."""
     b = _kquant_blocks(raw, n, k, BLOCK_Q6_K_BYTES, "Q6_K")
     n, S = b.shape[:2]
-    ql = b[..., 0:128].reshape(n, S, 2, 64)
-    qh = b[..., 128:192].reshape(n, S, 2, 1, 32)
-    sc = np.ascontiguousarray(b[..., 192:208]).view(np.int8).reshape(n, S, 16)
-    d = np.ascontiguousarray(b[..., 208:210]).view("<u2").reshape(n, S)
+    ql = b[..., Q6_K_QL:Q6_K_QH].reshape(n, S, 2, 64)
+    qh = b[..., Q6_K_QH:Q6_K_SCALES].reshape(n, S, 2, 1, 32)
+    sc = np.ascontiguousarray(b[..., Q6_K_SCALES:Q6_K_D]).view(np.int8).reshape(n, S, 16)
+    d = np.ascontiguousarray(b[..., Q6_K_D:Q6_K_D + 2]).view("<u2").reshape(n, S)
     low = np.concatenate([ql & 15, ql >> 4], axis=-1)                          # (n, S, 2, 128)
     shifts = np.array([0, 2, 4, 6], np.uint8).reshape(1, 1, 1, 4, 1)
     high = ((qh >> shifts) & 3).reshape(n, S, 2, 128)
