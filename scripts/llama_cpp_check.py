@@ -63,14 +63,24 @@ GGML_ARM_ARCH = "armv8.2-a+dotprod+fp16"
 #: llama.cpp's own tools run: llama-debug saves a prompt's last logits; llama-batched (one
 #: sequence, --temp 0) decodes greedily with a settable thread count (llama-simple has none and
 #: its default of 4 threads on 2 emulated cores is ~20x slower).
-TARGETS = ("llama-debug", "llama-batched")
+TARGETS = ("llama-debug", "llama-batched", "llama-quantize")
+#: The llama.cpp patch the ON build carries (docs/llama_cpp_check.md#k-quants): KleidiAI-backend
+#: table entries, repack, LHS packing and GET_ROWS for Q4_K/Q6_K on tilegen's K-quant kernels.
+KQUANTS_PATCH = REPO / "tilegen" / "export" / "llama-kquants.patch"
+#: Weight types: the synthetic model's own (tilegen.synth_gguf) and Q4_K_M, made from its F16
+#: variant by llama.cpp's own llama-quantize (so the K-quant bytes are ggml's).
+KQUANT_TYPES = ("q4_k_m",)
+TYPES = tuple(sg.TYPES) + KQUANT_TYPES
+#: ggml types whose MUL_MATs the ON build must run on tilegen's K-quant kernels
+KQUANT_GGML = ("q4_K", "q6_K")
 THREADS = 2
 STEPS = 16
 #: llama-debug's prompt per weight type: Q4_0/Q8_0 get 133 tokens, so that with an SME thread
 #: cap below the thread count KleidiAI splits the batch between its SME and non-SME kernels
 #: (only for 128+ rows); F16 has no non-SME KleidiAI kernel to split with, and F16 arithmetic
 #: is slow under qemu (a 133-token F16 prompt takes ~25 s), so it keeps the short prompt.
-LOGITS_PROMPT = {"q4_0": sg.LONG_PROMPT, "q8_0": sg.LONG_PROMPT, "f16": sg.PROMPT}
+LOGITS_PROMPT = {"q4_0": sg.LONG_PROMPT, "q8_0": sg.LONG_PROMPT, "f16": sg.PROMPT,
+                 "q4_k_m": sg.LONG_PROMPT}
 
 #: CPU models run (qemu -cpu), with the features KleidiAI's selection sees.
 CPUS = {
@@ -89,7 +99,7 @@ CPUS = {
 #: rows), f16/bf16 operands. q8_0 is looser because KleidiAI also requantises Q8_0 weights per
 #: channel (qsi8cx). TOLERANCE bounds ON against OFF with the same numbers (the triangle
 #: inequality would allow their sum).
-REF_TOLERANCE = {"q4_0": 0.06, "q8_0": 0.08, "f16": 0.02}
+REF_TOLERANCE = {"q4_0": 0.06, "q8_0": 0.08, "f16": 0.02, "q4_k_m": 0.08}
 TOLERANCE = dict(REF_TOLERANCE)
 #: The float64 reference's greedy steps must be at least this far from a tie, so that any
 #: token difference is a failure (the model is built for margins of ~4).
@@ -159,6 +169,42 @@ def tree_hash(path: Path) -> str:
     return h.hexdigest()
 
 
+def patched_source(src: Path, patch: Path) -> tuple[Path, Path]:
+    """(llama.cpp tree with ``patch`` applied, its root): ``<cache>/llama/kq-<hash>/`` holds the
+    tree at the same path relative to it as ``src`` has relative to the llama cache dir, so the
+    build dir ``<root>/<version>-on-<hash>/build`` reaches it by the same relative path as the
+    unpatched builds reach theirs and ccache (base dir: the llama cache dir) hands the patched
+    build every object the patch does not touch. Made once (hard links of ``src``, real copies
+    of the patched directory), under a lock; ``patch -p1`` must apply cleanly."""
+    text = patch.read_bytes()
+    try:
+        rel = src.relative_to(llama_root())
+    except ValueError:
+        rel = Path("llama_cpp_python") / "vendor" / "llama.cpp"
+    digest = hashlib.sha256(text + str(src).encode()).hexdigest()[:12]
+    root = llama_root() / f"kq-{digest}"
+    dst = root / rel
+    stamp = root / ".tilegen-complete"
+    root.mkdir(parents=True, exist_ok=True)
+    with open(root / ".lock", "a+") as lk:
+        fcntl.flock(lk, fcntl.LOCK_EX)
+        if stamp.is_file():
+            return dst, root
+        shutil.rmtree(root / rel.parts[0], ignore_errors=True)
+        dst.parent.mkdir(parents=True, exist_ok=True)
+        run(["cp", "-al", str(src), str(dst)], "hard-link copy of the llama.cpp tree")
+        touched = sorted({str(Path(line[6:].split()[0]).parent)
+                          for line in text.decode().splitlines() if line.startswith("+++ b/")})
+        for d in touched:      # the patched files: real copies, never the cache's own bytes
+            shutil.rmtree(dst / d)
+            shutil.copytree(src / d, dst / d)
+        run(["patch", "-p1", "--forward", "--no-backup-if-mismatch", "-d", str(dst), "-i",
+             str(patch)], f"patch -p1 < {patch.name}")
+        stamp.write_text(json.dumps({"patch": patch.name, "src": str(src)}) + "\n")
+    log(f"patched llama.cpp tree: {dst} ({patch.name})")
+    return dst, root
+
+
 # ---------------------------------------------------------------------------------------------
 # build
 
@@ -223,7 +269,7 @@ def cmake_flags(kleidiai: bool, export: Path | None) -> list[str]:
         f"-DCMAKE_C_COMPILER_LAUNCHER={CCACHE}",
         f"-DCMAKE_CXX_COMPILER_LAUNCHER={CCACHE}",
         "-DLLAMA_BUILD_TESTS=OFF",
-        "-DLLAMA_BUILD_TOOLS=OFF",
+        "-DLLAMA_BUILD_TOOLS=ON",           # llama-quantize (only the TARGETS are built)
         "-DLLAMA_BUILD_SERVER=OFF",
         "-DLLAMA_BUILD_EXAMPLES=ON",        # llama-debug, llama-batched
         "-DLLAMA_CURL=OFF",
@@ -277,7 +323,7 @@ def sync_tree(src: Path, dst: Path) -> int:
 
 
 def build(name: str, src: Path, sysroot: Path, export: Path | None, jobs: int,
-          rebuild: bool) -> Build:
+          rebuild: bool, root: Path | None = None) -> Build:
     """The ``off`` build, or an ON build (``on``, ``real``) against the KleidiAI tree
     ``export``, from the cache when current.
 
@@ -295,7 +341,7 @@ def build(name: str, src: Path, sysroot: Path, export: Path | None, jobs: int,
            "toolchain": tc, "clang": clang_version(),
            "sysroot": (sysroot / ".tilegen-complete").read_text()}
     digest = hashlib.sha256(json.dumps(key, sort_keys=True).encode()).hexdigest()[:12]
-    bdir = llama_root() / f"{LLAMA_CPP_PYTHON_VERSION}-{name}-{digest}"
+    bdir = (root or llama_root()) / f"{LLAMA_CPP_PYTHON_VERSION}-{name}-{digest}"
     flags = cmake_flags(kleidiai, bdir / "kleidiai-src" if kleidiai else None)
     export_hash = None
     if kleidiai:
@@ -369,6 +415,10 @@ class Run:
     kernels: str = ""   # what KleidiAI reported selecting
     seconds: float = 0.0
     error: str | None = None
+    #: K-quant MUL_MATs the KleidiAI backend logged (-v, the patch's debug line) per weight:
+    #: {weight name: [count in llama-debug, count in llama-batched]}, and the kernels they ran on
+    kq_calls: dict = dataclasses.field(default_factory=dict)
+    kq_kernels: tuple = ()
 
 
 def is_sme_cpu(cpu: str) -> bool:
@@ -410,6 +460,11 @@ def guest(tb, sysroot: Path, cpu: str, argv: list[str], env: dict[str, str]) -> 
     return cmd + argv
 
 
+def kleidiai_picks(report: str) -> str:
+    """A kleidiai_report without the K-quant picks (which only the patched build reports)."""
+    return " ".join(w for w in report.split() if w.split(":")[0] not in KQUANT_GGML)
+
+
 def kleidiai_report(text: str) -> str:
     """KleidiAI's kernel choice as logged ("kleidiai: primary q4 kernel feature I8MM")."""
     picks = []
@@ -419,6 +474,37 @@ def kleidiai_report(text: str) -> str:
             if len(w) >= 4 and f"{w[0]}:{w[-1]}" not in picks:
                 picks.append(f"{w[0]}:{w[-1]}")
     return " ".join(picks)
+
+
+def kquant_matmuls(text: str) -> list[tuple[str, str, str]]:
+    """(weight, ggml type, kernels) of each K-quant MUL_MAT the KleidiAI backend logged at debug
+    level (llama-kquants.patch: "kleidiai: MUL_MAT blk.0.attn_q.weight (q4_K) m=.. n=.. k=..:
+    I8MM gemm")."""
+    out = []
+    for line in text.splitlines():
+        if "kleidiai: MUL_MAT " not in line:
+            continue
+        w = line.split("kleidiai: MUL_MAT ", 1)[1].split()
+        if len(w) >= 7 and w[1].strip("()") in KQUANT_GGML:
+            out.append((w[0], w[1].strip("()"), " ".join(w[5:7])))
+    return out
+
+
+def check_kquant_calls(r: "Run", weights: dict[str, str]) -> list[str]:
+    """Problems with an ON run's K-quant MUL_MATs: every Q4_K/Q6_K weight used by a MUL_MAT
+    (``weights``: name -> ggml type; token_embd is a GET_ROWS) must be logged, each as often as
+    the others within one tool's run (once per graph evaluation), and nothing else."""
+    problems = []
+    got = set(r.kq_calls)
+    if got != set(weights):
+        problems.append(f"K-quant MUL_MATs on the KleidiAI backend: missing "
+                        f"{sorted(set(weights) - got)}, unexpected {sorted(got - set(weights))}")
+    for i, tool in enumerate(("llama-debug", "llama-batched")):
+        counts = {c[i] for c in r.kq_calls.values()}
+        if len(counts) > 1 or 0 in counts:
+            problems.append(f"{tool}: K-quant MUL_MAT counts per weight differ: "
+                            + ", ".join(f"{n} {c[i]}" for n, c in sorted(r.kq_calls.items())))
+    return problems
 
 
 def one_run(tb, sysroot: Path, b: Build, cpu: str, sme: str, wtype: str, model: Path,
@@ -437,6 +523,7 @@ def one_run(tb, sysroot: Path, b: Build, cpu: str, sme: str, wtype: str, model: 
                                          "-c", "256", "-fa", "off", "--no-warmup", "-v"], env),
                 f"llama-debug {b.name} {cpu} sme={sme} {wtype}", log_file=out / "run.log")
         r.kernels = kleidiai_report(p.stdout + p.stderr)
+        kq = [kquant_matmuls(p.stdout + p.stderr)]
         binf = out / f"llamacpp-{model.stem}.bin"
         r.logits = np.fromfile(binf, dtype=np.float32)
         if r.logits.shape != (sg.ModelConfig().n_vocab,) or not np.all(np.isfinite(r.logits)):
@@ -453,8 +540,14 @@ def one_run(tb, sysroot: Path, b: Build, cpu: str, sme: str, wtype: str, model: 
         p = run(guest(tb, sysroot, cpu, [str(b.bin / "llama-batched"), "-m", str(model),
                                          "-p", sg.PROMPT, "-np", "1", "-t", str(THREADS),
                                          "-n", str(len(sg.prompt_ids()) + STEPS), "--temp", "0",
-                                         "-c", "128"], env),
+                                         "-c", "128"] + (["-v"] if wtype in KQUANT_TYPES else []),
+                      env),
                 f"llama-batched {b.name} {cpu} sme={sme} {wtype}", log_file=out / "run.log")
+        kq.append(kquant_matmuls(p.stdout + p.stderr))
+        for i, calls in enumerate(kq):
+            for name, _, kern in calls:
+                r.kq_calls.setdefault(name, [0, 0])[i] += 1
+        r.kq_kernels = tuple(sorted({kern for calls in kq for _, _, kern in calls}))
         shown = "<s> " + sg.PROMPT  # the prompt's pieces: "<s>", "▁the", ...
         line = next((l for l in p.stdout.splitlines() if l.startswith(shown)), None)
         if line is None:
@@ -498,7 +591,12 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--llama-src", type=Path, metavar="DIR",
                    help="llama.cpp source tree (default: the llama-cpp-python "
                         f"{LLAMA_CPP_PYTHON_VERSION} sdist's vendor/llama.cpp, downloaded into the cache)")
-    p.add_argument("--types", default=",".join(sg.TYPES), help="weight types (default: all)")
+    p.add_argument("--types", default=",".join(TYPES),
+                   help=f"weight types (default: all of {', '.join(TYPES)}; q4_k_m is llama-quantize's "
+                        "Q4_K_M of the f16 model, run on the patched ON build)")
+    p.add_argument("--patch", type=Path, default=KQUANTS_PATCH,
+                   help="the patch the ON build's llama.cpp carries (default: "
+                        "tilegen/export/llama-kquants.patch)")
     p.add_argument("--cpus", default=",".join(CPUS),
                    help=f"CPU models for the ON builds (default: all of {', '.join(CPUS)})")
     p.add_argument("--off-cpus", default="n1",
@@ -525,8 +623,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     if not all(v.isdigit() for v in a.sme):
         p.error(f"--sme {','.join(a.sme)}: give non-negative integers")
     for t in a.types:
-        if t not in sg.TYPES:
-            p.error(f"unknown type {t!r} (choose from {', '.join(sg.TYPES)})")
+        if t not in TYPES:
+            p.error(f"unknown type {t!r} (choose from {', '.join(TYPES)})")
     for c in a.cpus + a.off_cpus:
         if c not in CPUS:
             p.error(f"unknown cpu {c!r} (choose from {', '.join(CPUS)})")
@@ -551,19 +649,50 @@ def export_tree(target: str, tuned: bool) -> Path:
     return out
 
 
+def quantized_model(tb, sysroot: Path, off: Build, wtype: str, work: Path,
+                    weights: dict[str, np.ndarray], cfg) -> tuple[Path, dict, dict[str, str]]:
+    """The K-quant model: the synthetic F16 model quantised by llama.cpp's own llama-quantize
+    (OFF build, under qemu), its weights dequantised from the file by gguf.quants (float64, the
+    reference's), and {weight: ggml type} of its Q4_K/Q6_K matrices that MUL_MATs use."""
+    import gguf
+    f16 = sg.write_gguf(work / "synthetic-f16.gguf", "f16", cfg)
+    model = work / f"synthetic-{wtype}.gguf"
+    run(guest(tb, sysroot, "n1", [str(off.bin / "llama-quantize"), str(f16), str(model),
+                                  wtype.upper(), str(THREADS)], {}),
+        f"llama-quantize {wtype}", log_file=work / f"quantize-{wtype}.log")
+    dq, kq = {}, {}
+    for t in gguf.GGUFReader(str(model)).tensors:
+        a = gguf.quants.dequantize(t.data, t.tensor_type)
+        dq[t.name] = np.asarray(a, np.float64).reshape(weights[t.name].shape)
+        if t.tensor_type.name in [k.upper() for k in KQUANT_GGML] and t.name != "token_embd.weight":
+            kq[t.name] = t.tensor_type.name.replace("_K", "_K")
+    if set(dq) != set(weights):
+        raise CheckError(f"{model.name}: tensors {sorted(set(dq) ^ set(weights))} differ from the model's")
+    types = {}
+    for n, ty in kq.items():
+        types[ty] = types.get(ty, 0) + 1
+    log(f"{wtype}: llama-quantize wrote {', '.join(f'{v} {k}' for k, v in sorted(types.items()))} "
+        "matrices used by MUL_MAT")
+    return model, dq, {n: ty.lower().replace("_k", "_K") for n, ty in kq.items()}
+
+
 def rel(d: np.ndarray, ref: np.ndarray) -> float:
     return float(np.max(np.abs(d)) / np.sqrt(np.mean(ref * ref)))
 
 
 def run_plan(builds: list[Build], cpus: list[str], off_cpus: list[str],
-             sme: list[str]) -> list[tuple[Build, str, str]]:
+             sme: list[str], kquant: bool = False) -> list[tuple[Build, str, str]]:
     """(build, cpu, GGML_KLEIDIAI_SME) of every run: the OFF build on ``off_cpus`` (the first is
     the reference), then each ON build (on, real: side by side) on ``cpus`` with SME off and,
-    on SME CPUs, with each cap in ``sme``."""
+    on SME CPUs, with each cap in ``sme``.  A K-quant model (``kquant``) runs only the patched
+    export build (the real KleidiAI has no K-quant kernel: its build runs ggml's, as OFF), with
+    SME off and with the cap = the thread count (SME on for every thread: the K-quant matmuls
+    must still reach tilegen's NEON kernels)."""
     plan = [(builds[0], c, "-") for c in off_cpus]
+    ons = [b for b in builds[1:] if not kquant or b.name == "on"]
     for c in cpus:
-        caps = ["0"] + ([v for v in sme if v != "0"] if is_sme_cpu(c) else [])
-        plan += [(b, c, v) for v in caps for b in builds[1:]]
+        caps = ([str(THREADS)] if kquant else [v for v in sme if v != "0"]) if is_sme_cpu(c) else []
+        plan += [(b, c, v) for v in ["0"] + caps for b in ons]
     return plan
 
 
@@ -577,7 +706,7 @@ def compare_real(exp: Run, real: Run) -> dict:
     if exp.error or real.error:
         problems.append(f"not compared: the {'export' if exp.error else 'real'} run failed")
     else:
-        if exp.kernels != real.kernels:
+        if kleidiai_picks(exp.kernels) != kleidiai_picks(real.kernels):
             problems.append(f"KleidiAI picked {exp.kernels!r} with the export, "
                             f"{real.kernels!r} with the real tree")
         d = exp.logits - real.logits
@@ -614,7 +743,8 @@ def main(argv: list[str] | None = None) -> int:
     if exported:
         a.export = export_tree(a.target, a.tuned)
     if a.export is not None:
-        builds.append(build("on", src, sysroot, a.export, a.jobs, a.rebuild))
+        psrc, proot = patched_source(src, a.patch)
+        builds.append(build("on", psrc, sysroot, a.export, a.jobs, a.rebuild, root=proot))
         if exported:    # the build dir holds its own copy (kleidiai-src)
             shutil.rmtree(a.export, ignore_errors=True)
         if not a.no_real:
@@ -629,11 +759,15 @@ def main(argv: list[str] | None = None) -> int:
     cfg = sg.ModelConfig()
     ids = sg.prompt_ids(cfg)
     weights = sg.make_weights(cfg)
-    plan = run_plan(builds, a.cpus, a.off_cpus, a.sme)
     rows, pairs, failed = [], [], False
     for wtype in a.types:
-        model = sg.write_gguf(work / f"synthetic-{wtype}.gguf", wtype, cfg)
-        dq = sg.dequantized(weights, wtype)
+        plan = run_plan(builds, a.cpus, a.off_cpus, a.sme, wtype in KQUANT_TYPES)
+        kq_weights: dict[str, str] = {}
+        if wtype in KQUANT_TYPES:
+            model, dq, kq_weights = quantized_model(tb, sysroot, builds[0], wtype, work, weights, cfg)
+        else:
+            model = sg.write_gguf(work / f"synthetic-{wtype}.gguf", wtype, cfg)
+            dq = sg.dequantized(weights, wtype)
         ref_toks, margins, _ = sg.greedy_reference(dq, ids, STEPS, cfg)
         ref_logits = sg.reference_logits(dq, sg.prompt_ids(cfg, LOGITS_PROMPT[wtype]), cfg)[-1]
         if min(margins) < MIN_MARGIN:
@@ -650,6 +784,10 @@ def main(argv: list[str] | None = None) -> int:
             row = {"type": wtype, "build": r.build, "cpu": r.cpu, "sme": r.sme,
                    "kernels": r.kernels or "-", "seconds": round(r.seconds, 1)}
             problems = []
+            if kq_weights and r.build == "on" and not r.error:
+                row["kq"] = [sum(c[i] for c in r.kq_calls.values()) for i in (0, 1)]
+                row["kq_kernels"] = ", ".join(r.kq_kernels)
+                problems += check_kquant_calls(r, kq_weights)
             if r.error:
                 problems.append(r.error)
             else:
@@ -706,17 +844,20 @@ def main(argv: list[str] | None = None) -> int:
 def print_table(rows: list[dict], builds: list[Build], t_build: float, t_run: float) -> None:
     def f(x, fmt):
         return format("-", ">" + fmt.split(".")[0]) if x is None else format(x, fmt)
-    hdr = (f"{'type':5} {'build':5} {'cpu':4} {'sme':3} {'kleidiai kernels':28} "
+    hdr = (f"{'type':6} {'build':5} {'cpu':4} {'sme':3} {'kleidiai kernels':42} "
            f"{'max|d|':>8} {'d/rms':>8} {'tok=':>4} {'d64/rms':>8} {'tok64':>5} {'s':>5}  result")
     print(hdr)
     print("-" * len(hdr))
     for r in rows:
-        print(f"{r['type']:5} {r['build']:5} {r['cpu']:4} {r['sme']:3} {r['kernels'][:28]:28} "
+        print(f"{r['type']:6} {r['build']:5} {r['cpu']:4} {r['sme']:3} {r['kernels'][:42]:42} "
               f"{f(r.get('max_abs'), '8.4f')} {f(r.get('d_ref'), '8.5f')} "
               f"{('yes' if r['tok_ref'] else 'NO') if 'tok_ref' in r else 'ref':>4} "
               f"{f(r.get('d_f64'), '8.5f')} "
               f"{('yes' if r['tok_f64'] else 'NO') if 'tok_f64' in r else '-':>5} "
               f"{r['seconds']:5.1f}  {'ok' if r['ok'] else 'FAIL'}")
+        if "kq" in r:
+            print(f"      K-quant MUL_MATs on tilegen's kernels: {r['kq'][0]} (llama-debug) + "
+                  f"{r['kq'][1]} (llama-batched) = {sum(r['kq'])}, on {r['kq_kernels'] or '-'}")
         for pr in r["problems"]:
             print(f"      {pr.splitlines()[0]}")
     print()

@@ -37,7 +37,7 @@ from .. import __version__, callconv
 from ..build.targets import get_target
 from ..build.tuned import read_tuned, tuned_path, tuned_targets
 from ..callconv import Param
-from ..records import abi_for
+from ..records import FAMILIES, abi_for
 from ..generator.render import render, render_template
 from ..generator.spec import KernelSpec
 from ..generator.validate import parse_spec
@@ -48,7 +48,7 @@ from .files import ExportFile
 
 __all__ = ["KAI_VERSION", "Abi", "ABIS", "KaiKernel", "KERNELS", "kai_symbols", "export_files", "ExportFile",
            "write_tree", "missing_symbols", "tuned_pair_overrides", "ENTRIES", "packer_files", "mapping_table", "tuned_overrides",
-           "ExportError"]
+           "ExportError", "KQUANT_KERNELS", "KQUANT_ENTRIES", "LLAMA_PATCH", "kquant_symbols"]
 
 KAI_VERSION = "1.24.0"
 MANIFEST = "TILEGEN_EXPORT.json"
@@ -116,6 +116,13 @@ ABIS: dict[str, Abi] = {a.key: a for a in (
     Abi("f32_f32p", "matmul_clamp_f32_f32_f32p", "matmul_clamp_f32_f32_f32p", "get_lhs_offset",
         "size_t m_idx, size_t stride", "size_t n_idx, size_t k", callconv.F32.params,
         callconv.F32),
+    # tilegen's K-quant kernels (no KleidiAI counterpart): KleidiAI's qai8dxp_qsi8cxp shape
+    Abi("q8kp_q4kp", "matmul_clamp_f32_q8kp_q4kp", "matmul_clamp_f32_q8kp_q4kp",
+        "get_lhs_packed_offset", "size_t m_idx, size_t k", "size_t n_idx, size_t k",
+        callconv.Q8.spelled(dst="float*"), callconv.Q8),
+    Abi("q8kp_q6kp", "matmul_clamp_f32_q8kp_q6kp", "matmul_clamp_f32_q8kp_q6kp",
+        "get_lhs_packed_offset", "size_t m_idx, size_t k", "size_t n_idx, size_t k",
+        callconv.Q8.spelled(dst="float*"), callconv.Q8),
 )}
 
 
@@ -192,6 +199,29 @@ KERNELS: tuple[KaiKernel, ...] = (
        note="the 1x2vl gemv; get_n_step says 16vl (8 panels of 2vl), as KleidiAI's"),
     _k("f32p2vlx1_f32p2vlx1b_2vlx2vl_sme_mopa", "f32p_f32p", "f32:sme:2vlx2vl"),
 )
+
+
+def _kq(abi: str, spec: str, note: str) -> KaiKernel:
+    """A K-quant micro-kernel: named as tilegen names its spec (there is no KleidiAI name)."""
+    return KaiKernel(parse_spec(spec).name, abi, spec, note=note)
+
+
+#: tilegen's K-quant micro-kernels in the same getter/run shape, which llama.cpp's KleidiAI
+#: backend calls once tilegen/export/llama-kquants.patch is applied: per weight type a gemm and
+#: a gemv on one packed RHS (packed at the gemm's nr/kr), I8MM (SMMLA, kr 16) and DOTPROD (SDOT,
+#: kr 8).  The LHS is q8kp (kai_lhs_quant_pack_q8kp_f32), the RHS q4kp / q6kp repacked from
+#: ggml's blocks (kai_rhs_pack_nxk_q4kp_q4k, kai_rhs_pack_nxk_q6kp_q6k).
+KQUANT_KERNELS: tuple[KaiKernel, ...] = tuple(
+    _kq(f"q8kp_{rhs}", f"{fam}:{isa}:{tile}", note)
+    for fam, rhs in (("q4_K", "q4kp"), ("q6_K", "q6kp")) if FAMILIES[fam].impls
+    for isa, tile, note in (("i8mm", "8x4", "gemm, SMMLA"), ("i8mm", "1x4", "gemv, SMMLA"),
+                            ("dotprod", "8x4", "gemm, SDOT by lane"),
+                            ("dotprod", "1x4", "gemv, SDOT by lane")))
+#: (gemm, gemv) sharing one packed RHS, as the patch's kernels table pairs them
+KQUANT_ENTRIES: tuple[tuple[str, str], ...] = tuple(
+    (KQUANT_KERNELS[i].name, KQUANT_KERNELS[i + 1].name) for i in range(0, len(KQUANT_KERNELS), 2))
+#: the llama.cpp patch that calls them (ggml/src/ggml-cpu/kleidiai/ only), shipped in the tree
+LLAMA_PATCH = Path(__file__).resolve().parent / "llama-kquants.patch"
 
 
 def kai_symbols() -> list[str]:
@@ -496,11 +526,13 @@ def export_files(target: str = "linux-aarch64-all", tuned: bool | str = False,
     files: list[ExportFile] = [ExportFile("kai/kai_common.h", _render("kai_common.h.j2")),
                                ExportFile("kai/kai_common.c", _render("kai_common.c.j2"))]
     for abi in ABIS.values():
+        if abi.key.startswith("q8kp_") and not any(k.abi == abi.key for k in KQUANT_KERNELS):
+            continue
         files.append(ExportFile(
             f"kai/ukernels/matmul/{abi.directory}/kai_{abi.interface}_interface.h",
             interface_header(abi)))
     specs: dict[str, KernelSpec] = {}
-    for kk in kernels:
+    for kk in kernels + list(KQUANT_KERNELS):
         files.append(ExportFile(kk.header, ukernel_header(kk)))
         files.append(ExportFile(kk.source, ukernel_source(kk)))
         specs[kk.kernel_spec.name] = kk.kernel_spec
@@ -524,8 +556,11 @@ def export_files(target: str = "linux-aarch64-all", tuned: bool | str = False,
                      "tilegen_kernel": k.kernel_spec.name, "same_layouts": k.same_layouts,
                      "note": k.note}
                     for k in kernels],
+        "kquant_kernels": [{"name": k.name, "impl": "asm", "spec": k.spec, "note": k.note}
+                           for k in KQUANT_KERNELS],
     }
     files.append(ExportFile(MANIFEST, json.dumps(manifest, indent=2) + "\n"))
+    files.append(ExportFile(LLAMA_PATCH.name, LLAMA_PATCH.read_text()))
     return files
 
 
@@ -539,11 +574,22 @@ def defined_functions(files: list[ExportFile]) -> set[str]:
     return out
 
 
+def kquant_symbols(patch: str | None = None) -> list[str]:
+    """The ``kai_`` functions the added lines of llama-kquants.patch reference (sorted)."""
+    text = LLAMA_PATCH.read_text() if patch is None else patch
+    added = "\n".join(l[1:] for l in text.splitlines() if l.startswith("+") and not l.startswith("+++"))
+    return sorted({s for s in re.findall(r"\bkai_\w+", added)
+                   if s.startswith(("kai_get_", "kai_run_"))})
+
+
 def missing_symbols(files: list[ExportFile] | None = None) -> list[str]:
-    """llama.cpp's function symbols that the tree does not define."""
+    """llama.cpp's function symbols that the tree does not define (those of its kernels.cpp,
+    then those llama-kquants.patch adds)."""
     files = export_files() if files is None else files
     have = defined_functions(files)
-    return [s for s in function_symbols() if s not in have]
+    want = function_symbols()
+    want += [s for s in kquant_symbols() if s not in want]
+    return [s for s in want if s not in have]
 
 
 def write_tree(out_dir, target: str = "linux-aarch64-all", tuned: bool | str = False) -> dict:
