@@ -110,6 +110,13 @@ def llama_flow(path: str, kernel: str, kind: str, rhs_kernel: str, lhs_packer: s
         _fn(lib, f"kai_run_{rhs_packer}")(SZ(1), SZ(n), SZ(k), SZ(nr), SZ(rkr), SZ(rsr),
                                           VP(q.ctypes.data), VP(None), VP(sc.ctypes.data),
                                           VP(rp.ctypes.data), SZ(0), C.byref(p))
+    elif rhs_kind == "kq":    # ggml block_q4_K / block_q6_K rows (tilegen's K-quant packers)
+        raw, n = np.ascontiguousarray(w["raw"], np.uint8), int(w["n"])
+        size = _fn(lib, f"kai_get_rhs_packed_size_{rhs_packer}", SZ)(SZ(n), SZ(k), SZ(nr), SZ(rkr), SZ(rsr))
+        rp = np.zeros(size, np.uint8)
+        _fn(lib, f"kai_run_{rhs_packer}")(SZ(1), SZ(n), SZ(k), SZ(nr), SZ(rkr), SZ(rsr), SZ(0),
+                                          VP(raw.ctypes.data), VP(None), VP(None),
+                                          VP(rp.ctypes.data), SZ(0), VP(None))
     else:   # "kxn" / "nxk" float weights (f32 values; bf16 packer rounds), zero bias
         wf = np.ascontiguousarray(w["w"], np.float32)
         n = wf.shape[0]

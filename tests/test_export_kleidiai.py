@@ -643,3 +643,72 @@ def test_tuned_export_needs_a_tuned_file(target, flag, tmp_path, capsys):
     # a target with a tuned file exports "tuned": true
     man = json.loads({f.path: f.text for f in K.export_files("neoverse-v2", tuned=True)}[K.MANIFEST])
     assert man["tuned"] is True and any(k["note"].startswith("tuned") for k in man["kernels"])
+
+
+# --------------------------------------------------------------------------------------------
+# K-quants: tilegen's own micro-kernels and packers, which llama-kquants.patch wires into
+# llama.cpp's KleidiAI backend
+
+def _kq_packer(gemm: str) -> tuple[str, str]:
+    return ("q4_K", "rhs_pack_nxk_q4kp_q4k") if "_q4kp" in gemm else ("q6_K", "rhs_pack_nxk_q6kp_q6k")
+
+
+@pytest.mark.parametrize("entry", K.KQUANT_ENTRIES, ids=lambda e: e[0])
+def test_kquant_entry_end_to_end_bit_exact(kai_so, entry):
+    """A K-quant entry of the patched kernels.cpp as kleidiai.cpp drives it (geometry from the
+    getters; RHS from ggml blocks by the exported C repack at the gemm's nr/kr, LHS by the C
+    q8kp quantiser at each kernel's mr/kr): gemm (m = 13) and gemv (m = 1) equal
+    tilegen.reference_kquant's arithmetic on the numpy packers' bytes, bit for bit."""
+    from tilegen.layout.ggml import random_q4_k, random_q6_k
+    from tilegen.reference_kquant import matmul_tilegen
+    gemm, gemv = entry
+    kind, packer = _kq_packer(gemm)
+    g = guest("max")
+    rng = np.random.default_rng(25)
+    byname = {kk.name: kk for kk in K.KQUANT_KERNELS}
+    gspec = byname[gemm].kernel_spec
+    for n, k in ((37, 512), (8, 256)):
+        raw = (random_q4_k if kind == "q4_K" else random_q6_k)(n, k, int(rng.integers(1 << 30)))
+        for kern, m in ((gemm, 13), (gemv, 1)):
+            kk = byname[kern]
+            _getters_match(g, kk, kai_so, None)
+            x = (rng.normal(size=(m, k)) * rng.uniform(0.1, 10.0, size=(m, 1))).astype(np.float32)
+            got = g.call("guest_kai:llama_flow", kai_so, kern, "packed", gemm,
+                         "lhs_quant_pack_q8kp_f32", False, packer, "kq", x, dict(raw=raw, n=n))
+            want = matmul_tilegen(kind, x, raw, n, mr=lhs_layout_for(kk.kernel_spec).mr,
+                                  nr=gspec.nr, kr=gspec.kr)
+            assert np.array_equal(np.asarray(got, np.float32).view(np.uint32),
+                                  want.astype(np.float32).view(np.uint32)), (kern, m, n, k)
+
+
+def test_kquant_patch_is_defined_and_touches_only_the_backend():
+    """Every kai_ function llama-kquants.patch adds a call to is defined by the tree (the
+    K-quant ukernels and packers), every K-quant ukernel is in the patch's tables, and the patch
+    touches only ggml/src/ggml-cpu/kleidiai/."""
+    files = K.export_files()
+    syms = K.kquant_symbols()
+    assert syms and not set(syms) - K.defined_functions(files)
+    assert {f.path for f in files} >= {"llama-kquants.patch"}
+    text = K.LLAMA_PATCH.read_text()
+    for kk in K.KQUANT_KERNELS:
+        assert f"kai_run_{kk.name}>" in text, kk.name
+    touched = re.findall(r"^\+\+\+ b/(\S+)", text, flags=re.M)
+    assert touched and all(t.startswith("ggml/src/ggml-cpu/kleidiai/") for t in touched), touched
+
+
+@pytest.mark.parametrize("src", ["kernels.cpp", "kleidiai.cpp"])
+def test_patched_llama_cpp_glue_compiles(built, llama_kai, cross_sysroot, tmp_path, src):
+    """llama-kquants.patch applies with patch -p1 to the vendored llama.cpp and its kernels.cpp
+    and kleidiai.cpp compile against the tree."""
+    root, lib, tc, _ = built
+    ggml = llama_kai.parents[2]
+    top = ggml.parent
+    dst = tmp_path / "llama.cpp"
+    kai_rel = llama_kai.relative_to(top)
+    shutil.copytree(llama_kai, dst / kai_rel)
+    _run(["patch", "-p1", "--dry-run", "-d", top, "-i", K.LLAMA_PATCH])
+    _run(["patch", "-p1", "-d", dst, "-i", K.LLAMA_PATCH])
+    _run([*tc.driver, *tc.target_flags, "-x", "c++", "-std=c++17", "-fsyntax-only", "-Wall",
+          f"--sysroot={cross_sysroot}", "-DGGML_USE_CPU_KLEIDIAI", f"-I{ggml / 'include'}",
+          f"-I{ggml / 'src'}", f"-I{ggml / 'src' / 'ggml-cpu'}", f"-I{dst / kai_rel}", f"-I{root}",
+          dst / kai_rel / src])

@@ -5,6 +5,8 @@ import importlib.util
 import sys
 from pathlib import Path
 
+import shutil
+
 import numpy as np
 import pytest
 
@@ -178,3 +180,79 @@ def test_ccache_counts_reuse_from_its_stats_log(tmp_path):
     flags = lc.cmake_flags(True, Path("/x"))
     assert f"-DCMAKE_CXX_COMPILER_LAUNCHER={lc.CCACHE}" in flags
     assert "-DFETCHCONTENT_SOURCE_DIR_KLEIDIAI=/x" in flags
+
+
+# --------------------------------------------------------------------------------------------
+# K-quants (Q4_K_M through llama-kquants.patch)
+
+def test_kquant_models_run_only_the_patched_build_with_sme_off_and_on():
+    off, on, real = (lc.Build(n, Path(n), Path(n), 0.0, True) for n in ("off", "on", "real"))
+    plan = lc.run_plan([off, on, real], list(lc.CPUS), ["n1"], ["1", "2"], kquant=True)
+    assert [(b.name, c, s) for b, c, s in plan] == [
+        ("off", "n1", "-"), ("on", "n1", "0"), ("on", "v1", "0"), ("on", "n2", "0"),
+        ("on", "max", "0"), ("on", "max", str(lc.THREADS))]
+    assert "q4_k_m" in lc.TYPES and set(lc.KQUANT_TYPES) <= set(lc.REF_TOLERANCE)
+    assert lc.LOGITS_PROMPT["q4_k_m"] == lc.sg.LONG_PROMPT
+
+
+LOG = """\
+kleidiai: primary q4 kernel feature I8MM
+kleidiai: primary q4_K kernel feature I8MM
+kleidiai: primary q6_K kernel feature DOTPROD
+kleidiai: MUL_MAT blk.0.attn_q.weight (q4_K) m=133 n=256 k=256: I8MM gemm
+kleidiai: MUL_MAT blk.0.attn_v.weight (q6_K) m=133 n=128 k=256: I8MM gemm
+kleidiai: MUL_MAT blk.0.attn_k.weight (q4_0) m=133 n=128 k=256: SME2+I8MM gemm
+kleidiai: MUL_MAT output.weight (q6_K) m=1 n=512 k=256: DOTPROD gemv
+"""
+
+
+def test_kquant_matmuls_are_counted_from_the_debug_log():
+    assert lc.kquant_matmuls(LOG) == [("blk.0.attn_q.weight", "q4_K", "I8MM gemm"),
+                                      ("blk.0.attn_v.weight", "q6_K", "I8MM gemm"),
+                                      ("output.weight", "q6_K", "DOTPROD gemv")]
+    report = lc.kleidiai_report(LOG)
+    assert report == "q4:I8MM q4_K:I8MM q6_K:DOTPROD"
+    assert lc.kleidiai_picks(report) == "q4:I8MM"      # what the unpatched real build reports
+
+
+def test_every_kquant_weight_must_reach_the_kernels_once_per_evaluation():
+    weights = {"blk.0.attn_q.weight": "q4_K", "blk.0.attn_v.weight": "q6_K", "output.weight": "q6_K"}
+    r = lc.Run("on", "n2", "0", "q4_k_m")
+    r.kq_calls = {w: [1, 17] for w in weights}
+    assert lc.check_kquant_calls(r, weights) == []
+    r.kq_calls = {w: [1, 17] for w in list(weights)[:2]}
+    assert "missing ['output.weight']" in lc.check_kquant_calls(r, weights)[0]
+    r.kq_calls = {w: [1, 17] for w in weights}
+    r.kq_calls["output.weight"] = [1, 16]                # one evaluation went elsewhere
+    assert lc.check_kquant_calls(r, weights) == [
+        "llama-batched: K-quant MUL_MAT counts per weight differ: blk.0.attn_q.weight 17, "
+        "blk.0.attn_v.weight 17, output.weight 16"]
+    r.kq_calls = {}
+    assert lc.check_kquant_calls(r, weights) == [
+        "K-quant MUL_MATs on the KleidiAI backend: missing ['blk.0.attn_q.weight', "
+        "'blk.0.attn_v.weight', 'output.weight'], unexpected []"]
+    r.kq_calls = {w: [1, 0] for w in weights}           # llama-batched: none on the kernels
+    assert lc.check_kquant_calls(r, weights)[0].startswith("llama-batched: K-quant MUL_MAT counts")
+
+
+def test_the_patched_tree_keeps_ccache_paths(tmp_path, monkeypatch, llama_cpp_src):
+    """The patched copy sits where a build dir reaches it by the same relative path as the
+    unpatched tree (ccache's base dir is the llama cache dir); the cache's own files stay
+    untouched, the unpatched ones are hard links, and the patch is applied once."""
+    import os
+    monkeypatch.setenv("TILEGEN_CACHE", str(tmp_path))
+    root = lc.llama_root()
+    src = root / "llama_cpp_python-9" / "vendor" / "llama.cpp"
+    kai = Path("ggml/src/ggml-cpu/kleidiai")
+    shutil.copytree(llama_cpp_src / kai, src / kai)
+    (src / "README.md").write_text("untouched\n")
+    before = {p.name: p.read_bytes() for p in (src / kai).iterdir()}
+    dst, proot = lc.patched_source(src, lc.KQUANTS_PATCH)
+    assert proot.parent == root and dst == proot / src.relative_to(root)
+    assert os.path.relpath(dst, proot / "0.3.36-on-x" / "build") == \
+        os.path.relpath(src, root / "0.3.36-on-x" / "build")
+    assert {p.name: p.read_bytes() for p in (src / kai).iterdir()} == before
+    assert b"kleidiai_is_kquant" in (dst / kai / "kleidiai.cpp").read_bytes()
+    assert os.stat(dst / "README.md").st_ino == os.stat(src / "README.md").st_ino
+    assert os.stat(dst / kai / "kernels.cpp").st_ino != os.stat(src / kai / "kernels.cpp").st_ino
+    assert lc.patched_source(src, lc.KQUANTS_PATCH) == (dst, proot)
