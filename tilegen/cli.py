@@ -400,8 +400,12 @@ def _cmd_export(a: argparse.Namespace) -> int:
     for k in m["kernels"]:
         tuned = "  [tuned]" if k["note"].startswith("tuned") else ""
         print(f"kai_run_{k['name']}: {k['spec']} ({k['impl']}){tuned}")
-    print(f"{a.output}: {m['functions']} of {m['functions'] + len(m['missing'])} llama.cpp kai_ "
-          f"functions defined")
+    for k in m["kquant_kernels"]:
+        print(f"kai_run_{k['name']}: {k['spec']} ({k['impl']})  [K-quant, llama-kquants.patch]")
+    print(f"{a.output}: {m['functions']} of {m['functions'] + len(m['missing_llama'])} llama.cpp kai_ "
+          f"functions defined; {m['kquant_functions']} of "
+          f"{m['kquant_functions'] + len(m['missing']) - len(m['missing_llama'])} that "
+          f"llama-kquants.patch adds")
     if m["missing"]:
         print(f"missing ({len(m['missing'])}; tilegen.export.packers_c absent?): "
               + ", ".join(m["missing"]), file=sys.stderr)

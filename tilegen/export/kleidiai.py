@@ -602,7 +602,11 @@ def write_tree(out_dir, target: str = "linux-aarch64-all", tuned: bool | str = F
         p.write_text(f.text)
     manifest = json.loads(next(f.text for f in files if f.path == MANIFEST))
     manifest["missing"] = missing_symbols(files)
-    manifest["functions"] = len(function_symbols()) - len(manifest["missing"])
+    llama = function_symbols()
+    manifest["missing_llama"] = [s for s in manifest["missing"] if s in llama]
+    manifest["functions"] = len(llama) - len(manifest["missing_llama"])
+    manifest["kquant_functions"] = len([s for s in kquant_symbols() if s not in llama
+                                        and s not in manifest["missing"]])
     return manifest
 
 
