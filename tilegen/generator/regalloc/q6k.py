@@ -41,7 +41,7 @@ from .pool import Frame, RegisterPool, VectorNeeds, first_fit, rows
 __all__ = ["Q6KRegs", "Q6K_SCALARS", "Q6K_CHART", "q6k_mode", "ALLOCATORS"]
 
 Q6K_SCALARS = ("n_rem", "rhs_ptr", "dst_tile", "dst_row", "sb_cnt", "nsb", "lhs_rbs",
-               "lhs_blk_stride", "dst_blk_stride", "tmp", "sc_ptr", "sc_step", "low_ptr", "high_ptr")
+               "lhs_blk_stride", "dst_blk_stride", "tmp", "sc_ptr", "low_ptr", "high_ptr")
 _EP = "epilogue beyond the dead registers"
 Q6K_CHART = ("int32 cumulative sums", "int32 scaled sums", "nibble mask", "LHS", "RHS high bits",
              "RHS low bits", "unpacked weights", "scale differences", _EP)
