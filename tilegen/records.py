@@ -148,10 +148,10 @@ def _q6k_impls() -> dict[str, IsaImpl]:
     """q6_K on NEON: one template and one allocator (``templates/q6k_neon.S.j2``,
     ``regalloc/q6k.py``); sr = 2 fixed (a byte holds two k values), kr by the instruction:
     SMMLA reads 8 k per operand row (kr = 16, the i8mm gemv SDOT on the same layout), SDOT by
-    lane 4 (kr = 8)."""
+    lane and SMULL 4 (kr = 8)."""
     def kq(op: str, kr: int) -> IsaImpl:
         return IsaImpl(op, "q6k_neon", "q6k_neon", kr=kr, sr=2)
-    return {"dotprod": kq("neon_dotprod", 8), "i8mm": kq("neon_i8mm", 16)}
+    return {"neon": kq("neon", 8), "dotprod": kq("neon_dotprod", 8), "i8mm": kq("neon_i8mm", 16)}
 
 
 FAMILIES: dict[str, FamilyInfo] = {
