@@ -144,14 +144,15 @@ def _q8(op: str, template: str, allocator: str, kr: int, fixed_kr: str | None = 
     return IsaImpl(op, template, allocator, kr=kr, sr=1, fixed_kr=fixed_kr)
 
 
-def _q6k_impls() -> dict[str, IsaImpl]:
-    """q6_K on NEON: one template and one allocator (``templates/q6k_neon.S.j2``,
-    ``regalloc/q6k.py``); sr = 2 fixed (a byte holds two k values), kr by the instruction:
-    SMMLA reads 8 k per operand row (kr = 16, the i8mm gemv SDOT on the same layout), SDOT by
-    lane and SMULL 4 (kr = 8)."""
+def _kquant_impls(stem: str) -> dict[str, IsaImpl]:
+    """The NEON realisations of a K-quant family (``stem``: q4k, q6k): one template and one
+    allocator per family (``templates/<stem>_neon.S.j2``, ``regalloc/<stem>.py``); sr = 2
+    fixed (a byte holds two k values, docs/layouts.md#q8kp), kr by the instruction: SMMLA reads
+    8 k per operand row (kr = 16), SDOT by lane and SMULL 4 (kr = 8)."""
     def kq(op: str, kr: int) -> IsaImpl:
-        return IsaImpl(op, "q6k_neon", "q6k_neon", kr=kr, sr=2)
-    return {"neon": kq("neon", 8), "dotprod": kq("neon_dotprod", 8), "i8mm": kq("neon_i8mm", 16)}
+        return IsaImpl(op, f"{stem}_neon", f"{stem}_neon", kr=kr, sr=2)
+    return {"neon": kq("neon", 8), "dotprod": kq("neon_dotprod", 8),
+            "i8mm": kq("neon_i8mm", 16)}
 
 
 FAMILIES: dict[str, FamilyInfo] = {
@@ -211,10 +212,10 @@ FAMILIES: dict[str, FamilyInfo] = {
     # super-block, f32 d, sub-block sums) against lossless repacks of ggml block_q4_K / block_q6_K
     # (docs/layouts.md#q8kp, #q4kp, #q6kp; arithmetic: tilegen.reference_kquant).  The ISAs
     # are added with their kernels.
-    "q4_K": FamilyInfo(name="q4_K", lhs="q8kp", rhs="q4kp", impls={}, kinds=("q4_K",), abi=Q8,
-                       quantized=True),
-    "q6_K": FamilyInfo(name="q6_K", lhs="q8kp", rhs="q6kp", impls=_q6k_impls(), kinds=("q6_K",),
-                       abi=Q8, quantized=True),
+    "q4_K": FamilyInfo(name="q4_K", lhs="q8kp", rhs="q4kp", impls=_kquant_impls("q4k"),
+                       kinds=("q4_K",), abi=Q8, quantized=True),
+    "q6_K": FamilyInfo(name="q6_K", lhs="q8kp", rhs="q6kp", impls=_kquant_impls("q6k"),
+                       kinds=("q6_K",), abi=Q8, quantized=True),
     # f32 activations and weights rounded to bf16, f32 accumulation (KleidiAI
     # matmul_clamp_f32_bf16p<mr>x4_bf16p<nr>x4b): BFMMLA gemm, BFDOT gemv on the same RHS.
     "bf16": FamilyInfo(
