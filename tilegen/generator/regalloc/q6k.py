@@ -64,7 +64,8 @@ class Q6KRegs(Frame):
     chunk of a sub-block), loaded at sub-block j and used again at j + 8.  ``stream_w``: the
     weights of one column vector at a time (all row blocks' LHS held), else every column
     vector's weights held and the LHS streamed per row block.  ``prep``: the scale
-    preparation's registers (8 held scale rows, one streamed, two differences), ``ep`` the SB
+    preparation's registers (8 held scale rows, one streamed, the int16 and int32
+    differences, one pattern), ``ep`` the SB
     epilogue's, ``out[row][cv]`` the f32 results' for the store: all of them reuse registers
     dead by then."""
 
@@ -164,7 +165,7 @@ def _block(spec: KernelSpec, mode: str, mr_reg: int, stream_w: bool):
     w = tuple(tuple(w_flat) for _ in range(nvec)) if stream_w else rows(w_flat, per)
     dsc = v.take(1, "scale differences")[0]
     dead = list(c) + list(lhs) + list(tmp) + [r for hh in h for r in hh] + [low] + list(w_flat) + [dsc]
-    prep = tuple(v.reuse(dead, _HELD_SCALES + 3, _EP))
+    prep = tuple(v.reuse(dead, _HELD_SCALES + 4, _EP))
     n_out = mr_reg * (nr // 4)
     # epilogue: d per column vector, da of one row block (+ two row-pair patterns), the
     # converted sums, an accumulator; then the output rows, two loads, clamp min and max
