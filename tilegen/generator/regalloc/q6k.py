@@ -81,6 +81,9 @@ class Q6KRegs(Frame):
     low: int
     w: tuple[tuple[int, ...], ...]
     dsc: int
+    srow: tuple[int, ...]                # differences in registers: two scale rows (sub-blocks i,
+    #                                      i + 1), the row of i + 8, the differences (int16 then
+    #                                      int32, in place), a second pattern; () = frame slots
     mask: int
     stream_w: bool
     prep: tuple[int, ...]
@@ -116,7 +119,7 @@ class Q6KRegs(Frame):
 
     @property
     def frame_bytes(self) -> int:
-        return self.dsc_offset + 16 * 16 * self.n_dvec
+        return self.dsc_offset + (0 if self.srow else 16 * 16 * self.n_dvec)
 
 
 def q6k_mode(spec: KernelSpec) -> str:
@@ -140,7 +143,7 @@ def q6k_mode(spec: KernelSpec) -> str:
     return "neon" if spec.isa == "neon" else "dot4"
 
 
-def _block(spec: KernelSpec, mode: str, mr_reg: int, stream_w: bool):
+def _block(spec: KernelSpec, mode: str, mr_reg: int, stream_w: bool, jit: bool):
     nr, P = spec.nr, spec.lhs_mr
     G = mr_reg // P
     nvec = nr // 2 if mode in ("mm", "dot8") else nr // 4       # column vectors
@@ -153,9 +156,9 @@ def _block(spec: KernelSpec, mode: str, mr_reg: int, stream_w: bool):
     s1 = tuple(v.take(U * halves, "int32 scaled sums"))
     mask = v.take(1, "nibble mask")[0]
     if mode == "mm":
-        n_lhs = 4 * G if stream_w else 4
+        n_lhs = 4 * G if stream_w else 2 if jit else 4
     else:
-        n_lhs = 3 if mode == "dot8" else 4 if P == 4 and mode == "dot4" else 1
+        n_lhs = 3 if mode == "dot8" else 4 if P == 4 and mode == "dot4" and not jit else 1
     lhs = tuple(v.take(n_lhs, "LHS"))
     tmp = tuple(v.take(3 if mode == "neon" else 0, "LHS"))
     h = rows(v.take(nvec * chunks, "RHS high bits"), chunks)
@@ -163,8 +166,10 @@ def _block(spec: KernelSpec, mode: str, mr_reg: int, stream_w: bool):
     per = 2 * chunks                        # unpacked registers of one column vector
     w_flat = v.take(per if stream_w else per * nvec, "unpacked weights")
     w = tuple(tuple(w_flat) for _ in range(nvec)) if stream_w else rows(w_flat, per)
-    dsc = v.take(1, "scale differences")[0]
-    dead = list(c) + list(lhs) + list(tmp) + [r for hh in h for r in hh] + [low] + list(w_flat) + [dsc]
+    dsc_regs = v.take(5 if jit else 1, "scale differences")
+    dsc = dsc_regs[-1]
+    dead = (list(c) + list(lhs) + list(tmp) + [r for hh in h for r in hh] + [low] + list(w_flat)
+            + dsc_regs)
     prep = tuple(v.reuse(dead, _HELD_SCALES + 4, _EP))
     n_out = mr_reg * (nr // 4)
     # epilogue: d per column vector, da of one row block (+ two row-pair patterns), the
@@ -180,16 +185,20 @@ def _block(spec: KernelSpec, mode: str, mr_reg: int, stream_w: bool):
     ep["tmp"] = tuple(out_flat[n_out:])
     gpr = pool.scalars(Q6K_SCALARS)
     lo = tuple(pool.x.take(G, "LHS row pointers"))
-    return pool, dict(mode=mode, halves=halves, tmp=tmp, c=c, s1=s1, lhs=lhs, h=h, low=low, w=w, dsc=dsc, mask=mask,
+    return pool, dict(mode=mode, halves=halves, tmp=tmp, c=c, s1=s1, lhs=lhs, h=h, low=low, w=w,
+                      dsc=dsc, srow=tuple(dsc_regs) if jit else (), mask=mask,
                       stream_w=stream_w, prep=prep, ep=ep, out=out, gpr=gpr, lo=lo)
 
 
 def _attempt(spec: KernelSpec, mode: str, mr_reg: int):
-    """The variant that fits with the fewest registers (mm: LHS streamed per row block or
-    weights streamed per column pair)."""
-    tries = [_block(spec, mode, mr_reg, s) for s in ((False, True) if mode == "mm" else (False,))]
+    """The first variant that fits, in the order: scale differences formed in registers (4
+    columns: one piece of scale rows), then in the frame; LHS streamed per row block, then
+    (mm) weights streamed per column pair.  None fits: the smallest demand (the refusal)."""
+    tries = [_block(spec, mode, mr_reg, s, jit)
+             for jit in ((True, False) if spec.nr == 4 else (False,))
+             for s in ((False, True) if mode == "mm" else (False,))]
     fit = [t for t in tries if t[0].fits]
-    return min(fit or tries, key=lambda t: t[0].v.needs.total)
+    return fit[0] if fit else min(tries, key=lambda t: t[0].v.needs.total)
 
 
 def _allocate_q6k_neon(spec: KernelSpec) -> Q6KRegs:
