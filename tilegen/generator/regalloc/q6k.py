@@ -26,8 +26,9 @@ Strategies (``Q6KRegs.mode``), by ISA, interleave and row count:
 ``dot4``  dotprod, kr = 8: SDOT by lane; a unit is (row, 4 columns) (gemv: mr = 1, the row's
           16 k of a sub-block in one vector, one lane per 4 k).
 ``dot8``  i8mm gemv (mr = 1) on the kr = 16 layout: SDOT of the row's 8 k (both halves)
-          against 2 columns x 8 k; a unit is a column pair (lanes c0 c0 c1 c1), folded by ADDP
-          to 4 columns at the SB end, then the dot4 epilogue.
+          against 2 columns x 8 k into C per column pair (lanes c0 c0 c1 c1); after each
+          sub-block ADDP folds two pairs' C to 4 columns (a scratch register) for the MLA, so
+          S1, the differences and the epilogue are dot4's.
 ``neon``  plain NEON, kr = 8: a row's 4 k duplicated (DUP by lane), SMULL/SMULL2 (int16
           products, |v*a| <= 32*127) and SADALP into two int32 vectors per unit (row, 4
           columns: lanes c0 c0 c1 c1 / c2 c2 c3 c3), scale differences in that pattern,
@@ -58,7 +59,8 @@ class Q6KRegs(Frame):
     """Registers of the q6_K NEON kernels (numbers; templates add the prefix).
 
     ``c[u]`` / ``s1[u]``: unit u's cumulative and scaled sums; units are ``[g][rp][p]``
-    flattened (mm: ``unit(g, rp, p)``), ``[row][cv]`` (dot4) or ``[p]`` (dot8).  ``w[v]``: the
+    flattened (mm: ``unit(g, rp, p)``) or ``[row][cv]`` (dot4, neon, dot8; dot8's ``c`` per
+    column pair ``[p]``, ``dsc``'s last register the fold).  ``w[v]``: the
     unpacked weights of column vector v (mm, dot8: a column pair; dot4: 4 columns) for one
     sub-block (16/kr chunks x low/high nibble); ``h[v]``: its high-plane registers (one per
     chunk of a sub-block), loaded at sub-block j and used again at j + 8.  ``stream_w``: the
@@ -84,6 +86,7 @@ class Q6KRegs(Frame):
     srow: tuple[int, ...]                # differences in registers: two scale rows (sub-blocks i,
     #                                      i + 1), the row of i + 8, the differences (int16 then
     #                                      int32, in place), a second pattern; () = frame slots
+    fold: int                            # dot8: the 4-column fold of C (ADDP); else -1
     mask: int
     stream_w: bool
     prep: tuple[int, ...]
@@ -103,8 +106,8 @@ class Q6KRegs(Frame):
     @property
     def n_dvec(self) -> int:
         """Scale-difference vectors per sub-block (one stack slot each): one per column vector
-        of weights, two (the unit's halves) on neon."""
-        return len(self.w) * self.halves
+        of weights (dot8: per 4 columns), two (the unit's halves) on neon."""
+        return len(self.w) * self.halves // (2 if self.mode == "dot8" else 1)
 
     @property
     def acc_offset(self) -> int:
@@ -147,12 +150,12 @@ def _block(spec: KernelSpec, mode: str, mr_reg: int, stream_w: bool, jit: bool):
     nr, P = spec.nr, spec.lhs_mr
     G = mr_reg // P
     nvec = nr // 2 if mode in ("mm", "dot8") else nr // 4       # column vectors
-    U = {"mm": mr_reg * nr // 4, "dot8": nr // 2}.get(mode, mr_reg * nr // 4)
+    U = mr_reg * nr // 4                    # units of S1 (4 outputs each)
     halves = 2 if mode == "neon" else 1
     chunks = 16 // spec.kr                  # chunks of one 16-k sub-block
     pool = RegisterPool(Q6K_CHART)
     v = pool.v
-    c = tuple(v.take(U * halves, "int32 cumulative sums"))
+    c = tuple(v.take(nr // 2 if mode == "dot8" else U * halves, "int32 cumulative sums"))
     s1 = tuple(v.take(U * halves, "int32 scaled sums"))
     mask = v.take(1, "nibble mask")[0]
     if mode == "mm":
@@ -166,8 +169,8 @@ def _block(spec: KernelSpec, mode: str, mr_reg: int, stream_w: bool, jit: bool):
     per = 2 * chunks                        # unpacked registers of one column vector
     w_flat = v.take(per if stream_w else per * nvec, "unpacked weights")
     w = tuple(tuple(w_flat) for _ in range(nvec)) if stream_w else rows(w_flat, per)
-    dsc_regs = v.take(5 if jit else 1, "scale differences")
-    dsc = dsc_regs[-1]
+    dsc_regs = v.take((5 if jit else 1) + (mode == "dot8"), "scale differences")
+    dsc = dsc_regs[0]
     dead = (list(c) + list(lhs) + list(tmp) + [r for hh in h for r in hh] + [low] + list(w_flat)
             + dsc_regs)
     prep = tuple(v.reuse(dead, _HELD_SCALES + 4, _EP))
@@ -186,7 +189,8 @@ def _block(spec: KernelSpec, mode: str, mr_reg: int, stream_w: bool, jit: bool):
     gpr = pool.scalars(Q6K_SCALARS)
     lo = tuple(pool.x.take(G, "LHS row pointers"))
     return pool, dict(mode=mode, halves=halves, tmp=tmp, c=c, s1=s1, lhs=lhs, h=h, low=low, w=w,
-                      dsc=dsc, srow=tuple(dsc_regs) if jit else (), mask=mask,
+                      dsc=dsc, srow=tuple(dsc_regs[:5]) if jit else (),
+                      fold=dsc_regs[-1] if mode == "dot8" else -1, mask=mask,
                       stream_w=stream_w, prep=prep, ep=ep, out=out, gpr=gpr, lo=lo)
 
 
