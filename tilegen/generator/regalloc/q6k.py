@@ -175,10 +175,10 @@ def _block(spec: KernelSpec, mode: str, mr_reg: int, stream_w: bool, jit: bool):
             + dsc_regs)
     prep = tuple(v.reuse(dead, _HELD_SCALES + 4, _EP))
     n_out = mr_reg * (nr // 4)
-    # epilogue: d per column vector, da of one row block (+ two row-pair patterns), the
-    # converted sums, an accumulator; then the output rows, two loads, clamp min and max
+    # epilogue: d per column vector, da of one row block (+ two row-pair patterns), an
+    # accumulator; then the output rows, two loads, clamp min and max
     counts = {"d": nr // 2 if mode == "mm" else nr // 4, "da": 3 if mode == "mm" else 1,
-              "x": 1, "acc": 1}
+              "acc": 1}
     ep, i = {}, 0
     for name, n in counts.items():
         ep[name] = tuple(v.reuse(dead[i:], n, _EP))
