@@ -71,17 +71,18 @@ class Q6KRegs(Frame):
     epilogue's, ``out[row][cv]`` the f32 results' for the store: all of them reuse registers
     dead by then.
 
-    ``passes`` > 1: the tile's rows are computed in passes of ``mr_reg`` rows per super-block;
-    the SB's weights are unpacked once into frame slots and every pass loads them (the unpack
-    and the scale differences amortised over all the tile's rows).  ``groups``: the tile's LHS
-    row blocks (``lo``), ``pass_groups`` those of one pass."""
+    The k loop computes all ``mr_reg`` (= mr) rows of the tile; ``passes`` > 1: in passes of
+    ``pass_rows`` rows (the register block) per super-block, the SB's weights unpacked once
+    into frame slots that every pass loads (the unpack and the scale differences amortised
+    over all the tile's rows).  ``groups``: the tile's LHS row blocks (``lo``),
+    ``pass_groups`` those of one pass."""
 
     mode: str
     halves: int                          # vectors per unit (neon: 2, lanes c0 c0 c1 c1 / c2 c2 c3 c3)
-    mr_reg: int                          # rows of one pass (in registers)
+    mr_reg: int                          # rows of the tile's k loop (mr)
     lhs_mr: int
     groups: int
-    passes: int
+    pass_rows: int                       # rows of one pass (the register block)
     c: tuple[int, ...]
     s1: tuple[int, ...]
     lhs: tuple[int, ...]
@@ -111,12 +112,12 @@ class Q6KRegs(Frame):
         return len(self.s1) // self.halves
 
     @property
-    def tile_rows(self) -> int:
-        return self.mr_reg * self.passes
+    def passes(self) -> int:
+        return self.mr_reg // self.pass_rows
 
     @property
     def pass_groups(self) -> int:
-        return self.mr_reg // self.lhs_mr
+        return self.pass_rows // self.lhs_mr
 
     @property
     def n_dvec(self) -> int:
@@ -212,7 +213,7 @@ def _block(spec: KernelSpec, mode: str, mr_reg: int, stream_w: bool, jit: bool):
     ep["tmp"] = tuple(out_flat[n_out:])
     gpr = pool.scalars(Q6K_SCALARS)
     lo = tuple(pool.x.take(G * passes, "LHS row pointers"))
-    return pool, dict(mode=mode, halves=halves, passes=passes, tmp=tmp, c=c, s1=s1, lhs=lhs, h=h, low=low, w=w,
+    return pool, dict(mode=mode, halves=halves, tmp=tmp, c=c, s1=s1, lhs=lhs, h=h, low=low, w=w,
                       dsc=dsc, srow=tuple(dsc_regs[:5]) if jit else (),
                       fold=dsc_regs[-1] if mode == "dot8" else -1, mask=mask,
                       stream_w=stream_w, prep=prep, ep=ep, out=out, gpr=gpr, lo=lo)
@@ -233,7 +234,8 @@ def _allocate_q6k_neon(spec: KernelSpec) -> Q6KRegs:
     mode = q6k_mode(spec)
     check_packing(spec)
     fields = first_fit(spec, lambda mr_reg: _attempt(spec, mode, mr_reg))
-    fields["groups"] = spec.mr // spec.lhs_mr       # the tile's row blocks (all passes)
+    # the register block is one pass; the k loop covers the whole tile
+    fields.update(pass_rows=fields["mr_reg"], mr_reg=spec.mr, groups=spec.mr // spec.lhs_mr)
     regs = Q6KRegs(**fields)
     if regs.frame_bytes > 4095:     # one sub sp immediate
         raise SpecError(f"tile {spec.mr_str}x{spec.nr_str}: its stack frame ({regs.frame_bytes} "
