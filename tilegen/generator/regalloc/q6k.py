@@ -12,11 +12,15 @@ Per accumulator unit (one register of int32 sums):
     S1  the scaled sums: after the t-th sub-block sigma(t) of the order above,
         S1 += (sc_sigma(t) - sc_sigma(t+1)) * C  (sc after the last = 0; MUL at t = 0), so
         that S1 = sum_j sc_j * (sum over sub-block j) at the SB's end without zeroing C per
-        sub-block (the "telescoping" form).  The differences need int16 (SSUBL); they are
-        computed once per SB per column vector into the stack frame (one 16-byte slot per
-        sub-block and column vector, in the unit's lane pattern), then loaded by the MLAs;
+        sub-block (the "telescoping" form).  The differences need int16 (SSUBL); with 4
+        columns and registers to spare they are formed just before their MLAs, else once
+        per SB into the stack frame (one 16-byte slot per sub-block and column vector, in
+        the unit's lane pattern) and loaded by the MLAs;
     the f32 accumulators live in the stack frame (one 16-byte slot per unit, loaded and stored
     once per SB by the float epilogue: x = f32(S1)*f32(d); acc = fma(da, x, acc)).
+
+A tile taller than the largest register block that fits (``first_fit``) runs each SB in
+passes of that block over weights unpacked once per SB into the frame (``Q6KRegs.passes``).
 
 Strategies (``Q6KRegs.mode``), by ISA, interleave and row count:
 
