@@ -49,8 +49,8 @@ from .pool import Frame, RegisterPool, VectorNeeds, first_fit, rows
 
 __all__ = ["Q6KRegs", "Q6K_SCALARS", "Q6K_CHART", "q6k_mode", "ALLOCATORS"]
 
-Q6K_SCALARS = ("n_rem", "rhs_ptr", "dst_tile", "dst_row", "sb_cnt", "nsb", "lhs_rbs",
-               "lhs_blk_stride", "dst_blk_stride", "tmp", "sc_ptr", "low_ptr", "high_ptr")
+Q6K_SCALARS = ("n_rem", "rhs_ptr", "dst_tile", "dst_row", "sb_cnt", "nsb", "lhs_rbs", "tmp",
+               "sc_ptr", "low_ptr", "high_ptr")
 _EP = "epilogue beyond the dead registers"
 Q6K_CHART = ("int32 cumulative sums", "int32 scaled sums", "nibble mask", "LHS", "RHS high bits",
              "RHS low bits", "unpacked weights", "scale differences", _EP)
@@ -71,9 +71,8 @@ class Q6KRegs(Frame):
     weights of one column vector at a time (all row blocks' LHS held), else every column
     vector's weights held and the LHS streamed per row block.  ``prep``: the scale
     preparation's registers (8 held scale rows, one streamed, the int16 and int32
-    differences, one pattern), ``ep`` the SB
-    epilogue's, ``out[row][cv]`` the f32 results' for the store: all of them reuse registers
-    dead by then.
+    differences, one pattern), ``ep`` the SB epilogue's, ``out[row][cv]`` the f32 results'
+    of one pass for the store: all of them reuse registers dead by then.
 
     The k loop computes all ``mr_reg`` (= mr) rows of the tile; ``passes`` > 1: in passes of
     ``pass_rows`` rows (the register block) per super-block, the SB's weights unpacked once
@@ -202,7 +201,7 @@ def _block(spec: KernelSpec, mode: str, mr_reg: int, stream_w: bool, jit: bool):
     dead = (list(c) + list(lhs) + list(tmp) + [r for hh in h for r in hh] + [low] + list(w_flat)
             + dsc_regs)
     prep = tuple(v.reuse(dead, _HELD_SCALES + 4, _EP))
-    n_out = spec.mr * (nr // 4)
+    n_out = mr_reg * (nr // 4)             # the results of one pass at a time
     # epilogue: d per column vector, da of one row block (+ two row-pair patterns), an
     # accumulator; then the output rows, two loads, clamp min and max
     counts = {"d": nr // 2 if mode == "mm" else nr // 4, "da": 3 if mode == "mm" else 1,
