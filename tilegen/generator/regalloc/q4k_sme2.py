@@ -10,9 +10,10 @@ min term S2 = sum_j m_j*bsum_j goes to tile ``za<nu+cv>.s`` by four int16 SMOPA 
 The f32 epilogue reads one ZA row of all four tiles per row (one MOVA), the f32 sums live in dst
 between SBs.
 
-``gemv`` (tile 1 x nu vl, nu = 2 or 4; template q4k_sme2_gemv.S.j2): AND / LSR and a ZIP of the
-two nibble halves give each column's 4 k values in a word; one ZA-array SDOT (vgx2 / vgx4, by
-lane of the row's 16-byte LHS quad) per 4-k chunk; once per sub-block the sums are read back
+``gemv`` (tile 1 x nu vl, nu = 2 or 4; template q4k_sme2_gemv.S.j2): LUTI4 (identity table in
+ZT0) expands the nibbles, each column's 4 k values in a word in the order (0, 2, 1, 3); the
+row's LHS quads are permuted alike (TBL); one ZA-array SDOT (vgx2 / vgx4, by lane) per 4-k
+chunk; once per sub-block the sums are read back
 (MOVA), ZA zeroed and S1 += sc_j * T (MLA); the min term by SDOT by lane of the mins.
 """
 from __future__ import annotations
@@ -67,17 +68,19 @@ class Q4KSme2Regs(Frame):
 @dataclass(frozen=True)
 class Q4KSme2GemvRegs(Frame):
     """The 1 x nu vl ZA-array SDOT gemv.  Hot loop: ``lhs`` (the row's two 16-byte quads of a
-    sub-block), ``raw`` (two 4-vector groups of packed nibbles), ``hi`` (high nibbles),
-    ``zipped`` (two nu-vector groups: the 4-k words of nu column vectors), ``t`` (the sums
-    read back), ``s1`` (scaled sums), ``acc`` (f32 sums).  SB end: ``d``, ``dm``, ``mins_b``
-    (2-vector group), ``mins`` (UZP: sub-blocks 0-3 / 4-7), ``s2``, ``da``, ``bsum`` (the
-    row's bsum_hi and bsum_lo, one quad)."""
+    sub-block, their k permuted by TBL through ``perm``), ``raw`` (two 4-vector groups of packed
+    nibbles), ``unp`` (two nu-vector groups: LUTI4's words of nu column vectors), ``t`` (the
+    sums read back), ``sc`` (scales), ``s1`` (scaled sums), ``acc`` (f32 sums); ``table``: the
+    LUTI4 table's source at entry.  SB end: ``d``, ``dm``, ``mins_b`` (2-vector group),
+    ``mins`` (UZP: sub-blocks 0-3 / 4-7), ``s2``, ``da``, ``bsum`` (the row's bsum_hi and
+    bsum_lo, one quad)."""
 
     nu: int
     lhs: tuple[int, int]
     raw: tuple[tuple[int, ...], ...]
-    hi: tuple[int, ...]
-    zipped: tuple[tuple[int, ...], ...]
+    perm: int
+    table: int
+    unp: tuple[tuple[int, ...], ...]
     t: tuple[int, ...]
     s1: tuple[int, ...]
     acc: tuple[int, ...]
@@ -152,16 +155,17 @@ def _allocate_gemv(spec: KernelSpec) -> Q4KSme2GemvRegs:
     lhs = v.claim((0, 1), "LHS")           # by-lane operands: z0-z15
     clamp = v.claim((2, 3), "clamp")
     raw = (v.claim(range(4, 8), "RHS"), v.claim(range(8, 12), "RHS"))
-    hi = v.claim(range(12, 16), "RHS")
-    zipped = (v.claim(range(16, 16 + nu), "RHS"), v.claim(range(20, 20 + nu), "RHS"))
+    perm, table = v.claim((12, 13), "LHS")
+    sc, da = v.claim((14, 15), "column scales")
+    unp = (v.claim(range(16, 16 + nu), "RHS"), v.claim(range(20, 20 + nu), "RHS"))
     s1 = v.claim(range(24, 24 + nu), "f32 epilogue")
     acc = v.claim(range(28, 28 + nu), "f32 epilogue")
     gpr = pool.scalars(_GEMV_SCALARS)
     pool.settle(f"q4_K sme2 gemv 1x{spec.nr_str}")
     # the sums read back and the SB-end operands reuse the dead hot-loop registers
-    return Q4KSme2GemvRegs(nu=nu, lhs=lhs, raw=raw, hi=hi, zipped=zipped, t=zipped[1], s1=s1,
-                           acc=acc, sc=hi[0], d=raw[0][0], dm=raw[0][1], mins_b=(8, 9),
-                           mins=(10, 11), s2=hi[0], da=hi[1], bsum=lhs[0], clamp=clamp, gpr=gpr,
+    return Q4KSme2GemvRegs(nu=nu, lhs=lhs, raw=raw, perm=perm, table=table, unp=unp, t=unp[1],
+                           s1=s1, acc=acc, sc=sc, d=raw[0][0], dm=raw[0][1], mins_b=raw[1][:2],
+                           mins=raw[1][2:], s2=sc, da=da, bsum=lhs[0], clamp=clamp, gpr=gpr,
                            **pool.frame())
 
 
