@@ -30,21 +30,26 @@ __all__ = ["Q4KSme2Regs", "Q4KSme2GemvRegs", "ALLOCATORS"]
 
 @dataclass(frozen=True)
 class Q4KSme2Regs(Frame):
-    """The 1vl x nu vl int16-SMOPA gemm.  Hot loop: ``lhs`` (two 4-k chunks: low-nibble pair,
-    high-nibble pair each), per column vector ``raw`` (widened bytes, then the scaled low
-    nibbles), ``hi`` (scaled high nibbles), ``sc`` (the sub-block scale of each column, twice),
-    ``sc_raw`` (the scale bytes).  SB end: ``bsb`` / ``lob`` (bsum bytes, 2-vector groups),
+    """The 1vl x nu vl int16-SMOPA gemm.  Hot loop: ``lhs_b`` (the k pairs of two 4-k chunks,
+    bytes), ``lhs`` (widened: low pair, high pair of each chunk), ``rhs_b`` (two vectors of
+    packed nibbles), ``raw`` (widened, one vector per column vector and chunk; then scaled),
+    ``hi`` (the high nibbles, scaled), ``sc`` (per column vector the sub-block scale of each
+    column, twice), ``sc_raw`` (the scale bytes), ``c16`` (16 in every halfword).  SB end:
+    ``bsb`` / ``lob`` (bsum bytes, 2-vector groups),
     ``wide``, ``wlo`` (widened, 4-vector groups), ``bs`` (bsum k pairs, one vector per pair of
     sub-blocks), ``mins_b`` / ``mins`` likewise for the mins.  Fold: ``sums`` (one ZA row of
     the four tiles), ``d`` / ``dm`` (per column vector), ``da`` (the row's d), ``acc``
     (dst row), ``clamp``."""
 
     nu: int
+    lhs_b: tuple[int, ...]
     lhs: tuple[int, ...]
+    rhs_b: tuple[int, ...]
     raw: tuple[int, ...]
     hi: tuple[int, ...]
     sc: tuple[int, ...]
     sc_raw: int
+    c16: int
     bsb: tuple[int, ...]
     lob: tuple[int, ...]
     wide: tuple[int, ...]
@@ -123,13 +128,16 @@ def _allocate_gemm(spec: KernelSpec) -> Q4KSme2Regs:
     _check(spec)
     pool = RegisterPool(_CHART, x_order=SME_X_ORDER, streaming=True)
     v = pool.v
-    lhs = v.claim(range(0, 4), "LHS")
-    raw = v.claim((4, 8)[:nu], "RHS")
-    hi = v.claim((5, 9)[:nu], "RHS")
-    sc = v.claim((6, 10)[:nu], "column scales")
-    sc_raw = v.claim((7,), "column scales")[0]
-    # SB end (multi-vector groups start at a multiple of their length)
-    bsb = v.claim((16, 17), "SB-end operands")
+    lhs_b = v.claim((0, 1), "LHS")
+    rhs_b = v.claim((2, 3), "RHS")
+    lhs = v.claim(range(4, 8), "LHS")
+    raw = v.claim(range(8, 12), "RHS")
+    hi = v.claim((12, 13), "RHS")
+    sc = v.claim((14, 15)[:nu], "column scales")
+    sc_raw, c16 = v.claim((16, 17), "column scales")
+    # SB end (multi-vector groups start at a multiple of their length); the bsum bytes reuse
+    # the scale scratch (c16 is set again at each SB's start)
+    bsb = (sc_raw, c16)
     lob = v.claim((18, 19), "SB-end operands")
     wide = v.claim(range(20, 24), "SB-end operands")
     wlo = v.claim(range(24, 28), "SB-end operands")
@@ -137,10 +145,11 @@ def _allocate_gemm(spec: KernelSpec) -> Q4KSme2Regs:
     # the fold and the clamp pass reuse the dead registers
     gpr = pool.scalars(_GEMM_SCALARS)
     pool.settle(f"q4_K sme2 gemm {spec.mr_str}x{spec.nr_str}")
-    return Q4KSme2Regs(nu=nu, lhs=lhs, raw=raw, hi=hi, sc=sc, sc_raw=sc_raw, bsb=bsb, lob=lob,
+    return Q4KSme2Regs(nu=nu, lhs_b=lhs_b, lhs=lhs, rhs_b=rhs_b, raw=raw, hi=hi, sc=sc,
+                       sc_raw=sc_raw, c16=c16, bsb=bsb, lob=lob,
                        wide=wide, wlo=wlo, bs=bs, mins_b=bsb, mins=wlo, sums=wide[:2 * nu],
-                       d=bsb[:nu], dm=lob[:nu], da=lhs[0], acc=wlo[2:2 + nu],
-                       clamp=(lhs[2], lhs[3]), gpr=gpr,
+                       d=bsb[:nu], dm=lob[:nu], da=lhs_b[0], acc=wlo[2:2 + nu],
+                       clamp=rhs_b, gpr=gpr,
                        **pool.frame())
 
 
