@@ -1,5 +1,5 @@
 """Q4_K SME2 kernels (family q4_K: q8kp x q4kp at kr = 4; the int16-SMOPA gemm and the ZA-array
-SDOT gemv) under emulation at SVL 128 / 256 / 512 (qemu ``max``): bit-exact against
+SDOT gemv) under emulation at SVL 128 / 256 / 512 / 2048 (qemu ``max``): bit-exact against
 tilegen.reference_kquant on random valid ggml blocks, m and n not multiples of the tile, k of
 1, 2 and 3 super-blocks, sentinels around dst untouched, SVCR clear after the call."""
 from __future__ import annotations
@@ -21,7 +21,7 @@ GEMVS = ("q4_K:sme2:1x2vl", "q4_K:sme2:1x4vl")
 ALL_SPECS = [tilegen.parse_spec(s) for s in GEMMS + GEMVS]
 SENTINEL = np.float32(-4242.25)
 FMAX = 3.4028234663852886e38
-SVLS = (128, 256, 512)
+SVLS = (128, 256, 512, 2048)
 
 
 @pytest.fixture(scope="module")
@@ -87,3 +87,21 @@ def test_q4k_sme2_refusals():
                         ("q4_K:sme2:1vlx2vl:k8:s2", "kr = 4")):
         with pytest.raises(tilegen.SpecError, match=words):
             tilegen.parse_spec(text)
+
+
+@pytest.mark.parametrize("spec", ALL_SPECS, ids=lambda s: s.spec_string)
+def test_q4k_sme2_guard_pages(spec, kq_sme_lib):
+    """Every buffer (packed LHS, packed RHS, dst with a row stride) against a guard page at
+    either end, SVL 512: no access outside them (the whole-vector loads of scales, bsums and
+    mins stay inside their super-block records), results bit-exact."""
+    from test_guard_pages import PLACEMENTS, SENTINEL as GUARD_SENTINEL, _check_guarded
+    sess = guest("max", None, 512, SME_ON)
+    info = sess.call("guest_calls:vl_info", str(kq_sme_lib), spec.name)
+    mr, nr = info["mr"], info["nr"]
+    shapes = [(1, 1, 256), (mr, nr, 512), (mr + 1, nr + 3, 256), (3, 2 * nr - 1, 256)]
+    cases, refs = _cases(mr, nr, shapes, 7 + spec.nr)
+    for i, c in enumerate(cases):
+        c.update(sentinel=GUARD_SENTINEL, dst_stride=c["n"] + i % 3)
+    outs = sess.call("guest_pack:guarded_q4_cases", str(kq_sme_lib), spec.name, cases,
+                     PLACEMENTS)
+    _check_guarded(spec.name, cases, refs, outs)
