@@ -243,7 +243,7 @@ def test_q4_f16_gemm_at_least_kleidiai():
 
 @pytest.mark.parametrize("spec, mr, nr", [("q4_K:sme2:1vlx2vl", 16, 32), ("q4_K:sme2:1vlx1vl", 16, 16),
                                           ("q4_K:sme2:1x2vl", 1, 32), ("q4_K:sme2:1x4vl", 1, 64),
-                                          ("q6_K:sme2:1vlx4vl", 16, 64)])
+                                          ("q6_K:sme2:1vlx4vl", 16, 64), ("q6_K:sme2:1x4vl", 1, 64)])
 def test_kquant_sme2_block_is_a_superblock(spec, mr, nr):
     """The K-quant SME2 kernels mark one 256-k super-block (``block-begin k=256``): at SVL 512
     the hot loop (32 k) run its 8 trips carries exactly the tile's 256*mr*nr MACs, the block

@@ -1,7 +1,8 @@
-"""K-quant SME2 kernels (q4_K: q8kp x q4kp at kr = 4, the int16-SMOPA gemm and the ZA-array SDOT
-gemv; q6_K: q8kp x q6kp, the int16-SMOPA gemm) under emulation at SVL 128 / 256 / 512 / 2048 (qemu ``max``): bit-exact against
-tilegen.reference_kquant on random valid ggml blocks, m and n not multiples of the tile, k of
-1, 2 and 3 super-blocks, sentinels around dst untouched, SVCR clear after the call."""
+"""K-quant SME2 kernels (q4_K: q8kp x q4kp, q6_K: q8kp x q6kp, both at kr = 4; the int16-SMOPA
+gemms and the ZA-array SDOT gemvs) under emulation at SVL 128 / 256 / 512 / 2048 (qemu
+``max``): bit-exact against tilegen.reference_kquant on random valid ggml blocks, m and n not
+multiples of the tile, k of 1, 2 and 3 super-blocks, sentinels around dst untouched, SVCR clear
+after the call; guard pages around every buffer at SVL 512."""
 from __future__ import annotations
 
 from pathlib import Path
@@ -18,8 +19,9 @@ from conftest import SME_ON, guest
 
 GEMMS = ("q4_K:sme2:1vlx2vl", "q4_K:sme2:1vlx1vl")
 GEMVS = ("q4_K:sme2:1x2vl", "q4_K:sme2:1x4vl")
-Q6_GEMMS = ("q6_K:sme2:1vlx1vl", "q6_K:sme2:1vlx2vl", "q6_K:sme2:1vlx4vl")
-ALL_SPECS = [tilegen.parse_spec(s) for s in GEMMS + GEMVS + Q6_GEMMS]
+Q6_SPECS = ("q6_K:sme2:1vlx1vl", "q6_K:sme2:1vlx2vl", "q6_K:sme2:1vlx4vl", "q6_K:sme2:1x2vl",
+            "q6_K:sme2:1x4vl")
+ALL_SPECS = [tilegen.parse_spec(s) for s in GEMMS + GEMVS + Q6_SPECS]
 # family -> (random ggml blocks, RHS layout, reference)
 KINDS = {"q4_K": (random_q4_k, Q4KP, matmul_q8kp_q4kp),
          "q6_K": (random_q6_k, Q6KP, matmul_q8kp_q6kp)}
@@ -91,7 +93,7 @@ def test_kquant_sme2_refusals():
                         ("q4_K:sme2:4x2vl", "1 x nu vl"),
                         ("q4_K:sme2:1vlx2vl:k8:s2", "kr = 4"),
                         ("q6_K:sme2:1vlx3vl", "1vlx1vl, 1vlx2vl or 1vlx4vl"),
-                        ("q6_K:sme2:1x2vl", "1vlx1vl, 1vlx2vl or 1vlx4vl"),
+                        ("q6_K:sme2:1x1vl", "1x2vl or 1x4vl"),
                         ("q6_K:sme2:1vlx2vl:k16:s2", "kr = 4")):
         with pytest.raises(tilegen.SpecError, match=words):
             tilegen.parse_spec(text)

@@ -25,11 +25,23 @@ from ..spec import KernelSpec
 from ..tile_layouts import check_packing
 from .pool import SME_X_ORDER, Frame, RegisterPool, VectorNeeds
 
-__all__ = ["Q4KSme2Regs", "Q4KSme2GemvRegs", "ALLOCATORS"]
+__all__ = ["KQuantSme2Frame", "Q4KSme2Regs", "Q4KSme2GemvRegs", "ALLOCATORS"]
 
 
-@dataclass(frozen=True)
-class Q4KSme2Regs(Frame):
+@dataclass(frozen=True, kw_only=True)
+class KQuantSme2Frame(Frame):
+    """What the K-quant SME2 register records share: the GPRs by name, the frame, the
+    all-true counter predicate (pn8) of the multi-vector loads."""
+
+    gpr: dict[str, int] = field(hash=False)
+    saved_x: tuple[int, ...] = ()
+    saved_d: tuple[int, ...] = ()
+    needs: VectorNeeds = VectorNeeds(())
+    counter_pred: int = 8
+
+
+@dataclass(frozen=True, kw_only=True)
+class Q4KSme2Regs(KQuantSme2Frame):
     """The 1vl x nu vl int16-SMOPA gemm.  Hot loop: ``lhs_b`` (the k pairs of two 4-k chunks,
     bytes), ``lhs`` (widened: low pair, high pair of each chunk), ``rhs_b`` (two vectors of
     packed nibbles), ``raw`` (widened, one vector per column vector and chunk; then scaled),
@@ -63,15 +75,10 @@ class Q4KSme2Regs(Frame):
     da: int
     acc: tuple[int, ...]
     clamp: tuple[int, int]
-    gpr: dict[str, int] = field(hash=False)
-    saved_x: tuple[int, ...] = ()
-    saved_d: tuple[int, ...] = ()
-    needs: VectorNeeds = VectorNeeds(())
-    counter_pred: int = 8
 
 
-@dataclass(frozen=True)
-class Q4KSme2GemvRegs(Frame):
+@dataclass(frozen=True, kw_only=True)
+class Q4KSme2GemvRegs(KQuantSme2Frame):
     """The 1 x nu vl ZA-array SDOT gemv.  Hot loop: ``lhs`` (the row's two 16-byte quads of a
     sub-block, their k permuted by TBL through ``perm``), ``raw`` (two 4-vector groups of packed
     nibbles), ``unp`` (two nu-vector groups: LUTI4's words of nu column vectors), ``t`` (the
@@ -98,11 +105,6 @@ class Q4KSme2GemvRegs(Frame):
     da: int
     bsum: int
     clamp: tuple[int, int]
-    gpr: dict[str, int] = field(hash=False)
-    saved_x: tuple[int, ...] = ()
-    saved_d: tuple[int, ...] = ()
-    needs: VectorNeeds = VectorNeeds(())
-    counter_pred: int = 8
 
 
 _CHART = ("LHS", "RHS", "column scales", "SB-end operands", "f32 epilogue", "clamp")
