@@ -663,20 +663,24 @@ def test_kquant_entry_end_to_end_bit_exact(kai_so, entry):
     from tilegen.reference_kquant import matmul_tilegen
     gemm, gemv = entry
     kind, packer = _kq_packer(gemm)
-    g = guest("max")
+    g = guest("max", None, SVL_BITS)
+    vl = SVL_BITS // 8
     rng = np.random.default_rng(25)
     byname = {kk.name: kk for kk in K.KQUANT_KERNELS}
     gspec = byname[gemm].kernel_spec
-    for n, k in ((37, 512), (8, 256)):
+    rlay = rhs_layout_for(gspec, 32, vl if gspec.vl_scaled else None)
+    for n, k in ((37, 512), (8, 256), (2 * rlay.nr + 3, 256)):
         raw = (random_q4_k if kind == "q4_K" else random_q6_k)(n, k, int(rng.integers(1 << 30)))
-        for kern, m in ((gemm, 13), (gemv, 1)):
+        for kern, m in ((gemm, 13), (gemv, 1), (gemm, 2 * vl + 1)):
             kk = byname[kern]
-            _getters_match(g, kk, kai_so, None)
+            spec = kk.kernel_spec
+            _getters_match(g, kk, kai_so, vl if spec.vl_scaled else None)
             x = (rng.normal(size=(m, k)) * rng.uniform(0.1, 10.0, size=(m, 1))).astype(np.float32)
             got = g.call("guest_kai:llama_flow", kai_so, kern, "packed", gemm,
                          "lhs_quant_pack_q8kp_f32", False, packer, "kq", x, dict(raw=raw, n=n))
-            want = matmul_tilegen(kind, x, raw, n, mr=lhs_layout_for(kk.kernel_spec).mr,
-                                  nr=gspec.nr, kr=gspec.kr)
+            want = matmul_tilegen(kind, x, raw, n,
+                                  mr=lhs_layout_for(spec, 32, vl if spec.vl_scaled else None).mr,
+                                  nr=rlay.nr, kr=gspec.kr)
             assert np.array_equal(np.asarray(got, np.float32).view(np.uint32),
                                   want.astype(np.float32).view(np.uint32)), (kern, m, n, k)
 

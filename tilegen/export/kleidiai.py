@@ -208,13 +208,15 @@ def _kq(abi: str, spec: str, note: str) -> KaiKernel:
 
 #: tilegen's K-quant micro-kernels in the same getter/run shape, which llama.cpp's KleidiAI
 #: backend calls once tilegen/export/llama-kquants.patch is applied: per weight type a gemm and
-#: a gemv on one packed RHS (packed at the gemm's nr/kr), I8MM (SMMLA, kr 16) and DOTPROD (SDOT,
-#: kr 8).  The LHS is q8kp (kai_lhs_quant_pack_q8kp_f32), the RHS q4kp / q6kp repacked from
+#: a gemv on one packed RHS (packed at the gemm's nr/kr), SME2 (tiles in SVL units, kr 4), I8MM
+#: (SMMLA, kr 16) and DOTPROD (SDOT, kr 8).  The LHS is q8kp (kai_lhs_quant_pack_q8kp_f32), the RHS q4kp / q6kp repacked from
 #: ggml's blocks (kai_rhs_pack_nxk_q4kp_q4k, kai_rhs_pack_nxk_q6kp_q6k).
 KQUANT_KERNELS: tuple[KaiKernel, ...] = tuple(
     _kq(f"q8kp_{rhs}", f"{fam}:{isa}:{tile}", note)
-    for fam, rhs in (("q4_K", "q4kp"), ("q6_K", "q6kp")) if FAMILIES[fam].impls
-    for isa, tile, note in (("i8mm", "8x4", "gemm, SMMLA"), ("i8mm", "1x4", "gemv, SMMLA"),
+    for fam, rhs in (("q4_K", "q4kp"), ("q6_K", "q6kp"))
+    for isa, tile, note in (("sme2", "1vlx2vl", "gemm, int16 SMOPA"),
+                            ("sme2", "1x2vl", "gemv, ZA-array SDOT"),
+                            ("i8mm", "8x4", "gemm, SMMLA"), ("i8mm", "1x4", "gemv, SMMLA"),
                             ("dotprod", "8x4", "gemm, SDOT by lane"),
                             ("dotprod", "1x4", "gemv, SDOT by lane")))
 #: (gemm, gemv) sharing one packed RHS, as the patch's kernels table pairs them
