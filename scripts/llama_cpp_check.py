@@ -685,13 +685,11 @@ def run_plan(builds: list[Build], cpus: list[str], off_cpus: list[str],
     """(build, cpu, GGML_KLEIDIAI_SME) of every run: the OFF build on ``off_cpus`` (the first is
     the reference), then each ON build (on, real: side by side) on ``cpus`` with SME off and,
     on SME CPUs, with each cap in ``sme``.  A K-quant model (``kquant``) runs only the patched
-    export build (the real KleidiAI has no K-quant kernel: its build runs ggml's, as OFF), with
-    SME off and with the cap = the thread count (SME on for every thread: the K-quant matmuls
-    must still reach tilegen's NEON kernels)."""
+    export build (the real KleidiAI has no K-quant kernel: its build would run ggml's, as OFF)."""
     plan = [(builds[0], c, "-") for c in off_cpus]
     ons = [b for b in builds[1:] if not kquant or b.name == "on"]
     for c in cpus:
-        caps = ([str(THREADS)] if kquant else [v for v in sme if v != "0"]) if is_sme_cpu(c) else []
+        caps = [v for v in sme if v != "0"] if is_sme_cpu(c) else []
         plan += [(b, c, v) for v in ["0"] + caps for b in ons]
     return plan
 
