@@ -43,7 +43,7 @@ LD64 = ("-arch", "arm64", "-platform_version", "macos", "14.0", "14.0")
 # protector (clang's default for Apple targets) and the four functions clang and GCC require of
 # even a freestanding environment.
 LIBSYSTEM = {"___stack_chk_fail", "___stack_chk_guard", "_memcpy", "_memmove", "_memset",
-             "_memcmp"}
+             "_memcmp", "_bzero"}
 # The library's exports besides its kernels, packers and getters (names without Mach-O's "_").
 SUPPORT = {
     "tilegen_manifest_sha256",                                         # table digest
@@ -144,7 +144,8 @@ def test_export_sources_build_for_macos(export_objs):
     assert sorted(objs) == on_disk and len(on_disk) > 40
     hdr = _run("llvm-objdump", "--macho", "--private-header", *objs.values())
     assert hdr.count("MH_MAGIC_64   ARM64") == len(objs) and hdr.count(" OBJECT ") == len(objs)
-    specs = {kk.kernel_spec.name: kk.kernel_spec for kk in K.kernels_for(TARGET) if kk.spec}
+    specs = {kk.kernel_spec.name: kk.kernel_spec
+             for kk in K.kernels_for(TARGET) + list(K.KQUANT_KERNELS) if kk.spec}
     for rel, obj in objs.items():
         syms = re.findall(r"\) (external|private external) (\S+)$",
                           _run("llvm-nm", "-m", "--defined-only", obj), re.M)
