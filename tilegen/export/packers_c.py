@@ -528,7 +528,7 @@ def _q8kp():
                    "q8kp.c.j2",
                    dict(getters, stride=stride, rec=rec, d_off=d_off, hi_off=hi_off, lo_off=lo_off,
                         elem=elem.replace("x *", "slot *"), qk=qk, db=db, nb=nb,
-                        sub=ref.sub_k, bsum_shift=7))
+                        sub=ref.sub_k, bsum_shift=ref.bsum_hi_shift))
 
 
 _KQ_RUN = ("void kai_run_{n4}(size_t num_groups, size_t n, size_t k, size_t nr, size_t kr, "

@@ -91,6 +91,7 @@ class Q8KP(RowBlocks, KQuantInterleave):
     # -- geometry (generator) ------------------------------------------------------------
     d_bytes = 4                 # one row's f32 d per SB
     bsum_count = 8              # sub-block sums per row per SB (sub-blocks of 32)
+    bsum_hi_shift = 7           # bsum = (bsum_hi << 7) + bsum_lo, bsum_lo in [0, 127]
 
     @property
     def values_bytes(self) -> int:
@@ -168,8 +169,8 @@ class Q8KP(RowBlocks, KQuantInterleave):
     def split_bsum(bsum: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         """bsum int32 -> (hi = bsum >> 7 (floor), lo = bsum - 128*hi in [0, 127]) as int8."""
         b = np.asarray(bsum, dtype=np.int32)
-        hi = b >> 7
-        return hi.astype(np.int8), (b - 128 * hi).astype(np.int8)
+        hi = b >> Q8KP.bsum_hi_shift
+        return hi.astype(np.int8), (b - (hi << Q8KP.bsum_hi_shift)).astype(np.int8)
 
     def pack(self, x: np.ndarray, m_idx_start: int = 0) -> np.ndarray:
         """Quantise and pack rows ``x`` (float32 (m, k), x[0] = global row m_idx_start): the
