@@ -4,7 +4,11 @@
 The headline figure is the cost of one 32-k block of the whole tile: for q4 the region between
 ``// tilegen:block-begin`` and ``// tilegen:block-end`` (scale loads, the chunk loop once at
 bl = 32, conversion and scaling), branches removed; for the other families eight 4-k hot-loop
-iterations.  The hot loop is the detail: the templates mark their innermost loop with
+iterations.  :func:`per_k` gives the same figure over any k (e.g. one 256-k super-block):
+a family whose record has ``block_k`` marks one block of that many k-values as the block
+region, and a loop inside it runs the trip count on its label line (``// tilegen:trips N``,
+as for the SME static model; an unmarked loop runs once); the region's cycles are scaled by
+k / block_k.  The hot loop is the detail: the templates mark their innermost loop with
 ``// tilegen:hot-loop-begin <name> (... N MACs)`` and ``// tilegen:hot-loop-end``; nothing is
 guessed from the disassembly.
 
@@ -23,11 +27,12 @@ from dataclasses import dataclass
 
 from .generator.render import render
 from .generator.spec import KernelSpec
+from .analyze_sme import expand
 from .generator.validate import as_spec
 from .records import ISAS
 
-__all__ = ["AnalyzeError", "LoopReport", "InstructionMix", "hot_loop", "analyze",
-           "instruction_mix", "mca_tool", "MODELS", "MAC_MNEMONICS", "MODEL_SVE_VL"]
+__all__ = ["AnalyzeError", "LoopReport", "InstructionMix", "KReport", "hot_loop", "analyze",
+           "per_k", "instruction_mix", "mca_tool", "MODELS", "MAC_MNEMONICS", "MODEL_SVE_VL"]
 
 MODELS = ("neoverse-v2", "neoverse-n2", "neoverse-v1", "apple-m4")
 # plain-NEON q4 kernels multiply with SMULL/SMULL2 (int8 -> int16) and accumulate with SADALP
@@ -163,14 +168,83 @@ def instruction_mix(spec: KernelSpec | str) -> InstructionMix:
     return InstructionMix(spec.name, macs, len(insns))
 
 
-def analyze(spec: KernelSpec | str, model: str) -> LoopReport:
-    spec = as_spec(spec)
+@dataclass(frozen=True)
+class KReport:
+    """Cost of ``k`` values of the whole tile (:func:`per_k`)."""
+
+    kernel: str
+    model: str
+    k: int
+    macs: int           # k x the tile's MACs per k value
+    cycles: float
+    insns: int          # instructions modelled per ``unit_k`` values (branches removed)
+    unit_k: int         # k-values of the region measured (block_k, or the hot loop's k)
+
+    @property
+    def macs_per_cycle(self) -> float:
+        return self.macs / self.cycles
+
+    def as_dict(self) -> dict:
+        return {"kernel": self.kernel, "model": self.model, "k": self.k, "macs": self.macs,
+                "cycles": self.cycles, "macs_per_cycle": self.macs_per_cycle,
+                "insns": self.insns, "unit_k": self.unit_k}
+
+
+def _raw_region(text: str, begin: str, end: str) -> list[str] | None:
+    m = re.search(rf"{begin}[^\n]*\n(.*?)\n[^\n]*{end}", text, re.S)
+    return m.group(1).splitlines() if m else None
+
+
+def _cycles(lines: list[str], model: str) -> float:
+    out = _mca(lines, model)
+    return int(re.search(r"Total Cycles:\s+(\d+)", out).group(1)) / int(
+        re.search(r"Iterations:\s+(\d+)", out).group(1))
+
+
+def _check_model(spec: KernelSpec, model: str) -> None:
     if spec.isa_info.vl_kind == "sme":
         raise AnalyzeError(f"{spec.name}: llvm-mca has no useful SME model; SME kernels are "
                            f"measured by instruction_mix (MAC instructions per loop instruction)")
     if spec.isa_info.vl_kind == "sve" and model not in MODEL_SVE_VL:
         raise AnalyzeError(f"{spec.name}: model {model} has no SVE (models with SVE: "
                            f"{', '.join(MODEL_SVE_VL)})")
+
+
+def per_k(spec: KernelSpec | str, model: str, k: int = 256) -> KReport:
+    """llvm-mca cost of ``k`` values of the whole tile, every per-block step included.
+
+    Families with ``block_k`` (records): the marked block region, its inner loops expanded by
+    their ``tilegen:trips`` (at the model's SVE vector length), branches removed, measured
+    once and scaled by k / block_k (k must be a multiple of block_k).  Other families: the hot
+    loop scaled by k / its k-values.  MACs = k x the hot loop's MACs per k value (from its
+    marker, ``(<n> k x ...`` / ``(<n> k-steps``)."""
+    spec = as_spec(spec)
+    _check_model(spec, model)
+    text = render(spec).text
+    insns, macs = hot_loop(text)
+    if spec.vl_scaled:
+        macs = macs * MODEL_SVE_VL[model] // 128
+    m = re.search(r"tilegen:hot-loop-begin[^\n]*?\((\d+) k[ -]", text)
+    if not m:
+        raise AnalyzeError(f"{spec.name}: the hot-loop marker does not say how many k-values "
+                           f"one iteration covers ('(<n> k x ...')")
+    hot_k = int(m.group(1))
+    block_k = spec.info.block_k
+    block = _raw_region(text, "tilegen:block-begin", "tilegen:block-end") if block_k else None
+    if block is not None:
+        unit, lines = block_k, _branchless(expand(block, MODEL_SVE_VL.get(model, 128)))
+    else:
+        unit, lines = hot_k, _branchless(insns)
+    if k % unit or k % hot_k:
+        raise AnalyzeError(f"{spec.name}: k={k} is not a multiple of {unit} (one measured "
+                           f"region) and {hot_k} (one hot-loop iteration)")
+    cyc = _cycles(lines, model)
+    return KReport(spec.name, model, k, k * macs // hot_k, cyc * k / unit, len(lines), unit)
+
+
+def analyze(spec: KernelSpec | str, model: str) -> LoopReport:
+    spec = as_spec(spec)
+    _check_model(spec, model)
     text = render(spec).text
     insns, macs = hot_loop(text)
     if spec.vl_scaled:      # the marker counts MACs per 128 bits of vector length
@@ -187,10 +261,12 @@ def analyze(spec: KernelSpec | str, model: str) -> LoopReport:
     bound = float(re.search(r"Block RThroughput:\s+([\d.]+)", _mca(mac_lines, model)).group(1))
     cpi = total / iters
     block = _region(text, "tilegen:block-begin", "tilegen:block-end")
-    if block is not None:       # q4: one 32-k block = scale loads + one chunk + conversion
-        out = _mca(_branchless(block), model)
-        blk = int(re.search(r"Total Cycles:\s+(\d+)", out).group(1)) / int(
-            re.search(r"Iterations:\s+(\d+)", out).group(1))
+    if spec.info.block_k not in (None, 32) and block is not None:
+        # a block of another length (a K-quant super-block): per_k's figure, taken at 32 k
+        r = per_k(spec, model, spec.info.block_k)
+        blk, blk_macs = r.cycles * 32 / r.k, r.macs * 32 // r.k
+    elif block is not None:     # q4: one 32-k block = scale loads + one chunk + conversion
+        blk = _cycles(_branchless(block), model)
         blk_macs = macs         # the chunk loop (32 k) runs once per block at bl = 32
     else:                       # f32: the hot loop covers 4 k
         blk, blk_macs = 8 * cpi, 8 * macs
