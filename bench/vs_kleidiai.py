@@ -63,19 +63,19 @@ TILEGEN = {
              "i8mm:1x8", "i8mm:1x12", "i8mm:1x8:k8:s2", "i8mm:1x16:k8:s2", "i8mm:1x20:k8:s2",
              "i8mm:1x24:k8:s2"),
 }
-_BRANCH = re.compile(r"^(b\.\w+|b|cbz|cbnz|tbz|tbnz)$")
+BRANCH = re.compile(r"^(b\.\w+|b|cbz|cbnz|tbz|tbnz)$")
 
 
-def _tool(*names: str) -> str:
+def tool(*names: str) -> str:
     for n in names:
         if shutil.which(n):
             return n
     raise SystemExit(f"none of {', '.join(names)} found (apt-get install clang-19 llvm-19)")
 
 
-def _mca_block(lines: list[str], model: str) -> float:
+def mca_block(lines: list[str], model: str) -> float:
     src = ".Lmca_top:\n" + "\n".join(lines) + "\n"
-    p = subprocess.run([_tool("llvm-mca-19", "llvm-mca"), "-mtriple=aarch64", f"-mcpu={model}",
+    p = subprocess.run([tool("llvm-mca-19", "llvm-mca"), "-mtriple=aarch64", f"-mcpu={model}",
                         f"-mattr={_MATTR}", "-iterations=200"], input=src, capture_output=True, text=True)
     if p.returncode:
         raise AnalyzeError(p.stderr[:400])
@@ -95,7 +95,7 @@ def _build(src_root: Path, family: str, name: str, tmp: Path) -> Path | None:
     obj = tmp / f"{stem}.o"
     flags = ["-O2", "-c", "--target=aarch64-linux-gnu", "-march=armv8.6-a+dotprod+i8mm+fp16",
              f"-I{src_root}", f"-I{d}"]
-    cc = _tool("clang-19", "clang")
+    cc = tool("clang-19", "clang")
     if (d / f"{stem}_asm.S").exists():
         src = d / f"{stem}_asm.S"
     elif (d / f"{stem}.c").exists():
@@ -111,10 +111,10 @@ def _build(src_root: Path, family: str, name: str, tmp: Path) -> Path | None:
     return obj
 
 
-def _disasm(obj: Path) -> list[tuple[int, str, str]]:
+def disasm(obj: Path) -> list[tuple[int, str, str]]:
     """(address, mnemonic, operands) of the object's code, in address order (local labels of
     the kernel's loops split the listing into symbols: they are read as one stream)."""
-    out = subprocess.run([_tool("llvm-objdump-19", "llvm-objdump"), "-d", "--no-show-raw-insn",
+    out = subprocess.run([tool("llvm-objdump-19", "llvm-objdump"), "-d", "--no-show-raw-insn",
                           "--mattr=+sve2,+i8mm,+dotprod,+bf16,+fullfp16", str(obj)],
                          capture_output=True, text=True, check=True).stdout
     ins = []
@@ -129,7 +129,7 @@ def _disasm(obj: Path) -> list[tuple[int, str, str]]:
 def _block_region(ins: list[tuple[int, str, str]]) -> list[str]:
     loops = []
     for addr, mn, ops in ins:
-        if _BRANCH.match(mn):
+        if BRANCH.match(mn):
             m = re.search(r"(?:^|,\s*)(?:0x)?([0-9a-f]+)(?:\s*<[^>]*>)?$", ops)
             if m and int(m.group(1), 16) < addr:
                 loops.append((int(m.group(1), 16), addr))
@@ -145,7 +145,7 @@ def _block_region(ins: list[tuple[int, str, str]]) -> list[str]:
     around = [lp for lp in loops if lp != hot and lp[0] <= hot[0] and hot[1] <= lp[1]
               and any(mn == "scvtf" for _, mn, _ in body(*lp))]
     blk = min(around, key=lambda lp: lp[1] - lp[0]) if around else hot
-    return [f"{mn} {ops}".strip() for _, mn, ops in body(*blk) if not _BRANCH.match(mn)]
+    return [f"{mn} {ops}".strip() for _, mn, ops in body(*blk) if not BRANCH.match(mn)]
 
 
 def measure_kleidiai(src_root: Path) -> dict:
@@ -158,7 +158,7 @@ def measure_kleidiai(src_root: Path) -> dict:
                     print(f"  KleidiAI {name}: not in the tree, skipped", file=sys.stderr)
                     continue
                 try:
-                    region = _block_region(_disasm(obj))
+                    region = _block_region(disasm(obj))
                 except ValueError:      # e.g. a wrapper .c whose _asm.S is not in the tree
                     print(f"  KleidiAI {name}: no multiply-accumulate loop in {obj.name}, skipped",
                           file=sys.stderr)
@@ -166,7 +166,7 @@ def measure_kleidiai(src_root: Path) -> dict:
                 mr, nr = _tile(name)
                 src = next(f for f in (Path(tmp) / "src").iterdir() if f.name.startswith(obj.stem))
                 for model in MODELS:
-                    cyc = _mca_block(region, model)
+                    cyc = mca_block(region, model)
                     rows.append({"family": family, "regime": regime, "kernel": name, "model": model,
                                  "source": src.read_text().split("\n", 1)[0],
                                  "block_insns": len(region),
@@ -266,13 +266,13 @@ def measure_kleidiai_packer(src_root: Path) -> dict:
     src = src_root / "kai" / "ukernels" / "matmul" / "pack" / f"kai_{PACKER_KAI}.c"
     with tempfile.TemporaryDirectory() as tmp:
         obj = Path(tmp) / "p.o"
-        subprocess.run([_tool("clang-19", "clang"), "-O2", "-c", "--target=aarch64-linux-gnu",
+        subprocess.run([tool("clang-19", "clang"), "-O2", "-c", "--target=aarch64-linux-gnu",
                         "-march=armv8.2-a+fp16", "-ffreestanding", f"-I{src_root}",
                         f"-I{src.parent}", str(src), "-o", str(obj)], check=True)
-        ins = _disasm(obj)
+        ins = disasm(obj)
     loops = []
     for addr, mn, ops in ins:
-        if _BRANCH.match(mn):
+        if BRANCH.match(mn):
             m = re.search(r"(?:^|,\s*)(?:0x)?([0-9a-f]+)(?:\s*<[^>]*>)?$", ops)
             if m and int(m.group(1), 16) < addr:
                 loops.append((int(m.group(1), 16), addr))
@@ -298,10 +298,10 @@ def measure_kleidiai_packer(src_root: Path) -> dict:
         region += body(lo, hi) * (32 // nq)
         a = hi + 1
     region += body(a, blk[1])
-    lines = [f"{mn} {ops}".strip() for _, mn, ops in region if not _BRANCH.match(mn)]
+    lines = [f"{mn} {ops}".strip() for _, mn, ops in region if not BRANCH.match(mn)]
     return {"kernel": PACKER_KAI, "source": str(src.relative_to(src_root)),
             "block_insns": len(lines),
-            "cycles_per_element": {m: round(_mca_block(lines, m) / 128, 3) for m in MODELS}}
+            "cycles_per_element": {m: round(mca_block(lines, m) / 128, 3) for m in MODELS}}
 
 
 def _label_block(text: str, label: str) -> list[str]:
@@ -312,7 +312,7 @@ def _label_block(text: str, label: str) -> list[str]:
         line = line.split("//")[0].strip()
         if line and not line.endswith(":") and not line.startswith("."):
             out.append(line)
-    return [i for i in out if not _BRANCH.match(i.split()[0])]
+    return [i for i in out if not BRANCH.match(i.split()[0])]
 
 
 def measure_packers() -> list[dict]:
@@ -331,7 +331,7 @@ def measure_packers() -> list[dict]:
             paths["4 rows"] = (_branchless(quad), 128)
         for path, (insns, elems) in paths.items():
             for model in MODELS:
-                cyc = _mca_block(insns, model)
+                cyc = mca_block(insns, model)
                 rows.append({"packer": spec.name, "path": path, "model": model,
                              "insns": len(insns), "elements": elems,
                              "block_cycles": round(cyc, 2),

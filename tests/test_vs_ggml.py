@@ -1,0 +1,62 @@
+"""bench/vs_ggml.py: ggml's K-quant repack kernels, built from the llama.cpp sources of the
+llama-cpp-python sdist, cut to one 256-k super-block by two qemu traces and measured by llvm-mca."""
+import importlib.util
+import sys
+from pathlib import Path
+
+import pytest
+
+BENCH = Path(__file__).resolve().parent.parent / "bench"
+
+
+def _load():
+    sys.path.insert(0, str(BENCH))
+    spec = importlib.util.spec_from_file_location("vs_ggml", BENCH / "vs_ggml.py")
+    mod = importlib.util.module_from_spec(spec)
+    sys.modules["vs_ggml"] = mod          # dataclasses look their module up
+    spec.loader.exec_module(mod)
+    return mod
+
+
+vs = _load()
+
+
+def test_one_super_block_is_the_extra_stretch():
+    a, x, b = [1, 2, 3], [10, 11, 12, 13], [20, 21]
+    assert vs.one_super_block(a + x + x + b, a + x + x + x + b) == x
+    # the loop's exit test comes first in the body: the cut is a rotation of it
+    rot = vs.one_super_block(a + [10, 11] + b, a + [10, 11, 10, 11] + b)
+    assert sorted(rot) == [10, 11] and len(rot) == 2
+    with pytest.raises(vs.GgmlError, match="no more instructions"):
+        vs.one_super_block(a + x, a + x)
+    with pytest.raises(vs.GgmlError, match="one stretch added"):
+        vs.one_super_block([1, 2, 3], [9, 9, 9, 9])
+
+
+def test_dot_macs():
+    assert vs.dot_macs("smmla", "v0.4s, v1.16b, v2.16b", 128) == 32
+    assert vs.dot_macs("sdot", "v0.4s, v1.16b, v2.4b[3]", 128) == 16
+    assert vs.dot_macs("sdot", "v0.2s, v1.8b, v2.8b", 128) == 8
+    assert vs.dot_macs("smmla", "z0.s, z1.b, z2.b", 256) == 64
+    assert vs.dot_macs("sdot", "z0.s, z1.b, z2.b", 256) == 32
+    assert vs.dot_macs("smlal", "v0.4s, v1.4h, v2.4h", 128) == 0
+
+
+def test_ggml_kernels_cut_to_one_super_block_and_measured(llama_cpp_src, cross_sysroot, tmp_path):
+    b = vs.build("-mcpu=neoverse-v2", tmp_path, llama_cpp_src)
+    assert {g[2] for g in vs.GGML} <= set(b.funcs)
+    cpu = vs.QEMU_CPU["neoverse-v2"]
+    for func, rows, mac in (("ggml_gemm_q4_K_8x8_q8_K", 4, "smmla"),
+                            ("ggml_gemv_q6_K_8x4_q8_K", 1, "sdot")):
+        p = vs.ggml_path(b, func, rows, "neoverse-v2", cpu, tmp_path)
+        assert p["macs"] == rows * 8 * 256 and not p["sve"]
+        assert sum(ln.startswith(mac + " ") for ln in p["lines"]) == \
+            rows * 8 * 256 // (32 if mac == "smmla" else 16)
+        assert not any(vs.BRANCH.match(ln.split()[0]) for ln in p["lines"])
+        # steady state: one more super-block adds the same number of instructions again
+        t = [len(vs.trace(b, func, nb, cpu, tmp_path)) for nb in (2, 3, 4)]
+        assert t[2] - t[1] == t[1] - t[0] == p["insns"]
+        mpc = rows * 8 * 256 / vs.mca_block(p["lines"], "neoverse-v2")
+        assert 1 < mpc < 128, mpc
+    with pytest.raises(vs.GgmlError, match="dot-product MACs"):
+        vs.ggml_path(b, "ggml_gemm_q4_K_8x8_q8_K", 2, "neoverse-v2", cpu, tmp_path)
