@@ -207,9 +207,9 @@ FAMILIES: dict[str, FamilyInfo] = {
     # (docs/layouts.md#q8kp, #q4kp, #q6kp; arithmetic: tilegen.reference_kquant).  The ISAs
     # are added with their kernels.
     "q4_K": FamilyInfo(name="q4_K", lhs="q8kp", rhs="q4kp", impls={}, kinds=("q4_K",), abi=Q8,
-                       quantized=True),
+                       quantized=True, block_k=256),
     "q6_K": FamilyInfo(name="q6_K", lhs="q8kp", rhs="q6kp", impls={}, kinds=("q6_K",), abi=Q8,
-                       quantized=True),
+                       quantized=True, block_k=256),
     # f32 activations and weights rounded to bf16, f32 accumulation (KleidiAI
     # matmul_clamp_f32_bf16p<mr>x4_bf16p<nr>x4b): BFMMLA gemm, BFDOT gemv on the same RHS.
     "bf16": FamilyInfo(
