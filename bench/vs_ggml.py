@@ -23,8 +23,9 @@ equal mr x nr x 256, else the run fails.  ``ISSUE_BUILD`` (the issue's one build
 models: ``-march=armv8.6-a+dotprod+i8mm+fp16``, no SVE) is measured too, against the figures
 issue #24 quotes (``ISSUE_FIGURES``).
 
-tilegen: ``tilegen.analyze.per_k(spec, model, 256)`` (the kernel's marked block region, one
-block of its family's ``block_k``, inner loops expanded by their ``tilegen:trips``).  Specs: the
+tilegen: ``tilegen.analyze.per_k(spec, model, 256)`` (the kernel's marked block region,
+``tilegen:block-begin k=256``, inner loops expanded by their ``tilegen:trips``; or a hot loop
+that covers the super-block).  Specs: the
 ``--tilegen`` ones, else every default kernel (tilegen.build) of the ``q4_K`` / ``q6_K``
 families that the model's target runs and llvm-mca models (no SME).
 

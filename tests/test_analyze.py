@@ -108,22 +108,23 @@ def test_per_k_q4_is_eight_blocks_per_super_block():
 
 
 def test_per_k_expands_marked_trips_in_the_block(monkeypatch):
-    """A family whose block is 64 k and whose chunk loop says ``tilegen:trips 2``: the loop
-    body is modelled twice per block (the K-quant super-block convention)."""
-    import dataclasses
+    """A block marked ``tilegen:block-begin k=64`` whose chunk loop says ``tilegen:trips 2``:
+    the loop body is modelled twice per block, the block once per 64 k (the K-quant
+    super-block convention, ``k=256``)."""
     import re
 
     import tilegen.analyze as an
-    from tilegen.records import FAMILIES
     spec = tilegen.parse_spec("q4_0:i8mm:8x4")
     text = tilegen.generate(spec)
     hot, _ = hot_loop(text)
     marked = re.sub(r"^(\S*chunk_loop:)", r"\1  // tilegen:trips 2", text, count=1, flags=re.M)
-    assert marked != text
-    monkeypatch.setitem(FAMILIES, "q4_0", dataclasses.replace(FAMILIES["q4_0"], block_k=64))
+    marked = marked.replace("tilegen:block-begin (", "tilegen:block-begin k=64 (", 1)
+    assert marked.count("trips 2") == 1 and marked.count("k=64") == 1
     monkeypatch.setattr(an, "render", lambda s: type("R", (), {"text": marked})())
     one = an.per_k(spec, "neoverse-v2", 64)
     plain = an._branchless(an._region(text, "tilegen:block-begin", "tilegen:block-end"))
     assert one.unit_k == 64 and one.macs == 8 * 4 * 64
     assert one.insns == len(plain) + len(an._branchless(hot))
-    assert an.analyze(spec, "neoverse-v2").block32_cycles == pytest.approx(one.cycles / 2)
+    assert an.per_k(spec, "neoverse-v2", 256).cycles == pytest.approx(4 * one.cycles)
+    with pytest.raises(AnalyzeError, match="not a multiple of 64"):
+        an.per_k(spec, "neoverse-v2", 96)

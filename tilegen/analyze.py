@@ -4,11 +4,7 @@
 The headline figure is the cost of one 32-k block of the whole tile: for q4 the region between
 ``// tilegen:block-begin`` and ``// tilegen:block-end`` (scale loads, the chunk loop once at
 bl = 32, conversion and scaling), branches removed; for the other families eight 4-k hot-loop
-iterations.  :func:`per_k` gives the same figure over any k (e.g. one 256-k super-block):
-a family whose record has ``block_k`` marks one block of that many k-values as the block
-region, and a loop inside it runs the trip count on its label line (``// tilegen:trips N``,
-as for the SME static model; an unmarked loop runs once); the region's cycles are scaled by
-k / block_k.  The hot loop is the detail: the templates mark their innermost loop with
+iterations.  The hot loop is the detail: the templates mark their innermost loop with
 ``// tilegen:hot-loop-begin <name> (... N MACs)`` and ``// tilegen:hot-loop-end``; nothing is
 guessed from the disassembly.
 
@@ -25,9 +21,9 @@ import shutil
 import subprocess
 from dataclasses import dataclass
 
+from .analyze_sme import expand
 from .generator.render import render
 from .generator.spec import KernelSpec
-from .analyze_sme import expand
 from .generator.validate import as_spec
 from .records import ISAS
 
@@ -178,7 +174,7 @@ class KReport:
     macs: int           # k x the tile's MACs per k value
     cycles: float
     insns: int          # instructions modelled per ``unit_k`` values (branches removed)
-    unit_k: int         # k-values of the region measured (block_k, or the hot loop's k)
+    unit_k: int         # k-values of the region measured (the block, or one hot-loop pass)
 
     @property
     def macs_per_cycle(self) -> float:
@@ -188,17 +184,6 @@ class KReport:
         return {"kernel": self.kernel, "model": self.model, "k": self.k, "macs": self.macs,
                 "cycles": self.cycles, "macs_per_cycle": self.macs_per_cycle,
                 "insns": self.insns, "unit_k": self.unit_k}
-
-
-def _raw_region(text: str, begin: str, end: str) -> list[str] | None:
-    m = re.search(rf"{begin}[^\n]*\n(.*?)\n[^\n]*{end}", text, re.S)
-    return m.group(1).splitlines() if m else None
-
-
-def _cycles(lines: list[str], model: str) -> float:
-    out = _mca(lines, model)
-    return int(re.search(r"Total Cycles:\s+(\d+)", out).group(1)) / int(
-        re.search(r"Iterations:\s+(\d+)", out).group(1))
 
 
 def _check_model(spec: KernelSpec, model: str) -> None:
@@ -211,34 +196,41 @@ def _check_model(spec: KernelSpec, model: str) -> None:
 
 
 def per_k(spec: KernelSpec | str, model: str, k: int = 256) -> KReport:
-    """llvm-mca cost of ``k`` values of the whole tile, every per-block step included.
+    """llvm-mca cost of ``k`` values of the whole tile, every per-block step included (the
+    K-quants: one 256-k super-block, ``bench/vs_ggml.py``).
 
-    Families with ``block_k`` (records): the marked block region, its inner loops expanded by
-    their ``tilegen:trips`` (at the model's SVE vector length), branches removed, measured
-    once and scaled by k / block_k (k must be a multiple of block_k).  Other families: the hot
-    loop scaled by k / its k-values.  MACs = k x the hot loop's MACs per k value (from its
-    marker, ``(<n> k x ...`` / ``(<n> k-steps``)."""
+    The unit measured: the marked block region (``tilegen:block-begin`` ..
+    ``tilegen:block-end``) if the kernel has one, covering the K values its marker states
+    (``tilegen:block-begin k=<K>``, a K-quant super-block) or 32 (q4's bl = 32 block); a
+    loop inside it runs the trip count on its label line (``// tilegen:trips <n>``, as for
+    the SME static model, at the model's SVE vector length; an unmarked loop runs once).
+    Without a block region, one hot-loop pass, covering the k its marker states (``(<n> k x``
+    / ``(<n> k-steps``).  Branches removed; the unit's cycles are scaled by k / its k-values.
+    MACs = k x the hot loop's MACs per k value."""
     spec = as_spec(spec)
     _check_model(spec, model)
     text = render(spec).text
     insns, macs = hot_loop(text)
-    if spec.vl_scaled:
+    if spec.vl_scaled:      # the marker counts MACs per 128 bits of vector length
         macs = macs * MODEL_SVE_VL[model] // 128
-    m = re.search(r"tilegen:hot-loop-begin[^\n]*?\((\d+) k[ -]", text)
+    m = re.search(r"tilegen:hot-loop-begin[^\n]*?\((?:[^()\n]*: )?(\d+) k[ -]", text)
     if not m:
         raise AnalyzeError(f"{spec.name}: the hot-loop marker does not say how many k-values "
                            f"one iteration covers ('(<n> k x ...')")
     hot_k = int(m.group(1))
-    block_k = spec.info.block_k
-    block = _raw_region(text, "tilegen:block-begin", "tilegen:block-end") if block_k else None
+    block = re.search(r"tilegen:block-begin( k=(\d+))?[^\n]*\n(.*?)\n[^\n]*tilegen:block-end",
+                      text, re.S)
     if block is not None:
-        unit, lines = block_k, _branchless(expand(block, MODEL_SVE_VL.get(model, 128)))
+        unit = int(block.group(2)) if block.group(1) else 32
+        lines = _branchless(expand(block.group(3).splitlines(), MODEL_SVE_VL.get(model, 128)))
     else:
         unit, lines = hot_k, _branchless(insns)
     if k % unit or k % hot_k:
         raise AnalyzeError(f"{spec.name}: k={k} is not a multiple of {unit} (one measured "
                            f"region) and {hot_k} (one hot-loop iteration)")
-    cyc = _cycles(lines, model)
+    out = _mca(lines, model)
+    cyc = int(re.search(r"Total Cycles:\s+(\d+)", out).group(1)) / int(
+        re.search(r"Iterations:\s+(\d+)", out).group(1))
     return KReport(spec.name, model, k, k * macs // hot_k, cyc * k / unit, len(lines), unit)
 
 
@@ -261,12 +253,10 @@ def analyze(spec: KernelSpec | str, model: str) -> LoopReport:
     bound = float(re.search(r"Block RThroughput:\s+([\d.]+)", _mca(mac_lines, model)).group(1))
     cpi = total / iters
     block = _region(text, "tilegen:block-begin", "tilegen:block-end")
-    if spec.info.block_k not in (None, 32) and block is not None:
-        # a block of another length (a K-quant super-block): per_k's figure, taken at 32 k
-        r = per_k(spec, model, spec.info.block_k)
-        blk, blk_macs = r.cycles * 32 / r.k, r.macs * 32 // r.k
-    elif block is not None:     # q4: one 32-k block = scale loads + one chunk + conversion
-        blk = _cycles(_branchless(block), model)
+    if block is not None:       # q4: one 32-k block = scale loads + one chunk + conversion
+        out = _mca(_branchless(block), model)
+        blk = int(re.search(r"Total Cycles:\s+(\d+)", out).group(1)) / int(
+            re.search(r"Iterations:\s+(\d+)", out).group(1))
         blk_macs = macs         # the chunk loop (32 k) runs once per block at bl = 32
     else:                       # f32: the hot loop covers 4 k
         blk, blk_macs = 8 * cpi, 8 * macs

@@ -113,10 +113,6 @@ class FamilyInfo:
     #                                 ISAs whose record allows it)
     gemv_family: str | None = None  # a family whose gemv kernels read this family's packed
     #                                 weights and pair with its gemm (another LHS format)
-    block_k: int | None = None      # k-values of one pass of the kernels' marked block region
-    #                                 (``tilegen:block-begin/end``: one scale block, q4: 32, a
-    #                                 K-quant super-block: 256); None: no per-block work, the
-    #                                 hot loop is the unit (tilegen.analyze.per_k)
 
     @property
     def isas(self) -> tuple[str, ...]:
@@ -130,7 +126,6 @@ def _q4_family(name: str, lhs: str, rhs: str) -> FamilyInfo:
         return IsaImpl(op, strategy, allocator or strategy, kr=kr, sr=2, fixed_L=fixed_L)
     return FamilyInfo(
         name=name, lhs=lhs, rhs=rhs, kinds=(name,), abi=Q4, quantized=True, acc_mem=True,
-        block_k=32,
         impls={"neon": q4("neon", "q4_neon", 8), "dotprod": q4("neon_dotprod", "q4_neon", 8),
                "i8mm": q4("neon_i8mm", "q4_neon", 16),
                "sve_dotprod": q4("sve_dotprod", "q4_sve", 8),
@@ -168,7 +163,7 @@ FAMILIES: dict[str, FamilyInfo] = {
     # point 8: the LUTI4 unpack); no runtime weight kind of its own.
     "q4_0_s1s0": FamilyInfo(
         name="q4_0_s1s0", lhs="qsi8d32pscaletail", rhs="qsi4c32ps1s0scalef16", kinds=(),
-        abi=Q4, quantized=True, block_k=32,
+        abi=Q4, quantized=True,
         impls={"sme2": IsaImpl("sme2_mopa", "q4_sme2_luti4_mopa", "q4_sme2_luti4", kr=4, sr=1,
                                gemv_op="sme2_luti4", gemv_template="q4_sme2_luti4",
                                fixed_kr="the LUTI4 q4 kernels read 4-byte groups")}),
@@ -181,7 +176,7 @@ FAMILIES: dict[str, FamilyInfo] = {
     # runtime's q4_0 weights use the pair where the CPU runs it (tilegen.runtime.select).
     "q4_0_f16": FamilyInfo(
         name="q4_0_f16", lhs="f16px2", rhs="qsi4c32ps1s0scalef16", kinds=(), abi=Q4,
-        quantized=True, gemv_family="q4_0_s1s0", block_k=32,
+        quantized=True, gemv_family="q4_0_s1s0",
         impls={"sme2": IsaImpl("sme2_mopa", "q4_sme2_f16_mopa", "q4_sme2_f16", kr=4, sr=2,
                                fixed_kr="the f16 x q4 SME2 kernel reads k-pairs of 4-nibble "
                                         "chunks (KleidiAI's kr = 4, sr = 2)")}),
@@ -207,9 +202,9 @@ FAMILIES: dict[str, FamilyInfo] = {
     # (docs/layouts.md#q8kp, #q4kp, #q6kp; arithmetic: tilegen.reference_kquant).  The ISAs
     # are added with their kernels.
     "q4_K": FamilyInfo(name="q4_K", lhs="q8kp", rhs="q4kp", impls={}, kinds=("q4_K",), abi=Q8,
-                       quantized=True, block_k=256),
+                       quantized=True),
     "q6_K": FamilyInfo(name="q6_K", lhs="q8kp", rhs="q6kp", impls={}, kinds=("q6_K",), abi=Q8,
-                       quantized=True, block_k=256),
+                       quantized=True),
     # f32 activations and weights rounded to bf16, f32 accumulation (KleidiAI
     # matmul_clamp_f32_bf16p<mr>x4_bf16p<nr>x4b): BFMMLA gemm, BFDOT gemv on the same RHS.
     "bf16": FamilyInfo(
