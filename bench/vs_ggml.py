@@ -15,8 +15,8 @@ is compiled with clang-19 -O3 for each model's ``-mcpu`` (the aarch64 headers fr
 ``ensure_cross_sysroot``) and linked statically with ``bench/vs_ggml_driver.c``, which calls one
 kernel on one tile (gemm: 4 rows x 8 columns, gemv: 1 x 8) of nb super-blocks.  qemu-user
 (``tilegen.emulate``; the model's SVE vector length, which picks ggml's SVE-256 or NEON path)
-traces the instructions the kernel runs (``-one-insn-per-tb -d exec,nochain``) at nb = 2 and
-nb = 3: the extra instructions of nb = 3 are the kernel's whole path through one super-block,
+traces the instructions the kernel runs (``-one-insn-per-tb -d exec,nochain -dfilter``) at
+nb = 2 and nb = 3: the extra instructions of nb = 3 are the kernel's whole path through one super-block,
 unrolled loops, inner loops and data-independent branches included, nothing guessed from the
 loop structure.  Its int8 dot-product MACs (SDOT/UDOT 4 per lane, SMMLA 32 per 128 bits) must
 equal mr x nr x 256, else the run fails.  ``ISSUE_BUILD`` (the issue's one build for all four
@@ -25,7 +25,9 @@ issue #24 quotes (``ISSUE_FIGURES``).
 
 tilegen: ``tilegen.analyze.per_k(spec, model, 256)`` (the kernel's marked block region,
 ``tilegen:block-begin k=256``, inner loops expanded by their ``tilegen:trips``; or a hot loop
-that covers the super-block).  Specs: the
+that covers the super-block), cross-checked for the K-quant kernels (Q8 calling convention)
+by the same qemu cut of the generated kernel linked with the driver (``-DTILEGEN_KERNEL``):
+the two must agree within 2%.  Specs: the
 ``--tilegen`` ones, else every default kernel (tilegen.build) of the ``q4_K`` / ``q6_K``
 families that the model's target runs and llvm-mca models (no SME).
 
@@ -113,22 +115,48 @@ def build(flags: str, tmp: Path, tree: Path | None = None) -> Build:
     tag = re.sub(r"[^\w.-]+", "_", flags)
     target = ["--target=aarch64-linux-gnu", f"--sysroot={sysroot}", *flags.split()]
     inc = [f"-I{tree / 'ggml' / d}" for d in ("include", "src", "src/ggml-cpu")]
-    obj, exe = tmp / f"repack{tag}.o", tmp / f"driver{tag}"
-    for cmd in ([tool("clang++-19", "clang++"), *target, "-O3", "-std=c++17",
-                 "-ffunction-sections", *inc, "-c", str(src), "-o", str(obj)],
-                [tool("clang-19", "clang"), *target, "-O2", "-fuse-ld=lld", "-static",
-                 str(DRIVER), str(obj), "-Wl,--gc-sections", "-o", str(exe)]):
-        p = subprocess.run(cmd, capture_output=True, text=True)
-        if p.returncode:
-            raise GgmlError(f"{' '.join(cmd[:3])} ... failed:\n{p.stderr.strip()[:800]}")
+    obj = tmp / f"repack{tag}.o"
+    _run([tool("clang++-19", "clang++"), *target, "-O3", "-std=c++17", "-ffunction-sections",
+          *inc, "-c", str(src), "-o", str(obj)])
+    return _link(flags, target, [obj], tmp / f"driver{tag}", "ggml_")
+
+
+def _run(cmd: list[str]) -> None:
+    p = subprocess.run(cmd, capture_output=True, text=True)
+    if p.returncode:
+        raise GgmlError(f"{' '.join(cmd[:3])} ... failed:\n{p.stderr.strip()[:800]}")
+
+
+def _link(flags: str, target: list[str], objs: list[Path], exe: Path, prefix: str,
+          defines: tuple[str, ...] = ()) -> Build:
+    """The driver linked statically (lld, unused sections dropped) with ``objs``; the
+    functions whose symbol starts with ``prefix`` and their address ranges."""
+    _run([tool("clang-19", "clang"), *target, *defines, "-O2", "-fuse-ld=lld", "-static",
+          str(DRIVER), *map(str, objs), "-Wl,--gc-sections", "-o", str(exe)])
     nm = subprocess.run([tool("llvm-nm-19", "llvm-nm"), "-S", str(exe)], capture_output=True,
                         text=True, check=True).stdout
     funcs = {}
     for line in nm.splitlines():
         f = line.split()
-        if len(f) == 4 and f[2] in "Tt" and f[3].startswith("ggml_"):
+        if len(f) == 4 and f[2] in "Tt" and f[3].startswith(prefix):
             funcs[f[3]] = (int(f[0], 16), int(f[0], 16) + int(f[1], 16))
     return Build(flags, exe, {a: (mn, ops) for a, mn, ops in disasm(exe)}, funcs)
+
+
+def tilegen_trace_lines(spec, tmp: Path, qemu_cpu: str) -> list[str]:
+    """The instructions a generated tilegen kernel (Q8 calling convention) runs for one
+    super-block of one tile, cut the way ggml's are (the driver built with -DTILEGEN_KERNEL),
+    branches removed: the cross-check of ``tilegen.analyze.per_k``."""
+    from tilegen.emulate.provision import ensure_cross_sysroot
+    from tilegen.generator.render import render
+    asm = tmp / f"{spec.name}.S"
+    asm.write_text(render(spec).text)
+    target = ["--target=aarch64-linux-gnu", f"--sysroot={ensure_cross_sysroot(quiet=True)}"]
+    b = _link("tilegen", target, [asm], tmp / f"tilegen-{spec.name}", spec.name,
+              (f"-DTILEGEN_KERNEL={spec.name}", f"-DTILE_MR={spec.mr}", f"-DTILE_NR={spec.nr}"))
+    pcs = one_super_block(trace(b, spec.name, 2, qemu_cpu, tmp),
+                          trace(b, spec.name, 3, qemu_cpu, tmp))
+    return [f"{b.ins[a][0]} {b.ins[a][1]}".strip() for a in pcs if not BRANCH.match(b.ins[a][0])]
 
 
 def _qemu() -> str:
@@ -144,7 +172,8 @@ def trace(b: Build, func: str, nb: int, qemu_cpu: str, tmp: Path) -> list[int]:
     lo, hi = b.funcs[func]
     log = tmp / f"trace-{func}-{nb}.log"
     p = subprocess.run([_qemu(), "-cpu", qemu_cpu, "-one-insn-per-tb", "-d", "exec,nochain",
-                        "-D", str(log), str(b.exe), func, str(nb)], capture_output=True, text=True)
+                        "-dfilter", f"{lo:#x}..{hi - 1:#x}", "-D", str(log), str(b.exe), func,
+                        str(nb)], capture_output=True, text=True)
     if p.returncode:
         raise GgmlError(f"qemu -cpu {qemu_cpu} {b.exe.name} {func} {nb}: {p.stderr.strip()[:400]}")
     pcs = []
@@ -245,24 +274,39 @@ def tilegen_specs(model: str, families=TILEGEN_FAMILIES) -> list[str]:
             if s.family in families and s.isa_info.vl_kind != "sme"]
 
 
-def measure_tilegen(specs_by_model: dict[str, list[str]]) -> list[dict]:
+def measure_tilegen(specs_by_model: dict[str, list[str]], traced: bool = True) -> list[dict]:
+    """``per_k`` per 256 k of each spec on each model; with ``traced``, for the Q8 calling
+    convention's kernels (the K-quants) also the cycles of the instructions the kernel runs
+    for one super-block under qemu (cut like ggml's): they must agree with per_k's."""
     from tilegen.analyze import per_k
+    from tilegen.callconv import Q8
     from tilegen.generator.validate import as_spec
-    rows = []
-    for model, specs in specs_by_model.items():
-        for s in specs:
-            spec = as_spec(s)
-            try:
-                r = per_k(spec, model, SB)
-            except Exception as e:      # e.g. an SVE kernel on a model without SVE
-                print(f"  tilegen {s} on {model}: {e}", file=sys.stderr)
-                continue
-            rows.append({"family": spec.family, "regime": "gemv" if spec.mr == 1 else "gemm",
-                         "spec": s, "kernel": r.kernel, "model": model, "macs": r.macs,
-                         "cycles": round(r.cycles, 2), "insns_per_block": r.insns,
-                         "block_k": r.unit_k, "macs_per_cycle": round(r.macs_per_cycle, 2)})
-            print(f"  tilegen {s:<30} {model:<12} {rows[-1]['macs_per_cycle']:6.1f} MAC/cyc",
-                  file=sys.stderr)
+    rows, lines = [], {}
+    with tempfile.TemporaryDirectory() as d:
+        for model, specs in specs_by_model.items():
+            for s in specs:
+                spec = as_spec(s)
+                try:
+                    r = per_k(spec, model, SB)
+                except Exception as e:      # e.g. an SVE kernel on a model without SVE
+                    print(f"  tilegen {s} on {model}: {e}", file=sys.stderr)
+                    continue
+                tr = None
+                if traced and spec.info.abi is Q8 and SB % r.unit_k == 0:
+                    key = (spec.name, SVE_VL.get(model, 128) if spec.vl_scaled else 128)
+                    if key not in lines:
+                        lines[key] = tilegen_trace_lines(spec, Path(d), QEMU_CPU[model])
+                    tr = mca_block(lines[key], model)
+                    if abs(tr - r.cycles) > 0.02 * r.cycles:
+                        raise GgmlError(f"{s} on {model}: per_k models {r.cycles:.1f} cycles per "
+                                        f"super-block, the traced path {tr:.1f}")
+                rows.append({"family": spec.family, "regime": "gemv" if spec.mr == 1 else "gemm",
+                             "spec": s, "kernel": r.kernel, "model": model, "macs": r.macs,
+                             "cycles": round(r.cycles, 2), "insns_per_block": r.insns,
+                             "block_k": r.unit_k, "macs_per_cycle": round(r.macs_per_cycle, 2),
+                             "traced_cycles": None if tr is None else round(tr, 2)})
+                print(f"  tilegen {s:<30} {model:<12} {rows[-1]['macs_per_cycle']:6.1f} MAC/cyc",
+                      file=sys.stderr)
     return rows
 
 
@@ -324,11 +368,14 @@ def markdown(res: dict) -> str:
                  f"{r['issue_figure'] or ''} |")
     if res["tilegen"]:
         L += ["", "## tilegen, every kernel", "",
-              "| spec | model | insns / block | block k | cycles / 256 k | MAC/cyc |",
-              "|---|---|---:|---:|---:|---:|"]
+              "cycles / 256 k: `per_k` (the marked region); traced: the instructions the "
+              "kernel runs for one super-block under qemu, cut like ggml's (K-quant kernels).",
+              "", "| spec | model | insns / block | block k | cycles / 256 k | traced | MAC/cyc |",
+              "|---|---|---:|---:|---:|---:|---:|"]
         for r in res["tilegen"]:
             L.append(f"| `{r['spec']}` | {r['model']} | {r['insns_per_block']} | "
-                     f"{r['block_k']} | {r['cycles']} | {r['macs_per_cycle']} |")
+                     f"{r['block_k']} | {r['cycles']} | {r['traced_cycles'] or '-'} | "
+                     f"{r['macs_per_cycle']} |")
     return "\n".join(L) + "\n"
 
 
@@ -338,6 +385,8 @@ def main(argv: list[str] | None = None) -> int:
                    help="tilegen kernel spec to compare (repeatable; default: the q4_K/q6_K "
                         "family defaults of each model's target)")
     p.add_argument("--no-tilegen", action="store_true", help="ggml's side only")
+    p.add_argument("--no-trace-tilegen", action="store_true",
+                   help="skip the qemu-traced cross-check of tilegen's K-quant figures")
     p.add_argument("--models", nargs="+", default=list(MODELS), choices=MODELS)
     p.add_argument("--kernels", nargs="+", choices=[g[2] for g in GGML],
                    help="only these ggml kernels")
@@ -349,7 +398,8 @@ def main(argv: list[str] | None = None) -> int:
         (" --no-tilegen" if a.no_tilegen else "") + \
         (f" --models {' '.join(a.models)}" if a.models != list(MODELS) else "") + \
         (f" --kernels {' '.join(a.kernels)}" if a.kernels else "") + \
-        (" --no-issue-build" if a.no_issue_build else "")
+        (" --no-issue-build" if a.no_issue_build else "") + \
+        (" --no-trace-tilegen" if a.no_trace_tilegen else "")
     ggml = measure_ggml(tuple(a.models), a.kernels, not a.no_issue_build)
     if a.no_tilegen:
         specs = {}
@@ -360,7 +410,7 @@ def main(argv: list[str] | None = None) -> int:
         if not any(specs.values()):
             print("  tilegen: no default kernel of the q4_K / q6_K families (give --tilegen)",
                   file=sys.stderr)
-    tg = measure_tilegen(specs)
+    tg = measure_tilegen(specs, not a.no_trace_tilegen)
     src = ggml_tree()
     res = {"command": cmd, "models": a.models,
            "ggml_source": f"{src.parent.parent.name}/vendor/llama.cpp/ggml/src/ggml-cpu/arch/arm/"

@@ -60,3 +60,15 @@ def test_ggml_kernels_cut_to_one_super_block_and_measured(llama_cpp_src, cross_s
         assert 1 < mpc < 128, mpc
     with pytest.raises(vs.GgmlError, match="dot-product MACs"):
         vs.ggml_path(b, "ggml_gemm_q4_K_8x8_q8_K", 2, "neoverse-v2", cpu, tmp_path)
+
+
+def test_tilegen_trace_agrees_with_per_k(cross_sysroot, tmp_path):
+    """The qemu cut of a generated kernel (Q8 calling convention) through 256 k, by llvm-mca,
+    is what analyze.per_k models from the markers (here q8_0: its hot loop x 256 / k-step)."""
+    from tilegen.analyze import per_k
+    from tilegen.generator.validate import as_spec
+    spec = as_spec("q8_0:i8mm:4x8")
+    lines = vs.tilegen_trace_lines(spec, tmp_path, vs.QEMU_CPU["neoverse-v2"])
+    assert sum(ln.startswith("smmla ") for ln in lines) == 4 * 8 * 256 // 32
+    r = per_k(spec, "neoverse-v2", 256)
+    assert vs.mca_block(lines, "neoverse-v2") == pytest.approx(r.cycles, rel=0.02)
