@@ -5,6 +5,10 @@
     python bench/vs_kleidiai.py --kleidiai DIR --record   # and write those numbers as the new reference
     python bench/vs_kleidiai.py --packers [--kleidiai DIR [--record]]   # the qsi8d32p LHS packers
 
+DIR may be a KleidiAI release tarball tilegen knows (``../shared/thirdparty/kleidiai/
+kleidiai-v1.30.0.tar.gz``): it is unpacked once into tilegen's cache
+(``provision.ensure_kleidiai_source``) and recorded with its version and digest.
+
 The figure is the one `tilegen analyze` / `tilegen tune` rank by: MACs per cycle over one
 32-k block of the whole tile, scale loads and conversion included (llvm-mca-19
 ``-iterations=200`` over the block loop's body with its branches removed; at bl = 32 every
@@ -12,8 +16,10 @@ inner k loop runs once).  tilegen: the region between the ``tilegen:block-begin/
 KleidiAI: its kernels are built from the given tree only (never vendored, never committed):
 ``<kernel>_asm.S`` is assembled, else ``<kernel>.c`` compiled (clang-19 -O2, the tree as include
 path), the object disassembled; the hot loop is the innermost backward-branch loop with the most
-multiply-accumulates, the block loop the smallest loop around it that converts (``scvtf``), and
-its body is measured like tilegen's.  MACs per block = m_step x n_step x 32 (from the name).
+multiply-accumulates, the block loop the smallest loop that converts (``scvtf``) among it and
+the loops around it, and its body is measured like tilegen's.  Where the C wrapper picks its
+kernel by block length (``if (bl == 32)``, e.g. the 16x4x32 i8mm gemm's ``opt32`` kernel), only
+the function it calls at bl = 32 is read.  MACs per block = m_step x n_step x 32 (from the name).
 
 ``--packers``: cycles per element of one 32-value block of the qsi8d32p LHS quantize-and-pack
 routines (tilegen's 4-row and one-row paths, KleidiAI's 4x8sb 4-row block; see
@@ -37,6 +43,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))   # this checkout's tilegen
 from tilegen.analyze import MAC_MNEMONICS, AnalyzeError, _MATTR, analyze  # noqa: E402
+from tilegen.emulate.provision import ensure_cross_sysroot, ensure_kleidiai_source  # noqa: E402
 
 MODELS = ("neoverse-v2", "neoverse-n2", "neoverse-v1", "apple-m4")
 RESULTS = Path(__file__).resolve().parent / "results"
@@ -47,10 +54,12 @@ KLEIDIAI = {
     ("q4_0", "gemm"): ("qsi8d32p4x8_qsi4c32p4x8_8x4x32_neon_i8mm", "qsi8d32p4x8_qsi4c32p4x8_16x4_neon_i8mm",
                        "qsi8d32p4x4_qsi4c32p4x4_16x4_neon_dotprod"),
     ("q4_0", "gemv"): ("qsi8d32p1x4_qsi4c32p4x4_1x4_neon_dotprod", "qsi8d32p1x8_qsi4c32p4x8_1x4x32_neon_dotprod"),
-    ("q4_0_dx", "gemm"): ("qai8dxp4x8_qsi4c32p4x8_8x4x32_neon_i8mm", "qai8dxp4x8_qsi4c32p8x8_4x8x32_neon_i8mm",
+    ("q4_0_dx", "gemm"): ("qai8dxp4x8_qsi4c32p4x8_16x4x32_neon_i8mm", "qai8dxp4x8_qsi4c32p4x8_8x4x32_neon_i8mm",
+                          "qai8dxp4x8_qsi4c32p8x8_4x8x32_neon_i8mm",
                           "qai8dxp4x8_qsi4c32p8x8_4x8_neon_i8mm", "qai8dxp4x4_qsi4c32p4x4_16x4_neon_dotprod",
                           "qai8dxp4x4_qsi4c32p8x4_4x8_neon_dotprod"),
-    ("q4_0_dx", "gemv"): ("qai8dxp1x4_qsi4c32p4x4_1x4_neon_dotprod", "qai8dxp1x8_qsi4c32p4x8_1x4x32_neon_dotprod",
+    ("q4_0_dx", "gemv"): ("qai8dxp1x4_qsi4c32p4x4_1x4_neon_dotprod", "qai8dxp1x4_qsi4c32p8x4_1x8_neon_dotprod",
+                          "qai8dxp1x8_qsi4c32p4x8_1x4x32_neon_dotprod",
                           "qai8dxp1x8_qsi4c32p8x8_1x8x32_neon_dotprod", "qai8dxp1x8_qsi4c32p8x8_1x8_neon_dotprod"),
 }
 _DIRS = {"q4_0": "matmul_clamp_f32_qsi8d32p_qsi4c32p", "q4_0_dx": "matmul_clamp_f32_qai8dxp_qsi4c32p"}
@@ -63,6 +72,8 @@ TILEGEN = {
              "i8mm:1x8", "i8mm:1x12", "i8mm:1x8:k8:s2", "i8mm:1x16:k8:s2", "i8mm:1x20:k8:s2",
              "i8mm:1x24:k8:s2"),
 }
+# a wrapper's ``if (bl == 32) { kai_kernel_...(`` : the kernel it runs at this script's block size
+_BL32_CALL = re.compile(r"if\s*\(\s*bl\s*==\s*32\s*\)\s*\{?\s*(kai_kernel_\w+)\s*\(")
 BRANCH = re.compile(r"^(b\.\w+|b|cbz|cbnz|tbz|tbnz)$")
 
 
@@ -89,13 +100,18 @@ def _tile(name: str) -> tuple[int, int]:
     return int(m.group(1)), int(m.group(2))
 
 
+def _cc(*flags: str) -> list[str]:
+    """clang-19 for aarch64 Linux against tilegen's arm64 cross sysroot (its C headers: the
+    host needs none; ``provision.ensure_cross_sysroot`` fetches it once)."""
+    return [tool("clang-19", "clang"), "--target=aarch64-linux-gnu",
+            f"--sysroot={ensure_cross_sysroot(quiet=True)}", *flags]
+
+
 def _build(src_root: Path, family: str, name: str, tmp: Path) -> Path | None:
     d = src_root / "kai" / "ukernels" / "matmul" / _DIRS[family]
     stem = f"kai_matmul_clamp_f32_{name}"
     obj = tmp / f"{stem}.o"
-    flags = ["-O2", "-c", "--target=aarch64-linux-gnu", "-march=armv8.6-a+dotprod+i8mm+fp16",
-             f"-I{src_root}", f"-I{d}"]
-    cc = tool("clang-19", "clang")
+    flags = ["-O2", "-c", "-march=armv8.6-a+dotprod+i8mm+fp16", f"-I{src_root}", f"-I{d}"]
     if (d / f"{stem}_asm.S").exists():
         src = d / f"{stem}_asm.S"
     elif (d / f"{stem}.c").exists():
@@ -104,16 +120,36 @@ def _build(src_root: Path, family: str, name: str, tmp: Path) -> Path | None:
         return None
     (tmp / "src").mkdir(exist_ok=True)      # which file was built (path in the tree)
     (tmp / "src" / f"{stem}.txt").write_text(str(src.relative_to(src_root)) + "\n")
-    p = subprocess.run([cc, *flags, str(src), "-o", str(obj)], capture_output=True, text=True)
+    p = subprocess.run(_cc(*flags, str(src), "-o", str(obj)), capture_output=True, text=True)
     if p.returncode:
         print(f"  {name}: build failed: {p.stderr.strip()[:300]}", file=sys.stderr)
         return None
     return obj
 
 
-def disasm(obj: Path) -> list[tuple[int, str, str]]:
+def _bl32_kernel(src_root: Path, family: str, name: str) -> str | None:
+    """The assembly kernel the C wrapper of ``name`` calls at bl = 32 when it picks one by block
+    length (e.g. the 16x4x32 i8mm gemm's ``..._opt32_...``), else None (one kernel for all)."""
+    c = src_root / "kai" / "ukernels" / "matmul" / _DIRS[family] / f"kai_matmul_clamp_f32_{name}.c"
+    m = _BL32_CALL.search(c.read_text()) if c.exists() else None
+    return m.group(1) if m else None
+
+
+def _function_range(obj: Path, symbol: str) -> tuple[int, int]:
+    """[start, end) of the function ``symbol`` in the object (llvm-nm --print-size)."""
+    out = subprocess.run([tool("llvm-nm-19", "llvm-nm"), "--print-size", "--defined-only", str(obj)],
+                         capture_output=True, text=True, check=True).stdout
+    for line in out.splitlines():
+        f = line.split()
+        if len(f) == 4 and f[3] == symbol:
+            return int(f[0], 16), int(f[0], 16) + int(f[1], 16)
+    raise ValueError(f"{symbol} is not defined in {obj.name}")
+
+
+def disasm(obj: Path, symbol: str | None = None) -> list[tuple[int, str, str]]:
     """(address, mnemonic, operands) of the object's code, in address order (local labels of
-    the kernel's loops split the listing into symbols: they are read as one stream)."""
+    the kernel's loops split the listing into symbols: they are read as one stream); with
+    ``symbol``, only that function's code."""
     out = subprocess.run([tool("llvm-objdump-19", "llvm-objdump"), "-d", "--no-show-raw-insn",
                           "--mattr=+sve2,+i8mm,+dotprod,+bf16,+fullfp16", str(obj)],
                          capture_output=True, text=True, check=True).stdout
@@ -123,6 +159,9 @@ def disasm(obj: Path) -> list[tuple[int, str, str]]:
         if m:
             ops = re.sub(r"\s*//.*$", "", m.group(3)).strip()
             ins.append((int(m.group(1), 16), m.group(2), ops))
+    if symbol is not None:
+        lo, hi = _function_range(obj, symbol)
+        ins = [i for i in ins if lo <= i[0] < hi]
     return sorted(ins)
 
 
@@ -142,7 +181,7 @@ def _block_region(ins: list[tuple[int, str, str]]) -> list[str]:
 
     inner = [lp for lp in loops if not any(o != lp and lp[0] <= o[0] and o[1] <= lp[1] for o in loops)]
     hot = max(inner, key=lambda lp: macs(*lp))
-    around = [lp for lp in loops if lp != hot and lp[0] <= hot[0] and hot[1] <= lp[1]
+    around = [lp for lp in loops if lp[0] <= hot[0] and hot[1] <= lp[1]      # hot itself too
               and any(mn == "scvtf" for _, mn, _ in body(*lp))]
     blk = min(around, key=lambda lp: lp[1] - lp[0]) if around else hot
     return [f"{mn} {ops}".strip() for _, mn, ops in body(*blk) if not BRANCH.match(mn)]
@@ -157,8 +196,9 @@ def measure_kleidiai(src_root: Path) -> dict:
                 if obj is None:
                     print(f"  KleidiAI {name}: not in the tree, skipped", file=sys.stderr)
                     continue
+                entry = _bl32_kernel(src_root, family, name)
                 try:
-                    region = _block_region(disasm(obj))
+                    region = _block_region(disasm(obj, entry))
                 except ValueError:      # e.g. a wrapper .c whose _asm.S is not in the tree
                     print(f"  KleidiAI {name}: no multiply-accumulate loop in {obj.name}, skipped",
                           file=sys.stderr)
@@ -169,6 +209,7 @@ def measure_kleidiai(src_root: Path) -> dict:
                     cyc = mca_block(region, model)
                     rows.append({"family": family, "regime": regime, "kernel": name, "model": model,
                                  "source": src.read_text().split("\n", 1)[0],
+                                 **({"bl32_kernel": entry} if entry else {}),
                                  "block_insns": len(region),
                                  "block_macs": 32 * mr * nr, "block_cycles": round(cyc, 2),
                                  "block_macs_per_cycle": round(32 * mr * nr / cyc, 2)})
@@ -259,16 +300,16 @@ PACKER_KLEIDIAI = {"kernel": PACKER_KAI, "cycles_per_element": {"neoverse-v2": 0
 
 
 def measure_kleidiai_packer(src_root: Path) -> dict:
-    """KleidiAI's 4x8sb packer built from the tree (clang-19 -O2, the tree as include path):
+    """KleidiAI's 4x8sb packer built from the tree (clang-19 -O2 against the cross sysroot, the
+    tree as include path):
     the loop around its amax and quantize loops (4 rows), those two inner loops expanded to
     their trip counts at bl = 32 (32 / the fabs, resp. fcvtns, per iteration: each is 4 values
     of one of the 4 rows), branches removed."""
     src = src_root / "kai" / "ukernels" / "matmul" / "pack" / f"kai_{PACKER_KAI}.c"
     with tempfile.TemporaryDirectory() as tmp:
         obj = Path(tmp) / "p.o"
-        subprocess.run([tool("clang-19", "clang"), "-O2", "-c", "--target=aarch64-linux-gnu",
-                        "-march=armv8.2-a+fp16", "-ffreestanding", f"-I{src_root}",
-                        f"-I{src.parent}", str(src), "-o", str(obj)], check=True)
+        subprocess.run(_cc("-O2", "-c", "-march=armv8.2-a+fp16", "-ffreestanding", f"-I{src_root}",
+                           f"-I{src.parent}", str(src), "-o", str(obj)), check=True)
         ins = disasm(obj)
     loops = []
     for addr, mn, ops in ins:
@@ -360,9 +401,21 @@ def packers_markdown(rows: list[dict], cmd: str, k: dict) -> str:
     return "\n".join(lines) + "\n"
 
 
+def _tree(given: Path) -> tuple[Path, str]:
+    """(source tree, where it came from) of ``--kleidiai``: a directory as it is, a release
+    tarball unpacked by ``provision.ensure_kleidiai_source`` (version and digest in its name)."""
+    if given.is_file():
+        tree = ensure_kleidiai_source(given, quiet=True)
+        return tree, (f"ARM-software/kleidiai from `{given.name}` (unmodified release tarball; "
+                      f"unpacked by tilegen.emulate.provision.ensure_kleidiai_source into "
+                      f"`{tree.name}`)")
+    return given, f"the source tree `{given}`"
+
+
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    p.add_argument("--kleidiai", type=Path, help="a KleidiAI source tree (its kernels are built from it)")
+    p.add_argument("--kleidiai", type=Path, help="a KleidiAI source tree or release tarball (its "
+                                                 "kernels are built from it)")
     p.add_argument("--record", action="store_true",
                    help=f"with --kleidiai: write the KleidiAI numbers to {REFERENCE.name}")
     p.add_argument("--provenance", default="",
@@ -376,9 +429,10 @@ def main(argv: list[str] | None = None) -> int:
         cmd = "python bench/vs_kleidiai.py --packers" + (
             f" --kleidiai {a.kleidiai}" if a.kleidiai else "") + (" --record" if a.record else "")
         if a.kleidiai:
-            kai = measure_kleidiai_packer(a.kleidiai)
+            tree, origin = _tree(a.kleidiai)
+            kai = measure_kleidiai_packer(tree)
             kai["command"] = cmd
-            kai["provenance"] = (a.provenance or f"built from `{a.kleidiai}`") + f" by `{cmd}`"
+            kai["provenance"] = (a.provenance or f"built from {origin}") + f" by `{cmd}`"
             if a.record:
                 PACKER_REFERENCE.write_text(json.dumps(kai, indent=1) + "\n")
         elif PACKER_REFERENCE.exists():
@@ -400,11 +454,11 @@ def main(argv: list[str] | None = None) -> int:
     cmd = "python bench/vs_kleidiai.py" + (f" --kleidiai {a.kleidiai}" if a.kleidiai else "") + \
         (" --record" if a.record else "")
     if a.kleidiai:
-        kai = measure_kleidiai(a.kleidiai)
+        tree, origin = _tree(a.kleidiai)
+        kai = measure_kleidiai(tree)
         kai["command"] = cmd
-        if a.provenance:
-            kai["provenance"] = a.provenance
-        source = f"built from `{a.kleidiai}` by this run"
+        kai["provenance"] = a.provenance or origin
+        source = f"built from {origin} by this run"
         if a.record:
             REFERENCE.write_text(json.dumps(kai, indent=1) + "\n")
     else:

@@ -238,9 +238,9 @@ def test_rhs_unpack_gives_ggml_fields_and_repacks(cls, rand, join):
 def test_api_dispatch_and_names():
     raw = ggml.random_q4_k(6, 256, 1)
     lay = layout_for("q4kp", nr=4, kr=16, sr=2)
-    assert lay == Q4KP(4, 16) and lay.name == "q4kp4x16" and lay.sr == 2 and lay.L == 8
-    assert layout_for("q4kp4x16", kr=16) == lay
-    assert layout_for("q8kp8x8", kr=8) == Q8KP(8, 8)
+    assert lay == Q4KP(4, 16) and lay.name == "q4kp4x8" and lay.sr == 2 and lay.L == 8
+    assert layout_for("q4kp4x8", kr=16) == lay
+    assert layout_for("q8kp8x4", kr=8) == Q8KP(8, 8)
     assert pack_rhs("q4kp", ggml=raw, n=6, k=256, nr=4, kr=16).tobytes() == \
         lay.pack_from_ggml(raw, 6, 256).tobytes()
     x = np.random.default_rng(2).standard_normal((3, 256)).astype(np.float32)

@@ -13,7 +13,8 @@ class                          what                                          doc
 Common to the three: k is a multiple of 256 (QK_K, one super-block "SB"; anything else is a
 LayoutError saying so), the packed data is one fixed-size record per SB (per row block of mr
 rows, or per group of nr columns), ``sr = 2`` is fixed (a byte holds two k values L = kr/2
-apart) and ``kr`` is even and divides 32.  Labels name kr, not L: ``q8kp4x16`` has kr = 16.
+apart) and ``kr`` is even and divides 32.  Labels name L = kr/2 like the other
+layouts: ``q8kp4x8`` has kr = 16.
 
 The RHS packers take only ggml blocks (``pack_from_ggml``; lossless, ``dequantize_rows`` equals
 ``gguf.quants.dequantize`` bit for bit); float weights are refused.  Padding columns of the
@@ -21,7 +22,6 @@ last group are all zero bytes (weight 0).
 """
 from __future__ import annotations
 
-import re
 from dataclasses import dataclass
 
 import numpy as np
@@ -38,7 +38,7 @@ U16 = np.dtype("<u2")
 
 
 class KQuantInterleave(Interleaved):
-    """sr = 2 fixed, kr even and dividing 32, names ``<prefix><rows>x<kr>``, k in SBs."""
+    """sr = 2 fixed, kr even and dividing 32, k in SBs."""
 
     sr = 2                      # fixed: one byte holds two k values, L = kr/2 apart
     qk = QK_K                   # k values of one super-block
@@ -49,19 +49,6 @@ class KQuantInterleave(Interleaved):
         if self.kr % 2 or 32 % self.kr:
             raise LayoutError(f"{self.format} needs kr even and dividing 32 (2, 4, 8, 16, 32), "
                               f"got kr={self.kr}")
-
-    @classmethod
-    def label_for(cls, rows, kr: int, sr: int) -> str:
-        """``<prefix><rows>x<kr>`` (the K-quant formats name kr; sr is always 2)."""
-        return f"{cls.label_prefix}{rows}x{kr}"
-
-    @classmethod
-    def parse_name(cls, text: str) -> tuple[int, int] | None:
-        """(tile rows, L = kr/2) of a name ``<prefix><rows>x<kr>``."""
-        m = re.fullmatch(rf"{re.escape(cls.label_prefix)}(\d+)x(\d+)", text)
-        if not m or int(m[2]) % 2:
-            return None
-        return int(m[1]), int(m[2]) // 2
 
     @staticmethod
     def num_superblocks(k: int) -> int:

@@ -73,6 +73,14 @@ class Q4Regs(Frame):
         return f"{Q4_STRATEGY_MACROS[self.mode]}.S.j2"
 
     @property
+    def pat_gpr(self) -> tuple[int, int]:
+        """q4_0_dx interleaved: the two GPRs that build a column pair's scale pattern (its two
+        bf16 scales as f32 bits, for one DUP) after the chunk loop: ``tmp`` and ``blk_base``,
+        which the dx block does not otherwise use (its scales follow the data, at the chunk
+        loop's end pointer; ``blk_base`` serves q4_0 only)."""
+        return self.gpr["tmp"], self.gpr["blk_base"]
+
+    @property
     def iacc_regs(self) -> list[int]:
         """Every int32 accumulator, in the order of ``iacc``'s nesting."""
         return flatten(self.iacc)
