@@ -29,7 +29,8 @@ that covers the super-block), cross-checked for the K-quant kernels (Q8 calling 
 by the same qemu cut of the generated kernel linked with the driver (``-DTILEGEN_KERNEL``):
 the two must agree within 2%.  Specs: the
 ``--tilegen`` ones, else every default kernel (tilegen.build) of the ``q4_K`` / ``q6_K``
-families that the model's target runs and llvm-mca models (no SME).
+families that the model's target runs and llvm-mca models (no SME), and the ``GRID`` tiles
+(i8mm / dotprod gemm 4..16 x 4, 8 and gemv 1 x 4..16) the register allocator accepts.
 
 Writes OUTDIR/vs_ggml.json and .md (default bench/results).
 """
@@ -266,12 +267,34 @@ def measure_ggml(models=MODELS, kernels=None, issue_build: bool = True,
 
 # --- tilegen ----------------------------------------------------------------------------------
 
+# tiles tried besides the defaults (the tuner's usual leaders): gemm mr x nr, gemv 1 x nr
+GRID = {"gemm": [(mr, nr) for mr in (4, 8, 12, 16) for nr in (4, 8)],
+        "gemv": [(1, nr) for nr in (4, 8, 12, 16)]}
+GRID_ISAS = ("i8mm", "dotprod")
+
+
 def tilegen_specs(model: str, families=TILEGEN_FAMILIES) -> list[str]:
-    """Default kernels (tuned first) of ``families`` that the model's target runs, no SME."""
+    """Default kernels (tuned first) of ``families`` that the model's target runs, no SME,
+    then the ``GRID`` tiles on ``GRID_ISAS`` that the allocator accepts (spec strings)."""
     from tilegen.build.defaults import default_specs
     from tilegen.build.targets import get_target
-    return [s.name for s in default_specs(get_target(model))
-            if s.family in families and s.isa_info.vl_kind != "sme"]
+    from tilegen.generator.validate import as_spec
+    from tilegen.records import FAMILIES
+    target = get_target(model)
+    defaults = [s for s in default_specs(target)
+                if s.family in families and s.isa_info.vl_kind != "sme"]
+    out, names = [s.name for s in defaults], {s.name for s in defaults}
+    for fam in families:
+        for isa in (i for i in GRID_ISAS if i in FAMILIES[fam].isas if fam in FAMILIES):
+            for mr, nr in GRID["gemm"] + GRID["gemv"]:
+                try:
+                    spec = as_spec(f"{fam}:{isa}:{mr}x{nr}")
+                except Exception:       # a tile the allocator refuses
+                    continue
+                if target.supports(spec) and spec.name not in names:
+                    names.add(spec.name)
+                    out.append(f"{fam}:{isa}:{mr}x{nr}")
+    return out
 
 
 def measure_tilegen(specs_by_model: dict[str, list[str]], traced: bool = True) -> list[dict]:
