@@ -187,19 +187,35 @@ def trace(b: Build, func: str, nb: int, qemu_cpu: str, tmp: Path) -> list[int]:
     return pcs
 
 
+WINDOW = 256        # instructions that must agree after an inserted stretch
+
+
 def one_super_block(t2: list[int], t3: list[int]) -> list[int]:
-    """The extra run of ``t3`` (nb = 3) over ``t2`` (nb = 2): t3 = A + X + B with t2 = A + B.
-    X starts where the traces part (a rotation of the loop path where they agree longer)."""
+    """The instructions ``t3`` (nb = 3) runs beyond ``t2`` (nb = 2), in order: t2 with one
+    more iteration of the super-block loop inserted in each pass over k (one pass for ggml's
+    tiles; a tilegen tile taller or wider than its register block runs several).  Walking
+    both, each stretch starts where the traces part (the loop's back branch: the stretch is
+    the loop path from its head) and ends at the shortest length after which the traces agree
+    again for ``WINDOW`` instructions (or to both ends)."""
     extra = len(t3) - len(t2)
     if extra <= 0:
         raise GgmlError("the kernel runs no more instructions for one more super-block")
-    p = 0
-    while p < len(t2) and t2[p] == t3[p]:
-        p += 1
-    for q in range(min(p, len(t2)), -1, -1):
-        if t3[q + extra:] == t2[q:]:
-            return t3[q:q + extra]
-    raise GgmlError("the nb = 3 trace is not the nb = 2 trace with one stretch added")
+    out, i, j = [], 0, 0
+    while i < len(t2):
+        if t2[i] == t3[j]:
+            i, j = i + 1, j + 1
+            continue
+        w = min(WINDOW, len(t2) - i)
+        ell = next((n for n in range(1, len(t3) - j - w + 1)
+                    if t3[j + n:j + n + w] == t2[i:i + w]), None)
+        if ell is None:
+            raise GgmlError("the nb = 3 trace is not the nb = 2 trace with stretches added")
+        out += t3[j:j + ell]
+        j += ell
+    out += t3[j:]
+    if len(out) != extra:
+        raise GgmlError("the nb = 3 trace is not the nb = 2 trace with stretches added")
+    return out
 
 
 def dot_macs(mn: str, ops: str, vl: int) -> int:
@@ -319,7 +335,9 @@ def measure_tilegen(specs_by_model: dict[str, list[str]], traced: bool = True) -
                     key = (spec.name, SVE_VL.get(model, 128) if spec.vl_scaled else 128)
                     if key not in lines:
                         lines[key] = tilegen_trace_lines(spec, Path(d), QEMU_CPU[model])
-                    tr = mca_block(lines[key], model)
+                    # the whole mr x nr tile: per_k's region is one pass of the register
+                    # block (a taller / wider tile runs several over k)
+                    tr = mca_block(lines[key], model) * r.macs / (spec.mr * spec.nr * SB)
                     if abs(tr - r.cycles) > 0.02 * r.cycles:
                         raise GgmlError(f"{s} on {model}: per_k models {r.cycles:.1f} cycles per "
                                         f"super-block, the traced path {tr:.1f}")
@@ -391,8 +409,9 @@ def markdown(res: dict) -> str:
                  f"{r['issue_figure'] or ''} |")
     if res["tilegen"]:
         L += ["", "## tilegen, every kernel", "",
-              "cycles / 256 k: `per_k` (the marked region); traced: the instructions the "
-              "kernel runs for one super-block under qemu, cut like ggml's (K-quant kernels).",
+              "cycles / 256 k: `per_k` (the marked region: one pass of the register block); "
+              "traced: the instructions the kernel runs for one super-block of the whole tile "
+              "under qemu, cut like ggml's (K-quant kernels), per pass.",
               "", "| spec | model | insns / block | block k | cycles / 256 k | traced | MAC/cyc |",
               "|---|---|---:|---:|---:|---:|---:|"]
         for r in res["tilegen"]:
