@@ -1,5 +1,5 @@
-"""`tilegen` command line: generate, build, list, targets, info, analyze, tune, check-abi, export,
-emulate."""
+"""`tilegen` command line: generate, build, list, targets, info, analyze, tune, bench, check-abi,
+export, emulate."""
 from __future__ import annotations
 
 import argparse
@@ -136,11 +136,72 @@ def _cmd_analyze(a: argparse.Namespace) -> int:
     return 0
 
 
-def _tune_table(r, top: int) -> list[str]:
+def _bench_config(a: argparse.Namespace, lib: str, tmp: str) -> dict:
+    """The harness configuration of `tilegen bench` / `tune --measure` (see tilegen.bench)."""
+    from .bench.report import build_clock_routines
+    rule = {"rel_ci": a.rel_ci, "budget_s": a.budget}
+    if a.rel_ci <= 0 or a.budget <= 0:
+        raise CliError(f"--rel-ci and --budget must be > 0, got {a.rel_ci} and {a.budget}")
+    so = build_clock_routines(tmp)
+    return {"lib": str(Path(lib).resolve()), "rule": rule, "clock": a.clock,
+            "freq_ghz": a.freq_ghz, "clock_routines": str(so) if so else None,
+            "bandwidth_mib": a.bandwidth_mib, "seed": 0}
+
+
+def _kernel_name(text: str) -> str | None:
+    """The kernel name of a spec string (None: not a spec)."""
+    from .generator import parse_spec
+    from .records import SpecError
+    try:
+        return parse_spec(text).name
+    except SpecError:
+        return None
+
+
+def _cmd_bench(a: argparse.Namespace) -> int:
+    import tempfile
+    from .bench.report import (DEFAULT_SHAPES, BenchError, default_model, guest_cpu, join,
+                               kleidiai_config, parse_shape, parse_threads, run_harness, table,
+                               will_emulate)
+    from .runtime.library import read_manifest
+    try:
+        manifest = read_manifest(a.lib)
+        fmt = manifest.get("format", "elf")
+        if fmt != "elf" and will_emulate():
+            raise CliError(f"{a.lib} holds a {fmt} library: the emulator runs Linux ELF "
+                           f"libraries (Mach-O needs macOS); build one with --format elf")
+        have = {k["name"] for k in manifest.get("kernels", [])}
+        for kern in a.kernel or ():
+            name = kern if kern in have else _kernel_name(kern)
+            if name not in have:
+                raise CliError(f"--kernel {kern!r}: {a.lib} has no such kernel (`tilegen info "
+                               f"--lib {a.lib}` lists them)")
+        shapes = [parse_shape(s) for s in a.shape] if a.shape else list(DEFAULT_SHAPES)
+        threads = parse_threads(a.threads)
+        with tempfile.TemporaryDirectory(prefix="tilegen-bench-") as tmp:
+            cfg = _bench_config(a, a.lib, tmp)
+            cfg.update(shapes=shapes, threads=threads, kernels=a.kernel, kinds=a.kind,
+                       plan=not a.no_plan)
+            if a.vs_kleidiai:
+                cfg["kleidiai"] = kleidiai_config(a.vs_kleidiai)
+            target = manifest.get("target")
+            raw = run_harness(cfg, cpu=a.cpu or guest_cpu(target), sve_vl=a.sve_vl,
+                              sme_vl=a.sme_vl)
+    except BenchError as e:
+        raise CliError(str(e)) from None
+    doc = join(raw, str(a.lib), target, a.cpu_model or default_model(target))
+    print(json.dumps(doc, indent=2) if a.json else table(doc))
+    return 0
+
+
+def _tune_table(r, top: int, measured: dict | None = None) -> list[str]:
     lines = [f"{r.family} {r.regime} on {r.target} (llvm-mca -mcpu={r.model}): {r.n_tiles} tiles "
              f"the allocator accepts, {len(r.scores)} distinct kernels (+N: tiles with the same code)",
-             f"score = MACs per cycle over one 32-k block of the tile (hot loop after the bar)",
-             f"{'rank':>4} {'spec':<28} {'kernel':<62} {'blkMAC/c':>9} {'cyc/32k':>8} {'vregs':>5} "
+             f"score = MACs per cycle over one 32-k block of the tile (hot loop after the bar)"
+             if measured is None else
+             f"score = measured {measured['method']['unit']} at {measured['method']['shapes'][r.regime]} "
+             f"({measured['method']['label']}); the model's score after the bar",
+             f"{'rank':>4} {'spec':<28} {'kernel':<62} {'blkMAC/c' if measured is None else 'measured':>9} {'cyc/32k':>8} {'vregs':>5} "
              f"{'RHS B/MAC':>9} | {'cyc/it':>7} {'eff':>6} {'MAC/cyc':>7}"]
     for i, s in enumerate(r.scores[:top], 1):
         rep = s.report
@@ -148,8 +209,64 @@ def _tune_table(r, top: int) -> list[str]:
         label = s.spec.spec_string + (f" (+{more})" if more else "")
         lines.append(f"{i:>4} {label:<28} {s.spec.name:<62} {s.value:9.2f} {s.block_cycles:8.1f} "
                      f"{s.cand.vregs:5d} {s.cand.rhs_bytes_per_mac:9.4f} | {rep.cycles_per_iter:7.2f} "
-                     f"{100 * rep.efficiency:5.1f}% {rep.macs_per_cycle:7.1f}")
+                     f"{100 * rep.efficiency:5.1f}% {rep.macs_per_cycle:7.1f}"
+                     + (f" model {s.model_value:.2f}" if measured is not None else ""))
     return lines
+
+
+def _tune_measure(a: argparse.Namespace, tgt, rankings: dict) -> dict:
+    """`tune --measure`: the top ``a.top`` kernels of each ranking built into one library and
+    timed by the bench harness on this CPU (emulated on x86-64); the rankings by the timings."""
+    import tempfile
+    from .bench.report import BenchError, guest_cpu, join, parse_shape, run_harness
+    from .build import build_library
+    from .tune import measured_ranking
+    try:
+        m, n, k = parse_shape(a.measure_shape)
+    except BenchError as e:
+        raise CliError(str(e)) from None
+    if m < 2:
+        raise CliError(f"--measure-shape: the gemm job needs m >= 2, got {m}")
+    shapes = {"gemm": (m, n, k), "gemv": (1, n, k)}
+    top = {reg: [s.spec.spec_string for s in r.scores[:a.top]] for reg, r in rankings.items()}
+    with tempfile.TemporaryDirectory(prefix="tilegen-tune-") as tmp:
+        build_library(sorted({s for v in top.values() for s in v}), target=tgt,
+                      out_dir=Path(tmp) / "lib", quiet=True)
+        cfg = _bench_config(a, Path(tmp) / "lib", tmp)
+        cfg.update(shapes=[], plan=False, threads=[1],
+                   kernel_jobs=[[spec, *shapes[reg]] for reg in rankings for spec in top[reg]])
+        try:
+            raw = run_harness(cfg, cpu=a.cpu or guest_cpu(tgt.name), sve_vl=a.sve_vl,
+                              sme_vl=a.sme_vl)
+        except BenchError as e:
+            raise CliError(str(e)) from None
+        doc = join(raw, str(Path(tmp) / "lib"), tgt.name, rankings["gemm" if "gemm" in rankings
+                                                                    else "gemv"].model)
+    regime = {(s, shapes[reg]): reg for reg in rankings for s in top[reg]}
+    docs = {reg: dict(doc, rows=[r for r in doc["rows"]
+                                 if regime.get((r["spec"], (r["m"], r["n"], r["k"]))) == reg])
+            for reg in rankings}
+    per_cycle = all(r["macs_per_cycle"] for d in docs.values() for r in d["rows"])
+    unit = "MACs/cycle" if per_cycle else "MACs/ns"
+    thr = {reg: {r["spec"]: (r["macs_per_cycle"] if per_cycle else r["gflops"] / 2)
+                 for r in d["rows"]} for reg, d in docs.items()}
+    out = {reg: measured_ranking(rankings[reg], thr[reg]) for reg in rankings}
+    mach = next(iter(docs.values()))["machine"]
+    rows = {reg: {r["spec"]: r for r in d["rows"]} for reg, d in docs.items()}
+    method = {"cpu": mach["cpu"], "cpu_features": mach["cpu_features"],
+              "emulated": mach["emulated"], "emulation_check": mach["emulation_check"],
+              "label": mach["label"], "counter": mach["counter_why"],
+              "cycles": sorted({r["cycles_source"] for d in docs.values() for r in d["rows"]}),
+              "unit": unit, "rule": mach["rule"],
+              "shapes": {reg: ",".join(map(str, shp)) for reg, shp in shapes.items()
+                         if reg in rankings}}
+    ranking = {reg: [{"spec": s.spec.spec_string, "measured": round(s.value, 4),
+                      "model": round(s.model_value, 3),
+                      "median_ns": rows[reg][s.spec.spec_string]["timing"]["median_ns"],
+                      "rel_ci": rows[reg][s.spec.spec_string]["timing"]["rel_ci"],
+                      "reps": rows[reg][s.spec.spec_string]["timing"]["reps"]}
+                     for s in r.scores] for reg, r in out.items()}
+    return {"rankings": out, "method": method, "ranking": ranking, "emulated": mach["emulated"]}
 
 
 def _cmd_tune(a: argparse.Namespace) -> int:
@@ -168,25 +285,49 @@ def _cmd_tune(a: argparse.Namespace) -> int:
         raise CliError("--family is required (unless --reset)")
     if a.m is not None and a.m < 1:
         raise CliError(f"--m must be >= 1, got {a.m}")
+    if a.top is None:
+        a.top = 8 if a.measure else 10
     if a.top < 1:
         raise CliError(f"--top must be >= 1 (rows per table), got {a.top}")
     if a.jobs is not None and a.jobs < 1:
         raise CliError(f"--jobs must be >= 1, got {a.jobs}")
+    if a.measure and a.write and not a.force:
+        from .bench.report import will_emulate
+        if will_emulate():      # the timings would come from qemu: refuse before timing
+            raise CliError("this host is not an Arm64 CPU: `tune --measure` would time the "
+                           "kernels under qemu (emulated: not a hardware timing), and a tuned "
+                           "file is not written from emulated timings (--force writes it anyway)")
     shown = list(REGIMES) if a.m is None else ["gemv" if a.m == 1 else "gemm"]
     needed = list(REGIMES) if a.write else shown
     try:
         rankings = {reg: tune(tgt, a.family, reg, isa=a.isa,
                               m=a.m if (reg == "gemm" and a.m and a.m > 1) else None, jobs=a.jobs)
                     for reg in needed}
+        measured = _tune_measure(a, tgt, rankings) if a.measure else None
+        if measured is not None:
+            rankings = measured["rankings"]
         pair = pick_pair(rankings["gemm"], rankings["gemv"]) if a.write else None
     except (TuneError, AnalyzeError) as e:
         print(f"tilegen tune: error: {e}", file=sys.stderr)
         return 2
     written = None
+    if pair is not None and measured is not None and measured["emulated"] and not a.force:
+        for reg in shown:
+            print("\n".join(_tune_table(rankings[reg], a.top, measured)))
+        raise CliError(f"the timings are emulated ({measured['method']['emulation_check']}): "
+                       f"{measured['method']['label']}; not writing a tuned file from them "
+                       f"(--force writes it anyway)")
     if pair is not None:
-        written = write_tuned(tgt, rankings["gemm"].model, tuned_entry(a.family, pair), a.tuned_dir)
+        entry = tuned_entry(a.family, pair)
+        if measured is not None:
+            from dataclasses import replace
+            entry = replace(entry, measured={"method": measured["method"],
+                                             "ranking": measured["ranking"]})
+        written = write_tuned(tgt, rankings["gemm"].model, entry, a.tuned_dir)
     if a.json:
         out = {"target": tgt.name, "model": rankings[needed[0]].model, "family": a.family,
+               "measured": ({"method": measured["method"], "ranking": measured["ranking"]}
+                            if measured is not None else None),
                "rankings": {reg: [dict(s.as_dict(), same_code=list(
                    rankings[reg].same_code.get(s.spec.spec_string, ())))
                    for s in rankings[reg].scores[:a.top]] for reg in shown},
@@ -200,7 +341,7 @@ def _cmd_tune(a: argparse.Namespace) -> int:
         print(_json.dumps(out, indent=2))
         return 0
     for reg in shown:
-        print("\n".join(_tune_table(rankings[reg], a.top)))
+        print("\n".join(_tune_table(rankings[reg], a.top, measured)))
         for spec, why in rankings[reg].not_modelled:
             print(f"not modelled: {spec}: {why}", file=sys.stderr)
         print()
@@ -208,7 +349,9 @@ def _cmd_tune(a: argparse.Namespace) -> int:
         for role, s, best in (("gemm", pair.gemm, pair.best_gemm), ("gemv", pair.gemv, pair.best_gemv)):
             note = "" if s is best else (f" (best alone: {best.spec.spec_string}, "
                                          f"{best.value:.2f}; this one {100 * s.value / best.value:.0f}%)")
-            print(f"{role}: {s.spec.spec_string:<26} {s.value:8.2f} MACs/cycle per 32-k block{note}")
+            unit = (f"{measured['method']['unit']} measured" if measured is not None
+                    else "MACs/cycle per 32-k block")
+            print(f"{role}: {s.spec.spec_string:<26} {s.value:8.2f} {unit}{note}")
         ent = tuned_entry(a.family, pair)
         if (ent.top_gemm, ent.top_gemv) != (ent.gemm, ent.gemv):
             print(f"for_ops: best gemm {ent.top_gemm.spec_string} ({ent.scores['best_gemm']:.2f}), "
@@ -264,6 +407,27 @@ def _cmd_export(a: argparse.Namespace) -> int:
               + ", ".join(m["missing"]), file=sys.stderr)
         return 1
     return 0
+
+
+def _timing_args(p: argparse.ArgumentParser) -> None:
+    """The measurement options `bench` and `tune --measure` share."""
+    p.add_argument("--rel-ci", type=float, default=0.02,
+                   help="stop when the 95%% CI half-width of the median is within this "
+                        "fraction of it (default 0.02)")
+    p.add_argument("--budget", type=float, default=2.0, metavar="SECONDS",
+                   help="time budget per measurement (default 2)")
+    p.add_argument("--clock", choices=("auto", "perf", "wall"), default="auto",
+                   help="auto: the cycle counter (perf_event_open) when permitted, else the "
+                        "wall clock; perf: the counter or fail; wall: the wall clock")
+    p.add_argument("--freq-ghz", type=float,
+                   help="core clock for wall-time cycles (default: measured by a dependent-ADD "
+                        "chain)")
+    p.add_argument("--bandwidth-mib", type=float, default=64,
+                   help="size of the streaming copy that measures the bandwidth (default 64)")
+    p.add_argument("--cpu", help="qemu model when emulating (default: the target's when qemu "
+                                 "has that model, else max)")
+    p.add_argument("--sve-vl", type=int, metavar="BITS", help="SVE vector length when emulating")
+    p.add_argument("--sme-vl", type=int, metavar="BITS", help="SME vector length when emulating")
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -337,7 +501,9 @@ def _parser() -> argparse.ArgumentParser:
                     help="1: gemv tiles (mr == 1); M > 1: gemm tiles with 1 < mr <= M "
                          "(default: both regimes)")
     tu.add_argument("--isa", help="only this ISA (default: the family's ISAs the target has)")
-    tu.add_argument("--top", type=int, default=10, help="rows per table (default 10)")
+    tu.add_argument("--top", type=int,
+                    help="rows per table (default 10); with --measure: kernels timed per op "
+                         "(default 8)")
     tu.add_argument("--write", action="store_true",
                     help="write the best gemm + gemv pair to the target's tuned file, which "
                          "default builds then use (tunes both regimes)")
@@ -347,7 +513,42 @@ def _parser() -> argparse.ArgumentParser:
                     help="tuned files directory (default $TILEGEN_TUNED_DIR, else the package's)")
     tu.add_argument("--jobs", type=int, help="parallel llvm-mca runs (default: CPU count)")
     tu.add_argument("--json", action="store_true", help="print JSON instead of tables")
+    tu.add_argument("--measure", action="store_true",
+                    help="build the model's top --top kernels per op and time them on this CPU "
+                         "(`tilegen bench`); rank (and --write) by the timings")
+    tu.add_argument("--measure-shape", default="128,4096,4096", metavar="M,N,K",
+                    help="the gemm job of --measure (the gemv job is 1,N,K; default "
+                         "128,4096,4096)")
+    tu.add_argument("--force", action="store_true",
+                    help="with --measure --write: write a tuned file even from emulated timings")
+    _timing_args(tu)
     tu.set_defaults(fn=_cmd_tune)
+
+    be = sub.add_parser("bench", help="time kernels and prepared calls on this CPU (emulated on "
+                                      "x86-64: labelled, not hardware timings)")
+    be.add_argument("lib", help="library directory (from `tilegen build`)")
+    be.add_argument("--kernel", action="append", metavar="NAME|SPEC",
+                    help="time this kernel of LIB (repeatable; default: the kernel LIB picks per "
+                         "weights kind and m, and the plan calls)")
+    be.add_argument("--kind", action="append", metavar="KIND",
+                    help="weights kinds to time (repeatable; default f32, q4_0, q4_0_dx, q8_0, "
+                         "bf16: those LIB has kernels for)")
+    be.add_argument("--shape", action="append", metavar="M,N,K",
+                    help="a job shape (repeatable; default decode 1,4096,4096 and prefill "
+                         "128,4096,4096, and a llama-7B layer's FFN shapes)")
+    be.add_argument("--threads", default="1", metavar="N|A..B|A,B",
+                    help="thread counts of the plan calls: N means 1..N (default 1)")
+    be.add_argument("--no-plan", action="store_true", help="time the kernels only")
+    _timing_args(be)
+    be.add_argument("--cpu-model", metavar="MCPU",
+                    help="llvm-mca -mcpu of the model column (default: the library target's)")
+    be.add_argument("--vs-kleidiai", metavar="DIR",
+                    help="also time KleidiAI's micro-kernels of the same jobs, built from a "
+                         "release tarball or the directory holding it (../shared/thirdparty/"
+                         "kleidiai: the newest)")
+    be.add_argument("--json", action="store_true",
+                    help="print the JSON document (schema tilegen-bench/1, docs/cli.md)")
+    be.set_defaults(fn=_cmd_bench)
 
     ca = sub.add_parser("check-abi", help="run every kernel of LIB through the AAPCS64 probe")
     ca.add_argument("lib", help="library directory (from `tilegen build`)")
@@ -389,6 +590,7 @@ def main(argv: list[str] | None = None) -> int:
     from .runtime.library import LoadError
     from .tune import TuneError
     from .export.kleidiai import ExportError
+    from .bench.report import BenchError
     try:
         rc = a.fn(a)
         sys.stdout.flush()      # a closed pipe raises here, not at interpreter exit
@@ -397,7 +599,7 @@ def main(argv: list[str] | None = None) -> int:
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
         return 1
     except (CliError, SpecError, LayoutError, BuildError, TargetError, ToolchainError, LoadError,
-            AnalyzeError, TuneError, PlotError, ExportError, OSError) as e:
+            AnalyzeError, TuneError, PlotError, ExportError, BenchError, OSError) as e:
         print(f"tilegen {a.cmd}: error: {e}", file=sys.stderr)
         return 2
 

@@ -155,6 +155,16 @@ def _kquant_impls(stem: str) -> dict[str, IsaImpl]:
             "i8mm": kq("neon_i8mm", 16)}
 
 
+def _kquant_sve_impls(stem: str) -> dict[str, IsaImpl]:
+    """The SVE realisations of a K-quant family, vector-length agnostic (nr in VL units;
+    ``templates/<stem>_sve.S.j2``, allocator ``<stem>_sve``): SMMLA per 128-bit segment
+    (sve_i8mm, kr = 16; its gemv SDOT on 8-k groups of the same layout), SDOT by lane
+    (sve_dotprod, kr = 8)."""
+    def kq(op: str, kr: int) -> IsaImpl:
+        return IsaImpl(op, f"{stem}_sve", f"{stem}_sve", kr=kr, sr=2)
+    return {"sve_dotprod": kq("sve_dotprod", 8), "sve_i8mm": kq("sve_i8mm", 16)}
+
+
 FAMILIES: dict[str, FamilyInfo] = {
     # f32 GEMM: NEON/SVE FMLA, SME FMOPA outer products (SME2: multi-vector loads and the
     # ZA-array FMLA gemv).
@@ -212,7 +222,8 @@ FAMILIES: dict[str, FamilyInfo] = {
     # super-block, f32 d, sub-block sums) against lossless repacks of ggml block_q4_K / block_q6_K
     # (docs/layouts.md#q8kp, #q4kp, #q6kp; arithmetic: tilegen.reference_kquant).  The ISAs
     # are added with their kernels.
-    "q4_K": FamilyInfo(name="q4_K", lhs="q8kp", rhs="q4kp", impls=_kquant_impls("q4k"),
+    "q4_K": FamilyInfo(name="q4_K", lhs="q8kp", rhs="q4kp",
+                       impls={**_kquant_impls("q4k"), **_kquant_sve_impls("q4k")},
                        kinds=("q4_K",), abi=Q8, quantized=True),
     "q6_K": FamilyInfo(name="q6_K", lhs="q8kp", rhs="q6kp", impls={}, kinds=("q6_K",), abi=Q8,
                        quantized=True),

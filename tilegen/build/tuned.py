@@ -15,7 +15,9 @@ else ``tilegen/build/tuned/`` in the package.  Format (version 1)::
           "best_gemm": "q4_0:i8mm:12x4",  # optional: the best gemm and gemv of any layout
           "best_gemv": "q4_0:i8mm:1x12:k8:s2",   #   (pack_weights(..., for_ops=("gemm", "gemv")))
           "scores": {"gemm": 42.1, "gemv": 9.8,   # MACs/cycle over a 32-k block (information)
-                     "best_gemm": 63.1, "best_gemv": 26.8}
+                     "best_gemm": 63.1, "best_gemv": 26.8},
+          "measured": {"method": {...}, "ranking": {"gemm": [...], "gemv": [...]}}
+                                          # optional (tune --measure): how the pair was timed
         }
       }
     }
@@ -43,7 +45,8 @@ __all__ = ["TunedError", "TunedFamily", "TunedFile", "FORMAT_VERSION", "tuned_di
            "read_tuned", "write_tuned", "reset_tuned", "tuned_specs", "tuned_roles"]
 
 FORMAT_VERSION = 1
-_ENTRY_KEYS = {"gemm", "gemv", "shared_rhs", "scores", "best_gemm", "best_gemv"}
+_ENTRY_KEYS = {"gemm", "gemv", "shared_rhs", "scores", "best_gemm", "best_gemv", "measured"}
+_MEASURED_KEYS = {"method", "ranking"}
 
 
 class TunedError(TargetError):
@@ -59,6 +62,9 @@ class TunedFamily:
     scores: dict[str, float] = field(default_factory=dict, compare=False)
     best_gemm: KernelSpec | None = None     # best of any layout (None: the pair's gemm)
     best_gemv: KernelSpec | None = None
+    # `tune --measure`: {"method": {...}, "ranking": {"gemm": [...], "gemv": [...]}} (the
+    # timings the pair was chosen by; information, like the scores)
+    measured: dict | None = field(default=None, compare=False)
 
     @property
     def top_gemm(self) -> KernelSpec | None:
@@ -86,6 +92,8 @@ class TunedFamily:
             if s is not None:
                 d[role] = s.spec_string
         d["scores"] = dict(self.scores)
+        if self.measured is not None:
+            d["measured"] = self.measured
         return d
 
 
@@ -178,8 +186,15 @@ def _parse(path: Path, target: Target, data) -> TunedFile:
         if not (isinstance(scores, dict) and all(
                 isinstance(v, (int, float)) and not isinstance(v, bool) for v in scores.values())):
             raise TunedError(f"{path}: families.{fam}.scores must map names to numbers")
+        measured = e.get("measured")
+        if measured is not None and not (
+                isinstance(measured, dict) and set(measured) == _MEASURED_KEYS
+                and isinstance(measured["method"], dict) and isinstance(measured["ranking"], dict)
+                and all(isinstance(v, list) for v in measured["ranking"].values())):
+            raise TunedError(f"{path}: families.{fam}.measured must be an object with "
+                             f"\"method\" (an object) and \"ranking\" (op -> list)")
         out[fam] = TunedFamily(fam, gemm, gemv, shared, {k: float(v) for k, v in scores.items()},
-                               best_gemm, best_gemv)
+                               best_gemm, best_gemv, measured)
     return TunedFile(target.name, model, out)
 
 

@@ -25,6 +25,14 @@ Strategies (``Q4KRegs.mode``), by ISA and interleave:
           to 4 columns at the SB end, then the dot4 epilogue.
 ``neon``  plain NEON, kr = 8: SMULL/SMULL2 (int16 products) + SADALP into two int32 vectors
           per unit (columns 0-1 and 2-3 of the unit), ADDP per sub-block; then as dot4.
+
+The SVE kernels (``sve_i8mm``, ``sve_dotprod``; :class:`Q4KSveRegs`, templates/q4k_sve.S.j2)
+are vector-length agnostic: nr = nv VL units of VL/32 columns, every 128-bit segment of a Z
+register laid out as the NEON register of the same strategy (mm: SMMLA per segment, a unit is
+(row block g, row pair rp, half h of column vector h // 2); dot4: SDOT by lane, a unit is
+(row, column vector); dot8: the sve_i8mm gemv, a unit is a half h).  Indexed operands (the
+SDOT LHS and the bsums of its min term) are z0-z7.  The f32 accumulators live in a VL-sized
+stack area (``addvl sp``), one vector per unit.
 """
 from __future__ import annotations
 
@@ -33,9 +41,10 @@ from dataclasses import dataclass, field
 from ...records import SpecError
 from ..spec import KernelSpec
 from ..tile_layouts import check_packing
-from .pool import Frame, RegisterPool, VectorNeeds, first_fit, flatten, rows
+from .pool import Z_LOW_FIRST, Frame, RegisterPool, VectorNeeds, first_fit, flatten, rows
 
-__all__ = ["Q4KRegs", "Q4K_SCALARS", "Q4K_CHART", "q4k_mode", "ALLOCATORS"]
+__all__ = ["Q4KRegs", "Q4KSveRegs", "Q4K_SCALARS", "Q4K_SVE_SCALARS", "Q4K_CHART", "q4k_mode",
+           "ALLOCATORS"]
 
 Q4K_SCALARS = ("n_rem", "rhs_ptr", "dst_tile", "dst_row", "sb_cnt", "nsb", "lhs_rbs",
                "lhs_blk_stride", "dst_blk_stride", "tmp")
@@ -97,18 +106,19 @@ class Q4KRegs(Frame):
         return self.acc_offset + 16 * self.n_units
 
 
-_MODES = {"i8mm": {16: "mm"}, "dotprod": {8: "dot4"}, "neon": {8: "neon"}}
+_MODES = {"i8mm": {16: "mm"}, "dotprod": {8: "dot4"}, "neon": {8: "neon"},
+          "sve_i8mm": {16: "mm"}, "sve_dotprod": {8: "dot4"}}
 
 
 def q4k_mode(spec: KernelSpec) -> str:
-    """The strategy of a q4_K NEON tile, by ISA, interleave and row count."""
+    """The strategy of a q4_K NEON or SVE tile, by ISA, interleave and row count."""
     if spec.sr != 2:
         raise SpecError(f"q4_K layouts hold two k values per byte: sr must be 2, got sr={spec.sr}")
-    want = {"i8mm": 16, "dotprod": 8, "neon": 8}[spec.isa]
+    want = next(iter(_MODES[spec.isa]))
     if spec.kr != want:
         raise SpecError(f"q4_K {spec.isa} kernels need kr={want} (kr/sr = {want // 2} k values "
                         f"per operand row), got kr={spec.kr}")
-    if spec.isa == "i8mm" and spec.mr == 1:
+    if spec.isa in ("i8mm", "sve_i8mm") and spec.mr == 1:
         return "dot8"
     return _MODES[spec.isa][want]
 
@@ -176,5 +186,117 @@ def _allocate_q4k_neon(spec: KernelSpec) -> Q4KRegs:
     return Q4KRegs(**first_fit(spec, lambda mr_reg: _block(spec, mode, mr_reg)))
 
 
+# ---------------------------------------------------------------------------------------------
+# SVE (vector-length agnostic; templates/q4k_sve.S.j2)
+# ---------------------------------------------------------------------------------------------
+Q4K_SVE_SCALARS = Q4K_SCALARS + ("sc_ptr", "nb_ptr")
+_SVE_MAX_NV = 4         # dmin at [rhs, #(nv + cv), mul vl] (ld1h immediates reach 7)
+_SVE_EP = "epilogue beyond the dead registers"
+Q4K_SVE_CHART = ("int32 sub-block sums", "int32 scaled sums", "LHS", "RHS", "scale scratch",
+                 _SVE_EP)
+
+
+@dataclass(frozen=True)
+class Q4KSveRegs(Frame):
+    """Registers of the q4_K SVE kernels (numbers; templates add the prefix).
+
+    ``t[u]`` / ``s1[u]``: unit u's cumulative sub-block sums and scaled sums; units are
+    ``[g][rp][h]`` flattened (mm: h = half of column vector h // 2, VL/64 column pairs),
+    ``[row][cv]`` (dot4) or ``[h]`` (dot8).  ``slot[u]``: the unit's f32 accumulator in the
+    VL-sized stack area (``acc_vls`` vectors below the fixed frame).  ``lhs``: mm, 4 per row
+    block (both 8-k halves of a 16-k chunk, both row pairs); dot4, two sets of (low, high)
+    4-k chunks in z0-z7 (gemv: the row's 32 k in two); dot8, the two 8-k broadcasts.  ``ep``
+    names the SB epilogue's operands; ``bs`` (bsums) are z0-z7 for the by-lane SDOT.
+    ``out[row][cv]`` receive the f32 results at the tile's end."""
+
+    mode: str
+    mr_reg: int
+    lhs_mr: int
+    groups: int
+    t: tuple[int, ...]
+    s1: tuple[int, ...]
+    lhs: tuple[int, ...]
+    rhs: tuple[int, ...]
+    sst: tuple[int, ...]                 # sc_j, sc_{j+1} (then their difference), pattern
+    ep: dict = field(hash=False)
+    out: tuple[tuple[int, ...], ...]
+    gpr: dict[str, int] = field(hash=False)
+    lo: tuple[int, ...]
+    pred: tuple[int, ...] = ()
+    saved_x: tuple[int, ...] = ()
+    saved_d: tuple[int, ...] = ()
+    needs: VectorNeeds = VectorNeeds(())
+
+    @property
+    def n_units(self) -> int:
+        return len(self.s1)
+
+    @property
+    def acc_vls(self) -> int:
+        """Vectors of the f32 accumulator area (one per unit)."""
+        return self.n_units
+
+
+def _sve_ep_counts(mode: str, P: int, nv: int) -> dict[str, int]:
+    """SB-epilogue operands besides the bsums: mm, the row-pair da patterns and per half the d /
+    dmin patterns and mins; dot4/dot8, per column vector d, dmin and the two UZP'd mins."""
+    if mode == "mm":
+        return {"dap": 2, "d": 2 * nv, "dm": 2 * nv, "mins": 2 * nv, "f16": 1, "s2": 1, "fa": 1}
+    return {"da": 1, "d": nv, "dm": nv, "mins": 2 * nv, "f16": 2, "s2": 1, "fa": 1}
+
+
+def _sve_block(spec: KernelSpec, mode: str, mr_reg: int):
+    nv, P = spec.nr, spec.lhs_mr
+    G = mr_reg // P
+    U = {"mm": mr_reg * nv, "dot4": mr_reg * nv, "dot8": 2 * nv}[mode]
+    pool = RegisterPool(Q4K_SVE_CHART, v_order=Z_LOW_FIRST)
+    v = pool.v
+    if mode == "dot4":
+        lhs = v.take(4 if P == 4 else 2, "LHS", within=8,
+                     rule="indexed SDOT operands (the LHS registers) must be z0-z7")
+    else:
+        lhs = v.take(4 * G if mode == "mm" else 2, "LHS")
+    rhs = v.take(2 * nv if mode == "dot4" else 2, "RHS")
+    sst = v.take(3, "scale scratch")
+    t = v.take(U, "int32 sub-block sums")
+    s1 = v.take(U, "int32 scaled sums")
+    # the bsums: mm, (hi, lo) x row pair; dot4/dot8 P = 4: hi rows 0-1, 2-3, lo rows 0-1, 2-3
+    # (by-lane SDOT operands: the z0-z7 LHS registers); gemv: hi and lo of the row in one
+    nbs = 4 if P == 4 else 1
+    if mode == "mm":
+        bs = lhs[:4]
+    else:
+        bs = lhs[:nbs] + v.take(max(0, nbs - len(lhs)), _SVE_EP)
+    dead = [r for r in list(lhs) + list(rhs) + list(sst) + list(t) if r not in bs]
+    ep, i = {"bs": tuple(bs)}, 0
+    for name, n in _sve_ep_counts(mode, P, nv).items():
+        ep[name] = tuple(v.reuse(dead[i:], n, _SVE_EP))
+        i += n
+    out_flat = v.reuse(list(lhs) + list(rhs) + list(sst) + list(t), mr_reg * nv + 4, _SVE_EP)
+    out = rows(out_flat[:mr_reg * nv], nv)
+    ep["tmp"] = tuple(out_flat[mr_reg * nv:])
+    gpr = pool.scalars(Q4K_SVE_SCALARS)
+    lo = tuple(pool.x.take(G, "LHS row pointers"))
+    return pool, dict(mode=mode, t=tuple(t), s1=tuple(s1), lhs=tuple(lhs), rhs=tuple(rhs),
+                      sst=tuple(sst), ep=ep, out=out, gpr=gpr, lo=lo,
+                      pred=tuple(range(1, nv + 1)))
+
+
+def _allocate_q4k_sve(spec: KernelSpec) -> Q4KSveRegs:
+    if spec.mr_vl or not spec.nr_vl:
+        raise SpecError(f"q4_K SVE tiles have a fixed row count and nr in VL units (nv x VL/32 "
+                        f"columns), e.g. 8x1vl; got {spec.mr_str}x{spec.nr_str}")
+    mode = q4k_mode(spec)
+    if spec.nr > _SVE_MAX_NV:
+        raise SpecError(f"q4_K SVE tiles reach nr={_SVE_MAX_NV}vl (the dmin vectors at "
+                        f"[rhs, #(nv + cv), mul vl]), got nr={spec.nr_str}")
+    if mode == "mm" and spec.mr % 4:
+        raise SpecError(f"q4_K sve_i8mm (SMMLA, 2 rows per operand) needs mr=1 (gemv) or a "
+                        f"multiple of 4, got mr={spec.mr}")
+    check_packing(spec)
+    return Q4KSveRegs(**first_fit(spec, lambda mr_reg: _sve_block(spec, mode, mr_reg),
+                                  " (indexed SDOT operands in z0-z7)" if mode == "dot4" else ""))
+
+
 # allocator name (``IsaImpl.allocator`` of the family records) -> function
-ALLOCATORS = {"q4k_neon": _allocate_q4k_neon}
+ALLOCATORS = {"q4k_neon": _allocate_q4k_neon, "q4k_sve": _allocate_q4k_sve}

@@ -1,0 +1,344 @@
+"""`tilegen bench` and `tune --measure`: the stopping rule and the ranking on a fake timer, the
+harness under qemu (the picked kernels on the right work, outputs against numpy), the
+wall-clock fallback, KleidiAI side by side, the JSON schema, the emulation label."""
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+
+import tilegen
+from tilegen.bench import report
+from tilegen.bench.clock import EMULATED_LABEL, emulation
+from tilegen.bench.harness import job_inputs
+from tilegen.bench.stats import Reading, Rule, measure, median_ci
+from tilegen.cli import main
+from tilegen.generator.validate import parse_spec
+from tilegen.layout import rhs_layout_for
+
+from conftest import KLEIDIAI_TARBALL, guest
+
+CPU = "neoverse-n1"
+SHAPES = [(1, 36, 64), (5, 44, 96)]       # m, n not multiples of the tiles; k of 32
+
+
+class FakeTimer:
+    """A clock that only moves when a call "runs": each call costs the next duration."""
+    counts_cycles = False
+    name = "fake"
+
+    def __init__(self, durations) -> None:
+        self.t = 0
+        self.calls = 0
+        self._it = iter(durations)
+
+    def now_ns(self) -> int:
+        return self.t
+
+    def call(self) -> None:
+        self.calls += 1
+        self.t += next(self._it)
+
+    def time(self, fn, batch: int) -> Reading:
+        t0 = self.t
+        for _ in range(batch):
+            fn()
+        return Reading(float(self.t - t0))
+
+
+def _cycle(*values):
+    while True:
+        yield from values
+
+
+# -- the stopping rule ----------------------------------------------------------------------
+def test_median_ci_is_the_order_statistic_interval():
+    xs = [float(i) for i in range(100, 0, -1)]
+    assert median_ci(xs) == (50.5, 40.0, 61.0)        # ranks 40 and 61 of 100 (95 %)
+    assert median_ci([float(i) for i in range(1, 11)]) == (5.5, 1.0, 10.0)
+    assert median_ci([3.0]) == (3.0, 3.0, 3.0)
+    with pytest.raises(ValueError):
+        median_ci([])
+
+
+def test_constant_timings_stop_on_the_ci_after_min_reps():
+    t = FakeTimer(_cycle(1_000_000))
+    s = measure(t.call, t, Rule(min_reps=5, warmup=2, min_sample_ns=0))
+    assert (s.stop, s.reps, s.batch, t.calls) == ("ci", 5, 1, 2 + 1 + 5)
+    assert s.summary()["median_ns"] == 1e6 and s.summary()["rel_ci"] == 0
+
+
+def test_noisy_timings_stop_at_the_budget_then_at_max_reps():
+    # 1 ms / 3 ms alternating: the CI spans both values, never within 2 %
+    t = FakeTimer(_cycle(1_000_000, 3_000_000))
+    s = measure(t.call, t, Rule(budget_s=0.02, warmup=2, min_sample_ns=0))
+    # warm-up 1 + 3, first 1 (5 ms); samples 3, 1, 3, 1, 3, 1, 3 reach 20 ms at the 7th
+    assert (s.stop, s.reps, t.now_ns()) == ("budget", 7, 20_000_000)
+    t = FakeTimer(_cycle(1_000_000, 3_000_000))
+    s = measure(t.call, t, Rule(budget_s=1e9, max_reps=12, warmup=0, min_sample_ns=0))
+    assert (s.stop, s.reps) == ("max_reps", 12)
+
+
+def test_short_calls_are_batched_and_converge_when_the_noise_is_small():
+    t = FakeTimer(_cycle(10_000, 10_100, 9_900))
+    s = measure(t.call, t, Rule(min_sample_ns=200_000, warmup=1))
+    assert s.batch == 20 and s.stop == "ci"
+    assert abs(s.summary()["median_ns"] - 10_000) < 100
+
+
+# -- the measured ranking ---------------------------------------------------------------------
+def test_measured_ranking_follows_the_timings_not_the_model():
+    from tilegen.analyze import LoopReport
+    from tilegen.tune import Candidate, Ranking, Score, measured_ranking, pick_pair, tuned_entry
+    specs = [parse_spec(s) for s in ("f32:neon:6x16", "f32:neon:8x8", "f32:neon:4x24",
+                                     "f32:neon:1x16", "f32:neon:1x8")]
+    model = {s.spec_string: v for s, v in zip(specs, (40.0, 30.0, 20.0, 10.0, 5.0))}
+
+    def score(s):
+        rep = LoopReport(s.name, "m", 1.0, 1.0, 4 * s.mr * s.nr, 8 * 4 * s.mr * s.nr / model[s.spec_string])
+        return Score(Candidate(s, 8, s.mr, 0.1), rep)
+
+    rk = {reg: Ranking("t", "m", "f32", reg, tuple(score(s) for s in specs if s.is_gemv == (reg == "gemv")))
+          for reg in ("gemm", "gemv")}
+    cost = {"f32:neon:6x16": 3_000_000, "f32:neon:8x8": 1_000_000, "f32:neon:4x24": 2_000_000,
+            "f32:neon:1x16": 500_000, "f32:neon:1x8": 250_000}     # ns per call, fake timer
+    macs = {"gemm": 64 * 64 * 64, "gemv": 64 * 64}
+    thr = {}
+    for reg, r in rk.items():
+        thr[reg] = {}
+        for s in r.scores:
+            t = FakeTimer(_cycle(cost[s.spec.spec_string]))
+            med = measure(t.call, t, Rule(min_sample_ns=0)).summary()["median_ns"]
+            thr[reg][s.spec.spec_string] = macs[reg] / med
+    got = {reg: measured_ranking(rk[reg], thr[reg]) for reg in rk}
+    assert [s.spec.spec_string for s in got["gemm"].scores] == ["f32:neon:8x8", "f32:neon:4x24",
+                                                               "f32:neon:6x16"]
+    assert [s.spec.spec_string for s in got["gemv"].scores] == ["f32:neon:1x8", "f32:neon:1x16"]
+    assert got["gemm"].scores[0].model_value == pytest.approx(30.0)
+    ent = tuned_entry("f32", pick_pair(got["gemm"], got["gemv"]))
+    assert ent.scores["gemm"] == round(macs["gemm"] / 1e6, 3)       # the measured throughput
+
+
+# -- the harness under qemu -------------------------------------------------------------------
+@pytest.fixture(scope="module")
+def n1_lib(tmp_path_factory):
+    out = tmp_path_factory.mktemp("benchlib")
+    tilegen.build_library(target=CPU, out_dir=out / "lib", quiet=True)
+    return out / "lib"
+
+
+@pytest.fixture(scope="module")
+def clock_so(tmp_path_factory):
+    so = report.build_clock_routines(tmp_path_factory.mktemp("clock"))
+    assert so is not None and so.is_file(), "needs clang (scripts/setup.sh)"
+    return so
+
+
+def _cfg(lib, clock_so, **kw):
+    cfg = {"lib": str(lib), "shapes": SHAPES, "threads": [1, 2], "kinds": ["f32", "q4_0", "q8_0"],
+           "rule": {"budget_s": 0.05, "min_sample_ns": 0, "warmup": 1}, "clock": "auto",
+           "clock_routines": str(clock_so), "bandwidth_mib": 1, "outputs": True, "seed": 3,
+           "progress": False}
+    cfg.update(kw)
+    return cfg
+
+
+def _reference(row):
+    """float64 x @ W.T for the row's job, W as the row's kernel's packed layout holds it."""
+    x, w = job_inputs(3, row["m"], row["n"], row["k"])
+    spec = parse_spec(row["spec"])
+    if spec.info.quantized:
+        lay = rhs_layout_for(spec, 32, None)
+        w = lay.dequantize_rows(lay.pack_from_float(w), row["n"], row["k"], range(row["n"]))
+    return x.astype(np.float64) @ np.asarray(w, np.float64).T
+
+
+def _rel_err(got, want):
+    return float(np.linalg.norm(got - want) / np.linalg.norm(want))
+
+
+def test_harness_runs_the_picked_kernels_on_the_right_work(n1_lib, clock_so):
+    res = guest(CPU).call("tilegen.bench.harness:run", _cfg(n1_lib, clock_so))
+    rows = res["rows"]
+    assert res["machine"]["emulated"] and res["machine"]["label"] == EMULATED_LABEL
+    for kind in ("f32", "q4_0", "q8_0"):
+        for m, n, k in SHAPES:
+            job = [r for r in rows if (r["kind"], r["m"], r["n"], r["k"]) == (kind, m, n, k)]
+            assert [(r["what"], r["threads"]) for r in job] == [("kernel", 1), ("plan", 1),
+                                                                ("plan", 2)], job
+            spec = parse_spec(job[0]["spec"])
+            assert spec.family == kind and spec.is_gemv == (m == 1)
+            assert {r["kernel"] for r in job} == {spec.name}     # the plan runs the same kernel
+            want = _reference(job[0])
+            for r in job:
+                assert r["out"].shape == (m, n) and r["weights_bytes"] > 0
+                assert r["timing"]["reps"] >= 1 and r["timing"]["median_ns"] > 0
+                # f32: rounding only; int8 activations: their quantisation
+                assert _rel_err(r["out"], want) < (1e-5 if kind == "f32" else 2e-2), r["kernel"]
+            assert np.array_equal(job[0]["out"], job[1]["out"])   # same packers, same kernel
+            assert np.array_equal(job[1]["out"], job[2]["out"])   # any threads: bit-identical
+
+
+def test_named_kernels_run_at_every_shape(n1_lib, clock_so):
+    names = ["q8_0:dotprod:1x4", "matmul_clamp_f32_f32_f32p16x1b_6x16_neon_mla"]
+    res = guest(CPU).call("tilegen.bench.harness:run", _cfg(n1_lib, clock_so, kernels=names))
+    rows = res["rows"]
+    assert [(r["what"], r["spec"], r["m"]) for r in rows] == [
+        ("kernel", s, m) for m, _, _ in SHAPES for s in ("q8_0:dotprod:1x4", "f32:neon:6x16")]
+    for r in rows:      # a gemv kernel at m = 5 too: it runs m row by row
+        assert _rel_err(r["out"], _reference(r)) < (1e-5 if r["kind"] == "f32" else 2e-2)
+
+
+def test_wall_clock_fallback_and_the_core_frequency(n1_lib, clock_so):
+    g = guest(CPU)
+    small = dict(shapes=[(1, 32, 64)], kinds=["f32"], plan=False)
+    auto = g.call("tilegen.bench.harness:run", _cfg(n1_lib, clock_so, **small))
+    forced = g.call("tilegen.bench.harness:run", _cfg(n1_lib, clock_so, clock="wall",
+                                                      freq_ghz=2.0, **small))
+    # qemu-user has no perf_event_open: auto falls back and says why
+    assert auto["machine"]["counter"] == "wall"
+    assert "PERF_COUNT_HW_CPU_CYCLES" in auto["machine"]["counter_why"]
+    assert auto["machine"]["core_ghz_source"].startswith("measured")
+    assert auto["machine"]["core_ghz"] > 0 and auto["machine"]["cntfrq_hz"] > 0
+    assert forced["machine"]["counter_why"] == "wall clock requested (--clock wall)"
+    assert (forced["machine"]["core_ghz"], forced["machine"]["core_ghz_source"]) == (2.0, "--freq-ghz")
+    doc = report.join(forced, str(n1_lib), CPU, "neoverse-n1")
+    r = doc["rows"][0]
+    assert not r["cycles_counted"] and r["cycles_source"].startswith("wall time x 2.000 GHz")
+    assert r["macs_per_cycle"] == pytest.approx(32 * 64 / (r["timing"]["median_ns"] * 2.0))
+    assert r["model_macs_per_cycle"] > 0
+    assert r["ratio_to_model"] == pytest.approx(r["macs_per_cycle"] / r["model_macs_per_cycle"])
+    with pytest.raises(Exception, match="perf_event_open"):
+        g.call("tilegen.bench.harness:run", _cfg(n1_lib, clock_so, clock="perf", **small))
+
+
+def test_kleidiai_kernels_of_the_same_jobs(n1_lib, clock_so):
+    kai = report.kleidiai_config(KLEIDIAI_TARBALL, quiet=True)
+    cfg = _cfg(n1_lib, clock_so, kinds=["q8_0"], plan=False, kleidiai=kai)
+    rows = guest(CPU).call("tilegen.bench.harness:run", cfg)["rows"]
+    for m, n, k in SHAPES:
+        mine = [r for r in rows if r["m"] == m and r["what"] == "kernel"]
+        theirs = [r for r in rows if r["m"] == m and r["what"] == "kleidiai"]
+        assert len(mine) == 1 and theirs, rows
+        names = {r["kernel"] for r in theirs}
+        # n1 has dotprod, not i8mm: KleidiAI's dotprod kernels of the regime, nothing else
+        want = ({"kai_run_matmul_clamp_f32_qai8dxp1x8_qsi8cxp4x8_1x4_neon_dotprod",
+                 "kai_run_matmul_clamp_f32_qai8dxp1x4_qsi8cxp4x4_1x4_neon_dotprod"} if m == 1 else
+                {"kai_run_matmul_clamp_f32_qai8dxp4x4_qsi8cxp4x4_16x4_neon_dotprod"})
+        assert names == want
+        for r in theirs:
+            assert r["kleidiai_version"] == "1.24.0"
+            assert _rel_err(r["out"], _reference(r)) < 2e-2, r["kernel"]
+
+
+# -- the command line -------------------------------------------------------------------------
+def test_bench_json_follows_the_schema_and_every_figure_is_labelled(n1_lib, capsys):
+    assert main(["bench", str(n1_lib), "--kind", "q8_0", "--shape", "1,32,64", "--shape",
+                 "3,20,64", "--threads", "2", "--budget", "0.05", "--bandwidth-mib", "1",
+                 "--json"]) == 0
+    doc = json.loads(capsys.readouterr().out)
+    assert report.check_schema(doc) == []
+    assert doc["label"] == EMULATED_LABEL and doc["machine"]["emulated"] is True
+    assert {r["label"] for r in doc["rows"]} == {EMULATED_LABEL}
+    assert [(r["what"], r["m"], r["threads"]) for r in doc["rows"]] == [
+        ("kernel", 1, 1), ("plan", 1, 1), ("plan", 1, 2), ("kernel", 3, 1), ("plan", 3, 1),
+        ("plan", 3, 2)]
+    assert doc["model"] == "neoverse-n1" and all(r["model_macs_per_cycle"] for r in doc["rows"])
+    text = report.table(doc)
+    assert text.count(EMULATED_LABEL) == 2
+    bad = json.loads(json.dumps(doc))
+    del bad["rows"][0]["gflops"]
+    bad["rows"][1]["m"] = "1"
+    bad["machine"]["emulated"] = 1
+    assert report.check_schema(bad) == ["$.machine.emulated: expected bool, got int",
+                                        "$.rows[0].gflops: missing",
+                                        "$.rows[1].m: expected int, got str"]
+
+
+def test_bench_refuses_a_macho_library_under_the_emulator(tmp_path, monkeypatch, capsys):
+    from test_cli import _fake_lib
+    monkeypatch.setattr(report, "run_harness", _no_emulator)
+    assert main(["bench", str(_fake_lib(tmp_path / "m", "macho"))]) == 2
+    assert "Mach-O needs macOS" in capsys.readouterr().err
+
+
+def _no_emulator(*a, **k):
+    raise AssertionError("the harness must not start")
+
+
+@pytest.mark.parametrize("argv,needle", [
+    (["--shape", "1,2"], "give m,n,k"), (["--shape", "0,4,4"], "give m,n,k"),
+    (["--threads", "0"], "--threads '0'"), (["--threads", "x"], "--threads 'x'"),
+    (["--budget", "0"], "--budget must be > 0"),
+    (["--kernel", "f32:neon:7x12"], "has no such kernel"), (["--kernel", "nope"], "no such kernel")])
+def test_bench_argument_errors(n1_lib, argv, needle, monkeypatch, capsys):
+    monkeypatch.setattr(report, "run_harness", _no_emulator)
+    assert main(["bench", str(n1_lib), *argv]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("tilegen bench: error: ") and needle in err and err.count("\n") == 1
+
+
+def test_perf_event_plumbing_on_a_software_event():
+    """The counter path (syscall, attribute block, reset/enable/disable ioctls, read) on the
+    task clock, which any Linux kernel counts (this VM has no hardware cycle counter, and
+    qemu-user no perf_event_open): the count is the CPU time of the timed calls, in ns."""
+    from tilegen.bench.clock import PERF_SW_TASK_CLOCK, PerfCycles
+    t = PerfCycles(PERF_SW_TASK_CLOCK)
+    try:
+        r = t.time(lambda: sum(range(200_000)), 3)
+        again = t.time(lambda: None, 1)          # reset between intervals
+    finally:
+        t.close()
+    # CPU time within the wall time (less when this shared machine is busy), and reset
+    assert r.cycles is not None and 1e5 < r.cycles <= 1.05 * r.ns
+    assert again.cycles < r.cycles / 20
+
+
+def test_thread_lists_and_emulation_checks(monkeypatch):
+    assert report.parse_threads("4") == [1, 2, 3, 4]
+    assert report.parse_threads("2..3") == [2, 3] and report.parse_threads("1,8") == [1, 8]
+    assert report.guest_cpu("neoverse-v1") == "neoverse-v1" and report.guest_cpu("apple-m4") == "max"
+    monkeypatch.setenv("TILEGEN_EMULATED_CPU", "cortex-a53")
+    assert emulation()[0] is True
+    monkeypatch.setenv("TILEGEN_EMULATED_CPU", "host")
+    assert emulation()[0] is False      # this x86-64 host runs its own code natively
+
+
+def test_tune_measure_refuses_emulated_timings_unless_forced(tmp_path, capsys, monkeypatch):
+    import tilegen.tune as T
+    real = T.tune
+    # the real model and search, over a small grid (mr 1 and 4, nr 4 and 8): fast
+    monkeypatch.setattr(T, "tune", lambda *a, **k: real(*a, **k, mrs=(1, 4), nrs=(4, 8)))
+    argv = ["tune", "--target", CPU, "--family", "q8_0", "--isa", "dotprod", "--measure",
+            "--top", "2", "--measure-shape", "4,32,64", "--budget", "0.05", "--bandwidth-mib",
+            "1", "--write", "--tuned-dir", str(tmp_path)]
+    assert main(argv) == 2      # x86-64 host: refused before anything is timed
+    assert "not written from emulated timings" in capsys.readouterr().err
+    assert not (tmp_path / f"{CPU}.json").exists()
+    # the harness's own check (a tilegen inside the guest passes the host's): the measured
+    # rankings are shown, labelled, then refused
+    real_run = report.run_harness
+    monkeypatch.setattr(report, "will_emulate", lambda: False)
+    monkeypatch.setattr(report, "run_harness", lambda cfg, **kw: real_run(cfg, emulate=True, **kw))
+    assert main(argv) == 2
+    out, err = capsys.readouterr()
+    assert "not writing a tuned file" in err and EMULATED_LABEL in out
+    assert not (tmp_path / f"{CPU}.json").exists()
+    assert main(argv + ["--force"]) == 0
+    capsys.readouterr()
+    data = json.loads((tmp_path / f"{CPU}.json").read_text())["families"]["q8_0"]
+    meas = data["measured"]
+    assert meas["method"]["emulated"] is True and meas["method"]["label"] == EMULATED_LABEL
+    assert meas["method"]["shapes"] == {"gemm": "4,32,64", "gemv": "1,32,64"}
+    for reg in ("gemm", "gemv"):
+        ranking = meas["ranking"][reg]
+        assert len(ranking) == 2
+        assert [r["measured"] for r in ranking] == sorted((r["measured"] for r in ranking),
+                                                          reverse=True) or \
+            abs(ranking[0]["measured"] - ranking[1]["measured"]) <= 0.01 * ranking[0]["measured"]
+        assert data["scores"][reg] == pytest.approx(
+            next(r["measured"] for r in ranking if r["spec"] == data[reg]), abs=1e-3)
+    from tilegen.build import get_target
+    from tilegen.build.tuned import read_tuned
+    assert read_tuned(get_target(CPU), tmp_path).families["q8_0"].measured == meas
