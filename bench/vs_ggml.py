@@ -30,7 +30,8 @@ by the same qemu cut of the generated kernel linked with the driver (``-DTILEGEN
 the two must agree within 2%.  Specs: the
 ``--tilegen`` ones, else every default kernel (tilegen.build) of the ``q4_K`` / ``q6_K``
 families that the model's target runs and llvm-mca models (no SME), and the ``GRID`` tiles
-(i8mm / dotprod gemm 4..16 x 4, 8 and gemv 1 x 4..16) the register allocator accepts.
+(i8mm / dotprod gemm 4..16 x 4, 8 and gemv 1 x 4..16; sve_i8mm / sve_dotprod gemm
+4..16 x 1vl, 2vl and gemv 1 x 1..4vl) the register allocator accepts.
 
 Writes OUTDIR/vs_ggml.json and .md (default bench/results).
 """
@@ -144,17 +145,19 @@ def _link(flags: str, target: list[str], objs: list[Path], exe: Path, prefix: st
     return Build(flags, exe, {a: (mn, ops) for a, mn, ops in disasm(exe)}, funcs)
 
 
-def tilegen_trace_lines(spec, tmp: Path, qemu_cpu: str) -> list[str]:
+def tilegen_trace_lines(spec, tmp: Path, qemu_cpu: str, vl: int = 128) -> list[str]:
     """The instructions a generated tilegen kernel (Q8 calling convention) runs for one
-    super-block of one tile, cut the way ggml's are (the driver built with -DTILEGEN_KERNEL),
+    super-block of one tile (its rows and columns at SVE vector length ``vl`` bits, the one
+    ``qemu_cpu`` has), cut the way ggml's are (the driver built with -DTILEGEN_KERNEL),
     branches removed: the cross-check of ``tilegen.analyze.per_k``."""
+    mr, nr = spec.mr_at(vl // 8), spec.nr_at(vl // 8)
     from tilegen.emulate.provision import ensure_cross_sysroot
     from tilegen.generator.render import render
     asm = tmp / f"{spec.name}.S"
     asm.write_text(render(spec).text)
     target = ["--target=aarch64-linux-gnu", f"--sysroot={ensure_cross_sysroot(quiet=True)}"]
-    b = _link("tilegen", target, [asm], tmp / f"tilegen-{spec.name}", spec.name,
-              (f"-DTILEGEN_KERNEL={spec.name}", f"-DTILE_MR={spec.mr}", f"-DTILE_NR={spec.nr}"))
+    b = _link("tilegen", target, [asm], tmp / f"tilegen-{spec.name}-{vl}", spec.name,
+              (f"-DTILEGEN_KERNEL={spec.name}", f"-DTILE_MR={mr}", f"-DTILE_NR={nr}"))
     pcs = one_super_block(trace(b, spec.name, 2, qemu_cpu, tmp),
                           trace(b, spec.name, 3, qemu_cpu, tmp))
     return [f"{b.ins[a][0]} {b.ins[a][1]}".strip() for a in pcs if not BRANCH.match(b.ins[a][0])]
@@ -284,9 +287,12 @@ def measure_ggml(models=MODELS, kernels=None, issue_build: bool = True,
 # --- tilegen ----------------------------------------------------------------------------------
 
 # tiles tried besides the defaults (the tuner's usual leaders): gemm mr x nr, gemv 1 x nr
+# (SVE: nr in vector lengths)
 GRID = {"gemm": [(mr, nr) for mr in (4, 8, 12, 16) for nr in (4, 8)],
         "gemv": [(1, nr) for nr in (4, 8, 12, 16)]}
-GRID_ISAS = ("i8mm", "dotprod")
+GRID_SVE = {"gemm": [(mr, f"{v}vl") for mr in (4, 8, 12, 16) for v in (1, 2)],
+            "gemv": [(1, f"{v}vl") for v in (1, 2, 3, 4)]}
+GRID_ISAS = ("i8mm", "dotprod", "sve_i8mm", "sve_dotprod")
 
 
 def tilegen_specs(model: str, families=TILEGEN_FAMILIES) -> list[str]:
@@ -302,7 +308,8 @@ def tilegen_specs(model: str, families=TILEGEN_FAMILIES) -> list[str]:
     out, names = [s.name for s in defaults], {s.name for s in defaults}
     for fam in families:
         for isa in (i for i in GRID_ISAS if i in FAMILIES[fam].isas if fam in FAMILIES):
-            for mr, nr in GRID["gemm"] + GRID["gemv"]:
+            grid = GRID_SVE if isa.startswith("sve") else GRID
+            for mr, nr in grid["gemm"] + grid["gemv"]:
                 try:
                     spec = as_spec(f"{fam}:{isa}:{mr}x{nr}")
                 except Exception:       # a tile the allocator refuses
@@ -332,12 +339,14 @@ def measure_tilegen(specs_by_model: dict[str, list[str]], traced: bool = True) -
                     continue
                 tr = None
                 if traced and spec.info.abi is Q8 and SB % r.unit_k == 0:
-                    key = (spec.name, SVE_VL.get(model, 128) if spec.vl_scaled else 128)
-                    if key not in lines:
-                        lines[key] = tilegen_trace_lines(spec, Path(d), QEMU_CPU[model])
+                    vl = SVE_VL.get(model, 128) if spec.vl_scaled else 128
+                    if (spec.name, vl) not in lines:
+                        lines[spec.name, vl] = tilegen_trace_lines(spec, Path(d),
+                                                                   QEMU_CPU[model], vl)
                     # the whole mr x nr tile: per_k's region is one pass of the register
                     # block (a taller / wider tile runs several over k)
-                    tr = mca_block(lines[key], model) * r.macs / (spec.mr * spec.nr * SB)
+                    tile = spec.mr_at(vl // 8) * spec.nr_at(vl // 8) * SB
+                    tr = mca_block(lines[spec.name, vl], model) * r.macs / tile
                     if abs(tr - r.cycles) > 0.02 * r.cycles:
                         raise GgmlError(f"{s} on {model}: per_k models {r.cycles:.1f} cycles per "
                                         f"super-block, the traced path {tr:.1f}")
