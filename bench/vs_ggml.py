@@ -30,7 +30,7 @@ by the same qemu cut of the generated kernel linked with the driver (``-DTILEGEN
 the two must agree within 2%.  Specs: the
 ``--tilegen`` ones, else every default kernel (tilegen.build) of the ``q4_K`` / ``q6_K``
 families that the model's target runs and llvm-mca models (no SME), and the ``GRID`` tiles
-(i8mm / dotprod gemm 4..16 x 4, 8 and gemv 1 x 4..16; sve_i8mm / sve_dotprod gemm
+(i8mm / dotprod gemm 4..32 x 4, 8 and gemv 1 x 4..16; sve_i8mm / sve_dotprod gemm
 4..16 x 1vl, 2vl and gemv 1 x 1..4vl) the register allocator accepts.
 
 Writes OUTDIR/vs_ggml.json and .md (default bench/results).
@@ -288,7 +288,7 @@ def measure_ggml(models=MODELS, kernels=None, issue_build: bool = True,
 
 # tiles tried besides the defaults (the tuner's usual leaders): gemm mr x nr, gemv 1 x nr
 # (SVE: nr in vector lengths)
-GRID = {"gemm": [(mr, nr) for mr in (4, 8, 12, 16) for nr in (4, 8)],
+GRID = {"gemm": [(mr, nr) for mr in (4, 8, 12, 16, 20, 24, 28, 32) for nr in (4, 8)],
         "gemv": [(1, nr) for nr in (4, 8, 12, 16)]}
 GRID_SVE = {"gemm": [(mr, f"{v}vl") for mr in (4, 8, 12, 16) for v in (1, 2)],
             "gemv": [(1, f"{v}vl") for v in (1, 2, 3, 4)]}
