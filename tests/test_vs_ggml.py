@@ -77,3 +77,16 @@ def test_tilegen_trace_agrees_with_per_k(cross_sysroot, tmp_path):
     assert sum(ln.startswith("smmla ") for ln in lines) == 4 * 8 * 256 // 32
     r = per_k(spec, "neoverse-v2", 256)
     assert vs.mca_block(lines, "neoverse-v2") == pytest.approx(r.cycles, rel=0.02)
+
+
+def test_tilegen_kquant_trace_agrees_with_per_k(cross_sysroot, tmp_path):
+    """q4_K 8x8 on i8mm runs two 4-row passes over k: the cut has a stretch in each, and per
+    pass it costs what per_k models from the super-block marker (block-begin k=256)."""
+    from tilegen.analyze import per_k
+    from tilegen.generator.validate import as_spec
+    spec = as_spec("q4_K:i8mm:8x8")
+    lines = vs.tilegen_trace_lines(spec, tmp_path, vs.QEMU_CPU["neoverse-v2"])
+    r = per_k(spec, "neoverse-v2", 256)
+    passes = 8 * 8 * 256 // r.macs
+    assert passes == 2 and r.unit_k == 256
+    assert vs.mca_block(lines, "neoverse-v2") / passes == pytest.approx(r.cycles, rel=0.02)
