@@ -47,6 +47,11 @@ REFERENCE = (
     ("SME2 q4 gemv, tilegen's other tiles", ["q4_0:sme2:1x2vl", "q4_0:sme2:1x4vl"], None),
     ("SME2 bf16 / f32 gemm, tilegen's other tiles",
      ["bf16:sme2:1vlx4vl", "bf16:sme2:4vlx1vl", "f32:sme2:1vlx4vl"], None),
+    ("SME2 q4_K (block: one 256-k super-block)",
+     ["q4_K:sme2:1vlx2vl", "q4_K:sme2:1vlx1vl", "q4_K:sme2:1x2vl", "q4_K:sme2:1x4vl"], None),
+    ("SME2 q6_K (block: one 256-k super-block)",
+     ["q6_K:sme2:1vlx4vl", "q6_K:sme2:1vlx2vl", "q6_K:sme2:1vlx1vl", "q6_K:sme2:1x2vl",
+      "q6_K:sme2:1x4vl"], None),
 )
 
 

@@ -11,6 +11,7 @@ import pytest
 from tilegen.analyze_sme import (KAI_RECIPES, accumulators, count, count_kleidiai, expand,
                                  kleidiai_lines, kleidiai_report, kleidiai_version, load_vectors,
                                  macs_of, mem_bytes, memory, sme_report)
+import tilegen
 from tilegen.emulate.provision import ensure_kleidiai_source
 
 REPO = Path(__file__).resolve().parents[1]
@@ -238,3 +239,21 @@ def test_q4_f16_gemm_at_least_kleidiai():
     text = render("q4_0_f16:sme2:1vlx4vl").text
     block = text[text.index("tilegen:block-begin"):text.index("tilegen:block-end")]
     assert not [ln for ln in block.splitlines() if ln.split() and ln.split()[0].startswith("st")]
+
+
+@pytest.mark.parametrize("spec, mr, nr", [("q4_K:sme2:1vlx2vl", 16, 32), ("q4_K:sme2:1vlx1vl", 16, 16),
+                                          ("q4_K:sme2:1x2vl", 1, 32), ("q4_K:sme2:1x4vl", 1, 64),
+                                          ("q6_K:sme2:1vlx4vl", 16, 64), ("q6_K:sme2:1x4vl", 1, 64)])
+def test_kquant_sme2_block_is_a_superblock(spec, mr, nr):
+    """The K-quant SME2 kernels mark one 256-k super-block (``block-begin k=256``): at SVL 512
+    the hot loop (32 k) run its 8 trips carries exactly the tile's 256*mr*nr MACs, the block
+    adds only the q4_K min term's (bsum x mins: at most 1/16 more; q6_K has none)."""
+    r = sme_report(spec, block_svl=512)
+    assert r.block_k == 256 and r.as_dict()["block_k"] == 256 and not r.block_derived
+    g = 512 // 128
+    hot_macs = r.loop.macs * (g * g if not tilegen.parse_spec(spec).is_gemv else g)
+    assert r.k_per_iter == 32 and 8 * hot_macs == 256 * mr * nr
+    if spec.startswith("q6_K"):
+        assert r.block_macs_at_svl == 256 * mr * nr
+    else:
+        assert 256 * mr * nr < r.block_macs_at_svl <= 256 * mr * nr * 17 // 16

@@ -30,6 +30,10 @@ Accumulators: the distinct ZA tiles / ZA-array vector groups / Z registers the h
 instructions write: the independent accumulation chains (one chain serialises every MAC
 instruction of the loop on the MAC latency; the instruction count does not show it).
 
+A block marker may name its k (``tilegen:block-begin k=256``: one K-quant super-block, the
+int32 sub-block sums, the min term and the float epilogue of 256 k): the block figures are then
+per that block (``block_k``), MACs per instruction over the whole super-block.
+
 Kernels without a marked block (the f32, bf16 and q8 per-channel kernels, whose hot loop runs
 over the whole k) get a derived block: the hot loop repeated 32 / k-per-iteration times.
 
@@ -291,6 +295,7 @@ class SmeReport:
     block_mem: Memory | None = None  # loads and stores of that block, by role
     accumulators: int = 0            # distinct accumulators of the hot loop's MAC instructions
     block_derived: bool = False      # block = the hot loop x 32 / k_per_iter (no marked block)
+    block_k: int = BLOCK_K           # k of the block (a marker's ``k=``: 256 for K-quants)
 
     @property
     def mac_per_insn(self) -> float:
@@ -323,7 +328,7 @@ class SmeReport:
                       "block_mac_insns": self.block.mac_insns,
                       "block_macs": self.block_macs_at_svl, "block_loads": self.block.loads,
                       "block_macs_per_insn": round(self.block_macs_per_insn, 2),
-                      "block_derived": self.block_derived})
+                      "block_derived": self.block_derived, "block_k": self.block_k})
         if self.block_mem is not None:
             t = self.block_mem.total
             d.update({"block_stores": t.stores, "block_load_bytes": t.load_bytes,
@@ -351,14 +356,14 @@ SME_HEADER = (f"{'kernel (SME static model: per 128-bit SVL granule)':<62} {'k/i
               f"{'ld/kMAC':>8} {'acc':>3} {'blkins':>6} {'blkMAC/i':>8} {'blst':>4} "
               f"{'blldB':>7} {'blstB':>6} {'dstB':>6}")
 SME_LEGEND = ("per hot-loop iteration at SVL 128: ins, MACi (MAC instructions), MACi/i, MAC/ins, "
-              "lds (loads), ld/kMAC, acc (independent accumulators); per 32-k block at SVL "
-              "512 (derived from the hot loop where no block is marked): blkins, blkMAC/i, "
-              "blst (stores), blldB / blstB (bytes loaded / stored), dstB (dst bytes loaded + "
+              "lds (loads), ld/kMAC, acc (independent accumulators); per 32-k block (K-quants: "
+              "per 256-k super-block, block_k) at SVL 512 (derived from the hot loop where no "
+              "block is marked): blkins, blkMAC/i, blst (stores), blldB / blstB (bytes loaded / stored), dstB (dst bytes loaded + "
               "stored)")
 
 
 def _block_report(name: str, k: int, insns: list[str], dyn: list[str] | None, svl: int,
-                  source: str) -> SmeReport:
+                  source: str, block_k: int = BLOCK_K) -> SmeReport:
     """The report of a hot loop ``insns`` and a 32-k block ``dyn`` (expanded; None: derived
     from the hot loop)."""
     derived = dyn is None
@@ -368,7 +373,7 @@ def _block_report(name: str, k: int, insns: list[str], dyn: list[str] | None, sv
                              f"{BLOCK_K}-k block")
         dyn = insns * (BLOCK_K // k)
     return SmeReport(name, k, count(insns), count(dyn), _macs_at(dyn, svl), svl, source,
-                     memory(dyn, svl), accumulators(insns), derived)
+                     memory(dyn, svl), accumulators(insns), derived, block_k)
 
 
 def _region_lines(text: str, begin: str, end: str) -> list[str] | None:
@@ -455,7 +460,9 @@ def sme_report(spec, block_svl: int = 512) -> SmeReport:
     insns, k = _hot(text)
     block = _region_lines(text, "tilegen:block-begin", "tilegen:block-end")
     dyn = None if block is None else expand(block, block_svl)
-    return _block_report(spec.name, k, insns, dyn, block_svl, "tilegen")
+    mk = re.search(r"tilegen:block-begin k=(\d+)", text)
+    return _block_report(spec.name, k, insns, dyn, block_svl, "tilegen",
+                         int(mk.group(1)) if mk else BLOCK_K)
 
 
 # --- KleidiAI's published kernels (read, never copied into this repository) ---------------

@@ -165,6 +165,17 @@ def _kquant_sve_impls(stem: str) -> dict[str, IsaImpl]:
     return {"sve_dotprod": kq("sve_dotprod", 8), "sve_i8mm": kq("sve_i8mm", 16)}
 
 
+def _kquant_sme2(stem: str) -> dict[str, IsaImpl]:
+    """The SME2 realisation of a K-quant family: the gemm (``templates/<stem>_sme2.S.j2``,
+    int16 SMOPA of the scaled weights into ZA) and the gemv (``<stem>_sme2_gemv.S.j2``,
+    ZA-array SDOT) on one RHS layout, allocator ``regalloc/<stem>_sme2.py``.  kr = 4 (L = 2):
+    a column's two bytes of a 4-k chunk are the k pairs the 2-way int16 SMOPA reads."""
+    return {"sme2": IsaImpl("sme2_mopa", f"{stem}_sme2", f"{stem}_sme2", kr=4, sr=2,
+                            gemv_op="sme2_sdot", gemv_template=f"{stem}_sme2_gemv",
+                            fixed_kr=f"the {stem} sme2 kernels read k pairs of 4-k chunks "
+                                     f"(kr = 4, sr = 2)")}
+
+
 FAMILIES: dict[str, FamilyInfo] = {
     # f32 GEMM: NEON/SVE FMLA, SME FMOPA outer products (SME2: multi-vector loads and the
     # ZA-array FMLA gemv).
@@ -223,10 +234,12 @@ FAMILIES: dict[str, FamilyInfo] = {
     # (docs/layouts.md#q8kp, #q4kp, #q6kp; arithmetic: tilegen.reference_kquant).  The ISAs
     # are added with their kernels.
     "q4_K": FamilyInfo(name="q4_K", lhs="q8kp", rhs="q4kp",
-                       impls={**_kquant_impls("q4k"), **_kquant_sve_impls("q4k")},
+                       impls={**_kquant_impls("q4k"), **_kquant_sve_impls("q4k"),
+                              **_kquant_sme2("q4k")},
                        kinds=("q4_K",), abi=Q8, quantized=True),
-    "q6_K": FamilyInfo(name="q6_K", lhs="q8kp", rhs="q6kp", impls={}, kinds=("q6_K",), abi=Q8,
-                       quantized=True),
+    "q6_K": FamilyInfo(name="q6_K", lhs="q8kp", rhs="q6kp",
+                       impls={**_kquant_impls("q6k"), **_kquant_sme2("q6k")},
+                       kinds=("q6_K",), abi=Q8, quantized=True),
     # f32 activations and weights rounded to bf16, f32 accumulation (KleidiAI
     # matmul_clamp_f32_bf16p<mr>x4_bf16p<nr>x4b): BFMMLA gemm, BFDOT gemv on the same RHS.
     "bf16": FamilyInfo(

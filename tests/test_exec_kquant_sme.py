@@ -1,0 +1,117 @@
+"""K-quant SME2 kernels (q4_K: q8kp x q4kp, q6_K: q8kp x q6kp, both at kr = 4; the int16-SMOPA
+gemms and the ZA-array SDOT gemvs) under emulation at SVL 128 / 256 / 512 / 2048 (qemu
+``max``): bit-exact against tilegen.reference_kquant on random valid ggml blocks, m and n not
+multiples of the tile, k of 1, 2 and 3 super-blocks, sentinels around dst untouched, SVCR clear
+after the call; guard pages around every buffer at SVL 512."""
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+import tilegen
+from tilegen.layout.ggml import random_q4_k, random_q6_k
+from tilegen.layout.kquant import Q4KP, Q6KP, Q8KP
+from tilegen.reference_kquant import matmul_q8kp_q4kp, matmul_q8kp_q6kp
+
+from conftest import SME_ON, guest
+
+GEMMS = ("q4_K:sme2:1vlx2vl", "q4_K:sme2:1vlx1vl")
+GEMVS = ("q4_K:sme2:1x2vl", "q4_K:sme2:1x4vl")
+Q6_SPECS = ("q6_K:sme2:1vlx1vl", "q6_K:sme2:1vlx2vl", "q6_K:sme2:1vlx4vl", "q6_K:sme2:1x2vl",
+            "q6_K:sme2:1x4vl")
+ALL_SPECS = [tilegen.parse_spec(s) for s in GEMMS + GEMVS + Q6_SPECS]
+# family -> (random ggml blocks, RHS layout, reference)
+KINDS = {"q4_K": (random_q4_k, Q4KP, matmul_q8kp_q4kp),
+         "q6_K": (random_q6_k, Q6KP, matmul_q8kp_q6kp)}
+SENTINEL = np.float32(-4242.25)
+FMAX = 3.4028234663852886e38
+SVLS = (128, 256, 512, 2048)
+
+
+@pytest.fixture(scope="module")
+def kq_sme_lib(tmp_path_factory) -> Path:
+    out = tmp_path_factory.mktemp("kqsme")
+    tilegen.build_library(ALL_SPECS, target="linux-aarch64-all", out_dir=out)
+    return out
+
+
+def _shapes(mr: int, nr: int, gemv: bool) -> list[tuple[int, int, int]]:
+    """m, n off the tile (and past one tile), k = 256, 512, 768."""
+    ms = (1, 1, 2, 1, 3) if gemv else (1, mr, mr + 1, 2 * mr + 3, mr - 1 or 1)
+    ns = (1, nr, nr + 3, 2 * nr - 1, 2 * nr + 5)
+    ks = (256, 512, 256, 768, 512)
+    return list(zip(ms, ns, ks))
+
+
+def _cases(family: str, mr: int, nr: int, shapes, seed: int):
+    rand, rhs_layout, matmul = KINDS[family]
+    rng = np.random.default_rng(seed)
+    cases, refs = [], []
+    for i, (m, n, k) in enumerate(shapes):
+        # activations of mixed magnitudes per row (each SB has its own d)
+        x = (rng.normal(size=(m, k)) * rng.uniform(0.1, 8.0, size=(m, 1))).astype(np.float32)
+        raw = rand(n, k, seed + i)
+        lhs = Q8KP(mr, 4).pack(x)
+        rhs = rhs_layout(nr, 4).pack_from_ggml(raw, n, k)
+        free = matmul(lhs, rhs, m, n, k, mr, nr, 4, -FMAX, FMAX)
+        lo, hi = -FMAX, FMAX
+        if i % 2 and free.size > 1:
+            lo, hi = (float(np.float32(q)) for q in np.quantile(free, [0.2, 0.8]))
+        cases.append(dict(m=m, n=n, k=k, bl=32, lhs_packed=lhs, rhs_packed=rhs, clamp_min=lo,
+                          clamp_max=hi, sentinel=SENTINEL))
+        refs.append(matmul(lhs, rhs, m, n, k, mr, nr, 4, lo, hi))
+    return cases, refs
+
+
+@pytest.mark.parametrize("vl", SVLS)
+@pytest.mark.parametrize("spec", ALL_SPECS, ids=lambda s: s.spec_string)
+def test_kquant_sme2_kernel(spec, vl, kq_sme_lib):
+    sess = guest("max", None, vl, SME_ON)
+    info = sess.call("guest_calls:vl_info", str(kq_sme_lib), spec.name)
+    assert info["runnable"], info
+    mr, nr = info["mr"], info["nr"]
+    assert nr == spec.nr * vl // 32 and mr == (1 if spec.is_gemv else vl // 32)
+    cases, refs = _cases(spec.family, mr, nr, _shapes(mr, nr, spec.is_gemv), vl + spec.nr)
+    outs = sess.call("guest_calls:run_q4_cases", str(kq_sme_lib), spec.name, cases)
+    for c, exact, out in zip(cases, refs, outs):
+        m, n, k = c["m"], c["n"], c["k"]
+        where = f"{spec.name} svl={vl} m={m} n={n} k={k}"
+        assert (out[m:] == SENTINEL).all() and (out[:, n:] == SENTINEL).all(), \
+            f"{where}: wrote outside dst"
+        np.testing.assert_array_equal(out[:m, :n].view(np.uint32), exact.view(np.uint32),
+                                      err_msg=where)
+    assert sess.call("guest_calls:svcr_now", str(kq_sme_lib)) == 0
+
+
+def test_kquant_sme2_refusals():
+    """Tiles the strategies cannot serve are refused with the rule."""
+    for text, words in (("q4_K:sme2:1vlx4vl", "1vlx1vl or 1vlx2vl"),
+                        ("q4_K:sme2:2vlx1vl", "1vlx1vl or 1vlx2vl"),
+                        ("q4_K:sme2:1x1vl", "1x2vl or 1x4vl"),
+                        ("q4_K:sme2:4x2vl", "1 x nu vl"),
+                        ("q4_K:sme2:1vlx2vl:k8:s2", "kr = 4"),
+                        ("q6_K:sme2:1vlx3vl", "1vlx1vl, 1vlx2vl or 1vlx4vl"),
+                        ("q6_K:sme2:1x1vl", "1x2vl or 1x4vl"),
+                        ("q6_K:sme2:1vlx2vl:k16:s2", "kr = 4")):
+        with pytest.raises(tilegen.SpecError, match=words):
+            tilegen.parse_spec(text)
+
+
+@pytest.mark.parametrize("spec", ALL_SPECS, ids=lambda s: s.spec_string)
+def test_kquant_sme2_guard_pages(spec, kq_sme_lib):
+    """Every buffer (packed LHS, packed RHS, dst with a row stride) against a guard page at
+    either end, SVL 512: no access outside them (the whole-vector loads of scales, bsums and
+    mins stay inside their super-block records), results bit-exact."""
+    from test_guard_pages import PLACEMENTS, SENTINEL as GUARD_SENTINEL, _check_guarded
+    sess = guest("max", None, 512, SME_ON)
+    info = sess.call("guest_calls:vl_info", str(kq_sme_lib), spec.name)
+    mr, nr = info["mr"], info["nr"]
+    shapes = [(1, 1, 256), (mr, nr, 512), (mr + 1, nr + 3, 256), (3, 2 * nr - 1, 256)]
+    cases, refs = _cases(spec.family, mr, nr, shapes, 7 + spec.nr)
+    for i, c in enumerate(cases):
+        c.update(sentinel=GUARD_SENTINEL, dst_stride=c["n"] + i % 3)
+    outs = sess.call("guest_pack:guarded_q4_cases", str(kq_sme_lib), spec.name, cases,
+                     PLACEMENTS)
+    _check_guarded(spec.name, cases, refs, outs)
