@@ -74,19 +74,19 @@ TILEGEN = {
 }
 # a wrapper's ``if (bl == 32) { kai_kernel_...(`` : the kernel it runs at this script's block size
 _BL32_CALL = re.compile(r"if\s*\(\s*bl\s*==\s*32\s*\)\s*\{?\s*(kai_kernel_\w+)\s*\(")
-_BRANCH = re.compile(r"^(b\.\w+|b|cbz|cbnz|tbz|tbnz)$")
+BRANCH = re.compile(r"^(b\.\w+|b|cbz|cbnz|tbz|tbnz)$")
 
 
-def _tool(*names: str) -> str:
+def tool(*names: str) -> str:
     for n in names:
         if shutil.which(n):
             return n
     raise SystemExit(f"none of {', '.join(names)} found (apt-get install clang-19 llvm-19)")
 
 
-def _mca_block(lines: list[str], model: str) -> float:
+def mca_block(lines: list[str], model: str) -> float:
     src = ".Lmca_top:\n" + "\n".join(lines) + "\n"
-    p = subprocess.run([_tool("llvm-mca-19", "llvm-mca"), "-mtriple=aarch64", f"-mcpu={model}",
+    p = subprocess.run([tool("llvm-mca-19", "llvm-mca"), "-mtriple=aarch64", f"-mcpu={model}",
                         f"-mattr={_MATTR}", "-iterations=200"], input=src, capture_output=True, text=True)
     if p.returncode:
         raise AnalyzeError(p.stderr[:400])
@@ -103,7 +103,7 @@ def _tile(name: str) -> tuple[int, int]:
 def _cc(*flags: str) -> list[str]:
     """clang-19 for aarch64 Linux against tilegen's arm64 cross sysroot (its C headers: the
     host needs none; ``provision.ensure_cross_sysroot`` fetches it once)."""
-    return [_tool("clang-19", "clang"), "--target=aarch64-linux-gnu",
+    return [tool("clang-19", "clang"), "--target=aarch64-linux-gnu",
             f"--sysroot={ensure_cross_sysroot(quiet=True)}", *flags]
 
 
@@ -137,7 +137,7 @@ def _bl32_kernel(src_root: Path, family: str, name: str) -> str | None:
 
 def _function_range(obj: Path, symbol: str) -> tuple[int, int]:
     """[start, end) of the function ``symbol`` in the object (llvm-nm --print-size)."""
-    out = subprocess.run([_tool("llvm-nm-19", "llvm-nm"), "--print-size", "--defined-only", str(obj)],
+    out = subprocess.run([tool("llvm-nm-19", "llvm-nm"), "--print-size", "--defined-only", str(obj)],
                          capture_output=True, text=True, check=True).stdout
     for line in out.splitlines():
         f = line.split()
@@ -146,11 +146,11 @@ def _function_range(obj: Path, symbol: str) -> tuple[int, int]:
     raise ValueError(f"{symbol} is not defined in {obj.name}")
 
 
-def _disasm(obj: Path, symbol: str | None = None) -> list[tuple[int, str, str]]:
+def disasm(obj: Path, symbol: str | None = None) -> list[tuple[int, str, str]]:
     """(address, mnemonic, operands) of the object's code, in address order (local labels of
     the kernel's loops split the listing into symbols: they are read as one stream); with
     ``symbol``, only that function's code."""
-    out = subprocess.run([_tool("llvm-objdump-19", "llvm-objdump"), "-d", "--no-show-raw-insn",
+    out = subprocess.run([tool("llvm-objdump-19", "llvm-objdump"), "-d", "--no-show-raw-insn",
                           "--mattr=+sve2,+i8mm,+dotprod,+bf16,+fullfp16", str(obj)],
                          capture_output=True, text=True, check=True).stdout
     ins = []
@@ -168,7 +168,7 @@ def _disasm(obj: Path, symbol: str | None = None) -> list[tuple[int, str, str]]:
 def _block_region(ins: list[tuple[int, str, str]]) -> list[str]:
     loops = []
     for addr, mn, ops in ins:
-        if _BRANCH.match(mn):
+        if BRANCH.match(mn):
             m = re.search(r"(?:^|,\s*)(?:0x)?([0-9a-f]+)(?:\s*<[^>]*>)?$", ops)
             if m and int(m.group(1), 16) < addr:
                 loops.append((int(m.group(1), 16), addr))
@@ -184,7 +184,7 @@ def _block_region(ins: list[tuple[int, str, str]]) -> list[str]:
     around = [lp for lp in loops if lp[0] <= hot[0] and hot[1] <= lp[1]      # hot itself too
               and any(mn == "scvtf" for _, mn, _ in body(*lp))]
     blk = min(around, key=lambda lp: lp[1] - lp[0]) if around else hot
-    return [f"{mn} {ops}".strip() for _, mn, ops in body(*blk) if not _BRANCH.match(mn)]
+    return [f"{mn} {ops}".strip() for _, mn, ops in body(*blk) if not BRANCH.match(mn)]
 
 
 def measure_kleidiai(src_root: Path) -> dict:
@@ -198,7 +198,7 @@ def measure_kleidiai(src_root: Path) -> dict:
                     continue
                 entry = _bl32_kernel(src_root, family, name)
                 try:
-                    region = _block_region(_disasm(obj, entry))
+                    region = _block_region(disasm(obj, entry))
                 except ValueError:      # e.g. a wrapper .c whose _asm.S is not in the tree
                     print(f"  KleidiAI {name}: no multiply-accumulate loop in {obj.name}, skipped",
                           file=sys.stderr)
@@ -206,7 +206,7 @@ def measure_kleidiai(src_root: Path) -> dict:
                 mr, nr = _tile(name)
                 src = next(f for f in (Path(tmp) / "src").iterdir() if f.name.startswith(obj.stem))
                 for model in MODELS:
-                    cyc = _mca_block(region, model)
+                    cyc = mca_block(region, model)
                     rows.append({"family": family, "regime": regime, "kernel": name, "model": model,
                                  "source": src.read_text().split("\n", 1)[0],
                                  **({"bl32_kernel": entry} if entry else {}),
@@ -310,10 +310,10 @@ def measure_kleidiai_packer(src_root: Path) -> dict:
         obj = Path(tmp) / "p.o"
         subprocess.run(_cc("-O2", "-c", "-march=armv8.2-a+fp16", "-ffreestanding", f"-I{src_root}",
                            f"-I{src.parent}", str(src), "-o", str(obj)), check=True)
-        ins = _disasm(obj)
+        ins = disasm(obj)
     loops = []
     for addr, mn, ops in ins:
-        if _BRANCH.match(mn):
+        if BRANCH.match(mn):
             m = re.search(r"(?:^|,\s*)(?:0x)?([0-9a-f]+)(?:\s*<[^>]*>)?$", ops)
             if m and int(m.group(1), 16) < addr:
                 loops.append((int(m.group(1), 16), addr))
@@ -339,10 +339,10 @@ def measure_kleidiai_packer(src_root: Path) -> dict:
         region += body(lo, hi) * (32 // nq)
         a = hi + 1
     region += body(a, blk[1])
-    lines = [f"{mn} {ops}".strip() for _, mn, ops in region if not _BRANCH.match(mn)]
+    lines = [f"{mn} {ops}".strip() for _, mn, ops in region if not BRANCH.match(mn)]
     return {"kernel": PACKER_KAI, "source": str(src.relative_to(src_root)),
             "block_insns": len(lines),
-            "cycles_per_element": {m: round(_mca_block(lines, m) / 128, 3) for m in MODELS}}
+            "cycles_per_element": {m: round(mca_block(lines, m) / 128, 3) for m in MODELS}}
 
 
 def _label_block(text: str, label: str) -> list[str]:
@@ -353,7 +353,7 @@ def _label_block(text: str, label: str) -> list[str]:
         line = line.split("//")[0].strip()
         if line and not line.endswith(":") and not line.startswith("."):
             out.append(line)
-    return [i for i in out if not _BRANCH.match(i.split()[0])]
+    return [i for i in out if not BRANCH.match(i.split()[0])]
 
 
 def measure_packers() -> list[dict]:
@@ -372,7 +372,7 @@ def measure_packers() -> list[dict]:
             paths["4 rows"] = (_branchless(quad), 128)
         for path, (insns, elems) in paths.items():
             for model in MODELS:
-                cyc = _mca_block(insns, model)
+                cyc = mca_block(insns, model)
                 rows.append({"packer": spec.name, "path": path, "model": model,
                              "insns": len(insns), "elements": elems,
                              "block_cycles": round(cyc, 2),

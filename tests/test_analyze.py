@@ -92,3 +92,39 @@ def test_matplotlib_is_in_the_plot_and_test_extras():
         "project"]["optional-dependencies"]
     for extra in ("plot", "test"):
         assert any(d.startswith("matplotlib") for d in extras.get(extra, ())), extra
+
+
+def test_per_k_q4_is_eight_blocks_per_super_block():
+    """per_k over 256 k of a bl = 32 family: its 32-k block region eight times."""
+    from tilegen.analyze import per_k
+    r, s = analyze("q4_0:i8mm:12x4", "neoverse-v2"), per_k("q4_0:i8mm:12x4", "neoverse-v2", 256)
+    assert s.unit_k == 32 and s.macs == 8 * r.block32_macs == 12 * 4 * 256
+    assert s.cycles == pytest.approx(8 * r.block32_cycles)
+    f = per_k("f32:neon:6x16", "neoverse-n2", 256)      # no block: the 4-k hot loop x 64
+    assert f.unit_k == 4 and f.macs == 6 * 16 * 256
+    assert f.cycles == pytest.approx(64 * analyze("f32:neon:6x16", "neoverse-n2").cycles_per_iter)
+    with pytest.raises(AnalyzeError, match="not a multiple of 32"):
+        per_k("q4_0:i8mm:12x4", "neoverse-v2", 48)
+
+
+def test_per_k_expands_marked_trips_in_the_block(monkeypatch):
+    """A block marked ``tilegen:block-begin k=64`` whose chunk loop says ``tilegen:trips 2``:
+    the loop body is modelled twice per block, the block once per 64 k (the K-quant
+    super-block convention, ``k=256``)."""
+    import re
+
+    import tilegen.analyze as an
+    spec = tilegen.parse_spec("q4_0:i8mm:8x4")
+    text = tilegen.generate(spec)
+    hot, _ = hot_loop(text)
+    marked = re.sub(r"^(\S*chunk_loop:)", r"\1  // tilegen:trips 2", text, count=1, flags=re.M)
+    marked = marked.replace("tilegen:block-begin (", "tilegen:block-begin k=64 (", 1)
+    assert marked.count("trips 2") == 1 and marked.count("k=64") == 1
+    monkeypatch.setattr(an, "render", lambda s: type("R", (), {"text": marked})())
+    one = an.per_k(spec, "neoverse-v2", 64)
+    plain = an._branchless(an._region(text, "tilegen:block-begin", "tilegen:block-end"))
+    assert one.unit_k == 64 and one.macs == 8 * 4 * 64
+    assert one.insns == len(plain) + len(an._branchless(hot))
+    assert an.per_k(spec, "neoverse-v2", 256).cycles == pytest.approx(4 * one.cycles)
+    with pytest.raises(AnalyzeError, match="not a multiple of 64"):
+        an.per_k(spec, "neoverse-v2", 96)

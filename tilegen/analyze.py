@@ -23,13 +23,14 @@ import shutil
 import subprocess
 from dataclasses import dataclass
 
+from .analyze_sme import expand
 from .generator.render import render
 from .generator.spec import KernelSpec
 from .generator.validate import as_spec
 from .records import ISAS
 
-__all__ = ["AnalyzeError", "LoopReport", "InstructionMix", "hot_loop", "analyze",
-           "instruction_mix", "mca_tool", "MODELS", "MAC_MNEMONICS", "MODEL_SVE_VL"]
+__all__ = ["AnalyzeError", "LoopReport", "InstructionMix", "KReport", "hot_loop", "analyze",
+           "per_k", "instruction_mix", "mca_tool", "MODELS", "MAC_MNEMONICS", "MODEL_SVE_VL"]
 
 MODELS = ("neoverse-v2", "neoverse-n2", "neoverse-v1", "apple-m4")
 # plain-NEON q4 kernels multiply with SMULL/SMULL2 (int8 -> int16) and accumulate with SADALP
@@ -175,14 +176,79 @@ def instruction_mix(spec: KernelSpec | str) -> InstructionMix:
     return InstructionMix(spec.name, macs, len(insns))
 
 
-def analyze(spec: KernelSpec | str, model: str) -> LoopReport:
-    spec = as_spec(spec)
+@dataclass(frozen=True)
+class KReport:
+    """Cost of ``k`` values of the whole tile (:func:`per_k`)."""
+
+    kernel: str
+    model: str
+    k: int
+    macs: int           # k x the tile's MACs per k value
+    cycles: float
+    insns: int          # instructions modelled per ``unit_k`` values (branches removed)
+    unit_k: int         # k-values of the region measured (the block, or one hot-loop pass)
+
+    @property
+    def macs_per_cycle(self) -> float:
+        return self.macs / self.cycles
+
+    def as_dict(self) -> dict:
+        return {"kernel": self.kernel, "model": self.model, "k": self.k, "macs": self.macs,
+                "cycles": self.cycles, "macs_per_cycle": self.macs_per_cycle,
+                "insns": self.insns, "unit_k": self.unit_k}
+
+
+def _check_model(spec: KernelSpec, model: str) -> None:
     if spec.isa_info.vl_kind == "sme":
         raise AnalyzeError(f"{spec.name}: llvm-mca has no useful SME model; SME kernels are "
                            f"measured by instruction_mix (MAC instructions per loop instruction)")
     if spec.isa_info.vl_kind == "sve" and model not in MODEL_SVE_VL:
         raise AnalyzeError(f"{spec.name}: model {model} has no SVE (models with SVE: "
                            f"{', '.join(MODEL_SVE_VL)})")
+
+
+def per_k(spec: KernelSpec | str, model: str, k: int = 256) -> KReport:
+    """llvm-mca cost of ``k`` values of the whole tile, every per-block step included (the
+    K-quants: one 256-k super-block, ``bench/vs_ggml.py``).
+
+    The unit measured: the marked block region (``tilegen:block-begin`` ..
+    ``tilegen:block-end``) if the kernel has one, covering the K values its marker states
+    (``tilegen:block-begin k=<K>``, a K-quant super-block) or 32 (q4's bl = 32 block); a
+    loop inside it runs the trip count on its label line (``// tilegen:trips <n>``, as for
+    the SME static model, at the model's SVE vector length; an unmarked loop runs once).
+    Without a block region, one hot-loop pass, covering the k its marker states (``(<n> k x``
+    / ``(<n> k-steps``).  Branches removed; the unit's cycles are scaled by k / its k-values.
+    MACs = k x the hot loop's MACs per k value."""
+    spec = as_spec(spec)
+    _check_model(spec, model)
+    text = render(spec).text
+    insns, macs = hot_loop(text)
+    if spec.vl_scaled:      # the marker counts MACs per 128 bits of vector length
+        macs = macs * MODEL_SVE_VL[model] // 128
+    m = re.search(r"tilegen:hot-loop-begin[^\n]*?\((?:[^()\n]*: )?(\d+) k[ -]", text)
+    if not m:
+        raise AnalyzeError(f"{spec.name}: the hot-loop marker does not say how many k-values "
+                           f"one iteration covers ('(<n> k x ...')")
+    hot_k = int(m.group(1))
+    block = re.search(r"tilegen:block-begin( k=(\d+))?[^\n]*\n(.*?)\n[^\n]*tilegen:block-end",
+                      text, re.S)
+    if block is not None:
+        unit = int(block.group(2)) if block.group(1) else 32
+        lines = _branchless(expand(block.group(3).splitlines(), MODEL_SVE_VL.get(model, 128)))
+    else:
+        unit, lines = hot_k, _branchless(insns)
+    if k % unit or k % hot_k:
+        raise AnalyzeError(f"{spec.name}: k={k} is not a multiple of {unit} (one measured "
+                           f"region) and {hot_k} (one hot-loop iteration)")
+    out = _mca(lines, model)
+    cyc = int(re.search(r"Total Cycles:\s+(\d+)", out).group(1)) / int(
+        re.search(r"Iterations:\s+(\d+)", out).group(1))
+    return KReport(spec.name, model, k, k * macs // hot_k, cyc * k / unit, len(lines), unit)
+
+
+def analyze(spec: KernelSpec | str, model: str) -> LoopReport:
+    spec = as_spec(spec)
+    _check_model(spec, model)
     text = render(spec).text
     insns, macs = hot_loop(text)
     if spec.vl_scaled:      # the marker counts MACs per 128 bits of vector length

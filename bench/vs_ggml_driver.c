@@ -1,0 +1,76 @@
+/* Driver of bench/vs_ggml.py: calls one of ggml's K-quant repack kernels (built from the
+ * llama.cpp sources, never vendored) on one tile of nb super-blocks of 256 k, on pseudo-random
+ * bytes, so that qemu can trace the instructions it runs.  The difference between the traces
+ * of nb = 2 and nb = 3 is the kernel's whole path through one super-block.
+ *
+ *     vs_ggml_driver FUNCTION NB        (FUNCTION: one of the names below)
+ *
+ * gemm: 4 rows (one block_q8_Kx4) x 8 columns (one block_q4_Kx8 / block_q6_Kx8 group);
+ * gemv: 1 row x 8 columns.  Buffers are over-allocated (16 KiB per super-block and operand).
+ *
+ * Built with -DTILEGEN_KERNEL=<name> -DTILE_MR=<mr> -DTILE_NR=<nr> it calls that generated
+ * tilegen kernel instead (the Q8 calling convention of tilegen.callconv: m, n, k, packed LHS,
+ * packed RHS, dst, dst row / column strides in bytes, clamp bounds) on one mr x nr tile: the
+ * same trace cross-checks tilegen.analyze.per_k. */
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+typedef void (*kernel_fn)(int n, float *s, size_t bs, const void *vx, const void *vy, int nr,
+                          int nc);
+
+#define KERNELS(X) \
+    X(ggml_gemm_q4_K_8x8_q8_K, 4) X(ggml_gemm_q4_K_8x4_q8_K, 4) \
+    X(ggml_gemm_q6_K_8x8_q8_K, 4) X(ggml_gemm_q6_K_8x4_q8_K, 4) \
+    X(ggml_gemv_q4_K_8x8_q8_K, 1) X(ggml_gemv_q4_K_8x4_q8_K, 1) \
+    X(ggml_gemv_q6_K_8x8_q8_K, 1) X(ggml_gemv_q6_K_8x4_q8_K, 1)
+
+#ifdef TILEGEN_KERNEL
+void TILEGEN_KERNEL(size_t m, size_t n, size_t k, const void *lhs, const void *rhs, float *dst,
+                    size_t dst_stride_row, size_t dst_stride_col, float lo, float hi);
+#else
+#define DECLARE(name, rows) void name(int, float *, size_t, const void *, const void *, int, int);
+KERNELS(DECLARE)
+
+
+static const struct { const char *name; kernel_fn fn; int rows; } table[] = {
+#define ENTRY(name, rows) {#name, name, rows},
+    KERNELS(ENTRY)
+};
+#endif
+
+int main(int argc, char **argv) {
+    if (argc != 3) {
+        fprintf(stderr, "usage: %s FUNCTION NB\n", argv[0]);
+        return 2;
+    }
+    int nb = atoi(argv[2]);
+    size_t bytes = (size_t)(nb > 0 ? nb : 1) * 16384;
+    uint8_t *x = malloc(bytes), *y = malloc(bytes);
+    uint32_t seed = 12345u;
+    for (size_t i = 0; i < bytes; i++) {
+        seed = seed * 1103515245u + 12345u;
+        x[i] = (uint8_t)(seed >> 24);
+        seed = seed * 1103515245u + 12345u;
+        y[i] = (uint8_t)(seed >> 24);
+    }
+#ifdef TILEGEN_KERNEL
+    static float tile[TILE_MR * TILE_NR];
+    TILEGEN_KERNEL(TILE_MR, TILE_NR, 256 * (size_t)nb, y, x, tile, TILE_NR * sizeof(float),
+                   sizeof(float), -3e38f, 3e38f);
+    printf("%g\n", (double)tile[0]);
+    return 0;
+#else
+    float out[4 * 8];
+    for (size_t i = 0; i < sizeof table / sizeof table[0]; i++) {
+        if (strcmp(table[i].name, argv[1]) == 0) {
+            table[i].fn(256 * nb, out, 8, x, y, table[i].rows, 8);
+            printf("%g\n", (double)out[0]);
+            return 0;
+        }
+    }
+    fprintf(stderr, "unknown function %s\n", argv[1]);
+    return 2;
+#endif
+}

@@ -1,0 +1,92 @@
+"""bench/vs_ggml.py: ggml's K-quant repack kernels, built from the llama.cpp sources of the
+llama-cpp-python sdist, cut to one 256-k super-block by two qemu traces and measured by llvm-mca."""
+import importlib.util
+import sys
+from pathlib import Path
+
+import pytest
+
+BENCH = Path(__file__).resolve().parent.parent / "bench"
+
+
+def _load():
+    sys.path.insert(0, str(BENCH))
+    spec = importlib.util.spec_from_file_location("vs_ggml", BENCH / "vs_ggml.py")
+    mod = importlib.util.module_from_spec(spec)
+    sys.modules["vs_ggml"] = mod          # dataclasses look their module up
+    spec.loader.exec_module(mod)
+    return mod
+
+
+vs = _load()
+
+
+def test_one_super_block_is_the_extra_stretch(monkeypatch):
+    monkeypatch.setattr(vs, "WINDOW", 2)      # these traces are short
+    a, x, b = [1, 2, 3], [10, 11, 12, 13], [20, 21]
+    assert vs.one_super_block(a + x + x + b, a + x + x + x + b) == x
+    # the loop's exit test comes first in the body: the cut is a rotation of it
+    rot = vs.one_super_block(a + [10, 11] + b, a + [10, 11, 10, 11] + b)
+    assert sorted(rot) == [10, 11] and len(rot) == 2
+    with pytest.raises(vs.GgmlError, match="no more instructions"):
+        vs.one_super_block(a + x, a + x)
+    with pytest.raises(vs.GgmlError, match="stretches added"):
+        vs.one_super_block([1, 2, 3], [9, 9, 9, 9])
+    # two passes over k (a tile run in two register blocks): a stretch in each
+    y = [30, 31, 32]
+    two = vs.one_super_block(a + x * 2 + [5] + y * 2 + b, a + x * 3 + [5] + y * 3 + b)
+    assert two == x + y
+
+
+def test_dot_macs():
+    assert vs.dot_macs("smmla", "v0.4s, v1.16b, v2.16b", 128) == 32
+    assert vs.dot_macs("sdot", "v0.4s, v1.16b, v2.4b[3]", 128) == 16
+    assert vs.dot_macs("sdot", "v0.2s, v1.8b, v2.8b", 128) == 8
+    assert vs.dot_macs("smmla", "z0.s, z1.b, z2.b", 256) == 64
+    assert vs.dot_macs("sdot", "z0.s, z1.b, z2.b", 256) == 32
+    assert vs.dot_macs("smlal", "v0.4s, v1.4h, v2.4h", 128) == 0
+
+
+def test_ggml_kernels_cut_to_one_super_block_and_measured(llama_cpp_src, cross_sysroot, tmp_path):
+    b = vs.build("-mcpu=neoverse-v2", tmp_path, llama_cpp_src)
+    assert {g[2] for g in vs.GGML} <= set(b.funcs)
+    cpu = vs.QEMU_CPU["neoverse-v2"]
+    for func, rows, mac in (("ggml_gemm_q4_K_8x8_q8_K", 4, "smmla"),
+                            ("ggml_gemv_q6_K_8x4_q8_K", 1, "sdot")):
+        p = vs.ggml_path(b, func, rows, "neoverse-v2", cpu, tmp_path)
+        assert p["macs"] == rows * 8 * 256 and not p["sve"]
+        assert sum(ln.startswith(mac + " ") for ln in p["lines"]) == \
+            rows * 8 * 256 // (32 if mac == "smmla" else 16)
+        assert not any(vs.BRANCH.match(ln.split()[0]) for ln in p["lines"])
+        # steady state: one more super-block adds the same number of instructions again
+        t = [len(vs.trace(b, func, nb, cpu, tmp_path)) for nb in (2, 3, 4)]
+        assert t[2] - t[1] == t[1] - t[0] == p["insns"]
+        mpc = rows * 8 * 256 / vs.mca_block(p["lines"], "neoverse-v2")
+        assert 1 < mpc < 128, mpc
+    with pytest.raises(vs.GgmlError, match="dot-product MACs"):
+        vs.ggml_path(b, "ggml_gemm_q4_K_8x8_q8_K", 2, "neoverse-v2", cpu, tmp_path)
+
+
+def test_tilegen_trace_agrees_with_per_k(cross_sysroot, tmp_path):
+    """The qemu cut of a generated kernel (Q8 calling convention) through 256 k, by llvm-mca,
+    is what analyze.per_k models from the markers (here q8_0: its hot loop x 256 / k-step)."""
+    from tilegen.analyze import per_k
+    from tilegen.generator.validate import as_spec
+    spec = as_spec("q8_0:i8mm:4x8")
+    lines = vs.tilegen_trace_lines(spec, tmp_path, vs.QEMU_CPU["neoverse-v2"])
+    assert sum(ln.startswith("smmla ") for ln in lines) == 4 * 8 * 256 // 32
+    r = per_k(spec, "neoverse-v2", 256)
+    assert vs.mca_block(lines, "neoverse-v2") == pytest.approx(r.cycles, rel=0.02)
+
+
+def test_tilegen_kquant_trace_agrees_with_per_k(cross_sysroot, tmp_path):
+    """q4_K 8x8 on i8mm runs two 4-row passes over k: the cut has a stretch in each, and per
+    pass it costs what per_k models from the super-block marker (block-begin k=256)."""
+    from tilegen.analyze import per_k
+    from tilegen.generator.validate import as_spec
+    spec = as_spec("q4_K:i8mm:8x8")
+    lines = vs.tilegen_trace_lines(spec, tmp_path, vs.QEMU_CPU["neoverse-v2"])
+    r = per_k(spec, "neoverse-v2", 256)
+    passes = 8 * 8 * 256 // r.macs
+    assert passes == 2 and r.unit_k == 256
+    assert vs.mca_block(lines, "neoverse-v2") / passes == pytest.approx(r.cycles, rel=0.02)
