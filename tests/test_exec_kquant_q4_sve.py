@@ -41,23 +41,26 @@ def _shapes(mr, nr, rng):
                      256 * int(rng.choice([1, 2])))]
 
 
-def _run(sess, lib, spec, vl_bits):
+def run_sve_cases(sess, lib, spec, vl_bits, rhs_format, pack_rhs, random_blocks, reference):
+    """One guest run of an SVE K-quant kernel at vl_bits: shapes off the tile (every other one
+    clamped to the middle of the free results), bit-exact against ``reference``; the RHS packed
+    for the concrete nr the guest library reports."""
     info = sess.call("guest_calls:vl_info", str(lib), spec.name)
     vlb = vl_bits // 8
     mr, nr = spec.mr_at(vlb), spec.nr_at(vlb)
     assert info["runnable"] and (info["mr"], info["nr"]) == (mr, nr), (spec.name, info)
-    assert info["rhs_format"] == f"q4kp{nr}x{spec.kr // 2}", info
+    assert info["rhs_format"] == f"{rhs_format}{nr}x{spec.kr // 2}", info
     seed = vl_bits + sum(map(ord, spec.name))
     rng = np.random.default_rng(seed)
     cases, refs = [], []
     for i, (m, n, k) in enumerate(_shapes(mr, nr, rng)):
         x = (rng.normal(size=(m, k)) * rng.uniform(0.1, 8.0, size=(m, 1))).astype(np.float32)
-        raw = random_q4_k(n, k, seed + i)
+        raw = random_blocks(n, k, seed + i)
         lhs = Q8KP(spec.lhs_mr, spec.kr).pack(x)
-        rhs = Q4KP(nr, spec.kr).pack_from_ggml(raw, n, k)
+        rhs = pack_rhs(nr, spec.kr, raw, n, k)
 
         def ref(cmin, cmax):
-            return matmul_q8kp_q4kp(lhs, rhs, m, n, k, spec.lhs_mr, nr, spec.kr, cmin, cmax)
+            return reference(lhs, rhs, m, n, k, spec.lhs_mr, nr, spec.kr, cmin, cmax)
         cmin, cmax = -FMAX, FMAX
         free = ref(cmin, cmax)
         if i % 2 and free.size > 1:
@@ -67,6 +70,12 @@ def _run(sess, lib, spec, vl_bits):
         refs.append(ref(cmin, cmax))
     outs = sess.call("guest_calls:run_q4_cases", str(lib), spec.name, cases)
     _check(f"{spec.name} VL={vl_bits}", cases, refs, outs)
+
+
+def _run(sess, lib, spec, vl_bits):
+    run_sve_cases(sess, lib, spec, vl_bits, "q4kp",
+                  lambda nr, kr, raw, n, k: Q4KP(nr, kr).pack_from_ggml(raw, n, k),
+                  random_q4_k, matmul_q8kp_q4kp)
 
 
 @pytest.mark.parametrize("cpu,vl", RUNS, ids=[f"{c}-{v or 'native'}" for c, v in RUNS])

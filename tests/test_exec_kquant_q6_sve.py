@@ -1,0 +1,68 @@
+"""Q6_K kernels on SVE (sve_i8mm SMMLA and its SDOT gemv, sve_dotprod SDOT by lane; tiles in VL
+units) at several vector lengths under emulation: bit-exact against tilegen.reference_kquant on
+seeded random valid ggml block_q6_K rows, packed with the concrete tile the guest library
+reports (the shared runner of tests/test_exec_kquant_q4_sve.py)."""
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+import tilegen
+from tilegen.layout.ggml import random_q6_k
+from tilegen.layout.kquant import Q6KP
+from tilegen.reference_kquant import matmul_q8kp_q6kp
+
+from conftest import guest
+from test_exec_kquant_q4_sve import NATIVE_VL, RUNS, run_sve_cases
+
+KQ6_SVE = ("q6_K:sve_i8mm:8x1vl", "q6_K:sve_i8mm:4x2vl", "q6_K:sve_i8mm:12x1vl",
+           "q6_K:sve_i8mm:1x1vl", "q6_K:sve_i8mm:1x3vl", "q6_K:sve_i8mm:1x4vl",
+           "q6_K:sve_dotprod:8x1vl", "q6_K:sve_dotprod:4x2vl", "q6_K:sve_dotprod:1x1vl",
+           "q6_K:sve_dotprod:1x4vl", "q6_K:sve_dotprod:12x1vl", "q6_K:sve_dotprod:1x3vl")
+SPECS = [tilegen.parse_spec(s) for s in KQ6_SVE]
+
+
+@pytest.fixture(scope="module")
+def kq6_sve_lib(tmp_path_factory) -> Path:
+    out = tmp_path_factory.mktemp("kq6sve")
+    tilegen.build_library(SPECS, target="linux-aarch64-all", out_dir=out)
+    return out
+
+
+@pytest.mark.parametrize("cpu,vl", RUNS, ids=[f"{c}-{v or 'native'}" for c, v in RUNS])
+def test_q6k_sve_every_vl(cpu, vl, kq6_sve_lib):
+    sess = guest(cpu, sve_vl=vl)
+    for spec in SPECS:
+        run_sve_cases(sess, kq6_sve_lib, spec, vl or NATIVE_VL[cpu], "q6kp",
+                      lambda nr, kr, raw, n, k: Q6KP(nr, kr).pack_from_ggml(raw, n, k),
+                      random_q6_k, matmul_q8kp_q6kp)
+
+
+def test_q6k_sve_refused_without_the_isa(kq6_sve_lib):
+    # a64fx: SVE without dotprod / i8mm; neoverse-n1: no SVE
+    for cpu in ("a64fx", "neoverse-n1"):
+        for spec in SPECS:
+            msg = guest(cpu).call("guest_calls:kernel_refused", str(kq6_sve_lib), spec.name)
+            assert "ArgumentError" in msg, (cpu, spec.name, msg)
+
+
+def test_q6k_sve_refusals():
+    """Tiles the SVE strategies cannot serve are refused with the rule."""
+    for text, words in (("q6_K:sve_i8mm:8x1vl:k8:s2", "kr=16"),
+                        ("q6_K:sve_dotprod:4x1vl:k16:s2", "kr=8"),
+                        ("q6_K:sve_i8mm:6x1vl", "multiple of 4"),
+                        ("q6_K:sve_i8mm:8x4", "nr in VL units"),
+                        ("q6_K:sve_dotprod:4x5vl", "4vl"),
+                        ("q6_K:sve_i8mm:2vlx1vl", "fixed row count"),
+                        ("q6_K:sve_dotprod:4x4vl", "vector registers")):
+        with pytest.raises(tilegen.SpecError, match=words):
+            tilegen.parse_spec(text)
+
+
+def test_q6k_sve_gemv_pairs_share_the_packed_rhs():
+    """The gemv kernels read their gemm partners' packed RHS at every vector length."""
+    from tilegen.layout.base import same_rhs
+    p = tilegen.parse_spec
+    assert same_rhs(p("q6_K:sve_i8mm:8x1vl"), p("q6_K:sve_i8mm:1x1vl"))
+    assert same_rhs(p("q6_K:sve_dotprod:8x1vl"), p("q6_K:sve_dotprod:1x1vl"))
