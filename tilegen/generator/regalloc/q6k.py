@@ -253,8 +253,7 @@ def _allocate_q6k_neon(spec: KernelSpec) -> Q6KRegs:
 # SVE (vector-length agnostic; templates/q6k_sve.S.j2)
 # ---------------------------------------------------------------------------------------------
 Q6K_SVE_SCALARS = ("n_rem", "rhs_ptr", "dst_tile", "dst_row", "sb_cnt", "nsb", "lhs_rbs", "tmp",
-                   "lhs_blk_stride", "dst_blk_stride", "sc_ptr", "sc8_ptr", "low_ptr",
-                   "low8_ptr", "high_ptr")
+                   "sc_ptr", "sc8_ptr", "low_ptr", "low8_ptr", "high_ptr")
 _SVE_MAX_NV = 4         # a pair of sub-blocks' vectors at [ptr, #0..2nv-1, mul vl] (LD1B reaches 7)
 Q6K_SVE_CHART = ("LHS", "RHS high bits", "RHS low bits", "unpacked weights", "scale scratch",
                  "int32 cumulative sums", "int32 scaled sums", _EP)
@@ -275,12 +274,39 @@ class Q6KSveRegs(KQuantSveArea, Frame):
     weight vector at a time, every ``w[v]`` the same registers).  ``lhs``: mm, 4 per row block
     (8-k halves x row pairs); dot4, the 4-k chunks in z0-z7 (4, or 1 loaded per chunk); dot8
     the two 8-k broadcasts.  ``sst``: a scale row, the next one (then the difference's lane
-    pattern).  ``ep``: the SB epilogue's operands, ``out[row][cv]`` the f32 results."""
+    pattern).  ``ep``: the SB epilogue's operands, ``out[row][cv]`` the f32 results.
+
+    The k loop computes all ``mr_reg`` (= mr) rows; ``passes`` > 1: in passes of ``pass_rows``
+    rows (the register block) per super-block over weights unpacked once per super-block into
+    ``w_vls`` vectors of the stack area (above the ``acc_vls`` accumulators of all passes)."""
+
+    @property
+    def passes(self) -> int:
+        return self.mr_reg // self.pass_rows
+
+    @property
+    def pass_groups(self) -> int:
+        return self.pass_rows // self.lhs_mr
+
+    @property
+    def acc_vls(self) -> int:
+        """Vectors of the f32 accumulators: one per unit of every pass."""
+        return self.n_units * self.passes
+
+    @property
+    def w_vls(self) -> int:
+        """Vectors of the staged weights (passes > 1): 16 sub-blocks x every weight register."""
+        return 16 * len(self.w) * len(self.w[0]) if self.passes > 1 else 0
+
+    @property
+    def area_vls(self) -> int:
+        return self.acc_vls + self.w_vls
 
     mode: str
-    mr_reg: int
+    mr_reg: int                          # rows of the tile's k loop (mr)
     lhs_mr: int
     groups: int
+    pass_rows: int                       # rows of one pass (the register block)
     c: tuple[int, ...]
     s1: tuple[int, ...]
     lhs: tuple[int, ...]
@@ -329,6 +355,7 @@ def q6k_sve_mode(spec: KernelSpec) -> str:
 def _sve_block(spec: KernelSpec, mode: str, mr_reg: int, stream_w: bool, n_lhs4: int):
     nv, P = spec.nr, spec.lhs_mr
     G = mr_reg // P
+    passes = spec.mr // mr_reg
     U = {"mm": mr_reg * nv, "dot4": mr_reg * nv, "dot8": 2 * nv}[mode]
     nw = 2 * nv if mode in ("mm", "dot8") else nv         # weight vectors (halves / columns)
     chunks = 16 // spec.kr
@@ -354,11 +381,13 @@ def _sve_block(spec: KernelSpec, mode: str, mr_reg: int, stream_w: bool, n_lhs4:
     for name, n in counts.items():
         ep[name] = tuple(v.reuse(dead[i:], n, _EP))
         i += n
-    out_flat = v.reuse(dead, mr_reg * nv + 4, _EP)       # + two loads, clamp min and max
-    out = rows(out_flat[:mr_reg * nv], nv)
-    ep["tmp"] = tuple(out_flat[mr_reg * nv:])
+    # the tile's results (every pass) + two loads, clamp min and max; every register is dead
+    n_out = spec.mr * nv
+    out_flat = v.reuse(dead + list(s1), n_out + 4, _EP)
+    out = rows(out_flat[:n_out], nv)
+    ep["tmp"] = tuple(out_flat[n_out:])
     gpr = pool.scalars(Q6K_SVE_SCALARS)
-    lo = tuple(pool.x.take(G, "LHS row pointers"))
+    lo = tuple(pool.x.take(G * passes, "LHS row pointers"))
     return pool, dict(mode=mode, c=tuple(c), s1=tuple(s1), lhs=tuple(lhs), h=h, low=low, w=w,
                       stream_w=stream_w, sst=tuple(sst), ep=ep, out=out, gpr=gpr, lo=lo,
                       pred=tuple(range(1, nv + 1)))
@@ -379,8 +408,15 @@ def _sve_attempt(spec: KernelSpec, mode: str, mr_reg: int):
 def _allocate_q6k_sve(spec: KernelSpec) -> Q6KSveRegs:
     mode = q6k_sve_mode(spec)
     check_packing(spec)
-    return Q6KSveRegs(**first_fit(spec, lambda mr_reg: _sve_attempt(spec, mode, mr_reg),
-                                  " (indexed SDOT operands in z0-z7)" if mode == "dot4" else ""))
+    fields = first_fit(spec, lambda mr_reg: _sve_attempt(spec, mode, mr_reg),
+                       " (indexed SDOT operands in z0-z7)" if mode == "dot4" else "")
+    # the register block is one pass; the k loop covers the whole tile
+    fields.update(pass_rows=fields["mr_reg"], mr_reg=spec.mr, groups=spec.mr // spec.lhs_mr)
+    regs = Q6KSveRegs(**fields)
+    if regs.area_vls > 256:         # LDR / STR Z immediates reach 255 vector lengths
+        raise SpecError(f"tile {spec.mr_str}x{spec.nr_str}: its stack area ({regs.area_vls} "
+                        f"vectors of accumulators and staged weights) exceeds 256 vectors")
+    return regs
 
 
 # allocator name (``IsaImpl.allocator`` of the family records) -> function
