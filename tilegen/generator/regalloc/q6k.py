@@ -278,7 +278,8 @@ class Q6KSveRegs(KQuantSveArea, Frame):
 
     The k loop computes all ``mr_reg`` (= mr) rows; ``passes`` > 1: in passes of ``pass_rows``
     rows (the register block) per super-block over weights unpacked once per super-block into
-    ``w_vls`` vectors of the stack area (above the ``acc_vls`` accumulators of all passes)."""
+    ``w_vls`` vectors of the stack area (above the ``acc_vls`` accumulators of all passes) and
+    scale-difference patterns formed once into ``d_vls`` more."""
 
     @property
     def passes(self) -> int:
@@ -299,8 +300,14 @@ class Q6KSveRegs(KQuantSveArea, Frame):
         return 16 * len(self.w) * len(self.w[0]) if self.passes > 1 else 0
 
     @property
+    def d_vls(self) -> int:
+        """Vectors of the staged scale-difference patterns (passes > 1): per sub-block one per
+        weight vector (dot4: the column vector's differences; mm: the half's lane pattern)."""
+        return 16 * len(self.w) if self.passes > 1 else 0
+
+    @property
     def area_vls(self) -> int:
-        return self.acc_vls + self.w_vls
+        return self.acc_vls + self.w_vls + self.d_vls
 
     mode: str
     mr_reg: int                          # rows of the tile's k loop (mr)
