@@ -21,7 +21,8 @@ KQ6_SVE = ("q6_K:sve_i8mm:8x1vl", "q6_K:sve_i8mm:4x2vl", "q6_K:sve_i8mm:12x1vl",
            "q6_K:sve_dotprod:8x1vl", "q6_K:sve_dotprod:4x2vl", "q6_K:sve_dotprod:1x1vl",
            "q6_K:sve_dotprod:1x4vl", "q6_K:sve_dotprod:12x1vl", "q6_K:sve_dotprod:1x3vl",
            # taller than the register block: passes over weights staged in the stack area
-           "q6_K:sve_i8mm:24x1vl", "q6_K:sve_i8mm:8x2vl", "q6_K:sve_dotprod:16x1vl")
+           "q6_K:sve_i8mm:24x1vl", "q6_K:sve_i8mm:32x1vl", "q6_K:sve_i8mm:8x2vl",
+           "q6_K:sve_dotprod:16x1vl")
 SPECS = [tilegen.parse_spec(s) for s in KQ6_SVE]
 
 
@@ -58,7 +59,7 @@ def test_q6k_sve_refusals():
                         ("q6_K:sve_dotprod:4x5vl", "4vl"),
                         ("q6_K:sve_i8mm:2vlx1vl", "fixed row count"),
                         ("q6_K:sve_dotprod:4x4vl", "vector registers"),
-                        ("q6_K:sve_i8mm:32x1vl", "vector registers")):
+                        ("q6_K:sve_i8mm:40x1vl", "general-purpose registers")):
         with pytest.raises(tilegen.SpecError, match=words):
             tilegen.parse_spec(text)
 

@@ -252,7 +252,7 @@ def _allocate_q6k_neon(spec: KernelSpec) -> Q6KRegs:
 # ---------------------------------------------------------------------------------------------
 # SVE (vector-length agnostic; templates/q6k_sve.S.j2)
 # ---------------------------------------------------------------------------------------------
-Q6K_SVE_SCALARS = ("n_rem", "rhs_ptr", "dst_tile", "dst_row", "sb_cnt", "nsb", "lhs_rbs", "tmp",
+Q6K_SVE_SCALARS = ("n_rem", "rhs_ptr", "dst_tile", "dst_row", "sb_cnt", "lhs_rbs", "tmp",
                    "sc_ptr", "sc8_ptr", "low_ptr", "low8_ptr", "high_ptr")
 _SVE_MAX_NV = 4         # a pair of sub-blocks' vectors at [ptr, #0..2nv-1, mul vl] (LD1B reaches 7)
 Q6K_SVE_CHART = ("LHS", "RHS high bits", "RHS low bits", "unpacked weights", "scale scratch",
@@ -274,7 +274,7 @@ class Q6KSveRegs(KQuantSveArea, Frame):
     weight vector at a time, every ``w[v]`` the same registers).  ``lhs``: mm, 4 per row block
     (8-k halves x row pairs); dot4, the 4-k chunks in z0-z7 (4, or 1 loaded per chunk); dot8
     the two 8-k broadcasts.  ``sst``: a scale row, the next one (then the difference's lane
-    pattern).  ``ep``: the SB epilogue's operands, ``out[row][cv]`` the f32 results.
+    pattern).  ``ep``: the SB epilogue's operands (``tmp``: the store's, a row at a time).
 
     The k loop computes all ``mr_reg`` (= mr) rows; ``passes`` > 1: in passes of ``pass_rows``
     rows (the register block) per super-block over weights unpacked once per super-block into
@@ -323,7 +323,6 @@ class Q6KSveRegs(KQuantSveArea, Frame):
     stream_w: bool
     sst: tuple[int, ...]
     ep: dict = field(hash=False)
-    out: tuple[tuple[int, ...], ...]
     gpr: dict[str, int] = field(hash=False)
     lo: tuple[int, ...]
     pred: tuple[int, ...] = ()
@@ -388,15 +387,12 @@ def _sve_block(spec: KernelSpec, mode: str, mr_reg: int, stream_w: bool, n_lhs4:
     for name, n in counts.items():
         ep[name] = tuple(v.reuse(dead[i:], n, _EP))
         i += n
-    # the tile's results (every pass) + two loads, clamp min and max; every register is dead
-    n_out = spec.mr * nv
-    out_flat = v.reuse(dead + list(s1), n_out + 4, _EP)
-    out = rows(out_flat[:n_out], nv)
-    ep["tmp"] = tuple(out_flat[n_out:])
+    # the store, a row at a time: two loads, the result, clamp min and max (all dead by then)
+    ep["tmp"] = tuple(v.reuse(dead + list(s1), 5, _EP))
     gpr = pool.scalars(Q6K_SVE_SCALARS)
     lo = tuple(pool.x.take(G * passes, "LHS row pointers"))
     return pool, dict(mode=mode, c=tuple(c), s1=tuple(s1), lhs=tuple(lhs), h=h, low=low, w=w,
-                      stream_w=stream_w, sst=tuple(sst), ep=ep, out=out, gpr=gpr, lo=lo,
+                      stream_w=stream_w, sst=tuple(sst), ep=ep, gpr=gpr, lo=lo,
                       pred=tuple(range(1, nv + 1)))
 
 
