@@ -70,3 +70,34 @@ def test_q6k_sve_gemv_pairs_share_the_packed_rhs():
     p = tilegen.parse_spec
     assert same_rhs(p("q6_K:sve_i8mm:8x1vl"), p("q6_K:sve_i8mm:1x1vl"))
     assert same_rhs(p("q6_K:sve_dotprod:8x1vl"), p("q6_K:sve_dotprod:1x1vl"))
+
+
+@pytest.mark.parametrize("cpu,vl", [("max", 512), ("neoverse-v1", None)])
+def test_q6k_sve_kernels_preserve_callee_saved_state(cpu, vl, kq6_sve_lib):
+    """Every q6_K SVE kernel through the ABI probe (z8-z15 hold sums and weights)."""
+    res = guest(cpu, sve_vl=vl).call("guest_calls:check_abi", str(kq6_sve_lib))
+    assert all(v == [] for v in res.values()), {k: v for k, v in res.items() if v}
+    assert {k for k in res if "q6kp" in k} == {s.name for s in SPECS}
+
+
+@pytest.mark.parametrize("text", ("q6_K:sve_i8mm:8x1vl", "q6_K:sve_i8mm:32x1vl",
+                                  "q6_K:sve_i8mm:1x3vl", "q6_K:sve_dotprod:8x1vl",
+                                  "q6_K:sve_dotprod:1x1vl"))
+def test_q6k_sve_guard_pages(text, kq6_sve_lib):
+    """Packed LHS, packed RHS and a strided dst flush against PROT_NONE pages (both ends, see
+    tests/test_guard_pages.py) at VL 256: no access outside, nothing outside m x n written,
+    bit-exact."""
+    from types import SimpleNamespace
+
+    from test_exec_kquant_q6 import _cases
+    from test_guard_pages import PLACEMENTS, SENTINEL as GUARD_SENTINEL, _check_guarded
+    spec, vl = tilegen.parse_spec(text), 256
+    mr, nr = spec.mr_at(vl // 8), spec.nr_at(vl // 8)
+    tile = SimpleNamespace(lhs_mr=spec.lhs_mr, nr=nr, kr=spec.kr)
+    shapes = [(1, 1, 256), (mr, nr, 512), (mr + 1, nr + 1, 256), (2 * mr + 3, 3 * nr - 1, 512)]
+    cases, refs = _cases(tile, shapes, sum(map(ord, "guard" + text)))
+    for i, c in enumerate(cases):
+        c.update(dst_stride=c["n"] + i % 4, sentinel=GUARD_SENTINEL)
+    outs = guest("max", sve_vl=vl).call("guest_pack:guarded_q4_cases", str(kq6_sve_lib),
+                                        spec.name, cases, PLACEMENTS)
+    _check_guarded(spec.name, cases, refs, outs)
