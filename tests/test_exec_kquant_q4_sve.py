@@ -85,30 +85,41 @@ def test_q4k_sve_every_vl(cpu, vl, kq_sve_lib):
         _run(sess, kq_sve_lib, spec, vl or NATIVE_VL[cpu])
 
 
-def test_q4k_sve_refused_without_the_isa(kq_sve_lib):
-    # a64fx: SVE without dotprod / i8mm; neoverse-n1: no SVE
+def assert_refused_without_the_isa(lib, specs):
+    """a64fx (SVE without dotprod / i8mm) and neoverse-n1 (no SVE) refuse every kernel."""
     for cpu in ("a64fx", "neoverse-n1"):
-        for spec in SPECS:
-            msg = guest(cpu).call("guest_calls:kernel_refused", str(kq_sve_lib), spec.name)
+        for spec in specs:
+            msg = guest(cpu).call("guest_calls:kernel_refused", str(lib), spec.name)
             assert "ArgumentError" in msg, (cpu, spec.name, msg)
 
 
-def test_q4k_sve_refusals():
-    """Tiles the SVE strategies cannot serve are refused with the rule."""
-    for text, words in (("q4_K:sve_i8mm:8x1vl:k8:s2", "kr=16"),
-                        ("q4_K:sve_dotprod:4x1vl:k16:s2", "kr=8"),
-                        ("q4_K:sve_i8mm:6x1vl", "multiple of 4"),
-                        ("q4_K:sve_i8mm:8x4", "nr in VL units"),
-                        ("q4_K:sve_dotprod:4x5vl", "4vl"),
-                        ("q4_K:sve_i8mm:2vlx1vl", "fixed row count"),
-                        ("q4_K:sve_dotprod:4x4vl", "vector registers")):
-        with pytest.raises(tilegen.SpecError, match=words):
-            tilegen.parse_spec(text)
+def sve_refusals(family: str) -> list[tuple[str, str]]:
+    """(tile, words of the refusal) every K-quant SVE family shares."""
+    return [(f"{family}:{tile}", words) for tile, words in (
+        ("sve_i8mm:8x1vl:k8:s2", "kr=16"), ("sve_dotprod:4x1vl:k16:s2", "kr=8"),
+        ("sve_i8mm:6x1vl", "multiple of 4"), ("sve_i8mm:8x4", "nr in VL units"),
+        ("sve_dotprod:4x5vl", "4vl"), ("sve_i8mm:2vlx1vl", "fixed row count"),
+        ("sve_dotprod:4x4vl", "vector registers"))]
 
 
-def test_q4k_sve_gemv_pairs_share_the_packed_rhs():
+def assert_gemv_pairs_share_the_packed_rhs(family: str):
     """The gemv kernels read their gemm partners' packed RHS at every vector length."""
     from tilegen.layout.base import same_rhs
     p = tilegen.parse_spec
-    assert same_rhs(p("q4_K:sve_i8mm:8x1vl"), p("q4_K:sve_i8mm:1x1vl"))
-    assert same_rhs(p("q4_K:sve_dotprod:8x1vl"), p("q4_K:sve_dotprod:1x1vl"))
+    assert same_rhs(p(f"{family}:sve_i8mm:8x1vl"), p(f"{family}:sve_i8mm:1x1vl"))
+    assert same_rhs(p(f"{family}:sve_dotprod:8x1vl"), p(f"{family}:sve_dotprod:1x1vl"))
+
+
+def test_q4k_sve_refused_without_the_isa(kq_sve_lib):
+    assert_refused_without_the_isa(kq_sve_lib, SPECS)
+
+
+@pytest.mark.parametrize("text,words", sve_refusals("q4_K"))
+def test_q4k_sve_refusals(text, words):
+    """Tiles the SVE strategies cannot serve are refused with the rule."""
+    with pytest.raises(tilegen.SpecError, match=words):
+        tilegen.parse_spec(text)
+
+
+def test_q4k_sve_gemv_pairs_share_the_packed_rhs():
+    assert_gemv_pairs_share_the_packed_rhs("q4_K")

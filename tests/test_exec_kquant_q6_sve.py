@@ -14,7 +14,8 @@ from tilegen.layout.kquant import Q6KP
 from tilegen.reference_kquant import matmul_q8kp_q6kp
 
 from conftest import guest
-from test_exec_kquant_q4_sve import NATIVE_VL, RUNS, run_sve_cases
+from test_exec_kquant_q4_sve import (NATIVE_VL, RUNS, assert_gemv_pairs_share_the_packed_rhs,
+                                     assert_refused_without_the_isa, run_sve_cases, sve_refusals)
 
 KQ6_SVE = ("q6_K:sve_i8mm:8x1vl", "q6_K:sve_i8mm:4x2vl", "q6_K:sve_i8mm:12x1vl",
            "q6_K:sve_i8mm:1x1vl", "q6_K:sve_i8mm:1x3vl", "q6_K:sve_i8mm:1x4vl",
@@ -43,33 +44,19 @@ def test_q6k_sve_every_vl(cpu, vl, kq6_sve_lib):
 
 
 def test_q6k_sve_refused_without_the_isa(kq6_sve_lib):
-    # a64fx: SVE without dotprod / i8mm; neoverse-n1: no SVE
-    for cpu in ("a64fx", "neoverse-n1"):
-        for spec in SPECS:
-            msg = guest(cpu).call("guest_calls:kernel_refused", str(kq6_sve_lib), spec.name)
-            assert "ArgumentError" in msg, (cpu, spec.name, msg)
+    assert_refused_without_the_isa(kq6_sve_lib, SPECS)
 
 
-def test_q6k_sve_refusals():
+@pytest.mark.parametrize("text,words", sve_refusals("q6_K") + [
+    ("q6_K:sve_i8mm:40x1vl", "general-purpose registers")])
+def test_q6k_sve_refusals(text, words):
     """Tiles the SVE strategies cannot serve are refused with the rule."""
-    for text, words in (("q6_K:sve_i8mm:8x1vl:k8:s2", "kr=16"),
-                        ("q6_K:sve_dotprod:4x1vl:k16:s2", "kr=8"),
-                        ("q6_K:sve_i8mm:6x1vl", "multiple of 4"),
-                        ("q6_K:sve_i8mm:8x4", "nr in VL units"),
-                        ("q6_K:sve_dotprod:4x5vl", "4vl"),
-                        ("q6_K:sve_i8mm:2vlx1vl", "fixed row count"),
-                        ("q6_K:sve_dotprod:4x4vl", "vector registers"),
-                        ("q6_K:sve_i8mm:40x1vl", "general-purpose registers")):
-        with pytest.raises(tilegen.SpecError, match=words):
-            tilegen.parse_spec(text)
+    with pytest.raises(tilegen.SpecError, match=words):
+        tilegen.parse_spec(text)
 
 
 def test_q6k_sve_gemv_pairs_share_the_packed_rhs():
-    """The gemv kernels read their gemm partners' packed RHS at every vector length."""
-    from tilegen.layout.base import same_rhs
-    p = tilegen.parse_spec
-    assert same_rhs(p("q6_K:sve_i8mm:8x1vl"), p("q6_K:sve_i8mm:1x1vl"))
-    assert same_rhs(p("q6_K:sve_dotprod:8x1vl"), p("q6_K:sve_dotprod:1x1vl"))
+    assert_gemv_pairs_share_the_packed_rhs("q6_K")
 
 
 @pytest.mark.parametrize("cpu,vl", [("max", 512), ("neoverse-v1", None)])

@@ -310,18 +310,18 @@ class Q6KSveRegs(KQuantSveArea, Frame):
         return self.acc_vls + self.w_vls + self.d_vls
 
     mode: str
+    stream_w: bool                       # one weight vector's registers at a time
     mr_reg: int                          # rows of the tile's k loop (mr)
+    pass_rows: int                       # rows of one pass (the register block)
     lhs_mr: int
     groups: int
-    pass_rows: int                       # rows of one pass (the register block)
-    c: tuple[int, ...]
-    s1: tuple[int, ...]
     lhs: tuple[int, ...]
     h: tuple[tuple[int, ...], ...]
     low: int
     w: tuple[tuple[int, ...], ...]
-    stream_w: bool
     sst: tuple[int, ...]
+    c: tuple[int, ...]
+    s1: tuple[int, ...]
     ep: dict = field(hash=False)
     gpr: dict[str, int] = field(hash=False)
     lo: tuple[int, ...]
