@@ -41,23 +41,26 @@ def _shapes(mr, nr, rng):
                      256 * int(rng.choice([1, 2])))]
 
 
-def _run(sess, lib, spec, vl_bits):
+def run_sve_cases(sess, lib, spec, vl_bits, rhs_format, pack_rhs, random_blocks, reference):
+    """One guest run of an SVE K-quant kernel at vl_bits: shapes off the tile (every other one
+    clamped to the middle of the free results), bit-exact against ``reference``; the RHS packed
+    for the concrete nr the guest library reports."""
     info = sess.call("guest_calls:vl_info", str(lib), spec.name)
     vlb = vl_bits // 8
     mr, nr = spec.mr_at(vlb), spec.nr_at(vlb)
     assert info["runnable"] and (info["mr"], info["nr"]) == (mr, nr), (spec.name, info)
-    assert info["rhs_format"] == f"q4kp{nr}x{spec.kr // 2}", info
+    assert info["rhs_format"] == f"{rhs_format}{nr}x{spec.kr // 2}", info
     seed = vl_bits + sum(map(ord, spec.name))
     rng = np.random.default_rng(seed)
     cases, refs = [], []
     for i, (m, n, k) in enumerate(_shapes(mr, nr, rng)):
         x = (rng.normal(size=(m, k)) * rng.uniform(0.1, 8.0, size=(m, 1))).astype(np.float32)
-        raw = random_q4_k(n, k, seed + i)
+        raw = random_blocks(n, k, seed + i)
         lhs = Q8KP(spec.lhs_mr, spec.kr).pack(x)
-        rhs = Q4KP(nr, spec.kr).pack_from_ggml(raw, n, k)
+        rhs = pack_rhs(nr, spec.kr, raw, n, k)
 
         def ref(cmin, cmax):
-            return matmul_q8kp_q4kp(lhs, rhs, m, n, k, spec.lhs_mr, nr, spec.kr, cmin, cmax)
+            return reference(lhs, rhs, m, n, k, spec.lhs_mr, nr, spec.kr, cmin, cmax)
         cmin, cmax = -FMAX, FMAX
         free = ref(cmin, cmax)
         if i % 2 and free.size > 1:
@@ -69,6 +72,12 @@ def _run(sess, lib, spec, vl_bits):
     _check(f"{spec.name} VL={vl_bits}", cases, refs, outs)
 
 
+def _run(sess, lib, spec, vl_bits):
+    run_sve_cases(sess, lib, spec, vl_bits, "q4kp",
+                  lambda nr, kr, raw, n, k: Q4KP(nr, kr).pack_from_ggml(raw, n, k),
+                  random_q4_k, matmul_q8kp_q4kp)
+
+
 @pytest.mark.parametrize("cpu,vl", RUNS, ids=[f"{c}-{v or 'native'}" for c, v in RUNS])
 def test_q4k_sve_every_vl(cpu, vl, kq_sve_lib):
     sess = guest(cpu, sve_vl=vl)
@@ -76,30 +85,41 @@ def test_q4k_sve_every_vl(cpu, vl, kq_sve_lib):
         _run(sess, kq_sve_lib, spec, vl or NATIVE_VL[cpu])
 
 
-def test_q4k_sve_refused_without_the_isa(kq_sve_lib):
-    # a64fx: SVE without dotprod / i8mm; neoverse-n1: no SVE
+def assert_refused_without_the_isa(lib, specs):
+    """a64fx (SVE without dotprod / i8mm) and neoverse-n1 (no SVE) refuse every kernel."""
     for cpu in ("a64fx", "neoverse-n1"):
-        for spec in SPECS:
-            msg = guest(cpu).call("guest_calls:kernel_refused", str(kq_sve_lib), spec.name)
+        for spec in specs:
+            msg = guest(cpu).call("guest_calls:kernel_refused", str(lib), spec.name)
             assert "ArgumentError" in msg, (cpu, spec.name, msg)
 
 
-def test_q4k_sve_refusals():
-    """Tiles the SVE strategies cannot serve are refused with the rule."""
-    for text, words in (("q4_K:sve_i8mm:8x1vl:k8:s2", "kr=16"),
-                        ("q4_K:sve_dotprod:4x1vl:k16:s2", "kr=8"),
-                        ("q4_K:sve_i8mm:6x1vl", "multiple of 4"),
-                        ("q4_K:sve_i8mm:8x4", "nr in VL units"),
-                        ("q4_K:sve_dotprod:4x5vl", "4vl"),
-                        ("q4_K:sve_i8mm:2vlx1vl", "fixed row count"),
-                        ("q4_K:sve_dotprod:4x4vl", "vector registers")):
-        with pytest.raises(tilegen.SpecError, match=words):
-            tilegen.parse_spec(text)
+def sve_refusals(family: str) -> list[tuple[str, str]]:
+    """(tile, words of the refusal) every K-quant SVE family shares."""
+    return [(f"{family}:{tile}", words) for tile, words in (
+        ("sve_i8mm:8x1vl:k8:s2", "kr=16"), ("sve_dotprod:4x1vl:k16:s2", "kr=8"),
+        ("sve_i8mm:6x1vl", "multiple of 4"), ("sve_i8mm:8x4", "nr in VL units"),
+        ("sve_dotprod:4x5vl", "4vl"), ("sve_i8mm:2vlx1vl", "fixed row count"),
+        ("sve_dotprod:4x4vl", "vector registers"))]
 
 
-def test_q4k_sve_gemv_pairs_share_the_packed_rhs():
+def assert_gemv_pairs_share_the_packed_rhs(family: str):
     """The gemv kernels read their gemm partners' packed RHS at every vector length."""
     from tilegen.layout.base import same_rhs
     p = tilegen.parse_spec
-    assert same_rhs(p("q4_K:sve_i8mm:8x1vl"), p("q4_K:sve_i8mm:1x1vl"))
-    assert same_rhs(p("q4_K:sve_dotprod:8x1vl"), p("q4_K:sve_dotprod:1x1vl"))
+    assert same_rhs(p(f"{family}:sve_i8mm:8x1vl"), p(f"{family}:sve_i8mm:1x1vl"))
+    assert same_rhs(p(f"{family}:sve_dotprod:8x1vl"), p(f"{family}:sve_dotprod:1x1vl"))
+
+
+def test_q4k_sve_refused_without_the_isa(kq_sve_lib):
+    assert_refused_without_the_isa(kq_sve_lib, SPECS)
+
+
+@pytest.mark.parametrize("text,words", sve_refusals("q4_K"))
+def test_q4k_sve_refusals(text, words):
+    """Tiles the SVE strategies cannot serve are refused with the rule."""
+    with pytest.raises(tilegen.SpecError, match=words):
+        tilegen.parse_spec(text)
+
+
+def test_q4k_sve_gemv_pairs_share_the_packed_rhs():
+    assert_gemv_pairs_share_the_packed_rhs("q4_K")

@@ -238,7 +238,8 @@ FAMILIES: dict[str, FamilyInfo] = {
                               **_kquant_sme2("q4k")},
                        kinds=("q4_K",), abi=Q8, quantized=True),
     "q6_K": FamilyInfo(name="q6_K", lhs="q8kp", rhs="q6kp",
-                       impls={**_kquant_impls("q6k"), **_kquant_sme2("q6k")},
+                       impls={**_kquant_impls("q6k"), **_kquant_sve_impls("q6k"),
+                              **_kquant_sme2("q6k")},
                        kinds=("q6_K",), abi=Q8, quantized=True),
     # f32 activations and weights rounded to bf16, f32 accumulation (KleidiAI
     # matmul_clamp_f32_bf16p<mr>x4_bf16p<nr>x4b): BFMMLA gemm, BFDOT gemv on the same RHS.

@@ -43,7 +43,8 @@ from ..spec import KernelSpec
 from ..tile_layouts import check_packing
 from .pool import Z_LOW_FIRST, Frame, RegisterPool, VectorNeeds, first_fit, flatten, rows
 
-__all__ = ["Q4KRegs", "Q4KSveRegs", "Q4K_SCALARS", "Q4K_SVE_SCALARS", "Q4K_CHART", "q4k_mode",
+__all__ = ["KQuantSveArea",
+           "Q4KRegs", "Q4KSveRegs", "Q4K_SCALARS", "Q4K_SVE_SCALARS", "Q4K_CHART", "q4k_mode",
            "ALLOCATORS"]
 
 Q4K_SCALARS = ("n_rem", "rhs_ptr", "dst_tile", "dst_row", "sb_cnt", "nsb", "lhs_rbs",
@@ -196,8 +197,22 @@ Q4K_SVE_CHART = ("int32 sub-block sums", "int32 scaled sums", "LHS", "RHS", "sca
                  _SVE_EP)
 
 
+class KQuantSveArea:
+    """The f32 accumulators of the K-quant SVE kernels (q4_K, q6_K): one vector per register
+    unit (``s1``) in a VL-sized stack area below the fixed frame."""
+
+    @property
+    def n_units(self) -> int:
+        return len(self.s1)
+
+    @property
+    def acc_vls(self) -> int:
+        """Vectors of the f32 accumulator area (one per unit)."""
+        return self.n_units
+
+
 @dataclass(frozen=True)
-class Q4KSveRegs(Frame):
+class Q4KSveRegs(KQuantSveArea, Frame):
     """Registers of the q4_K SVE kernels (numbers; templates add the prefix).
 
     ``t[u]`` / ``s1[u]``: unit u's cumulative sub-block sums and scaled sums; units are
@@ -226,15 +241,6 @@ class Q4KSveRegs(Frame):
     saved_x: tuple[int, ...] = ()
     saved_d: tuple[int, ...] = ()
     needs: VectorNeeds = VectorNeeds(())
-
-    @property
-    def n_units(self) -> int:
-        return len(self.s1)
-
-    @property
-    def acc_vls(self) -> int:
-        """Vectors of the f32 accumulator area (one per unit)."""
-        return self.n_units
 
 
 def _sve_ep_counts(mode: str, P: int, nv: int) -> dict[str, int]:

@@ -45,9 +45,11 @@ from dataclasses import dataclass, field
 from ...records import SpecError
 from ..spec import KernelSpec
 from ..tile_layouts import check_packing
-from .pool import Frame, RegisterPool, VectorNeeds, first_fit, rows
+from .pool import Z_LOW_FIRST, Frame, RegisterPool, VectorNeeds, first_fit, rows
+from .q4k import KQuantSveArea
 
-__all__ = ["Q6KRegs", "Q6K_SCALARS", "Q6K_CHART", "q6k_mode", "ALLOCATORS"]
+__all__ = ["Q6KRegs", "Q6K_SCALARS", "Q6K_CHART", "q6k_mode", "Q6KSveRegs", "Q6K_SVE_SCALARS",
+           "Q6K_SVE_CHART", "ALLOCATORS"]
 
 Q6K_SCALARS = ("n_rem", "rhs_ptr", "dst_tile", "dst_row", "sb_cnt", "nsb", "lhs_rbs", "tmp",
                "sc_ptr", "low_ptr", "high_ptr")
@@ -247,5 +249,178 @@ def _allocate_q6k_neon(spec: KernelSpec) -> Q6KRegs:
     return regs
 
 
+# ---------------------------------------------------------------------------------------------
+# SVE (vector-length agnostic; templates/q6k_sve.S.j2)
+# ---------------------------------------------------------------------------------------------
+Q6K_SVE_SCALARS = ("n_rem", "rhs_ptr", "dst_tile", "dst_row", "sb_cnt", "lhs_rbs", "tmp",
+                   "sc_ptr", "sc8_ptr", "low_ptr", "low8_ptr", "high_ptr")
+_SVE_MAX_NV = 4         # a pair of sub-blocks' vectors at [ptr, #0..2nv-1, mul vl] (LD1B reaches 7)
+Q6K_SVE_CHART = ("LHS", "RHS high bits", "RHS low bits", "unpacked weights", "scale scratch",
+                 "int32 cumulative sums", "int32 scaled sums", _EP)
+
+
+@dataclass(frozen=True)
+class Q6KSveRegs(KQuantSveArea, Frame):
+    """Registers of the q6_K SVE kernels (numbers; templates add the prefix).
+
+    ``c[u]`` / ``s1[u]``: unit u's cumulative and scaled sums (the telescoped form of the NEON
+    kernels); units are ``[g][rp][h]`` flattened (mm: h = half of column vector h // 2, VL/64
+    column pairs per half), ``[row][cv]`` (dot4) or ``[h]`` (dot8).  The unit's f32
+    accumulator is vector u of a VL-sized stack area (``acc_vls`` vectors below the fixed
+    frame).  ``h[v][ch]``: the high-plane vector of weight vector v (mm, dot8: half h; dot4:
+    column vector cv) and chunk ch of a sub-block, loaded at sub-block j < 8 and used again at
+    j + 8; ``low`` the low-plane vector (then a scratch of the unpack); ``w[v]`` the unpacked
+    int8 weights (q - 32) of weight vector v (2 per chunk: low, high nibble; ``stream_w``: one
+    weight vector at a time, every ``w[v]`` the same registers).  ``lhs``: mm, 4 per row block
+    (8-k halves x row pairs); dot4, the 4-k chunks in z0-z7 (4, or 1 loaded per chunk); dot8
+    the two 8-k broadcasts.  ``sst``: a scale row, the next one (then the difference's lane
+    pattern).  ``ep``: the SB epilogue's operands (``tmp``: the store's, a row at a time).
+
+    The k loop computes all ``mr_reg`` (= mr) rows; ``passes`` > 1: in passes of ``pass_rows``
+    rows (the register block) per super-block over weights unpacked once per super-block into
+    ``w_vls`` vectors of the stack area (above the ``acc_vls`` accumulators of all passes) and
+    scale-difference patterns formed once into ``d_vls`` more."""
+
+    @property
+    def passes(self) -> int:
+        return self.mr_reg // self.pass_rows
+
+    @property
+    def pass_groups(self) -> int:
+        return self.pass_rows // self.lhs_mr
+
+    @property
+    def acc_vls(self) -> int:
+        """Vectors of the f32 accumulators: one per unit of every pass."""
+        return self.n_units * self.passes
+
+    @property
+    def w_vls(self) -> int:
+        """Vectors of the staged weights (passes > 1): 16 sub-blocks x every weight register."""
+        return 16 * len(self.w) * len(self.w[0]) if self.passes > 1 else 0
+
+    @property
+    def d_vls(self) -> int:
+        """Vectors of the staged scale-difference patterns (passes > 1): per sub-block one per
+        weight vector (dot4: the column vector's differences; mm: the half's lane pattern)."""
+        return 16 * len(self.w) if self.passes > 1 else 0
+
+    @property
+    def area_vls(self) -> int:
+        return self.acc_vls + self.w_vls + self.d_vls
+
+    mode: str
+    stream_w: bool                       # one weight vector's registers at a time
+    mr_reg: int                          # rows of the tile's k loop (mr)
+    pass_rows: int                       # rows of one pass (the register block)
+    lhs_mr: int
+    groups: int
+    lhs: tuple[int, ...]
+    h: tuple[tuple[int, ...], ...]
+    low: int
+    w: tuple[tuple[int, ...], ...]
+    sst: tuple[int, ...]
+    c: tuple[int, ...]
+    s1: tuple[int, ...]
+    ep: dict = field(hash=False)
+    gpr: dict[str, int] = field(hash=False)
+    lo: tuple[int, ...]
+    pred: tuple[int, ...] = ()
+    saved_x: tuple[int, ...] = ()
+    saved_d: tuple[int, ...] = ()
+    needs: VectorNeeds = VectorNeeds(())
+
+
+def q6k_sve_mode(spec: KernelSpec) -> str:
+    """The strategy of a q6_K SVE tile: SMMLA per 128-bit segment (sve_i8mm, mr a multiple of
+    4), its SDOT gemv on 8-k groups (sve_i8mm, mr = 1), SDOT by lane (sve_dotprod)."""
+    if spec.mr_vl or not spec.nr_vl:
+        raise SpecError(f"q6_K SVE tiles have a fixed row count and nr in VL units (nv x VL/32 "
+                        f"columns), e.g. 8x1vl; got {spec.mr_str}x{spec.nr_str}")
+    if spec.sr != 2:
+        raise SpecError(f"q6_K layouts hold two k values per byte: sr must be 2, got sr={spec.sr}")
+    want = {"sve_i8mm": 16, "sve_dotprod": 8}.get(spec.isa)
+    if want is None:
+        raise SpecError(f"q6_K has no SVE strategy for isa {spec.isa!r}")
+    if spec.kr != want:
+        raise SpecError(f"q6_K {spec.isa} kernels need kr={want} (kr/sr = {want // 2} k values "
+                        f"per operand row), got kr={spec.kr}")
+    if spec.nr > _SVE_MAX_NV:
+        raise SpecError(f"q6_K SVE tiles reach nr={_SVE_MAX_NV}vl (a sub-block pair's weight "
+                        f"vectors at [ptr, #i, mul vl]), got nr={spec.nr_str}")
+    if spec.isa == "sve_dotprod":
+        return "dot4"
+    if spec.mr == 1:
+        return "dot8"
+    if spec.mr % 4:
+        raise SpecError(f"q6_K sve_i8mm (SMMLA, 2 rows per operand) needs mr=1 (gemv) or a "
+                        f"multiple of 4, got mr={spec.mr}")
+    return "mm"
+
+
+def _sve_block(spec: KernelSpec, mode: str, mr_reg: int, stream_w: bool, n_lhs4: int):
+    nv, P = spec.nr, spec.lhs_mr
+    G = mr_reg // P
+    passes = spec.mr // mr_reg
+    U = {"mm": mr_reg * nv, "dot4": mr_reg * nv, "dot8": 2 * nv}[mode]
+    nw = 2 * nv if mode in ("mm", "dot8") else nv         # weight vectors (halves / columns)
+    chunks = 16 // spec.kr
+    pool = RegisterPool(Q6K_SVE_CHART, v_order=Z_LOW_FIRST)
+    v = pool.v
+    if mode == "dot4":
+        lhs = v.take(n_lhs4 if P == 4 else 1, "LHS", within=8,
+                     rule="indexed SDOT operands (the LHS registers) must be z0-z7")
+    else:
+        lhs = v.take(4 * G if mode == "mm" else 2, "LHS")
+    h = rows(v.take(nw * chunks, "RHS high bits"), chunks)
+    low = v.take(1, "RHS low bits")[0]
+    per = 2 * chunks
+    w_flat = v.take(per if stream_w else per * nw, "unpacked weights")
+    w = tuple(tuple(w_flat) for _ in range(nw)) if stream_w else rows(w_flat, per)
+    sst = v.take(2, "scale scratch")
+    c = v.take(U, "int32 cumulative sums")
+    s1 = v.take(U, "int32 scaled sums")
+    dead = list(lhs) + [r for hh in h for r in hh] + [low] + list(w_flat) + list(sst) + list(c)
+    counts = ({"dap": 2, "d": 2 * nv, "f16": 1, "fa": 1} if mode == "mm" else
+              {"da": 1, "d": nv, "fa": 1, "fold": 1})
+    ep, i = {}, 0
+    for name, n in counts.items():
+        ep[name] = tuple(v.reuse(dead[i:], n, _EP))
+        i += n
+    # the store, a row at a time: two loads, the result, clamp min and max (all dead by then)
+    ep["tmp"] = tuple(v.reuse(dead + list(s1), 5, _EP))
+    gpr = pool.scalars(Q6K_SVE_SCALARS)
+    lo = tuple(pool.x.take(G * passes, "LHS row pointers"))
+    return pool, dict(mode=mode, c=tuple(c), s1=tuple(s1), lhs=tuple(lhs), h=h, low=low, w=w,
+                      stream_w=stream_w, sst=tuple(sst), ep=ep, gpr=gpr, lo=lo,
+                      pred=tuple(range(1, nv + 1)))
+
+
+def _sve_attempt(spec: KernelSpec, mode: str, mr_reg: int):
+    """The first variant that fits: mm and dot8 stream the weights one vector at a time (every
+    row block's LHS held); dot4 holds every column vector's weights of a sub-block with the
+    LHS of a row block in 4 registers, then in 1, then (gemv) streams them."""
+    if mode in ("mm", "dot8") or spec.lhs_mr == 1:
+        tries = [_sve_block(spec, mode, mr_reg, True, 4)]
+    else:
+        tries = [_sve_block(spec, mode, mr_reg, False, n) for n in (4, 1)]
+    fit = [t for t in tries if t[0].fits]
+    return fit[0] if fit else min(tries, key=lambda t: t[0].v.needs.total)
+
+
+def _allocate_q6k_sve(spec: KernelSpec) -> Q6KSveRegs:
+    mode = q6k_sve_mode(spec)
+    check_packing(spec)
+    fields = first_fit(spec, lambda mr_reg: _sve_attempt(spec, mode, mr_reg),
+                       " (indexed SDOT operands in z0-z7)" if mode == "dot4" else "")
+    # the register block is one pass; the k loop covers the whole tile
+    fields.update(pass_rows=fields["mr_reg"], mr_reg=spec.mr, groups=spec.mr // spec.lhs_mr)
+    regs = Q6KSveRegs(**fields)
+    if regs.area_vls > 256:         # LDR / STR Z immediates reach 255 vector lengths
+        raise SpecError(f"tile {spec.mr_str}x{spec.nr_str}: its stack area ({regs.area_vls} "
+                        f"vectors of accumulators and staged weights) exceeds 256 vectors")
+    return regs
+
+
 # allocator name (``IsaImpl.allocator`` of the family records) -> function
-ALLOCATORS = {"q6k_neon": _allocate_q6k_neon}
+ALLOCATORS = {"q6k_neon": _allocate_q6k_neon, "q6k_sve": _allocate_q6k_sve}
