@@ -19,6 +19,9 @@ format                      layout class                                        
 ``"bf16px2b"``              :class:`~tilegen.layout.bf16.BF16PRhs2B`                SME bf16 kernels (RHS)
 ``"bf16px4"``               :class:`~tilegen.layout.bf16.BF16PLhs4`                 LHS of NEON bf16 kernels
 ``"bf16px2"``               :class:`~tilegen.layout.bf16.BF16PLhs2`                 LHS of SME bf16 kernels
+``"q4kp"``                  :class:`~tilegen.layout.kquant.Q4KP`                    q4_K kernels (RHS)
+``"q6kp"``                  :class:`~tilegen.layout.kquant.Q6KP`                    q6_K kernels (RHS)
+``"q8kp"``                  :class:`~tilegen.layout.kquant.Q8KP`                    LHS of q4_K / q6_K kernels
 ==========================  ======================================================  ============================
 
 ``"f32p"`` names a layout of either role: :func:`layout_for` takes the LHS one when given
@@ -114,6 +117,8 @@ def pack_rhs(fmt: str, w: np.ndarray | None = None, *, nr: int, kr: int | None =
       q4_0(-style) rows via ``ggml=`` (with ``n, k`` when flat).  No bias (KleidiAI asserts
       ``bias == NULL`` for this packer).
     * ``"qsi8cxp"``: float32 ``w`` or raw ggml block_q8_0 bytes via ``ggml=`` with ``n, k``.
+    * ``"q4kp"``, ``"q6kp"``: raw ggml block_q4_K / block_q6_K bytes via ``ggml=`` with ``n, k``
+      only (float ``w`` is refused); no bias.
     """
     lay = _build("rhs", fmt, {"nr": nr, "kr": kr, "sr": sr, "bl": bl})
     if (w is None) == (ggml is None):

@@ -10,6 +10,7 @@ from .base import LayoutError
 from .bf16 import BF16PLhs2, BF16PLhs4, BF16PRhs2B, BF16PRhs4B
 from .f16 import F16PLhs2
 from .f32 import F32PackedLHS, F32PackedRHS
+from .kquant import Q4KP, Q6KP, Q8KP
 from .lhs_int8 import QAI8DXP, QSI8D32P, QSI8D32PScaleTail
 from .rhs_int4 import QSI4C32P, QSI4C32PS1S0ScaleF16, QSI4C32PScaleF16
 from .rhs_int8 import QSI8CXP
@@ -31,9 +32,9 @@ def _registry(role: str, classes: tuple) -> dict[str, type]:
 
 RHS_LAYOUTS: dict[str, type] = _registry("rhs", (
     F32PackedRHS, QSI4C32P, QSI4C32PScaleF16, QSI8CXP, BF16PRhs4B, BF16PRhs2B,
-    QSI4C32PS1S0ScaleF16))
+    QSI4C32PS1S0ScaleF16, Q4KP, Q6KP))
 LHS_LAYOUTS: dict[str, type] = _registry("lhs", (
-    F32PackedLHS, QAI8DXP, QSI8D32P, BF16PLhs4, BF16PLhs2, QSI8D32PScaleTail, F16PLhs2))
+    F32PackedLHS, QAI8DXP, QSI8D32P, BF16PLhs4, BF16PLhs2, QSI8D32PScaleTail, F16PLhs2, Q8KP))
 LAYOUTS: dict[str, dict[str, type]] = {"rhs": RHS_LAYOUTS, "lhs": LHS_LAYOUTS}
 
 

@@ -1,0 +1,562 @@
+"""The K-quant layouts (issue #24): tilegen's own packed formats for ggml's Q4_K and Q6_K weights
+and the Q8_K-style activations their kernels read, byte for byte as docs/layouts.md describes.
+
+=============================  ============================================  ========================
+class                          what                                          docs/layouts.md
+=============================  ============================================  ========================
+:class:`Q8KP`                  LHS ``q8kp<mr>x<kr>``: int8 per row per        layouts.md#q8kp
+                               super-block, f32 d, sub-block sums hi/lo
+:class:`Q4KP`                  RHS ``q4kp<nr>x<kr>`` from ggml block_q4_K     layouts.md#q4kp
+:class:`Q6KP`                  RHS ``q6kp<nr>x<kr>`` from ggml block_q6_K     layouts.md#q6kp
+=============================  ============================================  ========================
+
+Common to the three: k is a multiple of 256 (QK_K, one super-block "SB"; anything else is a
+LayoutError saying so), the packed data is one fixed-size record per SB (per row block of mr
+rows, or per group of nr columns), ``sr = 2`` is fixed (a byte holds two k values L = kr/2
+apart) and ``kr`` is even and divides 32.  Labels name kr, not L: ``q8kp4x16`` has kr = 16.
+
+The RHS packers take only ggml blocks (``pack_from_ggml``; lossless, ``dequantize_rows`` equals
+``gguf.quants.dequantize`` bit for bit); float weights are refused.  Padding columns of the
+last group are all zero bytes (weight 0).
+"""
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+
+import numpy as np
+
+from .base import (Interleaved, LayoutError, RhsGroups, RowBlocks, check_m_idx_start,
+                   f32_to_i32_sat, flat_u8, round_half_away, rows_f32, rows_index)
+from .ggml import (QK_K, check_q4_k_scales, check_q6_k_scales, check_superblocks,
+                   q4_k_values, q6_k_values, refuse_float_kquant, split_q4_k, split_q6_k)
+
+__all__ = ["Q8KP", "Q4KP", "Q6KP", "KQuantInterleave"]
+
+F32 = np.dtype("<f4")
+U16 = np.dtype("<u2")
+
+
+class KQuantInterleave(Interleaved):
+    """sr = 2 fixed, kr even and dividing 32, names ``<prefix><rows>x<kr>``, k in SBs."""
+
+    sr = 2                      # fixed: one byte holds two k values, L = kr/2 apart
+    qk = QK_K                   # k values of one super-block
+    sub_k = 32                  # k values of one Q4_K sub-block (one bsum, one scale/min)
+
+    def check_kquant(self, **positive) -> None:
+        self.check_interleave(**positive)
+        if self.kr % 2 or 32 % self.kr:
+            raise LayoutError(f"{self.format} needs kr even and dividing 32 (2, 4, 8, 16, 32), "
+                              f"got kr={self.kr}")
+
+    @classmethod
+    def label_for(cls, rows, kr: int, sr: int) -> str:
+        """``<prefix><rows>x<kr>`` (the K-quant formats name kr; sr is always 2)."""
+        return f"{cls.label_prefix}{rows}x{kr}"
+
+    @classmethod
+    def parse_name(cls, text: str) -> tuple[int, int] | None:
+        """(tile rows, L = kr/2) of a name ``<prefix><rows>x<kr>``."""
+        m = re.fullmatch(rf"{re.escape(cls.label_prefix)}(\d+)x(\d+)", text)
+        if not m or int(m[2]) % 2:
+            return None
+        return int(m[1]), int(m[2]) // 2
+
+    @staticmethod
+    def num_superblocks(k: int) -> int:
+        """k / 256; LayoutError naming the rule otherwise."""
+        return check_superblocks(k)
+
+    @property
+    def stride_expr(self) -> str:
+        """Bytes per row block / column group as an expression in k (Python and C getters)."""
+        return f"{self.sb_record_bytes} * (k // {self.qk})"
+
+
+# ----------------------------------------------------------------------------------------
+# LHS: q8kp
+# ----------------------------------------------------------------------------------------
+@dataclass(frozen=True)
+class Q8KP(RowBlocks, KQuantInterleave):
+    """``q8kp<mr>x<kr>``: activations quantised per row per SB (docs/layouts.md#q8kp).
+
+    Row block of ``mr`` rows = k/256 SB records of ``276*mr`` bytes::
+
+        +0        int8 values: 256/L chunks of mr*L bytes; chunk i, row r, byte b at
+                  i*mr*L + r*L + b holds q[r][256s + L*i + b]
+        +256*mr   mr x f32 d
+        +260*mr   bsum_hi: mr x 8 int8 ([r][j] at 260mr + 8r + j)
+        +268*mr   bsum_lo: mr x 8 int8 ([r][j] at 268mr + 8r + j)
+
+    bsum_j (sum of the 32 q of sub-block j) = 128*bsum_hi + bsum_lo, bsum_lo in [0, 127].
+    """
+
+    mr: int
+    kr: int
+
+    format = "q8kp"
+    label_prefix = "q8kp"
+
+    def __post_init__(self) -> None:
+        self.check_kquant(mr=self.mr)
+
+    # -- geometry (generator) ------------------------------------------------------------
+    d_bytes = 4                 # one row's f32 d per SB
+    bsum_count = 8              # sub-block sums per row per SB (sub-blocks of 32)
+
+    @property
+    def values_bytes(self) -> int:
+        """Bytes of an SB record's int8 values (256 per row)."""
+        return self.qk * self.mr
+
+    values_offset = 0           # the SB record starts with its int8 values
+
+    @property
+    def d_offset(self) -> int:
+        """Start of the mr f32 d of an SB record."""
+        return self.values_offset + self.values_bytes
+
+    @property
+    def bsum_hi_offset(self) -> int:
+        """Start of the mr x 8 int8 bsum_hi ([r][j]) of an SB record."""
+        return self.d_offset + self.mr * self.d_bytes
+
+    @property
+    def bsum_lo_offset(self) -> int:
+        """Start of the mr x 8 int8 bsum_lo ([r][j]) of an SB record."""
+        return self.bsum_hi_offset + self.mr * self.bsum_count
+
+    @property
+    def sb_record_bytes(self) -> int:
+        """Bytes of one SB record of a row block (276*mr)."""
+        return self.bsum_lo_offset + self.mr * self.bsum_count
+
+    @property
+    def chunk_bytes(self) -> int:
+        """Bytes of one interleave chunk of values (mr rows x L)."""
+        return self.mr * self.L
+
+    def k_span_bytes(self, n: int) -> int:
+        """Bytes that ``n`` consecutive k values (a multiple of L, within one SB) of the row
+        block's mr rows occupy: the distance the kernels advance their LHS pointer."""
+        return n * self.mr
+
+    def row_block_stride(self, k: int) -> int:
+        return self.num_superblocks(k) * self.sb_record_bytes
+
+    def element_offset(self, r: int, t: int) -> int:
+        """Offset of (row slot r, value t of the row) inside a row block."""
+        s, u = divmod(t, self.qk)
+        return s * self.sb_record_bytes + (u // self.L) * self.chunk_bytes + r * self.L + u % self.L
+
+    # -- quantisation --------------------------------------------------------------------
+    @property
+    def activation_limit(self) -> tuple[float, str]:
+        """Largest |x| this format represents, and why: d = max|x|/127 is an f32."""
+        return (float(np.finfo(np.float32).max),
+                "the per-super-block scale max|x|/127 is an f32 (x must be finite)")
+
+    @staticmethod
+    def quantize_rows(x: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """float32 (m, k) -> (q int8 (m, k), d f32 (m, k/256), bsum int32 (m, k/256, 8)):
+        per row per SB, amax = max|x|; d = amax/127, inv = 127/amax (f32 divides; 0 and 0 when
+        amax = 0); q = clamp(round_half_away(x*inv), -127, 127) (f32 product, FCVTAS: NaN -> 0)."""
+        f = np.float32
+        m, k = x.shape
+        S = check_superblocks(k)
+        xb = np.ascontiguousarray(x).reshape(m, S, QK_K)
+        amax = np.abs(xb).max(axis=2).astype(f)
+        with np.errstate(divide="ignore", over="ignore", invalid="ignore"):
+            nz = amax != 0
+            d = np.where(nz, amax / f(127), f(0)).astype(f)
+            inv = np.where(nz, f(127) / np.where(nz, amax, f(1)), f(0)).astype(f)
+            v = (xb * inv[..., None]).astype(f)
+            r = f32_to_i32_sat(round_half_away(v))
+        q = np.clip(r, -127, 127).astype(np.int8)
+        bsum = q.astype(np.int32).reshape(m, S, 8, 32).sum(axis=3).astype(np.int32)
+        return q.reshape(m, k), d, bsum
+
+    @staticmethod
+    def split_bsum(bsum: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """bsum int32 -> (hi = bsum >> 7 (floor), lo = bsum - 128*hi in [0, 127]) as int8."""
+        b = np.asarray(bsum, dtype=np.int32)
+        hi = b >> 7
+        return hi.astype(np.int8), (b - 128 * hi).astype(np.int8)
+
+    def pack(self, x: np.ndarray, m_idx_start: int = 0) -> np.ndarray:
+        """Quantise and pack rows ``x`` (float32 (m, k), x[0] = global row m_idx_start): the
+        region of ``ceil(((m_idx_start % mr) + m) / mr)`` row blocks, unused slots zero."""
+        x = rows_f32(x)
+        m_idx_start = check_m_idx_start(m_idx_start)
+        m, k = x.shape
+        S = check_superblocks(k)
+        if m == 0:
+            return np.zeros(0, np.uint8)
+        mr, L = self.mr, self.L
+        nblk, rb, slot = self.placement(m, m_idx_start)
+        q, d, bsum = self.quantize_rows(x)
+        hi, lo = self.split_bsum(bsum)
+        vals = np.zeros((nblk, S, QK_K // L, mr, L), np.int8)
+        vals[rb, :, :, slot, :] = q.reshape(m, S, QK_K // L, L)
+        dd = np.zeros((nblk, S, mr), F32)
+        dd[rb, :, slot] = d
+        h = np.zeros((nblk, S, mr, 8), np.int8)
+        h[rb, :, slot] = hi
+        lw = np.zeros((nblk, S, mr, 8), np.int8)
+        lw[rb, :, slot] = lo
+        out = np.concatenate([vals.view(np.uint8).reshape(nblk, S, -1),
+                              dd.view(np.uint8).reshape(nblk, S, -1),
+                              h.view(np.uint8).reshape(nblk, S, -1),
+                              lw.view(np.uint8).reshape(nblk, S, -1)], axis=2)
+        return out.reshape(-1)
+
+    def unpack(self, buf: np.ndarray, m: int, k: int, m_idx_start: int = 0
+               ) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+        """Read back (q int8 (m, k), d f32 (m, S), bsum_hi int8 (m, S, 8), bsum_lo int8
+        (m, S, 8)) from a region as :meth:`pack` returns it (or a whole buffer, m_idx_start 0)."""
+        b = flat_u8(buf)
+        m_idx_start = check_m_idx_start(m_idx_start)
+        S = check_superblocks(k)
+        mr, L = self.mr, self.L
+        need = self.region_size(m, k, m_idx_start)
+        if b.size < need:
+            raise LayoutError(f"packed buffer holds {b.size} bytes, {need} needed for m={m}, k={k}")
+        if m == 0:
+            return (np.zeros((0, k), np.int8), np.zeros((0, S), np.float32),
+                    np.zeros((0, S, 8), np.int8), np.zeros((0, S, 8), np.int8))
+        nblk = need // self.row_block_stride(k)
+        rec = b[:need].reshape(nblk, S, self.sb_record_bytes)
+        vals = np.ascontiguousarray(rec[..., :self.d_offset]).view(np.int8)
+        vals = vals.reshape(nblk, S, QK_K // L, mr, L)
+        d = np.ascontiguousarray(rec[..., self.d_offset:self.bsum_hi_offset]).view(F32)
+        hi = np.ascontiguousarray(rec[..., self.bsum_hi_offset:self.bsum_lo_offset]).view(np.int8)
+        lo = np.ascontiguousarray(rec[..., self.bsum_lo_offset:]).view(np.int8)
+        _, rb, slot = self.placement(m, m_idx_start)
+        q = vals[rb, :, :, slot, :].reshape(m, k)
+        return (q, d.reshape(nblk, S, mr)[rb, :, slot].astype(np.float32),
+                hi.reshape(nblk, S, mr, 8)[rb, :, slot], lo.reshape(nblk, S, mr, 8)[rb, :, slot])
+
+
+# ----------------------------------------------------------------------------------------
+# RHS: q4kp, q6kp
+# ----------------------------------------------------------------------------------------
+class KQuantRhs(RhsGroups, KQuantInterleave):
+    """What the two K-quant RHS layouts share: groups of nr columns of k/256 SB records."""
+
+    def group_stride(self, k: int) -> int:
+        return self.num_superblocks(k) * self.sb_record_bytes
+
+    @property
+    def chunk_bytes(self) -> int:
+        """Bytes of one nibble chunk: kr values (kr/2 bytes) of each of the nr columns."""
+        return self.nr * self.kr // 2
+
+    def _records(self, packed, n: int, k: int, rows):
+        """(records uint8 (G, S, sb_record_bytes), group of each row, slot of each row)."""
+        S = self.num_superblocks(k)
+        grp = self.column_groups(packed, n, k)
+        idx = np.arange(n) if rows is None else rows_index(rows, n)
+        return grp.reshape(grp.shape[0], S, self.sb_record_bytes), idx // self.nr, idx % self.nr
+
+    def _padded(self, a: np.ndarray, n: int) -> np.ndarray:
+        """``a`` (n, ...) with zero rows appended up to a whole number of groups."""
+        G = -(-n // self.nr)
+        out = np.zeros((G * self.nr,) + a.shape[1:], a.dtype)
+        out[:n] = a
+        return out
+
+    def _interleave(self, v: np.ndarray, G: int, S: int, span: int) -> np.ndarray:
+        """Values v (G*nr, S, span) of spans of k -> nibble bytes (G, S, nr*span/2) in the
+        chunk order: chunk i of kr values, column c, byte b = v[kr*i + b] | v[kr*i + b + L] << 4."""
+        nr, kr, L = self.nr, self.kr, self.L
+        c = v.reshape(G, nr, S, span // kr, 2, L)
+        byte = (c[:, :, :, :, 0] & 15) | ((c[:, :, :, :, 1] & 15) << 4)     # (G, nr, S, C, L)
+        return byte.transpose(0, 2, 3, 1, 4).reshape(G, S, -1).astype(np.uint8)
+
+    def _deinterleave(self, nib: np.ndarray, span: int) -> np.ndarray:
+        """Inverse of :meth:`_interleave` on the nibble values: (G, S, C, nr, 2, L) 4-bit values
+        from bytes (G, S, nr*span/2) — the low then the high nibble of each byte."""
+        G, S = nib.shape[:2]
+        b = nib.reshape(G, S, span // self.kr, self.nr, 1, self.L)
+        return np.concatenate([b & 15, b >> 4], axis=4)
+
+    def pack_values(self, values: tuple, n: int, k: int) -> np.ndarray:
+        return self.pack_split(*values)
+
+    def packed_values(self, packed: np.ndarray, n: int, k: int) -> tuple:
+        """What :meth:`pack_split` takes, read back losslessly (repacking between nr/kr)."""
+        return self.unpack(packed, n, k)
+
+    @staticmethod
+    def require_no_bias(bias) -> None:
+        if bias is not None:
+            raise LayoutError("K-quant weights carry no bias (the kernels use the Q8 calling "
+                              "convention, no bias): pass the bias to matmul(bias=) instead")
+
+
+@dataclass(frozen=True)
+class Q4KP(KQuantRhs):
+    """``q4kp<nr>x<kr>`` from ggml block_q4_K (docs/layouts.md#q4kp).
+
+    Column group of nr columns = k/256 SB records of ``148*nr`` bytes::
+
+        +0        nr x f16 d                      +2*nr   nr x f16 dmin
+        +4*nr     scales 8 x nr uint8, [j][c]     +12*nr  mins nr x 8 uint8, [c][j]
+        +20*nr    nibbles: 8 sub-blocks of 16*nr bytes; in sub-block j, 32/kr chunks of
+                  nr*kr/2 bytes; chunk i, column c, byte b < L: low nibble = q[32j + kr*i + b],
+                  high nibble = q[32j + kr*i + b + L]
+    """
+
+    nr: int
+    kr: int
+
+    format = "q4kp"
+    label_prefix = "q4kp"
+
+    def __post_init__(self) -> None:
+        self.check_kquant(nr=self.nr)
+
+    # -- geometry (generator) ------------------------------------------------------------
+    d_bytes = 2                 # f16 d, f16 dmin
+    subblocks = 8               # sub-blocks of 32 per SB (one scale, one min each)
+    d_offset = 0
+
+    @property
+    def dmin_offset(self) -> int:
+        return self.d_offset + self.nr * self.d_bytes
+
+    @property
+    def scales_offset(self) -> int:
+        """8 x nr uint8 scales, [j][c] at scales_offset + j*nr + c."""
+        return self.dmin_offset + self.nr * self.d_bytes
+
+    @property
+    def mins_offset(self) -> int:
+        """nr x 8 uint8 mins, [c][j] at mins_offset + 8c + j."""
+        return self.scales_offset + self.subblocks * self.nr
+
+    @property
+    def nibbles_offset(self) -> int:
+        return self.mins_offset + self.subblocks * self.nr
+
+    @property
+    def subblock_bytes(self) -> int:
+        """Nibble bytes of one sub-block of 32 (16*nr)."""
+        return self.nr * self.sub_k // 2
+
+    @property
+    def chunks_per_subblock(self) -> int:
+        return self.sub_k // self.kr
+
+    @property
+    def sb_record_bytes(self) -> int:
+        """Bytes of one SB record of a group (148*nr)."""
+        return self.nibbles_offset + self.subblocks * self.subblock_bytes
+
+    def scale_offset(self, j: int, c: int) -> int:
+        return self.scales_offset + j * self.nr + c
+
+    def min_offset(self, c: int, j: int) -> int:
+        return self.mins_offset + c * self.subblocks + j
+
+    def nibble_offset(self, c: int, t: int) -> tuple[int, int]:
+        """(offset inside an SB record, 0 low / 1 high nibble) of column slot c, value t < 256."""
+        j, u = divmod(t, self.sub_k)
+        i, r = divmod(u, self.kr)
+        return (self.nibbles_offset + j * self.subblock_bytes + i * self.chunk_bytes
+                + c * self.L + r % self.L, r // self.L)
+
+    # -- packers -------------------------------------------------------------------------
+    def pack_split(self, d, dmin, sc, m, q) -> np.ndarray:
+        """Pack split Q4_K fields (as :func:`tilegen.layout.ggml.split_q4_k` gives them: d and
+        dmin f16 bits (n, S), sc and m uint8 (n, S, 8), q uint8 (n, k) 0..15)."""
+        q = np.asarray(q, dtype=np.uint8)
+        if q.ndim != 2 or q.shape[0] < 1:
+            raise LayoutError(f"q must be 2-D (n, k) with n >= 1, got shape {q.shape}")
+        n, k = q.shape
+        S = self.num_superblocks(k)
+        G, nr = -(-n // self.nr), self.nr
+        dd = self._padded(np.asarray(d, dtype=U16).reshape(n, S), n)
+        dm = self._padded(np.asarray(dmin, dtype=U16).reshape(n, S), n)
+        scp = self._padded(np.asarray(sc, dtype=np.uint8).reshape(n, S, 8), n)
+        mp = self._padded(np.asarray(m, dtype=np.uint8).reshape(n, S, 8), n)
+        qp = self._padded(q.reshape(n, S, QK_K), n)
+
+        def cols(a):                       # (G*nr, S) f16 bits -> (G, S, 2*nr) bytes
+            return np.ascontiguousarray(a.reshape(G, nr, S).transpose(0, 2, 1)).view(np.uint8)
+
+        scales = scp.reshape(G, nr, S, 8).transpose(0, 2, 3, 1).reshape(G, S, 8 * nr)
+        mins = mp.reshape(G, nr, S, 8).transpose(0, 2, 1, 3).reshape(G, S, 8 * nr)
+        nib = self._interleave(qp.reshape(G * nr, S * 8, self.sub_k), G, S * 8, self.sub_k)
+        out = np.concatenate([cols(dd), cols(dm), scales, mins, nib.reshape(G, S, -1)], axis=2)
+        return out.astype(np.uint8).reshape(-1)
+
+    def pack_from_ggml(self, raw, n: int, k: int, bias=None) -> np.ndarray:
+        """Pack ggml block_q4_K rows ((n, k/256*144) or flat bytes), losslessly; refuses a
+        block whose d or dmin is NaN or Inf, truncated data and k not a multiple of 256."""
+        self.require_no_bias(bias)
+        d, dmin, sc, m, q = split_q4_k(raw, n, k)
+        check_q4_k_scales(d, dmin)
+        return self.pack_split(d, dmin, sc, m, q)
+
+    def pack_from_float(self, w, bias=None) -> np.ndarray:
+        refuse_float_kquant("q4_K")
+
+    # -- readers -------------------------------------------------------------------------
+    def unpack(self, packed, n: int, k: int, rows=None) -> tuple[np.ndarray, ...]:
+        """(d uint16 (R, S), dmin uint16 (R, S), sc uint8 (R, S, 8), m uint8 (R, S, 8),
+        q uint8 (R, k)) of ``rows`` (default all n): ggml's per-weight fields."""
+        rec, g, i = self._records(packed, n, k, rows)
+        G, S = rec.shape[:2]
+        nr = self.nr
+        d = np.ascontiguousarray(rec[..., :self.dmin_offset]).view(U16)            # (G, S, nr)
+        dmin = np.ascontiguousarray(rec[..., self.dmin_offset:self.scales_offset]).view(U16)
+        sc = rec[..., self.scales_offset:self.mins_offset].reshape(G, S, 8, nr)
+        mins = rec[..., self.mins_offset:self.nibbles_offset].reshape(G, S, nr, 8)
+        nib = self._deinterleave(rec[..., self.nibbles_offset:].reshape(G, S * 8, -1), self.sub_k)
+        q = nib[g, :, :, i].reshape(g.size, k)          # (R, S*8, C, 2, L) -> k order
+        return (d[g, :, i], dmin[g, :, i], sc[g, :, :, i].astype(np.uint8),
+                mins[g, :, i].astype(np.uint8), q.astype(np.uint8))
+
+    def dequantize_rows(self, packed, n: int, k: int, rows) -> np.ndarray:
+        """float32 (len(rows), k): gguf.quants' Q4_K dequantisation of the packed rows, bit
+        for bit."""
+        return q4_k_values(*self.unpack(packed, n, k, rows))
+
+
+@dataclass(frozen=True)
+class Q6KP(KQuantRhs):
+    """``q6kp<nr>x<kr>`` from ggml block_q6_K (docs/layouts.md#q6kp).
+
+    Column group = k/256 SB records of ``210*nr`` bytes::
+
+        +0        nr x f16 d
+        +2*nr     scales 16 x nr int8, [j][c] (j = sub-block of 16)
+        +18*nr    low plane (128*nr): 256/kr chunks of nr*kr/2 bytes; chunk i, column c, byte
+                  b: low nibble = ql of k = kr*i + b, high nibble = ql of k + L  (ql = q & 15)
+        +146*nr   high plane (64*nr): byte p = h'(low nibble of low byte p) | h'(high nibble
+                  of p) << 2 | h'(low of p + 64nr) << 4 | h'(high of p + 64nr) << 6,
+                  h' = (q >> 4) ^ 2
+    """
+
+    nr: int
+    kr: int
+
+    format = "q6kp"
+    label_prefix = "q6kp"
+
+    def __post_init__(self) -> None:
+        self.check_kquant(nr=self.nr)
+
+    # -- geometry (generator) ------------------------------------------------------------
+    d_bytes = 2
+    subblocks = 16              # sub-blocks of 16 per SB (one int8 scale each)
+    sub_k6 = 16                 # k values per Q6_K scale
+    h_xor = 2                   # stored high bits h' = (q >> 4) ^ h_xor (signed 2-bit q>>4 - 2)
+    d_offset = 0
+
+    @property
+    def scales_offset(self) -> int:
+        """16 x nr int8 scales, [j][c] at scales_offset + j*nr + c."""
+        return self.d_offset + self.nr * self.d_bytes
+
+    @property
+    def low_plane_offset(self) -> int:
+        return self.scales_offset + self.subblocks * self.nr
+
+    @property
+    def low_plane_bytes(self) -> int:
+        return self.nr * self.qk // 2
+
+    @property
+    def high_plane_offset(self) -> int:
+        return self.low_plane_offset + self.low_plane_bytes
+
+    @property
+    def high_plane_bytes(self) -> int:
+        return self.nr * self.qk // 4
+
+    @property
+    def high_pair_distance(self) -> int:
+        """Low-plane distance between the bytes whose h' share one high-plane byte (fields
+        0-1 and 2-3 come from byte p, fields 4-5 and 6-7 from byte p + high_pair_distance)."""
+        return self.high_plane_bytes
+
+    @property
+    def sb_record_bytes(self) -> int:
+        """Bytes of one SB record of a group (210*nr)."""
+        return self.high_plane_offset + self.high_plane_bytes
+
+    def scale_offset(self, j: int, c: int) -> int:
+        return self.scales_offset + j * self.nr + c
+
+    def low_offset(self, c: int, t: int) -> tuple[int, int]:
+        """(low-plane byte index p, 0 low / 1 high nibble) of column slot c, value t < 256."""
+        i, r = divmod(t, self.kr)
+        return i * self.chunk_bytes + c * self.L + r % self.L, r // self.L
+
+    def high_field(self, c: int, t: int) -> tuple[int, int]:
+        """(high-plane byte index, bit position of the 2-bit field) of column c, value t."""
+        p, hi = self.low_offset(c, t)
+        half, p = divmod(p, self.high_pair_distance)
+        return p, 4 * half + 2 * hi
+
+    # -- packers -------------------------------------------------------------------------
+    def pack_split(self, d, sc, q) -> np.ndarray:
+        """Pack split Q6_K fields (as :func:`tilegen.layout.ggml.split_q6_k` gives them: d f16
+        bits (n, S), sc int8 (n, S, 16), q uint8 (n, k) 0..63)."""
+        q = np.asarray(q, dtype=np.uint8)
+        if q.ndim != 2 or q.shape[0] < 1:
+            raise LayoutError(f"q must be 2-D (n, k) with n >= 1, got shape {q.shape}")
+        n, k = q.shape
+        S = self.num_superblocks(k)
+        G, nr = -(-n // self.nr), self.nr
+        dd = self._padded(np.asarray(d, dtype=U16).reshape(n, S), n)
+        scp = self._padded(np.asarray(sc, dtype=np.int8).reshape(n, S, 16), n).view(np.uint8)
+        qp = q.reshape(n, S, QK_K)
+        hp = self._padded(((qp >> 4) ^ self.h_xor) & 3, n)     # padding columns: h' = 0
+        low = self._interleave(self._padded(qp & 15, n), G, S, QK_K)       # (G, S, 128nr)
+        # the h' of each low-plane byte's two nibbles, in the low plane's byte order
+        hb = self._interleave(hp, G, S, QK_K)
+        hlo, hhi = hb & 3, hb >> 4
+        half = self.high_pair_distance
+        high = hlo[..., :half] | (hhi[..., :half] << 2) | (hlo[..., half:] << 4) | (hhi[..., half:] << 6)
+        dcol = np.ascontiguousarray(dd.reshape(G, nr, S).transpose(0, 2, 1)).view(np.uint8)
+        scales = scp.reshape(G, nr, S, 16).transpose(0, 2, 3, 1).reshape(G, S, 16 * nr)
+        out = np.concatenate([dcol, scales, low, high.astype(np.uint8)], axis=2)
+        return out.astype(np.uint8).reshape(-1)
+
+    def pack_from_ggml(self, raw, n: int, k: int, bias=None) -> np.ndarray:
+        """Pack ggml block_q6_K rows ((n, k/256*210) or flat bytes), losslessly; refuses a
+        block whose d is NaN or Inf, truncated data and k not a multiple of 256."""
+        self.require_no_bias(bias)
+        d, sc, q = split_q6_k(raw, n, k)
+        check_q6_k_scales(d)
+        return self.pack_split(d, sc, q)
+
+    def pack_from_float(self, w, bias=None) -> np.ndarray:
+        refuse_float_kquant("q6_K")
+
+    # -- readers -------------------------------------------------------------------------
+    def unpack(self, packed, n: int, k: int, rows=None) -> tuple[np.ndarray, ...]:
+        """(d uint16 (R, S), sc int8 (R, S, 16), q uint8 (R, k) 0..63) of ``rows``."""
+        rec, g, i = self._records(packed, n, k, rows)
+        G, S = rec.shape[:2]
+        nr = self.nr
+        d = np.ascontiguousarray(rec[..., :self.scales_offset]).view(U16)          # (G, S, nr)
+        sc = np.ascontiguousarray(rec[..., self.scales_offset:self.low_plane_offset])
+        sc = sc.view(np.int8).reshape(G, S, 16, nr)
+        low = rec[..., self.low_plane_offset:self.high_plane_offset]
+        hp = rec[..., self.high_plane_offset:]
+        hlo = np.concatenate([hp & 3, (hp >> 4) & 3], axis=2)
+        hhi = np.concatenate([(hp >> 2) & 3, hp >> 6], axis=2)
+        hbytes = (hlo | (hhi << 4)) ^ (self.h_xor * 0x11)       # (q >> 4) of both nibbles
+        v = self._deinterleave(low, QK_K) | (self._deinterleave(hbytes, QK_K) << 4)
+        q = v[g, :, :, i].reshape(g.size, k)
+        return d[g, :, i], sc[g, :, :, i], q.astype(np.uint8)
+
+    def dequantize_rows(self, packed, n: int, k: int, rows) -> np.ndarray:
+        """float32 (len(rows), k): gguf.quants' Q6_K dequantisation of the packed rows, bit
+        for bit."""
+        return q6_k_values(*self.unpack(packed, n, k, rows))
