@@ -90,7 +90,7 @@ def test_pack_weights_refuses_unknown_layouts_and_mismatched_sources(lib):
         cases.append(((), dict(src, layout="bogus"), r"layout must be 'nk'"))
     for kind in ("f32", "f16", "bf16"):
         cases.append(((), dict(kind=kind, from_ggml=raw4, n=8, k=64),
-                      rf"for kinds q4_0, q4_0_dx, q8_0; kind '{kind}' has no ggml block form"))
+                      rf"for kinds q4_0, q4_0_dx, q8_0, q4_K, q6_K; kind '{kind}' has no ggml block form"))
     for kind in KINDS:
         cases.append(((), dict(kind=kind), r"no weights: pass w"))
     got = guest("max").call("guest_weights:packs", lib, [(a, kw) for a, kw, _ in cases])

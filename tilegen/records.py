@@ -197,6 +197,14 @@ FAMILIES: dict[str, FamilyInfo] = {
                "sme2": _q8("sme2_sdot", "q8_sve", "q8_sme2", 4,
                            "q8_0 sme2 kernels read 4-byte k groups (SDOT by lane)")},
     ),
+    # ggml's K-quants (issue #24): Q8_K-style activations (q8kp: int8 per row per 256-k
+    # super-block, f32 d, sub-block sums) against lossless repacks of ggml block_q4_K / block_q6_K
+    # (docs/layouts.md#q8kp, #q4kp, #q6kp; arithmetic: tilegen.reference_kquant).  The ISAs
+    # are added with their kernels.
+    "q4_K": FamilyInfo(name="q4_K", lhs="q8kp", rhs="q4kp", impls={}, kinds=("q4_K",), abi=Q8,
+                       quantized=True),
+    "q6_K": FamilyInfo(name="q6_K", lhs="q8kp", rhs="q6kp", impls={}, kinds=("q6_K",), abi=Q8,
+                       quantized=True),
     # f32 activations and weights rounded to bf16, f32 accumulation (KleidiAI
     # matmul_clamp_f32_bf16p<mr>x4_bf16p<nr>x4b): BFMMLA gemm, BFDOT gemv on the same RHS.
     "bf16": FamilyInfo(
