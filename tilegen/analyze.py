@@ -4,7 +4,10 @@
 The headline figure is the cost of one 32-k block of the whole tile: for q4 the region between
 ``// tilegen:block-begin`` and ``// tilegen:block-end`` (scale loads, the chunk loop once at
 bl = 32, conversion and scaling), branches removed; for the other families eight 4-k hot-loop
-iterations.  The hot loop is the detail: the templates mark their innermost loop with
+iterations.  A block marker ``tilegen:block-begin k=<K>`` covers K values of k instead (the
+K-quants: one 256-k super-block with its integer sub-block scales, min term and f32 epilogue,
+whose hot loop is that block): its cycles and MACs are reported per 32 k (divided by K/32), so
+that MACs per cycle compare across families.  The hot loop is the detail: the templates mark their innermost loop with
 ``// tilegen:hot-loop-begin <name> (... N MACs)`` and ``// tilegen:hot-loop-end``; nothing is
 guessed from the disassembly.
 
@@ -192,6 +195,10 @@ def analyze(spec: KernelSpec | str, model: str) -> LoopReport:
         blk = int(re.search(r"Total Cycles:\s+(\d+)", out).group(1)) / int(
             re.search(r"Iterations:\s+(\d+)", out).group(1))
         blk_macs = macs         # the chunk loop (32 k) runs once per block at bl = 32
+        mk = re.search(r"tilegen:block-begin k=(\d+)", text)
+        if mk:                  # a block of K values of k (its hot loop): per 32 k
+            per = int(mk.group(1)) / 32
+            blk, blk_macs = blk / per, round(macs / per)
     else:                       # f32: the hot loop covers 4 k
         blk, blk_macs = 8 * cpi, 8 * macs
     return LoopReport(spec.name, model, cpi, bound, macs, blk, blk_macs)
