@@ -9,10 +9,12 @@ import pytest
 from gguf import GGMLQuantizationType
 from gguf.quants import dequantize
 
+from tilegen import reference_kquant as RK
 from tilegen.layout import LayoutError
 from tilegen.layout import ggml
 from tilegen.layout.api import can_repack, layout_for, pack_lhs, pack_rhs, repack_rhs
 from tilegen.layout.kquant import Q4KP, Q6KP, Q8KP
+from tilegen.reference import fma_f32
 
 KS = (256, 512, 768)
 GEOMS = [(4, 8), (4, 16), (8, 4), (3, 16), (1, 32), (12, 2)]
@@ -372,3 +374,98 @@ def test_refusals():
         layout_for("q8kp", mr=4, kr=8, sr=1)
     with pytest.raises(LayoutError, match="float32"):
         Q8KP(4, 8).pack(np.ones((2, 256), np.float64))
+
+
+# ----------------------------------------------------------------------------------------
+# reference arithmetic (tilegen.reference_kquant)
+# ----------------------------------------------------------------------------------------
+RAND = {"q4_K": ggml.random_q4_k, "q6_K": ggml.random_q6_k}
+
+
+def _loop_tilegen(kind, x, raw, n, k):
+    """The design's kernel arithmetic for every output, as scalar loops over the split ggml
+    fields and Q8KP.quantize_rows (no packing)."""
+    m = x.shape[0]
+    qa, da, bsum = Q8KP.quantize_rows(x)
+    hi, lo = Q8KP.split_bsum(bsum)
+    out = np.zeros((m, n), np.float32)
+    for r in range(m):
+        for c in range(n):
+            acc = np.float32(0)
+            for s in range(k // 256):
+                if kind == "q4_K":
+                    d, dmin, sc, mins, q = ggml.split_q4_k(raw, n, k)
+                    S1 = sum(int(sc[c, s, j]) * sum(int(q[c, 256 * s + t]) * int(qa[r, 256 * s + t])
+                                                    for t in range(32 * j, 32 * j + 32)) for j in range(8))
+                    S2 = 128 * sum(int(mins[c, s, j]) * int(hi[r, s, j]) for j in range(8)) + \
+                        sum(int(mins[c, s, j]) * int(lo[r, s, j]) for j in range(8))
+                    xv = np.float32(np.float32(S1) * np.float32(np.uint16(d[c, s]).view(np.float16)))
+                    xv = fma_f32(-np.float32(np.uint16(dmin[c, s]).view(np.float16)), np.float32(S2), xv)
+                else:
+                    d, sc, q = ggml.split_q6_k(raw, n, k)
+                    S1 = sum(int(sc[c, s, j]) * sum((int(q[c, 256 * s + t]) - 32) * int(qa[r, 256 * s + t])
+                                                    for t in range(16 * j, 16 * j + 16)) for j in range(16))
+                    xv = np.float32(np.float32(S1) * np.float32(np.uint16(d[c, s]).view(np.float16)))
+                acc = fma_f32(da[r, s], xv, acc)
+            out[r, c] = acc
+    return out
+
+
+@pytest.mark.parametrize("kind", RK.KINDS)
+def test_tilegen_reference_is_the_design_arithmetic(kind):
+    rng = np.random.default_rng(11)
+    m, n, k = 2, 3, 512
+    x = (rng.standard_normal((m, k)) * 3).astype(np.float32)
+    raw = RAND[kind](n, k, 12)
+    want = _loop_tilegen(kind, x, raw, n, k)
+    got = RK.matmul_tilegen(kind, x, raw, n, mr=4, nr=4, kr=8)
+    assert got.tobytes() == want.tobytes()
+
+
+@pytest.mark.parametrize("kind", RK.KINDS)
+def test_tilegen_reference_does_not_depend_on_the_geometry(kind):
+    """Every (mr, nr, kr) packs the same values: the results are bit-identical."""
+    rng = np.random.default_rng(5)
+    m, n, k = 7, 10, 768
+    x = rng.standard_normal((m, k)).astype(np.float32)
+    raw = RAND[kind](n, k, 6)
+    base = RK.matmul_tilegen(kind, x, raw, n, mr=4, nr=4, kr=16)
+    for mr, nr, kr in ((8, 4, 8), (1, 12, 4), (3, 8, 32), (16, 1, 2)):
+        assert RK.matmul_tilegen(kind, x, raw, n, mr=mr, nr=nr, kr=kr).tobytes() == base.tobytes()
+    lo, hi = float(np.quantile(base, 0.25)), float(np.quantile(base, 0.75))
+    clamped = RK.matmul_tilegen(kind, x, raw, n, clamp_min=lo, clamp_max=hi)
+    assert (clamped == np.clip(base, np.float32(lo), np.float32(hi))).all()
+
+
+@pytest.mark.parametrize("kind", RK.KINDS)
+@pytest.mark.parametrize("m,n,k", [(1, 5, 256), (5, 7, 512), (13, 9, 768), (4, 6, 2048)])
+def test_tilegen_and_ggml_against_float64_within_the_derived_bound(kind, m, n, k):
+    rng = np.random.default_rng(m * 1000 + k)
+    x = (rng.standard_normal((m, k)) * rng.uniform(0.1, 10, (m, 1))).astype(np.float32)
+    x[0, 5] = 40.0                                       # an outlier: one large step
+    raw = RAND[kind](n, k, n + m)
+    ref = RK.matmul_f64_kquant(kind, x, raw, n)
+    bound = RK.error_bound(kind, x, raw, n)
+    ours, theirs = RK.matmul_tilegen(kind, x, raw, n), RK.matmul_ggml(kind, x, raw, n)
+    assert (np.abs(ours - ref) <= bound).all()
+    assert (np.abs(theirs - ref) <= bound).all()
+    assert (np.abs(ours.astype(np.float64) - theirs) <= 2 * bound).all()
+    assert (np.abs(RK.matmul_ggml(kind, x, raw, n, contract=True) - ref) <= bound).all()
+    # the activation rounding dominates: a few tenths of a percent, never zero
+    for got in (ours, theirs):
+        e = RK.error_summary(got, ref)
+        assert 0 < e["rms_rel"] < 0.05
+
+
+def test_ggml_q8_k_quantisation():
+    x = np.full((1, 256), 0.25, np.float32)
+    x[0, :6] = [-127.0, 2.5, 3.5, -0.5, 127.0, -1.5]     # max: the first of largest |x| (-127)
+    q, d, bsums = RK.quantize_q8_k(x)
+    assert d[0, 0] == 1.0                                # 1 / (-127 / -127)
+    assert q[0, :7].tolist() == [-127, 2, 4, 0, 127, -2, 0]   # ties to even
+    assert bsums.shape == (1, 1, 16) and bsums[0, 0, 0] == q[0, :16].astype(int).sum()
+    x[0, 0] = 127.0
+    q, d, _ = RK.quantize_q8_k(x)
+    assert d[0, 0] == -1.0 and q[0, :3].tolist() == [-127, -2, -4]    # signed max: q flips sign
+    q, d, _ = RK.quantize_q8_k(np.zeros((2, 256), np.float32))
+    assert not q.any() and not d.any()

@@ -1,0 +1,82 @@
+"""Error table of the K-quant matmuls (issue #24): tilegen's kernel arithmetic and ggml's Q8_K
+reference arithmetic, each against the float64 product of the dequantised weights and the float
+activations (tilegen.reference_kquant; numpy only, no build, no emulation).
+
+    python bench/kquant_error.py                  # markdown table on stdout
+    python bench/kquant_error.py --json out.json  # the figures as JSON too
+
+Weights: seeded random valid ggml blocks (tilegen.layout.ggml.random_q4_k / random_q6_k).
+Activations: seeded, two kinds per shape — ``normal`` (standard normal) and ``heavy``
+(Student t with 3 degrees of freedom: a few large values per row, as LLM activations have).
+Figures: ``rms`` = RMS(error) / RMS(float64 result), ``max`` = max |error| / max |float64 result|;
+``tg-gg`` = max |tilegen - ggml| / max |float64 result|.  Both paths quantise each activation row
+per 256-k super-block with 127 levels each side, so they differ only in rounding ties, ggml's
+reciprocal scale and the float order.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+
+import numpy as np
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from tilegen.layout.ggml import random_q4_k, random_q6_k  # noqa: E402
+from tilegen.reference_kquant import (error_summary, matmul_f64_kquant, matmul_ggml,  # noqa: E402
+                                      matmul_tilegen)
+
+SHAPES = [(1, 256, 256), (1, 512, 4096), (8, 128, 1024), (16, 256, 4096), (32, 64, 2048)]
+RAND = {"q4_K": random_q4_k, "q6_K": random_q6_k}
+
+
+def activations(kind: str, m: int, k: int, seed: int) -> np.ndarray:
+    rng = np.random.default_rng(seed)
+    if kind == "normal":
+        return rng.standard_normal((m, k)).astype(np.float32)
+    return rng.standard_t(3, (m, k)).astype(np.float32)
+
+
+def rows() -> list[dict]:
+    out = []
+    for wkind in ("q4_K", "q6_K"):
+        for i, (m, n, k) in enumerate(SHAPES):
+            raw = RAND[wkind](n, k, 100 + i)
+            for akind in ("normal", "heavy"):
+                x = activations(akind, m, k, 200 + i)
+                ref = matmul_f64_kquant(wkind, x, raw, n)
+                tg, gg = matmul_tilegen(wkind, x, raw, n), matmul_ggml(wkind, x, raw, n)
+                e_tg, e_gg = error_summary(tg, ref), error_summary(gg, ref)
+                out.append({"kind": wkind, "m": m, "n": n, "k": k, "x": akind,
+                            "tilegen": e_tg, "ggml": e_gg,
+                            "tg_vs_gg": error_summary(tg, gg.astype(np.float64))["max_abs"]
+                            / float(np.abs(ref).max())})
+    return out
+
+
+def table(res: list[dict]) -> str:
+    lines = ["| kind | m x n x k | x | tilegen rms | tilegen max | ggml rms | ggml max | tg-gg max |",
+             "|---|---|---|---|---|---|---|---|"]
+    for r in res:
+        lines.append(f"| {r['kind']} | {r['m']}x{r['n']}x{r['k']} | {r['x']} | "
+                     f"{r['tilegen']['rms_rel']:.3e} | {r['tilegen']['max_rel']:.3e} | "
+                     f"{r['ggml']['rms_rel']:.3e} | {r['ggml']['max_rel']:.3e} | "
+                     f"{r['tg_vs_gg']:.2e} |")
+    return "\n".join(lines)
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--json", type=Path, help="also write the figures as JSON")
+    args = ap.parse_args(argv)
+    res = rows()
+    print(table(res))
+    if args.json:
+        args.json.write_text(json.dumps(res, indent=1))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

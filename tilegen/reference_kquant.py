@@ -1,0 +1,266 @@
+"""numpy references of the K-quant matmuls (issue #24; docs/layouts.md#arith-kquant).
+
+Three computations of ``dst[r][c] = sum_t x[r][t] * w[c][t]`` for ggml Q4_K / Q6_K weights
+``w`` (n rows of ggml blocks) and float32 activations ``x``:
+
+* **tilegen's kernel arithmetic** (:func:`matmul_q8kp_q4kp`, :func:`matmul_q8kp_q6kp`), bit
+  exact: it reads the packed LHS (``q8kp``) and RHS (``q4kp`` / ``q6kp``) through the layout
+  objects' ``unpack``, so it checks the layouts as much as the arithmetic.  Per output and per
+  super-block (SB) of 256, in k order, from acc = +0.0f:
+
+  - Q4_K: S1 = sum_j sc_j * (sum over sub-block j of q*a) and S2 = 128 * sum_j m_j*bsum_hi_j
+    + sum_j m_j*bsum_lo_j (both exact integers); x = f32(S1) * f32(d) (one rounding);
+    x = fma(-f32(dmin), f32(S2), x); acc = fma(da, x, acc).
+  - Q6_K: S1 = sum_j sc_j * (sum over sub-block j of 16 of (q - 32)*a); x = f32(S1) * f32(d);
+    acc = fma(da, x, acc).
+
+  then clamp: min(max(acc, clamp_min), clamp_max).  f32(S) rounds to nearest (S1 of Q4_K can
+  pass 2^24).
+
+* **ggml's reference arithmetic** (:func:`quantize_q8_k`, :func:`matmul_ggml`), for the error
+  table only: activations quantised as ggml's ``quantize_row_q8_K_ref`` does it — per SB, the
+  value of largest magnitude keeps its sign (the first such value), ``iscale = -127/max``,
+  q = nearest integer of ``iscale*x`` with ties to even, at most 127, ``d = 1/iscale``, sums
+  per 16 — and the dot product in the float order of ggml's generic ``vec_dot_q4_K_q8_K`` /
+  ``vec_dot_q6_K_q8_K``: the integer products of each SB are gathered in 8 int32 lanes (lane l
+  holds the scale-weighted products of the positions t with t % 8 == l); per SB a factor
+  ``f32(d_w) * d_a`` is formed and each lane's float partial becomes ``part_l + factor*f32(lane_l)``;
+  the Q4_K min term (``sum_j bsums_j * m_{j/2}``, int) is taken off a separate running float
+  ``sumf -= (f32(dmin) * d_a) * f32(that sum)``; after the last SB the 8 partials are added to
+  ``sumf`` in lane order.  Every step is one f32 rounding (C's semantics without contraction;
+  ``contract=True`` fuses ``part + factor*lane`` and ``sumf - dmin*sum`` as compilers allowed
+  to contract do).
+
+* **the float64 product** (:func:`matmul_f64_kquant`) of the dequantised weights (gguf's) and
+  the float activations, and :func:`error_summary` / :func:`error_bound` to compare the two
+  above with it (``bench/kquant_error.py`` prints the table).
+"""
+from __future__ import annotations
+
+import numpy as np
+
+from .layout.ggml import (QK_K, check_superblocks, dequantize_q4_k, dequantize_q6_k, split_q4_k,
+                          split_q6_k)
+from .layout.kquant import Q4KP, Q6KP, Q8KP
+from .reference import fma_f32
+
+__all__ = ["matmul_q8kp_q4kp", "matmul_q8kp_q6kp", "matmul_tilegen", "quantize_q8_k",
+           "matmul_ggml", "matmul_f64_kquant", "dequantize_kquant", "error_summary",
+           "error_bound", "KINDS"]
+
+KINDS = ("q4_K", "q6_K")
+f32 = np.float32
+
+
+def _f16(bits) -> np.ndarray:
+    return np.asarray(bits, dtype=np.uint16).view(np.float16).astype(f32)
+
+
+def _subblock_dots(a: np.ndarray, q: np.ndarray, sub: int) -> np.ndarray:
+    """Exact int64 (m, n, 256/sub): per sub-block of ``sub`` values, sum of a[r] * q[c]."""
+    m, n = a.shape[0], q.shape[0]
+    J = a.shape[1] // sub
+    A = a.astype(np.int64).reshape(m, J, sub).transpose(1, 0, 2)        # (J, m, sub)
+    W = q.astype(np.int64).reshape(n, J, sub).transpose(1, 2, 0)        # (J, sub, n)
+    return np.matmul(A, W).transpose(1, 2, 0)
+
+
+def _clamp(acc: np.ndarray, lo: float, hi: float) -> np.ndarray:
+    return np.minimum(np.maximum(acc, f32(lo)), f32(hi)).astype(f32)
+
+
+# ----------------------------------------------------------------------------------------
+# tilegen's kernel arithmetic (bit exact)
+# ----------------------------------------------------------------------------------------
+def matmul_q8kp_q4kp(lhs_packed, rhs_packed, m: int, n: int, k: int, mr: int, nr: int, kr: int,
+                     clamp_min: float = -np.inf, clamp_max: float = np.inf) -> np.ndarray:
+    """dst float32 (m, n) of a q4_K kernel reading ``q8kp<mr>x<kr>`` and ``q4kp<nr>x<kr>``."""
+    S = check_superblocks(k)
+    qa, da, hi, lo = Q8KP(mr, kr).unpack(lhs_packed, m, k)
+    d, dmin, sc, mins, q = Q4KP(nr, kr).unpack(rhs_packed, n, k)
+    acc = np.zeros((m, n), f32)
+    for s in range(S):
+        ks = slice(QK_K * s, QK_K * (s + 1))
+        P = _subblock_dots(qa[:, ks], q[:, ks], 32)                          # (m, n, 8)
+        S1 = (P * sc[None, :, s, :].astype(np.int64)).sum(axis=2)
+        mm = mins[:, s, :].astype(np.int64)                                  # (n, 8)
+        S2 = 128 * (hi[:, s, :].astype(np.int64) @ mm.T) + lo[:, s, :].astype(np.int64) @ mm.T
+        x = (S1.astype(f32) * _f16(d[:, s])[None, :]).astype(f32)
+        x = fma_f32(-_f16(dmin[:, s])[None, :], S2.astype(f32), x)
+        acc = fma_f32(da[:, s:s + 1], x, acc)
+    return _clamp(acc, clamp_min, clamp_max)
+
+
+def matmul_q8kp_q6kp(lhs_packed, rhs_packed, m: int, n: int, k: int, mr: int, nr: int, kr: int,
+                     clamp_min: float = -np.inf, clamp_max: float = np.inf) -> np.ndarray:
+    """dst float32 (m, n) of a q6_K kernel reading ``q8kp<mr>x<kr>`` and ``q6kp<nr>x<kr>``."""
+    S = check_superblocks(k)
+    qa, da, _, _ = Q8KP(mr, kr).unpack(lhs_packed, m, k)
+    d, sc, q = Q6KP(nr, kr).unpack(rhs_packed, n, k)
+    v = q.astype(np.int16) - 32
+    acc = np.zeros((m, n), f32)
+    for s in range(S):
+        ks = slice(QK_K * s, QK_K * (s + 1))
+        P = _subblock_dots(qa[:, ks], v[:, ks], 16)                          # (m, n, 16)
+        S1 = (P * sc[None, :, s, :].astype(np.int64)).sum(axis=2)
+        x = (S1.astype(f32) * _f16(d[:, s])[None, :]).astype(f32)
+        acc = fma_f32(da[:, s:s + 1], x, acc)
+    return _clamp(acc, clamp_min, clamp_max)
+
+
+def matmul_tilegen(kind: str, x: np.ndarray, raw, n: int, *, mr: int = 4, nr: int = 4,
+                   kr: int = 16, clamp_min: float = -np.inf, clamp_max: float = np.inf
+                   ) -> np.ndarray:
+    """Pack float32 activations ``x`` (m, k) as q8kp and ggml ``kind`` blocks ``raw`` (n rows)
+    as q4kp / q6kp, then tilegen's kernel arithmetic."""
+    m, k = x.shape
+    lhs = Q8KP(mr, kr).pack(x)
+    if kind == "q4_K":
+        return matmul_q8kp_q4kp(lhs, Q4KP(nr, kr).pack_from_ggml(raw, n, k), m, n, k, mr, nr, kr,
+                                clamp_min, clamp_max)
+    if kind == "q6_K":
+        return matmul_q8kp_q6kp(lhs, Q6KP(nr, kr).pack_from_ggml(raw, n, k), m, n, k, mr, nr, kr,
+                                clamp_min, clamp_max)
+    raise ValueError(f"kind must be one of {', '.join(KINDS)}, got {kind!r}")
+
+
+# ----------------------------------------------------------------------------------------
+# ggml's reference arithmetic (for the error table)
+# ----------------------------------------------------------------------------------------
+def quantize_q8_k(x: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """float32 (m, k) -> (q int8 (m, k), d f32 (m, S), bsums int32 (m, S, 16)) as ggml's
+    ``quantize_row_q8_K_ref`` (finite input)."""
+    x = np.asarray(x, dtype=f32)
+    m, k = x.shape
+    S = check_superblocks(k)
+    xb = x.reshape(m, S, QK_K)
+    imax = np.abs(xb).argmax(axis=2)[..., None]               # the first of equal magnitudes
+    mx = np.take_along_axis(xb, imax, axis=2)[..., 0]         # keeps its sign
+    nz = mx != 0
+    with np.errstate(divide="ignore", invalid="ignore", over="ignore"):
+        iscale = np.where(nz, f32(-127) / np.where(nz, mx, f32(1)), f32(0)).astype(f32)
+        v = (xb * iscale[..., None]).astype(f32)
+        q = np.minimum(np.rint(v), 127).astype(np.int8)      # rint: ties to even
+        d = np.where(nz, f32(1) / np.where(nz, iscale, f32(1)), f32(0)).astype(f32)
+    bsums = q.astype(np.int32).reshape(m, S, 16, 16).sum(axis=3)
+    return q.reshape(m, k), d, bsums
+
+
+def _ggml_lanes(qa: np.ndarray, w: np.ndarray, sc: np.ndarray, sub: int) -> np.ndarray:
+    """int64 (m, n, 8): lane l = sum over the SB's positions t with t % 8 == l of
+    sc[sub-block of t] * qa[t] * w[t] (ggml's aux32)."""
+    m, n = qa.shape[0], w.shape[0]
+    J = QK_K // sub
+    A = qa.astype(np.int64).reshape(m, J, sub // 8, 8)
+    W = w.astype(np.int64).reshape(n, J, sub // 8, 8) * sc.astype(np.int64).reshape(n, J, 1, 1)
+    return np.einsum("mjgl,njgl->mnl", A, W)
+
+
+def matmul_ggml(kind: str, x: np.ndarray, raw, n: int, *, contract: bool = False) -> np.ndarray:
+    """float32 (m, n): ggml's Q8_K path — :func:`quantize_q8_k` of ``x`` and the generic
+    ``vec_dot_<kind>_q8_K`` float order (module docstring) per output."""
+    m, k = x.shape
+    S = check_superblocks(k)
+    qa, da, bsums = quantize_q8_k(x)
+    if kind == "q4_K":
+        d, dmin, sc, mins, q = split_q4_k(raw, n, k)
+        w, sub = q, 32
+    elif kind == "q6_K":
+        d, sc, q = split_q6_k(raw, n, k)
+        w, sub = q.astype(np.int16) - 32, 16
+    else:
+        raise ValueError(f"kind must be one of {', '.join(KINDS)}, got {kind!r}")
+    parts = np.zeros((8, m, n), f32)
+    sumf = np.zeros((m, n), f32)
+    for s in range(S):
+        ks = slice(QK_K * s, QK_K * (s + 1))
+        lanes = _ggml_lanes(qa[:, ks], w[:, ks], sc[:, s], sub).astype(f32)    # exact ints
+        fac = (_f16(d[:, s])[None, :] * da[:, s:s + 1]).astype(f32)            # (m, n)
+        for l in range(8):
+            if contract:
+                parts[l] = fma_f32(fac, lanes[..., l], parts[l])
+            else:
+                parts[l] = (parts[l] + (fac * lanes[..., l]).astype(f32)).astype(f32)
+        if kind == "q4_K":
+            # bsums per 16: sub-block j of 32 holds sums 2j and 2j+1
+            sumi = (bsums[:, s, :].astype(np.int64) @ np.repeat(mins[:, s, :], 2, axis=1).astype(np.int64).T)
+            fmin = (_f16(dmin[:, s])[None, :] * da[:, s:s + 1]).astype(f32)
+            if contract:
+                sumf = fma_f32(-fmin, sumi.astype(f32), sumf)
+            else:
+                sumf = (sumf - (fmin * sumi.astype(f32)).astype(f32)).astype(f32)
+    for l in range(8):
+        sumf = (sumf + parts[l]).astype(f32)
+    return sumf
+
+
+# ----------------------------------------------------------------------------------------
+# float64 product and error figures
+# ----------------------------------------------------------------------------------------
+def dequantize_kquant(kind: str, raw, n: int, k: int) -> np.ndarray:
+    """float32 (n, k): gguf's dequantisation of ggml ``kind`` blocks."""
+    if kind == "q4_K":
+        return dequantize_q4_k(raw, n, k)
+    if kind == "q6_K":
+        return dequantize_q6_k(raw, n, k)
+    raise ValueError(f"kind must be one of {', '.join(KINDS)}, got {kind!r}")
+
+
+def matmul_f64_kquant(kind: str, x: np.ndarray, raw, n: int) -> np.ndarray:
+    """float64 (m, n): the dequantised weights times the float activations, in float64."""
+    w = dequantize_kquant(kind, raw, n, x.shape[1]).astype(np.float64)
+    return np.asarray(x, dtype=np.float64) @ w.T
+
+
+def _exact_terms(kind: str, raw, n: int, k: int) -> tuple[np.ndarray, np.ndarray]:
+    """float64 (n, k): |w| of the exact weights (d*sc*q - dmin*m, unrounded) and the sum of
+    the magnitudes of their parts (|d*sc*q| + |dmin*m|)."""
+    if kind == "q4_K":
+        d, dmin, sc, mins, q = split_q4_k(raw, n, k)
+        S = k // QK_K
+        a = (_f16(d).astype(np.float64)[..., None] * sc).reshape(n, S, 8, 1) * q.reshape(n, S, 8, 32)
+        b = np.broadcast_to((_f16(dmin).astype(np.float64)[..., None] * mins).reshape(n, S, 8, 1),
+                            a.shape)
+        return np.abs(a - b).reshape(n, k), (np.abs(a) + np.abs(b)).reshape(n, k)
+    d, sc, q = split_q6_k(raw, n, k)
+    S = k // QK_K
+    a = (_f16(d).astype(np.float64)[..., None] * sc).reshape(n, S, 16, 1) * \
+        (q.astype(np.float64) - 32).reshape(n, S, 16, 16)
+    return np.abs(a).reshape(n, k), np.abs(a).reshape(n, k)
+
+
+def error_bound(kind: str, x: np.ndarray, raw, n: int) -> np.ndarray:
+    """float64 (m, n): a bound on |result - float64 product| that holds for both tilegen's and
+    ggml's arithmetic (docs/layouts.md#arith-kquant):
+
+    * activation rounding: each activation is off by at most half a step, amax_s/254 (ggml's
+      reciprocal scales add at most a relative 2^-14): sum_s amax_s/254 * (1 + 2^-14) *
+      sum_{t in s} |w_t|;
+    * float roundings: each f32 step (conversions, products, sums; at most S + 12 of them on any
+      path, S super-blocks) is off by 2^-24 of a partial sum, and every partial sum is at most
+      T = sum_s amax_s * (1 + 1/127) * sum_{t in s} (|d sc q_t| + |dmin m_t|): (S + 12) * 2^-23 * T;
+    * the float64 reference's own weights are gguf's f32 dequantisation (3 roundings per weight,
+      2^-24 each, of the parts' magnitudes): 3 * 2^-24 * sum_t |x_t| (|d sc q_t| + |dmin m_t|).
+    """
+    x = np.asarray(x, dtype=np.float64)
+    m, k = x.shape
+    S = check_superblocks(k)
+    w_abs, parts = _exact_terms(kind, raw, n, k)
+    amax = np.abs(x).reshape(m, S, QK_K).max(axis=2)                           # (m, S)
+    wsum = w_abs.reshape(n, S, QK_K).sum(axis=2)                               # (n, S)
+    psum = parts.reshape(n, S, QK_K).sum(axis=2)
+    quant = (amax / 254 * (1 + 2.0 ** -14)) @ wsum.T
+    T = (amax * (1 + 1 / 127)) @ psum.T
+    return quant + (S + 12) * 2.0 ** -23 * T + 3 * 2.0 ** -24 * (np.abs(x) @ parts.T)
+
+
+def error_summary(got: np.ndarray, ref: np.ndarray) -> dict:
+    """float64 figures of ``got`` against ``ref`` (m, n): ``max_abs``; ``max_rel`` = max |err|
+    / max |ref|; ``rms_rel`` = RMS(err) / RMS(ref)."""
+    err = np.asarray(got, dtype=np.float64) - np.asarray(ref, dtype=np.float64)
+    ref = np.asarray(ref, dtype=np.float64)
+    top = float(np.abs(ref).max())
+    rms = float(np.sqrt(np.mean(ref ** 2)))
+    return {"max_abs": float(np.abs(err).max()),
+            "max_rel": float(np.abs(err).max()) / top if top else 0.0,
+            "rms_rel": float(np.sqrt(np.mean(err ** 2))) / rms if rms else 0.0}
