@@ -144,6 +144,17 @@ def _q8(op: str, template: str, allocator: str, kr: int, fixed_kr: str | None = 
     return IsaImpl(op, template, allocator, kr=kr, sr=1, fixed_kr=fixed_kr)
 
 
+def _kquant_impls(stem: str) -> dict[str, IsaImpl]:
+    """The NEON realisations of a K-quant family (``stem``: q4k, q6k): one template and one
+    allocator per family (``templates/<stem>_neon.S.j2``, ``regalloc/<stem>.py``); sr = 2
+    fixed (a byte holds two k values, docs/layouts.md#q8kp), kr by the instruction: SMMLA reads
+    8 k per operand row (kr = 16), SDOT by lane and SMULL 4 (kr = 8)."""
+    def kq(op: str, kr: int) -> IsaImpl:
+        return IsaImpl(op, f"{stem}_neon", f"{stem}_neon", kr=kr, sr=2)
+    return {"neon": kq("neon", 8), "dotprod": kq("neon_dotprod", 8),
+            "i8mm": kq("neon_i8mm", 16)}
+
+
 FAMILIES: dict[str, FamilyInfo] = {
     # f32 GEMM: NEON/SVE FMLA, SME FMOPA outer products (SME2: multi-vector loads and the
     # ZA-array FMLA gemv).
@@ -201,8 +212,8 @@ FAMILIES: dict[str, FamilyInfo] = {
     # super-block, f32 d, sub-block sums) against lossless repacks of ggml block_q4_K / block_q6_K
     # (docs/layouts.md#q8kp, #q4kp, #q6kp; arithmetic: tilegen.reference_kquant).  The ISAs
     # are added with their kernels.
-    "q4_K": FamilyInfo(name="q4_K", lhs="q8kp", rhs="q4kp", impls={}, kinds=("q4_K",), abi=Q8,
-                       quantized=True),
+    "q4_K": FamilyInfo(name="q4_K", lhs="q8kp", rhs="q4kp", impls=_kquant_impls("q4k"),
+                       kinds=("q4_K",), abi=Q8, quantized=True),
     "q6_K": FamilyInfo(name="q6_K", lhs="q8kp", rhs="q6kp", impls={}, kinds=("q6_K",), abi=Q8,
                        quantized=True),
     # f32 activations and weights rounded to bf16, f32 accumulation (KleidiAI

@@ -249,7 +249,7 @@ def _vl_units(spec: KernelSpec, vl_bytes: int | None) -> int:
 _TILE = r"(?P<mr>\d+)(?P<mrvl>vl)?x(?P<nr>\d+)(?P<nrvl>vl)?"
 _TILE_RE = re.compile(f"^{_TILE}$")
 _SPEC_RE = re.compile(
-    rf"^(?P<family>[a-z0-9_]+):(?P<isa>[a-z0-9_]+):{_TILE}"
+    rf"^(?P<family>[A-Za-z0-9_]+):(?P<isa>[a-z0-9_]+):{_TILE}"
     r"(?::k(?P<kr>\d+))?(?::s(?P<sr>\d+))?(?P<am>:am)?$")
 
 

@@ -1,0 +1,180 @@
+"""Register allocation of the K-quant kernels of family ``q4_K`` (LHS ``q8kp``, RHS ``q4kp``;
+the arithmetic of docs/specs.md#q4_k and tilegen.reference_kquant) on NEON V registers.
+
+One super-block (SB, 256 k) is one iteration of the kernel's k loop, its 8 sub-blocks of 32 k
+unrolled.  Per accumulator unit (a register of int32 sums):
+
+    T   the sub-block dot products, cumulative over the SB (zeroed once per SB);
+    S1  the scaled sums: after sub-block j, S1 += (sc_j - sc_{j+1}) * T  (sc_8 = 0), so that
+        S1 = sum_j sc_j * (sum over sub-block j) at the SB's end without zeroing T per
+        sub-block (the "telescoping" form; MUL at j = 0, MLA after);
+    the f32 accumulators live in the stack frame (one 16-byte slot per unit, loaded and stored
+    once per SB by the float epilogue: x = f32(S1)*d; x -= dmin*f32(S2); acc += da*x).
+
+Strategies (``Q4KRegs.mode``), by ISA and interleave:
+
+``mm``    i8mm, kr = 16, mr a multiple of 4: SMMLA of (2 rows x 8 k) by (2 columns x 8 k); a
+          unit is (row block g, row pair rp, column pair p) in SMMLA's 2x2 order; the
+          sub-block scale differences and the SB's d / dmin / da are arranged to match.  The
+          min term: two SMMLA of the hi/lo bsums by the mins of a column pair.
+``dot4``  dotprod, kr = 8: SDOT by lane; a unit is (row, 4 columns) (gemv: mr = 1, the
+          row's 32 k of a sub-block in two vectors).  The min term: SDOT by lane of the
+          bsums against UZP1/UZP2 of the mins of 4 columns.
+``dot8``  i8mm gemv (mr = 1) on the kr = 16 layout: SDOT of the row's 8 k (both halves)
+          against 2 columns x 8 k; a unit is a column pair (lanes c0 c0 c1 c1), folded by ADDP
+          to 4 columns at the SB end, then the dot4 epilogue.
+``neon``  plain NEON, kr = 8: SMULL/SMULL2 (int16 products) + SADALP into two int32 vectors
+          per unit (columns 0-1 and 2-3 of the unit), ADDP per sub-block; then as dot4.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from ...records import SpecError
+from ..spec import KernelSpec
+from ..tile_layouts import check_packing
+from .pool import Frame, RegisterPool, VectorNeeds, first_fit, flatten, rows
+
+__all__ = ["Q4KRegs", "Q4K_SCALARS", "Q4K_CHART", "q4k_mode", "ALLOCATORS"]
+
+Q4K_SCALARS = ("n_rem", "rhs_ptr", "dst_tile", "dst_row", "sb_cnt", "nsb", "lhs_rbs",
+               "lhs_blk_stride", "dst_blk_stride", "tmp")
+_EP = "epilogue beyond the dead registers"
+Q4K_CHART = ("int32 sub-block sums", "int32 scaled sums", "LHS", "RHS", "nibble mask",
+             "scale scratch", _EP)
+_MAX_NR = 64
+
+
+@dataclass(frozen=True)
+class Q4KRegs(Frame):
+    """Registers of the q4_K NEON kernels (numbers; templates add the prefix).
+
+    ``t[u]`` / ``s1[u]``: unit u's cumulative sub-block sums (neon: two vectors per unit) and
+    scaled sums; units are ``[g][rp][p]`` flattened (mm), ``[row][cv]`` (dot4, neon) or
+    ``[p]`` (dot8).  ``ep`` names the SB epilogue's operand registers (dead hot-loop registers
+    first).  ``out[row][cv]``: the registers the f32 results are loaded into for the store."""
+
+    mode: str
+    mr_reg: int
+    lhs_mr: int
+    groups: int
+    t: tuple
+    s1: tuple[int, ...]
+    lhs: tuple[int, ...]
+    rhs: tuple[int, ...]
+    mask: int
+    sst: tuple[int, ...]                 # scale scratch: the scale bytes of sub-blocks j and
+    #                                      j+1 (their int16 difference in the first), the int32
+    #                                      differences of 4 columns, (mm, dot8) their pattern
+    ep: dict = field(hash=False)
+    out: tuple[tuple[int, ...], ...]
+    gpr: dict[str, int] = field(hash=False)
+    lo: tuple[int, ...]                  # one pointer per LHS row block
+    saved_x: tuple[int, ...] = ()
+    saved_d: tuple[int, ...] = ()
+    needs: VectorNeeds = VectorNeeds(())
+
+    @property
+    def t_flat(self) -> tuple[int, ...]:
+        """Every register of ``t`` (zeroed at each SB's start)."""
+        return tuple(flatten(self.t))
+
+    @property
+    def n_units(self) -> int:
+        return len(self.s1)
+
+    @property
+    def n_vec(self) -> int:
+        return len(self.out[0])
+
+    @property
+    def acc_offset(self) -> int:
+        """sp offset of the f32 accumulators (16 bytes per unit, above the clamp values)."""
+        return (self.clamp_offset + 16 + 15) // 16 * 16
+
+    @property
+    def frame_bytes(self) -> int:
+        return self.acc_offset + 16 * self.n_units
+
+
+_MODES = {"i8mm": {16: "mm"}, "dotprod": {8: "dot4"}, "neon": {8: "neon"}}
+
+
+def q4k_mode(spec: KernelSpec) -> str:
+    """The strategy of a q4_K NEON tile, by ISA, interleave and row count."""
+    if spec.sr != 2:
+        raise SpecError(f"q4_K layouts hold two k values per byte: sr must be 2, got sr={spec.sr}")
+    want = {"i8mm": 16, "dotprod": 8, "neon": 8}[spec.isa]
+    if spec.kr != want:
+        raise SpecError(f"q4_K {spec.isa} kernels need kr={want} (kr/sr = {want // 2} k values "
+                        f"per operand row), got kr={spec.kr}")
+    if spec.isa == "i8mm" and spec.mr == 1:
+        return "dot8"
+    return _MODES[spec.isa][want]
+
+
+def _units(mode: str, mr_reg: int, nr: int) -> int:
+    return {"mm": mr_reg * nr // 4, "dot4": mr_reg * nr // 4, "neon": mr_reg * nr // 4,
+            "dot8": nr // 2}[mode]
+
+
+def _ep_counts(mode: str, P: int, nr: int) -> dict[str, int]:
+    """SB-epilogue operands: bsums (hi, lo) of one row block, its d (and the row-pair
+    patterns), per column pair / vector d, dmin and the mins, scratch."""
+    nv = nr // 4
+    if mode == "mm":
+        return {"bh": 2, "bl": 2, "da": 1, "dap": 2, "d": nr // 2, "dm": nr // 2,
+                "mins": nr // 2, "f16": 1, "s2": 1, "fa": 1}
+    bs = 4 if P == 4 else 1                  # bsum_hi, bsum_lo of the row block
+    if mode == "neon":      # SMULL/SMLAL2 of int16 bsums by each column's 8 mins, ADDP
+        return {"bs": bs, "da": 1, "d": nv, "dm": nv, "mins": 4 * nv, "f16": 2, "s2": 1,
+                "fa": 1, "b16": 1, "v": 4}
+    # dot4 / dot8: by-lane SDOT of the mins (UZP1/UZP2: j 0-3, 4-7 of 4 columns)
+    return {"bs": bs, "da": 1, "d": nv, "dm": nv, "mins": 2 * nv, "f16": 2, "s2": 1, "fa": 1}
+
+
+def _block(spec: KernelSpec, mode: str, mr_reg: int):
+    nr, P = spec.nr, spec.lhs_mr
+    G, U, nv = mr_reg // P, _units(mode, mr_reg, nr), nr // 4
+    pool = RegisterPool(Q4K_CHART)
+    v = pool.v
+    t_flat = v.take(U * (2 if mode == "neon" else 1), "int32 sub-block sums")
+    t = tuple(rows(t_flat, 2)) if mode == "neon" else tuple(t_flat)
+    s1 = tuple(v.take(U, "int32 scaled sums"))
+    n_lhs = {"mm": mr_reg // 2, "dot4": 2, "dot8": 4, "neon": 3}[mode]
+    lhs = tuple(v.take(n_lhs, "LHS"))
+    # mm: the unpacked (low, high) nibbles of every column pair; dot4: of every column vector;
+    # dot8: one column pair's; neon: one column vector's and two int16 product vectors
+    n_rhs = {"mm": nr, "dot4": 2 * nv, "dot8": 2, "neon": 4}[mode]
+    rhs = tuple(v.take(n_rhs, "RHS"))
+    mask = v.take(1, "nibble mask")[0]
+    sst = tuple(v.take(4 if mode in ("mm", "dot8") else 3, "scale scratch"))
+    dead = list(t_flat) + list(lhs) + list(rhs) + list(sst)
+    ep, i = {}, 0
+    for name, n in _ep_counts(mode, P, nr).items():
+        got = v.reuse(dead[i:], n, _EP)
+        i += n
+        ep[name] = tuple(got)
+    out_flat = v.reuse(dead, mr_reg * nv + 4, _EP)     # + two loads, clamp min and max
+    out = rows(out_flat[:mr_reg * nv], nv)
+    ep["tmp"] = tuple(out_flat[mr_reg * nv:])
+    gpr = pool.scalars(Q4K_SCALARS)
+    lo = tuple(pool.x.take(G, "LHS row pointers"))
+    return pool, dict(mode=mode, t=t, s1=s1, lhs=lhs, rhs=rhs, mask=mask, sst=sst,
+                      ep=ep, out=out, gpr=gpr, lo=lo)
+
+
+def _allocate_q4k_neon(spec: KernelSpec) -> Q4KRegs:
+    if spec.mr_vl or spec.nr_vl:
+        raise SpecError(f"q4_K NEON tiles have fixed sizes, got {spec.mr_str}x{spec.nr_str}")
+    mode = q4k_mode(spec)
+    nr = spec.nr
+    if nr % 4 or nr > _MAX_NR:
+        raise SpecError(f"q4_K NEON tiles need nr a multiple of 4 (one int32x4 vector per 4 "
+                        f"columns) and at most {_MAX_NR}, got nr={nr}")
+    check_packing(spec)
+    return Q4KRegs(**first_fit(spec, lambda mr_reg: _block(spec, mode, mr_reg)))
+
+
+# allocator name (``IsaImpl.allocator`` of the family records) -> function
+ALLOCATORS = {"q4k_neon": _allocate_q4k_neon}
