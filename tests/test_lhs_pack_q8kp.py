@@ -13,7 +13,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from tilegen.generator.packers import PackerSpec, render
+from tilegen.generator.packers import PackerSpec, packer_for, render
 from tilegen.layout.kquant import Q8KP
 from tilegen.records import SpecError
 
@@ -173,3 +173,21 @@ def test_names_geometry_and_hot_loop():
         stores = 1 if spec.mr == 1 else 32 // spec.L
         assert len(loop) == 2 + 8 + 8 + 6 + 4 + stores + 2, (spec.name, len(loop))
 
+
+
+def test_kernels_read_this_packer():
+    """Every K-quant kernel spec names a q8kp packer of its mr and kr (packer_for)."""
+    from tilegen.generator.validate import parse_spec
+    from tilegen.records import FAMILIES
+    specs = []
+    for fam in ("q4_K", "q6_K"):
+        for isa in FAMILIES[fam].impls:
+            for tile in ("4x4", "1x4"):
+                try:
+                    specs.append(parse_spec(f"{fam}:{isa}:{tile}"))
+                except SpecError:
+                    pass
+    assert specs
+    for sp in specs:
+        p = packer_for(sp)
+        assert p is not None and p.fmt == "q8kp" and p.kr == sp.kr and p.mr == sp.lhs_mr, sp
