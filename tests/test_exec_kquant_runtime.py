@@ -186,3 +186,19 @@ def test_non_finite_activations_are_refused(kind, kq_lib):
     for r in got:
         assert isinstance(r, str) and re.match(rf"ArgumentError: {kind} activations must be "
                                                rf"finite", r), r
+
+
+@pytest.mark.parametrize("target", ["neoverse-v2", "neoverse-n1", "cortex-a53"])
+def test_default_builds_carry_kquant_pairs(target):
+    """Each preset's default build has, per K-quant kind, a gemm and a gemv on one packed RHS
+    of the best ISA the target has (the runtime's first table entry)."""
+    from tilegen.build import default_specs, get_target
+    from tilegen.layout.base import same_rhs
+    specs = default_specs(get_target(target))
+    for kind in KINDS:
+        mine = [s for s in specs if s.family == kind]
+        best = {"neoverse-v2": "i8mm", "neoverse-n1": "dotprod", "cortex-a53": "neon"}[target]
+        gemms = [s for s in mine if s.isa == best and not s.is_gemv]
+        gemvs = [s for s in mine if s.isa == best and s.is_gemv]
+        assert gemms and gemvs and any(same_rhs(g, v) for g in gemms for v in gemvs), \
+            (target, [s.spec_string for s in mine])
