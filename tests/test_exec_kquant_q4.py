@@ -1,0 +1,112 @@
+"""Q4_K kernels (family q4_K: q8kp x q4kp; i8mm SMMLA, dotprod SDOT, plain NEON) under
+emulation, bit-exact against tilegen.reference_kquant on random valid ggml blocks."""
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+import tilegen
+from tilegen.layout.ggml import random_q4_k
+from tilegen.layout.kquant import Q4KP, Q8KP
+from tilegen.reference_kquant import matmul_q8kp_q4kp
+
+from conftest import guest
+
+KQ_CPUS = ("cortex-a53", "neoverse-n1", "neoverse-v1", "neoverse-n2", "max")
+CPU_FEATURES = {"cortex-a53": {"neon"}, "neoverse-n1": {"neon", "dotprod"}}   # others: all three
+# the CPU each ISA gets the full shape sweep on (the other CPUs run a shorter random set)
+SWEEP_CPU = {"neon": "cortex-a53", "dotprod": "neoverse-n1", "i8mm": "neoverse-v1"}
+KQ_SPECS = ("q4_K:i8mm:8x4", "q4_K:i8mm:4x8", "q4_K:i8mm:4x4", "q4_K:i8mm:12x4",
+            "q4_K:i8mm:1x4", "q4_K:i8mm:1x8",
+            "q4_K:dotprod:8x4", "q4_K:dotprod:4x8", "q4_K:dotprod:4x4", "q4_K:dotprod:1x4",
+            "q4_K:dotprod:1x16",
+            "q4_K:neon:4x4", "q4_K:neon:8x4", "q4_K:neon:1x8")
+ALL_SPECS = [tilegen.parse_spec(s) for s in KQ_SPECS]
+SENTINEL = np.float32(-4242.25)
+FMAX = 3.4028234663852886e38
+# m, n not multiples of the tiles; k = 1, 2 and 4 super-blocks
+SWEEP = [(1, 1, 256), (3, 5, 512), (5, 13, 256), (13, 7, 1024), (17, 30, 512), (8, 8, 256),
+         (2, 33, 256), (30, 3, 512)]
+
+
+@pytest.fixture(scope="session")
+def kq_lib(tmp_path_factory) -> Path:
+    out = tmp_path_factory.mktemp("kq4lib")
+    tilegen.build_library(ALL_SPECS, target="linux-aarch64-all", out_dir=out)
+    return out
+
+
+def _case(spec, rng, m, n, k, clamped, seed):
+    # activations of mixed magnitudes per row (each SB has its own d)
+    x = (rng.normal(size=(m, k)) * rng.uniform(0.1, 8.0, size=(m, 1))).astype(np.float32)
+    raw = random_q4_k(n, k, seed)
+    lhs = Q8KP(spec.lhs_mr, spec.kr).pack(x)
+    rhs = Q4KP(spec.nr, spec.kr).pack_from_ggml(raw, n, k)
+
+    def ref(cmin, cmax):
+        return matmul_q8kp_q4kp(lhs, rhs, m, n, k, spec.lhs_mr, spec.nr, spec.kr, cmin, cmax)
+    cmin, cmax = -FMAX, FMAX
+    if clamped:
+        free = ref(-FMAX, FMAX)
+        lo, hi = np.quantile(free, [0.2, 0.8]) if free.size > 1 else (free.min() - 1, free.max() + 1)
+        cmin, cmax = float(np.float32(lo)), float(np.float32(hi))
+    case = dict(m=m, n=n, k=k, bl=32, lhs_packed=lhs, rhs_packed=rhs, clamp_min=cmin,
+                clamp_max=cmax, sentinel=SENTINEL)
+    return case, ref(cmin, cmax)
+
+
+def _check(name, cases, refs, outs):
+    for c, exact, out in zip(cases, refs, outs):
+        m, n, k = c["m"], c["n"], c["k"]
+        where = f"{name} m={m} n={n} k={k}"
+        assert (out[m:] == SENTINEL).all() and (out[:, n:] == SENTINEL).all(), \
+            f"{where}: wrote outside dst"
+        np.testing.assert_array_equal(out[:m, :n].view(np.uint32), exact.view(np.uint32),
+                                      err_msg=where)
+
+
+@pytest.mark.parametrize("cpu", KQ_CPUS)
+@pytest.mark.parametrize("spec", ALL_SPECS, ids=lambda s: s.spec_string)
+def test_q4k_kernel(spec, cpu, kq_lib):
+    g = guest(cpu)
+    missing = set(spec.features) - CPU_FEATURES.get(cpu, {"neon", "dotprod", "i8mm"})
+    if missing:   # the runtime refuses a kernel whose ISA the CPU lacks
+        msg = g.call("guest_calls:kernel_refused", str(kq_lib), spec.name)
+        assert "ArgumentError" in msg and all(f in msg for f in missing), msg
+        return
+    seed = sum(map(ord, spec.name + cpu))
+    rng = np.random.default_rng(seed)
+    if SWEEP_CPU[spec.isa] == cpu:
+        shapes = SWEEP
+    else:
+        shapes = [(int(rng.integers(1, 3 * spec.mr + 2)), int(rng.integers(1, 4 * spec.nr)),
+                   256 * int(rng.choice([1, 2, 4]))) for _ in range(3)]
+    cases, refs = [], []
+    for i, (m, n, k) in enumerate(shapes):
+        c, r = _case(spec, rng, m, n, k, clamped=bool(i % 2), seed=seed + i)
+        cases.append(c)
+        refs.append(r)
+    outs = g.call("guest_calls:run_q4_cases", str(kq_lib), spec.name, cases)
+    _check(spec.name, cases, refs, outs)
+
+
+@pytest.mark.parametrize("cpu", ["cortex-a53", "neoverse-n1", "max"])
+def test_q4k_kernels_preserve_callee_saved_state(cpu, kq_lib):
+    """Every q4_K kernel the CPU runs through the ABI probe."""
+    res = guest(cpu).call("guest_calls:check_abi", str(kq_lib))
+    assert all(v == [] for v in res.values()), {k: v for k, v in res.items() if v}
+    ran = {k for k in res if "q4kp" in k}
+    want = {s.name for s in ALL_SPECS
+            if set(s.features) <= CPU_FEATURES.get(cpu, {"neon", "dotprod", "i8mm"})}
+    assert ran == want
+
+
+def test_q4k_refusals():
+    """Tiles the strategies cannot serve are refused with the rule."""
+    for text, words in (("q4_K:i8mm:8x4:k8:s2", "kr=16"), ("q4_K:dotprod:4x4:k16:s2", "kr=8"),
+                        ("q4_K:i8mm:4x6", "multiple of 4"), ("q4_K:i8mm:6x4", "multiple of 4"),
+                        ("q4_K:dotprod:4x4:k8:s1", "sr must be 2")):
+        with pytest.raises(tilegen.SpecError, match=words):
+            tilegen.parse_spec(text)
