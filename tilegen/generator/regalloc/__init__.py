@@ -12,7 +12,7 @@ from functools import lru_cache
 
 from ...records import SpecError
 from ..spec import KernelSpec
-from . import bf16, f32, q4, q4_f16, q4_luti4, q4_sme, q4k, q8, q8_sme
+from . import bf16, f32, q4, q4_f16, q4_luti4, q4_sme, q4k, q6k, q8, q8_sme
 from .f32 import F32FmaRegs, Sme2GemvRegs, SmeF32Regs
 from .pool import NUM_VREGS, RegisterPool, VectorNeeds
 from .q4 import Q4Regs
@@ -34,7 +34,7 @@ def _registry(*modules) -> dict:
 
 
 # allocator name (``IsaImpl.allocator`` of the family records) -> function
-ALLOCATORS = _registry(f32, q4, q4_sme, q4_luti4, q4_f16, q4k, q8, q8_sme, bf16)
+ALLOCATORS = _registry(f32, q4, q4_sme, q4_luti4, q4_f16, q4k, q6k, q8, q8_sme, bf16)
 
 
 @lru_cache(maxsize=1024)        # specs are immutable; render and validate ask for the same one

@@ -1,0 +1,192 @@
+"""Register allocation of the K-quant kernels of family ``q6_K`` (LHS ``q8kp``, RHS ``q6kp``;
+the arithmetic of tilegen.reference_kquant) on NEON V registers.
+
+One super-block (SB, 256 k) is one iteration of the kernel's k loop, its 16 sub-blocks of 16 k
+unrolled in the order 0, 8, 1, 9, ..., 7, 15 (sub-blocks j and j + 8 share the high-plane
+bytes: one load of the high bits serves both).  Weights are unpacked to v = q - 32 as signed
+int8 (the high plane's stored h' read as a signed 2-bit number is (q >> 4) - 2: SHL + SSHR
+put 16*h' in bits 4-7, BIT / SRI insert the low nibble), so no bsum correction is needed.
+Per accumulator unit (one register of int32 sums):
+
+    C   the dot products, cumulative over the SB (zeroed once per SB);
+    S1  the scaled sums: after the t-th sub-block sigma(t) of the order above,
+        S1 += (sc_sigma(t) - sc_sigma(t+1)) * C  (sc after the last = 0; MUL at t = 0), so
+        that S1 = sum_j sc_j * (sum over sub-block j) at the SB's end without zeroing C per
+        sub-block (the "telescoping" form).  The differences need int16 (SSUBL); they are
+        computed once per SB per column vector into the stack frame (one 16-byte slot per
+        sub-block and column vector, in the unit's lane pattern), then loaded by the MLAs;
+    the f32 accumulators live in the stack frame (one 16-byte slot per unit, loaded and stored
+    once per SB by the float epilogue: x = f32(S1)*f32(d); acc = fma(da, x, acc)).
+
+Strategies (``Q6KRegs.mode``), by ISA, interleave and row count:
+
+``mm``    i8mm, kr = 16, mr a multiple of 4: SMMLA of (2 rows x 8 k) by (2 columns x 8 k); a
+          unit is (row block g, row pair rp, column pair p) in SMMLA's 2x2 order (lanes r0c0,
+          r0c1, r1c0, r1c1); scale differences (c0 c1 c0 c1), d and da arranged to match.
+``dot4``  dotprod, kr = 8: SDOT by lane; a unit is (row, 4 columns) (gemv: mr = 1, the row's
+          16 k of a sub-block in one vector, one lane per 4 k).
+``dot8``  i8mm gemv (mr = 1) on the kr = 16 layout: SDOT of the row's 8 k (both halves)
+          against 2 columns x 8 k; a unit is a column pair (lanes c0 c0 c1 c1), folded by ADDP
+          to 4 columns at the SB end, then the dot4 epilogue.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from ...records import SpecError
+from ..spec import KernelSpec
+from ..tile_layouts import check_packing
+from .pool import Frame, RegisterPool, VectorNeeds, first_fit, rows
+
+__all__ = ["Q6KRegs", "Q6K_SCALARS", "Q6K_CHART", "q6k_mode", "ALLOCATORS"]
+
+Q6K_SCALARS = ("n_rem", "rhs_ptr", "dst_tile", "dst_row", "sb_cnt", "nsb", "lhs_rbs",
+               "lhs_blk_stride", "dst_blk_stride", "tmp", "sc_ptr", "low_ptr", "high_ptr")
+_EP = "epilogue beyond the dead registers"
+Q6K_CHART = ("int32 cumulative sums", "int32 scaled sums", "nibble mask", "LHS", "RHS high bits",
+             "RHS low bits", "unpacked weights", "scale differences", _EP)
+_MAX_NR = 32
+_HELD_SCALES = 8            # scale preparation: sub-blocks 0-7 held while 8-15 stream
+
+
+@dataclass(frozen=True)
+class Q6KRegs(Frame):
+    """Registers of the q6_K NEON kernels (numbers; templates add the prefix).
+
+    ``c[u]`` / ``s1[u]``: unit u's cumulative and scaled sums; units are ``[g][rp][p]``
+    flattened (mm: ``unit(g, rp, p)``), ``[row][cv]`` (dot4) or ``[p]`` (dot8).  ``w[v]``: the
+    unpacked weights of column vector v (mm, dot8: a column pair; dot4: 4 columns) for one
+    sub-block (16/kr chunks x low/high nibble); ``h[v]``: its high-plane registers (one per
+    chunk of a sub-block), loaded at sub-block j and used again at j + 8.  ``stream_w``: the
+    weights of one column vector at a time (all row blocks' LHS held), else every column
+    vector's weights held and the LHS streamed per row block.  ``prep``: the scale
+    preparation's registers (8 held scale rows, one streamed, two differences), ``ep`` the SB
+    epilogue's, ``out[row][cv]`` the f32 results' for the store: all of them reuse registers
+    dead by then."""
+
+    mode: str
+    mr_reg: int
+    lhs_mr: int
+    groups: int
+    c: tuple[int, ...]
+    s1: tuple[int, ...]
+    lhs: tuple[int, ...]
+    h: tuple[tuple[int, ...], ...]
+    low: int
+    w: tuple[tuple[int, ...], ...]
+    dsc: int
+    mask: int
+    stream_w: bool
+    prep: tuple[int, ...]
+    ep: dict = field(hash=False)
+    out: tuple[tuple[int, ...], ...]
+    gpr: dict[str, int] = field(hash=False)
+    lo: tuple[int, ...]                  # one pointer per LHS row block
+    saved_x: tuple[int, ...] = ()
+    saved_d: tuple[int, ...] = ()
+    needs: VectorNeeds = VectorNeeds(())
+
+    @property
+    def n_units(self) -> int:
+        return len(self.s1)
+
+    @property
+    def n_dvec(self) -> int:
+        """Column vectors (one scale-difference slot per sub-block each)."""
+        return len(self.w)
+
+    @property
+    def acc_offset(self) -> int:
+        """sp offset of the f32 accumulators (16 bytes per unit, above the clamp values)."""
+        return (self.clamp_offset + 8 + 15) // 16 * 16
+
+    @property
+    def dsc_offset(self) -> int:
+        """sp offset of the scale differences: slot (sub-block j, column vector v) at
+        dsc_offset + 16*(j*n_dvec + v)."""
+        return self.acc_offset + 16 * self.n_units
+
+    @property
+    def frame_bytes(self) -> int:
+        return self.dsc_offset + 16 * 16 * self.n_dvec
+
+
+def q6k_mode(spec: KernelSpec) -> str:
+    """The strategy of a q6_K NEON tile, by ISA, interleave and row count."""
+    if spec.sr != 2:
+        raise SpecError(f"q6_K layouts hold two k values per byte: sr must be 2, got sr={spec.sr}")
+    want = {"i8mm": 16, "dotprod": 8}.get(spec.isa)
+    if want is None:
+        raise SpecError(f"q6_K has no NEON strategy for isa {spec.isa!r}")
+    if spec.kr != want:
+        raise SpecError(f"q6_K {spec.isa} kernels need kr={want} (kr/sr = {want // 2} k values "
+                        f"per operand row), got kr={spec.kr}")
+    if spec.isa == "i8mm":
+        return "dot8" if spec.mr == 1 else "mm"
+    return "dot4"
+
+
+def _block(spec: KernelSpec, mode: str, mr_reg: int, stream_w: bool):
+    nr, P = spec.nr, spec.lhs_mr
+    G = mr_reg // P
+    nvec = nr // 2 if mode in ("mm", "dot8") else nr // 4       # column vectors
+    U = {"mm": mr_reg * nr // 4, "dot4": mr_reg * nr // 4, "dot8": nr // 2}[mode]
+    chunks = 16 // spec.kr                  # chunks of one 16-k sub-block
+    pool = RegisterPool(Q6K_CHART)
+    v = pool.v
+    c = tuple(v.take(U, "int32 cumulative sums"))
+    s1 = tuple(v.take(U, "int32 scaled sums"))
+    mask = v.take(1, "nibble mask")[0]
+    if mode == "mm":
+        n_lhs = 4 * G if stream_w else 4
+    else:
+        n_lhs = 3 if mode == "dot8" else 4 if P == 4 else 1
+    lhs = tuple(v.take(n_lhs, "LHS"))
+    h = rows(v.take(nvec * chunks, "RHS high bits"), chunks)
+    low = v.take(1, "RHS low bits")[0]
+    per = 2 * chunks                        # unpacked registers of one column vector
+    w_flat = v.take(per if stream_w else per * nvec, "unpacked weights")
+    w = tuple(tuple(w_flat) for _ in range(nvec)) if stream_w else rows(w_flat, per)
+    dsc = v.take(1, "scale differences")[0]
+    dead = list(c) + list(lhs) + [r for hh in h for r in hh] + [low] + list(w_flat) + [dsc]
+    prep = tuple(v.reuse(dead, _HELD_SCALES + 3, _EP))
+    n_out = mr_reg * (nr // 4)
+    # epilogue: d per column vector, da of one row block (+ two row-pair patterns), the
+    # converted sums, an accumulator; then the output rows, two loads, clamp min and max
+    counts = {"d": nr // 2 if mode == "mm" else nr // 4, "da": 3 if mode == "mm" else 1,
+              "x": 1, "acc": 1}
+    ep, i = {}, 0
+    for name, n in counts.items():
+        ep[name] = tuple(v.reuse(dead[i:], n, _EP))
+        i += n
+    out_flat = v.reuse(dead, n_out + 4, _EP)
+    out = rows(out_flat[:n_out], nr // 4)
+    ep["tmp"] = tuple(out_flat[n_out:])
+    gpr = pool.scalars(Q6K_SCALARS)
+    lo = tuple(pool.x.take(G, "LHS row pointers"))
+    return pool, dict(mode=mode, c=c, s1=s1, lhs=lhs, h=h, low=low, w=w, dsc=dsc, mask=mask,
+                      stream_w=stream_w, prep=prep, ep=ep, out=out, gpr=gpr, lo=lo)
+
+
+def _attempt(spec: KernelSpec, mode: str, mr_reg: int):
+    """The variant that fits with the fewest registers (mm: LHS streamed per row block or
+    weights streamed per column pair)."""
+    tries = [_block(spec, mode, mr_reg, s) for s in ((False, True) if mode == "mm" else (False,))]
+    fit = [t for t in tries if t[0].fits]
+    return min(fit or tries, key=lambda t: t[0].v.needs.total)
+
+
+def _allocate_q6k_neon(spec: KernelSpec) -> Q6KRegs:
+    if spec.mr_vl or spec.nr_vl:
+        raise SpecError(f"q6_K NEON tiles have fixed sizes, got {spec.mr_str}x{spec.nr_str}")
+    mode = q6k_mode(spec)
+    nr = spec.nr
+    if nr % 4 or nr > _MAX_NR:
+        raise SpecError(f"q6_K NEON tiles need nr a multiple of 4 (one int32x4 vector per 4 "
+                        f"columns) and at most {_MAX_NR}, got nr={nr}")
+    check_packing(spec)
+    return Q6KRegs(**first_fit(spec, lambda mr_reg: _attempt(spec, mode, mr_reg)))
+
+
+# allocator name (``IsaImpl.allocator`` of the family records) -> function
+ALLOCATORS = {"q6k_neon": _allocate_q6k_neon}
