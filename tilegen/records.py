@@ -155,16 +155,6 @@ def _kquant_impls(stem: str) -> dict[str, IsaImpl]:
             "i8mm": kq("neon_i8mm", 16)}
 
 
-def _q6k_impls() -> dict[str, IsaImpl]:
-    """q6_K on NEON: one template and one allocator (``templates/q6k_neon.S.j2``,
-    ``regalloc/q6k.py``); sr = 2 fixed (a byte holds two k values), kr by the instruction:
-    SMMLA reads 8 k per operand row (kr = 16, the i8mm gemv SDOT on the same layout), SDOT by
-    lane 4 (kr = 8)."""
-    def kq(op: str, kr: int) -> IsaImpl:
-        return IsaImpl(op, "q6k_neon", "q6k_neon", kr=kr, sr=2)
-    return {"dotprod": kq("neon_dotprod", 8), "i8mm": kq("neon_i8mm", 16)}
-
-
 FAMILIES: dict[str, FamilyInfo] = {
     # f32 GEMM: NEON/SVE FMLA, SME FMOPA outer products (SME2: multi-vector loads and the
     # ZA-array FMLA gemv).
@@ -224,8 +214,8 @@ FAMILIES: dict[str, FamilyInfo] = {
     # are added with their kernels.
     "q4_K": FamilyInfo(name="q4_K", lhs="q8kp", rhs="q4kp", impls=_kquant_impls("q4k"),
                        kinds=("q4_K",), abi=Q8, quantized=True),
-    "q6_K": FamilyInfo(name="q6_K", lhs="q8kp", rhs="q6kp", impls=_q6k_impls(), kinds=("q6_K",),
-                       abi=Q8, quantized=True),
+    "q6_K": FamilyInfo(name="q6_K", lhs="q8kp", rhs="q6kp", impls=_kquant_impls("q6k"),
+                       kinds=("q6_K",), abi=Q8, quantized=True),
     # f32 activations and weights rounded to bf16, f32 accumulation (KleidiAI
     # matmul_clamp_f32_bf16p<mr>x4_bf16p<nr>x4b): BFMMLA gemm, BFDOT gemv on the same RHS.
     "bf16": FamilyInfo(

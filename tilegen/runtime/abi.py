@@ -44,10 +44,16 @@ def _exercise(obj, rng) -> None:
         mr = (obj.spec.svl_rows(obj.svl_bytes) if obj.spec.streaming else obj.spec.vl_rows[0])
         obj(x, bl=32, m_idx_start=0 if whole else 1, mr=mr)
         return
-    w = rng.normal(size=(n, k)).astype(np.float32)
     dst = np.zeros((m, n), np.float32)
     rhs_lay = obj.rhs_layout(32)
-    rhs = rhs_lay.pack_from_float(w) if obj.spec.info.quantized else rhs_lay.pack(w)
+    qk = getattr(rhs_lay, "qk", None)
+    if qk:      # K-quants: ggml blocks only (no float packer), k whole super-blocks; any bytes run
+        k = qk
+        x = rng.normal(size=(m, k)).astype(np.float32)
+        rhs = rng.integers(0, 256, rhs_lay.packed_size(n, k), dtype=np.uint8)
+    else:
+        w = rng.normal(size=(n, k)).astype(np.float32)
+        rhs = rhs_lay.pack_from_float(w) if obj.spec.info.quantized else rhs_lay.pack(w)
     # f32 rows as they are (the binding packs them for packed-f32 kernels), else packed here
     lhs = x if obj.abi.lhs_rows else obj.lhs_layout(32).pack(x)
     obj(lhs, rhs, dst, k=k, bl=32)

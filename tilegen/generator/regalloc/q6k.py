@@ -28,6 +28,10 @@ Strategies (``Q6KRegs.mode``), by ISA, interleave and row count:
 ``dot8``  i8mm gemv (mr = 1) on the kr = 16 layout: SDOT of the row's 8 k (both halves)
           against 2 columns x 8 k; a unit is a column pair (lanes c0 c0 c1 c1), folded by ADDP
           to 4 columns at the SB end, then the dot4 epilogue.
+``neon``  plain NEON, kr = 8: a row's 4 k duplicated (DUP by lane), SMULL/SMULL2 (int16
+          products, |v*a| <= 32*127) and SADALP into two int32 vectors per unit (row, 4
+          columns: lanes c0 c0 c1 c1 / c2 c2 c3 c3), scale differences in that pattern,
+          folded by ADDP at the SB end, then the dot4 epilogue.
 """
 from __future__ import annotations
 
@@ -65,6 +69,7 @@ class Q6KRegs(Frame):
     dead by then."""
 
     mode: str
+    halves: int                          # vectors per unit (neon: 2, lanes c0 c0 c1 c1 / c2 c2 c3 c3)
     mr_reg: int
     lhs_mr: int
     groups: int
@@ -82,18 +87,20 @@ class Q6KRegs(Frame):
     out: tuple[tuple[int, ...], ...]
     gpr: dict[str, int] = field(hash=False)
     lo: tuple[int, ...]                  # one pointer per LHS row block
+    tmp: tuple[int, ...] = ()            # neon: the duplicated LHS lane, two int16 products
     saved_x: tuple[int, ...] = ()
     saved_d: tuple[int, ...] = ()
     needs: VectorNeeds = VectorNeeds(())
 
     @property
     def n_units(self) -> int:
-        return len(self.s1)
+        return len(self.s1) // self.halves
 
     @property
     def n_dvec(self) -> int:
-        """Column vectors (one scale-difference slot per sub-block each)."""
-        return len(self.w)
+        """Scale-difference vectors per sub-block (one stack slot each): one per column vector
+        of weights, two (the unit's halves) on neon."""
+        return len(self.w) * self.halves
 
     @property
     def acc_offset(self) -> int:
@@ -115,7 +122,7 @@ def q6k_mode(spec: KernelSpec) -> str:
     """The strategy of a q6_K NEON tile, by ISA, interleave and row count."""
     if spec.sr != 2:
         raise SpecError(f"q6_K layouts hold two k values per byte: sr must be 2, got sr={spec.sr}")
-    want = {"i8mm": 16, "dotprod": 8}.get(spec.isa)
+    want = {"i8mm": 16, "dotprod": 8, "neon": 8}.get(spec.isa)
     if want is None:
         raise SpecError(f"q6_K has no NEON strategy for isa {spec.isa!r}")
     if spec.kr != want:
@@ -123,32 +130,34 @@ def q6k_mode(spec: KernelSpec) -> str:
                         f"per operand row), got kr={spec.kr}")
     if spec.isa == "i8mm":
         return "dot8" if spec.mr == 1 else "mm"
-    return "dot4"
+    return "neon" if spec.isa == "neon" else "dot4"
 
 
 def _block(spec: KernelSpec, mode: str, mr_reg: int, stream_w: bool):
     nr, P = spec.nr, spec.lhs_mr
     G = mr_reg // P
     nvec = nr // 2 if mode in ("mm", "dot8") else nr // 4       # column vectors
-    U = {"mm": mr_reg * nr // 4, "dot4": mr_reg * nr // 4, "dot8": nr // 2}[mode]
+    U = {"mm": mr_reg * nr // 4, "dot8": nr // 2}.get(mode, mr_reg * nr // 4)
+    halves = 2 if mode == "neon" else 1
     chunks = 16 // spec.kr                  # chunks of one 16-k sub-block
     pool = RegisterPool(Q6K_CHART)
     v = pool.v
-    c = tuple(v.take(U, "int32 cumulative sums"))
-    s1 = tuple(v.take(U, "int32 scaled sums"))
+    c = tuple(v.take(U * halves, "int32 cumulative sums"))
+    s1 = tuple(v.take(U * halves, "int32 scaled sums"))
     mask = v.take(1, "nibble mask")[0]
     if mode == "mm":
         n_lhs = 4 * G if stream_w else 4
     else:
-        n_lhs = 3 if mode == "dot8" else 4 if P == 4 else 1
+        n_lhs = 3 if mode == "dot8" else 4 if P == 4 and mode == "dot4" else 1
     lhs = tuple(v.take(n_lhs, "LHS"))
+    tmp = tuple(v.take(3 if mode == "neon" else 0, "LHS"))
     h = rows(v.take(nvec * chunks, "RHS high bits"), chunks)
     low = v.take(1, "RHS low bits")[0]
     per = 2 * chunks                        # unpacked registers of one column vector
     w_flat = v.take(per if stream_w else per * nvec, "unpacked weights")
     w = tuple(tuple(w_flat) for _ in range(nvec)) if stream_w else rows(w_flat, per)
     dsc = v.take(1, "scale differences")[0]
-    dead = list(c) + list(lhs) + [r for hh in h for r in hh] + [low] + list(w_flat) + [dsc]
+    dead = list(c) + list(lhs) + list(tmp) + [r for hh in h for r in hh] + [low] + list(w_flat) + [dsc]
     prep = tuple(v.reuse(dead, _HELD_SCALES + 3, _EP))
     n_out = mr_reg * (nr // 4)
     # epilogue: d per column vector, da of one row block (+ two row-pair patterns), the
@@ -164,7 +173,7 @@ def _block(spec: KernelSpec, mode: str, mr_reg: int, stream_w: bool):
     ep["tmp"] = tuple(out_flat[n_out:])
     gpr = pool.scalars(Q6K_SCALARS)
     lo = tuple(pool.x.take(G, "LHS row pointers"))
-    return pool, dict(mode=mode, c=c, s1=s1, lhs=lhs, h=h, low=low, w=w, dsc=dsc, mask=mask,
+    return pool, dict(mode=mode, halves=halves, tmp=tmp, c=c, s1=s1, lhs=lhs, h=h, low=low, w=w, dsc=dsc, mask=mask,
                       stream_w=stream_w, prep=prep, ep=ep, out=out, gpr=gpr, lo=lo)
 
 
