@@ -26,7 +26,8 @@ def _run(lib, x, w, clamp) -> dict:
                   "y": lib.matmul(xm, w, clamp=clamp, threads=3),
                   "y1": lib.matmul(xm, w, clamp=clamp, threads=1),
                   "plan": lib.plan(w, m, clamp=clamp, threads=3)(xm),
-                  "lhs": lib.pack_lhs("q8kp", xm, mr=lay.mr, kr=lay.kr, sr=2)}
+                  "lhs": lib.pack_lhs("q8kp", xm, mr=lay.mr, kr=lay.kr, sr=2),
+                  "workspace": lib.workspace_size(w.kind, m, w.n, w.k)}
     return out
 
 

@@ -94,6 +94,8 @@ def _check_runs(kind, x, runs, clamp, raw, what) -> set:
                                                           want.view(np.uint32)), \
                 (what, m, key, run["kernel"], np.abs(got - want).max())
         kernels.add(run["kernel"])
+        if what == "pack_weights":      # the LHS bytes of the table's first pair for m rows
+            assert run["workspace"] == Q8KP(run["mr"], run["kr"]).packed_size(m, K), (what, m)
         assert ("_1x" in run["kernel"]) == (m == 1), (what, m, run["kernel"])
     return kernels
 
