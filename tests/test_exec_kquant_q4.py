@@ -92,17 +92,6 @@ def test_q4k_kernel(spec, cpu, kq_lib):
     _check(spec.name, cases, refs, outs)
 
 
-@pytest.mark.parametrize("cpu", ["cortex-a53", "neoverse-n1", "max"])
-def test_q4k_kernels_preserve_callee_saved_state(cpu, kq_lib):
-    """Every q4_K kernel the CPU runs through the ABI probe."""
-    res = guest(cpu).call("guest_calls:check_abi", str(kq_lib))
-    assert all(v == [] for v in res.values()), {k: v for k, v in res.items() if v}
-    ran = {k for k in res if "q4kp" in k}
-    want = {s.name for s in ALL_SPECS
-            if set(s.features) <= CPU_FEATURES.get(cpu, {"neon", "dotprod", "i8mm"})}
-    assert ran == want
-
-
 def test_q4k_refusals():
     """Tiles the strategies cannot serve are refused with the rule."""
     for text, words in (("q4_K:i8mm:8x4:k8:s2", "kr=16"), ("q4_K:dotprod:4x4:k16:s2", "kr=8"),

@@ -4,10 +4,9 @@
 The headline figure is the cost of one 32-k block of the whole tile: for q4 the region between
 ``// tilegen:block-begin`` and ``// tilegen:block-end`` (scale loads, the chunk loop once at
 bl = 32, conversion and scaling), branches removed; for the other families eight 4-k hot-loop
-iterations.  A block marker ``tilegen:block-begin k=<K>`` covers K values of k instead (the
-K-quants: one 256-k super-block with its integer sub-block scales, min term and f32 epilogue,
-whose hot loop is that block): its cycles and MACs are reported per 32 k (divided by K/32), so
-that MACs per cycle compare across families.  The hot loop is the detail: the templates mark their innermost loop with
+iterations.  A block marker may name its k (``tilegen:block-begin k=256``: the K-quant
+kernels' super-block, 8 sub-blocks and the f32 epilogue): its cost is then reported per block
+(``block_cycles``, ``block_k``) and as its 32-k share.  The hot loop is the detail: the templates mark their innermost loop with
 ``// tilegen:hot-loop-begin <name> (... N MACs)`` and ``// tilegen:hot-loop-end``; nothing is
 guessed from the disassembly.
 
@@ -56,11 +55,13 @@ class LoopReport:
     macs_per_iter: int
     block32_cycles: float | None = None    # cost of 32 k of the whole tile, scale handling included
     block32_macs: int | None = None        # MACs of those 32 k
+    block_k: int = 32                      # k of the marked block (K-quants: a 256-k super-block)
 
     def as_dict(self) -> dict:
         return {"kernel": self.kernel, "model": self.model,
                 "block32_macs_per_cycle": self.block32_macs_per_cycle,
                 "block32_cycles": self.block32_cycles, "block32_macs": self.block32_macs,
+                "block_k": self.block_k, "block_cycles": self.block_cycles,
                 "cycles_per_iter": self.cycles_per_iter,
                 "mac_bound": self.mac_bound, "efficiency": self.efficiency,
                 "macs_per_iter": self.macs_per_iter, "macs_per_cycle": self.macs_per_cycle}
@@ -71,6 +72,14 @@ class LoopReport:
         if not self.block32_cycles or not self.block32_macs:
             return None
         return self.block32_macs / self.block32_cycles
+
+    @property
+    def block_cycles(self) -> float | None:
+        """Cycles of one marked block of ``block_k`` k values of the whole tile (the K-quant
+        kernels: one 256-k super-block, f32 epilogue included)."""
+        if self.block32_cycles is None:
+            return None
+        return self.block32_cycles * self.block_k / 32
 
     @property
     def efficiency(self) -> float:
@@ -190,15 +199,18 @@ def analyze(spec: KernelSpec | str, model: str) -> LoopReport:
     bound = float(re.search(r"Block RThroughput:\s+([\d.]+)", _mca(mac_lines, model)).group(1))
     cpi = total / iters
     block = _region(text, "tilegen:block-begin", "tilegen:block-end")
+    block_k = 32
     if block is not None:       # q4: one 32-k block = scale loads + one chunk + conversion
         out = _mca(_branchless(block), model)
         blk = int(re.search(r"Total Cycles:\s+(\d+)", out).group(1)) / int(
             re.search(r"Iterations:\s+(\d+)", out).group(1))
         blk_macs = macs         # the chunk loop (32 k) runs once per block at bl = 32
+        # a block of another k (``tilegen:block-begin k=256``: one K-quant super-block whose
+        # hot loop is the block): the 32-k figures are its share
         mk = re.search(r"tilegen:block-begin k=(\d+)", text)
-        if mk:                  # a block of K values of k (its hot loop): per 32 k
-            per = int(mk.group(1)) / 32
-            blk, blk_macs = blk / per, round(macs / per)
+        if mk:
+            block_k = int(mk.group(1))
+            blk, blk_macs = blk * 32 / block_k, macs * 32 // block_k
     else:                       # f32: the hot loop covers 4 k
         blk, blk_macs = 8 * cpi, 8 * macs
-    return LoopReport(spec.name, model, cpi, bound, macs, blk, blk_macs)
+    return LoopReport(spec.name, model, cpi, bound, macs, blk, blk_macs, block_k)
