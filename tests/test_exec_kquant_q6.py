@@ -104,3 +104,34 @@ def test_q6k_refusals():
                         ("q6_K:i8mm:4x16", "vector registers")):
         with pytest.raises(tilegen.SpecError, match=words):
             tilegen.parse_spec(text)
+
+
+GUARD_SPECS = ("q6_K:i8mm:8x4", "q6_K:i8mm:1x8", "q6_K:dotprod:4x4", "q6_K:dotprod:1x4",
+               "q6_K:neon:4x4", "q6_K:neon:1x4")
+
+
+@pytest.mark.parametrize("text", GUARD_SPECS)
+def test_q6k_guard_pages(text, q6_lib):
+    """Packed LHS, packed RHS and a strided dst flush against PROT_NONE pages (both ends, see
+    tests/test_guard_pages.py): no access outside, nothing outside m x n written, bit-exact."""
+    from test_guard_pages import PLACEMENTS, SENTINEL as GUARD_SENTINEL, _check_guarded
+    spec = tilegen.parse_spec(text)
+    mr, nr = spec.mr, spec.nr
+    shapes = [(1, 1, 256), (mr, nr, 512), (mr + 1, nr + 1, 256), (2 * mr + 3, 3 * nr - 1, 1024)]
+    cases, refs = _cases(spec, shapes, sum(map(ord, "guard" + text)))
+    for i, c in enumerate(cases):
+        c.update(dst_stride=c["n"] + i % 4, sentinel=GUARD_SENTINEL)
+    outs = guest("max").call("guest_pack:guarded_q4_cases", str(q6_lib), spec.name, cases,
+                             PLACEMENTS)
+    _check_guarded(spec.name, cases, refs, outs)
+
+
+@pytest.mark.parametrize("text", ("q6_K:i8mm:8x4", "q6_K:dotprod:8x4", "q6_K:neon:4x4"))
+def test_q6k_large_shapes(text, q6_lib):
+    """Long k (many super-blocks), many column groups and row tiles."""
+    spec = tilegen.parse_spec(text)
+    cpu = {"neon": "cortex-a53", "dotprod": "neoverse-n1"}.get(spec.isa, "neoverse-v1")
+    cases, refs = _cases(spec, [(37, 45, 4096), (2, 129, 2560), (21, 7, 6144)],
+                         sum(map(ord, "large" + text)))
+    _check(spec.name, cases, refs, guest(cpu).call("guest_calls:run_q4_cases", str(q6_lib),
+                                                   spec.name, cases))

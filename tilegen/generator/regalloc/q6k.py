@@ -119,7 +119,13 @@ class Q6KRegs(Frame):
 
 
 def q6k_mode(spec: KernelSpec) -> str:
-    """The strategy of a q6_K NEON tile, by ISA, interleave and row count."""
+    """The strategy of a q6_K NEON tile, by ISA, interleave and row count; the tile rules
+    every strategy shares (fixed sizes, nr a multiple of 4) refused first."""
+    if spec.mr_vl or spec.nr_vl:
+        raise SpecError(f"q6_K NEON tiles have fixed sizes, got {spec.mr_str}x{spec.nr_str}")
+    if spec.nr % 4 or spec.nr > _MAX_NR:
+        raise SpecError(f"q6_K NEON tiles need nr a multiple of 4 (one int32x4 vector per 4 "
+                        f"columns) and at most {_MAX_NR}, got nr={spec.nr}")
     if spec.sr != 2:
         raise SpecError(f"q6_K layouts hold two k values per byte: sr must be 2, got sr={spec.sr}")
     want = {"i8mm": 16, "dotprod": 8, "neon": 8}.get(spec.isa)
@@ -186,15 +192,13 @@ def _attempt(spec: KernelSpec, mode: str, mr_reg: int):
 
 
 def _allocate_q6k_neon(spec: KernelSpec) -> Q6KRegs:
-    if spec.mr_vl or spec.nr_vl:
-        raise SpecError(f"q6_K NEON tiles have fixed sizes, got {spec.mr_str}x{spec.nr_str}")
     mode = q6k_mode(spec)
-    nr = spec.nr
-    if nr % 4 or nr > _MAX_NR:
-        raise SpecError(f"q6_K NEON tiles need nr a multiple of 4 (one int32x4 vector per 4 "
-                        f"columns) and at most {_MAX_NR}, got nr={nr}")
     check_packing(spec)
-    return Q6KRegs(**first_fit(spec, lambda mr_reg: _attempt(spec, mode, mr_reg)))
+    regs = Q6KRegs(**first_fit(spec, lambda mr_reg: _attempt(spec, mode, mr_reg)))
+    if regs.frame_bytes > 4095:     # one sub sp immediate
+        raise SpecError(f"tile {spec.mr_str}x{spec.nr_str}: its stack frame ({regs.frame_bytes} "
+                        f"bytes of accumulators and scale differences) exceeds 4095 bytes")
+    return regs
 
 
 # allocator name (``IsaImpl.allocator`` of the family records) -> function
