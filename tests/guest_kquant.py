@@ -59,6 +59,13 @@ def scenario(libdir: str, kind: str, raw, n: int, k: int, x, rows, clamp, foreig
     return _outcome(go)
 
 
+def gguf_tensor(libdir: str, path: str, name: str) -> dict:
+    """tilegen.gguf.load_tensor(path, name, lib): its layout and bytes."""
+    from tilegen.gguf import load_tensor
+    pw = load_tensor(path, name, lib=_lib(libdir))
+    return {"kind": pw.kind, "layout": pw.layout.name, "data": pw.data}
+
+
 def refusals(libdir: str, kind: str, raw, n: int, k: int, xs: list) -> list:
     """lib.matmul of weights ``raw`` on each activation matrix in ``xs``: the result or the
     error as a string."""

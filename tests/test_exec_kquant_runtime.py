@@ -20,11 +20,13 @@ import tilegen
 from tilegen.generator.validate import parse_spec
 from tilegen.layout.api import layout_for
 from tilegen.layout.ggml import random_q4_k, random_q6_k
+from tilegen.layout.base import rhs_layout_for
 from tilegen.layout.kquant import Q8KP
 from tilegen.records import FAMILIES, SpecError
 from tilegen.reference_kquant import matmul_q8kp_q4kp, matmul_q8kp_q6kp
 
 from conftest import guest
+from test_kquant_weights import write_gguf
 
 T = gguf.GGMLQuantizationType
 # kind -> (RHS format, ggml type, random valid blocks, bytes per block, reference)
@@ -100,33 +102,67 @@ def _check_runs(kind, x, runs, clamp, raw, what) -> set:
     return kernels
 
 
+@pytest.fixture(scope="module")
+def v2_lib(tmp_path_factory) -> str:
+    """The default build of neoverse-v2: its tuned K-quant pairs and best kernels."""
+    out = tmp_path_factory.mktemp("kqv2")
+    tilegen.build_library(None, target="neoverse-v2", out_dir=out)
+    return str(out)
+
+
 @pytest.mark.parametrize("cpu", CPUS)
 @pytest.mark.parametrize("kind", KINDS)
 def test_runtime_paths_bit_exact(kind, cpu, kq_lib):
     isa = CPUS[cpu]
-    fmt, typ, rand, _, _ = KQ[kind]
     rng = np.random.default_rng(sum(map(ord, kind + cpu)))
-    raw = rand(N, K, int(rng.integers(1 << 30))).reshape(N, -1)
+    raw = KQ[kind][2](N, K, int(rng.integers(1 << 30))).reshape(N, -1)
     if isa not in FAMILIES[kind].impls:     # no kernel of the family runs here: a clear refusal
         r = guest(cpu).call("guest_weights:pack", kq_lib, (),
                             dict(kind=kind, from_ggml=raw, n=N, k=K))
         assert isinstance(r, str) and re.match(rf"ArgumentError: no kernel for {kind} weights "
                                                rf"in .* runs on this CPU", r), r
         return
+    r = _scenario(kind, cpu, kq_lib, rng, raw)
+    assert all(f"_{FAMILIES[kind].impls[isa].op}" in k for k in r["kernels"]), r["kernels"]
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_tuned_default_build(kind, v2_lib, tmp_path):
+    """The neoverse-v2 preset: the tuned pair and, with for_ops, the best gemm and gemv of any
+    layout (two packings where they differ); a GGUF tensor read with lib= is packed for the
+    pair."""
+    from tilegen.build import get_target
+    from tilegen.build.tuned import read_tuned
+    tf = read_tuned(get_target("neoverse-v2")).families[kind]
+    rng = np.random.default_rng(len(kind) + 2)
+    raw = KQ[kind][2](N, K, 77).reshape(N, -1)
+    r = _scenario(kind, "max", v2_lib, rng, raw)
+    assert r["runs"][2]["kernel"] == tf.gemm.name and r["runs"][1]["kernel"] == tf.gemv.name
+    fo = r["for_ops"]["runs"]
+    assert (fo[1]["kernel"], fo[2]["kernel"]) == (tf.top_gemv.name, tf.top_gemm.name)
+    assert r["for_ops"]["layouts"] == [rhs_layout_for(s).name for s in (tf.top_gemm, tf.top_gemv)]
+    path = tmp_path / "kq.gguf"
+    write_gguf(path, {"blk.0.w": (KQ[kind][1], raw)})
+    t = guest("max").call("guest_kquant:gguf_tensor", v2_lib, str(path), "blk.0.w")
+    assert (t["kind"], t["layout"]) == (kind, r["layout"]) and np.array_equal(t["data"], r["data"])
+
+
+def _scenario(kind, cpu, libdir, rng, raw) -> dict:
+    """guest_kquant.scenario on ``raw`` (N x K blocks of ``kind``), every result checked."""
+    fmt, typ, _, _, _ = KQ[kind]
     x = _x(rng, 7)
     rows = np.array([20, 0, 9, 9])
     clamp = (-40.0, 35.0)
     foreign_lay = layout_for(fmt, nr=12, kr=4)        # no kernel reads it: adopt repacks
     foreign = tilegen.PackedWeights(foreign_lay, N, K, foreign_lay.pack_from_ggml(raw, N, K),
                                     False, kind)
-    r = guest(cpu).call("guest_kquant:scenario", kq_lib, kind, raw, N, K, x, rows, clamp,
+    r = guest(cpu).call("guest_kquant:scenario", libdir, kind, raw, N, K, x, rows, clamp,
                         foreign)
     assert isinstance(r, dict), r
     assert r["kind"] == kind and r["layout"].startswith(fmt)
     want_rows = gguf.quants.dequantize(raw, typ).astype(F)[rows]
     assert np.array_equal(r["rows"].view(np.uint32), want_rows.view(np.uint32))
-    kernels = _check_runs(kind, x, r["runs"], clamp, raw, "pack_weights")
-    assert all(f"_{FAMILIES[kind].impls[isa].op}" in k for k in kernels), kernels
+    r["kernels"] = _check_runs(kind, x, r["runs"], clamp, raw, "pack_weights")
     base = _ref(kind, x, r["data"], r["runs"][x.shape[0]], (-np.inf, np.inf))
     bias_y = np.clip(base + np.arange(N, dtype=F), F(clamp[0]), F(clamp[1]))
     assert np.array_equal(r["bias_y"], bias_y)
@@ -136,6 +172,7 @@ def test_runtime_paths_bit_exact(kind, cpu, kq_lib):
     a = r["adopt"]
     assert (a["layout"], a["kind"]) == (r["layout"], kind) and np.array_equal(a["data"], r["data"])
     assert np.array_equal(a["y"], full) and np.array_equal(a["y_foreign"], full)
+    return r
 
 
 @pytest.mark.parametrize("kind", KINDS)
