@@ -18,10 +18,11 @@ from conftest import guest
 from test_exec_kquant_q4 import CPU_FEATURES, FMAX, KQ_CPUS, SENTINEL, SWEEP_CPU, _check
 
 Q6_SPECS = ("q6_K:i8mm:8x4", "q6_K:i8mm:4x8", "q6_K:i8mm:4x4", "q6_K:i8mm:12x4",
+            "q6_K:i8mm:16x4", "q6_K:i8mm:8x8",       # register blocks of 8x4 / 4x8, in passes
             "q6_K:i8mm:1x4", "q6_K:i8mm:1x8",
             "q6_K:dotprod:8x4", "q6_K:dotprod:4x4", "q6_K:dotprod:12x4", "q6_K:dotprod:1x4",
-            "q6_K:dotprod:1x8",
-            "q6_K:neon:4x4", "q6_K:neon:8x4", "q6_K:neon:1x4")
+            "q6_K:dotprod:1x8", "q6_K:dotprod:1x12",  # scale rows in pieces of 8 + 4 columns
+            "q6_K:neon:4x4", "q6_K:neon:8x4", "q6_K:neon:1x4", "q6_K:neon:1x8")
 SPECS = [tilegen.parse_spec(s) for s in Q6_SPECS]
 # (m, n, k): m, n not multiples of the tiles (and some that are); k = 1, 2 and 4 super-blocks
 SHAPES = [(1, 1, 256), (3, 5, 512), (5, 13, 256), (13, 7, 1024), (17, 30, 512), (8, 8, 256),

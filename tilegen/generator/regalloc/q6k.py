@@ -26,8 +26,9 @@ Strategies (``Q6KRegs.mode``), by ISA, interleave and row count:
 ``dot4``  dotprod, kr = 8: SDOT by lane; a unit is (row, 4 columns) (gemv: mr = 1, the row's
           16 k of a sub-block in one vector, one lane per 4 k).
 ``dot8``  i8mm gemv (mr = 1) on the kr = 16 layout: SDOT of the row's 8 k (both halves)
-          against 2 columns x 8 k; a unit is a column pair (lanes c0 c0 c1 c1), folded by ADDP
-          to 4 columns at the SB end, then the dot4 epilogue.
+          against 2 columns x 8 k into C per column pair (lanes c0 c0 c1 c1); after each
+          sub-block ADDP folds two pairs' C to 4 columns (a scratch register) for the MLA, so
+          S1, the differences and the epilogue are dot4's.
 ``neon``  plain NEON, kr = 8: a row's 4 k duplicated (DUP by lane), SMULL/SMULL2 (int16
           products, |v*a| <= 32*127) and SADALP into two int32 vectors per unit (row, 4
           columns: lanes c0 c0 c1 c1 / c2 c2 c3 c3), scale differences in that pattern,
@@ -58,13 +59,15 @@ class Q6KRegs(Frame):
     """Registers of the q6_K NEON kernels (numbers; templates add the prefix).
 
     ``c[u]`` / ``s1[u]``: unit u's cumulative and scaled sums; units are ``[g][rp][p]``
-    flattened (mm: ``unit(g, rp, p)``), ``[row][cv]`` (dot4) or ``[p]`` (dot8).  ``w[v]``: the
+    flattened (mm: ``unit(g, rp, p)``) or ``[row][cv]`` (dot4, neon, dot8; dot8's ``c`` per
+    column pair ``[p]``, ``dsc``'s last register the fold).  ``w[v]``: the
     unpacked weights of column vector v (mm, dot8: a column pair; dot4: 4 columns) for one
     sub-block (16/kr chunks x low/high nibble); ``h[v]``: its high-plane registers (one per
     chunk of a sub-block), loaded at sub-block j and used again at j + 8.  ``stream_w``: the
     weights of one column vector at a time (all row blocks' LHS held), else every column
     vector's weights held and the LHS streamed per row block.  ``prep``: the scale
-    preparation's registers (8 held scale rows, one streamed, two differences), ``ep`` the SB
+    preparation's registers (8 held scale rows, one streamed, the int16 and int32
+    differences, one pattern), ``ep`` the SB
     epilogue's, ``out[row][cv]`` the f32 results' for the store: all of them reuse registers
     dead by then."""
 
@@ -80,6 +83,10 @@ class Q6KRegs(Frame):
     low: int
     w: tuple[tuple[int, ...], ...]
     dsc: int
+    srow: tuple[int, ...]                # differences in registers: two scale rows (sub-blocks i,
+    #                                      i + 1), the row of i + 8, the differences (int16 then
+    #                                      int32, in place), a second pattern; () = frame slots
+    fold: int                            # dot8: the 4-column fold of C (ADDP); else -1
     mask: int
     stream_w: bool
     prep: tuple[int, ...]
@@ -99,8 +106,8 @@ class Q6KRegs(Frame):
     @property
     def n_dvec(self) -> int:
         """Scale-difference vectors per sub-block (one stack slot each): one per column vector
-        of weights, two (the unit's halves) on neon."""
-        return len(self.w) * self.halves
+        of weights (dot8: per 4 columns), two (the unit's halves) on neon."""
+        return len(self.w) * self.halves // (2 if self.mode == "dot8" else 1)
 
     @property
     def acc_offset(self) -> int:
@@ -115,7 +122,7 @@ class Q6KRegs(Frame):
 
     @property
     def frame_bytes(self) -> int:
-        return self.dsc_offset + 16 * 16 * self.n_dvec
+        return self.dsc_offset + (0 if self.srow else 16 * 16 * self.n_dvec)
 
 
 def q6k_mode(spec: KernelSpec) -> str:
@@ -139,22 +146,22 @@ def q6k_mode(spec: KernelSpec) -> str:
     return "neon" if spec.isa == "neon" else "dot4"
 
 
-def _block(spec: KernelSpec, mode: str, mr_reg: int, stream_w: bool):
+def _block(spec: KernelSpec, mode: str, mr_reg: int, stream_w: bool, jit: bool):
     nr, P = spec.nr, spec.lhs_mr
     G = mr_reg // P
     nvec = nr // 2 if mode in ("mm", "dot8") else nr // 4       # column vectors
-    U = {"mm": mr_reg * nr // 4, "dot8": nr // 2}.get(mode, mr_reg * nr // 4)
+    U = mr_reg * nr // 4                    # units of S1 (4 outputs each)
     halves = 2 if mode == "neon" else 1
     chunks = 16 // spec.kr                  # chunks of one 16-k sub-block
     pool = RegisterPool(Q6K_CHART)
     v = pool.v
-    c = tuple(v.take(U * halves, "int32 cumulative sums"))
+    c = tuple(v.take(nr // 2 if mode == "dot8" else U * halves, "int32 cumulative sums"))
     s1 = tuple(v.take(U * halves, "int32 scaled sums"))
     mask = v.take(1, "nibble mask")[0]
     if mode == "mm":
-        n_lhs = 4 * G if stream_w else 4
+        n_lhs = 4 * G if stream_w else 2 if jit else 4
     else:
-        n_lhs = 3 if mode == "dot8" else 4 if P == 4 and mode == "dot4" else 1
+        n_lhs = 3 if mode == "dot8" else 4 if P == 4 and mode == "dot4" and not jit else 1
     lhs = tuple(v.take(n_lhs, "LHS"))
     tmp = tuple(v.take(3 if mode == "neon" else 0, "LHS"))
     h = rows(v.take(nvec * chunks, "RHS high bits"), chunks)
@@ -162,14 +169,16 @@ def _block(spec: KernelSpec, mode: str, mr_reg: int, stream_w: bool):
     per = 2 * chunks                        # unpacked registers of one column vector
     w_flat = v.take(per if stream_w else per * nvec, "unpacked weights")
     w = tuple(tuple(w_flat) for _ in range(nvec)) if stream_w else rows(w_flat, per)
-    dsc = v.take(1, "scale differences")[0]
-    dead = list(c) + list(lhs) + list(tmp) + [r for hh in h for r in hh] + [low] + list(w_flat) + [dsc]
-    prep = tuple(v.reuse(dead, _HELD_SCALES + 3, _EP))
+    dsc_regs = v.take((5 if jit else 1) + (mode == "dot8"), "scale differences")
+    dsc = dsc_regs[0]
+    dead = (list(c) + list(lhs) + list(tmp) + [r for hh in h for r in hh] + [low] + list(w_flat)
+            + dsc_regs)
+    prep = tuple(v.reuse(dead, _HELD_SCALES + 4, _EP))
     n_out = mr_reg * (nr // 4)
-    # epilogue: d per column vector, da of one row block (+ two row-pair patterns), the
-    # converted sums, an accumulator; then the output rows, two loads, clamp min and max
+    # epilogue: d per column vector, da of one row block (+ two row-pair patterns), an
+    # accumulator; then the output rows, two loads, clamp min and max
     counts = {"d": nr // 2 if mode == "mm" else nr // 4, "da": 3 if mode == "mm" else 1,
-              "x": 1, "acc": 1}
+              "acc": 1}
     ep, i = {}, 0
     for name, n in counts.items():
         ep[name] = tuple(v.reuse(dead[i:], n, _EP))
@@ -179,16 +188,21 @@ def _block(spec: KernelSpec, mode: str, mr_reg: int, stream_w: bool):
     ep["tmp"] = tuple(out_flat[n_out:])
     gpr = pool.scalars(Q6K_SCALARS)
     lo = tuple(pool.x.take(G, "LHS row pointers"))
-    return pool, dict(mode=mode, halves=halves, tmp=tmp, c=c, s1=s1, lhs=lhs, h=h, low=low, w=w, dsc=dsc, mask=mask,
+    return pool, dict(mode=mode, halves=halves, tmp=tmp, c=c, s1=s1, lhs=lhs, h=h, low=low, w=w,
+                      dsc=dsc, srow=tuple(dsc_regs[:5]) if jit else (),
+                      fold=dsc_regs[-1] if mode == "dot8" else -1, mask=mask,
                       stream_w=stream_w, prep=prep, ep=ep, out=out, gpr=gpr, lo=lo)
 
 
 def _attempt(spec: KernelSpec, mode: str, mr_reg: int):
-    """The variant that fits with the fewest registers (mm: LHS streamed per row block or
-    weights streamed per column pair)."""
-    tries = [_block(spec, mode, mr_reg, s) for s in ((False, True) if mode == "mm" else (False,))]
+    """The first variant that fits, in the order: scale differences formed in registers (4
+    columns: one piece of scale rows), then in the frame; LHS streamed per row block, then
+    (mm) weights streamed per column pair.  None fits: the smallest demand (the refusal)."""
+    tries = [_block(spec, mode, mr_reg, s, jit)
+             for jit in ((True, False) if spec.nr == 4 else (False,))
+             for s in ((False, True) if mode == "mm" else (False,))]
     fit = [t for t in tries if t[0].fits]
-    return min(fit or tries, key=lambda t: t[0].v.needs.total)
+    return fit[0] if fit else min(tries, key=lambda t: t[0].v.needs.total)
 
 
 def _allocate_q6k_neon(spec: KernelSpec) -> Q6KRegs:
