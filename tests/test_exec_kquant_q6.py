@@ -18,7 +18,8 @@ from conftest import guest
 from test_exec_kquant_q4 import CPU_FEATURES, FMAX, KQ_CPUS, SENTINEL, SWEEP_CPU, _check
 
 Q6_SPECS = ("q6_K:i8mm:8x4", "q6_K:i8mm:4x8", "q6_K:i8mm:4x4", "q6_K:i8mm:12x4",
-            "q6_K:i8mm:16x4", "q6_K:i8mm:8x8",       # register blocks of 8x4 / 4x8, in passes
+            # taller than the register block: passes over weights staged in the frame
+            "q6_K:i8mm:16x4", "q6_K:i8mm:24x4", "q6_K:i8mm:8x8", "q6_K:dotprod:24x4",
             "q6_K:i8mm:1x4", "q6_K:i8mm:1x8",
             "q6_K:dotprod:8x4", "q6_K:dotprod:4x4", "q6_K:dotprod:12x4", "q6_K:dotprod:1x4",
             "q6_K:dotprod:1x8", "q6_K:dotprod:1x12",  # scale rows in pieces of 8 + 4 columns

@@ -69,13 +69,19 @@ class Q6KRegs(Frame):
     preparation's registers (8 held scale rows, one streamed, the int16 and int32
     differences, one pattern), ``ep`` the SB
     epilogue's, ``out[row][cv]`` the f32 results' for the store: all of them reuse registers
-    dead by then."""
+    dead by then.
+
+    ``passes`` > 1: the tile's rows are computed in passes of ``mr_reg`` rows per super-block;
+    the SB's weights are unpacked once into frame slots and every pass loads them (the unpack
+    and the scale differences amortised over all the tile's rows).  ``groups``: the tile's LHS
+    row blocks (``lo``), ``pass_groups`` those of one pass."""
 
     mode: str
     halves: int                          # vectors per unit (neon: 2, lanes c0 c0 c1 c1 / c2 c2 c3 c3)
-    mr_reg: int
+    mr_reg: int                          # rows of one pass (in registers)
     lhs_mr: int
     groups: int
+    passes: int
     c: tuple[int, ...]
     s1: tuple[int, ...]
     lhs: tuple[int, ...]
@@ -101,7 +107,16 @@ class Q6KRegs(Frame):
 
     @property
     def n_units(self) -> int:
+        """Units of one pass (the accumulators have n_units * passes slots)."""
         return len(self.s1) // self.halves
+
+    @property
+    def tile_rows(self) -> int:
+        return self.mr_reg * self.passes
+
+    @property
+    def pass_groups(self) -> int:
+        return self.mr_reg // self.lhs_mr
 
     @property
     def n_dvec(self) -> int:
@@ -118,11 +133,18 @@ class Q6KRegs(Frame):
     def dsc_offset(self) -> int:
         """sp offset of the scale differences: slot (sub-block j, column vector v) at
         dsc_offset + 16*(j*n_dvec + v)."""
-        return self.acc_offset + 16 * self.n_units
+        return self.acc_offset + 16 * self.n_units * self.passes
+
+    @property
+    def w_offset(self) -> int:
+        """sp offset of the staged weights (passes > 1): register u of column vector v,
+        sub-block j at w_offset + 16*((j*len(w) + v)*len(w[v]) + u)."""
+        return self.dsc_offset + (0 if self.srow else 16 * 16 * self.n_dvec)
 
     @property
     def frame_bytes(self) -> int:
-        return self.dsc_offset + (0 if self.srow else 16 * 16 * self.n_dvec)
+        staged = 16 * 16 * len(self.w) * len(self.w[0]) if self.passes > 1 else 0
+        return self.w_offset + staged
 
 
 def q6k_mode(spec: KernelSpec) -> str:
@@ -149,6 +171,7 @@ def q6k_mode(spec: KernelSpec) -> str:
 def _block(spec: KernelSpec, mode: str, mr_reg: int, stream_w: bool, jit: bool):
     nr, P = spec.nr, spec.lhs_mr
     G = mr_reg // P
+    passes = spec.mr // mr_reg
     nvec = nr // 2 if mode in ("mm", "dot8") else nr // 4       # column vectors
     U = mr_reg * nr // 4                    # units of S1 (4 outputs each)
     halves = 2 if mode == "neon" else 1
@@ -174,7 +197,7 @@ def _block(spec: KernelSpec, mode: str, mr_reg: int, stream_w: bool, jit: bool):
     dead = (list(c) + list(lhs) + list(tmp) + [r for hh in h for r in hh] + [low] + list(w_flat)
             + dsc_regs)
     prep = tuple(v.reuse(dead, _HELD_SCALES + 4, _EP))
-    n_out = mr_reg * (nr // 4)
+    n_out = spec.mr * (nr // 4)
     # epilogue: d per column vector, da of one row block (+ two row-pair patterns), an
     # accumulator; then the output rows, two loads, clamp min and max
     counts = {"d": nr // 2 if mode == "mm" else nr // 4, "da": 3 if mode == "mm" else 1,
@@ -183,12 +206,13 @@ def _block(spec: KernelSpec, mode: str, mr_reg: int, stream_w: bool, jit: bool):
     for name, n in counts.items():
         ep[name] = tuple(v.reuse(dead[i:], n, _EP))
         i += n
-    out_flat = v.reuse(dead, n_out + 4, _EP)
+    # after the k loop every register is dead (the template sets the mask again per tile)
+    out_flat = v.reuse(dead + list(s1) + [mask], n_out + 4, _EP)
     out = rows(out_flat[:n_out], nr // 4)
     ep["tmp"] = tuple(out_flat[n_out:])
     gpr = pool.scalars(Q6K_SCALARS)
-    lo = tuple(pool.x.take(G, "LHS row pointers"))
-    return pool, dict(mode=mode, halves=halves, tmp=tmp, c=c, s1=s1, lhs=lhs, h=h, low=low, w=w,
+    lo = tuple(pool.x.take(G * passes, "LHS row pointers"))
+    return pool, dict(mode=mode, halves=halves, passes=passes, tmp=tmp, c=c, s1=s1, lhs=lhs, h=h, low=low, w=w,
                       dsc=dsc, srow=tuple(dsc_regs[:5]) if jit else (),
                       fold=dsc_regs[-1] if mode == "dot8" else -1, mask=mask,
                       stream_w=stream_w, prep=prep, ep=ep, out=out, gpr=gpr, lo=lo)
@@ -199,7 +223,7 @@ def _attempt(spec: KernelSpec, mode: str, mr_reg: int):
     columns: one piece of scale rows), then in the frame; LHS streamed per row block, then
     (mm) weights streamed per column pair.  None fits: the smallest demand (the refusal)."""
     tries = [_block(spec, mode, mr_reg, s, jit)
-             for jit in ((True, False) if spec.nr == 4 else (False,))
+             for jit in ((True, False) if spec.nr == 4 and mr_reg == spec.mr else (False,))
              for s in ((False, True) if mode == "mm" else (False,))]
     fit = [t for t in tries if t[0].fits]
     return fit[0] if fit else min(tries, key=lambda t: t[0].v.needs.total)
@@ -208,10 +232,13 @@ def _attempt(spec: KernelSpec, mode: str, mr_reg: int):
 def _allocate_q6k_neon(spec: KernelSpec) -> Q6KRegs:
     mode = q6k_mode(spec)
     check_packing(spec)
-    regs = Q6KRegs(**first_fit(spec, lambda mr_reg: _attempt(spec, mode, mr_reg)))
+    fields = first_fit(spec, lambda mr_reg: _attempt(spec, mode, mr_reg))
+    fields["groups"] = spec.mr // spec.lhs_mr       # the tile's row blocks (all passes)
+    regs = Q6KRegs(**fields)
     if regs.frame_bytes > 4095:     # one sub sp immediate
         raise SpecError(f"tile {spec.mr_str}x{spec.nr_str}: its stack frame ({regs.frame_bytes} "
-                        f"bytes of accumulators and scale differences) exceeds 4095 bytes")
+                        f"bytes of accumulators, scale differences and staged weights) exceeds "
+                        f"4095 bytes")
     return regs
 
 
