@@ -52,7 +52,8 @@ class TuneError(ValueError):
 class Candidate:
     spec: KernelSpec
     vregs: int              # vector registers the allocator uses
-    rows: int               # rows the hot loop computes at once (q4: the allocator's mr_reg)
+    rows: int               # rows the hot loop computes at once (q4: the allocator's mr_reg;
+    #                         q6_K: its tile_rows)
     rhs_bytes_per_mac: float
 
     @property
@@ -152,7 +153,10 @@ def _candidate(spec: KernelSpec) -> Candidate | None:
         return None
     # VL-scaled tiles: bytes per MAC do not depend on the VL; measure them at 128 bits
     vl = 16 if spec.vl_scaled else None
-    rows = getattr(regs, "mr_reg", spec.mr)       # VL-scaled: in VL units
+    # rows one pass of the hot loop computes (VL-scaled: in VL units): the allocator's mr_reg,
+    # or its tile_rows where passes of mr_reg rows share one loop (q6_K: one weight unpack per
+    # super-block serves every pass), which is then other code than the mr_reg-row tile
+    rows = getattr(regs, "tile_rows", getattr(regs, "mr_reg", spec.mr))
     nr = spec.nr_at(vl)
     rhs = rhs_layout_for(spec, 32, vl).packed_size(nr, _K_FOR_BYTES)
     return Candidate(spec, regs.needs.total, rows, rhs / (rows * nr * _K_FOR_BYTES))
