@@ -19,7 +19,8 @@ from test_exec_kquant_q4 import CPU_FEATURES, FMAX, KQ_CPUS, SENTINEL, SWEEP_CPU
 
 Q6_SPECS = ("q6_K:i8mm:8x4", "q6_K:i8mm:4x8", "q6_K:i8mm:4x4", "q6_K:i8mm:12x4",
             # taller than the register block: passes over weights staged in the frame
-            "q6_K:i8mm:16x4", "q6_K:i8mm:24x4", "q6_K:i8mm:8x8", "q6_K:dotprod:24x4",
+            "q6_K:i8mm:16x4", "q6_K:i8mm:24x4", "q6_K:i8mm:32x4", "q6_K:i8mm:8x8",
+            "q6_K:dotprod:24x4", "q6_K:neon:16x4",
             "q6_K:i8mm:1x4", "q6_K:i8mm:1x8",
             "q6_K:dotprod:8x4", "q6_K:dotprod:4x4", "q6_K:dotprod:12x4", "q6_K:dotprod:1x4",
             "q6_K:dotprod:1x8", "q6_K:dotprod:1x12",  # scale rows in pieces of 8 + 4 columns
@@ -27,7 +28,7 @@ Q6_SPECS = ("q6_K:i8mm:8x4", "q6_K:i8mm:4x8", "q6_K:i8mm:4x4", "q6_K:i8mm:12x4",
 SPECS = [tilegen.parse_spec(s) for s in Q6_SPECS]
 # (m, n, k): m, n not multiples of the tiles (and some that are); k = 1, 2 and 4 super-blocks
 SHAPES = [(1, 1, 256), (3, 5, 512), (5, 13, 256), (13, 7, 1024), (17, 30, 512), (8, 8, 256),
-          (2, 33, 1024), (30, 3, 512), (12, 4, 256)]
+          (2, 33, 1024), (30, 3, 512), (12, 4, 256), (45, 9, 512), (67, 6, 256)]
 
 
 @pytest.fixture(scope="session")
@@ -108,7 +109,7 @@ def test_q6k_refusals():
             tilegen.parse_spec(text)
 
 
-GUARD_SPECS = ("q6_K:i8mm:8x4", "q6_K:i8mm:1x8", "q6_K:dotprod:4x4", "q6_K:dotprod:1x4",
+GUARD_SPECS = ("q6_K:i8mm:8x4", "q6_K:i8mm:24x4", "q6_K:i8mm:1x8", "q6_K:dotprod:4x4", "q6_K:dotprod:1x4",
                "q6_K:neon:4x4", "q6_K:neon:1x4")
 
 
@@ -128,7 +129,8 @@ def test_q6k_guard_pages(text, q6_lib):
     _check_guarded(spec.name, cases, refs, outs)
 
 
-@pytest.mark.parametrize("text", ("q6_K:i8mm:8x4", "q6_K:dotprod:8x4", "q6_K:neon:4x4"))
+@pytest.mark.parametrize("text", ("q6_K:i8mm:8x4", "q6_K:i8mm:32x4", "q6_K:dotprod:8x4",
+                                  "q6_K:neon:4x4"))
 def test_q6k_large_shapes(text, q6_lib):
     """Long k (many super-blocks), many column groups and row tiles."""
     spec = tilegen.parse_spec(text)

@@ -12,11 +12,15 @@ Per accumulator unit (one register of int32 sums):
     S1  the scaled sums: after the t-th sub-block sigma(t) of the order above,
         S1 += (sc_sigma(t) - sc_sigma(t+1)) * C  (sc after the last = 0; MUL at t = 0), so
         that S1 = sum_j sc_j * (sum over sub-block j) at the SB's end without zeroing C per
-        sub-block (the "telescoping" form).  The differences need int16 (SSUBL); they are
-        computed once per SB per column vector into the stack frame (one 16-byte slot per
-        sub-block and column vector, in the unit's lane pattern), then loaded by the MLAs;
+        sub-block (the "telescoping" form).  The differences need int16 (SSUBL); with 4
+        columns and registers to spare they are formed just before their MLAs, else once
+        per SB into the stack frame (one 16-byte slot per sub-block and column vector, in
+        the unit's lane pattern) and loaded by the MLAs;
     the f32 accumulators live in the stack frame (one 16-byte slot per unit, loaded and stored
     once per SB by the float epilogue: x = f32(S1)*f32(d); acc = fma(da, x, acc)).
+
+A tile taller than the largest register block that fits (``first_fit``) runs each SB in
+passes of that block over weights unpacked once per SB into the frame (``Q6KRegs.passes``).
 
 Strategies (``Q6KRegs.mode``), by ISA, interleave and row count:
 
@@ -45,8 +49,8 @@ from .pool import Frame, RegisterPool, VectorNeeds, first_fit, rows
 
 __all__ = ["Q6KRegs", "Q6K_SCALARS", "Q6K_CHART", "q6k_mode", "ALLOCATORS"]
 
-Q6K_SCALARS = ("n_rem", "rhs_ptr", "dst_tile", "dst_row", "sb_cnt", "nsb", "lhs_rbs",
-               "lhs_blk_stride", "dst_blk_stride", "tmp", "sc_ptr", "low_ptr", "high_ptr")
+Q6K_SCALARS = ("n_rem", "rhs_ptr", "dst_tile", "dst_row", "sb_cnt", "nsb", "lhs_rbs", "tmp",
+               "sc_ptr", "low_ptr", "high_ptr")
 _EP = "epilogue beyond the dead registers"
 Q6K_CHART = ("int32 cumulative sums", "int32 scaled sums", "nibble mask", "LHS", "RHS high bits",
              "RHS low bits", "unpacked weights", "scale differences", _EP)
@@ -67,21 +71,21 @@ class Q6KRegs(Frame):
     weights of one column vector at a time (all row blocks' LHS held), else every column
     vector's weights held and the LHS streamed per row block.  ``prep``: the scale
     preparation's registers (8 held scale rows, one streamed, the int16 and int32
-    differences, one pattern), ``ep`` the SB
-    epilogue's, ``out[row][cv]`` the f32 results' for the store: all of them reuse registers
-    dead by then.
+    differences, one pattern), ``ep`` the SB epilogue's, ``out[row][cv]`` the f32 results'
+    of one pass for the store: all of them reuse registers dead by then.
 
-    ``passes`` > 1: the tile's rows are computed in passes of ``mr_reg`` rows per super-block;
-    the SB's weights are unpacked once into frame slots and every pass loads them (the unpack
-    and the scale differences amortised over all the tile's rows).  ``groups``: the tile's LHS
-    row blocks (``lo``), ``pass_groups`` those of one pass."""
+    The k loop computes all ``mr_reg`` (= mr) rows of the tile; ``passes`` > 1: in passes of
+    ``pass_rows`` rows (the register block) per super-block, the SB's weights unpacked once
+    into frame slots that every pass loads (the unpack and the scale differences amortised
+    over all the tile's rows).  ``groups``: the tile's LHS row blocks (``lo``),
+    ``pass_groups`` those of one pass."""
 
     mode: str
     halves: int                          # vectors per unit (neon: 2, lanes c0 c0 c1 c1 / c2 c2 c3 c3)
-    mr_reg: int                          # rows of one pass (in registers)
+    mr_reg: int                          # rows of the tile's k loop (mr)
     lhs_mr: int
     groups: int
-    passes: int
+    pass_rows: int                       # rows of one pass (the register block)
     c: tuple[int, ...]
     s1: tuple[int, ...]
     lhs: tuple[int, ...]
@@ -111,12 +115,12 @@ class Q6KRegs(Frame):
         return len(self.s1) // self.halves
 
     @property
-    def tile_rows(self) -> int:
-        return self.mr_reg * self.passes
+    def passes(self) -> int:
+        return self.mr_reg // self.pass_rows
 
     @property
     def pass_groups(self) -> int:
-        return self.mr_reg // self.lhs_mr
+        return self.pass_rows // self.lhs_mr
 
     @property
     def n_dvec(self) -> int:
@@ -197,7 +201,7 @@ def _block(spec: KernelSpec, mode: str, mr_reg: int, stream_w: bool, jit: bool):
     dead = (list(c) + list(lhs) + list(tmp) + [r for hh in h for r in hh] + [low] + list(w_flat)
             + dsc_regs)
     prep = tuple(v.reuse(dead, _HELD_SCALES + 4, _EP))
-    n_out = spec.mr * (nr // 4)
+    n_out = mr_reg * (nr // 4)             # the results of one pass at a time
     # epilogue: d per column vector, da of one row block (+ two row-pair patterns), an
     # accumulator; then the output rows, two loads, clamp min and max
     counts = {"d": nr // 2 if mode == "mm" else nr // 4, "da": 3 if mode == "mm" else 1,
@@ -212,7 +216,7 @@ def _block(spec: KernelSpec, mode: str, mr_reg: int, stream_w: bool, jit: bool):
     ep["tmp"] = tuple(out_flat[n_out:])
     gpr = pool.scalars(Q6K_SCALARS)
     lo = tuple(pool.x.take(G * passes, "LHS row pointers"))
-    return pool, dict(mode=mode, halves=halves, passes=passes, tmp=tmp, c=c, s1=s1, lhs=lhs, h=h, low=low, w=w,
+    return pool, dict(mode=mode, halves=halves, tmp=tmp, c=c, s1=s1, lhs=lhs, h=h, low=low, w=w,
                       dsc=dsc, srow=tuple(dsc_regs[:5]) if jit else (),
                       fold=dsc_regs[-1] if mode == "dot8" else -1, mask=mask,
                       stream_w=stream_w, prep=prep, ep=ep, out=out, gpr=gpr, lo=lo)
@@ -233,7 +237,8 @@ def _allocate_q6k_neon(spec: KernelSpec) -> Q6KRegs:
     mode = q6k_mode(spec)
     check_packing(spec)
     fields = first_fit(spec, lambda mr_reg: _attempt(spec, mode, mr_reg))
-    fields["groups"] = spec.mr // spec.lhs_mr       # the tile's row blocks (all passes)
+    # the register block is one pass; the k loop covers the whole tile
+    fields.update(pass_rows=fields["mr_reg"], mr_reg=spec.mr, groups=spec.mr // spec.lhs_mr)
     regs = Q6KRegs(**fields)
     if regs.frame_bytes > 4095:     # one sub sp immediate
         raise SpecError(f"tile {spec.mr_str}x{spec.nr_str}: its stack frame ({regs.frame_bytes} "
