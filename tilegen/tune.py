@@ -15,7 +15,7 @@ from __future__ import annotations
 import os
 import threading
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from typing import Iterable, Sequence
 
 from .analyze import MODEL_SVE_VL, AnalyzeError, LoopReport, analyze, mca_tool
@@ -30,8 +30,7 @@ from .layout.base import rhs_layout_for
 from .records import FAMILIES, ISAS, SpecError
 
 __all__ = ["TuneError", "Candidate", "Score", "Ranking", "Pair", "REGIMES", "tunable_isas",
-           "candidates", "distinct", "score", "rank", "rank_key", "tune", "pick_pair", "best_of", "tuned_entry", "clear_cache",
-           "Measured", "measured_ranking"]
+           "candidates", "distinct", "score", "rank", "rank_key", "tune", "pick_pair", "best_of", "tuned_entry", "clear_cache"]
 
 REGIMES = ("gemm", "gemv")
 # The grid the allocator is asked about (it decides; nothing here is a list of valid tiles).
@@ -99,25 +98,6 @@ class Score:
                 "macs_per_cycle": self.report.macs_per_cycle,
                 "block32_cycles": self.block_cycles, "block32_macs_per_cycle": self.value,
                 "vregs": self.cand.vregs, "rhs_bytes_per_mac": self.cand.rhs_bytes_per_mac}
-
-
-@dataclass(frozen=True)
-class Measured(Score):
-    """A score whose value is a timing (``tune --measure``): measured MACs per cycle (or per
-    ns, the unit the method records) of the kernel, next to its model report."""
-    measured: float = 0.0
-
-    @property
-    def value(self) -> float:
-        return self.measured
-
-    @property
-    def model_value(self) -> float:
-        return Score.value.fget(self)
-
-    def as_dict(self) -> dict:
-        return dict(super().as_dict(), measured=self.measured,
-                    model_block32_macs_per_cycle=self.model_value)
 
 
 @dataclass(frozen=True)
@@ -320,17 +300,6 @@ def tune(target: Target, family: str, regime: str, isa: str | None = None, m: in
                    {r.spec_string: tuple(s.spec_string for s in v if s != r)
                     for r, v in groups.items()},
                    tuple((sp.spec_string, why) for sp, why in failed))
-
-
-def measured_ranking(ranking: Ranking, measured: dict[str, float],
-                     tol: float = TOLERANCE) -> Ranking:
-    """``ranking``'s kernels that were timed (spec string -> measured throughput, higher is
-    better), ranked by the measurement (ties within ``tol`` as :func:`rank`)."""
-    scores = [Measured(s.cand, s.report, float(measured[s.spec.spec_string]))
-              for s in ranking.scores if s.spec.spec_string in measured]
-    if not scores:
-        raise TuneError(f"no {ranking.family} {ranking.regime} kernel was timed")
-    return replace(ranking, scores=tuple(rank(scores, tol)))
 
 
 def pick_pair(gemm: Ranking, gemv: Ranking) -> Pair:
