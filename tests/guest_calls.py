@@ -164,7 +164,10 @@ def picks(libdir: str) -> dict:
     """Which gemm/gemv kernel each weight kind selects on this CPU (tilegen info's view)."""
     lib = _lib(libdir)
     out = {}
-    for kind in ("f32", "f16", "q4_0", "q4_0_dx"):
+    families = {k.family for k in lib.kernels.values()}
+    for kind in ("f32", "f16", "q4_0", "q4_0_dx", "q4_K", "q6_K"):
+        if kind in ("q4_K", "q6_K") and kind not in families:     # libraries without K-quants
+            continue
         p = lib.kernel_table.pairs(kind)[0]
         out[kind] = (p.gemm.name, (p.gemv or p.gemm).name)
     return out

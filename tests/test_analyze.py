@@ -25,6 +25,19 @@ def test_q4_block_cost_includes_scale_handling():
     assert r.block32_cycles > r.cycles_per_iter > 0
 
 
+def test_kquant_super_block_is_reported_per_32_k():
+    """The K-quant kernels mark one 256-k super-block (``block-begin k=256``, the hot loop):
+    analyze reports its cycles and MACs per 32 k, and tune scores it the same way."""
+    from tilegen.tune import Candidate, Score
+    spec = tilegen.parse_spec("q4_K:i8mm:8x4")
+    r = analyze(spec, "neoverse-v2")
+    assert r.macs_per_iter == 256 * 8 * 4 and r.block32_macs == 32 * 8 * 4
+    assert r.block32_cycles < r.cycles_per_iter
+    assert r.block32_macs_per_cycle == pytest.approx(r.block32_macs / r.block32_cycles)
+    s = Score(Candidate(spec, 0, 8, 0.0), r)
+    assert s.value == pytest.approx(r.block32_macs_per_cycle)
+
+
 def test_cli_json():
     p = subprocess.run([sys.executable, "-m", "tilegen", "analyze", "--kernel", "f32:neon:4x16",
                         "--cpu-model", "neoverse-n2", "--json"], capture_output=True, text=True)

@@ -139,12 +139,11 @@ def model_qsi8d32p(x: np.ndarray, m: int, bl: int, mr: int, L: int, m_idx_start:
 # --------------------------------------------------------------------------------------------
 # build
 
-@pytest.fixture(scope="session")
-def pack_lib(tmp_path_factory) -> str:
+def build_packers(specs, out) -> str:
+    """A shared library (ELF) of the packers ``specs``, built in directory ``out``."""
     tc = discover("elf")
-    out = tmp_path_factory.mktemp("packlib")
     objs = []
-    for s in SPECS:
+    for s in specs:
         src = out / f"{s.name}.S"
         src.write_text(render(s, "elf"))
         obj = out / f"{s.name}.o"
@@ -153,6 +152,11 @@ def pack_lib(tmp_path_factory) -> str:
     so = out / "libpack.so"
     subprocess.run(tc.link_cmd(objs, so), check=True, capture_output=True)
     return str(so)
+
+
+@pytest.fixture(scope="session")
+def pack_lib(tmp_path_factory) -> str:
+    return build_packers(SPECS, tmp_path_factory.mktemp("packlib"))
 
 
 def _case(spec: PackerSpec, args: dict, src_bytes: np.ndarray, dst_size: int) -> dict:

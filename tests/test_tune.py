@@ -336,3 +336,13 @@ def test_tuned_entry_keeps_the_pair_within_tolerance():
     assert best_of(a, b) is a                 # < 1% better: no second layout for it
     c = _fake("q4_0:i8mm:12x4", 63.0, 32)
     assert best_of(a, c) is c
+
+
+def test_kquant_tall_tiles_sharing_one_unpack_are_their_own_kernels():
+    """q6_K tiles taller than the register block run passes over one weight unpack per
+    super-block (the allocator's mr_reg is the whole tile): other code than the register
+    block's tile, so tune models them on their own and counts all their rows."""
+    cands = candidates(V2, "q6_K", "gemm", isa="i8mm", mrs=(8, 24), nrs=(4,))
+    rows = {c.spec.mr: c.rows for c in cands}
+    assert rows[8] == 8 and rows[24] == 24
+    assert {s.mr for s in distinct(cands)} >= {8, 24}

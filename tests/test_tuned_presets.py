@@ -9,19 +9,26 @@ import tilegen
 from tilegen.build import get_target
 from tilegen.build.tuned import read_tuned, tuned_dir
 from tilegen.layout import F32PackedRHS
+from tilegen.layout.api import layout_for
+from tilegen.layout.ggml import random_q4_k, random_q6_k
+from tilegen.layout.kquant import Q8KP
 from tilegen.reference import matmul_f32
+from tilegen.reference_kquant import matmul_q8kp_q4kp, matmul_q8kp_q6kp
 
 from conftest import guest
 from test_exec_q4 import SENTINEL, _pack, _shapes
 
 PRESETS = sorted(p.stem for p in tuned_dir().glob("*.json"))
+# K-quant families: RHS format, random valid ggml blocks, the bit-exact reference
+KQUANT = {"q4_K": ("q4kp", random_q4_k, matmul_q8kp_q4kp),
+          "q6_K": ("q6kp", random_q6_k, matmul_q8kp_q6kp)}
 
 
 def test_presets_are_shipped_and_valid():
     assert {"neoverse-n1", "neoverse-n2", "neoverse-v1", "neoverse-v2"} <= set(PRESETS)
     for name in PRESETS:
         tf = read_tuned(get_target(name))
-        assert tf is not None and set(tf.families) == {"f32", "q4_0", "q4_0_dx"}
+        assert tf is not None and set(tf.families) == {"f32", "q4_0", "q4_0_dx", "q4_K", "q6_K"}
 
 
 def _tuned_specs():
@@ -65,6 +72,18 @@ def test_tuned_kernel_bit_exact(spec, cpu, tuned_lib):
                               clamp_min=-3.4e38, clamp_max=3.4e38))
             refs.append(matmul_f32(lhs[:, :k], w, b, -3.4e38, 3.4e38))
         outs = g.call("guest_calls:run_f32_cases", str(tuned_lib), spec.name, cases)
+    elif spec.family in KQUANT:         # q8kp x q4kp / q6kp: ggml blocks, reference_kquant
+        fmt, rand, ref = KQUANT[spec.family]
+        cases, refs = [], []
+        for i, (m, n, k) in enumerate([(1, 1, 256), (mr, nr, 512), (mr + 1, nr + 1, 256),
+                                       (2 * mr + 3, 2 * nr - 1, 768)]):
+            x = (rng.normal(size=(m, k)) * 4).astype(np.float32)
+            lhs = Q8KP(spec.lhs_mr, spec.kr).pack(x)
+            rhs = layout_for(fmt, nr=nr, kr=spec.kr).pack_from_ggml(rand(n, k, i), n, k)
+            cases.append(dict(m=m, n=n, k=k, bl=32, lhs_packed=lhs, rhs_packed=rhs,
+                              clamp_min=-3.4e38, clamp_max=3.4e38, sentinel=SENTINEL))
+            refs.append(ref(lhs, rhs, m, n, k, spec.lhs_mr, nr, spec.kr, -3.4e38, 3.4e38))
+        outs = g.call("guest_calls:run_q4_cases", str(tuned_lib), spec.name, cases)
     else:
         cases, refs = [], []
         for m, n, k, bl in _shapes(spec, rng, nr=nr):
@@ -83,7 +102,7 @@ def test_runtime_picks_the_tuned_pair(tmp_path):
     tf = read_tuned(get_target("neoverse-v2"))
     tilegen.build_library(None, target="neoverse-v2", out_dir=tmp_path)
     picks = guest("max", sve_vl=256).call("guest_calls:picks", str(tmp_path))
-    for kind in ("f32", "q4_0", "q4_0_dx"):
+    for kind in ("f32", "q4_0", "q4_0_dx", "q4_K", "q6_K"):
         fam = tf.families[kind]
         assert picks[kind] == (fam.gemm.name, fam.gemv.name), (kind, picks[kind])
     # the default build also has the best gemm and gemv of any layout, marked for for_ops

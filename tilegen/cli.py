@@ -8,7 +8,7 @@ import os
 import sys
 from pathlib import Path
 
-from .records import __version__
+from .records import FAMILIES, __version__
 
 
 class CliError(Exception):
@@ -441,7 +441,7 @@ def _parser() -> argparse.ArgumentParser:
     sub = p.add_subparsers(dest="cmd", required=True)
 
     g = sub.add_parser("generate", help="render one kernel to DIR/<name>.S")
-    g.add_argument("--family", required=True, help="kernel family: f32, q4_0, q4_0_dx, q8_0, bf16")
+    g.add_argument("--family", required=True, help=f"kernel family: {', '.join(FAMILIES)}")
     g.add_argument("--isa", required=True,
                    help="instruction set: neon, dotprod, i8mm, sve, sve_dotprod, sve_i8mm, sme, sme2")
     g.add_argument("--tile", required=True,
@@ -500,7 +500,7 @@ def _parser() -> argparse.ArgumentParser:
 
     tu = sub.add_parser("tune", help="rank every tile the allocator accepts by the llvm-mca model")
     tu.add_argument("--target", required=True, help="CPU preset with an llvm-mca model")
-    tu.add_argument("--family", help="kernel family (f32, q4_0, q4_0_dx, q8_0, bf16)")
+    tu.add_argument("--family", help=f"kernel family ({', '.join(FAMILIES)})")
     tu.add_argument("--m", type=int, metavar="M",
                     help="1: gemv tiles (mr == 1); M > 1: gemm tiles with 1 < mr <= M "
                          "(default: both regimes)")

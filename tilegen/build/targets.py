@@ -91,6 +91,15 @@ DEFAULT_KERNELS: tuple[str, ...] = (
     "q8_0:i8mm:16x4", "q8_0:dotprod:1x4:k8:s1",
     "q8_0:dotprod:16x4", "q8_0:dotprod:1x4",
     "q8_0:neon:4x4", "q8_0:neon:1x4",
+    # K-quants (q8kp x q4kp / q6kp, issue #24): per ISA a gemm and the gemv on its packed RHS,
+    # i8mm (SMMLA gemm, kr16) first, then dotprod (SDOT by lane, kr8), plain NEON (SMULL) last;
+    # the tiles are `tilegen tune`'s best on neoverse-v2 / -n1 (llvm-mca)
+    "q4_K:i8mm:8x4", "q4_K:i8mm:1x4",
+    "q4_K:dotprod:8x4", "q4_K:dotprod:1x4",
+    "q4_K:neon:4x4", "q4_K:neon:1x4",
+    "q6_K:i8mm:8x4", "q6_K:i8mm:1x4",
+    "q6_K:dotprod:8x4", "q6_K:dotprod:1x4",
+    "q6_K:neon:4x4", "q6_K:neon:1x4",
     # bf16 (bf16p8x4 x bf16p12x4b): KleidiAI's BFMMLA 8x12 and a BFDOT gemv on the same RHS
     "bf16:bf16:8x12", "bf16:bf16:1x12",
     # bf16 on SME2 (bf16p2vlx2 x bf16p2vlx2b): KleidiAI's BFMOPA 2vlx2vl, which also serves m = 1

@@ -84,6 +84,10 @@ class Q8KP(RowBlocks, KQuantInterleave):
 
     format = "q8kp"
     label_prefix = "q8kp"
+    rounding = "away"           # fixed: FCVTAS (ties away from zero)
+    # the generated NEON packer (tilegen.generator.packers): one row at a time, compile-time mr
+    packer_template = "lhs_pack_q8kp_neon"
+    packer_mr = ("fixed",)
 
     def __post_init__(self) -> None:
         self.check_kquant(mr=self.mr)

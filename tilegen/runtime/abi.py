@@ -42,6 +42,9 @@ def _exercise(obj, rng) -> None:
         whole = obj.spec.fmt in ("bf16px4", "bf16px2", "f32p")
         # a streaming packer packs this CPU's row blocks (units x SVL/32) only
         mr = (obj.spec.svl_rows(obj.svl_bytes) if obj.spec.streaming else obj.spec.vl_rows[0])
+        qk = getattr(obj.spec.layout(32, mr), "qk", None)     # q8kp: whole 256-k super-blocks
+        if qk:
+            x = rng.normal(size=(m, qk)).astype(np.float32)
         obj(x, bl=32, m_idx_start=0 if whole else 1, mr=mr)
         return
     dst = np.zeros((m, n), np.float32)

@@ -1,0 +1,249 @@
+"""The runtime on K-quant weights (kinds "q4_K", "q6_K"), run in the emulated guest: ggml
+blocks through ``lib.pack_weights(from_ggml=)``, the kernel pick per m, ``matmul`` (1 and 3
+threads), ``plan``, ``pack_lhs`` (the generated q8kp packer), ``get_rows``, ``for_ops``, a
+packed-weights file, ``adopt`` from another nr/kr, and the refusals (float weights, k not a
+multiple of 256, truncated blocks, non-finite d / dmin, a bias, non-finite activations).
+
+Every result is bit-exact with :mod:`tilegen.reference_kquant` on the packed buffers (the
+activations packed by :class:`~tilegen.layout.kquant.Q8KP`, the weights as the guest packed
+them, which equal the host's ``pack_from_ggml``); get_rows equals ``gguf.quants.dequantize``
+bit for bit."""
+from __future__ import annotations
+
+import re
+
+import gguf
+import numpy as np
+import pytest
+
+import tilegen
+from tilegen.generator.validate import parse_spec
+from tilegen.layout.api import layout_for
+from tilegen.layout.ggml import random_q4_k, random_q6_k
+from tilegen.layout.base import rhs_layout_for
+from tilegen.layout.kquant import Q8KP
+from tilegen.records import FAMILIES, SpecError
+from tilegen.reference_kquant import matmul_q8kp_q4kp, matmul_q8kp_q6kp
+
+from conftest import guest
+from test_kquant_weights import write_gguf
+
+T = gguf.GGMLQuantizationType
+# kind -> (RHS format, ggml type, random valid blocks, bytes per block, reference)
+KQ = {"q4_K": ("q4kp", T.Q4_K, random_q4_k, 144, matmul_q8kp_q4kp),
+      "q6_K": ("q6kp", T.Q6_K, random_q6_k, 210, matmul_q8kp_q6kp)}
+KINDS = tuple(KQ)
+# tiles asked of the allocator per ISA (it decides): the gemm and gemv of each library
+GEMM_TILES = ("8x4", "4x8", "4x4")
+GEMV_TILES = ("1x4", "1x8")
+# CPU models and the ISA their K-quant kernels use (the best the model has)
+CPUS = {"neoverse-v1": "i8mm", "neoverse-n1": "dotprod", "cortex-a53": "neon"}
+N, K = 21, 768                  # n not a multiple of nr (padding columns), 3 super-blocks
+F = np.float32
+
+
+def _specs() -> list[str]:
+    """Per K-quant family and ISA: the first gemm tile and the first gemv tile the allocator
+    accepts of each nr."""
+    out = []
+    for fam in KINDS:
+        for isa in FAMILIES[fam].impls:
+            for tiles in (GEMM_TILES, GEMV_TILES):
+                for t in tiles:
+                    try:
+                        out.append(parse_spec(f"{fam}:{isa}:{t}").spec_string)
+                        break
+                    except SpecError:
+                        continue
+    return out
+
+
+SPECS = _specs()
+
+
+@pytest.fixture(scope="module")
+def kq_lib(tmp_path_factory) -> str:
+    out = tmp_path_factory.mktemp("kqrt")
+    tilegen.build_library(SPECS, target="linux-aarch64-all", out_dir=out)
+    return str(out)
+
+
+def _x(rng, m: int) -> np.ndarray:
+    """Activations with super-blocks of several magnitudes (one all zero)."""
+    x = (rng.standard_normal((m, K)) * 3).astype(F)
+    x[:, 256:512] *= F(1e-3)
+    x[m // 2, 512:] = 0
+    return x
+
+
+def _ref(kind, x, data, run, clamp) -> np.ndarray:
+    """The reference on the packed buffers of one run (the kernel's mr/kr/nr)."""
+    m = x.shape[0]
+    lhs = Q8KP(run["mr"], run["kr"]).pack(x)
+    assert np.array_equal(run["lhs"], lhs), f"{run['kernel']}: pack_lhs != Q8KP.pack"
+    return KQ[kind][4](lhs, data, m, N, K, run["mr"], run["nr"], run["kr"], *clamp)
+
+
+def _check_runs(kind, x, runs, clamp, raw, what) -> set:
+    kernels = set()
+    for m, run in runs.items():
+        lay = layout_for(KQ[kind][0], nr=run["nr"], kr=run["kr"])
+        assert np.array_equal(run["data"], lay.pack_from_ggml(raw, N, K)), (what, m)
+        want = _ref(kind, x[:m], run["data"], run, clamp)
+        for key in ("y", "y1", "plan"):
+            got = run[key]
+            assert got.shape == (m, N) and np.array_equal(got.view(np.uint32),
+                                                          want.view(np.uint32)), \
+                (what, m, key, run["kernel"], np.abs(got - want).max())
+        kernels.add(run["kernel"])
+        if what == "pack_weights":      # the LHS bytes of the table's first pair for m rows
+            assert run["workspace"] == Q8KP(run["mr"], run["kr"]).packed_size(m, K), (what, m)
+        assert ("_1x" in run["kernel"]) == (m == 1), (what, m, run["kernel"])
+    return kernels
+
+
+@pytest.fixture(scope="module")
+def v2_lib(tmp_path_factory) -> str:
+    """The default build of neoverse-v2: its tuned K-quant pairs and best kernels."""
+    out = tmp_path_factory.mktemp("kqv2")
+    tilegen.build_library(None, target="neoverse-v2", out_dir=out)
+    return str(out)
+
+
+@pytest.mark.parametrize("cpu", CPUS)
+@pytest.mark.parametrize("kind", KINDS)
+def test_runtime_paths_bit_exact(kind, cpu, kq_lib):
+    isa = CPUS[cpu]
+    rng = np.random.default_rng(sum(map(ord, kind + cpu)))
+    raw = KQ[kind][2](N, K, int(rng.integers(1 << 30))).reshape(N, -1)
+    if isa not in FAMILIES[kind].impls:     # no kernel of the family runs here: a clear refusal
+        r = guest(cpu).call("guest_weights:pack", kq_lib, (),
+                            dict(kind=kind, from_ggml=raw, n=N, k=K))
+        assert isinstance(r, str) and re.match(rf"ArgumentError: no kernel for {kind} weights "
+                                               rf"in .* runs on this CPU", r), r
+        return
+    r = _scenario(kind, cpu, kq_lib, rng, raw)
+    assert all(f"_{FAMILIES[kind].impls[isa].op}" in k for k in r["kernels"]), r["kernels"]
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_tuned_default_build(kind, v2_lib, tmp_path):
+    """The neoverse-v2 preset: the tuned pair and, with for_ops, the best gemm and gemv of any
+    layout (two packings where they differ); a GGUF tensor read with lib= is packed for the
+    pair."""
+    from tilegen.build import get_target
+    from tilegen.build.tuned import read_tuned
+    tf = read_tuned(get_target("neoverse-v2")).families[kind]
+    rng = np.random.default_rng(len(kind) + 2)
+    raw = KQ[kind][2](N, K, 77).reshape(N, -1)
+    r = _scenario(kind, "max", v2_lib, rng, raw)
+    assert r["runs"][2]["kernel"] == tf.gemm.name and r["runs"][1]["kernel"] == tf.gemv.name
+    fo = r["for_ops"]["runs"]
+    assert (fo[1]["kernel"], fo[2]["kernel"]) == (tf.top_gemv.name, tf.top_gemm.name)
+    assert r["for_ops"]["layouts"] == [rhs_layout_for(s).name for s in (tf.top_gemm, tf.top_gemv)]
+    path = tmp_path / "kq.gguf"
+    write_gguf(path, {"blk.0.w": (KQ[kind][1], raw)})
+    t = guest("max").call("guest_kquant:gguf_tensor", v2_lib, str(path), "blk.0.w")
+    assert (t["kind"], t["layout"]) == (kind, r["layout"]) and np.array_equal(t["data"], r["data"])
+
+
+def _scenario(kind, cpu, libdir, rng, raw) -> dict:
+    """guest_kquant.scenario on ``raw`` (N x K blocks of ``kind``), every result checked."""
+    fmt, typ, _, _, _ = KQ[kind]
+    x = _x(rng, 7)
+    rows = np.array([20, 0, 9, 9])
+    clamp = (-40.0, 35.0)
+    foreign_lay = layout_for(fmt, nr=12, kr=4)        # no kernel reads it: adopt repacks
+    foreign = tilegen.PackedWeights(foreign_lay, N, K, foreign_lay.pack_from_ggml(raw, N, K),
+                                    False, kind)
+    r = guest(cpu).call("guest_kquant:scenario", libdir, kind, raw, N, K, x, rows, clamp,
+                        foreign)
+    assert isinstance(r, dict), r
+    assert r["kind"] == kind and r["layout"].startswith(fmt)
+    want_rows = gguf.quants.dequantize(raw, typ).astype(F)[rows]
+    assert np.array_equal(r["rows"].view(np.uint32), want_rows.view(np.uint32))
+    r["kernels"] = _check_runs(kind, x, r["runs"], clamp, raw, "pack_weights")
+    base = _ref(kind, x, r["data"], r["runs"][x.shape[0]], (-np.inf, np.inf))
+    bias_y = np.clip(base + np.arange(N, dtype=F), F(clamp[0]), F(clamp[1]))
+    assert np.array_equal(r["bias_y"], bias_y)
+    _check_runs(kind, x, r["for_ops"]["runs"], clamp, raw, "for_ops")
+    full = _ref(kind, x, r["data"], r["runs"][x.shape[0]], clamp)
+    assert r["loaded"]["layout"] == r["layout"] and np.array_equal(r["loaded"]["y"], full)
+    a = r["adopt"]
+    assert (a["layout"], a["kind"]) == (r["layout"], kind) and np.array_equal(a["data"], r["data"])
+    assert np.array_equal(a["y"], full) and np.array_equal(a["y_foreign"], full)
+    return r
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_pack_weights_refusals(kind, kq_lib):
+    """Float weights, k not a multiple of 256, truncated or overlong blocks, non-finite d (and
+    dmin), a bias, kn order: ArgumentErrors saying so; bytes and flat arrays are accepted."""
+    fmt, _, rand, bb, _ = KQ[kind]
+    raw = rand(3, 512, 11)
+    flat = raw.reshape(-1)
+    nan_d = raw.reshape(3, 2, bb).copy()
+    off = 0 if kind == "q4_K" else 208
+    nan_d[1, 1, off:off + 2] = np.array([0x7E00], "<u2").view(np.uint8)
+    src = dict(kind=kind, n=3, k=512)
+    calls = [
+        ((np.ones((3, 512), F),), {"kind": kind}, r"from_ggml="),
+        ((), {**src, "from_ggml": raw, "k": 384}, r"multiple of 256"),
+        ((), {**src, "from_ggml": raw, "k": 300}, r"multiple of 256"),
+        ((), {**src, "from_ggml": flat[:-7]}, r"truncated"),
+        ((), {**src, "from_ggml": np.concatenate([flat, flat[:bb]])}, r"must hold"),
+        ((), {**src, "from_ggml": nan_d}, r"block 3 \(row 1, block 1 of the row\) has a "
+                                          r"non-finite f16 d \(NaN"),
+        ((), {**src, "from_ggml": raw, "bias": np.zeros(3, F)}, r"no bias.*matmul\(bias=\)"),
+        ((), {**src, "from_ggml": raw, "layout": "kn"}, r"layout must be 'nk'"),
+        ((), {"kind": kind, "from_ggml": raw}, r"needs n and k"),
+    ]
+    if kind == "q4_K":
+        bad = raw.reshape(3, 2, bb).copy()
+        bad[2, 0, 2:4] = np.array([0xFC00], "<u2").view(np.uint8)
+        calls.append(((), {**src, "from_ggml": bad}, r"block 4 \(row 2, block 0 of the row\) "
+                                                     r"has a non-finite f16 dmin \(-Inf"))
+    ok = [((), {**src, "from_ggml": flat.tobytes()}), ((), {**src, "from_ggml": flat}),
+          ((), {**src, "from_ggml": bytearray(flat.tobytes())})]
+    got = guest("max").call("guest_weights:packs", kq_lib,
+                            [(a, kw) for a, kw, _ in calls] + ok)
+    for (_, kw, pattern), r in zip(calls, got):
+        assert isinstance(r, str) and r.startswith("ArgumentError: "), (kw.keys(), r)
+        assert re.search(pattern, r), (pattern, r)
+    want = layout_for(fmt, nr=got[len(calls)].nr, kr=got[len(calls)].kr).pack_from_ggml(raw, 3, 512)
+    for r in got[len(calls):]:
+        assert isinstance(r, tilegen.PackedWeights) and np.array_equal(r.data, want), r
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_non_finite_activations_are_refused(kind, kq_lib):
+    raw = KQ[kind][2](5, 256, 3)
+    x = np.random.default_rng(2).standard_normal((3, 256)).astype(F)
+    xs = []
+    for v in (np.nan, np.inf, -np.inf):
+        b = x.copy()
+        b[1, 7] = v
+        xs.append(b)
+    got = guest("max").call("guest_kquant:refusals", kq_lib, kind, raw, 5, 256, xs)
+    for r in got:
+        assert isinstance(r, str) and re.match(rf"ArgumentError: {kind} activations must be "
+                                               rf"finite", r), r
+
+
+@pytest.mark.parametrize("target", ["neoverse-v2", "neoverse-n1", "cortex-a53"])
+def test_default_builds_carry_kquant_pairs(target):
+    """Each preset's default build has, per K-quant kind, a gemm and a gemv on one packed RHS
+    of the best ISA the target has (the runtime's first table entry)."""
+    from tilegen.build import default_specs, get_target
+    from tilegen.layout.base import same_rhs
+    specs = default_specs(get_target(target))
+    best = {"neoverse-v2": "i8mm", "neoverse-n1": "dotprod", "cortex-a53": "neon"}[target]
+    for kind in KINDS:
+        mine = [s for s in specs if s.family == kind]
+        if best not in FAMILIES[kind].impls:        # no kernel of the family for the target
+            assert not mine, mine
+            continue
+        gemms = [s for s in mine if s.isa == best and not s.is_gemv]
+        gemvs = [s for s in mine if s.isa == best and s.is_gemv]
+        assert gemms and gemvs and any(same_rhs(g, v) for g in gemms for v in gemvs), \
+            (target, [s.spec_string for s in mine])

@@ -1,0 +1,193 @@
+"""The generated NEON q8kp packer (the K-quant kernels' activations, docs/layouts.md#q8kp).
+
+One shared library with a packer per (mr, kr) the K-quant kernels use (mr 1..16, kr 8 and
+16), run in the emulated aarch64 Python (cortex-a53: baseline NEON, and max): byte-identical
+with a numpy model written from the design (per row per 256-value super-block: amax, f32
+d = amax/127 and inv = 127/amax, FCVTAS(x * inv) clamped to +-127, bsums per 32 split into
+hi = bsum >> 7 and lo = bsum - 128 hi) and with :class:`tilegen.layout.kquant.Q8KP`'s pack, for
+any m_idx_start and row stride.  Only the slots of real rows are written (the rest keeps the
+buffer's prefill); source rows end at a guard page, the packed region ends at one.
+"""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from tilegen.generator.packers import PackerSpec, packer_for, render
+from tilegen.layout.kquant import Q8KP
+from tilegen.records import SpecError
+
+from conftest import guest
+from test_lhs_pack_neon import PREFILLS, _case, _check, _rows_bytes, build_packers, hot_loop
+
+F = np.float32
+CPUS = ("cortex-a53", "max")
+SPECS = [PackerSpec("q8kp", mr, kr, 2) for kr in (16, 8) for mr in range(1, 17)]
+
+
+def model_q8kp(x: np.ndarray, mr: int, L: int, m_idx_start: int = 0):
+    """(packed region from the lhs_packed pointer, written mask) of rows ``x``."""
+    m, k = x.shape
+    nsb = k // 256
+    S = 276 * mr * nsb
+    R = -(-((m_idx_start % mr) + m) // mr) * S
+    out = np.zeros(R, np.uint8)
+    mask = np.zeros(R, np.uint8)
+    t = np.arange(256)
+    for r in range(m):
+        g = m_idx_start + r
+        slot = g % mr
+        for s in range(nsb):
+            rec = (g // mr - m_idx_start // mr) * S + s * 276 * mr
+            v = x[r, 256 * s:256 * s + 256]
+            amax = F(np.abs(v).max())
+            with np.errstate(all="ignore"):
+                d, inv = F(amax / F(127)), F(F(127) / amax)
+                y = (v * inv).astype(F).astype(np.float64)
+            y = np.where(np.isnan(y), 0.0, y)                       # FCVTAS: NaN -> 0
+            q = np.clip(np.trunc(y + np.copysign(0.5, y)), -127, 127).astype(np.int64)
+            pos = rec + (t // L) * mr * L + slot * L + t % L
+            out[pos] = q.astype(np.int8).view(np.uint8)
+            mask[pos] = 1
+            o = rec + 256 * mr + 4 * slot
+            out[o:o + 4] = np.array([d], "<f4").view(np.uint8)
+            mask[o:o + 4] = 1
+            bsum = q.reshape(8, 32).sum(axis=1)
+            hi = bsum >> 7
+            for off, part in ((260 * mr, hi), (268 * mr, bsum - 128 * hi)):
+                o = rec + off + 8 * slot
+                out[o:o + 8] = part.astype(np.int8).view(np.uint8)
+                mask[o:o + 8] = 1
+    return out, mask
+
+
+def _rows(rng, m: int, k: int) -> np.ndarray:
+    """Rows whose super-blocks are of every kind the arithmetic distinguishes."""
+    x = (rng.standard_normal((m, k)) * 2).astype(F)
+    for i in range(m):
+        for s in range(k // 256):
+            sb = x[i, 256 * s:256 * s + 256]
+            kind = int(rng.integers(0, 10))
+            if kind == 0:
+                sb[:] = 0                             # amax 0: d 0, every q 0 (inv = +inf)
+            elif kind == 1:
+                sb[:] = -0.0
+            elif kind == 2:                           # amax 127, inv 1: exact .5 ties
+                sb[:] = rng.integers(-254, 255, 256) * F(0.5)
+                sb[int(rng.integers(0, 256))] = -127
+            elif kind == 3:                           # inv = 127/amax overflows: +-127, 0
+                sb *= F(1e-38)
+                sb[rng.random(256) < 0.2] = 0
+            elif kind == 4:
+                sb *= F(1e37)
+            elif kind == 5:                           # one spike, the rest small
+                sb *= F(1e-3)
+                sb[int(rng.integers(0, 256))] = F(rng.choice([-1, 1]) * 40)
+            elif kind == 6:                           # one-signed: bsums near +-4064
+                sb[:] = np.abs(sb) * rng.choice([-1, 1])
+            elif kind == 7:
+                sb *= F(1e-30)
+    return x
+
+
+@pytest.fixture(scope="module")
+def q8kp_lib(tmp_path_factory) -> str:
+    return build_packers(SPECS, tmp_path_factory.mktemp("q8kplib"))
+
+
+def _sweep(spec: PackerSpec, rng, n: int = 6):
+    cases, refs = [], []
+    for i in range(n):
+        k = 256 * (1 + i % 3)
+        m = int(rng.integers(1, 2 * spec.mr + 3))
+        ms = int(rng.integers(0, 2 * spec.mr + 1))
+        stride = 4 * k + int(rng.choice([0, 4, 20, 256]))
+        x = _rows(rng, m, k)
+        exp, mask = model_q8kp(x, spec.mr, spec.L, ms)
+        args = dict(m=m, k=k, mr=spec.mr, kr=spec.kr, sr=spec.sr, m_idx_start=ms,
+                    lhs_stride=stride)
+        cases.append(_case(spec, args, _rows_bytes(x, stride), len(exp)))
+        refs.append((exp, mask, f"m={m} k={k} ms={ms} stride={stride}", x))
+    return cases, refs
+
+
+def test_model_matches_layout():
+    """The model above and Q8KP.pack (the runtime's numpy packer) give the same bytes; Q8KP's
+    padding slots are zero."""
+    rng = np.random.default_rng(240)
+    checked = 0
+    for spec in SPECS[::3]:
+        for c, (exp, mask, what, x) in zip(*_sweep(spec, rng, 3)):
+            got = Q8KP(spec.mr, spec.kr).pack(x, m_idx_start=c["args"]["m_idx_start"])
+            assert got.size == exp.size, (spec.name, what)
+            assert np.array_equal(got, np.where(mask == 1, exp, 0)), (spec.name, what)
+            checked += 1
+    assert checked == 3 * len(SPECS[::3])
+
+
+@pytest.mark.parametrize("cpu", CPUS)
+def test_packer_bit_exact(cpu, q8kp_lib):
+    rng = np.random.default_rng(sum(map(ord, cpu)) + 24)
+    cases, refs = [], []
+    for spec in SPECS:
+        c, r = _sweep(spec, rng, 6 if cpu == "max" else 3)
+        cases += c
+        refs += [(spec, *ref) for ref in r]
+    outs = guest(cpu).call("guest_pack:run_cases", q8kp_lib, cases)
+    for (spec, exp, mask, what, _), o in zip(refs, outs):
+        _check(o, exp, mask, f"{spec.name} {what}")
+
+
+def test_nothing_written_on_bad_arguments(q8kp_lib):
+    spec = PackerSpec("q8kp", 4, 16, 2)
+    x = _rows(np.random.default_rng(7), 5, 512)
+    src = _rows_bytes(x, 2048)
+    base = dict(m=5, k=512, mr=4, kr=16, sr=2, m_idx_start=0, lhs_stride=2048)
+    bad = [{"m": 0}, {"k": 0}, {"k": 384}, {"k": 128}, {"mr": 8}, {"kr": 8}, {"sr": 0},
+           {"kr": 0, "sr": 0}, {"kr": 12, "sr": 1}]
+    cases = [_case(spec, {**base, **b}, src, 1024) for b in bad]
+    # an equivalent (kr, sr) with the same L is accepted and gives the same bytes
+    cases.append(_case(spec, {**base, "kr": 8, "sr": 1}, src, spec.packed_size(5, 512)))
+    outs = guest("cortex-a53").call("guest_pack:run_cases", q8kp_lib, cases)
+    for b, o in zip(bad, outs):
+        for fill, got in zip(PREFILLS, o):
+            assert (got == fill).all(), b
+    exp, mask = model_q8kp(x, 4, 8)
+    _check(outs[-1], exp, mask, "kr=8 sr=1")
+
+
+def test_names_geometry_and_hot_loop():
+    s = PackerSpec("q8kp", 4, 16, 2)
+    assert s.name == "lhs_quant_pack_q8kp4x16_f32_neon" and not s.takes_bl
+    assert [n for n, _ in s.signature] == ["m", "k", "mr", "kr", "sr", "m_idx_start", "lhs",
+                                           "lhs_stride", "lhs_packed"]
+    assert s.packed_size(5, 512) == 2 * 2 * 276 * 4
+    assert s.packed_offset(5, 512) == 2 * 276 * 4
+    with pytest.raises(SpecError):
+        PackerSpec("q8kp", 4, 12, 2)          # L = 6 does not divide 32
+    for spec in (s, PackerSpec("q8kp", 1, 8, 2), PackerSpec("q8kp", 16, 8, 2)):
+        loop = hot_loop(render(spec))
+        assert sum(i.startswith("fmul") for i in loop) == 8
+        assert sum(i.startswith("fcvtas") for i in loop) == 8
+        assert sum(i.startswith("uzp1") for i in loop) == 6
+        stores = 1 if spec.mr == 1 else 32 // spec.L
+        assert len(loop) == 2 + 8 + 8 + 6 + 4 + stores + 2, (spec.name, len(loop))
+
+
+
+def test_kernels_read_this_packer():
+    """Every K-quant kernel spec names a q8kp packer of its mr and kr (packer_for)."""
+    from tilegen.generator.validate import parse_spec
+    from tilegen.records import FAMILIES
+    specs = []
+    for fam in ("q4_K", "q6_K"):
+        for isa in FAMILIES[fam].impls:
+            for tile in ("4x4", "1x4"):
+                try:
+                    specs.append(parse_spec(f"{fam}:{isa}:{tile}"))
+                except SpecError:
+                    pass
+    assert specs
+    for sp in specs:
+        p = packer_for(sp)
+        assert p is not None and p.fmt == "q8kp" and p.kr == sp.kr and p.mr == sp.lhs_mr, sp
