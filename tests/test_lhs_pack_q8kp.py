@@ -158,7 +158,7 @@ def test_nothing_written_on_bad_arguments(q8kp_lib):
 
 def test_names_geometry_and_hot_loop():
     s = PackerSpec("q8kp", 4, 16, 2)
-    assert s.name == "lhs_quant_pack_q8kp4x16_f32_neon" and not s.takes_bl
+    assert s.name == "lhs_quant_pack_q8kp4x8_f32_neon" and not s.takes_bl
     assert [n for n, _ in s.signature] == ["m", "k", "mr", "kr", "sr", "m_idx_start", "lhs",
                                            "lhs_stride", "lhs_packed"]
     assert s.packed_size(5, 512) == 2 * 2 * 276 * 4
