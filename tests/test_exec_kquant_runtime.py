@@ -22,7 +22,7 @@ from tilegen.layout.api import layout_for
 from tilegen.layout.ggml import random_q4_k, random_q6_k
 from tilegen.layout.base import rhs_layout_for
 from tilegen.layout.kquant import Q8KP
-from tilegen.records import FAMILIES, SpecError
+from tilegen.records import FAMILIES, ISAS, SpecError
 from tilegen.reference_kquant import matmul_q8kp_q4kp, matmul_q8kp_q6kp
 
 from conftest import guest
@@ -34,10 +34,15 @@ KQ = {"q4_K": ("q4kp", T.Q4_K, random_q4_k, 144, matmul_q8kp_q4kp),
       "q6_K": ("q6kp", T.Q6_K, random_q6_k, 210, matmul_q8kp_q6kp)}
 KINDS = tuple(KQ)
 # tiles asked of the allocator per ISA (it decides): the gemm and gemv of each library
-GEMM_TILES = ("8x4", "4x8", "4x4")
-GEMV_TILES = ("1x4", "1x8")
-# CPU models and the ISA their K-quant kernels use (the best the model has)
-CPUS = {"neoverse-v1": "i8mm", "neoverse-n1": "dotprod", "cortex-a53": "neon"}
+GEMM_TILES = ("8x4", "4x8", "4x4", "8x1vl")
+GEMV_TILES = ("1x4", "1x8", "1x1vl")
+# CPU models and the ISA their K-quant kernels use (the best the model has).  The SME2
+# K-quant kernels are not in this library: their LHS row blocks are in SVL units and the q8kp
+# packer's mr is fixed at build time (the runtime has no packer for them; the llama.cpp
+# export's C packer serves them there, and tests/test_exec_kquant_sme.py runs them on
+# numpy-packed activations).
+CPUS = {"neoverse-v1": "sve_i8mm", "neoverse-n2": "sve_i8mm", "neoverse-n1": "dotprod",
+        "cortex-a53": "neon"}
 N, K = 21, 768                  # n not a multiple of nr (padding columns), 3 super-blocks
 F = np.float32
 
@@ -48,6 +53,8 @@ def _specs() -> list[str]:
     out = []
     for fam in KINDS:
         for isa in FAMILIES[fam].impls:
+            if ISAS[isa].vl_kind == "sme":          # see CPUS
+                continue
             for tiles in (GEMM_TILES, GEMV_TILES):
                 for t in tiles:
                     try:
@@ -136,18 +143,19 @@ def test_tuned_default_build(kind, v2_lib, tmp_path):
     tf = read_tuned(get_target("neoverse-v2")).families[kind]
     rng = np.random.default_rng(len(kind) + 2)
     raw = KQ[kind][2](N, K, 77).reshape(N, -1)
-    r = _scenario(kind, "max", v2_lib, rng, raw)
+    r = _scenario(kind, "max", v2_lib, rng, raw, sve_vl=128)   # neoverse-v2's 128-bit SVE
     assert r["runs"][2]["kernel"] == tf.gemm.name and r["runs"][1]["kernel"] == tf.gemv.name
     fo = r["for_ops"]["runs"]
     assert (fo[1]["kernel"], fo[2]["kernel"]) == (tf.top_gemv.name, tf.top_gemm.name)
-    assert r["for_ops"]["layouts"] == [rhs_layout_for(s).name for s in (tf.top_gemm, tf.top_gemv)]
+    assert r["for_ops"]["layouts"] == [rhs_layout_for(s, vl=16).name
+                                       for s in (tf.top_gemm, tf.top_gemv)]
     path = tmp_path / "kq.gguf"
     write_gguf(path, {"blk.0.w": (KQ[kind][1], raw)})
-    t = guest("max").call("guest_kquant:gguf_tensor", v2_lib, str(path), "blk.0.w")
+    t = guest("max", 128).call("guest_kquant:gguf_tensor", v2_lib, str(path), "blk.0.w")
     assert (t["kind"], t["layout"]) == (kind, r["layout"]) and np.array_equal(t["data"], r["data"])
 
 
-def _scenario(kind, cpu, libdir, rng, raw) -> dict:
+def _scenario(kind, cpu, libdir, rng, raw, sve_vl: int | None = None) -> dict:
     """guest_kquant.scenario on ``raw`` (N x K blocks of ``kind``), every result checked."""
     fmt, typ, _, _, _ = KQ[kind]
     x = _x(rng, 7)
@@ -156,8 +164,8 @@ def _scenario(kind, cpu, libdir, rng, raw) -> dict:
     foreign_lay = layout_for(fmt, nr=12, kr=4)        # no kernel reads it: adopt repacks
     foreign = tilegen.PackedWeights(foreign_lay, N, K, foreign_lay.pack_from_ggml(raw, N, K),
                                     False, kind)
-    r = guest(cpu).call("guest_kquant:scenario", libdir, kind, raw, N, K, x, rows, clamp,
-                        foreign)
+    r = guest(cpu, sve_vl).call("guest_kquant:scenario", libdir, kind, raw, N, K, x, rows,
+                                clamp, foreign)
     assert isinstance(r, dict), r
     assert r["kind"] == kind and r["layout"].startswith(fmt)
     want_rows = gguf.quants.dequantize(raw, typ).astype(F)[rows]
