@@ -51,6 +51,12 @@ KERNEL_FACTS = {
     "QSI4C32PS1S0ScaleF16": {"chunk_bytes", "scale_bytes", "data_bytes"},
     "QSI8D32PScaleTail": {"chunk_bytes", "scale_bytes", "data_bytes"},
     "F16PLhs2": {"chunk_bytes", "row_block_stride", "element_offset"},
+    # the K-quant layouts: one record per 256-k super-block (docs/layouts.md#q8kp, #q4kp, #q6kp)
+    "Q8KP": {"sb_record_bytes", "d_offset", "bsum_hi_offset", "bsum_lo_offset"},
+    "Q4KP": {"sb_record_bytes", "d_offset", "d_bytes", "dmin_offset", "nibbles_offset",
+             "subblock_bytes", "subblocks", "chunk_bytes"},
+    "Q6KP": {"sb_record_bytes", "d_offset", "d_bytes", "scales_offset", "low_plane_offset",
+             "high_plane_offset", "sub_k6", "subblocks"},
 }
 PACKER_FACTS = {
     "QAI8DXP": {"k_multiple", "row_block_tail_bytes", "chunk_bytes",
@@ -64,6 +70,8 @@ PACKER_FACTS = {
     # the qsi8d32p template's scale-tail mode (mr = 1)
     "QSI8D32PScaleTail": {"scale_bytes", "data_bytes", "scale_offset", "element_offset",
                           "row_block_stride"},
+    "Q8KP": {"sb_record_bytes", "values_bytes", "chunk_bytes", "d_offset", "bsum_hi_offset",
+             "bsum_lo_offset", "row_block_stride"},
 }
 
 
@@ -77,6 +85,9 @@ def _exempt(spec, R, cls: str, fact: str) -> bool:
     if cls == "QAI8DXP" and fact == "offset_bytes":
         # only the SME kernel steps through the offsets row by row; the others load all P
         return not spec.template.startswith("q4_sme")
+    if cls == "Q8KP" and fact in ("bsum_hi_offset", "bsum_lo_offset"):
+        # the activation sums serve Q4_K's min term; Q6_K's kernels unpack q - 32 and need none
+        return spec.family == "q6_K"
     if cls in ("QAI8DXP", "QSI8D32P") and fact == "chunk_bytes":
         # one-row LHS (P = 1) in dot4/neon4 mode: one 16-byte load covers 4 chunks (lanes)
         return getattr(R, "lhs_mr", None) == 1 and R.mode in ("dot4", "neon4", "za4")
