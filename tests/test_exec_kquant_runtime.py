@@ -25,7 +25,7 @@ from tilegen.layout.kquant import Q8KP
 from tilegen.records import FAMILIES, ISAS, SpecError
 from tilegen.reference_kquant import matmul_q8kp_q4kp, matmul_q8kp_q6kp
 
-from conftest import guest
+from conftest import SME_ON, guest
 from test_kquant_weights import write_gguf
 
 T = gguf.GGMLQuantizationType
@@ -34,15 +34,12 @@ KQ = {"q4_K": ("q4kp", T.Q4_K, random_q4_k, 144, matmul_q8kp_q4kp),
       "q6_K": ("q6kp", T.Q6_K, random_q6_k, 210, matmul_q8kp_q6kp)}
 KINDS = tuple(KQ)
 # tiles asked of the allocator per ISA (it decides): the gemm and gemv of each library
-GEMM_TILES = ("8x4", "4x8", "4x4", "8x1vl")
-GEMV_TILES = ("1x4", "1x8", "1x1vl")
-# CPU models and the ISA their K-quant kernels use (the best the model has).  The SME2
-# K-quant kernels are not in this library: their LHS row blocks are in SVL units and the q8kp
-# packer's mr is fixed at build time (the runtime has no packer for them; the llama.cpp
-# export's C packer serves them there, and tests/test_exec_kquant_sme.py runs them on
-# numpy-packed activations).
-CPUS = {"neoverse-v1": "sve_i8mm", "neoverse-n2": "sve_i8mm", "neoverse-n1": "dotprod",
-        "cortex-a53": "neon"}
+GEMM_TILES = ("8x4", "4x8", "4x4", "8x1vl", "1vlx2vl")
+GEMV_TILES = ("1x4", "1x8", "1x1vl", "1x2vl")
+# CPU models and the ISA their K-quant kernels use (the best the model has); "max" with SME on
+# runs the SME2 kernels (LHS row blocks of SVL/32 rows: the VL-scaled q8kp packer)
+CPUS = {"max": "sme2", "neoverse-v1": "sve_i8mm", "neoverse-n2": "sve_i8mm",
+        "neoverse-n1": "dotprod", "cortex-a53": "neon"}
 N, K = 21, 768                  # n not a multiple of nr (padding columns), 3 super-blocks
 F = np.float32
 
@@ -53,8 +50,6 @@ def _specs() -> list[str]:
     out = []
     for fam in KINDS:
         for isa in FAMILIES[fam].impls:
-            if ISAS[isa].vl_kind == "sme":          # see CPUS
-                continue
             for tiles in (GEMM_TILES, GEMV_TILES):
                 for t in tiles:
                     try:
@@ -124,13 +119,16 @@ def test_runtime_paths_bit_exact(kind, cpu, kq_lib):
     rng = np.random.default_rng(sum(map(ord, kind + cpu)))
     raw = KQ[kind][2](N, K, int(rng.integers(1 << 30))).reshape(N, -1)
     if isa not in FAMILIES[kind].impls:     # no kernel of the family runs here: a clear refusal
-        r = guest(cpu).call("guest_weights:pack", kq_lib, (),
+        r = _guest(cpu).call("guest_weights:pack", kq_lib, (),
                             dict(kind=kind, from_ggml=raw, n=N, k=K))
         assert isinstance(r, str) and re.match(rf"ArgumentError: no kernel for {kind} weights "
                                                rf"in .* runs on this CPU", r), r
         return
     r = _scenario(kind, cpu, kq_lib, rng, raw)
-    assert all(f"_{FAMILIES[kind].impls[isa].op}" in k for k in r["kernels"]), r["kernels"]
+    impl = FAMILIES[kind].impls[isa]
+    for k in r["kernels"]:      # the ISA's gemm op, its gemv op (where it has one) at m = 1
+        op = impl.gemv_op if impl.gemv_op and "_1x" in k else impl.op
+        assert f"_{op}" in k, (r["kernels"], op)
 
 
 @pytest.mark.parametrize("kind", KINDS)
@@ -155,6 +153,12 @@ def test_tuned_default_build(kind, v2_lib, tmp_path):
     assert (t["kind"], t["layout"]) == (kind, r["layout"]) and np.array_equal(t["data"], r["data"])
 
 
+def _guest(cpu: str, sve_vl: int | None = None):
+    """The guest of ``cpu`` (SME on where CPUS gives it an SME ISA)."""
+    sme = cpu in CPUS and ISAS[CPUS[cpu]].vl_kind == "sme"
+    return guest(cpu, sve_vl, env=SME_ON if sme else None)
+
+
 def _scenario(kind, cpu, libdir, rng, raw, sve_vl: int | None = None) -> dict:
     """guest_kquant.scenario on ``raw`` (N x K blocks of ``kind``), every result checked."""
     fmt, typ, _, _, _ = KQ[kind]
@@ -164,7 +168,7 @@ def _scenario(kind, cpu, libdir, rng, raw, sve_vl: int | None = None) -> dict:
     foreign_lay = layout_for(fmt, nr=12, kr=4)        # no kernel reads it: adopt repacks
     foreign = tilegen.PackedWeights(foreign_lay, N, K, foreign_lay.pack_from_ggml(raw, N, K),
                                     False, kind)
-    r = guest(cpu, sve_vl).call("guest_kquant:scenario", libdir, kind, raw, N, K, x, rows,
+    r = _guest(cpu, sve_vl).call("guest_kquant:scenario", libdir, kind, raw, N, K, x, rows,
                                 clamp, foreign)
     assert isinstance(r, dict), r
     assert r["kind"] == kind and r["layout"].startswith(fmt)

@@ -7,6 +7,10 @@ d = amax/127 and inv = 127/amax, FCVTAS(x * inv) clamped to +-127, bsums per 32 
 hi = bsum >> 7 and lo = bsum - 128 hi) and with :class:`tilegen.layout.kquant.Q8KP`'s pack, for
 any m_idx_start and row stride.  Only the slots of real rows are written (the rest keeps the
 buffer's prefill); source rows end at a guard page, the packed region ends at one.
+
+The VL-scaled packers (``q8kp1vlx<L>``: the SME2 K-quant kernels' row blocks of SVL/32 rows,
+mr taken at run time) give the same bytes at the row counts of several SVLs, and write nothing
+for an mr that is no SVL's.
 """
 from __future__ import annotations
 
@@ -23,6 +27,10 @@ from test_lhs_pack_neon import PREFILLS, _case, _check, _rows_bytes, build_packe
 F = np.float32
 CPUS = ("cortex-a53", "max")
 SPECS = [PackerSpec("q8kp", mr, kr, 2) for kr in (16, 8) for mr in range(1, 17)]
+# VL-scaled (mr in SVL/32-row units at run time): kr 4 is the SME2 kernels' (L = 2)
+VL_SPECS = [PackerSpec("q8kp", 1, kr, 2, mr_vl=True) for kr in (4, 16)] + [
+    PackerSpec("q8kp", 2, 8, 2, mr_vl=True)]
+VL_SVLS = (128, 256, 512, 2048)
 
 
 def model_q8kp(x: np.ndarray, mr: int, L: int, m_idx_start: int = 0):
@@ -92,19 +100,21 @@ def _rows(rng, m: int, k: int) -> np.ndarray:
 
 @pytest.fixture(scope="module")
 def q8kp_lib(tmp_path_factory) -> str:
-    return build_packers(SPECS, tmp_path_factory.mktemp("q8kplib"))
+    return build_packers(SPECS + VL_SPECS, tmp_path_factory.mktemp("q8kplib"))
 
 
-def _sweep(spec: PackerSpec, rng, n: int = 6):
+def _sweep(spec: PackerSpec, rng, n: int = 6, mr: int | None = None):
+    """``n`` cases of ``spec`` at ``mr`` rows per block (default: the spec's mr)."""
+    mr = spec.mr if mr is None else mr
     cases, refs = [], []
     for i in range(n):
         k = 256 * (1 + i % 3)
-        m = int(rng.integers(1, 2 * spec.mr + 3))
-        ms = int(rng.integers(0, 2 * spec.mr + 1))
+        m = int(rng.integers(1, 2 * mr + 3))
+        ms = int(rng.integers(0, 2 * mr + 1))
         stride = 4 * k + int(rng.choice([0, 4, 20, 256]))
         x = _rows(rng, m, k)
-        exp, mask = model_q8kp(x, spec.mr, spec.L, ms)
-        args = dict(m=m, k=k, mr=spec.mr, kr=spec.kr, sr=spec.sr, m_idx_start=ms,
+        exp, mask = model_q8kp(x, mr, spec.L, ms)
+        args = dict(m=m, k=k, mr=mr, kr=spec.kr, sr=spec.sr, m_idx_start=ms,
                     lhs_stride=stride)
         cases.append(_case(spec, args, _rows_bytes(x, stride), len(exp)))
         refs.append((exp, mask, f"m={m} k={k} ms={ms} stride={stride}", x))
@@ -182,7 +192,7 @@ def test_kernels_read_this_packer():
     specs = []
     for fam in ("q4_K", "q6_K"):
         for isa in FAMILIES[fam].impls:
-            for tile in ("4x4", "1x4"):
+            for tile in ("4x4", "1x4", "1vlx2vl"):
                 try:
                     specs.append(parse_spec(f"{fam}:{isa}:{tile}"))
                 except SpecError:
@@ -191,3 +201,57 @@ def test_kernels_read_this_packer():
     for sp in specs:
         p = packer_for(sp)
         assert p is not None and p.fmt == "q8kp" and p.kr == sp.kr and p.mr == sp.lhs_mr, sp
+        assert p.mr_vl == sp.mr_vl, sp
+    assert any(sp.mr_vl for sp in specs)
+
+
+@pytest.mark.parametrize("cpu", CPUS)
+def test_vl_packer_bit_exact(cpu, q8kp_lib):
+    """The runtime-mr packers at the row counts of several SVLs (units x SVL/32 rows, 4..128):
+    the model's bytes where it writes, Q8KP.pack's (at that mr) on every written byte."""
+    rng = np.random.default_rng(sum(map(ord, cpu)) + 32)
+    cases, refs = [], []
+    for spec in VL_SPECS:
+        for svl in VL_SVLS:
+            mr = spec.svl_rows(svl // 8)
+            assert spec.accepts_mr(mr)
+            c, r = _sweep(spec, rng, 2 if mr >= 64 else 3, mr=mr)
+            cases += c
+            refs += [(spec, mr, *ref) for ref in r]
+    outs = guest(cpu).call("guest_pack:run_cases", q8kp_lib, cases)
+    for (spec, mr, exp, mask, what, x), c, o in zip(refs, cases, outs):
+        _check(o, exp, mask, f"{spec.name} mr={mr} {what}")
+        lay = Q8KP(mr, spec.kr).pack(x, m_idx_start=c["args"]["m_idx_start"])
+        assert np.array_equal(lay, np.where(mask == 1, exp, 0)), (spec.name, mr, what)
+        assert lay.size == spec.packed_size(c["args"]["m"] + c["args"]["m_idx_start"] % mr,
+                                            c["args"]["k"], mr=mr), (spec.name, mr, what)
+
+
+def test_vl_packer_refuses_other_row_counts(q8kp_lib):
+    """mr not a positive multiple of units x 4 rows, or beyond SVL 2048's: nothing written."""
+    x = _rows(np.random.default_rng(9), 9, 256)
+    src = _rows_bytes(x, 1024)
+    cases, what = [], []
+    for spec in VL_SPECS:
+        unit, limit = spec.vl_rows[0], spec.vl_rows[-1]
+        base = dict(m=9, k=256, mr=unit, kr=spec.kr, sr=spec.sr, m_idx_start=0, lhs_stride=1024)
+        for b in ({"mr": 0}, {"mr": unit + 1}, {"mr": unit // 2}, {"mr": limit + unit},
+                  {"mr": 2 * limit}, {"k": 384}, {"kr": 2 * spec.kr}):
+            cases.append(_case(spec, {**base, **b}, src, 2048))
+            what.append((spec.name, b))
+    outs = guest("max").call("guest_pack:run_cases", q8kp_lib, cases)
+    for w, o in zip(what, outs):
+        for fill, got in zip(PREFILLS, o):
+            assert (got == fill).all(), w
+
+
+def test_vl_names_and_render():
+    s = PackerSpec("q8kp", 1, 4, 2, mr_vl=True)
+    assert s.name == "lhs_quant_pack_q8kp1vlx2_f32_neon"
+    assert s.vl_rows == tuple(range(4, 65, 4))
+    text = render(s)
+    assert "cmp x2, #64\n" in text and "#276\n" in text
+    # the hot loop of the compile-time mr of the same L: the row count only sets the strides
+    assert hot_loop(text) == hot_loop(render(PackerSpec("q8kp", 4, 4, 2)))
+    with pytest.raises(SpecError, match="VL units"):
+        PackerSpec("q8kp", 3, 4, 2, mr_vl=True)

@@ -49,7 +49,7 @@ arguments are *checked*: a call whose ``mr`` differs, or whose ``kr != sr * (kr/
 spec)``, returns without writing anything (as do ``m == 0``, ``k == 0`` and, for qsi8d32p,
 ``bl`` not a positive multiple of 32 or ``k`` not a multiple of ``bl``).
 
-VL-scaled packers (``mr_vl=True``; every format but ``bf16px4``, and the only kind of
+VL-scaled packers (``mr_vl=True``; every format but ``bf16px4`` (q8kp too), and the only kind of
 ``bf16px2`` / ``f32p``) serve the SME kernels, whose row block is ``mr`` x SVL/32 rows and so
 known only at run time: ``mr`` of the spec is in VL units (``"2vl"``), and the generated code
 takes the row count from its ``mr`` argument, which must be a positive multiple of

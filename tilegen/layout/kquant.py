@@ -85,9 +85,12 @@ class Q8KP(RowBlocks, KQuantInterleave):
     format = "q8kp"
     label_prefix = "q8kp"
     rounding = "away"           # fixed: FCVTAS (ties away from zero)
-    # the generated NEON packer (tilegen.generator.packers): one row at a time, compile-time mr
+    # the generated NEON packer (tilegen.generator.packers): one row at a time, a compile-time
+    # mr, or mr in VL units (the SME2 kernels' row blocks of SVL/32 rows) taken at run time
     packer_template = "lhs_pack_q8kp_neon"
-    packer_mr = ("fixed",)
+    packer_mr = ("fixed", "vl")
+    packer_per_row = ("sb_record_bytes", "values_bytes", "chunk_bytes", "d_offset",
+                      "bsum_hi_offset", "bsum_lo_offset")
 
     def __post_init__(self) -> None:
         self.check_kquant(mr=self.mr)
