@@ -153,13 +153,26 @@ def test_tuned_default_build(kind, v2_lib, tmp_path):
     assert (t["kind"], t["layout"]) == (kind, r["layout"]) and np.array_equal(t["data"], r["data"])
 
 
-def _guest(cpu: str, sve_vl: int | None = None):
+def _guest(cpu: str, sve_vl: int | None = None, sme_vl: int | None = None):
     """The guest of ``cpu`` (SME on where CPUS gives it an SME ISA)."""
     sme = cpu in CPUS and ISAS[CPUS[cpu]].vl_kind == "sme"
-    return guest(cpu, sve_vl, env=SME_ON if sme else None)
+    return guest(cpu, sve_vl, sme_vl, env=SME_ON if sme else None)
 
 
-def _scenario(kind, cpu, libdir, rng, raw, sve_vl: int | None = None) -> dict:
+@pytest.mark.parametrize("svl", (128, 2048))
+@pytest.mark.parametrize("kind", KINDS)
+def test_sme2_row_blocks_follow_the_svl(kind, svl, kq_lib):
+    """The SME2 gemm's LHS row block is SVL/32 rows (4 at SVL 128, 64 at 2048, the VL-scaled
+    q8kp packer's bounds): every runtime path bit-exact there too."""
+    rng = np.random.default_rng(svl + len(kind))
+    raw = KQ[kind][2](N, K, int(rng.integers(1 << 30))).reshape(N, -1)
+    r = _scenario(kind, "max", kq_lib, rng, raw, sme_vl=svl)
+    gemm = r["runs"][7]
+    assert "_sme2_mopa" in gemm["kernel"] and gemm["mr"] == svl // 32, gemm["kernel"]
+
+
+def _scenario(kind, cpu, libdir, rng, raw, sve_vl: int | None = None,
+              sme_vl: int | None = None) -> dict:
     """guest_kquant.scenario on ``raw`` (N x K blocks of ``kind``), every result checked."""
     fmt, typ, _, _, _ = KQ[kind]
     x = _x(rng, 7)
@@ -168,7 +181,7 @@ def _scenario(kind, cpu, libdir, rng, raw, sve_vl: int | None = None) -> dict:
     foreign_lay = layout_for(fmt, nr=12, kr=4)        # no kernel reads it: adopt repacks
     foreign = tilegen.PackedWeights(foreign_lay, N, K, foreign_lay.pack_from_ggml(raw, N, K),
                                     False, kind)
-    r = _guest(cpu, sve_vl).call("guest_kquant:scenario", libdir, kind, raw, N, K, x, rows,
+    r = _guest(cpu, sve_vl, sme_vl).call("guest_kquant:scenario", libdir, kind, raw, N, K, x, rows,
                                 clamp, foreign)
     assert isinstance(r, dict), r
     assert r["kind"] == kind and r["layout"].startswith(fmt)
