@@ -100,6 +100,9 @@ DEFAULT_KERNELS: tuple[str, ...] = (
     "q6_K:i8mm:8x4", "q6_K:i8mm:1x4",
     "q6_K:dotprod:8x4", "q6_K:dotprod:1x4",
     "q6_K:neon:4x4", "q6_K:neon:1x4",
+    # ... and on SME2 (int16 SMOPA gemm, ZA-array SDOT gemv on the same q4kp / q6kp 2vlx2)
+    "q4_K:sme2:1vlx2vl", "q4_K:sme2:1x2vl",
+    "q6_K:sme2:1vlx2vl", "q6_K:sme2:1x2vl",
     # bf16 (bf16p8x4 x bf16p12x4b): KleidiAI's BFMMLA 8x12 and a BFDOT gemv on the same RHS
     "bf16:bf16:8x12", "bf16:bf16:1x12",
     # bf16 on SME2 (bf16p2vlx2 x bf16p2vlx2b): KleidiAI's BFMOPA 2vlx2vl, which also serves m = 1
