@@ -60,8 +60,21 @@ _MAX_NR = 32
 _HELD_SCALES = 8            # scale preparation: sub-blocks 0-7 held while 8-15 stream
 
 
+class _RowPasses:
+    """A tile of ``mr_reg`` rows computed in passes of ``pass_rows`` (the register block), each
+    pass ``pass_groups`` LHS row blocks of ``lhs_mr`` rows (the NEON and SVE q6_K frames)."""
+
+    @property
+    def passes(self) -> int:
+        return self.mr_reg // self.pass_rows
+
+    @property
+    def pass_groups(self) -> int:
+        return self.pass_rows // self.lhs_mr
+
+
 @dataclass(frozen=True)
-class Q6KRegs(Frame):
+class Q6KRegs(_RowPasses, Frame):
     """Registers of the q6_K NEON kernels (numbers; templates add the prefix).
 
     ``c[u]`` / ``s1[u]``: unit u's cumulative and scaled sums; units are ``[g][rp][p]``
@@ -115,14 +128,6 @@ class Q6KRegs(Frame):
     def n_units(self) -> int:
         """Units of one pass (the accumulators have n_units * passes slots)."""
         return len(self.s1) // self.halves
-
-    @property
-    def passes(self) -> int:
-        return self.mr_reg // self.pass_rows
-
-    @property
-    def pass_groups(self) -> int:
-        return self.pass_rows // self.lhs_mr
 
     @property
     def n_dvec(self) -> int:
@@ -260,7 +265,7 @@ Q6K_SVE_CHART = ("LHS", "RHS high bits", "RHS low bits", "unpacked weights", "sc
 
 
 @dataclass(frozen=True)
-class Q6KSveRegs(KQuantSveArea, Frame):
+class Q6KSveRegs(_RowPasses, KQuantSveArea, Frame):
     """Registers of the q6_K SVE kernels (numbers; templates add the prefix).
 
     ``c[u]`` / ``s1[u]``: unit u's cumulative and scaled sums (the telescoped form of the NEON
@@ -280,14 +285,6 @@ class Q6KSveRegs(KQuantSveArea, Frame):
     rows (the register block) per super-block over weights unpacked once per super-block into
     ``w_vls`` vectors of the stack area (above the ``acc_vls`` accumulators of all passes) and
     scale-difference patterns formed once into ``d_vls`` more."""
-
-    @property
-    def passes(self) -> int:
-        return self.mr_reg // self.pass_rows
-
-    @property
-    def pass_groups(self) -> int:
-        return self.pass_rows // self.lhs_mr
 
     @property
     def acc_vls(self) -> int:
