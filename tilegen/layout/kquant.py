@@ -276,6 +276,22 @@ class KQuantRhs(RhsGroups, KQuantInterleave):
         b = nib.reshape(G, S, span // self.kr, self.nr, 1, self.L)
         return np.concatenate([b & 15, b >> 4], axis=4)
 
+    def scale_offset(self, j: int, c: int) -> int:
+        """Scale of sub-block j, column slot c: the scales are [j][c] in both layouts."""
+        return self.scales_offset + j * self.nr + c
+
+    def _split_geometry(self, q) -> tuple[np.ndarray, int, int, int]:
+        """(q uint8 (n, k), n, S, G) of pack_split's values; q must be 2-D with n >= 1."""
+        q = np.asarray(q, dtype=np.uint8)
+        if q.ndim != 2 or q.shape[0] < 1:
+            raise LayoutError(f"q must be 2-D (n, k) with n >= 1, got shape {q.shape}")
+        n, k = q.shape
+        return q, n, self.num_superblocks(k), -(-n // self.nr)
+
+    def _f16_columns(self, bits: np.ndarray, G: int, S: int) -> np.ndarray:
+        """f16 bits (G*nr, S) -> bytes (G, S, 2*nr): an SB record's nr f16 fields."""
+        return np.ascontiguousarray(bits.reshape(G, self.nr, S).transpose(0, 2, 1)).view(np.uint8)
+
     def pack_values(self, values: tuple, n: int, k: int) -> np.ndarray:
         return self.pack_split(*values)
 
@@ -349,9 +365,6 @@ class Q4KP(KQuantRhs):
         """Bytes of one SB record of a group (148*nr)."""
         return self.nibbles_offset + self.subblocks * self.subblock_bytes
 
-    def scale_offset(self, j: int, c: int) -> int:
-        return self.scales_offset + j * self.nr + c
-
     def min_offset(self, c: int, j: int) -> int:
         return self.mins_offset + c * self.subblocks + j
 
@@ -366,25 +379,19 @@ class Q4KP(KQuantRhs):
     def pack_split(self, d, dmin, sc, m, q) -> np.ndarray:
         """Pack split Q4_K fields (as :func:`tilegen.layout.ggml.split_q4_k` gives them: d and
         dmin f16 bits (n, S), sc and m uint8 (n, S, 8), q uint8 (n, k) 0..15)."""
-        q = np.asarray(q, dtype=np.uint8)
-        if q.ndim != 2 or q.shape[0] < 1:
-            raise LayoutError(f"q must be 2-D (n, k) with n >= 1, got shape {q.shape}")
-        n, k = q.shape
-        S = self.num_superblocks(k)
-        G, nr = -(-n // self.nr), self.nr
+        q, n, S, G = self._split_geometry(q)
+        nr = self.nr
         dd = self._padded(np.asarray(d, dtype=U16).reshape(n, S), n)
         dm = self._padded(np.asarray(dmin, dtype=U16).reshape(n, S), n)
         scp = self._padded(np.asarray(sc, dtype=np.uint8).reshape(n, S, 8), n)
         mp = self._padded(np.asarray(m, dtype=np.uint8).reshape(n, S, 8), n)
         qp = self._padded(q.reshape(n, S, QK_K), n)
 
-        def cols(a):                       # (G*nr, S) f16 bits -> (G, S, 2*nr) bytes
-            return np.ascontiguousarray(a.reshape(G, nr, S).transpose(0, 2, 1)).view(np.uint8)
-
         scales = scp.reshape(G, nr, S, 8).transpose(0, 2, 3, 1).reshape(G, S, 8 * nr)
         mins = mp.reshape(G, nr, S, 8).transpose(0, 2, 1, 3).reshape(G, S, 8 * nr)
         nib = self._interleave(qp.reshape(G * nr, S * 8, self.sub_k), G, S * 8, self.sub_k)
-        out = np.concatenate([cols(dd), cols(dm), scales, mins, nib.reshape(G, S, -1)], axis=2)
+        out = np.concatenate([self._f16_columns(dd, G, S), self._f16_columns(dm, G, S), scales,
+                              mins, nib.reshape(G, S, -1)], axis=2)
         return out.astype(np.uint8).reshape(-1)
 
     def pack_from_ggml(self, raw, n: int, k: int, bias=None) -> np.ndarray:
@@ -483,9 +490,6 @@ class Q6KP(KQuantRhs):
         """Bytes of one SB record of a group (210*nr)."""
         return self.high_plane_offset + self.high_plane_bytes
 
-    def scale_offset(self, j: int, c: int) -> int:
-        return self.scales_offset + j * self.nr + c
-
     def low_offset(self, c: int, t: int) -> tuple[int, int]:
         """(low-plane byte index p, 0 low / 1 high nibble) of column slot c, value t < 256."""
         i, r = divmod(t, self.kr)
@@ -501,12 +505,8 @@ class Q6KP(KQuantRhs):
     def pack_split(self, d, sc, q) -> np.ndarray:
         """Pack split Q6_K fields (as :func:`tilegen.layout.ggml.split_q6_k` gives them: d f16
         bits (n, S), sc int8 (n, S, 16), q uint8 (n, k) 0..63)."""
-        q = np.asarray(q, dtype=np.uint8)
-        if q.ndim != 2 or q.shape[0] < 1:
-            raise LayoutError(f"q must be 2-D (n, k) with n >= 1, got shape {q.shape}")
-        n, k = q.shape
-        S = self.num_superblocks(k)
-        G, nr = -(-n // self.nr), self.nr
+        q, n, S, G = self._split_geometry(q)
+        nr = self.nr
         dd = self._padded(np.asarray(d, dtype=U16).reshape(n, S), n)
         scp = self._padded(np.asarray(sc, dtype=np.int8).reshape(n, S, 16), n).view(np.uint8)
         qp = q.reshape(n, S, QK_K)
@@ -517,9 +517,8 @@ class Q6KP(KQuantRhs):
         hlo, hhi = hb & 3, hb >> 4
         half = self.high_pair_distance
         high = hlo[..., :half] | (hhi[..., :half] << 2) | (hlo[..., half:] << 4) | (hhi[..., half:] << 6)
-        dcol = np.ascontiguousarray(dd.reshape(G, nr, S).transpose(0, 2, 1)).view(np.uint8)
         scales = scp.reshape(G, nr, S, 16).transpose(0, 2, 3, 1).reshape(G, S, 16 * nr)
-        out = np.concatenate([dcol, scales, low, high.astype(np.uint8)], axis=2)
+        out = np.concatenate([self._f16_columns(dd, G, S), scales, low, high.astype(np.uint8)], axis=2)
         return out.astype(np.uint8).reshape(-1)
 
     def pack_from_ggml(self, raw, n: int, k: int, bias=None) -> np.ndarray:
