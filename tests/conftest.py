@@ -170,3 +170,17 @@ def f32_lib(tmp_path_factory) -> Path:
     specs = [f"f32:neon:{t}" for t in F32_TILES + F32_EXTRA_TILES]
     tilegen.build_library(specs, target="generic-armv8", out_dir=out)
     return out
+
+
+# NEON features of the qemu CPU models the NEON exec tests run on (the others have all three)
+CPU_FEATURES = {"cortex-a53": {"neon"}, "neoverse-n1": {"neon", "dotprod"}}
+
+
+def refused_for_missing_features(cpu: str, lib, spec) -> bool:
+    """Whether ``cpu`` lacks a feature ``spec`` needs; if so, after checking that the runtime
+    refuses the kernel with an ArgumentError naming every missing feature."""
+    missing = set(spec.features) - CPU_FEATURES.get(cpu, {"neon", "dotprod", "i8mm"})
+    if missing:
+        msg = guest(cpu).call("guest_calls:kernel_refused", str(lib), spec.name)
+        assert "ArgumentError" in msg and all(f in msg for f in missing), msg
+    return bool(missing)

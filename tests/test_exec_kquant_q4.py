@@ -12,10 +12,10 @@ from tilegen.layout.ggml import random_q4_k
 from tilegen.layout.kquant import Q4KP, Q8KP
 from tilegen.reference_kquant import matmul_q8kp_q4kp
 
-from conftest import guest
+from conftest import (  # noqa: F401 (CPU_FEATURES: the fuzz / q6_K tests import it here)
+    CPU_FEATURES, guest, refused_for_missing_features)
 
 KQ_CPUS = ("cortex-a53", "neoverse-n1", "neoverse-v1", "neoverse-n2", "max")
-CPU_FEATURES = {"cortex-a53": {"neon"}, "neoverse-n1": {"neon", "dotprod"}}   # others: all three
 # the CPU each ISA gets the full shape sweep on (the other CPUs run a shorter random set)
 SWEEP_CPU = {"neon": "cortex-a53", "dotprod": "neoverse-n1", "i8mm": "neoverse-v1"}
 KQ_SPECS = ("q4_K:i8mm:8x4", "q4_K:i8mm:4x8", "q4_K:i8mm:4x4", "q4_K:i8mm:12x4",
@@ -71,10 +71,7 @@ def _check(name, cases, refs, outs):
 @pytest.mark.parametrize("spec", ALL_SPECS, ids=lambda s: s.spec_string)
 def test_q4k_kernel(spec, cpu, kq_lib):
     g = guest(cpu)
-    missing = set(spec.features) - CPU_FEATURES.get(cpu, {"neon", "dotprod", "i8mm"})
-    if missing:   # the runtime refuses a kernel whose ISA the CPU lacks
-        msg = g.call("guest_calls:kernel_refused", str(kq_lib), spec.name)
-        assert "ArgumentError" in msg and all(f in msg for f in missing), msg
+    if refused_for_missing_features(cpu, kq_lib, spec):
         return
     seed = sum(map(ord, spec.name + cpu))
     rng = np.random.default_rng(seed)

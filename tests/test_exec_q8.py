@@ -13,10 +13,9 @@ from tilegen.layout.lhs_int8 import QAI8DXP
 from tilegen.layout.rhs_int8 import QSI8CXP
 from tilegen.reference_q8 import matmul_qai8dxp_qsi8cxp
 
-from conftest import guest, vector_params
+from conftest import CPU_FEATURES, guest, refused_for_missing_features, vector_params
 
 Q8_CPUS = ("cortex-a53", "neoverse-n1", "neoverse-v1", "neoverse-n2", "max")
-CPU_FEATURES = {"cortex-a53": {"neon"}, "neoverse-n1": {"neon", "dotprod"}}   # others: all three
 # the CPU each ISA gets the full edge sweep on (the other CPUs run a shorter random set)
 SWEEP_CPU = {"neon": "cortex-a53", "dotprod": "neoverse-n1", "i8mm": "neoverse-v1"}
 Q8_SPECS = ("q8_0:dotprod:1x4", "q8_0:dotprod:1x4:k8:s1", "q8_0:dotprod:1x8", "q8_0:dotprod:4x4",
@@ -71,10 +70,7 @@ def _check(cases, refs, outs):
 @pytest.mark.parametrize("spec", ALL_SPECS, ids=lambda s: s.spec_string)
 def test_q8_kernel(spec, cpu, q8_lib):
     g = guest(cpu)
-    missing = set(spec.features) - CPU_FEATURES.get(cpu, {"neon", "dotprod", "i8mm"})
-    if missing:   # the runtime refuses a kernel whose ISA the CPU lacks
-        msg = g.call("guest_calls:kernel_refused", str(q8_lib), spec.name)
-        assert "ArgumentError" in msg and all(f in msg for f in missing), msg
+    if refused_for_missing_features(cpu, q8_lib, spec):
         return
     rng = np.random.default_rng(sum(map(ord, spec.name + cpu)))
     if SWEEP_CPU[spec.isa] == cpu:
