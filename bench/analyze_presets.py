@@ -3,7 +3,7 @@
     python bench/analyze_presets.py [OUTDIR]      # default bench/results
 
 For each CPU preset of tilegen.build.TARGETS (aliases once) that has an llvm-mca model, runs
-tilegen.analyze on the preset's default kernels with -mcpu=<the preset's llvm_cpu> and writes
+tilegen.analysis.mca on the preset's default kernels with -mcpu=<the preset's llvm_cpu> and writes
 OUTDIR/analyze_<preset>.json, then OUTDIR/ANALYZE.md: one table of every (kernel, model) row
 with the PERF.md anchor's efficiency where one applies.
 """
@@ -18,7 +18,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))   # this checkout's tilegen
 import tilegen  # noqa: E402
-from tilegen.analyze import MODEL_SVE_VL, LoopReport, analyze, instruction_mix  # noqa: E402
+from tilegen.analysis.mca import MODEL_SVE_VL, LoopReport, analyze, instruction_mix  # noqa: E402
 from tilegen.build import TARGETS, Target, default_specs  # noqa: E402
 from tilegen.generator.spec import KernelSpec  # noqa: E402
 

@@ -1,6 +1,6 @@
 """Error table of the K-quant matmuls (issue #24): tilegen's kernel arithmetic and ggml's Q8_K
 reference arithmetic, each against the float64 product of the dequantised weights and the float
-activations (tilegen.reference_kquant; numpy only, no build, no emulation).
+activations (tilegen.reference.kquant; numpy only, no build, no emulation).
 
     python bench/kquant_error.py                  # markdown table on stdout
     python bench/kquant_error.py --json out.json  # the figures as JSON too
@@ -25,7 +25,7 @@ import numpy as np
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from tilegen.layout.ggml import random_q4_k, random_q6_k  # noqa: E402
-from tilegen.reference_kquant import (error_summary, matmul_f64_kquant, matmul_ggml,  # noqa: E402
+from tilegen.reference.kquant import (error_summary, matmul_f64_kquant, matmul_ggml,  # noqa: E402
                                       matmul_tilegen)
 
 SHAPES = [(1, 256, 256), (1, 512, 4096), (8, 128, 1024), (16, 256, 4096), (32, 64, 2048)]

@@ -1,4 +1,4 @@
-"""SME/SME2 kernels by one static model (tilegen/analyze_sme.py): tilegen against the KleidiAI
+"""SME/SME2 kernels by one static model (tilegen/analysis/sme.py): tilegen against the KleidiAI
 kernel llama.cpp runs, per exported SME name, plus reference rows.
 
     python bench/sme_mix.py [--kleidiai TREE_OR_TARBALL ...] [--out bench/results/sme_mix]
@@ -10,7 +10,7 @@ the tilegen cache (``tilegen.emulate.provision.ensure_kleidiai_source``).  Witho
 (``../shared/thirdparty/kleidiai``: v1.24.0, the release llama.cpp pins, and v1.30.0).  Each
 kernel's file is found in the tree by its name (``kai_<name>_asm.S``, else the inline asm of
 ``kai_<name>.c``); which loop is its hot loop and its 32-k block is in
-``tilegen.analyze_sme.KAI_RECIPES``.  Nothing of KleidiAI's code is kept in this repository.
+``tilegen.analysis.sme.KAI_RECIPES``.  Nothing of KleidiAI's code is kept in this repository.
 """
 from __future__ import annotations
 
@@ -21,7 +21,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from tilegen.analyze_sme import (KAI_PACKERS, SME_HEADER, SME_LEGEND,  # noqa: E402
+from tilegen.analysis.sme import (KAI_PACKERS, SME_HEADER, SME_LEGEND,  # noqa: E402
                                  kleidiai_packer_mix, kleidiai_report, kleidiai_version,
                                  packer_call_insns, packer_mix, sme_report)
 from tilegen.generator import parse_spec  # noqa: E402
@@ -142,7 +142,7 @@ def markdown(rows: list[dict], pk: list[dict], kai: list[tuple[str, Path, str]],
            f"Command: `{cmd}`", "",
            "KleidiAI source trees: " + ", ".join(f"v{v} (`{Path(g).name}`)" for v, _, g in kai)
            + ". llama.cpp pins v1.24.0.", "",
-           "Model: `tilegen/analyze_sme.py` (counting rule in its docstring). `MACi/i`: MAC "
+           "Model: `tilegen/analysis/sme.py` (counting rule in its docstring). `MACi/i`: MAC "
            "instructions per hot-loop instruction; `blk MAC/i`: MACs per instruction over one "
            "32-k block at SVL 512 (the issue's rule; derived from the hot loop, x 32 / k per "
            "iteration, where a kernel has no per-block work); bytes per 32-k block of one "
@@ -198,7 +198,7 @@ def markdown(rows: list[dict], pk: list[dict], kai: list[tuple[str, Path, str]],
                        f"{d['block_macs_per_insn']:.1f} |")
     out += ["", "## LHS packers of the SME kernels (2vl row blocks)", "",
             f"Instructions per packed f32 element (steady state; tilegen: "
-            f"`tilegen.analyze_sme.packer_mix`, KleidiAI: the main loop of its packer), per call "
+            f"`tilegen.analysis.sme.packer_mix`, KleidiAI: the main loop of its packer), per call "
             f"(m = 1 and m = mr, k = {SHARE_K}: `packer_call_insns`) and the packer's share of "
             f"packer + kernel instructions (the kernel `blk MAC/i` at that SVL, n = {SHARE_N}). "
             "`*`: what tilegen's runtime packs with at that SVL.", "",
@@ -229,7 +229,7 @@ def markdown(rows: list[dict], pk: list[dict], kai: list[tuple[str, Path, str]],
                        f"by the outer-product tile `{r['spec']}`: at m = 1 one row of its "
                        f"SVL/32 = 16 (SVL 512) is useful, so {useful:.1f} useful MACs per "
                        "instruction against the figure in the table.")
-    out += ["- KleidiAI's hot loops and blocks: the labels of `tilegen.analyze_sme.KAI_RECIPES` "
+    out += ["- KleidiAI's hot loops and blocks: the labels of `tilegen.analysis.sme.KAI_RECIPES` "
             "(e.g. the f32 gemv `f32p2vlx1b_1x16vl` and `f32p16vlx1b_1x16vl`: the width-4 "
             "pass, 16 VL columns; the int8 q4 gemm `qsi8d32p1vlx4_qsi4c32p4vlx4_1vlx4vl`: the "
             "K-loop body on the path of every block after the first, `.ACCUMULATE`).",
@@ -259,7 +259,7 @@ def main() -> int:
         f" --out {a.out}" if a.out else "")
     print(SME_HEADER.replace("kernel (SME static model: per 128-bit SVL granule)",
                              "kernel (per exported name: tilegen, then KleidiAI)"))
-    from tilegen.analyze_sme import SmeReport  # noqa: F401 (rows are dicts; print them plainly)
+    from tilegen.analysis.sme import SmeReport  # noqa: F401 (rows are dicts; print them plainly)
     for r in rows:
         for d in [r["tilegen"]] + list(r["kleidiai"].values()):
             print(f"{d['kernel'][:62]:<62} {d['k_per_iter']:4d} {d['insns']:5d} "

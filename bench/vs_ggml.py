@@ -23,7 +23,7 @@ equal mr x nr x 256, else the run fails.  ``ISSUE_BUILD`` (the issue's one build
 models: ``-march=armv8.6-a+dotprod+i8mm+fp16``, no SVE) is measured too, against the figures
 issue #24 quotes (``ISSUE_FIGURES``).
 
-tilegen: ``tilegen.analyze.per_k(spec, model, 256)`` (the kernel's marked block region,
+tilegen: ``tilegen.analysis.mca.per_k(spec, model, 256)`` (the kernel's marked block region,
 ``tilegen:block-begin k=256``, inner loops expanded by their ``tilegen:trips``; or a hot loop
 that covers the super-block), cross-checked for the K-quant kernels (Q8 calling convention)
 by the same qemu cut of the generated kernel linked with the driver (``-DTILEGEN_KERNEL``):
@@ -149,7 +149,7 @@ def tilegen_trace_lines(spec, tmp: Path, qemu_cpu: str, vl: int = 128) -> list[s
     """The instructions a generated tilegen kernel (Q8 calling convention) runs for one
     super-block of one tile (its rows and columns at SVE vector length ``vl`` bits, the one
     ``qemu_cpu`` has), cut the way ggml's are (the driver built with -DTILEGEN_KERNEL),
-    branches removed: the cross-check of ``tilegen.analyze.per_k``."""
+    branches removed: the cross-check of ``tilegen.analysis.mca.per_k``."""
     mr, nr = spec.mr_at(vl // 8), spec.nr_at(vl // 8)
     from tilegen.emulate.provision import ensure_cross_sysroot
     from tilegen.generator.render import render
@@ -324,7 +324,7 @@ def measure_tilegen(specs_by_model: dict[str, list[str]], traced: bool = True) -
     """``per_k`` per 256 k of each spec on each model; with ``traced``, for the Q8 calling
     convention's kernels (the K-quants) also the cycles of the instructions the kernel runs
     for one super-block under qemu (cut like ggml's): they must agree with per_k's."""
-    from tilegen.analyze import per_k
+    from tilegen.analysis.mca import per_k
     from tilegen.callconv import Q8
     from tilegen.generator.validate import as_spec
     rows, lines = [], {}
@@ -394,7 +394,7 @@ def markdown(res: dict) -> str:
          f"`-mcpu=<model>` and `{ISSUE_BUILD}` (its best of both is the anchor), its whole "
          "path through one super-block of the tile (gemm 4x8, gemv 1x8) traced by qemu "
          "(nb = 3 minus nb = 2), branches removed. "
-         "tilegen: `tilegen.analyze.per_k(spec, model, 256)`. Ratio = tilegen / ggml's best; "
+         "tilegen: `tilegen.analysis.mca.per_k(spec, model, 256)`. Ratio = tilegen / ggml's best; "
          "targets: gemm >= 1.5, gemv >= 1.0.", "",
          "| family | regime | model | ggml (best) | MAC/cyc | tilegen (best) | MAC/cyc | ratio | "
          "target |", "|---|---|---|---|---:|---|---:|---:|---|"]

@@ -11,7 +11,7 @@
  * Built with -DTILEGEN_KERNEL=<name> -DTILE_MR=<mr> -DTILE_NR=<nr> it calls that generated
  * tilegen kernel instead (the Q8 calling convention of tilegen.callconv: m, n, k, packed LHS,
  * packed RHS, dst, dst row / column strides in bytes, clamp bounds) on one mr x nr tile: the
- * same trace cross-checks tilegen.analyze.per_k. */
+ * same trace cross-checks tilegen.analysis.mca.per_k. */
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>

@@ -42,7 +42,7 @@ import tempfile
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))   # this checkout's tilegen
-from tilegen.analyze import MAC_MNEMONICS, AnalyzeError, _MATTR, analyze  # noqa: E402
+from tilegen.analysis.mca import MAC_MNEMONICS, AnalyzeError, _MATTR, analyze  # noqa: E402
 from tilegen.emulate.provision import ensure_cross_sysroot, ensure_kleidiai_source  # noqa: E402
 
 MODELS = ("neoverse-v2", "neoverse-n2", "neoverse-v1", "apple-m4")
@@ -360,7 +360,7 @@ def measure_packers() -> list[dict]:
     """Cycles per element of one 32-value block (bl = 32) of tilegen's qsi8d32p packers: the
     4-row path (``tilegen:quad-block-begin/end``, 4 x 32 elements) and the one-row path (its
     ``.Lblock`` loop body, 32 elements; the routine's only path before issue #15 item 4)."""
-    from tilegen.analyze import _branchless, _region
+    from tilegen.analysis.mca import _branchless, _region
     from tilegen.generator.packers import PackerSpec, render
     rows = []
     for fmt, mr, kr, sr, rnd in PACKER_SPECS:

@@ -27,7 +27,7 @@ from tilegen.build.targets import TARGETS  # noqa: E402
 from tilegen.export.kleidiai import export_files  # noqa: E402
 from tilegen.generator import packers  # noqa: E402
 from tilegen.generator.render import render  # noqa: E402
-from tilegen.tune import grid_specs  # noqa: E402
+from tilegen.analysis.tune import grid_specs  # noqa: E402
 
 
 EXPORTS = (("linux-aarch64-all", False), ("neoverse-v2", True), ("apple-m4", False))

@@ -14,7 +14,7 @@ import numpy as np
 import tilegen
 from tilegen.build import default_specs, get_target
 from tilegen.emulate.remote import GuestSession
-from tilegen.reference import matmul_f32, matmul_f64
+from tilegen.reference.f32 import matmul_f32, matmul_f64
 
 tile = os.environ.get("TILE", "7x12")
 target = os.environ.get("TARGET", "neoverse-n1")

@@ -16,7 +16,7 @@ End to end, on an x86-64 host:
    build's stamp holds its KleidiAI tree's content hash, and a changed tree is rebuilt
    incrementally in place. ccache (``CCACHE``) hands the objects the three builds share
    (libllama, llama-common, ggml-base) from the first build to the others;
-3. writes a synthetic llama GGUF (tilegen.synth_gguf) in Q4_0, Q8_0 and F16;
+3. writes a synthetic llama GGUF (tilegen.gguf.synth) in Q4_0, Q8_0 and F16;
 4. runs llama.cpp's ``llama-debug --save-logits`` (the last prompt position's logits; one GEMM
    batch of 133 tokens, F16: 45) and ``llama-batched --temp 0`` (a 45-token prompt, then 16
    greedy GEMV steps) under qemu: OFF on neoverse-n1, ON on neoverse-n1/-v1/-n2 and on max
@@ -51,7 +51,7 @@ import numpy as np  # noqa: E402
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
-from tilegen import synth_gguf as sg  # noqa: E402
+from tilegen.gguf import synth as sg  # noqa: E402
 from tilegen.emulate import provision  # noqa: E402
 
 LLAMA_CPP_PYTHON_VERSION = provision.LLAMA_CPP_PYTHON_VERSION
@@ -67,7 +67,7 @@ TARGETS = ("llama-debug", "llama-batched", "llama-quantize")
 #: The llama.cpp patch the ON build carries (docs/llama_cpp_check.md#k-quants): KleidiAI-backend
 #: table entries, repack, LHS packing and GET_ROWS for Q4_K/Q6_K on tilegen's K-quant kernels.
 KQUANTS_PATCH = REPO / "tilegen" / "export" / "llama-kquants.patch"
-#: Weight types: the synthetic model's own (tilegen.synth_gguf) and Q4_K_M, made from its F16
+#: Weight types: the synthetic model's own (tilegen.gguf.synth) and Q4_K_M, made from its F16
 #: variant by llama.cpp's own llama-quantize (so the K-quant bytes are ggml's).
 KQUANT_TYPES = ("q4_k_m",)
 TYPES = tuple(sg.TYPES) + KQUANT_TYPES

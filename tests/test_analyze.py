@@ -5,7 +5,7 @@ import sys
 import pytest
 
 import tilegen
-from tilegen.analyze import AnalyzeError, analyze, hot_loop
+from tilegen.analysis.mca import AnalyzeError, analyze, hot_loop
 
 
 def test_hot_loop_is_found_from_markers():
@@ -28,7 +28,7 @@ def test_q4_block_cost_includes_scale_handling():
 def test_kquant_super_block_is_reported_per_32_k():
     """The K-quant kernels mark one 256-k super-block (``block-begin k=256``, the hot loop):
     analyze reports its cycles and MACs per 32 k, and tune scores it the same way."""
-    from tilegen.tune import Candidate, Score
+    from tilegen.analysis.tune import Candidate, Score
     spec = tilegen.parse_spec("q4_K:i8mm:8x4")
     r = analyze(spec, "neoverse-v2")
     assert r.macs_per_iter == 256 * 8 * 4 and r.block32_macs == 32 * 8 * 4
@@ -47,13 +47,13 @@ def test_cli_json():
 
 
 def test_missing_llvm_mca(monkeypatch):
-    monkeypatch.setattr("tilegen.analyze.shutil.which", lambda name: None)
+    monkeypatch.setattr("tilegen.analysis.mca.shutil.which", lambda name: None)
     with pytest.raises(AnalyzeError, match="apt-get install llvm-19"):
         analyze(tilegen.parse_spec("f32:neon:4x16"), "neoverse-v2")
 
 
 def test_sve_loops_scale_with_the_model_vl_and_sme_by_instruction_mix():
-    from tilegen.analyze import AnalyzeError, analyze, instruction_mix
+    from tilegen.analysis.mca import AnalyzeError, analyze, instruction_mix
     from tilegen.generator import parse_spec
     s = parse_spec("f32:sve:6x4vl")
     n2, v1 = analyze(s, "neoverse-n2"), analyze(s, "neoverse-v1")
@@ -78,7 +78,7 @@ def test_plain_neon_q4_kernels_are_modelled():
 
 def test_plot_writes_a_png(tmp_path):
     from tilegen.cli import main
-    from tilegen.plot import efficiency_chart
+    from tilegen.analysis.plot import efficiency_chart
     png = tmp_path / "eff.png"
     assert main(["analyze", "--kernel", "f32:neon:4x16", "--kernel", "f32:neon:6x16",
                  "--cpu-model", "neoverse-n2", "--cpu-model", "neoverse-v2",
@@ -109,7 +109,7 @@ def test_matplotlib_is_in_the_plot_and_test_extras():
 
 def test_per_k_q4_is_eight_blocks_per_super_block():
     """per_k over 256 k of a bl = 32 family: its 32-k block region eight times."""
-    from tilegen.analyze import per_k
+    from tilegen.analysis.mca import per_k
     r, s = analyze("q4_0:i8mm:12x4", "neoverse-v2"), per_k("q4_0:i8mm:12x4", "neoverse-v2", 256)
     assert s.unit_k == 32 and s.macs == 8 * r.block32_macs == 12 * 4 * 256
     assert s.cycles == pytest.approx(8 * r.block32_cycles)
@@ -126,7 +126,7 @@ def test_per_k_expands_marked_trips_in_the_block(monkeypatch):
     super-block convention, ``k=256``)."""
     import re
 
-    import tilegen.analyze as an
+    import tilegen.analysis.mca as an
     spec = tilegen.parse_spec("q4_0:i8mm:8x4")
     text = tilegen.generate(spec)
     hot, _ = hot_loop(text)

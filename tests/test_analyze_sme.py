@@ -1,4 +1,4 @@
-"""The SME static model (tilegen/analyze_sme.py): counting rule, block expansion, the
+"""The SME static model (tilegen/analysis/sme.py): counting rule, block expansion, the
 KleidiAI-source reader, and the CLI rows for SME kernels."""
 import json
 import subprocess
@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from tilegen.analyze_sme import (KAI_RECIPES, accumulators, count, count_kleidiai, expand,
+from tilegen.analysis.sme import (KAI_RECIPES, accumulators, count, count_kleidiai, expand,
                                  kleidiai_lines, kleidiai_report, kleidiai_version, load_vectors,
                                  macs_of, mem_bytes, memory, sme_report)
 import tilegen
@@ -195,7 +195,7 @@ def test_recorded_sme_mix_is_current(tmp_path):
 def test_kleidiai_sme_packers_read(kai_tree):
     """KleidiAI's SME LHS packers (v1.24.0 has no bf16 _sme2: its _sme one is that code) give a
     positive count per element that halves when SVL doubles (one VL of work per instruction)."""
-    from tilegen.analyze_sme import KAI_PACKERS, kleidiai_packer_mix
+    from tilegen.analysis.sme import KAI_PACKERS, kleidiai_packer_mix
     found = set()
     for name in KAI_PACKERS:
         try:

@@ -89,8 +89,8 @@ def test_short_calls_are_batched_and_converge_when_the_noise_is_small():
 
 # -- the measured ranking ---------------------------------------------------------------------
 def test_measured_ranking_follows_the_timings_not_the_model():
-    from tilegen.analyze import LoopReport
-    from tilegen.tune import Candidate, Ranking, Score, measured_ranking, pick_pair, tuned_entry
+    from tilegen.analysis.mca import LoopReport
+    from tilegen.analysis.tune import Candidate, Ranking, Score, measured_ranking, pick_pair, tuned_entry
     specs = [parse_spec(s) for s in ("f32:neon:6x16", "f32:neon:8x8", "f32:neon:4x24",
                                      "f32:neon:1x16", "f32:neon:1x8")]
     model = {s.spec_string: v for s, v in zip(specs, (40.0, 30.0, 20.0, 10.0, 5.0))}
@@ -306,7 +306,7 @@ def test_thread_lists_and_emulation_checks(monkeypatch):
 
 
 def test_tune_measure_refuses_emulated_timings_unless_forced(tmp_path, capsys, monkeypatch):
-    import tilegen.tune as T
+    import tilegen.analysis.tune as T
     real = T.tune
     # the real model and search, over a small grid (mr 1 and 4, nr 4 and 8): fast
     monkeypatch.setattr(T, "tune", lambda *a, **k: real(*a, **k, mrs=(1, 4), nrs=(4, 8)))

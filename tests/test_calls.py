@@ -4,7 +4,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from tilegen.reference import matmul_f32
+from tilegen.reference.f32 import matmul_f32
 
 from conftest import guest
 from test_runtime_ops import all_lib  # noqa: F401 - shared session fixture

@@ -80,9 +80,9 @@ def _no_emulator(*a, **k):
 def test_user_errors_exit_2(argv, needle, tmp_path, capsys, monkeypatch):
     import tilegen.build.library
     import tilegen.emulate.cli
-    import tilegen.tune
+    import tilegen.analysis.tune
     monkeypatch.setattr(tilegen.emulate.cli, "emulate_main", _no_emulator)
-    monkeypatch.setattr(tilegen.tune, "tune", _no_emulator)     # refused before any work
+    monkeypatch.setattr(tilegen.analysis.tune, "tune", _no_emulator)     # refused before any work
     if "--isa" in argv:    # refused before the toolchain is looked for (was: build everything)
         monkeypatch.setattr(tilegen.build.library, "discover", _no_emulator)
     _fake_lib(tmp_path / "macho", "macho")

@@ -1,5 +1,5 @@
 """bf16 kernels (family bf16: bf16p<mr>x4 x bf16p<nr>x4b; NEON BFMMLA gemm, BFDOT gemv) and the
-generated f32 -> bf16 LHS packer under emulation, bit-exact against tilegen.reference_bf16 and
+generated f32 -> bf16 LHS packer under emulation, bit-exact against tilegen.reference.bf16 and
 KleidiAI's golden vectors; the runtime kinds bf16 and f16.
 
 CPU models: this qemu's neoverse-v1 reports no FEAT_BF16 (HWCAP2 has SVEBF16, not BF16; the
@@ -20,7 +20,7 @@ import pytest
 
 import tilegen
 from tilegen.layout.bf16 import BF16PLhs4, BF16PRhs4B, bf16_to_f32, f32_to_bf16_rne
-from tilegen.reference_bf16 import matmul_bf16, matmul_bf16_f64
+from tilegen.reference.bf16 import matmul_bf16, matmul_bf16_f64
 
 from conftest import guest, vector_params
 
@@ -220,7 +220,7 @@ def _bf16_model(x, w, bias=None):
 def test_runtime_kinds_bf16_and_f16(bf16_lib, tmp_path):
     """kind "bf16" runs the bf16 kernels (2 bytes per weight); kind "f16" picks them where the
     CPU has bf16 and the f32 kernels elsewhere; without bf16, kind "bf16" is refused."""
-    from tilegen.reference import matmul_f32
+    from tilegen.reference.f32 import matmul_f32
     rng = np.random.default_rng(9)
     n, k, m = 37, 70, 11
     w = rng.normal(size=(n, k)).astype(np.float32)

@@ -7,7 +7,7 @@ import pytest
 
 import tilegen
 from tilegen.layout.bf16 import BF16PLhs2, BF16PRhs2B
-from tilegen.reference_bf16 import matmul_bf16
+from tilegen.reference.bf16 import matmul_bf16
 
 from conftest import SME_ON, guest, vector_params
 

@@ -6,7 +6,7 @@ import pytest
 
 from tilegen.emulate.remote import GuestError
 from tilegen.layout import F32PackedRHS
-from tilegen.reference import matmul_f32, matmul_f64
+from tilegen.reference.f32 import matmul_f32, matmul_f64
 
 from conftest import EXEC_CPUS, F32_EXTRA_TILES, F32_TILES, guest
 from guest_calls import BAD_KERNEL_CALLS

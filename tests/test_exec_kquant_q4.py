@@ -1,5 +1,5 @@
 """Q4_K kernels (family q4_K: q8kp x q4kp; i8mm SMMLA, dotprod SDOT, plain NEON) under
-emulation, bit-exact against tilegen.reference_kquant on random valid ggml blocks."""
+emulation, bit-exact against tilegen.reference.kquant on random valid ggml blocks."""
 from __future__ import annotations
 
 from pathlib import Path
@@ -10,7 +10,7 @@ import pytest
 import tilegen
 from tilegen.layout.ggml import random_q4_k
 from tilegen.layout.kquant import Q4KP, Q8KP
-from tilegen.reference_kquant import matmul_q8kp_q4kp
+from tilegen.reference.kquant import matmul_q8kp_q4kp
 
 from conftest import (  # noqa: F401 (CPU_FEATURES: the fuzz / q6_K tests import it here)
     CPU_FEATURES, guest, refused_for_missing_features)

@@ -1,5 +1,5 @@
 """Q4_K kernels on SVE (sve_i8mm SMMLA and its SDOT gemv, sve_dotprod SDOT by lane; tiles in VL
-units) at several vector lengths under emulation: bit-exact against tilegen.reference_kquant on
+units) at several vector lengths under emulation: bit-exact against tilegen.reference.kquant on
 random valid ggml blocks, packed with the concrete tile the guest library reports."""
 from __future__ import annotations
 
@@ -11,7 +11,7 @@ import pytest
 import tilegen
 from tilegen.layout.ggml import random_q4_k
 from tilegen.layout.kquant import Q4KP, Q8KP
-from tilegen.reference_kquant import matmul_q8kp_q4kp
+from tilegen.reference.kquant import matmul_q8kp_q4kp
 
 from conftest import guest
 from test_exec_kquant_q4 import FMAX, SENTINEL, _check

@@ -1,5 +1,5 @@
 """Q6_K kernels (family q6_K: q8kp x q6kp; i8mm SMMLA gemm and SDOT gemv, dotprod SDOT by
-lane, plain NEON SMULL/SADALP) under emulation, bit-exact against tilegen.reference_kquant on
+lane, plain NEON SMULL/SADALP) under emulation, bit-exact against tilegen.reference.kquant on
 seeded random valid ggml block_q6_K rows, packed by the layout objects (Q8KP.pack,
 Q6KP.pack_from_ggml)."""
 from __future__ import annotations
@@ -12,7 +12,7 @@ import pytest
 import tilegen
 from tilegen.layout.ggml import random_q6_k
 from tilegen.layout.kquant import Q6KP, Q8KP
-from tilegen.reference_kquant import matmul_q8kp_q6kp
+from tilegen.reference.kquant import matmul_q8kp_q6kp
 
 from conftest import guest
 from test_exec_kquant_q4 import CPU_FEATURES, FMAX, KQ_CPUS, SENTINEL, SWEEP_CPU, _check

@@ -1,5 +1,5 @@
 """Q6_K kernels on SVE (sve_i8mm SMMLA and its SDOT gemv, sve_dotprod SDOT by lane; tiles in VL
-units) at several vector lengths under emulation: bit-exact against tilegen.reference_kquant on
+units) at several vector lengths under emulation: bit-exact against tilegen.reference.kquant on
 seeded random valid ggml block_q6_K rows, packed with the concrete tile the guest library
 reports (the shared runner of tests/test_exec_kquant_q4_sve.py)."""
 from __future__ import annotations
@@ -11,7 +11,7 @@ import pytest
 import tilegen
 from tilegen.layout.ggml import random_q6_k
 from tilegen.layout.kquant import Q6KP
-from tilegen.reference_kquant import matmul_q8kp_q6kp
+from tilegen.reference.kquant import matmul_q8kp_q6kp
 
 from conftest import guest
 from test_exec_kquant_q4_sve import (NATIVE_VL, RUNS, assert_gemv_pairs_share_the_packed_rhs,

@@ -4,7 +4,7 @@ threads), ``plan``, ``pack_lhs`` (the generated q8kp packer), ``get_rows``, ``fo
 packed-weights file, ``adopt`` from another nr/kr, and the refusals (float weights, k not a
 multiple of 256, truncated blocks, non-finite d / dmin, a bias, non-finite activations).
 
-Every result is bit-exact with :mod:`tilegen.reference_kquant` on the packed buffers (the
+Every result is bit-exact with :mod:`tilegen.reference.kquant` on the packed buffers (the
 activations packed by :class:`~tilegen.layout.kquant.Q8KP`, the weights as the guest packed
 them, which equal the host's ``pack_from_ggml``); get_rows equals ``gguf.quants.dequantize``
 bit for bit."""
@@ -23,7 +23,7 @@ from tilegen.layout.ggml import random_q4_k, random_q6_k
 from tilegen.layout.base import rhs_layout_for
 from tilegen.layout.kquant import Q8KP
 from tilegen.records import FAMILIES, ISAS, SpecError
-from tilegen.reference_kquant import matmul_q8kp_q4kp, matmul_q8kp_q6kp
+from tilegen.reference.kquant import matmul_q8kp_q4kp, matmul_q8kp_q6kp
 
 from conftest import SME_ON, guest
 from test_kquant_weights import write_gguf

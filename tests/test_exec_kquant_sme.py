@@ -1,6 +1,6 @@
 """K-quant SME2 kernels (q4_K: q8kp x q4kp, q6_K: q8kp x q6kp, both at kr = 4; the int16-SMOPA
 gemms and the ZA-array SDOT gemvs) under emulation at SVL 128 / 256 / 512 / 2048 (qemu
-``max``): bit-exact against tilegen.reference_kquant on random valid ggml blocks, m and n not
+``max``): bit-exact against tilegen.reference.kquant on random valid ggml blocks, m and n not
 multiples of the tile, k of 1, 2 and 3 super-blocks, sentinels around dst untouched, SVCR clear
 after the call; guard pages around every buffer at SVL 512."""
 from __future__ import annotations
@@ -13,7 +13,7 @@ import pytest
 import tilegen
 from tilegen.layout.ggml import random_q4_k, random_q6_k
 from tilegen.layout.kquant import Q4KP, Q6KP, Q8KP
-from tilegen.reference_kquant import matmul_q8kp_q4kp, matmul_q8kp_q6kp
+from tilegen.reference.kquant import matmul_q8kp_q4kp, matmul_q8kp_q6kp
 
 from conftest import SME_ON, guest
 

@@ -11,7 +11,7 @@ from tilegen.generator import validate
 from tilegen.layout.ggml import quantize_q4_0
 from tilegen.layout.lhs_int8 import QAI8DXP, QSI8D32P
 from tilegen.layout.rhs_int4 import QSI4C32P, QSI4C32PScaleF16
-from tilegen.reference_q4 import matmul_qai8dxp_qsi4c32p, matmul_qsi8d32p_qsi4c32pscalef16
+from tilegen.reference.q4 import matmul_qai8dxp_qsi4c32p, matmul_qsi8d32p_qsi4c32pscalef16
 
 from conftest import (  # noqa: F401 (CPU_FEATURES: the fuzz / q6_K tests import it here)
     CPU_FEATURES, guest, refused_for_missing_features, vector_params)

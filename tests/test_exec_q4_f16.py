@@ -2,7 +2,7 @@
 QSI4C32PS1S0ScaleF16 RHS, LUTI4 unpack, FMUL by the block scales in f16, FMOPA into ZA over all
 of k) -- llama.cpp's ``matmul_clamp_f32_f16p1vlx2_qsi4c32p4vlx2_1vlx4vl_sme2_mopa`` -- at SVL 128
 to 2048: bit-exact with the numpy reference of KleidiAI's arithmetic
-(:func:`tilegen.reference_q4.matmul_f16p_qsi4c32ps1s0`), sentinels around dst untouched, SVCR
+(:func:`tilegen.reference.q4.matmul_f16p_qsi4c32ps1s0`), sentinels around dst untouched, SVCR
 clear after the call, no access outside the buffers."""
 from __future__ import annotations
 
@@ -13,7 +13,7 @@ import tilegen
 from tilegen.layout.f16 import F16PLhs2
 from tilegen.layout.ggml import quantize_q4_0
 from tilegen.layout.rhs_int4 import QSI4C32PS1S0ScaleF16
-from tilegen.reference_q4 import matmul_f16p_qsi4c32ps1s0
+from tilegen.reference.q4 import matmul_f16p_qsi4c32ps1s0
 
 from conftest import SME_ON, guest
 

@@ -11,7 +11,7 @@ import tilegen
 from tilegen.layout.ggml import quantize_q4_0
 from tilegen.layout.lhs_int8 import QSI8D32P, QSI8D32PScaleTail
 from tilegen.layout.rhs_int4 import QSI4C32PS1S0ScaleF16
-from tilegen.reference import fma_f32
+from tilegen.reference.f32 import fma_f32
 
 from conftest import SME_ON, guest
 

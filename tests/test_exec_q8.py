@@ -1,5 +1,5 @@
 """int8 x int8 kernels (q8_0 family: qai8dxp x qsi8cxp; dotprod, i8mm, plain NEON) under
-emulation, bit-exact against tilegen.reference_q8 and KleidiAI's golden vectors."""
+emulation, bit-exact against tilegen.reference.q8 and KleidiAI's golden vectors."""
 from __future__ import annotations
 
 import itertools
@@ -11,7 +11,7 @@ import pytest
 import tilegen
 from tilegen.layout.lhs_int8 import QAI8DXP
 from tilegen.layout.rhs_int8 import QSI8CXP
-from tilegen.reference_q8 import matmul_qai8dxp_qsi8cxp
+from tilegen.reference.q8 import matmul_qai8dxp_qsi8cxp
 
 from conftest import CPU_FEATURES, guest, refused_for_missing_features, vector_params
 

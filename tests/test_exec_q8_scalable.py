@@ -1,5 +1,5 @@
 """q8_0 kernels on SVE (sve_dotprod SDOT, sve_i8mm SMMLA) at every vector length, and on
-SME/SME2 at every streaming vector length: bit-exact against tilegen.reference_q8 on
+SME/SME2 at every streaming vector length: bit-exact against tilegen.reference.q8 on
 operands packed with the concrete tile the guest library reports; SME kernels leave SVCR
 clear.  Also: gemm + gemv read one packed RHS, the runtime refuses them without the ISA, the
 ABI probe, and at VL 128 the 1vl panels are KleidiAI's nr=4 layouts (golden vectors)."""
@@ -12,7 +12,7 @@ import tilegen
 from tilegen.layout.base import same_rhs
 from tilegen.layout.lhs_int8 import QAI8DXP
 from tilegen.layout.rhs_int8 import QSI8CXP
-from tilegen.reference_q8 import matmul_qai8dxp_qsi8cxp
+from tilegen.reference.q8 import matmul_qai8dxp_qsi8cxp
 
 from conftest import SME_ON, guest, vector_params
 from test_exec_q8 import FMAX, SENTINEL, _check

@@ -14,7 +14,7 @@ import pytest
 
 import tilegen
 from tilegen.layout import F32PackedRHS
-from tilegen.reference import matmul_f32, matmul_f64
+from tilegen.reference.f32 import matmul_f32, matmul_f64
 
 from conftest import SME_ON, guest, vector_files, vector_params
 

@@ -250,8 +250,8 @@ def _by_name(stem):
 def test_neon_q4_q8_run_functions(kai_so):
     """q4_0 (i8mm gemm, dotprod gemv) and q8_0 (i8mm gemm) through their KleidiAI names on
     KleidiAI-layout data from tilegen's packers: bit-exact with tilegen's references."""
-    from tilegen.reference_q4 import matmul_qsi8d32p_qsi4c32pscalef16 as ref_q4
-    from tilegen.reference_q8 import matmul_qai8dxp_qsi8cxp as ref_q8
+    from tilegen.reference.q4 import matmul_qsi8d32p_qsi4c32pscalef16 as ref_q4
+    from tilegen.reference.q8 import matmul_qai8dxp_qsi8cxp as ref_q8
     g = guest("max")
     rng = np.random.default_rng(14)
     for stem in ("qsi8d32p4x8_qsi4c32p4x8_16x4_neon_i8mm",
@@ -297,9 +297,9 @@ def test_neon_q4_q8_run_functions(kai_so):
 def test_sme_run_functions(kai_so):
     """SME/SME2 names at SVL 512 (getters read it with RDSVL): q8_0 SMOPA (also behind the
     SME1 gemv name), bf16 BFMOPA, f32 FMOPA (packed LHS) and the f32 SME2 gemv (LHS rows)."""
-    from tilegen.reference import matmul_f32
-    from tilegen.reference_bf16 import matmul_bf16
-    from tilegen.reference_q8 import matmul_qai8dxp_qsi8cxp as ref_q8
+    from tilegen.reference.f32 import matmul_f32
+    from tilegen.reference.bf16 import matmul_bf16
+    from tilegen.reference.q8 import matmul_qai8dxp_qsi8cxp as ref_q8
     vl = SVL_BITS // 8
     g = guest("max", None, SVL_BITS)
     rng = np.random.default_rng(15)
@@ -370,13 +370,13 @@ def test_ps1s0_kernels(kai_so):
     those layouts (tilegen.layout.rhs_int4, .f16, .lhs_int8), at SVL 512: the gemv (tilegen's SME2 luti4 asm,
     qsi8d32p scale-tail LHS, RHS packed with the getters' sr = 2) bit-exact with the block
     formula, the f16 gemm (tilegen's SME2 FMOPA asm, q4_0_f16) bit-exact with the reference of
-    KleidiAI's arithmetic (tilegen.reference_q4.matmul_f16p_qsi4c32ps1s0)."""
+    KleidiAI's arithmetic (tilegen.reference.q4.matmul_f16p_qsi4c32ps1s0)."""
     from tilegen.layout.ggml import quantize_q4_0, split_q4_0
     from tilegen.layout.f16 import F16PLhs2
     from tilegen.layout.lhs_int8 import QSI8D32P, QSI8D32PScaleTail
     from tilegen.layout.rhs_int4 import QSI4C32PS1S0ScaleF16
-    from tilegen.reference import fma_f32
-    from tilegen.reference_q4 import _block_dots, matmul_f16p_qsi4c32ps1s0
+    from tilegen.reference.f32 import fma_f32
+    from tilegen.reference.q4 import _block_dots, matmul_f16p_qsi4c32ps1s0
     vl = SVL_BITS // 8
     g = guest("max", None, SVL_BITS)
     rng = np.random.default_rng(16)
@@ -580,7 +580,7 @@ def test_llama_flow_q4_bit_exact(kai_so, gemm, lhs_packer, m, rounding):
     bytes of tilegen's numpy pipeline: dst equals the reference bit for bit."""
     from tilegen.layout.ggml import quantize_q4_0
     from tilegen.layout.lhs_int8 import QSI8D32P
-    from tilegen.reference_q4 import matmul_qsi8d32p_qsi4c32pscalef16 as ref_q4
+    from tilegen.reference.q4 import matmul_qsi8d32p_qsi4c32pscalef16 as ref_q4
     rng = np.random.default_rng(19)
     n, k = 37, 256
     raw = quantize_q4_0(rng.normal(size=(n, k)).astype(np.float32))
@@ -658,9 +658,9 @@ def test_kquant_entry_end_to_end_bit_exact(kai_so, entry):
     """A K-quant entry of the patched kernels.cpp as kleidiai.cpp drives it (geometry from the
     getters; RHS from ggml blocks by the exported C repack at the gemm's nr/kr, LHS by the C
     q8kp quantiser at each kernel's mr/kr): gemm (m = 13) and gemv (m = 1) equal
-    tilegen.reference_kquant's arithmetic on the numpy packers' bytes, bit for bit."""
+    tilegen.reference.kquant's arithmetic on the numpy packers' bytes, bit for bit."""
     from tilegen.layout.ggml import random_q4_k, random_q6_k
-    from tilegen.reference_kquant import matmul_tilegen
+    from tilegen.reference.kquant import matmul_tilegen
     gemm, gemv = entry
     kind, packer = _kq_packer(gemm)
     g = guest("max", None, SVL_BITS)

@@ -8,7 +8,7 @@ import numpy as np
 from hypothesis import HealthCheck, given, settings, strategies as st
 
 from tilegen.layout import F32PackedRHS
-from tilegen.reference import matmul_f32
+from tilegen.reference.f32 import matmul_f32
 
 from conftest import F32_EXTRA_TILES, F32_TILES, guest
 from test_exec_q4 import ALL_SPECS, CPU_FEATURES, _pack, q4_lib  # noqa: F401

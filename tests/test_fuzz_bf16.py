@@ -15,7 +15,7 @@ from hypothesis import HealthCheck, given, settings, strategies as st
 
 import tilegen
 from tilegen.layout.bf16 import BF16PLhs2, BF16PLhs4, BF16PRhs2B, BF16PRhs4B
-from tilegen.reference_bf16 import matmul_bf16
+from tilegen.reference.bf16 import matmul_bf16
 
 from conftest import SME_ON, draw_examples, guest
 from test_exec_bf16 import ALL_SPECS, BF16_CPUS, FMAX, SENTINEL, _check, bf16_lib  # noqa: F401

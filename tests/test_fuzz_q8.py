@@ -17,7 +17,7 @@ from hypothesis import strategies as st
 import tilegen
 from tilegen.layout.lhs_int8 import QAI8DXP
 from tilegen.layout.rhs_int8 import QSI8CXP
-from tilegen.reference_q8 import matmul_qai8dxp_qsi8cxp
+from tilegen.reference.q8 import matmul_qai8dxp_qsi8cxp
 
 from conftest import SME_ON, draw_examples, guest
 from test_exec_q8 import ALL_SPECS, CPU_FEATURES, SENTINEL

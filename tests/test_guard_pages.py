@@ -14,7 +14,7 @@ import numpy as np
 import pytest
 
 from tilegen.layout import F32PackedRHS
-from tilegen.reference import matmul_f32
+from tilegen.reference.f32 import matmul_f32
 
 from conftest import F32_EXTRA_TILES, F32_TILES, guest
 from test_exec_q4 import ALL_SPECS, _pack, q4_lib  # noqa: F401 - shared session fixture

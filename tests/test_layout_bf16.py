@@ -1,5 +1,5 @@
 """Host-side tests of the bf16 layouts (tilegen.layout.bf16) and the numpy reference of the bf16
-kernels (tilegen.reference_bf16) against KleidiAI's golden vectors (SME at SVL 128/256/512 bits,
+kernels (tilegen.reference.bf16) against KleidiAI's golden vectors (SME at SVL 128/256/512 bits,
 NEON BFMMLA and BFDOT)."""
 
 import numpy as np
@@ -8,7 +8,7 @@ import pytest
 from tilegen.layout.base import LayoutError
 from tilegen.layout.bf16 import (BF16PLhs2, BF16PLhs4, BF16PRhs2B, BF16PRhs4B, bf16_to_f32,
                                  f32_to_bf16_rne)
-from tilegen.reference_bf16 import matmul_bf16, matmul_bf16_f64, rto32_add
+from tilegen.reference.bf16 import matmul_bf16, matmul_bf16_f64, rto32_add
 
 from conftest import vector_params
 

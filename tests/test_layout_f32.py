@@ -22,7 +22,7 @@ def test_pack_matches_kleidiai_vectors(path):
 
 @pytest.mark.parametrize("path", vector_params("matmul_clamp_f32_f32_f32p16x1b_*.npz"), ids=lambda p: p.stem)
 def test_matmul_vector_rhs_and_reference(path):
-    from tilegen.reference import matmul_f32
+    from tilegen.reference.f32 import matmul_f32
     z = np.load(path)
     packed = tilegen.pack_rhs("f32p", z["rhs_kxn"], nr=16, bias=z["bias"], layout="kn")
     assert np.array_equal(packed, z["rhs_packed"])
@@ -64,7 +64,7 @@ def test_pack_errors():
 
 
 def test_fma_reference_is_fused():
-    from tilegen.reference import fma_f32
+    from tilegen.reference.f32 import fma_f32
     # 1 + 2^-24 is not representable; a*b + c rounded twice loses the low term
     a = np.float32(1 + 2 ** -12)
     c = np.float32(-1 - 2 ** -11)

@@ -9,12 +9,12 @@ import pytest
 from gguf import GGMLQuantizationType
 from gguf.quants import dequantize
 
-from tilegen import reference_kquant as RK
+from tilegen.reference import kquant as RK
 from tilegen.layout import LayoutError
 from tilegen.layout import ggml
 from tilegen.layout.api import can_repack, layout_for, pack_lhs, pack_rhs, repack_rhs
 from tilegen.layout.kquant import Q4KP, Q6KP, Q8KP
-from tilegen.reference import fma_f32
+from tilegen.reference.f32 import fma_f32
 
 KS = (256, 512, 768)
 GEOMS = [(4, 8), (4, 16), (8, 4), (3, 16), (1, 32), (12, 2)]
@@ -377,7 +377,7 @@ def test_refusals():
 
 
 # ----------------------------------------------------------------------------------------
-# reference arithmetic (tilegen.reference_kquant)
+# reference arithmetic (tilegen.reference.kquant)
 # ----------------------------------------------------------------------------------------
 RAND = {"q4_K": ggml.random_q4_k, "q6_K": ggml.random_q6_k}
 

@@ -14,7 +14,7 @@ from tilegen.layout import LayoutError, lhs_layout_for, rhs_layout_for
 from tilegen.layout.api import layout_for
 from tilegen.layout.base import PackedLayout
 from tilegen.layout.registry import LAYOUTS, LHS_LAYOUTS, RHS_LAYOUTS, layout_class
-from tilegen.tune import grid_specs
+from tilegen.analysis.tune import grid_specs
 
 _GEOMETRIES = [(rows, kr, sr) for rows in (1, 4, 8, 12, 16)
                for kr, sr in ((1, 1), (2, 1), (4, 1), (8, 1), (8, 2), (16, 2), (4, 2))]

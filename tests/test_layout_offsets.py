@@ -23,7 +23,7 @@ from tilegen.generator import packers
 from tilegen.generator.regalloc import allocate
 from tilegen.generator.validate import validate
 from tilegen.records import SpecError
-from tilegen.tune import grid_specs
+from tilegen.analysis.tune import grid_specs
 
 render_mod = importlib.import_module("tilegen.generator.render")   # the package exports render()
 

@@ -1,5 +1,5 @@
 """Host-side tests of the int8/int4 layouts (tilegen.layout.lhs_int8 / rhs_int4 / ggml / api) and the numpy
-references of the int kernels (tilegen.reference_q4) against KleidiAI's golden vectors."""
+references of the int kernels (tilegen.reference.q4) against KleidiAI's golden vectors."""
 
 import numpy as np
 import pytest
@@ -12,7 +12,7 @@ from tilegen.layout.ggml import (dequantize_q4_0, f16_bits_to_f32, join_q4_0, qu
                                  split_q4_0)
 from tilegen.layout.lhs_int8 import QAI8DXP, QSI8D32P
 from tilegen.layout.rhs_int4 import QSI4C32P, QSI4C32PScaleF16
-from tilegen.reference_q4 import matmul_qai8dxp_qsi4c32p, matmul_qsi8d32p_qsi4c32pscalef16
+from tilegen.reference.q4 import matmul_qai8dxp_qsi4c32p, matmul_qsi8d32p_qsi4c32pscalef16
 
 from conftest import vector_files, vector_params
 

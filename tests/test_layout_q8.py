@@ -1,5 +1,5 @@
 """Host-side tests of the int8 per-channel RHS layout (tilegen.layout.rhs_int8), the ggml Q8_0 path and
-the numpy reference of the qai8dxp x qsi8cxp kernels (tilegen.reference_q8) against KleidiAI's
+the numpy reference of the qai8dxp x qsi8cxp kernels (tilegen.reference.q8) against KleidiAI's
 golden vectors."""
 
 import numpy as np
@@ -9,7 +9,7 @@ from tilegen.layout.base import LayoutError
 from tilegen.layout.ggml import dequantize_q8_0, join_q8_0, quantize_q8_0, split_q8_0
 from tilegen.layout.lhs_int8 import QAI8DXP
 from tilegen.layout.rhs_int8 import QSI8CXP, requant_error_q8_0, requantize_q8_0
-from tilegen.reference_q8 import matmul_qai8dxp_qsi8cxp
+from tilegen.reference.q8 import matmul_qai8dxp_qsi8cxp
 
 from conftest import vector_files, vector_params
 
@@ -92,7 +92,7 @@ def test_lhs_m_idx_start_vector(path):
 def _scale_orders(path):
     """KleidiAI's dst, the unfused f32 ``acc * scale`` then ``+ bias``, and the fused FMA of
     both (i8mm kernel of vector ``path``), with ``acc * scale`` rounded to f32."""
-    from tilegen.reference import fma_f32
+    from tilegen.reference.f32 import fma_f32
     z = np.load(path)
     m, n, k = (int(v) for v in z["shape_mnk"])
     K = KERNELS[3]

@@ -442,8 +442,8 @@ def test_fixed_mr_renders_unchanged_by_vl_variant():
 def test_streaming_threshold_is_the_static_models():
     """packer_sme_from_svl (where the runtime switches to the streaming twin) is the smallest
     SVL at which the twin takes fewer instructions per packed element than the NEON packer,
-    and it stays cheaper above (tilegen.analyze_sme.packer_mix, every unit count)."""
-    from tilegen.analyze_sme import packer_mix
+    and it stays cheaper above (tilegen.analysis.sme.packer_mix, every unit count)."""
+    from tilegen.analysis.sme import packer_mix
     for twin in SME_SPECS:
         neon = PackerSpec(twin.fmt, twin.mr, twin.kr, twin.sr, mr_vl=True)
         cheaper = [svl for svl in (128, 256, 512, 1024, 2048)

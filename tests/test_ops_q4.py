@@ -9,7 +9,7 @@ import tilegen
 from tilegen.layout.ggml import quantize_q4_0
 from tilegen.layout.lhs_int8 import QSI8D32P
 from tilegen.layout.rhs_int4 import QSI4C32PScaleF16
-from tilegen.reference_q4 import matmul_qsi8d32p_qsi4c32pscalef16
+from tilegen.reference.q4 import matmul_qsi8d32p_qsi4c32pscalef16
 
 from conftest import guest
 from test_exec_q4 import ALL_SPECS, q4_lib  # noqa: F401 - shared session fixture

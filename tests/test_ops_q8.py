@@ -12,7 +12,7 @@ from tilegen.build import default_specs, get_target
 from tilegen.layout.ggml import quantize_q8_0
 from tilegen.layout.lhs_int8 import QAI8DXP
 from tilegen.layout.rhs_int8 import QSI8CXP, quantize_per_channel
-from tilegen.reference_q8 import matmul_qai8dxp_qsi8cxp
+from tilegen.reference.q8 import matmul_qai8dxp_qsi8cxp
 
 from conftest import guest
 

@@ -10,7 +10,7 @@ import pytest
 import tilegen
 from tilegen.emulate.remote import GuestError
 from tilegen.layout.ggml import quantize_q4_0
-from tilegen.reference import matmul_f32
+from tilegen.reference.f32 import matmul_f32
 
 from conftest import SME_ON, guest
 
@@ -43,7 +43,7 @@ BF16_CPUS = ("neoverse-n2", "max")
 
 def _bf16_model(x, w):
     from tilegen.layout.bf16 import BF16PLhs4, BF16PRhs4B
-    from tilegen.reference_bf16 import matmul_bf16
+    from tilegen.reference.bf16 import matmul_bf16
     L, R = BF16PLhs4(8), BF16PRhs4B(12)
     return matmul_bf16(L.pack(x), R.pack(w), x.shape[0], w.shape[0], x.shape[1], L, R,
                        -np.inf, np.inf)

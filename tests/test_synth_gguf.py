@@ -1,10 +1,10 @@
-"""The synthetic llama GGUF of scripts/llama_cpp_check.py (tilegen.synth_gguf): file contents,
+"""The synthetic llama GGUF of scripts/llama_cpp_check.py (tilegen.gguf.synth): file contents,
 tokenizer helpers, and the float64 reference forward pass it is compared against."""
 import gguf
 import numpy as np
 import pytest
 
-from tilegen import synth_gguf as sg
+from tilegen.gguf import synth as sg
 from tilegen.gguf import load_tensor, tensor_names
 
 SMALL = sg.ModelConfig(n_vocab=128, n_embd=64, n_ff=128, n_layer=1, n_head=2, n_head_kv=1)

@@ -9,13 +9,13 @@ import sys
 import pytest
 
 import tilegen
-from tilegen.analyze import AnalyzeError, LoopReport
+from tilegen.analysis.mca import AnalyzeError, LoopReport
 from tilegen.build import TargetError, default_specs, get_target
 from tilegen.build.tuned import TunedError, TunedFamily, read_tuned, reset_tuned, write_tuned
 from tilegen.generator.spec import KernelSpec
 from tilegen.generator.validate import parse_spec, validate
 from tilegen.records import FAMILIES, SpecError
-from tilegen.tune import (F32_MR, NR, TOLERANCE, Candidate, Ranking, Score, TuneError, candidates,
+from tilegen.analysis.tune import (F32_MR, NR, TOLERANCE, Candidate, Ranking, Score, TuneError, candidates,
                           distinct, pick_pair, rank, rank_key, tunable_isas, tune, tuned_entry)
 
 V2 = get_target("neoverse-v2")
@@ -220,7 +220,7 @@ def test_tuned_kernel_the_target_cannot_run(tmp_path):
 
 
 def test_missing_llvm_mca(monkeypatch):
-    monkeypatch.setattr("tilegen.analyze.shutil.which", lambda name: None)
+    monkeypatch.setattr("tilegen.analysis.mca.shutil.which", lambda name: None)
     with pytest.raises(AnalyzeError, match="apt-get install llvm-19"):
         tune(V2, "f32", "gemv", nrs=(4,))
 
@@ -268,7 +268,7 @@ def test_cli_write_json_list_and_reset(tmp_path):
 
 
 def test_kernels_llvm_mca_cannot_model_are_listed_not_fatal(monkeypatch):
-    import tilegen.tune as tune_mod
+    import tilegen.analysis.tune as tune_mod
     real = tune_mod.analyze
 
     def fake(spec, model):
@@ -331,7 +331,7 @@ def test_tuned_file_best_kernels_round_trip(tmp_path):
 
 
 def test_tuned_entry_keeps_the_pair_within_tolerance():
-    from tilegen.tune import best_of
+    from tilegen.analysis.tune import best_of
     a, b = _fake("q4_0:i8mm:4x8", 60.0, 20), _fake("q4_0:i8mm:12x4", 60.5, 32)
     assert best_of(a, b) is a                 # < 1% better: no second layout for it
     c = _fake("q4_0:i8mm:12x4", 63.0, 32)

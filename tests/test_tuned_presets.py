@@ -12,8 +12,8 @@ from tilegen.layout import F32PackedRHS
 from tilegen.layout.api import layout_for
 from tilegen.layout.ggml import random_q4_k, random_q6_k
 from tilegen.layout.kquant import Q8KP
-from tilegen.reference import matmul_f32
-from tilegen.reference_kquant import matmul_q8kp_q4kp, matmul_q8kp_q6kp
+from tilegen.reference.f32 import matmul_f32
+from tilegen.reference.kquant import matmul_q8kp_q4kp, matmul_q8kp_q6kp
 
 from conftest import guest
 from test_exec_q4 import SENTINEL, _pack, _shapes

@@ -70,7 +70,7 @@ def test_ggml_kernels_cut_to_one_super_block_and_measured(llama_cpp_src, cross_s
 def test_tilegen_trace_agrees_with_per_k(cross_sysroot, tmp_path):
     """The qemu cut of a generated kernel (Q8 calling convention) through 256 k, by llvm-mca,
     is what analyze.per_k models from the markers (here q8_0: its hot loop x 256 / k-step)."""
-    from tilegen.analyze import per_k
+    from tilegen.analysis.mca import per_k
     from tilegen.generator.validate import as_spec
     spec = as_spec("q8_0:i8mm:4x8")
     lines = vs.tilegen_trace_lines(spec, tmp_path, vs.QEMU_CPU["neoverse-v2"])
@@ -82,7 +82,7 @@ def test_tilegen_trace_agrees_with_per_k(cross_sysroot, tmp_path):
 def test_tilegen_kquant_trace_agrees_with_per_k(cross_sysroot, tmp_path):
     """q4_K 8x8 on i8mm runs two 4-row passes over k: the cut has a stretch in each, and per
     pass it costs what per_k models from the super-block marker (block-begin k=256)."""
-    from tilegen.analyze import per_k
+    from tilegen.analysis.mca import per_k
     from tilegen.generator.validate import as_spec
     spec = as_spec("q4_K:i8mm:8x8")
     lines = vs.tilegen_trace_lines(spec, tmp_path, vs.QEMU_CPU["neoverse-v2"])

@@ -102,11 +102,11 @@ def _cmd_info(a: argparse.Namespace) -> int:
 
 def _cmd_analyze(a: argparse.Namespace) -> int:
     import json as _json
-    from .analyze import HEADER, MODELS, AnalyzeError, analyze
+    from .analysis.mca import HEADER, MODELS, AnalyzeError, analyze
     from .build import default_specs, get_target
     from .generator import parse_spec
-    from .analyze import MODEL_SVE_VL
-    from .analyze_sme import SME_HEADER, SME_LEGEND, sme_report
+    from .analysis.mca import MODEL_SVE_VL
+    from .analysis.sme import SME_HEADER, SME_LEGEND, sme_report
     specs = [parse_spec(k) for k in a.kernel] if a.kernel else default_specs(get_target(a.target))
     models = a.cpu_model or list(MODELS)
     sme = [s for s in specs if s.isa_info.vl_kind == "sme"]
@@ -131,7 +131,7 @@ def _cmd_analyze(a: argparse.Namespace) -> int:
                 print(x.row())
             print(f"({SME_LEGEND})")
     if a.plot:
-        from .plot import efficiency_chart
+        from .analysis.plot import efficiency_chart
         efficiency_chart(reports, models, a.plot)
     return 0
 
@@ -220,7 +220,7 @@ def _tune_measure(a: argparse.Namespace, tgt, rankings: dict) -> dict:
     import tempfile
     from .bench.report import BenchError, guest_cpu, join, parse_shape, run_harness
     from .build import build_library
-    from .tune import measured_ranking
+    from .analysis.tune import measured_ranking
     try:
         m, n, k = parse_shape(a.measure_shape)
     except BenchError as e:
@@ -271,10 +271,10 @@ def _tune_measure(a: argparse.Namespace, tgt, rankings: dict) -> dict:
 
 def _cmd_tune(a: argparse.Namespace) -> int:
     import json as _json
-    from .analyze import AnalyzeError
+    from .analysis.mca import AnalyzeError
     from .build import get_target
     from .build.tuned import reset_tuned, write_tuned
-    from .tune import REGIMES, TuneError, pick_pair, tune, tuned_entry
+    from .analysis.tune import REGIMES, TuneError, pick_pair, tune, tuned_entry
     tgt = get_target(a.target)
     if a.reset:
         path = reset_tuned(tgt, a.family, a.tuned_dir)
@@ -586,13 +586,13 @@ def main(argv: list[str] | None = None) -> int:
         from .emulate.cli import emulate_main
         return emulate_main(argv[1:])
     a = _parser().parse_args(argv)
-    from .analyze import AnalyzeError
+    from .analysis.mca import AnalyzeError
     from .build import BuildError, TargetError, ToolchainError
     from .records import SpecError
     from .layout import LayoutError
-    from .plot import PlotError
+    from .analysis.plot import PlotError
     from .runtime.library import LoadError
-    from .tune import TuneError
+    from .analysis.tune import TuneError
     from .export.kleidiai import ExportError
     from .bench.report import BenchError
     try:

@@ -231,7 +231,7 @@ FAMILIES: dict[str, FamilyInfo] = {
     ),
     # ggml's K-quants (issue #24): Q8_K-style activations (q8kp: int8 per row per 256-k
     # super-block, f32 d, sub-block sums) against lossless repacks of ggml block_q4_K / block_q6_K
-    # (docs/layouts.md#q8kp, #q4kp, #q6kp; arithmetic: tilegen.reference_kquant).  The ISAs
+    # (docs/layouts.md#q8kp, #q4kp, #q6kp; arithmetic: tilegen.reference.kquant).  The ISAs
     # are added with their kernels.
     "q4_K": FamilyInfo(name="q4_K", lhs="q8kp", rhs="q4kp",
                        impls={**_kquant_impls("q4k"), **_kquant_sve_impls("q4k"),

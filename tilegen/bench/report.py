@@ -1,6 +1,6 @@
 """``tilegen bench`` on the host: build the clock routines, run the harness on the Arm CPU
 (in-process on aarch64, in the guest Python under qemu elsewhere), join its timings with the
-llvm-mca model of each kernel (:mod:`tilegen.analyze`, host side), print a table or JSON.
+llvm-mca model of each kernel (:mod:`tilegen.analysis.mca`, host side), print a table or JSON.
 
 The JSON document (``SCHEMA_ID``) is described key by key in :data:`SCHEMA` and in
 docs/cli.md; :func:`check_schema` checks a document against it.
@@ -15,7 +15,7 @@ import sys
 import tempfile
 from pathlib import Path
 
-from ..analyze import AnalyzeError, analyze
+from ..analysis.mca import AnalyzeError, analyze
 from ..build.targets import get_target
 from ..build.toolchain import ToolchainError, discover
 from ..generator.render import render_template

@@ -130,7 +130,7 @@ class PackedLayout:
     #: the ISA of that streaming packer ("sme", or "sme2" where it uses SME2 instructions)
     packer_sme_isa: ClassVar[str] = "sme"
     #: the smallest SVL (bits) from which the streaming packer takes fewer instructions per
-    #: packed element than the NEON one (SME static model, tilegen.analyze_sme.packer_mix; a
+    #: packed element than the NEON one (SME static model, tilegen.analysis.sme.packer_mix; a
     #: test recomputes it): the runtime packs with the streaming twin from there on
     packer_sme_from_svl: ClassVar[int] = 128
     #: KleidiAI's verb in the packer's name: ``<verb>_<label>..._f32_neon``

@@ -24,7 +24,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from ..reference import fma_f32
+from ..reference.f32 import fma_f32
 from .base import (ColumnGroups, LayoutError, PackedLayout, RhsGroups, ScaleBlocks, check_pos,
                    eval_expr, rows_index)
 from .bf16 import bf16_to_f32, f32_to_bf16_rne

@@ -11,7 +11,7 @@ Strategies, by tile:
           pair to one accumulator lane per column, so each column is one chain in k order.
 
 Both keep one accumulation chain per output starting at the bias, one rounded k-pair at a time
-in k order (tilegen.reference_bf16).
+in k order (tilegen.reference.bf16).
 """
 from __future__ import annotations
 

@@ -1,5 +1,5 @@
 """Register allocation of the K-quant kernels of family ``q4_K`` (LHS ``q8kp``, RHS ``q4kp``;
-the arithmetic of docs/specs.md#q4_k and tilegen.reference_kquant) on NEON V registers.
+the arithmetic of docs/specs.md#q4_k and tilegen.reference.kquant) on NEON V registers.
 
 One super-block (SB, 256 k) is one iteration of the kernel's k loop, its 8 sub-blocks of 32 k
 unrolled.  Per accumulator unit (a register of int32 sums):

@@ -1,5 +1,5 @@
 """Register allocation of the q4_K SME2 kernels (family ``q4_K``, LHS ``q8kp``, RHS ``q4kp`` at
-kr = 4, sr = 2; arithmetic of tilegen.reference_kquant), streaming mode, VL = SVL.
+kr = 4, sr = 2; arithmetic of tilegen.reference.kquant), streaming mode, VL = SVL.
 
 ``gemm`` (tile 1vl x nu vl, nu = 1 or 2; template q4k_sme2.S.j2): per 4-k chunk and column
 vector, the RHS bytes widen to int16 (LD1B .h), the low / high nibbles (AND, LSR) are multiplied

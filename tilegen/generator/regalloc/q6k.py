@@ -1,5 +1,5 @@
 """Register allocation of the K-quant kernels of family ``q6_K`` (LHS ``q8kp``, RHS ``q6kp``;
-the arithmetic of tilegen.reference_kquant) on NEON V registers.
+the arithmetic of tilegen.reference.kquant) on NEON V registers.
 
 One super-block (SB, 256 k) is one iteration of the kernel's k loop, its 16 sub-blocks of 16 k
 unrolled in the order 0, 8, 1, 9, ..., 7, 15 (sub-blocks j and j + 8 share the high-plane

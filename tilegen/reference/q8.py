@@ -8,8 +8,8 @@ from __future__ import annotations
 
 import numpy as np
 
-from .layout.lhs_int8 import QAI8DXP
-from .layout.rhs_int8 import QSI8CXP
+from ..layout.lhs_int8 import QAI8DXP
+from ..layout.rhs_int8 import QSI8CXP
 
 __all__ = ["matmul_qai8dxp_qsi8cxp"]
 

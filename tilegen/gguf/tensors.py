@@ -6,8 +6,8 @@ import struct
 
 import numpy as np
 
-from .runtime.errors import ArgumentError, LoadError
-from .runtime.packed import PackedWeights
+from ..runtime.errors import ArgumentError, LoadError
+from ..runtime.packed import PackedWeights
 
 __all__ = ["load_tensor", "tensor_names"]
 
@@ -48,7 +48,7 @@ def load_tensor(path, name: str, lib=None, *, nr: int | None = None) -> PackedWe
     q4_K / q6_K: nr 4, kr 16, the i8mm kernels' layouts) with ``nr`` replacing the default nr;
     ``lib.adopt`` repacks such weights for a library's kernels."""
     if nr is not None:
-        from .runtime.checks import positive_int
+        from ..runtime.checks import positive_int
         nr = positive_int("nr", nr)
     gguf, r = _reader(path)
     t = next((t for t in r.tensors if t.name == name), None)
@@ -69,8 +69,8 @@ def load_tensor(path, name: str, lib=None, *, nr: int | None = None) -> PackedWe
         raw = data.reshape(-1).view(np.uint8)
         if lib is not None:
             return lib.pack_weights(kind="q8_0", from_ggml=raw, n=n, k=k, nr=nr)
-        from .layout import LayoutError
-        from .layout.rhs_int8 import QSI8CXP
+        from ..layout import LayoutError
+        from ..layout.rhs_int8 import QSI8CXP
         lay = QSI8CXP(nr or 4, 8)
         try:
             data = lay.pack_from_ggml(raw, n, k)
@@ -83,8 +83,8 @@ def load_tensor(path, name: str, lib=None, *, nr: int | None = None) -> PackedWe
         raw = data.reshape(-1).view(np.uint8)
         if lib is not None:
             return lib.pack_weights(kind=kind, from_ggml=raw, n=n, k=k, nr=nr)
-        from .layout import LayoutError
-        from .layout.api import layout_for
+        from ..layout import LayoutError
+        from ..layout.api import layout_for
         lay = layout_for(fmt, nr=nr or 4, kr=16)
         try:
             data = lay.pack_from_ggml(raw, n, k)
@@ -96,7 +96,7 @@ def load_tensor(path, name: str, lib=None, *, nr: int | None = None) -> PackedWe
         kind = "f16" if t.tensor_type == T.F16 else "f32"
         if lib is not None:
             return lib.pack_weights(w, kind=kind, nr=nr)
-        from .layout.f32 import F32PackedRHS
+        from ..layout.f32 import F32PackedRHS
         lay = F32PackedRHS(nr or 16)
         return PackedWeights(lay, n, k, lay.pack(w.astype(np.float32)), False, kind)
     raise ArgumentError(f"tensor {name!r} is {T(t.tensor_type).name}; supported: Q4_0, Q4_K, Q6_K, Q8_0, "

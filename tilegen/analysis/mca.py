@@ -23,11 +23,11 @@ import shutil
 import subprocess
 from dataclasses import dataclass
 
-from .analyze_sme import expand
-from .generator.render import render
-from .generator.spec import KernelSpec
-from .generator.validate import as_spec
-from .records import ISAS
+from .sme import expand
+from ..generator.render import render
+from ..generator.spec import KernelSpec
+from ..generator.validate import as_spec
+from ..records import ISAS
 
 __all__ = ["AnalyzeError", "LoopReport", "InstructionMix", "KReport", "hot_loop", "analyze",
            "per_k", "instruction_mix", "mca_tool", "MODELS", "MAC_MNEMONICS", "MODEL_SVE_VL"]

@@ -14,12 +14,12 @@ from __future__ import annotations
 
 import numpy as np
 
-from .layout.bf16 import bf16_to_f32
-from .layout.f16 import F16PLhs2
-from .layout.ggml import f16_bits_to_f32
-from .layout.lhs_int8 import QAI8DXP, QSI8D32P
-from .layout.rhs_int4 import QSI4C32P, QSI4C32PS1S0ScaleF16, QSI4C32PScaleF16
-from .reference import fma_f32
+from ..layout.bf16 import bf16_to_f32
+from ..layout.f16 import F16PLhs2
+from ..layout.ggml import f16_bits_to_f32
+from ..layout.lhs_int8 import QAI8DXP, QSI8D32P
+from ..layout.rhs_int4 import QSI4C32P, QSI4C32PS1S0ScaleF16, QSI4C32PScaleF16
+from .f32 import fma_f32
 
 __all__ = ["matmul_qai8dxp_qsi4c32p", "matmul_qsi8d32p_qsi4c32pscalef16",
            "matmul_f16p_qsi4c32ps1s0"]

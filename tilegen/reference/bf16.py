@@ -27,7 +27,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from .layout.bf16 import bf16_to_f32
+from ..layout.bf16 import bf16_to_f32
 
 __all__ = ["rto32_add", "matmul_bf16", "matmul_bf16_f64"]
 

@@ -453,8 +453,8 @@ def _hot(text: str) -> tuple[list[str], int]:
 
 def sme_report(spec, block_svl: int = 512) -> SmeReport:
     """Instruction mix of one SME kernel's hot loop (and 32-k block, quantized families)."""
-    from .generator.render import render
-    from .generator.validate import as_spec
+    from ..generator.render import render
+    from ..generator.validate import as_spec
     spec = as_spec(spec)
     text = render(spec).text
     insns, k = _hot(text)
@@ -612,7 +612,7 @@ def packer_mix(spec, svl: int) -> PackerMix:
     x 8 values, the same at every SVL), or the streaming twin's pass over a whole row block
     (its marked block: units x SVL/32 rows x 4/units chunks of SVL/32 granules of kr values,
     every inner loop run its trips)."""
-    from .generator.packers import render
+    from ..generator.packers import render
     text = render(spec)
     if spec.streaming:
         dyn = expand(_region_lines(text, "tilegen:block-begin", "tilegen:block-end"), svl)
@@ -660,7 +660,7 @@ def packer_call_insns(spec, svl: int, m: int, k: int) -> int:
     rows (m = 1); streaming: the pass over the row block (4/units chunks of SVL/32 granules of
     kr values), once per pass (m = 1: one row loaded per pass; the skipped row groups' set-up counted, an
     upper bound)."""
-    from .generator.packers import render
+    from ..generator.packers import render
     text = render(spec)
     rows = svl // 32
     mr = spec.mr * rows

@@ -18,16 +18,16 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field, replace
 from typing import Iterable, Sequence
 
-from .analyze import MODEL_SVE_VL, AnalyzeError, LoopReport, analyze, mca_tool
-from .build.defaults import default_specs
-from .build.targets import TARGETS, Target
-from .build.tuned import TunedFamily
-from .generator.regalloc import allocate
-from .generator.spec import KernelSpec
-from .generator.validate import validate
-from .layout.base import rhs_identity
-from .layout.base import rhs_layout_for
-from .records import FAMILIES, ISAS, SpecError
+from .mca import MODEL_SVE_VL, AnalyzeError, LoopReport, analyze, mca_tool
+from ..build.defaults import default_specs
+from ..build.targets import TARGETS, Target
+from ..build.tuned import TunedFamily
+from ..generator.regalloc import allocate
+from ..generator.spec import KernelSpec
+from ..generator.validate import validate
+from ..layout.base import rhs_identity
+from ..layout.base import rhs_layout_for
+from ..records import FAMILIES, ISAS, SpecError
 
 __all__ = ["TuneError", "Candidate", "Score", "Ranking", "Pair", "REGIMES", "tunable_isas",
            "candidates", "distinct", "score", "rank", "rank_key", "tune", "pick_pair", "best_of", "tuned_entry", "clear_cache",

@@ -13,7 +13,7 @@ class PlotError(RuntimeError):
 
 def efficiency_chart(reports: Sequence, models: Sequence[str], path: str | os.PathLike) -> None:
     """Write a PNG bar chart of hot-loop efficiency per kernel, one bar per llvm-mca model
-    (``reports``: :class:`tilegen.analyze.LoopReport`; a kernel without a report for a model
+    (``reports``: :class:`tilegen.analysis.mca.LoopReport`; a kernel without a report for a model
     gets no bar)."""
     try:
         import matplotlib

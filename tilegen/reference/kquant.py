@@ -39,10 +39,10 @@ from __future__ import annotations
 
 import numpy as np
 
-from .layout.ggml import (QK_K, check_superblocks, dequantize_q4_k, dequantize_q6_k, split_q4_k,
+from ..layout.ggml import (QK_K, check_superblocks, dequantize_q4_k, dequantize_q6_k, split_q4_k,
                           split_q6_k)
-from .layout.kquant import Q4KP, Q6KP, Q8KP
-from .reference import fma_f32
+from ..layout.kquant import Q4KP, Q6KP, Q8KP
+from .f32 import fma_f32
 
 __all__ = ["matmul_q8kp_q4kp", "matmul_q8kp_q6kp", "matmul_tilegen", "quantize_q8_k",
            "matmul_ggml", "matmul_f64_kquant", "dequantize_kquant", "error_summary",
