@@ -462,6 +462,21 @@ def test_cli_export(tmp_path, capsys):
     assert (tmp_path / "t" / "CMakeLists.txt").is_file()
     assert (tmp_path / "t" / "kai" / "kai_common.h").is_file()
     assert main(["export", "kleidiai", "--target", "nonesuch", "-o", str(tmp_path / "u")]) == 2
+    capsys.readouterr()
+    # the patch alone: the one the tree carries, for the same preset and --tuned
+    assert main(["export", "llama-patch", "--target", "neoverse-v2", "--tuned", "-o",
+                 str(tmp_path / "v2.patch")]) == 0
+    out = capsys.readouterr().out
+    assert "q6_K i8mm: q6_K:i8mm:32x4 + q6_K:i8mm:1x4  [tuned]" in out
+    assert (tmp_path / "v2.patch").read_text() == K.llama_patch("neoverse-v2", True)
+    assert main(["export", "kleidiai", "--target", "neoverse-v2", "--tuned", "-o", str(tmp_path / "tv")]) == 0
+    assert "kai_run_matmul_clamp_f32_q8kp4x8_q6kp4x8_32x4_neon_i8mm: q6_K:i8mm:32x4 (asm)  [K-quant, " \
+        "llama-kquants.patch, tuned]" in capsys.readouterr().out
+    assert (tmp_path / "tv" / K.LLAMA_PATCH).read_text() == (tmp_path / "v2.patch").read_text()
+    assert main(["export", "llama-patch", "-o", str(tmp_path / "d.patch")]) == 0
+    assert (tmp_path / "d.patch").read_text() == FIXTURE_PATCH.read_text()
+    assert main(["export", "llama-patch", "-o", str(tmp_path / "no" / "such" / "x.patch")]) == 2
+    assert "cannot write" in capsys.readouterr().err
 
 
 # llama.cpp's kernels.cpp tables: (gemm, gemm LHS packer, gemv, gemv LHS packer, RHS packer,
@@ -653,65 +668,323 @@ def _kq_packer(gemm: str) -> tuple[str, str]:
     return ("q4_K", "rhs_pack_nxk_q4kp_q4k") if "_q4kp" in gemm else ("q6_K", "rhs_pack_nxk_q6kp_q6k")
 
 
-@pytest.mark.parametrize("entry", K.KQUANT_ENTRIES, ids=lambda e: e[0])
-def test_kquant_entry_end_to_end_bit_exact(kai_so, entry):
-    """A K-quant entry of the patched kernels.cpp as kleidiai.cpp drives it (geometry from the
-    getters; RHS from ggml blocks by the exported C repack at the gemm's nr/kr, LHS by the C
-    q8kp quantiser at each kernel's mr/kr): gemm (m = 13) and gemv (m = 1) equal
+def _kquant_entry_bit_exact(g, so, gemm_kk, gemv_kk, seed: int):
+    """One K-quant table entry as kleidiai.cpp drives it (geometry from the getters, checked
+    first; RHS from ggml blocks by the exported C repack at the gemm's nr/kr, LHS by the C q8kp
+    quantiser at each kernel's mr/kr): gemm (m = 13, 2 VL + 1) and gemv (m = 1) equal
     tilegen.reference.kquant's arithmetic on the numpy packers' bytes, bit for bit."""
     from tilegen.layout.ggml import random_q4_k, random_q6_k
     from tilegen.reference.kquant import matmul_tilegen
-    gemm, gemv = entry
-    kind, packer = _kq_packer(gemm)
-    g = guest("max", None, SVL_BITS)
+    kind, packer = _kq_packer(gemm_kk.name)
     vl = SVL_BITS // 8
-    rng = np.random.default_rng(25)
-    byname = {kk.name: kk for kk in K.KQUANT_KERNELS}
-    gspec = byname[gemm].kernel_spec
+    rng = np.random.default_rng(seed)
+    gspec = gemm_kk.kernel_spec
     rlay = rhs_layout_for(gspec, 32, vl if gspec.vl_scaled else None)
     for n, k in ((37, 512), (8, 256), (2 * rlay.nr + 3, 256)):
         raw = (random_q4_k if kind == "q4_K" else random_q6_k)(n, k, int(rng.integers(1 << 30)))
-        for kern, m in ((gemm, 13), (gemv, 1), (gemm, 2 * vl + 1)):
-            kk = byname[kern]
+        for kk, m in ((gemm_kk, 13), (gemv_kk, 1), (gemm_kk, 2 * vl + 1)):
             spec = kk.kernel_spec
-            _getters_match(g, kk, kai_so, vl if spec.vl_scaled else None)
+            _getters_match(g, kk, so, vl if spec.vl_scaled else None)
             x = (rng.normal(size=(m, k)) * rng.uniform(0.1, 10.0, size=(m, 1))).astype(np.float32)
-            got = g.call("guest_kai:llama_flow", kai_so, kern, "packed", gemm,
+            got = g.call("guest_kai:llama_flow", so, kk.name, "packed", gemm_kk.name,
                          "lhs_quant_pack_q8kp_f32", False, packer, "kq", x, dict(raw=raw, n=n))
             want = matmul_tilegen(kind, x, raw, n,
                                   mr=lhs_layout_for(spec, 32, vl if spec.vl_scaled else None).mr,
                                   nr=rlay.nr, kr=gspec.kr)
             assert np.array_equal(np.asarray(got, np.float32).view(np.uint32),
-                                  want.astype(np.float32).view(np.uint32)), (kern, m, n, k)
+                                  want.astype(np.float32).view(np.uint32)), (kk.name, m, n, k)
+
+
+@pytest.mark.parametrize("entry", K.KQUANT_DEFAULT, ids=lambda e: e.gemm.name)
+def test_kquant_entry_end_to_end_bit_exact(kai_so, entry):
+    """Each K-quant entry of the default export's patched kernels.cpp (_kquant_entry_bit_exact)."""
+    _kquant_entry_bit_exact(guest("max", None, SVL_BITS), kai_so, entry.gemm, entry.gemv, 25)
 
 
 def test_kquant_patch_is_defined_and_touches_only_the_backend():
-    """Every kai_ function llama-kquants.patch adds a call to is defined by the tree (the
-    K-quant ukernels and packers), every K-quant ukernel is in the patch's tables, and the patch
-    touches only ggml/src/ggml-cpu/kleidiai/."""
-    files = K.export_files()
-    syms = K.kquant_symbols()
-    assert syms and not set(syms) - K.defined_functions(files)
-    assert {f.path for f in files} >= {"llama-kquants.patch"}
-    text = K.LLAMA_PATCH.read_text()
-    for kk in K.KQUANT_KERNELS:
-        assert f"kai_run_{kk.name}>" in text, kk.name
-    touched = re.findall(r"^\+\+\+ b/(\S+)", text, flags=re.M)
-    assert touched and all(t.startswith("ggml/src/ggml-cpu/kleidiai/") for t in touched), touched
+    """Every kai_ function the tree's llama-kquants.patch adds a call to is defined by the tree
+    (the K-quant ukernels and packers), every K-quant ukernel is in the patch's tables, and the
+    patch touches only ggml/src/ggml-cpu/kleidiai/ (default and tuned exports)."""
+    for target, tuned in _KQ_EXPORTS:
+        files = K.export_files(target, tuned)
+        text = {f.path: f.text for f in files}[K.LLAMA_PATCH]
+        syms = K.kquant_symbols(text)
+        assert syms and not set(syms) - K.defined_functions(files), (target, tuned)
+        assert K.missing_symbols(files) == [], (target, tuned)
+        for e in K.kquant_entries(target, tuned):
+            for kk in (e.gemm, e.gemv):
+                assert f"kai_run_{kk.name}>" in text, kk.name
+        touched = re.findall(r"^\+\+\+ b/(\S+)", text, flags=re.M)
+        assert touched and all(t.startswith("ggml/src/ggml-cpu/kleidiai/") for t in touched), touched
+
+
+# --------------------------------------------------------------------------------------------
+# llama-kquants.patch is generated (tilegen.export.llama): today's tile set gives the committed
+# hand-written patch (tests/data), its table is checked entry by entry, it applies to the
+# vendored llama.cpp, and --tuned tiles reach the kernel names, getters and table
+
+FIXTURE_PATCH = Path(__file__).resolve().parent / "data" / "llama-kquants.patch"
+#: the exports whose patches are checked: the default and every tuned preset
+_KQ_EXPORTS = [("linux-aarch64-all", False)] + [
+    (t, True) for t in ("neoverse-n1", "neoverse-n2", "neoverse-v1", "neoverse-v2")]
+
+
+def test_generated_patch_is_the_committed_one():
+    """The default export's generated patch is the hand-written one byte for byte (and the
+    package no longer carries a copy of it)."""
+    want = FIXTURE_PATCH.read_text()
+    assert K.llama_patch() == want
+    tree = {f.path: f.text for f in K.export_files("linux-aarch64-all")}
+    assert tree[K.LLAMA_PATCH] == want
+    assert {f.path: f.text for f in K.export_files("apple-m4")}[K.LLAMA_PATCH] == want
+    assert not (Path(K.__file__).parent / "llama-kquants.patch").exists()
+
+
+def _c_init(s: str, i: int) -> tuple[list, int]:
+    """The brace initialiser at s[i] == "{" as nested lists of its items (strings)."""
+    assert s[i] == "{", s[i:i + 40]
+    out, tok, i = [], "", i + 1
+    while s[i] != "}":
+        if s[i] == "{":
+            sub, i = _c_init(s, i)
+            out.append(sub)
+        elif s[i] == ",":
+            out += [tok.strip()] if tok.strip() else []
+            tok, i = "", i + 1
+        else:
+            tok, i = tok + s[i], i + 1
+    return out + ([tok.strip()] if tok.strip() else []), i + 1
+
+
+def kquant_table(patch: str) -> list[list]:
+    """The entries of gemm_gemv_kernels_kquant[] as the patched kernels.cpp has them (its added
+    lines, comments removed): per entry, in ggml_kleidiai_kernels' field order, the gemm's
+    function list, the gemm LHS info, the gemv's, the gemv LHS info, the RHS info, then
+    required_cpu, lhs_type, rhs_type, op_type."""
+    added = "\n".join(l[1:] for l in patch.splitlines() if l.startswith("+") and not l.startswith("+++"))
+    src = re.sub(r"/\*.*?\*/", "", added, flags=re.S)
+    at = re.search(r"gemm_gemv_kernels_kquant\[\]\s*=\s*", src)
+    assert at, "the patch has no gemm_gemv_kernels_kquant[] table"
+    table, _ = _c_init(src, at.end())
+    assert table and table[-1] == [], "the table ends with its sentinel"
+    return table[:-1]
+
+
+#: ggml's CPU features (kernels.h's cpu_feature) an entry for a kernel of each tilegen ISA
+#: requires, as llama.cpp's own tables write them (I8MM entries also ask for DOTPROD)
+_GGML_FEATURES = {"sme2": {"SME2"}, "i8mm": {"I8MM", "DOTPROD"}, "dotprod": {"DOTPROD"}}
+_KERNEL_SLOTS = ("get_m_step", "get_n_step", "get_mr", "get_nr", "get_kr", "get_sr",
+                 "get_dst_offset", "get_dst_size", "get_lhs_packed_offset", "get_rhs_packed_offset",
+                 "run")
+
+
+def kquant_table_errors(patch: str, specs: dict[str, str], packer_headers: dict[str, str]) -> list[str]:
+    """What is wrong with the patch's K-quant table: each entry's kernels (by position, every
+    getter and run function of one kernel), LHS packer, RHS packer and dequantiser against its
+    weight type and required CPU features.  ``specs``: kernel name -> spec string (the export
+    manifest); ``packer_headers``: packer name -> its header text (the layout it writes)."""
+    from tilegen.records import FAMILIES
+    from tilegen.layout.base import same_rhs
+    errors = []
+    by_type = {f.upper(): f for f in FAMILIES}
+    seen = []
+    for i, ent in enumerate(kquant_table(patch)):
+        gemm, gemm_lhs, gemv, gemv_lhs, rhs, req, lhs_type, rhs_type, op_type = ent
+        where = f"entry {i} ({rhs_type}, {req})"
+        fam = by_type.get(rhs_type.removeprefix("GGML_TYPE_"))
+        features = {f.strip().removeprefix("CPU_FEATURE_") for f in req.split("|")}
+        if fam is None or lhs_type != "GGML_TYPE_F32" or op_type != "GGML_TYPE_F32":
+            errors.append(f"{where}: types {lhs_type}, {rhs_type}, {op_type}")
+            continue
+        kspecs = []
+        for role, fns in (("gemm", gemm), ("gemv", gemv)):
+            names = set()
+            for slot, fn in zip(_KERNEL_SLOTS, fns):
+                m = re.fullmatch(rf"(?:&\w+<)?kai_{slot}_(matmul_clamp_f32_\w+?)>?", fn)
+                names.add(m[1] if m else f"<{fn} is not a {slot}>")
+            if len(fns) != len(_KERNEL_SLOTS) or len(names) != 1 or names - set(specs):
+                errors.append(f"{where}: {role} functions {fns} are not one exported kernel's")
+                continue
+            spec = tilegen.parse_spec(specs[names.pop()])
+            kspecs.append(spec)
+            if spec.family != fam:
+                errors.append(f"{where}: {role} {spec} is not a {fam} kernel")
+            if spec.is_gemv != (role == "gemv"):
+                errors.append(f"{where}: {role} {spec} is not a {role}")
+            if _GGML_FEATURES.get(spec.isa) != features:
+                errors.append(f"{where}: {role} {spec} ({spec.isa}) under CPU features {sorted(features)}")
+            lhs_fns = gemm_lhs if role == "gemm" else gemv_lhs
+            pk = [re.fullmatch(rf"(?:&\w+<)?kai_{s}_(\w+?)>?", f) for s, f in zip(
+                ("get_lhs_offset", "get_lhs_packed_offset", "get_lhs_packed_size", "run"), lhs_fns)]
+            pnames = {m[1] for m in pk if m}
+            cls = spec.lhs_layout_class
+            if (None in pk or len(pnames) != 1 or len(lhs_fns) != 4
+                    or f"({cls.__module__}.{cls.__name__})" not in packer_headers.get(pnames.pop(), "")):
+                errors.append(f"{where}: {role} LHS info {lhs_fns} does not pack {cls.__name__}")
+        if len(kspecs) == 2:
+            g, v = kspecs
+            if g.rhs_layout_class is not v.rhs_layout_class or not same_rhs(g, v):
+                errors.append(f"{where}: {g} and {v} do not read one packed RHS")
+            want = ["kai_get_rhs_packed_stride_{p}", "&rhs_to_float_fn6<kai_run_dequant_row_{p}>",
+                    "&rhs_ps_fn5<kai_get_rhs_packed_size_{p}>", "&rhs_stride_fn4<kai_get_rhs_packed_stride_{p}>",
+                    "&rhs_pack_fn13<kai_run_{p}>"]
+            m = re.fullmatch(r"kai_get_rhs_packed_stride_(\w+)", rhs[0]) if rhs else None
+            cls = g.rhs_layout_class
+            if (not m or rhs != [w.format(p=m[1]) for w in want]
+                    or f"({cls.__module__}.{cls.__name__})" not in packer_headers.get(m[1], "")):
+                errors.append(f"{where}: RHS info {rhs} does not pack and dequantise {cls.__name__}")
+            seen.append((fam, g.isa, features))
+    # one entry per (type, ISA); within a type no entry is shadowed by an earlier one that
+    # needs fewer features (the selection takes the first that runs)
+    keys = [(f, isa) for f, isa, _ in seen]
+    if len(set(keys)) != len(keys):
+        errors.append(f"duplicate entries: {keys}")
+    for a in range(len(seen)):
+        for b in range(a + 1, len(seen)):
+            if seen[a][0] == seen[b][0] and seen[a][2] < seen[b][2]:
+                errors.append(f"{seen[b][:2]} is shadowed by {seen[a][:2]}")
+    return errors
+
+
+def _table_inputs(files):
+    import json
+    tree = {f.path: f.text for f in files}
+    man = json.loads(tree[K.MANIFEST])
+    specs = {k["name"]: k["spec"] for k in man["kquant_kernels"]}
+    headers = {Path(p).stem[len("kai_"):]: t for p, t in tree.items()
+               if p.startswith("kai/ukernels/matmul/pack/") and p.endswith(".h")}
+    return tree[K.LLAMA_PATCH], specs, headers
+
+
+@pytest.mark.parametrize("target,tuned", _KQ_EXPORTS)
+def test_kquant_table_entries_match_their_types(target, tuned):
+    """#30 item 8(b): the patch's K-quant table, parsed as C, has one entry per weight type and
+    ISA slot whose kernels, LHS packers, RHS packer and dequantiser are that type's on that ISA
+    (default and tuned exports)."""
+    patch, specs, headers = _table_inputs(K.export_files(target, tuned))
+    table = kquant_table(patch)
+    assert len(table) == len(K.KQUANT_DEFAULT) == 6
+    assert kquant_table_errors(patch, specs, headers) == []
+
+
+def test_kquant_table_check_catches_miswiring():
+    """The table check fails on each wiring mistake a unit test used to miss: the Q4_K and
+    Q6_K gemv swapped (#30 item 8(b)), a gemm and a gemv swapped, two entries' CPU features
+    swapped, two entries' RHS packers swapped, one getter of another kernel."""
+    patch, specs, headers = _table_inputs(K.export_files())
+    by = {(e.family, e.isa): e for e in K.KQUANT_DEFAULT}
+
+    def swap(text, a, b):
+        return text.replace(a, "\0").replace(b, a).replace("\0", b)
+
+    q4, q6 = by["q4_K", "i8mm"], by["q6_K", "i8mm"]
+    lines = patch.split("\n")
+    cpu = [i for i, l in enumerate(lines) if "/* .required_cpu" in l]
+    rhs = [i for i, l in enumerate(lines) if "/* .to_float" in l]
+    mutants = {
+        "gemv Q4_K <-> Q6_K": swap(patch, q4.gemv.name, q6.gemv.name),
+        "gemm <-> gemv": swap(patch, q4.gemm.name, q4.gemv.name),
+        "required_cpu": "\n".join(swap_lines(lines, cpu[0], cpu[2])),
+        "to_float": "\n".join(swap_lines(lines, rhs[0], rhs[3])),
+        "one getter": patch.replace(f"kai_get_kr_{q4.gemm.name},", f"kai_get_kr_{by['q4_K', 'dotprod'].gemm.name},"),
+    }
+    for what, text in mutants.items():
+        assert text != patch, what
+        assert kquant_table_errors(text, specs, headers), f"{what}: the miswired table passes"
+
+
+def swap_lines(lines: list[str], a: int, b: int) -> list[str]:
+    out = list(lines)
+    out[a], out[b] = lines[b], lines[a]
+    return out
+
+
+def test_generated_patch_applies_to_llama_cpp(llama_cpp_src, tmp_path):
+    """Every generated patch (default and tuned presets) applies with patch -p1 --dry-run to
+    the vendored llama.cpp; applied, the default one gives the blob ids of its index lines
+    (git hash-object before and after), and a tuned one has no index line for a file whose
+    patched text differs (kernels.cpp)."""
+    rel = Path("ggml/src/ggml-cpu/kleidiai")
+    for target, tuned in _KQ_EXPORTS:
+        p = tmp_path / f"{target}-{tuned}.patch"
+        p.write_text(K.llama_patch(target, tuned))
+        _run(["patch", "-p1", "--dry-run", "-d", llama_cpp_src, "-i", p])
+    dst = tmp_path / "llama.cpp"
+    shutil.copytree(llama_cpp_src / rel, dst / rel)
+    text = K.llama_patch()
+    index = dict(re.findall(r"^diff --git a/(\S+) .*\nindex (\w+\.\.\w+) ", text, flags=re.M))
+    files = re.findall(r"^\+\+\+ b/(\S+)", text, flags=re.M)
+    assert sorted(index) == sorted(files) and len(files) == 3
+
+    def blob(path):
+        return _run(["git", "hash-object", dst / path]).stdout.strip()
+
+    before = {f: blob(f) for f in files}
+    (tmp_path / "d.patch").write_text(text)
+    _run(["patch", "-p1", "-d", dst, "-i", tmp_path / "d.patch"])
+    for f in files:
+        pre, post = index[f].split("..")
+        assert before[f].startswith(pre) and blob(f).startswith(post), (f, index[f])
+    tuned = K.llama_patch("neoverse-v2", True)
+    assert tuned != text
+    assert re.findall(r"^index .*", tuned, flags=re.M) == re.findall(r"^index .*", text, flags=re.M)[1:]
+
+
+def test_tuned_kquant_tiles_reach_names_getters_and_table():
+    """--tuned: a preset's tuned K-quant pair replaces the entry of its family and ISA (the
+    kernel names follow the tile: there is no KleidiAI name to keep) where both kernels still
+    read one packed RHS; the tree has the tuned kernels' headers, getters (m_step = the tuned
+    mr), run functions and assembly, and the patch's table names them.  Tuned tiles of an ISA
+    the table has no slot for (SVE) leave the entry as it is."""
+    import json
+    from tilegen.build.tuned import read_tuned
+    from tilegen.build.targets import get_target
+    want = {"neoverse-v2": {("q6_K", "i8mm"): ("q6_K:i8mm:32x4", "q6_K:i8mm:1x4")},
+            "neoverse-n1": {("q4_K", "dotprod"): ("q4_K:dotprod:12x4", "q4_K:dotprod:1x4"),
+                            ("q6_K", "dotprod"): ("q6_K:dotprod:32x4", "q6_K:dotprod:1x4")}}
+    for target, changed in want.items():
+        tf = read_tuned(get_target(target))
+        for (fam, isa), pair in changed.items():      # the committed tuned file's pair
+            assert (tf.families[fam].gemm.spec_string, tf.families[fam].gemv.spec_string) == pair
+        for tuned in (True, "pairs"):
+            entries = K.kquant_entries(target, tuned)
+            got = {(e.family, e.isa): (e.gemm.spec, e.gemv.spec) for e, d in zip(entries, K.KQUANT_DEFAULT)
+                   if e != d}
+            assert got == changed, (target, tuned)
+            files = {f.path: f.text for f in K.export_files(target, tuned, include_packers=False)}
+            man = json.loads(files[K.MANIFEST])
+            assert [k["spec"] for k in man["kquant_kernels"]] == [
+                s for e in entries for s in (e.gemm.spec, e.gemv.spec)]
+            patch = files[K.LLAMA_PATCH]
+            for e in entries:
+                for kk in (e.gemm, e.gemv):
+                    spec = kk.kernel_spec
+                    assert kk.name == spec.name
+                    assert f'#include "{kk.header}"' in patch and f"kai_run_{kk.name}>" in patch
+                    src = files[kk.source]
+                    assert re.search(rf"kai_get_m_step_{kk.name}\(void\) \{{\n    return {spec.mr};", src) \
+                        or spec.mr_vl, kk.name
+                    assert f"    tilegen_{spec.name}(" in src
+                    assert f"kai/ukernels/matmul/tilegen/tilegen_{spec.name}.S" in files
+            assert all(f"kai_run_{K.KQUANT_DEFAULT[i].gemm.name}>" not in patch
+                       for i, e in enumerate(entries) if e.gemm != K.KQUANT_DEFAULT[i].gemm)
+    # a preset whose tuned q4_K pair is SVE keeps the default q4_K entries
+    assert all(e == d for e, d in zip(K.kquant_entries("neoverse-v2", True), K.KQUANT_DEFAULT)
+               if e.family == "q4_K")
 
 
 @pytest.mark.parametrize("src", ["kernels.cpp", "kleidiai.cpp"])
 def test_patched_llama_cpp_glue_compiles(built, llama_kai, cross_sysroot, tmp_path, src):
-    """llama-kquants.patch applies with patch -p1 to the vendored llama.cpp and its kernels.cpp
-    and kleidiai.cpp compile against the tree."""
+    """The tree's llama-kquants.patch applies with patch -p1 to the vendored llama.cpp and its
+    kernels.cpp and kleidiai.cpp compile against the tree."""
     root, lib, tc, _ = built
     ggml = llama_kai.parents[2]
     top = ggml.parent
     dst = tmp_path / "llama.cpp"
     kai_rel = llama_kai.relative_to(top)
     shutil.copytree(llama_kai, dst / kai_rel)
-    _run(["patch", "-p1", "--dry-run", "-d", top, "-i", K.LLAMA_PATCH])
-    _run(["patch", "-p1", "-d", dst, "-i", K.LLAMA_PATCH])
+    _run(["patch", "-p1", "--dry-run", "-d", top, "-i", root / K.LLAMA_PATCH])
+    _run(["patch", "-p1", "-d", dst, "-i", root / K.LLAMA_PATCH])
     _run([*tc.driver, *tc.target_flags, "-x", "c++", "-std=c++17", "-fsyntax-only", "-Wall",
           f"--sysroot={cross_sysroot}", "-DGGML_USE_CPU_KLEIDIAI", f"-I{ggml / 'include'}",
           f"-I{ggml / 'src'}", f"-I{ggml / 'src' / 'ggml-cpu'}", f"-I{dst / kai_rel}", f"-I{root}",

@@ -11,6 +11,7 @@ import numpy as np
 import pytest
 
 from tilegen.emulate import provision
+from tilegen.export.kleidiai import llama_patch
 
 REPO = Path(__file__).resolve().parents[1]
 SHARED = Path(__file__).resolve().parents[2] / "shared"
@@ -247,7 +248,9 @@ def test_the_patched_tree_keeps_ccache_paths(tmp_path, monkeypatch, llama_cpp_sr
     shutil.copytree(llama_cpp_src / kai, src / kai)
     (src / "README.md").write_text("untouched\n")
     before = {p.name: p.read_bytes() for p in (src / kai).iterdir()}
-    dst, proot = lc.patched_source(src, lc.KQUANTS_PATCH)
+    patch = tmp_path / lc.KQUANTS_PATCH
+    patch.write_text(llama_patch())           # what the export tree carries
+    dst, proot = lc.patched_source(src, patch)
     assert proot.parent == root and dst == proot / src.relative_to(root)
     assert os.path.relpath(dst, proot / "0.3.36-on-x" / "build") == \
         os.path.relpath(src, root / "0.3.36-on-x" / "build")
@@ -255,4 +258,4 @@ def test_the_patched_tree_keeps_ccache_paths(tmp_path, monkeypatch, llama_cpp_sr
     assert b"kleidiai_is_kquant" in (dst / kai / "kleidiai.cpp").read_bytes()
     assert os.stat(dst / "README.md").st_ino == os.stat(src / "README.md").st_ino
     assert os.stat(dst / kai / "kernels.cpp").st_ino != os.stat(src / kai / "kernels.cpp").st_ino
-    assert lc.patched_source(src, lc.KQUANTS_PATCH) == (dst, proot)
+    assert lc.patched_source(src, patch) == (dst, proot)

@@ -390,10 +390,28 @@ def _cmd_check_abi(a: argparse.Namespace) -> int:
 
 
 def _cmd_export(a: argparse.Namespace) -> int:
-    from .export.kleidiai import write_tree
-    if a.what != "kleidiai":
-        raise CliError(f"unknown export {a.what!r}; known: kleidiai")
-    m = write_tree(a.output, target=a.target, tuned="pairs" if a.tuned_pairs else a.tuned)
+    from .export.kleidiai import kquant_entries, llama_patch, write_tree
+    if a.what not in ("kleidiai", "llama-patch"):
+        raise CliError(f"unknown export {a.what!r}; known: kleidiai, llama-patch")
+    tuned = "pairs" if a.tuned_pairs else a.tuned
+    if a.what == "llama-patch":
+        text = llama_patch(a.target, tuned)
+        entries = [dict(type=e.family, isa=e.isa, gemm=e.gemm.spec, gemv=e.gemv.spec,
+                        tuned=e.gemm.note.startswith("tuned") or e.gemv.note.startswith("tuned"))
+                   for e in kquant_entries(a.target, tuned)]
+        try:
+            Path(a.output).write_text(text)
+        except OSError as e:
+            raise CliError(f"cannot write {a.output}: {e.strerror or e}") from None
+        if a.json:
+            print(json.dumps({"patch": a.output, "entries": entries}, indent=2))
+            return 0
+        for e in entries:
+            print(f"{e['type']} {e['isa']}: {e['gemm']} + {e['gemv']}" + ("  [tuned]" if e["tuned"] else ""))
+        print(f"{a.output}: llama.cpp patch, {len(entries)} table entries "
+              f"(apply from llama.cpp's root: patch -p1 < {a.output})")
+        return 0
+    m = write_tree(a.output, target=a.target, tuned=tuned)
     if a.json:
         print(json.dumps(m, indent=2))
         return 0
@@ -401,7 +419,8 @@ def _cmd_export(a: argparse.Namespace) -> int:
         tuned = "  [tuned]" if k["note"].startswith("tuned") else ""
         print(f"kai_run_{k['name']}: {k['spec']} ({k['impl']}){tuned}")
     for k in m["kquant_kernels"]:
-        print(f"kai_run_{k['name']}: {k['spec']} ({k['impl']})  [K-quant, llama-kquants.patch]")
+        mark = ", tuned" if k["note"].startswith("tuned") else ""
+        print(f"kai_run_{k['name']}: {k['spec']} ({k['impl']})  [K-quant, llama-kquants.patch{mark}]")
     print(f"{a.output}: {m['functions']} of {m['functions'] + len(m['missing_llama'])} llama.cpp kai_ "
           f"functions defined; {m['kquant_functions']} of "
           f"{m['kquant_functions'] + len(m['missing']) - len(m['missing_llama'])} that "
@@ -560,8 +579,10 @@ def _parser() -> argparse.ArgumentParser:
     ca.set_defaults(fn=_cmd_check_abi)
 
     ex = sub.add_parser("export", help="write a source tree other builds use in place of a library "
-                                       "(kleidiai: KleidiAI v1.24.0 for llama.cpp)")
-    ex.add_argument("what", choices=("kleidiai",), help="what to export")
+                                       "(kleidiai: KleidiAI v1.24.0 for llama.cpp, with the "
+                                       "llama.cpp patch for its K-quant kernels; llama-patch: "
+                                       "that patch alone)")
+    ex.add_argument("what", choices=("kleidiai", "llama-patch"), help="what to export")
     ex.add_argument("--target", default="linux-aarch64-all",
                     help="CPU preset: object format, and the tuned tiles of --tuned "
                          "(default linux-aarch64-all)")
@@ -572,7 +593,8 @@ def _parser() -> argparse.ArgumentParser:
                     help="--tuned, and a tuned gemm+gemv pair sharing its packed RHS replaces both "
                          "kernels of a llama.cpp table entry (same LHS layouts and RHS format, "
                          "other nr; llama.cpp packs with the getters' nr/kr/sr)")
-    ex.add_argument("-o", "--output", required=True, metavar="DIR", help="root of the tree")
+    ex.add_argument("-o", "--output", required=True, metavar="PATH",
+                    help="root of the tree (kleidiai), the patch file (llama-patch)")
     ex.add_argument("--json", action="store_true", help="print the export manifest as JSON")
     ex.set_defaults(fn=_cmd_export)
 

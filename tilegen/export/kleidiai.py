@@ -43,12 +43,13 @@ from ..generator.spec import KernelSpec
 from ..generator.validate import parse_spec
 from ..layout import lhs_layout_for, rhs_layout_for
 from ..layout.base import c_expr, eval_expr, same_rhs
-from . import packers_c
+from . import llama, packers_c
 from .files import ExportFile
 
 __all__ = ["KAI_VERSION", "Abi", "ABIS", "KaiKernel", "KERNELS", "kai_symbols", "export_files", "ExportFile",
            "write_tree", "missing_symbols", "tuned_pair_overrides", "ENTRIES", "packer_files", "mapping_table", "tuned_overrides",
-           "ExportError", "KQUANT_KERNELS", "KQUANT_ENTRIES", "LLAMA_PATCH", "kquant_symbols"]
+           "ExportError", "KQUANT_KERNELS", "KQUANT_ENTRIES", "KQUANT_DEFAULT", "KQuantEntry",
+           "LLAMA_PATCH", "kquant_symbols", "kquant_entries", "llama_entry", "llama_patch"]
 
 KAI_VERSION = "1.24.0"
 MANIFEST = "TILEGEN_EXPORT.json"
@@ -206,24 +207,44 @@ def _kq(abi: str, spec: str, note: str) -> KaiKernel:
     return KaiKernel(parse_spec(spec).name, abi, spec, note=note)
 
 
-#: tilegen's K-quant micro-kernels in the same getter/run shape, which llama.cpp's KleidiAI
-#: backend calls once tilegen/export/llama-kquants.patch is applied: per weight type a gemm and
-#: a gemv on one packed RHS (packed at the gemm's nr/kr), SME2 (tiles in SVL units, kr 4), I8MM
-#: (SMMLA, kr 16) and DOTPROD (SDOT, kr 8).  The LHS is q8kp (kai_lhs_quant_pack_q8kp_f32), the RHS q4kp / q6kp repacked from
-#: ggml's blocks (kai_rhs_pack_nxk_q4kp_q4k, kai_rhs_pack_nxk_q6kp_q6k).
-KQUANT_KERNELS: tuple[KaiKernel, ...] = tuple(
-    _kq(f"q8kp_{rhs}", f"{fam}:{isa}:{tile}", note)
-    for fam, rhs in (("q4_K", "q4kp"), ("q6_K", "q6kp"))
-    for isa, tile, note in (("sme2", "1vlx2vl", "gemm, int16 SMOPA"),
-                            ("sme2", "1x2vl", "gemv, ZA-array SDOT"),
-                            ("i8mm", "8x4", "gemm, SMMLA"), ("i8mm", "1x4", "gemv, SMMLA"),
-                            ("dotprod", "8x4", "gemm, SDOT by lane"),
-                            ("dotprod", "1x4", "gemv, SDOT by lane")))
-#: (gemm, gemv) sharing one packed RHS, as the patch's kernels table pairs them
-KQUANT_ENTRIES: tuple[tuple[str, str], ...] = tuple(
-    (KQUANT_KERNELS[i].name, KQUANT_KERNELS[i + 1].name) for i in range(0, len(KQUANT_KERNELS), 2))
-#: the llama.cpp patch that calls them (ggml/src/ggml-cpu/kleidiai/ only), shipped in the tree
-LLAMA_PATCH = Path(__file__).resolve().parent / "llama-kquants.patch"
+#: the default K-quant tiles of the llama.cpp table, per ISA slot (llama.LLAMA_ISAS order):
+#: (ISA, gemm tile, its note, gemv tile, its note); per weight family of llama.LLAMA_FAMILIES
+_KQ_TILES = (("sme2", "1vlx2vl", "gemm, int16 SMOPA", "1x2vl", "gemv, ZA-array SDOT"),
+             ("i8mm", "8x4", "gemm, SMMLA", "1x4", "gemv, SMMLA"),
+             ("dotprod", "8x4", "gemm, SDOT by lane", "1x4", "gemv, SDOT by lane"))
+
+
+@dataclass(frozen=True)
+class KQuantEntry:
+    """One entry of the patch's K-quant table: a gemm and a gemv of ``family`` on ``isa``
+    reading one packed RHS (packed at the gemm's nr/kr)."""
+
+    family: str
+    isa: str
+    gemm: KaiKernel
+    gemv: KaiKernel
+
+
+def _kq_abi(family: str) -> str:
+    return f"{FAMILIES[family].lhs}_{FAMILIES[family].rhs}"
+
+
+#: the default entries: per weight type a gemm and a gemv on one packed RHS, SME2 (tiles in SVL
+#: units, kr 4), I8MM (SMMLA, kr 16) and DOTPROD (SDOT, kr 8).  The LHS is q8kp
+#: (kai_lhs_quant_pack_q8kp_f32), the RHS q4kp / q6kp repacked from ggml's blocks
+#: (kai_rhs_pack_nxk_q4kp_q4k, kai_rhs_pack_nxk_q6kp_q6k).  ``--tuned`` replaces tiles
+#: (:func:`kquant_entries`).
+KQUANT_DEFAULT: tuple[KQuantEntry, ...] = tuple(
+    KQuantEntry(fam, isa, _kq(_kq_abi(fam), f"{fam}:{isa}:{gt}", gn),
+                _kq(_kq_abi(fam), f"{fam}:{isa}:{vt}", vn))
+    for fam in llama.LLAMA_FAMILIES for isa, gt, gn, vt, vn in _KQ_TILES)
+#: tilegen's K-quant micro-kernels of the default export, in the same getter/run shape, which
+#: llama.cpp's KleidiAI backend calls once the export's llama-kquants.patch is applied
+KQUANT_KERNELS: tuple[KaiKernel, ...] = tuple(k for e in KQUANT_DEFAULT for k in (e.gemm, e.gemv))
+#: (gemm, gemv) names sharing one packed RHS, as the default patch's kernels table pairs them
+KQUANT_ENTRIES: tuple[tuple[str, str], ...] = tuple((e.gemm.name, e.gemv.name) for e in KQUANT_DEFAULT)
+#: the file name of the llama.cpp patch (ggml/src/ggml-cpu/kleidiai/ only) in every tree
+LLAMA_PATCH = llama.PATCH_NAME
 
 
 def kai_symbols() -> list[str]:
@@ -519,22 +540,91 @@ def _check_tuned_file(target) -> None:
                           f"`tilegen tune --target {tgt.name} --family FAMILY --write`)")
 
 
+def kquant_entries(target=None, tuned: bool | str = False) -> list[KQuantEntry]:
+    """The K-quant table of an export: :data:`KQUANT_DEFAULT`, with ``tuned`` (True or
+    "pairs": the K-quant kernels have no KleidiAI name to keep, so both take the tuned tiles)
+    each entry's tiles from the target's tuned file where they fit (:func:`_tuned_kquant`)."""
+    if tuned not in (False, True, "pairs"):
+        raise ExportError(f"tuned must be False, True or 'pairs', got {tuned!r}")
+    if not tuned:
+        return list(KQUANT_DEFAULT)
+    if target is None:
+        raise ExportError("--tuned needs a target")
+    tgt = get_target(target) if isinstance(target, str) else target
+    _check_tuned_file(tgt)
+    tf = read_tuned(tgt)
+    return [_tuned_kquant(e, tf.families.get(e.family)) for e in KQUANT_DEFAULT]
+
+
+def _tuned_kquant(e: KQuantEntry, fam) -> KQuantEntry:
+    """``e`` with the tuned gemm and/or gemv of ``fam`` (a TunedFamily or None) that are of the
+    entry's family, ISA and role, where the two kernels then still read one packed RHS (the
+    table packs it once, at the gemm's nr/kr; each LHS is packed at its own kernel's mr/kr by
+    the family's one LHS packer).  The tuned pair first, else one tuned kernel with the other
+    default; else the entry as it is."""
+    if fam is None:
+        return e
+    g0, v0 = e.gemm.kernel_spec, e.gemv.kernel_spec
+
+    def fits(s, base):
+        return (s is not None and s.family == e.family and s.isa == e.isa
+                and s.is_gemv == base.is_gemv and s.lhs_layout_class is base.lhs_layout_class
+                and s.rhs_layout_class is base.rhs_layout_class)
+
+    tg = fam.gemm if fits(fam.gemm, g0) else None
+    tv = fam.gemv if fits(fam.gemv, v0) else None
+    for g, v in ((tg, tv), (tg, v0), (g0, tv)):
+        if g is None or v is None or (g, v) == (g0, v0) or not same_rhs(g, v):
+            continue
+        return KQuantEntry(e.family, e.isa, _kq_tuned(e.gemm, g), _kq_tuned(e.gemv, v))
+    return e
+
+
+def _kq_tuned(kk: KaiKernel, spec: KernelSpec) -> KaiKernel:
+    if spec.spec_string == kk.spec:
+        return kk
+    return _kq(kk.abi, spec.spec_string, f"tuned: {spec.spec_string} (default {kk.spec})")
+
+
+def llama_entry(e: KQuantEntry) -> llama.LlamaEntry:
+    """The patch's data for one entry (:class:`tilegen.export.llama.LlamaEntry`): the one place
+    the patch reads the export's kernels (names, headers, getter functions, packers)."""
+    def kernel(kk: KaiKernel) -> llama.LlamaKernel:
+        slots = [slot for slot, _ in _getter_slots(ABIS[kk.abi])]
+        return llama.LlamaKernel(kk.name, kk.header,
+                                 {slot: fn for slot, (fn, _) in zip(slots, _getter_protos(kk))},
+                                 f"kai_run_{kk.name}")
+    spec = e.gemm.kernel_spec
+    lhs, rhs = spec.impl.lhs or spec.info.lhs, spec.impl.rhs or spec.info.rhs   # format keys
+    return llama.LlamaEntry(e.family, e.isa, kernel(e.gemm), kernel(e.gemv),
+                            packers_c.KQUANT_PACKER_FOR[lhs][len("kai_"):],
+                            packers_c.KQUANT_PACKER_FOR[rhs][len("kai_"):], lhs)
+
+
+def llama_patch(target=None, tuned: bool | str = False) -> str:
+    """The llama.cpp patch for the K-quant table of ``target`` (``tuned`` as in
+    :func:`kquant_entries`); the default is the patch of every untuned export."""
+    return llama.patch_text([llama_entry(e) for e in kquant_entries(target, tuned)])
+
+
 def export_files(target: str = "linux-aarch64-all", tuned: bool | str = False,
                  include_packers: bool = True) -> list[ExportFile]:
     """Every file of the tree (paths relative to the root)."""
     tgt = get_target(target)
     fmt = tgt.fmt
     kernels = kernels_for(tgt, tuned)
+    kq_entries = kquant_entries(tgt, tuned)
+    kquants = [k for e in kq_entries for k in (e.gemm, e.gemv)]
     files: list[ExportFile] = [ExportFile("kai/kai_common.h", _render("kai_common.h.j2")),
                                ExportFile("kai/kai_common.c", _render("kai_common.c.j2"))]
     for abi in ABIS.values():
-        if abi.key.startswith("q8kp_") and not any(k.abi == abi.key for k in KQUANT_KERNELS):
+        if abi.key.startswith("q8kp_") and not any(k.abi == abi.key for k in kquants):
             continue
         files.append(ExportFile(
             f"kai/ukernels/matmul/{abi.directory}/kai_{abi.interface}_interface.h",
             interface_header(abi)))
     specs: dict[str, KernelSpec] = {}
-    for kk in kernels + list(KQUANT_KERNELS):
+    for kk in kernels + kquants:
         files.append(ExportFile(kk.header, ukernel_header(kk)))
         files.append(ExportFile(kk.source, ukernel_source(kk)))
         specs[kk.kernel_spec.name] = kk.kernel_spec
@@ -559,10 +649,10 @@ def export_files(target: str = "linux-aarch64-all", tuned: bool | str = False,
                      "note": k.note}
                     for k in kernels],
         "kquant_kernels": [{"name": k.name, "impl": "asm", "spec": k.spec, "note": k.note}
-                           for k in KQUANT_KERNELS],
+                           for k in kquants],
     }
     files.append(ExportFile(MANIFEST, json.dumps(manifest, indent=2) + "\n"))
-    files.append(ExportFile(LLAMA_PATCH.name, LLAMA_PATCH.read_text()))
+    files.append(ExportFile(LLAMA_PATCH, llama.patch_text([llama_entry(e) for e in kq_entries])))
     return files
 
 
@@ -577,20 +667,27 @@ def defined_functions(files: list[ExportFile]) -> set[str]:
 
 
 def kquant_symbols(patch: str | None = None) -> list[str]:
-    """The ``kai_`` functions the added lines of llama-kquants.patch reference (sorted)."""
-    text = LLAMA_PATCH.read_text() if patch is None else patch
+    """The ``kai_`` functions the added lines of llama-kquants.patch reference (sorted); by
+    default those of the default export's patch."""
+    text = llama_patch() if patch is None else patch
     added = "\n".join(l[1:] for l in text.splitlines() if l.startswith("+") and not l.startswith("+++"))
     return sorted({s for s in re.findall(r"\bkai_\w+", added)
                    if s.startswith(("kai_get_", "kai_run_"))})
 
 
+def _patch_of(files: list[ExportFile]) -> str:
+    """The text of the tree's llama-kquants.patch."""
+    (text,) = [f.text for f in files if f.path == LLAMA_PATCH]
+    return text
+
+
 def missing_symbols(files: list[ExportFile] | None = None) -> list[str]:
     """llama.cpp's function symbols that the tree does not define (those of its kernels.cpp,
-    then those llama-kquants.patch adds)."""
+    then those the tree's llama-kquants.patch adds)."""
     files = export_files() if files is None else files
     have = defined_functions(files)
     want = function_symbols()
-    want += [s for s in kquant_symbols() if s not in want]
+    want += [s for s in kquant_symbols(_patch_of(files)) if s not in want]
     return [s for s in want if s not in have]
 
 
@@ -607,7 +704,7 @@ def write_tree(out_dir, target: str = "linux-aarch64-all", tuned: bool | str = F
     llama = function_symbols()
     manifest["missing_llama"] = [s for s in manifest["missing"] if s in llama]
     manifest["functions"] = len(llama) - len(manifest["missing_llama"])
-    manifest["kquant_functions"] = len([s for s in kquant_symbols() if s not in llama
+    manifest["kquant_functions"] = len([s for s in kquant_symbols(_patch_of(files)) if s not in llama
                                         and s not in manifest["missing"]])
     return manifest
 

@@ -79,7 +79,7 @@ from ..layout.rhs_int8 import QSI8CXP
 from .files import ExportFile
 
 __all__ = ["packer_sources", "PACKERS", "PACK_DIR", "PARAMS_HEADER", "SME_PACKERS",
-           "COMPILE_OPTIONS", "KQUANT_PACKERS", "ALL_PACKERS"]
+           "COMPILE_OPTIONS", "KQUANT_PACKERS", "ALL_PACKERS", "KQUANT_PACKER_FOR"]
 
 PACK_DIR = "kai/ukernels/matmul/pack"
 PARAMS_HEADER = "kai/kai_pack_params.h"
@@ -100,7 +100,7 @@ PACKERS = (
 )
 SME_PACKERS = tuple(p for p in PACKERS if p.endswith("_sme"))
 #: tilegen's own packers for the K-quant kernels (no KleidiAI counterpart; llama.cpp calls them
-#: with tilegen/export/llama-kquants.patch): the q8kp activations, and lossless repacks of ggml
+#: with the export's llama-kquants.patch): the q8kp activations, and lossless repacks of ggml
 #: block_q4_K / block_q6_K rows with a row dequantiser each (llama.cpp's GET_ROWS).
 KQUANT_PACKERS = (
     "kai_lhs_quant_pack_q8kp_f32",
@@ -108,6 +108,10 @@ KQUANT_PACKERS = (
     "kai_rhs_pack_nxk_q6kp_q6k",
 )
 ALL_PACKERS = PACKERS + KQUANT_PACKERS
+#: the K-quant packer of each K-quant layout format (the LHS or RHS a kernel reads)
+KQUANT_PACKER_FOR = {"q8kp": "kai_lhs_quant_pack_q8kp_f32", "q4kp": "kai_rhs_pack_nxk_q4kp_q4k",
+                     "q6kp": "kai_rhs_pack_nxk_q6kp_q6k"}
+assert tuple(KQUANT_PACKER_FOR.values()) == KQUANT_PACKERS
 
 # Extra compiler options per generated file (path -> options).  None are needed: the SME
 # packers encode RDSVL with .inst, f16 conversion is C's _Float16 (AArch64 baseline).
