@@ -544,7 +544,8 @@ def test_llama_table_entry_end_to_end(kai_so, entry):
 
 def test_tuned_pairs_end_to_end(tmp_path_factory):
     """--tuned-pairs for a preset whose tuned q4_0 pair has nr 12: the replaced table entries
-    still compute the product (RHS packed at the tuned gemm's nr, read by the tuned gemv)."""
+    still compute the product (RHS packed at the tuned gemm's nr, read by the tuned gemv); its
+    tuned K-quant entries are bit-exact (_kquant_entry_bit_exact)."""
     from tilegen.layout.ggml import dequantize_q4_0, quantize_q4_0
     over = K.tuned_pair_overrides("neoverse-v2")
     entries = [e for e in LLAMA_TABLE if "matmul_clamp_f32_" + e[1] in over]
@@ -579,6 +580,12 @@ def test_tuned_pairs_end_to_end(tmp_path_factory):
                          x, dict(raw=raw, n=n))
             ref = x.astype(np.float64) @ wref.T
             assert np.abs(got - ref).max() / np.abs(ref).max() < 0.02, (kern, m)
+    # the tree's K-quant entries with tuned tiles (q6_K i8mm 32x4 on neoverse-v2), as its
+    # llama-kquants.patch wires them: getters, C packers and run functions bit-exact
+    kq = [e for e, d in zip(K.kquant_entries("neoverse-v2", "pairs"), K.KQUANT_DEFAULT) if e != d]
+    assert kq, "the committed neoverse-v2 tuned file changes no K-quant entry: pick a preset that does"
+    for e in kq:
+        _kquant_entry_bit_exact(guest("max", None, SVL_BITS), str(so), e.gemm, e.gemv, 26)
 
 
 def parse_nr(spec: str) -> int:
