@@ -907,14 +907,22 @@ def swap_lines(lines: list[str], a: int, b: int) -> list[str]:
 
 
 def test_generated_patch_applies_to_llama_cpp(llama_cpp_src, tmp_path):
-    """Every generated patch (default and tuned presets) applies with patch -p1 --dry-run to
-    the vendored llama.cpp; applied, the default one gives the blob ids of its index lines
+    """Every generated patch (default and tuned presets, and tables of one family, whose hunks
+    have other line counts) applies with patch -p1 --dry-run to the vendored llama.cpp; applied, the default one gives the blob ids of its index lines
     (git hash-object before and after), and a tuned one has no index line for a file whose
     patched text differs (kernels.cpp)."""
+    from tilegen.export import llama
     rel = Path("ggml/src/ggml-cpu/kleidiai")
-    for target, tuned in _KQ_EXPORTS:
-        p = tmp_path / f"{target}-{tuned}.patch"
-        p.write_text(K.llama_patch(target, tuned))
+    texts = {f"{target}-{tuned}": K.llama_patch(target, tuned) for target, tuned in _KQ_EXPORTS}
+    # other tables change the hunks' line counts (one family: shorter type lists, one entry)
+    for fam, isas in (("q4_K", ("sme2", "i8mm", "dotprod")), ("q6_K", ("dotprod",))):
+        part = llama.patch_text([K.llama_entry(e) for e in K.KQUANT_DEFAULT
+                                 if e.family == fam and e.isa in isas])
+        assert f"GGML_TYPE_{fam.upper()}" in part and len(part.splitlines()) < len(K.llama_patch().splitlines())
+        texts[f"{fam}-{len(isas)}"] = part
+    for what, text in texts.items():
+        p = tmp_path / f"{what}.patch"
+        p.write_text(text)
         _run(["patch", "-p1", "--dry-run", "-d", llama_cpp_src, "-i", p])
     dst = tmp_path / "llama.cpp"
     shutil.copytree(llama_cpp_src / rel, dst / rel)

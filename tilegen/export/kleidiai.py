@@ -17,6 +17,11 @@ paths and C ABI whose implementations are tilegen's:
   :func:`missing_symbols` lists any llama.cpp function the tree does not define;
 * ``kai/kai_common.h`` (+ ``kai_common.c``) provides what llama.cpp and the packers use from
   KleidiAI's common header, and ``CMakeLists.txt`` defines the static target ``kleidiai``.
+* tilegen's K-quant kernels (no KleidiAI name: named as tilegen names the spec) in the same
+  shape, one table of gemm + gemv entries (:func:`kquant_entries`: the default tiles, or the
+  preset's tuned ones), and ``llama-kquants.patch``, the llama.cpp patch that wires that table
+  into llama.cpp's KleidiAI backend, generated for it by :mod:`tilegen.export.llama` (its data
+  from :func:`llama_entry`).
 
 The C and CMake text is Jinja templates under ``templates/export/`` (``ukernel.h.j2``,
 ``ukernel.c.j2``, ``interface.h.j2``,

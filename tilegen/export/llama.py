@@ -129,32 +129,41 @@ _HUNK = re.compile(r"^@@ -(\d+) @@(.*)$")
 def hunk_headers(text: str) -> str:
     """``text`` (one file's diff, its hunks headed ``@@ -<old start> @@<context>``) with every
     header written out: ``@@ -a,b +c,d @@<context>``, b and d counted from the hunk's lines
-    (' ' and '-' / ' ' and '+'), c shifted by the lines the earlier hunks add."""
+    (' ' and '-' / ' ' and '+'), c shifted by the lines the earlier hunks add.  A hunk runs to
+    the next header or the end; any other line in it is a template error."""
     lines = text.split("\n")
+    end = lines.pop() if lines and lines[-1] == "" else None
     out: list[str] = []
     shift = 0
-    i = 0
-    while i < len(lines):
-        m = _HUNK.match(lines[i])
-        if not m:
-            if lines[i].startswith("@@"):
-                raise PatchError(f"malformed hunk header in the template: {lines[i]!r}")
-            out.append(lines[i])
-            i += 1
-            continue
-        j = i + 1
-        while j < len(lines) and lines[j][:1] in (" ", "+", "-") and not lines[j].startswith(
-                ("--- ", "+++ ")):
-            j += 1
-        body = lines[i + 1:j]
+    hunk: list[str] | None = None        # [header match, body lines...] of the open hunk
+
+    def close():
+        nonlocal shift
+        if hunk is None:
+            return
+        m, body = hunk[0], hunk[1:]
         old = sum(1 for l in body if l[:1] in (" ", "-"))
         new = sum(1 for l in body if l[:1] in (" ", "+"))
         start = int(m[1])
         out.append(f"@@ -{_range(start, old)} +{_range(start + shift, new)} @@{m[2]}")
-        out += body
+        out.extend(body)
         shift += new - old
-        i = j
-    return "\n".join(out)
+
+    for line in lines:
+        m = _HUNK.match(line)
+        if m:
+            close()
+            hunk = [m]
+        elif line.startswith("@@"):
+            raise PatchError(f"malformed hunk header in the template: {line!r}")
+        elif hunk is None:
+            out.append(line)
+        elif line[:1] in (" ", "+", "-"):
+            hunk.append(line)
+        else:
+            raise PatchError(f"not a diff line in a hunk of the template: {line!r}")
+    close()
+    return "\n".join(out + ([end] if end is not None else []))
 
 
 def _range(start: int, count: int) -> str:
