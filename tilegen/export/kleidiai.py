@@ -522,20 +522,22 @@ def kernels_for(target=None, tuned: bool | str = False) -> list[KaiKernel]:
     tuned tiles (:func:`tuned_overrides`), with ``tuned="pairs"`` also the tuned gemm/gemv
     pairs (:func:`tuned_pair_overrides`)."""
     ks = list(KERNELS)
-    if tuned not in (False, True, "pairs"):
-        raise ExportError(f"tuned must be False, True or 'pairs', got {tuned!r}")
-    if tuned:
-        if target is None:
-            raise ExportError("--tuned needs a target")
-        _check_tuned_file(target)
+    if _tuned_target(target, tuned) is not None:
         over = tuned_pair_overrides(target) if tuned == "pairs" else tuned_overrides(target)
         ks = [_with_spec(k, over[k.name]) if k.name in over else k for k in ks]
     return ks
 
 
-def _check_tuned_file(target) -> None:
-    """ExportError unless ``target`` has a tuned file (a tuned export of a target without one
-    would be the default export labelled tuned)."""
+def _tuned_target(target, tuned: bool | str):
+    """The Target whose tuned file a ``tuned`` export reads (None for an untuned one);
+    ExportError for another ``tuned`` value, a tuned export without a target, or a target
+    without a tuned file (a tuned export of it would be the default export labelled tuned)."""
+    if tuned not in (False, True, "pairs"):
+        raise ExportError(f"tuned must be False, True or 'pairs', got {tuned!r}")
+    if not tuned:
+        return None
+    if target is None:
+        raise ExportError("--tuned needs a target")
     tgt = get_target(target) if isinstance(target, str) else target
     path = tuned_path(tgt)
     if not path.is_file():
@@ -543,20 +545,16 @@ def _check_tuned_file(target) -> None:
         raise ExportError(f"--tuned/--tuned-pairs: target {tgt.name} has no tuned file ({path}); "
                           f"targets with one: {', '.join(have) or 'none'} (write one with "
                           f"`tilegen tune --target {tgt.name} --family FAMILY --write`)")
+    return tgt
 
 
 def kquant_entries(target=None, tuned: bool | str = False) -> list[KQuantEntry]:
     """The K-quant table of an export: :data:`KQUANT_DEFAULT`, with ``tuned`` (True or
     "pairs": the K-quant kernels have no KleidiAI name to keep, so both take the tuned tiles)
     each entry's tiles from the target's tuned file where they fit (:func:`_tuned_kquant`)."""
-    if tuned not in (False, True, "pairs"):
-        raise ExportError(f"tuned must be False, True or 'pairs', got {tuned!r}")
-    if not tuned:
+    tgt = _tuned_target(target, tuned)
+    if tgt is None:
         return list(KQUANT_DEFAULT)
-    if target is None:
-        raise ExportError("--tuned needs a target")
-    tgt = get_target(target) if isinstance(target, str) else target
-    _check_tuned_file(tgt)
     tf = read_tuned(tgt)
     return [_tuned_kquant(e, tf.families.get(e.family)) for e in KQUANT_DEFAULT]
 
@@ -706,10 +704,10 @@ def write_tree(out_dir, target: str = "linux-aarch64-all", tuned: bool | str = F
         p.write_text(f.text)
     manifest = json.loads(next(f.text for f in files if f.path == MANIFEST))
     manifest["missing"] = missing_symbols(files)
-    llama = function_symbols()
-    manifest["missing_llama"] = [s for s in manifest["missing"] if s in llama]
-    manifest["functions"] = len(llama) - len(manifest["missing_llama"])
-    manifest["kquant_functions"] = len([s for s in kquant_symbols(_patch_of(files)) if s not in llama
+    llama_fns = function_symbols()
+    manifest["missing_llama"] = [s for s in manifest["missing"] if s in llama_fns]
+    manifest["functions"] = len(llama_fns) - len(manifest["missing_llama"])
+    manifest["kquant_functions"] = len([s for s in kquant_symbols(_patch_of(files)) if s not in llama_fns
                                         and s not in manifest["missing"]])
     return manifest
 
