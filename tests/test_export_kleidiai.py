@@ -900,6 +900,20 @@ def test_kquant_table_check_catches_miswiring():
         assert kquant_table_errors(text, specs, headers), f"{what}: the miswired table passes"
 
 
+def test_patch_refuses_tables_it_cannot_write():
+    """No entries, a second entry of one type and ISA, or an ISA without a llama.cpp slot (SVE)
+    are refused by name, not written."""
+    from dataclasses import replace
+    from tilegen.export import llama
+    es = [K.llama_entry(e) for e in K.KQUANT_DEFAULT]
+    with pytest.raises(llama.PatchError, match="no kernel entries"):
+        llama.patch_text([])
+    with pytest.raises(llama.PatchError, match="a second q4_K i8mm entry"):
+        llama.patch_text(es + [es[1]])
+    with pytest.raises(llama.PatchError, match="no llama.cpp mapping for q4_K on sve_i8mm"):
+        llama.patch_text([replace(es[1], isa="sve_i8mm")])
+
+
 def swap_lines(lines: list[str], a: int, b: int) -> list[str]:
     out = list(lines)
     out[a], out[b] = lines[b], lines[a]

@@ -107,7 +107,6 @@ class LlamaEntry:
 
 # the patched files, in the patch's order (templates/export/llama/<name>.diff.j2)
 _FILES = ("kernels.cpp", "kernels.h", "kleidiai.cpp")
-_DIR = "ggml/src/ggml-cpu/kleidiai"
 
 # git's blob ids of each file of llama-cpp-python 0.3.36's llama.cpp before the patch, and
 # after it for the one rendering of the file whose sha256 is the key (the default tile set:
