@@ -393,7 +393,8 @@ def _cmd_export(a: argparse.Namespace) -> int:
     from .export.kleidiai import write_tree
     if a.what != "kleidiai":
         raise CliError(f"unknown export {a.what!r}; known: kleidiai")
-    m = write_tree(a.output, target=a.target, tuned="pairs" if a.tuned_pairs else a.tuned)
+    m = write_tree(a.output, target=a.target, tuned="pairs" if a.tuned_pairs else a.tuned,
+                   force=a.force)
     if a.json:
         print(json.dumps(m, indent=2))
         return 0
@@ -572,7 +573,12 @@ def _parser() -> argparse.ArgumentParser:
                     help="--tuned, and a tuned gemm+gemv pair sharing its packed RHS replaces both "
                          "kernels of a llama.cpp table entry (same LHS layouts and RHS format, "
                          "other nr; llama.cpp packs with the getters' nr/kr/sr)")
-    ex.add_argument("-o", "--output", required=True, metavar="DIR", help="root of the tree")
+    ex.add_argument("-o", "--output", required=True, metavar="DIR",
+                    help="root of the tree: a missing or empty directory, or a previous export "
+                         "(it holds TILEGEN_EXPORT.json)")
+    ex.add_argument("--force", action="store_true",
+                    help="write into a non-empty DIR that is not a previous export (its files "
+                         "at the export's paths are overwritten)")
     ex.add_argument("--json", action="store_true", help="print the export manifest as JSON")
     ex.set_defaults(fn=_cmd_export)
 
