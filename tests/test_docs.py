@@ -143,6 +143,32 @@ def test_readme_names_the_two_commands():
     assert "bash scripts/demo.sh" in two and "bash scripts/test.sh" in two
 
 
+def test_readme_families_line_names_every_family():
+    """The README's "Families:" paragraph omitted q4_K and q6_K: it names every family of the
+    records."""
+    from tilegen.records import FAMILIES
+    m = re.search(r"^Families: (.*?)\n\n", README.read_text(), re.M | re.S)
+    assert m, "README.md: no 'Families: ...' paragraph"
+    named = set(re.findall(r"`([\w.]+)`", m.group(1)))
+    assert set(FAMILIES) <= named, f"README's Families line misses {sorted(set(FAMILIES) - named)}"
+
+
+def test_demo_runs_every_weight_format_it_shows(tmp_path):
+    """scripts/demo.py (what `bash scripts/demo.sh` runs after its set-up) ends in OK, and its
+    GGUF part shows a Q4_K_M-style file (Q4_K and Q6_K tensors through load_tensor, gemm, gemv,
+    get_rows) next to f32 and q4_0 -- it showed f32 and q4_0 only."""
+    p = subprocess.run([sys.executable, str(REPO / "scripts" / "demo.py")], cwd=tmp_path,
+                       env=dict(_env(), OUT=str(tmp_path / "demo")), capture_output=True,
+                       text=True, timeout=600)
+    assert p.returncode == 0 and p.stdout.rstrip().endswith("\nOK"), p.stdout + p.stderr
+    assert "3. f32: " in p.stdout and "4. q4_0 from GGUF: " in p.stdout, p.stdout
+    assert "5. Q4_K_M-style GGUF" in p.stdout, p.stdout
+    for name, typ in (("blk.0.ffn_gate.weight", "Q4_K"), ("blk.0.ffn_down.weight", "Q6_K")):
+        line = next((ln for ln in p.stdout.splitlines() if ln.strip().startswith(f"{name} {typ}: ")), "")
+        assert re.search(r"gemm matmul_clamp_f32_q8kp\w+ .*gemv matmul_clamp_f32_q8kp1x\w+: .*"
+                         r"largest error / bound 0\.\d\d; get_rows exact: True$", line), p.stdout
+
+
 def tour_block(marker: str, lang: str) -> str:
     """The fenced ``lang`` block right after the README's ``<!-- tour: marker`` comment."""
     text = README.read_text()
