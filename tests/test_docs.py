@@ -256,3 +256,39 @@ def test_code_map_has_the_stage_order():
     pos = [flow.group(1).find(s) for s in order]
     assert -1 not in pos and pos == sorted(pos), flow.group(1)
     assert "export" in text and "emulate" in text
+
+
+def test_llama_patch_apply_commands_run(llama_cpp_src, tmp_path):
+    """docs/llama_cpp_check.md gave no command to apply llama-kquants.patch to one's own
+    llama.cpp: its "apply" block exports a tree and applies the patch the export wrote from the
+    llama.cpp root.  Its lines before the first cmake run in a copy of the vendored llama.cpp's
+    KleidiAI backend directory (`tilegen` = this checkout); the block names the version the
+    check builds and llama.cpp's CMake options for the tree."""
+    import shutil
+    from tilegen.emulate.provision import LLAMA_CPP_PYTHON_VERSION
+    text = (REPO / "docs" / "llama_cpp_check.md").read_text()
+    m = re.search(r"<!-- apply:[^\n]*-->\s*\n```sh\n(.*?)^```", text, re.M | re.S)
+    assert m, "docs/llama_cpp_check.md: no ```sh block after <!-- apply: -->"
+    block = m.group(1)
+    section = text[text.index("### Applying it to your own llama.cpp"):m.start()]
+    assert f"llama-cpp-python {LLAMA_CPP_PYTHON_VERSION} sdist" in section, section
+    assert "-DGGML_CPU_KLEIDIAI=ON" in block and "-DFETCHCONTENT_SOURCE_DIR_KLEIDIAI=" in block
+    lines = block.split("\ncmake", 1)[0].splitlines()
+    assert any(ln.startswith("tilegen export kleidiai ") for ln in lines), block
+    assert any(ln.startswith("patch -p1 ") and "--dry-run" not in ln for ln in lines), block
+    rel = Path("ggml", "src", "ggml-cpu", "kleidiai")
+    root = tmp_path / "llama.cpp"
+    shutil.copytree(llama_cpp_src / rel, root / rel)
+    shim = tmp_path / "bin"
+    shim.mkdir()
+    (shim / "tilegen").write_text(f'#!/bin/sh\nexec "{sys.executable}" -m tilegen "$@"\n')
+    (shim / "tilegen").chmod(0o755)
+    env = dict(_env(), HOME=str(tmp_path / "home"), PATH=f"{shim}{os.pathsep}{os.environ['PATH']}")
+    (tmp_path / "home").mkdir()
+    for line in lines:
+        p = subprocess.run(["bash", "-c", f"set -euo pipefail; {line}"], cwd=root, env=env,
+                           capture_output=True, text=True, timeout=300)
+        assert p.returncode == 0, f"`{line}` exited {p.returncode}\n{p.stdout}\n{p.stderr}"
+    assert (tmp_path / "home" / "kai-tree" / "TILEGEN_EXPORT.json").is_file()
+    kernels = (root / rel / "kernels.cpp").read_text()
+    assert "gemm_gemv_kernels_kquant" in kernels and "kai_run_matmul_clamp_f32_q8kp" in kernels
