@@ -14,7 +14,7 @@ def run_f32(libdir: str, w: np.ndarray, bias: np.ndarray, x: np.ndarray, clamp):
 
 def run_gguf(libdir: str, path: str, name: str, x: np.ndarray, rows: np.ndarray, threads: int):
     lib = tilegen.load(libdir)
-    packed = load_tensor(path, name, lib=lib)       # q4_0 blocks repacked once
+    packed = load_tensor(path, name, lib=lib)       # Q4_0 / Q4_K / Q6_K blocks repacked once
     packed.save(path + ".packed")                   # ... and reusable across runs
     again = tilegen.PackedWeights.load(path + ".packed")
     y = lib.matmul(x, again, threads=threads)

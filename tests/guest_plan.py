@@ -555,3 +555,53 @@ def fork_while_closing_lock_held(libdir: str, timeout: float = 60.0) -> dict:
     lib.close()
     return {"hung": got is None,
             "child": None if got is None else (got[0], *got[1]) if got[0] == "ok" else got}
+
+
+def _kind_weights(lib, kind, n, k, rng):
+    """Weights of any kind: ggml blocks for the K-quants (random valid blocks), floats else."""
+    from tilegen.layout import ggml
+    if kind in ("q4_K", "q6_K"):
+        blocks = (ggml.random_q4_k if kind == "q4_K" else ggml.random_q6_k)(
+            n, k, int(rng.integers(1 << 30)))
+        return lib.pack_weights(kind=kind, from_ggml=blocks, n=n, k=k)
+    return _weights(lib, kind, rng.normal(size=(n, k)).astype(np.float32))
+
+
+def plan_lazy_workspace(libdir: str, kinds, huge: int = 2**30, n: int = 9, k: int = 4096,
+                        m: int = 5) -> dict:
+    """Per kind: what lib.plan(w, m=huge) allocates (tracemalloc sees numpy's buffers) or
+    raises, and calls of 1 and 3 rows of it against lib.matmul; then a plan for m rows: its
+    first calls, and what a later fast-path call of m rows allocates."""
+    import tracemalloc
+    lib = _lib(libdir)
+    rng = np.random.default_rng(11)
+    res = {}
+    for kind in kinds:
+        pw = _kind_weights(lib, kind, n, k, rng)
+        r = res[kind] = {}
+        tracemalloc.start()
+        try:
+            p = lib.plan(pw, huge, threads=2)
+            r["huge"] = "ok"
+        except BaseException as e:      # noqa: BLE001 - reported to the host
+            p, r["huge"] = None, f"{type(e).__name__}: {e}"
+        r["huge_peak_bytes"] = tracemalloc.get_traced_memory()[1]
+        tracemalloc.stop()
+        if p is not None:
+            for rows in (1, 3):
+                x = rng.normal(size=(rows, k)).astype(np.float32)
+                r[f"huge_rows_{rows}_same"] = _same(p(x), lib.matmul(x, pw, threads=2))
+        q = lib.plan(pw, m, threads=2)
+        r["native"] = q.native
+        xs = [rng.normal(size=(m, k)).astype(np.float32) for _ in range(3)]
+        out = np.empty((m, n), np.float32)
+        r["calls_same"] = [_same(q(xs[0]), lib.matmul(xs[0], pw, threads=2)),
+                           _same(q(xs[1], out), lib.matmul(xs[1], pw, threads=2))]
+        ref = lib.matmul(xs[2], pw, threads=2)
+        tracemalloc.start()
+        q(xs[2], out)
+        r["fast_call_peak_bytes"] = tracemalloc.get_traced_memory()[1]
+        tracemalloc.stop()
+        r["calls_same"].append(_same(out, ref))
+        r["kernel"] = q.kernel.name
+    return res

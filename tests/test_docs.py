@@ -143,6 +143,32 @@ def test_readme_names_the_two_commands():
     assert "bash scripts/demo.sh" in two and "bash scripts/test.sh" in two
 
 
+def test_readme_families_line_names_every_family():
+    """The README's "Families:" paragraph omitted q4_K and q6_K: it names every family of the
+    records."""
+    from tilegen.records import FAMILIES
+    m = re.search(r"^Families: (.*?)\n\n", README.read_text(), re.M | re.S)
+    assert m, "README.md: no 'Families: ...' paragraph"
+    named = set(re.findall(r"`([\w.]+)`", m.group(1)))
+    assert set(FAMILIES) <= named, f"README's Families line misses {sorted(set(FAMILIES) - named)}"
+
+
+def test_demo_runs_every_weight_format_it_shows(tmp_path):
+    """scripts/demo.py (what `bash scripts/demo.sh` runs after its set-up) ends in OK, and its
+    GGUF part shows a Q4_K_M-style file (Q4_K and Q6_K tensors through load_tensor, gemm, gemv,
+    get_rows) next to f32 and q4_0 -- it showed f32 and q4_0 only."""
+    p = subprocess.run([sys.executable, str(REPO / "scripts" / "demo.py")], cwd=tmp_path,
+                       env=dict(_env(), OUT=str(tmp_path / "demo")), capture_output=True,
+                       text=True, timeout=600)
+    assert p.returncode == 0 and p.stdout.rstrip().endswith("\nOK"), p.stdout + p.stderr
+    assert "3. f32: " in p.stdout and "4. q4_0 from GGUF: " in p.stdout, p.stdout
+    assert "5. Q4_K_M-style GGUF" in p.stdout, p.stdout
+    for name, typ in (("blk.0.ffn_gate.weight", "Q4_K"), ("blk.0.ffn_down.weight", "Q6_K")):
+        line = next((ln for ln in p.stdout.splitlines() if ln.strip().startswith(f"{name} {typ}: ")), "")
+        assert re.search(r"gemm matmul_clamp_f32_q8kp\w+ .*gemv matmul_clamp_f32_q8kp1x\w+: .*"
+                         r"largest error / bound 0\.\d\d; get_rows exact: True$", line), p.stdout
+
+
 def tour_block(marker: str, lang: str) -> str:
     """The fenced ``lang`` block right after the README's ``<!-- tour: marker`` comment."""
     text = README.read_text()
@@ -230,3 +256,39 @@ def test_code_map_has_the_stage_order():
     pos = [flow.group(1).find(s) for s in order]
     assert -1 not in pos and pos == sorted(pos), flow.group(1)
     assert "export" in text and "emulate" in text
+
+
+def test_llama_patch_apply_commands_run(llama_cpp_src, tmp_path):
+    """docs/llama_cpp_check.md gave no command to apply llama-kquants.patch to one's own
+    llama.cpp: its "apply" block exports a tree and applies the patch the export wrote from the
+    llama.cpp root.  Its lines before the first cmake run in a copy of the vendored llama.cpp's
+    KleidiAI backend directory (`tilegen` = this checkout); the block names the version the
+    check builds and llama.cpp's CMake options for the tree."""
+    import shutil
+    from tilegen.emulate.provision import LLAMA_CPP_PYTHON_VERSION
+    text = (REPO / "docs" / "llama_cpp_check.md").read_text()
+    m = re.search(r"<!-- apply:[^\n]*-->\s*\n```sh\n(.*?)^```", text, re.M | re.S)
+    assert m, "docs/llama_cpp_check.md: no ```sh block after <!-- apply: -->"
+    block = m.group(1)
+    section = text[text.index("### Applying it to your own llama.cpp"):m.start()]
+    assert f"llama-cpp-python {LLAMA_CPP_PYTHON_VERSION} sdist" in section, section
+    assert "-DGGML_CPU_KLEIDIAI=ON" in block and "-DFETCHCONTENT_SOURCE_DIR_KLEIDIAI=" in block
+    lines = block.split("\ncmake", 1)[0].splitlines()
+    assert any(ln.startswith("tilegen export kleidiai ") for ln in lines), block
+    assert any(ln.startswith("patch -p1 ") and "--dry-run" not in ln for ln in lines), block
+    rel = Path("ggml", "src", "ggml-cpu", "kleidiai")
+    root = tmp_path / "llama.cpp"
+    shutil.copytree(llama_cpp_src / rel, root / rel)
+    shim = tmp_path / "bin"
+    shim.mkdir()
+    (shim / "tilegen").write_text(f'#!/bin/sh\nexec "{sys.executable}" -m tilegen "$@"\n')
+    (shim / "tilegen").chmod(0o755)
+    env = dict(_env(), HOME=str(tmp_path / "home"), PATH=f"{shim}{os.pathsep}{os.environ['PATH']}")
+    (tmp_path / "home").mkdir()
+    for line in lines:
+        p = subprocess.run(["bash", "-c", f"set -euo pipefail; {line}"], cwd=root, env=env,
+                           capture_output=True, text=True, timeout=300)
+        assert p.returncode == 0, f"`{line}` exited {p.returncode}\n{p.stdout}\n{p.stderr}"
+    assert (tmp_path / "home" / "kai-tree" / "TILEGEN_EXPORT.json").is_file()
+    kernels = (root / rel / "kernels.cpp").read_text()
+    assert "gemm_gemv_kernels_kquant" in kernels and "kai_run_matmul_clamp_f32_q8kp" in kernels

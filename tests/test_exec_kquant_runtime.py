@@ -201,9 +201,10 @@ def _scenario(kind, cpu, libdir, rng, raw, sve_vl: int | None = None,
 
 
 @pytest.mark.parametrize("kind", KINDS)
-def test_pack_weights_refusals(kind, kq_lib):
+def test_pack_weights_refusals(kind, kq_lib, tmp_path):
     """Float weights, k not a multiple of 256, truncated or overlong blocks, non-finite d (and
-    dmin), a bias, kn order: ArgumentErrors saying so; bytes and flat arrays are accepted."""
+    dmin), a bias, kn order: ArgumentErrors saying so; bytes and flat arrays are accepted.
+    gguf.load_tensor(lib=) of a tensor with a NaN d names the tensor (it did not)."""
     fmt, _, rand, bb, _ = KQ[kind]
     raw = rand(3, 512, 11)
     flat = raw.reshape(-1)
@@ -220,7 +221,8 @@ def test_pack_weights_refusals(kind, kq_lib):
         ((), {**src, "from_ggml": nan_d}, r"block 3 \(row 1, block 1 of the row\) has a "
                                           r"non-finite f16 d \(NaN"),
         ((), {**src, "from_ggml": raw, "bias": np.zeros(3, F)}, r"no bias.*matmul\(bias=\)"),
-        ((), {**src, "from_ggml": raw, "layout": "kn"}, r"layout must be 'nk'"),
+        ((), {**src, "from_ggml": raw, "layout": "kn"},
+         rf"always n rows of k/256 {kind.upper()} blocks \(ggml's \(n, k\) order\): layout must be 'nk'"),
         ((), {"kind": kind, "from_ggml": raw}, r"needs n and k"),
     ]
     if kind == "q4_K":
@@ -235,6 +237,12 @@ def test_pack_weights_refusals(kind, kq_lib):
     for (_, kw, pattern), r in zip(calls, got):
         assert isinstance(r, str) and r.startswith("ArgumentError: "), (kw.keys(), r)
         assert re.search(pattern, r), (pattern, r)
+    path = tmp_path / "nan_d.gguf"
+    write_gguf(path, {"blk.0.ffn_down.weight": (KQ[kind][1], nan_d.reshape(3, -1))})
+    r = guest("max").call("guest_weights:load", kq_lib, str(path), "blk.0.ffn_down.weight")
+    assert isinstance(r, str) and re.match(
+        r"ArgumentError: tensor 'blk.0.ffn_down.weight': ggml \w+ block 3 \(row 1, block 1 of "
+        r"the row\) has a non-finite f16 d \(NaN", r), r
     want = layout_for(fmt, nr=got[len(calls)].nr, kr=got[len(calls)].kr).pack_from_ggml(raw, 3, 512)
     for r in got[len(calls):]:
         assert isinstance(r, tilegen.PackedWeights) and np.array_equal(r.data, want), r

@@ -1018,3 +1018,60 @@ def test_patched_llama_cpp_glue_compiles(built, llama_kai, cross_sysroot, tmp_pa
           f"--sysroot={cross_sysroot}", "-DGGML_USE_CPU_KLEIDIAI", f"-I{ggml / 'include'}",
           f"-I{ggml / 'src'}", f"-I{ggml / 'src' / 'ggml-cpu'}", f"-I{dst / kai_rel}", f"-I{root}",
           dst / kai_rel / src])
+
+
+def test_export_refuses_a_foreign_directory(tmp_path, capsys):
+    """`export kleidiai -o DIR` into a non-empty directory that is not a previous export used
+    to overwrite the user's CMakeLists.txt and kai/kai_common.h: it is refused in one line
+    (exit 2) and left untouched, unless --force; a previous export, an empty and a missing
+    directory are written."""
+    from tilegen.cli import main
+    foreign = tmp_path / "foreign"
+    (foreign / "kai").mkdir(parents=True)
+    mine = {"CMakeLists.txt": "project(mine)\n", "kai/kai_common.h": "/* mine */\n",
+            "notes.txt": "keep\n"}
+    for p, t in mine.items():
+        (foreign / p).write_text(t)
+    before = sorted(p.relative_to(foreign) for p in foreign.rglob("*"))
+    argv = ["export", "kleidiai", "--target", "neoverse-n1", "-o", str(foreign)]
+    assert main(argv) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and err.startswith(
+        f"tilegen export: error: {foreign}: not empty and not a tilegen export "
+        f"(no TILEGEN_EXPORT.json); the export would overwrite 2 of its files "
+        f"(kai/kai_common.h, CMakeLists.txt): use an empty directory, or --force"), err
+    assert sorted(p.relative_to(foreign) for p in foreign.rglob("*")) == before
+    assert {p: (foreign / p).read_text() for p in mine} == mine
+    # a directory with only unrelated files is refused too
+    other = tmp_path / "other"
+    other.mkdir()
+    (other / "notes.txt").write_text("keep\n")
+    with pytest.raises(K.ExportError, match=r"not empty and not a tilegen export \(no TILEGEN_EXPORT.json\): use"):
+        K.write_tree(other, target="neoverse-n1")
+    assert [p.name for p in other.iterdir()] == ["notes.txt"]
+    # a marker that is not the export's is not one
+    (other / K.MANIFEST).write_text('{"something": 1}\n')
+    assert not K.is_export(other)
+    with pytest.raises(K.ExportError, match="not a tilegen export"):
+        K.write_tree(other, target="neoverse-n1")
+    # --force writes, overwriting the files at the export's paths only
+    assert main(argv + ["--force"]) == 0
+    capsys.readouterr()
+    assert (foreign / "notes.txt").read_text() == "keep\n"
+    assert (foreign / "CMakeLists.txt").read_text() != mine["CMakeLists.txt"]
+    assert K.is_export(foreign)
+    # a previous export is re-exported, also with another target and --tuned
+    (foreign / "CMakeLists.txt").write_text("stale\n")
+    assert main(["export", "kleidiai", "--target", "neoverse-v2", "--tuned", "-o", str(foreign)]) == 0
+    capsys.readouterr()
+    assert "add_library(kleidiai" in (foreign / "CMakeLists.txt").read_text()
+    # an empty and a missing directory are written
+    (tmp_path / "empty").mkdir()
+    for d in ("empty", "missing/deeper"):
+        assert main(["export", "kleidiai", "--target", "neoverse-n1", "-o", str(tmp_path / d)]) == 0
+        capsys.readouterr()
+        assert K.is_export(tmp_path / d)
+    # a file where the directory should be
+    (tmp_path / "file").write_text("x")
+    assert main(["export", "kleidiai", "-o", str(tmp_path / "file")]) == 2
+    assert "exists and is not a directory" in capsys.readouterr().err

@@ -78,6 +78,7 @@ def test_pack_weights_refuses_unknown_layouts_and_mismatched_sources(lib):
     raw4 = quantize_q4_0(w)
     raw8 = quantize_q8_0(w)
     raw = {"q4_0": raw4, "q4_0_dx": raw4, "q8_0": raw8}
+    block = {"q4_0": "Q4_0", "q4_0_dx": "Q4_0", "q8_0": "Q8_0"}
     cases = []          # (args, kwargs, pattern)
     for kind in KINDS:
         for bad in ("bogus", "NK", None):
@@ -85,12 +86,14 @@ def test_pack_weights_refuses_unknown_layouts_and_mismatched_sources(lib):
                           rf"layout must be 'nk' .* or 'kn' .*got {re.escape(repr(bad))}"))
     for kind in GGML_KINDS:
         src = dict(kind=kind, from_ggml=raw[kind], n=8, k=64)
-        cases.append(((), dict(src, layout="kn"), r"always n rows of k/32 blocks.*'nk'"))
+        cases.append(((), dict(src, layout="kn"),
+                      rf"always n rows of k/32 {block[kind]} blocks.*'nk'"))
         cases.append(((w,), src, r"either w or from_ggml=, not both"))
         cases.append(((), dict(src, layout="bogus"), r"layout must be 'nk'"))
     for kind in ("f32", "f16", "bf16"):
         cases.append(((), dict(kind=kind, from_ggml=raw4, n=8, k=64),
-                      rf"for kinds q4_0, q4_0_dx, q8_0, q4_K, q6_K; kind '{kind}' has no ggml block form"))
+                      rf"takes ggml Q4_0/Q8_0/Q4_K/Q6_K blocks, for kinds q4_0, q4_0_dx, q8_0, "
+                      rf"q4_K, q6_K; kind '{kind}' has no ggml block form"))
     for kind in KINDS:
         cases.append(((), dict(kind=kind), r"no weights: pass w"))
     got = guest("max").call("guest_weights:packs", lib, [(a, kw) for a, kw, _ in cases])
@@ -184,7 +187,8 @@ def _ggml_raw(kind: str, w: np.ndarray) -> tuple[np.ndarray, int]:
 def test_ggml_blocks_with_non_finite_scales_are_refused(lib, tmp_path):
     """A Q4_0 or Q8_0 block whose f16 scale is NaN or Inf is an ArgumentError naming the block
     (index, row, block within the row) in pack_weights(from_ggml=) and in
-    gguf.load_tensor(lib=) -- not an all-zero row (Q8_0) nor NaN weights (Q4_0)."""
+    gguf.load_tensor(lib=), which names the tensor too (it did not) -- not an all-zero row
+    (Q8_0) nor NaN weights (Q4_0)."""
     import gguf
     rng = np.random.default_rng(8)
     n, k = 6, 96
@@ -202,7 +206,9 @@ def test_ggml_blocks_with_non_finite_scales_are_refused(lib, tmp_path):
             path = tmp_path / f"{kind}.gguf"
             row, blk, bits, name = BAD_SCALES[0]
             _write_gguf(gguf, path, kind, _with_scale(raw, bb, row, blk, bits))
-            files.append((str(path), kind, rf"block {row * 3 + blk} \(row {row}, block {blk}"))
+            files.append((str(path), kind,
+                          rf"^ArgumentError: tensor 'w': ggml Q{kind[1]}_0 block {row * 3 + blk} "
+                          rf"\(row {row}, block {blk}"))
     g = guest("max")
     got = g.call("guest_weights:packs", lib, [(a, kw) for a, kw, _ in cases])
     for (_, kw, pattern), r in zip(cases, got):
@@ -224,7 +230,8 @@ def _write_gguf(gguf, path, kind: str, raw: np.ndarray) -> None:
 
 def test_gguf_tensors_with_non_finite_scales_are_refused_without_a_library(tmp_path):
     """gguf.load_tensor without lib= (llama.cpp's default layouts, numpy on the host) refuses
-    Q4_0 and Q8_0 blocks with a NaN or Inf scale the same way, as ArgumentError."""
+    Q4_0 and Q8_0 blocks with a NaN or Inf scale the same way, as ArgumentError naming the
+    tensor (Q4_0's did not)."""
     import gguf
     from tilegen.gguf import load_tensor
     rng = np.random.default_rng(9)
@@ -235,8 +242,9 @@ def test_gguf_tensors_with_non_finite_scales_are_refused_without_a_library(tmp_p
             path = tmp_path / f"{kind}-{row}.gguf"
             _write_gguf(gguf, path, kind, _with_scale(raw, bb, row, blk, bits))
             with pytest.raises(ArgumentError,
-                               match=rf"block {row * 3 + blk} \(row {row}, block {blk} of the "
-                                     rf"row\) has a non-finite f16 scale \({name}"):
+                               match=rf"^tensor 'w': ggml Q{kind[1]}_0 block {row * 3 + blk} "
+                                     rf"\(row {row}, block {blk} of the row\) has a non-finite "
+                                     rf"f16 scale \({name}"):
                 load_tensor(path, "w")
         path = tmp_path / f"{kind}-ok.gguf"
         _write_gguf(gguf, path, kind, raw)
@@ -286,3 +294,21 @@ def test_bf16_weights_adopted_at_other_widths_and_cpus(kind, lib):
             assert np.array_equal(r[got], r[nat]), (cpu, svl, got)
         assert np.array_equal(r["rows"], wb), (cpu, svl)
         assert np.allclose(r["y"], ref, rtol=2e-2, atol=2e-2 * np.sqrt(k)), (cpu, svl)
+
+
+def test_weights_doc_names_every_ggml_kind():
+    """docs/weights.md's from_ggml= rule once listed q4_0, q4_0_dx and q8_0 only: it names every
+    kind whose family's RHS layout reads ggml blocks, with its block type."""
+    from pathlib import Path
+    from tilegen.layout.registry import layout_class
+    from tilegen.records import FAMILIES
+    text = (Path(__file__).resolve().parents[1] / "docs" / "weights.md").read_text()
+    rule = re.search(r"^- `from_ggml=` is for .*?(?=^- )", text, flags=re.M | re.S)
+    assert rule, "docs/weights.md: no '- `from_ggml=` is for ...' rule"
+    rule = " ".join(rule.group(0).split())
+    kinds = {k: layout_class("rhs", f.rhs).ggml_block for f in FAMILIES.values() for k in f.kinds}
+    assert {k for k, b in kinds.items() if b} >= {"q4_0", "q4_0_dx", "q8_0", "q4_K", "q6_K"}
+    for kind, blk in kinds.items():
+        if blk is not None:
+            assert f'`"{kind}"`' in rule, (kind, rule)
+            assert f"block_{blk[0][0].lower()}{blk[0][1:]}" in rule, (kind, blk, rule)

@@ -232,3 +232,27 @@ def test_spin_count_parsing(monkeypatch):
         monkeypatch.setenv("TILEGEN_PLAN_SPIN", v)
         with pytest.raises(ArgumentError, match="TILEGEN_PLAN_SPIN"):
             spin_count()
+
+
+@pytest.mark.parametrize("cpu,kinds,env", [
+    ("neoverse-n1", KINDS + ("q4_K", "q6_K"), None),
+    ("max", ("f32", "bf16", "q4_K", "q8_0"), SME_ON),     # SME: VL-row LHS packers
+])
+def test_plan_for_a_huge_m_allocates_nothing_for_it(plan_lib, cpu, kinds, env):
+    """lib.plan(w, m=2**30) used to allocate the packed-LHS workspace of all m rows when the
+    plan was made (numpy's MemoryError "Unable to allocate ... GiB" for k = 4096): the
+    workspace of a row count is allocated by the first call with that many rows.  Making the
+    plan allocates under 1 MiB, its 1- and 3-row calls equal lib.matmul, and a plan for m = 5
+    still takes the native fast path, which allocates no array once its first call is done."""
+    r = guest(cpu, env=env).call("guest_plan:plan_lazy_workspace", str(plan_lib), kinds)
+    assert set(r) == set(kinds)
+    for kind, got in r.items():
+        assert got["huge"] == "ok", (kind, got)
+        assert got["huge_peak_bytes"] < 1 << 20, (kind, got)
+        assert got["huge_rows_1_same"] and got["huge_rows_3_same"], (kind, got)
+        assert got["native"] and got["calls_same"] == [True] * 3, (kind, got)
+        # no array: a workspace or output of 5 rows of k = 4096 is >= 20 KiB (ctypes' and the
+        # interpreter's small objects are a few hundred bytes)
+        assert got["fast_call_peak_bytes"] < 1024, (kind, got)
+    if env is not None:
+        assert any("sme" in got["kernel"] for got in r.values()), r

@@ -346,3 +346,53 @@ def test_kquant_tall_tiles_sharing_one_unpack_are_their_own_kernels():
     rows = {c.spec.mr: c.rows for c in cands}
     assert rows[8] == 8 and rows[24] == 24
     assert {s.mr for s in distinct(cands)} >= {8, 24}
+
+
+def test_model_scores_name_the_block_they_are_per(tmp_path, monkeypatch, capsys):
+    """tune said "MACs/cycle per 32-k block" for the K-quants too, whose score is over their
+    marked block, a 256-k super-block (``block_k`` of the report): the table and the written
+    pair name each family's block."""
+    from dataclasses import replace
+    import tilegen.analysis.tune as tune_mod
+    from tilegen.cli import main
+
+    def ranking(family, regime, specs, block_k):
+        scores = []
+        for spec, value in specs:
+            s = _fake(spec, value, 20)
+            scores.append(Score(s.cand, replace(s.report, block_k=block_k)))
+        return Ranking("neoverse-n1", "neoverse-n1", family, regime, tuple(scores), len(scores))
+
+    fams = {"q4_K": ((("q4_K:dotprod:8x4", 19.5), ("q4_K:dotprod:4x4", 15.0)),
+                     (("q4_K:dotprod:1x4", 9.9),), 256, "256-k super-block"),
+            "q8_0": ((("q8_0:dotprod:16x4", 30.0),), (("q8_0:dotprod:1x4", 12.0),), 32,
+                     "32-k block")}
+    rankings = {fam: {"gemm": ranking(fam, "gemm", g, bk), "gemv": ranking(fam, "gemv", v, bk)}
+                for fam, (g, v, bk, _) in fams.items()}
+    monkeypatch.setattr(tune_mod, "tune", lambda tgt, fam, reg, **kw: rankings[fam][reg])
+    monkeypatch.setenv("TILEGEN_TUNED_DIR", str(tmp_path))
+    for fam, (g, v, _, per) in fams.items():
+        assert main(["tune", "--target", "neoverse-n1", "--family", fam, "--write"]) == 0
+        out = capsys.readouterr().out
+        heads = [ln for ln in out.splitlines() if ln.startswith("score = ")]
+        assert len(heads) == 2 and all(f"MACs per cycle over one {per} of the tile" in h
+                                       for h in heads), out
+        assert (fam == "q4_K") == all("(cyc/32k: its 32-k share)" in h for h in heads), out
+        for role, (spec, value) in (("gemm", g[0]), ("gemv", v[0])):
+            assert re.search(rf"^{role}: {re.escape(spec)} +{value:.2f} MACs/cycle over a "
+                             rf"{per}$", out, flags=re.M), out
+        if fam == "q4_K":
+            assert "32-k block" not in out, out
+
+
+def test_measure_shape_errors_name_measure_shape(monkeypatch, capsys):
+    """A bad `tune --measure-shape` was reported as bench's `--shape`."""
+    import tilegen.analysis.tune as tune_mod
+    from tilegen.cli import main
+    monkeypatch.setattr(tune_mod, "tune", lambda *a, **kw: None)    # refused before the ranking is read
+    for bad in ("0,0,0", "1,2", "a,4096,4096", "1,-1,256"):
+        rc = main(["tune", "--target", "neoverse-n1", "--family", "q8_0", "--m", "1",
+                   "--measure", "--measure-shape", bad])
+        err = capsys.readouterr().err
+        assert rc == 2 and err.startswith(f"tilegen tune: error: --measure-shape {bad!r}: "), err
+        assert err.count("\n") == 1 and "--shape" not in err.replace("--measure-shape", ""), err

@@ -194,10 +194,20 @@ def _cmd_bench(a: argparse.Namespace) -> int:
     return 0
 
 
+def _per_block(scores) -> str:
+    """What a model score is per: the kernels' marked block (``block_k`` of their reports:
+    32 k, or a K-quant's 256-k super-block)."""
+    ks = sorted({s.report.block_k for s in scores}) or [32]
+    return " / ".join("32-k block" if k == 32 else f"{k}-k super-block" for k in ks)
+
+
 def _tune_table(r, top: int, measured: dict | None = None) -> list[str]:
+    per = _per_block(r.scores)
     lines = [f"{r.family} {r.regime} on {r.target} (llvm-mca -mcpu={r.model}): {r.n_tiles} tiles "
              f"the allocator accepts, {len(r.scores)} distinct kernels (+N: tiles with the same code)",
-             f"score = MACs per cycle over one 32-k block of the tile (hot loop after the bar)"
+             f"score = MACs per cycle over one {per} of the tile"
+             + ("" if per == "32-k block" else " (cyc/32k: its 32-k share)")
+             + " (hot loop after the bar)"
              if measured is None else
              f"score = measured {measured['method']['unit']} at {measured['method']['shapes'][r.regime]} "
              f"({measured['method']['label']}); the model's score after the bar",
@@ -223,8 +233,8 @@ def _tune_measure(a: argparse.Namespace, tgt, rankings: dict) -> dict:
     from .analysis.tune import measured_ranking
     try:
         m, n, k = parse_shape(a.measure_shape)
-    except BenchError as e:
-        raise CliError(str(e)) from None
+    except BenchError as e:        # parse_shape's message names bench's --shape
+        raise CliError(f"--measure-shape{str(e).removeprefix('--shape')}") from None
     if m < 2:
         raise CliError(f"--measure-shape: the gemm job needs m >= 2, got {m}")
     shapes = {"gemm": (m, n, k), "gemv": (1, n, k)}
@@ -350,7 +360,7 @@ def _cmd_tune(a: argparse.Namespace) -> int:
             note = "" if s is best else (f" (best alone: {best.spec.spec_string}, "
                                          f"{best.value:.2f}; this one {100 * s.value / best.value:.0f}%)")
             unit = (f"{measured['method']['unit']} measured" if measured is not None
-                    else "MACs/cycle per 32-k block")
+                    else f"MACs/cycle over a {_per_block([s])}")
             print(f"{role}: {s.spec.spec_string:<26} {s.value:8.2f} {unit}{note}")
         ent = tuned_entry(a.family, pair)
         if (ent.top_gemm, ent.top_gemv) != (ent.gemm, ent.gemv):
@@ -411,7 +421,7 @@ def _cmd_export(a: argparse.Namespace) -> int:
         print(f"{a.output}: llama.cpp patch, {len(entries)} table entries "
               f"(apply from llama.cpp's root: patch -p1 < {a.output})")
         return 0
-    m = write_tree(a.output, target=a.target, tuned=tuned)
+    m = write_tree(a.output, target=a.target, tuned=tuned, force=a.force)
     if a.json:
         print(json.dumps(m, indent=2))
         return 0
@@ -594,7 +604,12 @@ def _parser() -> argparse.ArgumentParser:
                          "kernels of a llama.cpp table entry (same LHS layouts and RHS format, "
                          "other nr; llama.cpp packs with the getters' nr/kr/sr)")
     ex.add_argument("-o", "--output", required=True, metavar="PATH",
-                    help="root of the tree (kleidiai), the patch file (llama-patch)")
+                    help="root of the tree (kleidiai: a missing or empty directory, or a "
+                         "previous export, which holds TILEGEN_EXPORT.json), the patch file "
+                         "(llama-patch)")
+    ex.add_argument("--force", action="store_true",
+                    help="write into a non-empty DIR that is not a previous export (its files "
+                         "at the export's paths are overwritten)")
     ex.add_argument("--json", action="store_true", help="print the export manifest as JSON")
     ex.set_defaults(fn=_cmd_export)
 

@@ -52,7 +52,7 @@ from . import llama, packers_c
 from .files import ExportFile
 
 __all__ = ["KAI_VERSION", "Abi", "ABIS", "KaiKernel", "KERNELS", "kai_symbols", "export_files", "ExportFile",
-           "write_tree", "missing_symbols", "tuned_pair_overrides", "ENTRIES", "packer_files", "mapping_table", "tuned_overrides",
+           "write_tree", "is_export", "missing_symbols", "tuned_pair_overrides", "ENTRIES", "packer_files", "mapping_table", "tuned_overrides",
            "ExportError", "KQUANT_KERNELS", "KQUANT_ENTRIES", "KQUANT_DEFAULT", "KQuantEntry",
            "LLAMA_PATCH", "kquant_symbols", "kquant_entries", "llama_entry", "llama_patch"]
 
@@ -694,10 +694,39 @@ def missing_symbols(files: list[ExportFile] | None = None) -> list[str]:
     return [s for s in want if s not in have]
 
 
-def write_tree(out_dir, target: str = "linux-aarch64-all", tuned: bool | str = False) -> dict:
-    """Write the tree under ``out_dir``; returns the manifest plus ``missing`` symbols."""
+def is_export(root) -> bool:
+    """Whether ``root`` holds a tree this module wrote: its marker, the manifest
+    ``TILEGEN_EXPORT.json`` with the ``tilegen_export`` key."""
+    try:
+        man = json.loads((Path(root) / MANIFEST).read_text())
+    except (OSError, ValueError):
+        return False
+    return isinstance(man, dict) and "tilegen_export" in man
+
+
+def _check_output(root: Path, files: list[ExportFile]) -> None:
+    """Refuse to write into anything but a missing or empty directory or a previous export."""
+    if root.exists() and not root.is_dir():
+        raise ExportError(f"{root}: exists and is not a directory")
+    if not root.exists() or not any(root.iterdir()) or is_export(root):
+        return
+    clash = [f.path for f in files if (root / f.path).exists()]
+    what = (f"; the export would overwrite {len(clash)} of its files ({', '.join(clash[:3])}"
+            f"{', ...' if len(clash) > 3 else ''})" if clash else "")
+    raise ExportError(f"{root}: not empty and not a tilegen export (no {MANIFEST}){what}: "
+                      f"use an empty directory, or --force to write into it anyway")
+
+
+def write_tree(out_dir, target: str = "linux-aarch64-all", tuned: bool | str = False,
+               force: bool = False) -> dict:
+    """Write the tree under ``out_dir``; returns the manifest plus ``missing`` symbols.
+
+    ``out_dir`` must be missing, empty or a previous export (:func:`is_export`), unless
+    ``force``: a directory with other files is refused (:class:`ExportError`), untouched."""
     root = Path(out_dir)
     files = export_files(target, tuned)
+    if not force:
+        _check_output(root, files)
     for f in files:
         p = root / f.path
         p.parent.mkdir(parents=True, exist_ok=True)

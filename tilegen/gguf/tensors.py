@@ -32,6 +32,14 @@ def _reader(path):
                         f"does not fit in its {size} bytes") from None
 
 
+def _named(name: str, pack):
+    """pack(), its ArgumentError (a bad block, say) prefixed with the tensor's name."""
+    try:
+        return pack()
+    except ArgumentError as e:
+        raise ArgumentError(f"tensor {name!r}: {e}") from None
+
+
 def tensor_names(path) -> list[str]:
     _, r = _reader(path)
     return [t.name for t in r.tensors]
@@ -63,12 +71,14 @@ def load_tensor(path, name: str, lib=None, *, nr: int | None = None) -> PackedWe
     if t.tensor_type == T.Q4_0:
         raw = data.reshape(-1).view(np.uint8)
         if lib is not None:
-            return lib.pack_weights(kind="q4_0", from_ggml=raw, n=n, k=k, nr=nr)
-        return PackedWeights.from_q4_0(raw, n, k, nr=nr or 4)
+            return _named(name, lambda: lib.pack_weights(kind="q4_0", from_ggml=raw, n=n, k=k,
+                                                         nr=nr))
+        return _named(name, lambda: PackedWeights.from_q4_0(raw, n, k, nr=nr or 4))
     if t.tensor_type == T.Q8_0:      # requantised per channel for the q8_0 (qsi8cxp) kernels
         raw = data.reshape(-1).view(np.uint8)
         if lib is not None:
-            return lib.pack_weights(kind="q8_0", from_ggml=raw, n=n, k=k, nr=nr)
+            return _named(name, lambda: lib.pack_weights(kind="q8_0", from_ggml=raw, n=n, k=k,
+                                                         nr=nr))
         from ..layout import LayoutError
         from ..layout.rhs_int8 import QSI8CXP
         lay = QSI8CXP(nr or 4, 8)
@@ -82,7 +92,8 @@ def load_tensor(path, name: str, lib=None, *, nr: int | None = None) -> PackedWe
         kind, fmt = kquant
         raw = data.reshape(-1).view(np.uint8)
         if lib is not None:
-            return lib.pack_weights(kind=kind, from_ggml=raw, n=n, k=k, nr=nr)
+            return _named(name, lambda: lib.pack_weights(kind=kind, from_ggml=raw, n=n, k=k,
+                                                         nr=nr))
         from ..layout import LayoutError
         from ..layout.api import layout_for
         lay = layout_for(fmt, nr=nr or 4, kr=16)
@@ -95,7 +106,7 @@ def load_tensor(path, name: str, lib=None, *, nr: int | None = None) -> PackedWe
         w = data.reshape(n, k)
         kind = "f16" if t.tensor_type == T.F16 else "f32"
         if lib is not None:
-            return lib.pack_weights(w, kind=kind, nr=nr)
+            return _named(name, lambda: lib.pack_weights(w, kind=kind, nr=nr))
         from ..layout.f32 import F32PackedRHS
         lay = F32PackedRHS(nr or 16)
         return PackedWeights(lay, n, k, lay.pack(w.astype(np.float32)), False, kind)

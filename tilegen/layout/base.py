@@ -118,6 +118,9 @@ class PackedLayout:
     label_prefix: ClassVar[str]
     label_tail: ClassVar[str] = ""
     name_suffix: ClassVar[str] = ""
+    #: the ggml block type ``pack_from_ggml`` reads, and its k values per block
+    #: (e.g. ``("Q4_K", 256)``); None: the format takes no ggml blocks
+    ggml_block: ClassVar[tuple[str, int] | None] = None
 
     # -- what tilegen's generated NEON packer of this format can do (LHS formats;
     #    tilegen.generator.packers reads these, never a table of its own) -------------------

@@ -324,6 +324,7 @@ class Q4KP(KQuantRhs):
 
     format = "q4kp"
     label_prefix = "q4kp"
+    ggml_block = ("Q4_K", QK_K)
 
     def __post_init__(self) -> None:
         self.check_kquant(nr=self.nr)
@@ -447,6 +448,7 @@ class Q6KP(KQuantRhs):
 
     format = "q6kp"
     label_prefix = "q6kp"
+    ggml_block = ("Q6_K", QK_K)
 
     def __post_init__(self) -> None:
         self.check_kquant(nr=self.nr)

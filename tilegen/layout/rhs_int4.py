@@ -28,8 +28,8 @@ from ..reference.f32 import fma_f32
 from .base import (ColumnGroups, LayoutError, PackedLayout, RhsGroups, ScaleBlocks, check_pos,
                    eval_expr, rows_index)
 from .bf16 import bf16_to_f32, f32_to_bf16_rne
-from .ggml import (as_bytes, check_block_scales, dequantize_q4_0, f16_bits_to_f32, quantize_q4_0,
-                   split_q4_0)
+from .ggml import (QK4_0, as_bytes, check_block_scales, dequantize_q4_0, f16_bits_to_f32,
+                   quantize_q4_0, split_q4_0)
 
 __all__ = ["QSI4C32P", "QSI4C32PScaleF16", "QSI4C32PS1S0ScaleF16"]
 
@@ -61,6 +61,7 @@ class QSI4C32P(RhsGroups):
 
     format = "qsi4c32p"
     label_prefix = "qsi4c32p"
+    ggml_block = ("Q4_0", QK4_0)
 
     def __post_init__(self) -> None:
         L = self.check_interleave(nr=self.nr, bl=self.bl)
@@ -324,6 +325,7 @@ class QSI4C32PScaleF16(RhsGroups):
     format = "qsi4c32pscalef16"
     label_prefix = "qsi4c32p"         # KleidiAI's kernel names: qsi4c32p<nr>x<L>, as QSI4C32P
     name_suffix = "scalef16"
+    ggml_block = ("Q4_0", QK4_0)
 
     def __post_init__(self) -> None:
         check_pos(sr=self.sr)
@@ -533,6 +535,7 @@ class QSI4C32PS1S0ScaleF16(ColumnGroups, ScaleBlocks, PackedLayout):
     format = "qsi4c32ps1s0scalef16"
     label_prefix = "qsi4c32p"
     name_suffix = "s1s0scalef16"
+    ggml_block = ("Q4_0", QK4_0)
     scale_bytes = 2
 
     def __post_init__(self) -> None:

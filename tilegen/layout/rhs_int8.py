@@ -28,7 +28,7 @@ import numpy as np
 
 from .base import (LayoutError, PaddedSlots, RhsGroups, check_pos, round_half_away,
                    rows_index)
-from .ggml import check_block_scales, dequantize_q8_0, quantize_q8_0, split_q8_0
+from .ggml import QK8_0, check_block_scales, dequantize_q8_0, quantize_q8_0, split_q8_0
 
 __all__ = ["QSI8CXP", "quantize_per_channel", "requantize_q8_0", "requant_error_q8_0"]
 
@@ -121,6 +121,7 @@ class QSI8CXP(PaddedSlots, RhsGroups):
 
     format = "qsi8cxp"
     label_prefix = "qsi8cxp"
+    ggml_block = ("Q8_0", QK8_0)
 
     nr: int
     kr: int

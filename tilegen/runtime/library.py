@@ -318,7 +318,8 @@ class Library:
         """Pack weights once for this library's preferred kernel of ``kind``.
 
         ``layout="kn"``: ``w`` is (k, n) instead of (n, k), for every kind (not with
-        ``from_ggml=``: ggml blocks are always n rows of k/32 blocks).
+        ``from_ggml=``: ggml blocks are always n rows of blocks, k/32 per row (Q4_0, Q8_0) or
+        k/256 (Q4_K, Q6_K)).
         kind "f32" / "f16": (n, k) weights, f16 converted to f32.
         kind "f16" packs for the bf16 kernels where the CPU has bf16 (weights rounded to bf16,
         2 bytes each; activations rounded to bf16 per matmul), for the f32 kernels elsewhere.
@@ -329,6 +330,8 @@ class Library:
         block_q4_0 data via ``from_ggml=`` (bytes-like or a uint8 array; with n, k).
         kind "q8_0": float32 (n, k) weights quantised per channel (tilegen.runtime.q8), or raw
         ggml block_q8_0 bytes via ``from_ggml=`` (with n, k), requantised per channel.
+        kind "q4_K" / "q6_K": raw ggml block_q4_K / block_q6_K bytes via ``from_ggml=`` only
+        (with n, k; k a multiple of 256), repacked without loss.
         ``nr``: pack for the preferred kernel with that nr instead (:meth:`set_table` chooses
         any kernel).
 

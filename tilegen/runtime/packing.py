@@ -10,6 +10,7 @@ import numpy as np
 from ..generator.packers import packer_for, streaming_packer_for
 from ..layout import LayoutError
 from ..layout.api import layout_for
+from ..layout.registry import layout_class
 from ..records import FAMILIES
 from .binding import Kernel, Packer
 from .errors import ArgumentError
@@ -131,16 +132,19 @@ def pack_lhs(packers: dict[str, Packer], libname: str, fmt: str, x: np.ndarray, 
     return p(x, bl=bl, m_idx_start=m_idx_start)
 
 
-# kinds of the float families, and of the quantised ones (ggml block forms: from_ggml=)
+# kinds of the float families; the kinds with a ggml block form (from_ggml=) -> (ggml block
+# type, k values per block): the blocks the pack_from_ggml of the family's RHS layout reads
 _FLOAT_KINDS = tuple(k for f in FAMILIES.values() if not f.quantized for k in f.kinds)
-_GGML_KINDS = tuple(k for f in FAMILIES.values() if f.quantized for k in f.kinds)
+_GGML_BLOCKS = {k: layout_class("rhs", f.rhs).ggml_block for f in FAMILIES.values()
+                for k in f.kinds if layout_class("rhs", f.rhs).ggml_block is not None}
+_GGML_KINDS = tuple(_GGML_BLOCKS)
 _LAYOUTS = ("nk", "kn")
 
 
 def _check_source(kind: str, w, layout, from_ggml, n, k) -> None:
     """ArgumentError unless pack_weights got one weight source that fits ``kind``: ``w`` in
-    ``layout`` "nk" or "kn", or (q4_0, q4_0_dx, q8_0) ggml blocks ``from_ggml`` with n and k,
-    always n rows of k/32 blocks (ggml's (n, k) order: layout "nk")."""
+    ``layout`` "nk" or "kn", or (the kinds of ``_GGML_BLOCKS``) ggml blocks ``from_ggml`` with
+    n and k, always n rows of k/QK blocks (ggml's (n, k) order: layout "nk")."""
     if not isinstance(layout, str) or layout not in _LAYOUTS:
         raise ArgumentError(f"layout must be 'nk' ((n, k) weights) or 'kn' ((k, n) weights), "
                             f"got {layout!r}")
@@ -150,14 +154,17 @@ def _check_source(kind: str, w, layout, from_ggml, n, k) -> None:
                                 f"k, for kinds {', '.join(_GGML_KINDS)})")
         return
     if kind not in _GGML_KINDS:
-        raise ArgumentError(f"from_ggml= takes ggml Q4_0/Q8_0 blocks, for kinds "
+        types = "/".join(dict.fromkeys(t for t, _ in _GGML_BLOCKS.values()))
+        raise ArgumentError(f"from_ggml= takes ggml {types} blocks, for kinds "
                             f"{', '.join(_GGML_KINDS)}; kind {kind!r} has no ggml block form: "
                             f"pass its weights as w")
     if w is not None:
         raise ArgumentError("pass either w or from_ggml=, not both")
     if layout != "nk":
-        raise ArgumentError("from_ggml= blocks are always n rows of k/32 blocks (ggml's (n, k) "
-                            "order): layout must be 'nk' with from_ggml=, got 'kn'")
+        btype, qk = _GGML_BLOCKS[kind]
+        raise ArgumentError(f"from_ggml= blocks are always n rows of k/{qk} {btype} blocks "
+                            f"(ggml's (n, k) order): layout must be 'nk' with from_ggml=, got "
+                            f"'kn'")
     if n is None or k is None:
         raise ArgumentError("from_ggml= needs n and k")
 

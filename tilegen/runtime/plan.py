@@ -2,10 +2,12 @@
 
 A plan does once what :func:`tilegen.runtime.ops.matmul` does per call: argument checks (the
 same :class:`~tilegen.runtime.request.Request`), ``adopt``, kernel and packer selection, the
-split over threads, workspace allocation and every offset.  It fills the descriptors of the
-library's native driver (:mod:`tilegen.runtime.driver`), so a call is one ctypes call
-(``tilegen_plan_call``) that checks the two numpy arrays itself and runs the LHS packing and
-the kernels, one native call per thread:
+split over threads and every offset.  It fills the descriptors of the library's native driver
+(:mod:`tilegen.runtime.driver`), so a call is one ctypes call (``tilegen_plan_call``) that
+checks the two numpy arrays itself and runs the LHS packing and the kernels, one native call
+per thread.  The packed-LHS workspace of a row count is allocated by the first call with that
+many rows (so a plan for a huge m allocates nothing for m rows until a call has them); the fast
+path of the planned m opens after it, and allocates no array from then on:
 
 - threads: a persistent pool per library of ``threads - 1`` worker threads (Python threads,
   each blocked for its lifetime in one native call, ``tilegen_pool_worker``, without the GIL)
@@ -88,15 +90,17 @@ class _Variant:
             and len(mm_parts) > 1
         if private:
             stride = -(-lsize // 64) * 64
-            self.ws = np.zeros(stride * len(mm_parts), np.uint8)
             pack_parts = []
         else:
             stride = 0
-            self.ws = np.zeros(lsize, np.uint8) if lay is not None else None
             if s.pack_args in (D.P_NONE, D.P_GIVEN):
                 pack_parts = []
         s.private_pack = int(private)
-        s.ws = self.ws.ctypes.data if self.ws is not None else None
+        # the packed-LHS workspace: allocated by the first run with these rows (workspace()),
+        # so a plan for a huge m allocates nothing for it until a call has m rows
+        self.ws_size = stride * len(mm_parts) if private else lsize
+        self.ws = None
+        s.ws = None
         self.pack = (D.PackTask * max(1, len(pack_parts)))(
             *[D.PackTask(a, b, lay.packed_offset(a, k)) for a, b in pack_parts])
         self.mm = (D.MmTask * len(mm_parts))(
@@ -128,6 +132,19 @@ class _Variant:
         self.lock = threading.Lock()
         self.s.busy = 0
 
+    @property
+    def ready(self) -> bool:
+        """Whether the descriptors are complete: the workspace is allocated or not needed."""
+        return self.ws is not None or not self.ws_size
+
+    def workspace(self) -> None:
+        """Allocate the workspace (once; it then stays at its address for the variant's
+        lifetime, which the native descriptors point at)."""
+        with self.lock:
+            if self.ws is None and self.ws_size:
+                self.ws = np.zeros(self.ws_size, np.uint8)
+                self.s.ws = self.ws.ctypes.data
+
     def run(self, plan: "Plan", x2: np.ndarray, dst: np.ndarray) -> None:
         """dst = the matmul of contiguous rows x2 (rows, k) into contiguous dst (rows, n)."""
         req = plan.request
@@ -135,6 +152,8 @@ class _Variant:
             run_rows(plan.lib, x2, plan.weights, dst, req.kcmin, req.kcmax, req.threads)
             req.finish(dst)
             return
+        if not self.ready:
+            self.workspace()
         if self.s.pack_args == D.P_GIVEN:
             with self.lock:
                 check_activations(plan.weights.kind, self.limit, x2)
@@ -198,8 +217,9 @@ class Plan:
         self._out_shape = (self.m, self.n)
         self._x_shape = (self.m, self.k)
         self._call = self.drv.call if self.drv is not None else None
-        self._fast = v.addr if v.native and v.s.fast else None
-        self._ctx = self._fast
+        self._planned = v if v.native and v.s.fast else None
+        self._fast = self._ctx = None
+        self._publish()
         reset_after_fork(self)
 
     def __repr__(self) -> str:
@@ -208,8 +228,22 @@ class Plan:
 
     @property
     def native(self) -> bool:
-        """Whether calls of the planned shape take the native fast path."""
-        return self._fast is not None
+        """Whether calls of the planned shape take the native fast path (from the first call
+        with m rows on, when the plan's workspace is allocated)."""
+        return self._planned is not None
+
+    def _publish(self) -> None:
+        """Open the fast path once the planned variant is ready: at once when it needs no
+        workspace, else after the first call with m rows (which allocates it).  Ordered so
+        that a concurrent close() or fork leaves no fast path behind."""
+        v = self._planned
+        if v is None or self._fast is not None or not v.ready:
+            return
+        self._fast = v.addr
+        if not self._revive:
+            self._ctx = self._fast
+        if self._closed:
+            self._ctx = None
 
     def route(self, rows: int):
         """(packing, kernel) for ``rows`` rows, as the library's tables chose them when the
@@ -273,6 +307,8 @@ class Plan:
             return given
         x2 = np.ascontiguousarray(x.reshape(rows, self.k))
         self._variant(rows).run(self, x2, out.reshape(rows, self.n))
+        if self._fast is None and rows == self.m:
+            self._publish()
         return out
 
 
