@@ -37,7 +37,7 @@ from .. import __version__, callconv
 from ..build.targets import get_target
 from ..build.tuned import read_tuned, tuned_path, tuned_targets
 from ..callconv import Param
-from ..records import FAMILIES, abi_for
+from ..families import FAMILIES, LLAMA_KERNELS, abi_for
 from ..generator.render import render, render_template
 from ..generator.spec import KernelSpec
 from ..generator.validate import parse_spec
@@ -116,13 +116,12 @@ ABIS: dict[str, Abi] = {a.key: a for a in (
     Abi("f32_f32p", "matmul_clamp_f32_f32_f32p", "matmul_clamp_f32_f32_f32p", "get_lhs_offset",
         "size_t m_idx, size_t stride", "size_t n_idx, size_t k", callconv.F32.params,
         callconv.F32),
-    # tilegen's K-quant kernels (no KleidiAI counterpart): KleidiAI's qai8dxp_qsi8cxp shape
-    Abi("q8kp_q4kp", "matmul_clamp_f32_q8kp_q4kp", "matmul_clamp_f32_q8kp_q4kp",
-        "get_lhs_packed_offset", "size_t m_idx, size_t k", "size_t n_idx, size_t k",
-        callconv.Q8.spelled(dst="float*"), callconv.Q8),
-    Abi("q8kp_q6kp", "matmul_clamp_f32_q8kp_q6kp", "matmul_clamp_f32_q8kp_q6kp",
-        "get_lhs_packed_offset", "size_t m_idx, size_t k", "size_t n_idx, size_t k",
-        callconv.Q8.spelled(dst="float*"), callconv.Q8),
+    # tilegen's K-quant kernels (no KleidiAI counterpart), one per family with a llama.cpp
+    # mapping (the plugins' LLAMA_KERNELS): KleidiAI's qai8dxp_qsi8cxp shape
+    *(Abi(key, f"matmul_clamp_f32_{key}", f"matmul_clamp_f32_{key}",
+          "get_lhs_packed_offset", "size_t m_idx, size_t k", "size_t n_idx, size_t k",
+          callconv.Q8.spelled(dst="float*"), callconv.Q8)
+      for key in (f"{FAMILIES[fam].lhs}_{FAMILIES[fam].rhs}" for fam in LLAMA_KERNELS)),
 )}
 
 
@@ -211,14 +210,12 @@ def _kq(abi: str, spec: str, note: str) -> KaiKernel:
 #: a gemv on one packed RHS (packed at the gemm's nr/kr), SME2 (tiles in SVL units, kr 4), I8MM
 #: (SMMLA, kr 16) and DOTPROD (SDOT, kr 8).  The LHS is q8kp (kai_lhs_quant_pack_q8kp_f32), the RHS q4kp / q6kp repacked from
 #: ggml's blocks (kai_rhs_pack_nxk_q4kp_q4k, kai_rhs_pack_nxk_q6kp_q6k).
+#: The families and tiles are the plugins' (``LLAMA_KERNELS``, :mod:`tilegen.families`).
 KQUANT_KERNELS: tuple[KaiKernel, ...] = tuple(
-    _kq(f"q8kp_{rhs}", f"{fam}:{isa}:{tile}", note)
-    for fam, rhs in (("q4_K", "q4kp"), ("q6_K", "q6kp"))
-    for isa, tile, note in (("sme2", "1vlx2vl", "gemm, int16 SMOPA"),
-                            ("sme2", "1x2vl", "gemv, ZA-array SDOT"),
-                            ("i8mm", "8x4", "gemm, SMMLA"), ("i8mm", "1x4", "gemv, SMMLA"),
-                            ("dotprod", "8x4", "gemm, SDOT by lane"),
-                            ("dotprod", "1x4", "gemv, SDOT by lane")))
+    _kq(f"{FAMILIES[fam].lhs}_{FAMILIES[fam].rhs}", f"{fam}:{isa}:{tile}", f"{op}, {how}")
+    for fam, entries in LLAMA_KERNELS.items()
+    for isa, gemm, gemv, gemm_how, gemv_how in entries
+    for op, tile, how in (("gemm", gemm, gemm_how), ("gemv", gemv, gemv_how)))
 #: (gemm, gemv) sharing one packed RHS, as the patch's kernels table pairs them
 KQUANT_ENTRIES: tuple[tuple[str, str], ...] = tuple(
     (KQUANT_KERNELS[i].name, KQUANT_KERNELS[i + 1].name) for i in range(0, len(KQUANT_KERNELS), 2))

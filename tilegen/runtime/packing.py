@@ -9,12 +9,11 @@ import numpy as np
 
 from ..generator.packers import packer_for, streaming_packer_for
 from ..layout import LayoutError
+from ..families import FLOAT_KINDS, GGML_KINDS, pack
 from ..layout.api import layout_for
-from ..records import FAMILIES
 from .binding import Kernel, Packer
 from .errors import ArgumentError
 from .packed import OPS, PackedLayouts, PackedWeights
-from .q8 import pack_q8_0
 from .table import KernelTable
 
 __all__ = ["pack_weights", "pack_for", "find_packer", "lhs_packer", "pack_lhs", "check_ops"]
@@ -42,39 +41,23 @@ def pack_weights(table: KernelTable, w, kind: str, bias, layout: str, nr: int | 
 
 
 def pack_for(kern: Kernel, w, kind: str, bias, layout: str, from_ggml, n, k) -> PackedWeights:
-    """The weights packed in the layout ``kern`` reads."""
+    """The weights packed in the layout ``kern`` reads, by its family's packing protocol
+    (:func:`tilegen.families.pack`)."""
     _check_source(kind, w, layout, from_ggml, n, k)
-    if from_ggml is None and kind not in _FLOAT_KINDS:
-        w = np.asarray(w)           # the quantisers take (n, k)
-        if w.ndim != 2:
-            raise ArgumentError(f"weights must be 2-D ({layout[0]}, {layout[1]}), got shape "
-                                f"{w.shape}")
-        if layout == "kn":
-            w = np.ascontiguousarray(w.T)
+    if from_ggml is None:
+        w = np.asarray(w)
+        if kind not in FLOAT_KINDS:         # the quantisers take (n, k)
+            if w.ndim != 2:
+                raise ArgumentError(f"weights must be 2-D ({layout[0]}, {layout[1]}), got shape "
+                                    f"{w.shape}")
+            if layout == "kn":
+                w = np.ascontiguousarray(w.T)
+                layout = "nk"
+        if w.ndim == 2:
+            n, k = (w.shape if layout == "nk" else w.shape[::-1])
+    lay = kern.rhs_layout()
     try:
-        if kind == "q8_0":      # per-channel int8 (tilegen.runtime.q8)
-            return pack_q8_0(kern, w, bias, from_ggml, n, k)
-        if kind in ("f32", "f16", "bf16"):
-            w = np.asarray(w)
-            if kind == "f16":
-                if w.dtype != np.float16:
-                    raise ArgumentError(f"f16 weights must be float16, got {w.dtype}")
-                w = w.astype(np.float32)
-            elif kind == "bf16":     # rounded to bf16 (nearest even) by the layout
-                if w.dtype not in (np.float32, np.float16):
-                    raise ArgumentError(f"bf16 weights must be float32 or float16, got "
-                                        f"{w.dtype}")
-                w = w.astype(np.float32)
-            lay = kern.rhs_layout()
-            data = lay.pack(w, bias=bias, layout=layout)
-            n_, k_ = (w.shape if layout == "nk" else w.shape[::-1])
-            return PackedWeights(lay, n_, k_, data, bias is not None, kind)
-        lay = kern.rhs_layout(32)
-        if from_ggml is not None:
-            data = lay.pack_from_ggml(from_ggml, n, k, bias=bias)
-        else:
-            n, k = w.shape
-            data = lay.pack_from_float(w, bias=bias)
+        data = pack(kern.family, lay, kind, w, from_ggml, n, k, bias, layout)
     except LayoutError as e:
         raise ArgumentError(str(e)) from None
     return PackedWeights(lay, int(n), int(k), data, bias is not None, kind)
@@ -131,9 +114,6 @@ def pack_lhs(packers: dict[str, Packer], libname: str, fmt: str, x: np.ndarray, 
     return p(x, bl=bl, m_idx_start=m_idx_start)
 
 
-# kinds of the float families, and of the quantised ones (ggml block forms: from_ggml=)
-_FLOAT_KINDS = tuple(k for f in FAMILIES.values() if not f.quantized for k in f.kinds)
-_GGML_KINDS = tuple(k for f in FAMILIES.values() if f.quantized for k in f.kinds)
 _LAYOUTS = ("nk", "kn")
 
 
@@ -147,11 +127,11 @@ def _check_source(kind: str, w, layout, from_ggml, n, k) -> None:
     if from_ggml is None:
         if w is None:
             raise ArgumentError("no weights: pass w (or ggml blocks via from_ggml= with n and "
-                                f"k, for kinds {', '.join(_GGML_KINDS)})")
+                                f"k, for kinds {', '.join(GGML_KINDS)})")
         return
-    if kind not in _GGML_KINDS:
+    if kind not in GGML_KINDS:
         raise ArgumentError(f"from_ggml= takes ggml Q4_0/Q8_0 blocks, for kinds "
-                            f"{', '.join(_GGML_KINDS)}; kind {kind!r} has no ggml block form: "
+                            f"{', '.join(GGML_KINDS)}; kind {kind!r} has no ggml block form: "
                             f"pass its weights as w")
     if w is not None:
         raise ArgumentError("pass either w or from_ggml=, not both")
