@@ -144,3 +144,67 @@ def test_cli_help_names_every_family(cmd, capsys):
         main([cmd, "--help"])
     text = " ".join(capsys.readouterr().out.split())
     assert ", ".join(F.FAMILIES) in text
+
+
+_NEW_PLUGIN = '''"""A test family: q8_0's kernels under another name (tests/test_families.py)."""
+from dataclasses import replace
+
+from . import q8_0
+
+ORDER = 99
+RECORDS = (replace(q8_0.RECORDS[0], name="q8_0_alias", kinds=("q8_0_alias",)),)
+LAYOUTS = ()
+ALLOCATOR_MODULES = ("q8",)
+DEFAULT_KERNELS = ("q8_0_alias:neon:4x4", "q8_0_alias:dotprod:1x4")
+GGML_TYPES = {"Q8_0_ALIAS": "q8_0_alias"}
+pack = q8_0.pack
+gguf_layout = q8_0.gguf_layout
+'''
+
+_NEW_PLUGIN_CHECKS = '''
+import io, contextlib
+import numpy as np
+import tilegen.families as F
+from tilegen.build.targets import DEFAULT_KERNELS
+from tilegen.cli import main
+from tilegen.generator import regalloc
+from tilegen.generator.render import render
+from tilegen.generator.validate import parse_spec
+from tilegen.layout.base import rhs_layout_for
+from tilegen.runtime.select import KIND_FAMILIES
+assert "q8_0_alias" in F.FAMILIES and F.KIND_FAMILY["q8_0_alias"] == "q8_0_alias"
+assert KIND_FAMILIES["q8_0_alias"] == ("q8_0_alias",)
+assert "q8_0_alias" in F.GGML_KINDS and F.GGML_TYPES["Q8_0_ALIAS"] == "q8_0_alias"
+assert DEFAULT_KERNELS[-2:] == ("q8_0_alias:neon:4x4", "q8_0_alias:dotprod:1x4")
+a, b = parse_spec("q8_0_alias:i8mm:8x4"), parse_spec("q8_0:i8mm:8x4")
+assert regalloc.allocate(a) is not None        # the same asm but the spec in the header line
+assert render(a).text.replace("spec: q8_0_alias:", "spec: q8_0:") == render(b).text
+w = np.random.default_rng(1).standard_normal((8, 64)).astype(np.float32) + 0.5
+lay = rhs_layout_for(a, 32)
+assert np.array_equal(F.pack("q8_0_alias", lay, "q8_0_alias", w, None, 8, 64, None, "nk"),
+                      F.pack("q8_0", lay, "q8_0", w, None, 8, 64, None, "nk"))
+out = io.StringIO()
+with contextlib.redirect_stdout(out):
+    try:
+        main(["generate", "--help"])
+    except SystemExit:
+        pass
+assert "q8_0_alias" in out.getvalue()
+print("OK")
+'''
+
+
+def test_a_new_family_is_its_plugin_module_alone(tmp_path):
+    """A copy of the package with one more module in tilegen/families/ (and no other change):
+    the spec grammar, the allocator registry, the kinds, the GGUF types, the default kernels,
+    the packing protocol and the CLI help all know the new family."""
+    import shutil
+    import subprocess
+    import sys
+    src = Path(F.__file__).resolve().parents[1]
+    shutil.copytree(src, tmp_path / "tilegen", ignore=shutil.ignore_patterns("__pycache__"))
+    (tmp_path / "tilegen" / "families" / "q8_0_alias.py").write_text(_NEW_PLUGIN)
+    r = subprocess.run([sys.executable, "-c", _NEW_PLUGIN_CHECKS], cwd=tmp_path,
+                       capture_output=True, text=True, timeout=300,
+                       env={"PYTHONPATH": str(tmp_path), "PATH": "/usr/bin:/bin"})
+    assert r.returncode == 0 and r.stdout.strip().endswith("OK"), r.stderr[-3000:]
