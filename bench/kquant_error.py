@@ -5,7 +5,7 @@ activations (tilegen.reference.kquant; numpy only, no build, no emulation).
     python bench/kquant_error.py                  # markdown table on stdout
     python bench/kquant_error.py --json out.json  # the figures as JSON too
 
-Weights: seeded random valid ggml blocks (tilegen.layout.ggml.random_q4_k / random_q6_k).
+Weights: seeded random valid ggml blocks (tilegen.families.q4_k.random_q4_k / q6_k.random_q6_k).
 Activations: seeded, two kinds per shape — ``normal`` (standard normal) and ``heavy``
 (Student t with 3 degrees of freedom: a few large values per row, as LLM activations have).
 Figures: ``rms`` = RMS(error) / RMS(float64 result), ``max`` = max |error| / max |float64 result|;
@@ -24,7 +24,9 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from tilegen.layout.ggml import random_q4_k, random_q6_k  # noqa: E402
+from tilegen.families import rhs_layout_class  # noqa: E402
+from tilegen.families.q4_k import random_q4_k  # noqa: E402
+from tilegen.families.q6_k import random_q6_k  # noqa: E402
 from tilegen.reference.kquant import (error_summary, matmul_f64_kquant, matmul_ggml,  # noqa: E402
                                       matmul_tilegen)
 
@@ -46,8 +48,9 @@ def rows() -> list[dict]:
             raw = RAND[wkind](n, k, 100 + i)
             for akind in ("normal", "heavy"):
                 x = activations(akind, m, k, 200 + i)
-                ref = matmul_f64_kquant(wkind, x, raw, n)
-                tg, gg = matmul_tilegen(wkind, x, raw, n), matmul_ggml(wkind, x, raw, n)
+                rhs = rhs_layout_class(wkind)
+                ref = matmul_f64_kquant(rhs, x, raw, n)
+                tg, gg = matmul_tilegen(rhs, x, raw, n), matmul_ggml(rhs, x, raw, n)
                 e_tg, e_gg = error_summary(tg, ref), error_summary(gg, ref)
                 out.append({"kind": wkind, "m": m, "n": n, "k": k, "x": akind,
                             "tilegen": e_tg, "ggml": e_gg,

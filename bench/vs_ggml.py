@@ -301,7 +301,7 @@ def tilegen_specs(model: str, families=TILEGEN_FAMILIES) -> list[str]:
     from tilegen.build.defaults import default_specs
     from tilegen.build.targets import get_target
     from tilegen.generator.validate import as_spec
-    from tilegen.records import FAMILIES
+    from tilegen.families import FAMILIES
     target = get_target(model)
     defaults = [s for s in default_specs(target)
                 if s.family in families and s.isa_info.vl_kind != "sme"]

@@ -12,7 +12,7 @@ from tilegen.export.kleidiai import ABIS as KAI_ABIS
 from tilegen.generator.manifest import kernel_entry, packer_entry
 from tilegen.generator.packers import PackerSpec
 from tilegen.generator.validate import parse_spec
-from tilegen.records import FAMILIES, abi_for
+from tilegen.families import FAMILIES, abi_for
 from tilegen.runtime import driver as D
 
 

@@ -8,9 +8,8 @@ import numpy as np
 import pytest
 
 import tilegen
-from tilegen.layout.ggml import random_q4_k
-from tilegen.layout.kquant import Q4KP, Q8KP
-from tilegen.reference.kquant import matmul_q8kp_q4kp
+from tilegen.families.q4_k import Q4KP, matmul_q8kp_q4kp, random_q4_k
+from tilegen.layout.kquant import Q8KP
 
 from conftest import (  # noqa: F401 (CPU_FEATURES: the fuzz / q6_K tests import it here)
     CPU_FEATURES, guest, refused_for_missing_features)

@@ -9,9 +9,8 @@ import numpy as np
 import pytest
 
 import tilegen
-from tilegen.layout.ggml import random_q4_k
-from tilegen.layout.kquant import Q4KP, Q8KP
-from tilegen.reference.kquant import matmul_q8kp_q4kp
+from tilegen.families.q4_k import Q4KP, matmul_q8kp_q4kp, random_q4_k
+from tilegen.layout.kquant import Q8KP
 
 from conftest import guest
 from test_exec_kquant_q4 import FMAX, SENTINEL, _check

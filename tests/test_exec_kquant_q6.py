@@ -10,9 +10,8 @@ import numpy as np
 import pytest
 
 import tilegen
-from tilegen.layout.ggml import random_q6_k
-from tilegen.layout.kquant import Q6KP, Q8KP
-from tilegen.reference.kquant import matmul_q8kp_q6kp
+from tilegen.families.q6_k import Q6KP, matmul_q8kp_q6kp, random_q6_k
+from tilegen.layout.kquant import Q8KP
 
 from conftest import guest
 from test_exec_kquant_q4 import CPU_FEATURES, FMAX, KQ_CPUS, SENTINEL, SWEEP_CPU, _check

@@ -9,9 +9,7 @@ from pathlib import Path
 import pytest
 
 import tilegen
-from tilegen.layout.ggml import random_q6_k
-from tilegen.layout.kquant import Q6KP
-from tilegen.reference.kquant import matmul_q8kp_q6kp
+from tilegen.families.q6_k import Q6KP, matmul_q8kp_q6kp, random_q6_k
 
 from conftest import guest
 from test_exec_kquant_q4_sve import (NATIVE_VL, RUNS, assert_gemv_pairs_share_the_packed_rhs,

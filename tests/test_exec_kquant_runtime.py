@@ -19,11 +19,12 @@ import pytest
 import tilegen
 from tilegen.generator.validate import parse_spec
 from tilegen.layout.api import layout_for
-from tilegen.layout.ggml import random_q4_k, random_q6_k
+from tilegen.families.q4_k import matmul_q8kp_q4kp, random_q4_k
+from tilegen.families.q6_k import matmul_q8kp_q6kp, random_q6_k
 from tilegen.layout.base import rhs_layout_for
 from tilegen.layout.kquant import Q8KP
-from tilegen.records import FAMILIES, ISAS, SpecError
-from tilegen.reference.kquant import matmul_q8kp_q4kp, matmul_q8kp_q6kp
+from tilegen.families import FAMILIES
+from tilegen.records import ISAS, SpecError
 
 from conftest import SME_ON, guest
 from test_kquant_weights import write_gguf

@@ -11,9 +11,9 @@ import numpy as np
 import pytest
 
 import tilegen
-from tilegen.layout.ggml import random_q4_k, random_q6_k
-from tilegen.layout.kquant import Q4KP, Q6KP, Q8KP
-from tilegen.reference.kquant import matmul_q8kp_q4kp, matmul_q8kp_q6kp
+from tilegen.families.q4_k import Q4KP, matmul_q8kp_q4kp, random_q4_k
+from tilegen.families.q6_k import Q6KP, matmul_q8kp_q6kp, random_q6_k
+from tilegen.layout.kquant import Q8KP
 
 from conftest import SME_ON, guest
 

@@ -680,7 +680,9 @@ def _kquant_entry_bit_exact(g, so, gemm_kk, gemv_kk, seed: int):
     first; RHS from ggml blocks by the exported C repack at the gemm's nr/kr, LHS by the C q8kp
     quantiser at each kernel's mr/kr): gemm (m = 13, 2 VL + 1) and gemv (m = 1) equal
     tilegen.reference.kquant's arithmetic on the numpy packers' bytes, bit for bit."""
-    from tilegen.layout.ggml import random_q4_k, random_q6_k
+    from tilegen.families.q4_k import random_q4_k
+    from tilegen.families.q6_k import random_q6_k
+    from tilegen.families import rhs_layout_class
     from tilegen.reference.kquant import matmul_tilegen
     kind, packer = _kq_packer(gemm_kk.name)
     vl = SVL_BITS // 8
@@ -695,7 +697,7 @@ def _kquant_entry_bit_exact(g, so, gemm_kk, gemv_kk, seed: int):
             x = (rng.normal(size=(m, k)) * rng.uniform(0.1, 10.0, size=(m, 1))).astype(np.float32)
             got = g.call("guest_kai:llama_flow", so, kk.name, "packed", gemm_kk.name,
                          "lhs_quant_pack_q8kp_f32", False, packer, "kq", x, dict(raw=raw, n=n))
-            want = matmul_tilegen(kind, x, raw, n,
+            want = matmul_tilegen(rhs_layout_class(kind), x, raw, n,
                                   mr=lhs_layout_for(spec, 32, vl if spec.vl_scaled else None).mr,
                                   nr=rlay.nr, kr=gspec.kr)
             assert np.array_equal(np.asarray(got, np.float32).view(np.uint32),

@@ -25,9 +25,10 @@ from tilegen.export.packers_c import (ALL_PACKERS, KQUANT_PACKERS, PACK_DIR, PAC
 from tilegen.layout.bf16 import BF16PLhs2, BF16PRhs2B
 from tilegen.layout.f16 import F16PLhs2
 from tilegen.layout.f32 import F32PackedLHS, F32PackedRHS
-from tilegen.layout.ggml import (BLOCK_Q4_K_BYTES, BLOCK_Q6_K_BYTES, quantize_q4_0, random_q4_k,
-                                 random_q6_k)
-from tilegen.layout.kquant import Q4KP, Q6KP, Q8KP
+from tilegen.layout.ggml import quantize_q4_0
+from tilegen.families.q4_k import BLOCK_Q4_K_BYTES, Q4KP, random_q4_k
+from tilegen.families.q6_k import BLOCK_Q6_K_BYTES, Q6KP, random_q6_k
+from tilegen.layout.kquant import Q8KP
 from tilegen.layout.lhs_int8 import QAI8DXP, QSI8D32P, QSI8D32PScaleTail
 from tilegen.layout.rhs_int4 import QSI4C32PS1S0ScaleF16, QSI4C32PScaleF16
 from tilegen.layout.rhs_int8 import QSI8CXP

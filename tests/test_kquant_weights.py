@@ -12,7 +12,8 @@ import pytest
 import tilegen
 from tilegen.layout import LayoutError
 from tilegen.layout.api import can_repack, layout_for, repack_rhs
-from tilegen.layout.ggml import random_q4_k, random_q6_k
+from tilegen.families.q4_k import random_q4_k
+from tilegen.families.q6_k import random_q6_k
 from tilegen.runtime.errors import ArgumentError
 from tilegen.runtime.packed import dequantize_packed_rows
 

@@ -1,5 +1,5 @@
-"""The K-quant layouts (tilegen.layout.kquant: q8kp, q4kp, q6kp) and ggml's Q4_K / Q6_K blocks
-(tilegen.layout.ggml): bytes against the design's byte rules (docs/layouts.md#q8kp, #q4kp,
+"""The K-quant layouts (q8kp in tilegen.layout.kquant; q4kp, q6kp in the family plugins
+tilegen.families.q4_k / q6_k) and ggml's Q4_K / Q6_K blocks (the plugins' codecs): bytes against the design's byte rules (docs/layouts.md#q8kp, #q4kp,
 #q6kp, written here as plain loops) and against worked examples, round trips, dequantisation
 equal to gguf.quants.dequantize bit for bit, and the refusals."""
 from __future__ import annotations
@@ -11,12 +11,15 @@ from gguf.quants import dequantize
 
 from tilegen.reference import kquant as RK
 from tilegen.layout import LayoutError
-from tilegen.layout import ggml
 from tilegen.layout.api import can_repack, layout_for, pack_lhs, pack_rhs, repack_rhs
-from tilegen.layout.kquant import Q4KP, Q6KP, Q8KP
+from tilegen.layout.kquant import Q8KP
+from tilegen.families import q4_k, q6_k
+from tilegen.families.q4_k import Q4KP
+from tilegen.families.q6_k import Q6KP
 from tilegen.reference.f32 import fma_f32
 
 KS = (256, 512, 768)
+RHS = {"q4_K": Q4KP, "q6_K": Q6KP}       # kind -> its RHS layout class (the references' hooks)
 GEOMS = [(4, 8), (4, 16), (8, 4), (3, 16), (1, 32), (12, 2)]
 
 
@@ -24,7 +27,7 @@ GEOMS = [(4, 8), (4, 16), (8, 4), (3, 16), (1, 32), (12, 2)]
 # the design's byte rules as loops (independent of the vectorised packers)
 # ----------------------------------------------------------------------------------------
 def loop_pack_q4kp(raw, n, k, nr, kr):
-    d, dmin, sc, m, q = ggml.split_q4_k(raw, n, k)
+    d, dmin, sc, m, q = q4_k.split_q4_k(raw, n, k)
     L, S, G = kr // 2, k // 256, -(-n // nr)
     rec = 148 * nr
     out = bytearray(G * S * rec)
@@ -46,7 +49,7 @@ def loop_pack_q4kp(raw, n, k, nr, kr):
 
 
 def loop_pack_q6kp(raw, n, k, nr, kr):
-    d, sc, q = ggml.split_q6_k(raw, n, k)
+    d, sc, q = q6_k.split_q6_k(raw, n, k)
     L, S, G = kr // 2, k // 256, -(-n // nr)
     rec = 210 * nr
     out = bytearray(G * S * rec)
@@ -74,7 +77,7 @@ def loop_pack_q6kp(raw, n, k, nr, kr):
 @pytest.mark.parametrize("nr,kr", GEOMS)
 def test_q4kp_bytes_follow_the_byte_rules(nr, kr):
     n, k = 2 * nr + 1, 512
-    raw = ggml.random_q4_k(n, k, seed=nr * 100 + kr)
+    raw = q4_k.random_q4_k(n, k, seed=nr * 100 + kr)
     lay = Q4KP(nr, kr)
     assert lay.pack_from_ggml(raw, n, k).tobytes() == loop_pack_q4kp(raw, n, k, nr, kr).tobytes()
 
@@ -82,7 +85,7 @@ def test_q4kp_bytes_follow_the_byte_rules(nr, kr):
 @pytest.mark.parametrize("nr,kr", GEOMS)
 def test_q6kp_bytes_follow_the_byte_rules(nr, kr):
     n, k = 2 * nr + 1, 512
-    raw = ggml.random_q6_k(n, k, seed=nr * 100 + kr)
+    raw = q6_k.random_q6_k(n, k, seed=nr * 100 + kr)
     lay = Q6KP(nr, kr)
     assert lay.pack_from_ggml(raw, n, k).tobytes() == loop_pack_q6kp(raw, n, k, nr, kr).tobytes()
 
@@ -99,7 +102,7 @@ def _q4k_example(n=5):
     dmin = (0x1000 + np.arange(n)).reshape(n, 1)
     sc = np.tile(np.arange(1, 9), (n, 1, 1))
     m = np.tile(40 + np.arange(8), (n, 1, 1))
-    return ggml.join_q4_k(d, dmin, sc, m, q), (d, dmin, sc, m, q)
+    return q4_k.join_q4_k(d, dmin, sc, m, q), (d, dmin, sc, m, q)
 
 
 def test_q4_k_block_bytes_worked_example():
@@ -146,7 +149,7 @@ def test_q6kp_worked_example_nr4_kr8():
     q = np.stack([(5 * t + c) % 64 for c in range(n)]).astype(np.uint8)
     sc = np.tile(np.arange(16) - 8, (n, 1, 1))
     d = (0x1800 + np.arange(n)).reshape(n, 1)
-    raw = ggml.join_q6_k(d, sc, q)
+    raw = q6_k.join_q6_k(d, sc, q)
     assert raw.shape == (n, 210)
     assert raw[0, 208:210].tolist() == [0x00, 0x18]          # d last in ggml's block
     assert raw[0, 192:194].tolist() == [0xF8, 0xF9]          # scales -8, -7
@@ -188,14 +191,14 @@ def test_q8kp_worked_example_mr4_kr8():
 @pytest.mark.parametrize("k", KS)
 @pytest.mark.parametrize("n", [1, 5, 13])
 def test_ggml_dequantize_is_gguf_bit_for_bit(n, k):
-    r4, r6 = ggml.random_q4_k(n, k, n + k), ggml.random_q6_k(n, k, n * k)
+    r4, r6 = q4_k.random_q4_k(n, k, n + k), q6_k.random_q6_k(n, k, n * k)
     ref4 = dequantize(r4, GGMLQuantizationType.Q4_K).astype(np.float32)
     ref6 = dequantize(r6, GGMLQuantizationType.Q6_K).astype(np.float32)
     assert ref4.shape == ref6.shape == (n, k)
-    assert ggml.dequantize_q4_k(r4, n, k).tobytes() == ref4.tobytes()
-    assert ggml.dequantize_q6_k(r6, n, k).tobytes() == ref6.tobytes()
-    assert (ggml.join_q4_k(*ggml.split_q4_k(r4, n, k)) == r4).all()
-    assert (ggml.join_q6_k(*ggml.split_q6_k(r6, n, k)) == r6).all()
+    assert q4_k.dequantize_q4_k(r4, n, k).tobytes() == ref4.tobytes()
+    assert q6_k.dequantize_q6_k(r6, n, k).tobytes() == ref6.tobytes()
+    assert (q4_k.join_q4_k(*q4_k.split_q4_k(r4, n, k)) == r4).all()
+    assert (q6_k.join_q6_k(*q6_k.split_q6_k(r6, n, k)) == r6).all()
     for nr, kr in GEOMS[:3]:
         for lay, raw, ref in ((Q4KP(nr, kr), r4, ref4), (Q6KP(nr, kr), r6, ref6)):
             p = lay.pack_from_ggml(raw, n, k)
@@ -219,8 +222,8 @@ def test_random_bytes_blocks_also_dequantize_like_gguf():
         assert lay.dequantize_rows(p, n, k, range(n)).tobytes() == dequantize(raw, t).tobytes()
 
 
-@pytest.mark.parametrize("cls,rand,join", [(Q4KP, ggml.random_q4_k, ggml.join_q4_k),
-                                           (Q6KP, ggml.random_q6_k, ggml.join_q6_k)])
+@pytest.mark.parametrize("cls,rand,join", [(Q4KP, q4_k.random_q4_k, q4_k.join_q4_k),
+                                           (Q6KP, q6_k.random_q6_k, q6_k.join_q6_k)])
 def test_rhs_unpack_gives_ggml_fields_and_repacks(cls, rand, join):
     n, k = 11, 768
     raw = rand(n, k, 42)
@@ -236,7 +239,7 @@ def test_rhs_unpack_gives_ggml_fields_and_repacks(cls, rand, join):
 
 
 def test_api_dispatch_and_names():
-    raw = ggml.random_q4_k(6, 256, 1)
+    raw = q4_k.random_q4_k(6, 256, 1)
     lay = layout_for("q4kp", nr=4, kr=16, sr=2)
     assert lay == Q4KP(4, 16) and lay.name == "q4kp4x8" and lay.sr == 2 and lay.L == 8
     assert layout_for("q4kp4x8", kr=16) == lay
@@ -252,13 +255,13 @@ def test_api_dispatch_and_names():
 
 def test_offset_methods_agree_with_the_packed_bytes():
     n, k = 9, 512
-    raw4, raw6 = ggml.random_q4_k(n, k, 5), ggml.random_q6_k(n, k, 6)
+    raw4, raw6 = q4_k.random_q4_k(n, k, 5), q6_k.random_q6_k(n, k, 6)
     for nr, kr in GEOMS:
         l4, l6 = Q4KP(nr, kr), Q6KP(nr, kr)
         assert l4.sb_record_bytes == 148 * nr and l6.sb_record_bytes == 210 * nr
-        d, dmin, sc, m, q = ggml.split_q4_k(raw4, n, k)
+        d, dmin, sc, m, q = q4_k.split_q4_k(raw4, n, k)
         p4 = l4.pack_from_ggml(raw4, n, k)
-        _, s6, q6 = ggml.split_q6_k(raw6, n, k)
+        _, s6, q6 = q6_k.split_q6_k(raw6, n, k)
         p6 = l6.pack_from_ggml(raw6, n, k)
         for c in range(min(n, nr)):
             assert p4[l4.scale_offset(5, c)] == sc[c, 0, 5] and p4[l4.min_offset(c, 6)] == m[c, 0, 6]
@@ -338,7 +341,7 @@ def test_q8kp_m_idx_start_region(start):
 # refusals
 # ----------------------------------------------------------------------------------------
 def test_refusals():
-    raw = ggml.random_q4_k(2, 512, 0)
+    raw = q4_k.random_q4_k(2, 512, 0)
     with pytest.raises(LayoutError, match="k must be a multiple of 256"):
         Q4KP(4, 8).pack_from_ggml(raw, 2, 300)
     with pytest.raises(LayoutError, match="k must be a multiple of 256"):
@@ -348,7 +351,7 @@ def test_refusals():
     with pytest.raises(LayoutError, match="truncated"):
         Q4KP(4, 8).pack_from_ggml(raw.reshape(-1)[:-1], 2, 512)
     with pytest.raises(LayoutError, match="truncated"):
-        Q6KP(4, 8).pack_from_ggml(ggml.random_q6_k(2, 256, 0).reshape(-1)[:-10], 2, 256)
+        Q6KP(4, 8).pack_from_ggml(q6_k.random_q6_k(2, 256, 0).reshape(-1)[:-10], 2, 256)
     bad = raw.copy()
     bad.reshape(2, 2, 144)[1, 1, 0:2] = [0x01, 0x7E]       # d of row 1, block 1: NaN
     with pytest.raises(LayoutError, match=r"Q4_K block 3 \(row 1, block 1.*NaN"):
@@ -357,7 +360,7 @@ def test_refusals():
     bad.reshape(2, 2, 144)[0, 1, 2:4] = [0x00, 0xFC]       # dmin of row 0, block 1: -Inf
     with pytest.raises(LayoutError, match=r"row 0, block 1.*f16 dmin \(-Inf"):
         Q4KP(4, 8).pack_from_ggml(bad, 2, 512)
-    r6 = ggml.random_q6_k(3, 256, 0)
+    r6 = q6_k.random_q6_k(3, 256, 0)
     r6[2, 208:210] = [0x00, 0x7C]
     with pytest.raises(LayoutError, match=r"Q6_K block 2 \(row 2.*\+Inf"):
         Q6KP(4, 8).pack_from_ggml(r6, 3, 256)
@@ -379,7 +382,7 @@ def test_refusals():
 # ----------------------------------------------------------------------------------------
 # reference arithmetic (tilegen.reference.kquant)
 # ----------------------------------------------------------------------------------------
-RAND = {"q4_K": ggml.random_q4_k, "q6_K": ggml.random_q6_k}
+RAND = {"q4_K": q4_k.random_q4_k, "q6_K": q6_k.random_q6_k}
 
 
 def _loop_tilegen(kind, x, raw, n, k):
@@ -394,7 +397,7 @@ def _loop_tilegen(kind, x, raw, n, k):
             acc = np.float32(0)
             for s in range(k // 256):
                 if kind == "q4_K":
-                    d, dmin, sc, mins, q = ggml.split_q4_k(raw, n, k)
+                    d, dmin, sc, mins, q = q4_k.split_q4_k(raw, n, k)
                     S1 = sum(int(sc[c, s, j]) * sum(int(q[c, 256 * s + t]) * int(qa[r, 256 * s + t])
                                                     for t in range(32 * j, 32 * j + 32)) for j in range(8))
                     S2 = 128 * sum(int(mins[c, s, j]) * int(hi[r, s, j]) for j in range(8)) + \
@@ -402,7 +405,7 @@ def _loop_tilegen(kind, x, raw, n, k):
                     xv = np.float32(np.float32(S1) * np.float32(np.uint16(d[c, s]).view(np.float16)))
                     xv = fma_f32(-np.float32(np.uint16(dmin[c, s]).view(np.float16)), np.float32(S2), xv)
                 else:
-                    d, sc, q = ggml.split_q6_k(raw, n, k)
+                    d, sc, q = q6_k.split_q6_k(raw, n, k)
                     S1 = sum(int(sc[c, s, j]) * sum((int(q[c, 256 * s + t]) - 32) * int(qa[r, 256 * s + t])
                                                     for t in range(16 * j, 16 * j + 16)) for j in range(16))
                     xv = np.float32(np.float32(S1) * np.float32(np.uint16(d[c, s]).view(np.float16)))
@@ -411,46 +414,46 @@ def _loop_tilegen(kind, x, raw, n, k):
     return out
 
 
-@pytest.mark.parametrize("kind", RK.KINDS)
+@pytest.mark.parametrize("kind", tuple(RHS))
 def test_tilegen_reference_is_the_design_arithmetic(kind):
     rng = np.random.default_rng(11)
     m, n, k = 2, 3, 512
     x = (rng.standard_normal((m, k)) * 3).astype(np.float32)
     raw = RAND[kind](n, k, 12)
     want = _loop_tilegen(kind, x, raw, n, k)
-    got = RK.matmul_tilegen(kind, x, raw, n, mr=4, nr=4, kr=8)
+    got = RK.matmul_tilegen(RHS[kind], x, raw, n, mr=4, nr=4, kr=8)
     assert got.tobytes() == want.tobytes()
 
 
-@pytest.mark.parametrize("kind", RK.KINDS)
+@pytest.mark.parametrize("kind", tuple(RHS))
 def test_tilegen_reference_does_not_depend_on_the_geometry(kind):
     """Every (mr, nr, kr) packs the same values: the results are bit-identical."""
     rng = np.random.default_rng(5)
     m, n, k = 7, 10, 768
     x = rng.standard_normal((m, k)).astype(np.float32)
     raw = RAND[kind](n, k, 6)
-    base = RK.matmul_tilegen(kind, x, raw, n, mr=4, nr=4, kr=16)
+    base = RK.matmul_tilegen(RHS[kind], x, raw, n, mr=4, nr=4, kr=16)
     for mr, nr, kr in ((8, 4, 8), (1, 12, 4), (3, 8, 32), (16, 1, 2)):
-        assert RK.matmul_tilegen(kind, x, raw, n, mr=mr, nr=nr, kr=kr).tobytes() == base.tobytes()
+        assert RK.matmul_tilegen(RHS[kind], x, raw, n, mr=mr, nr=nr, kr=kr).tobytes() == base.tobytes()
     lo, hi = float(np.quantile(base, 0.25)), float(np.quantile(base, 0.75))
-    clamped = RK.matmul_tilegen(kind, x, raw, n, clamp_min=lo, clamp_max=hi)
+    clamped = RK.matmul_tilegen(RHS[kind], x, raw, n, clamp_min=lo, clamp_max=hi)
     assert (clamped == np.clip(base, np.float32(lo), np.float32(hi))).all()
 
 
-@pytest.mark.parametrize("kind", RK.KINDS)
+@pytest.mark.parametrize("kind", tuple(RHS))
 @pytest.mark.parametrize("m,n,k", [(1, 5, 256), (5, 7, 512), (13, 9, 768), (4, 6, 2048)])
 def test_tilegen_and_ggml_against_float64_within_the_derived_bound(kind, m, n, k):
     rng = np.random.default_rng(m * 1000 + k)
     x = (rng.standard_normal((m, k)) * rng.uniform(0.1, 10, (m, 1))).astype(np.float32)
     x[0, 5] = 40.0                                       # an outlier: one large step
     raw = RAND[kind](n, k, n + m)
-    ref = RK.matmul_f64_kquant(kind, x, raw, n)
-    bound = RK.error_bound(kind, x, raw, n)
-    ours, theirs = RK.matmul_tilegen(kind, x, raw, n), RK.matmul_ggml(kind, x, raw, n)
+    ref = RK.matmul_f64_kquant(RHS[kind], x, raw, n)
+    bound = RK.error_bound(RHS[kind], x, raw, n)
+    ours, theirs = RK.matmul_tilegen(RHS[kind], x, raw, n), RK.matmul_ggml(RHS[kind], x, raw, n)
     assert (np.abs(ours - ref) <= bound).all()
     assert (np.abs(theirs - ref) <= bound).all()
     assert (np.abs(ours.astype(np.float64) - theirs) <= 2 * bound).all()
-    assert (np.abs(RK.matmul_ggml(kind, x, raw, n, contract=True) - ref) <= bound).all()
+    assert (np.abs(RK.matmul_ggml(RHS[kind], x, raw, n, contract=True) - ref) <= bound).all()
     # the activation rounding dominates: a few tenths of a percent, never zero
     for got in (ours, theirs):
         e = RK.error_summary(got, ref)

@@ -9,7 +9,7 @@ import itertools
 import pytest
 
 from tilegen.generator.packers import PackerSpec
-from tilegen.records import FAMILIES
+from tilegen.families import FAMILIES
 from tilegen.layout import LayoutError, lhs_layout_for, rhs_layout_for
 from tilegen.layout.api import layout_for
 from tilegen.layout.base import PackedLayout

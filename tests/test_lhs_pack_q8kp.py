@@ -188,7 +188,7 @@ def test_names_geometry_and_hot_loop():
 def test_kernels_read_this_packer():
     """Every K-quant kernel spec names a q8kp packer of its mr and kr (packer_for)."""
     from tilegen.generator.validate import parse_spec
-    from tilegen.records import FAMILIES
+    from tilegen.families import FAMILIES
     specs = []
     for fam in ("q4_K", "q6_K"):
         for isa in FAMILIES[fam].impls:

@@ -13,7 +13,8 @@ from tilegen.generator.render import TEMPLATE_DIR, render
 from tilegen.generator.spec import KernelSpec
 from tilegen.generator.validate import parse_spec, validate
 from tilegen.layout.base import rhs_identity, same_rhs
-from tilegen.records import FAMILIES, ISAS
+from tilegen.families import FAMILIES
+from tilegen.records import ISAS
 from tilegen.runtime.select import KIND_FAMILY
 
 

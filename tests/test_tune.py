@@ -14,7 +14,8 @@ from tilegen.build import TargetError, default_specs, get_target
 from tilegen.build.tuned import TunedError, TunedFamily, read_tuned, reset_tuned, write_tuned
 from tilegen.generator.spec import KernelSpec
 from tilegen.generator.validate import parse_spec, validate
-from tilegen.records import FAMILIES, SpecError
+from tilegen.families import FAMILIES
+from tilegen.records import SpecError
 from tilegen.analysis.tune import (F32_MR, NR, TOLERANCE, Candidate, Ranking, Score, TuneError, candidates,
                           distinct, pick_pair, rank, rank_key, tunable_isas, tune, tuned_entry)
 

@@ -10,10 +10,10 @@ from tilegen.build import get_target
 from tilegen.build.tuned import read_tuned, tuned_dir
 from tilegen.layout import F32PackedRHS
 from tilegen.layout.api import layout_for
-from tilegen.layout.ggml import random_q4_k, random_q6_k
+from tilegen.families.q4_k import matmul_q8kp_q4kp, random_q4_k
+from tilegen.families.q6_k import matmul_q8kp_q6kp, random_q6_k
 from tilegen.layout.kquant import Q8KP
 from tilegen.reference.f32 import matmul_f32
-from tilegen.reference.kquant import matmul_q8kp_q4kp, matmul_q8kp_q6kp
 
 from conftest import guest
 from test_exec_q4 import SENTINEL, _pack, _shapes

@@ -8,7 +8,8 @@ import os
 import sys
 from pathlib import Path
 
-from .records import FAMILIES, __version__
+from .families import FAMILIES
+from .records import __version__
 
 
 class CliError(Exception):

@@ -1,17 +1,22 @@
 """The facts every stage shares: the spec error, the vector-length granule, the tile bounds,
-and the one record per ISA (:data:`ISAS`) and per operation family (:data:`FAMILIES`).
+the one record per ISA (:data:`ISAS`), and the record type of an operation family
+(:class:`FamilyInfo`, :class:`IsaImpl`) with the realisations K-quant families share.
 
-The bottom of the import graph: it imports nothing from tilegen, and every stage (generator,
-layout, build, runtime, export, CLI, tuner) reads these records instead of its own copy.
+The bottom of the import graph: it imports nothing from tilegen but the calling conventions,
+and every stage reads these records instead of its own copy.  The family records themselves
+live in their plugins (:mod:`tilegen.families`, one module per weight family), and every
+client finds them through that registry (``tilegen.families.FAMILIES``).
 """
 from __future__ import annotations
 
 from dataclasses import dataclass
 
-from .callconv import BF16, F32, Q4, Q8, Abi
+from .callconv import Q8, Abi
 
 __all__ = ["__version__", "SpecError", "VL_GRANULE", "TILE_MR_MAX", "TILE_NR_MAX",
-           "TILE_VL_MAX", "KR_MAX", "Isa", "ISAS", "IsaImpl", "FamilyInfo", "FAMILIES", "abi_for"]
+           "TILE_VL_MAX", "KR_MAX", "Isa", "ISAS", "IsaImpl", "FamilyInfo", "kquant_impls",
+           "kquant_sve_impls", "kquant_sme2_impls", "kquant_record", "kquant_manifest", "kquant_default_kernels",
+           "KQUANT_LLAMA_KERNELS"]
 
 __version__ = "0.1.0"      # tilegen.__version__; generated files carry it
 
@@ -119,32 +124,7 @@ class FamilyInfo:
         return tuple(self.impls)
 
 
-def _q4_family(name: str, lhs: str, rhs: str) -> FamilyInfo:
-    """The int4 x int8 families share ISAs, templates, allocators and default interleave."""
-    def q4(op: str, strategy: str, kr: int, allocator: str | None = None,
-           fixed_L: str | None = None) -> IsaImpl:
-        return IsaImpl(op, strategy, allocator or strategy, kr=kr, sr=2, fixed_L=fixed_L)
-    return FamilyInfo(
-        name=name, lhs=lhs, rhs=rhs, kinds=(name,), abi=Q4, quantized=True, acc_mem=True,
-        impls={"neon": q4("neon", "q4_neon", 8), "dotprod": q4("neon_dotprod", "q4_neon", 8),
-               "i8mm": q4("neon_i8mm", "q4_neon", 16),
-               "sve_dotprod": q4("sve_dotprod", "q4_sve", 8),
-               "sve_i8mm": q4("sve_i8mm", "q4_sve", 16),
-               "sme": q4("sme_mopa", "q4_sme", 8, fixed_L="SMOPA reads 4-byte groups"),
-               "sme2": q4("sme2_sdot", "q4_sve", 8, allocator="q4_sme2",
-                          fixed_L="sme2 q4 gemv reads 4-byte groups (SDOT by lane)")},
-    )
-
-
-def _f32(op: str, template: str, allocator: str, **kw) -> IsaImpl:
-    return IsaImpl(op, template, allocator, fixed_kr="the f32 family reads f32p panels", **kw)
-
-
-def _q8(op: str, template: str, allocator: str, kr: int, fixed_kr: str | None = None) -> IsaImpl:
-    return IsaImpl(op, template, allocator, kr=kr, sr=1, fixed_kr=fixed_kr)
-
-
-def _kquant_impls(stem: str) -> dict[str, IsaImpl]:
+def kquant_impls(stem: str) -> dict[str, IsaImpl]:
     """The NEON realisations of a K-quant family (``stem``: q4k, q6k): one template and one
     allocator per family (``templates/<stem>_neon.S.j2``, ``regalloc/<stem>.py``); sr = 2
     fixed (a byte holds two k values, docs/layouts.md#q8kp), kr by the instruction: SMMLA reads
@@ -155,7 +135,7 @@ def _kquant_impls(stem: str) -> dict[str, IsaImpl]:
             "i8mm": kq("neon_i8mm", 16)}
 
 
-def _kquant_sve_impls(stem: str) -> dict[str, IsaImpl]:
+def kquant_sve_impls(stem: str) -> dict[str, IsaImpl]:
     """The SVE realisations of a K-quant family, vector-length agnostic (nr in VL units;
     ``templates/<stem>_sve.S.j2``, allocator ``<stem>_sve``): SMMLA per 128-bit segment
     (sve_i8mm, kr = 16; its gemv SDOT on 8-k groups of the same layout), SDOT by lane
@@ -165,7 +145,45 @@ def _kquant_sve_impls(stem: str) -> dict[str, IsaImpl]:
     return {"sve_dotprod": kq("sve_dotprod", 8), "sve_i8mm": kq("sve_i8mm", 16)}
 
 
-def _kquant_sme2(stem: str) -> dict[str, IsaImpl]:
+def kquant_record(name: str, rhs: str, stem: str) -> FamilyInfo:
+    """The record of a K-quant family: Q8_K-style activations (``q8kp``: int8 per row per
+    256-k super-block, f32 d, sub-block sums) against the family's lossless repack ``rhs`` of
+    its ggml blocks, on the NEON, SVE and SME2 K-quant templates and allocators of ``stem``
+    (docs/layouts.md#q8kp; arithmetic: tilegen.reference.kquant); weight kind ``name``, the Q8
+    calling convention."""
+    return FamilyInfo(name=name, lhs="q8kp", rhs=rhs,
+                      impls={**kquant_impls(stem), **kquant_sve_impls(stem),
+                             **kquant_sme2_impls(stem)},
+                      kinds=(name,), abi=Q8, quantized=True)
+
+
+def kquant_manifest(name: str, rhs: str, stem: str) -> tuple:
+    """What a K-quant family plugin declares about itself, from its kind ``name``, its RHS
+    format ``rhs`` and its template/allocator stem: (RECORDS, ALLOCATOR_MODULES, GGML_TYPES,
+    DEFAULT_KERNELS, LLAMA_KERNELS) — the regalloc modules ``<stem>`` and ``<stem>_sme2``, the
+    GGUF type of the same name in capitals, :func:`kquant_default_kernels` and the llama.cpp
+    patch's tiles :data:`KQUANT_LLAMA_KERNELS`."""
+    return ((kquant_record(name, rhs, stem),), (stem, f"{stem}_sme2"), {name.upper(): name},
+            kquant_default_kernels(name), KQUANT_LLAMA_KERNELS)
+
+
+def kquant_default_kernels(name: str) -> tuple[str, ...]:
+    """A K-quant family's default kernels: per ISA a gemm and the gemv on its packed RHS, i8mm
+    (SMMLA gemm, kr16) first, then dotprod (SDOT by lane, kr8), plain NEON (SMULL) last (the
+    tiles are `tilegen tune`'s best on neoverse-v2 / -n1, llvm-mca); SME2: the int16 SMOPA gemm
+    and the ZA-array SDOT gemv on one 2vlx2 packing."""
+    return tuple(f"{name}:{t}" for t in ("i8mm:8x4", "i8mm:1x4", "dotprod:8x4", "dotprod:1x4",
+                                          "neon:4x4", "neon:1x4", "sme2:1vlx2vl", "sme2:1x2vl"))
+
+
+#: the (gemm, gemv) pairs the llama.cpp patch wires for a K-quant family, per ISA: (isa, gemm
+#: tile, gemv tile, how the gemm and the gemv multiply), in the patch's order
+KQUANT_LLAMA_KERNELS = (("sme2", "1vlx2vl", "1x2vl", "int16 SMOPA", "ZA-array SDOT"),
+                        ("i8mm", "8x4", "1x4", "SMMLA", "SMMLA"),
+                        ("dotprod", "8x4", "1x4", "SDOT by lane", "SDOT by lane"))
+
+
+def kquant_sme2_impls(stem: str) -> dict[str, IsaImpl]:
     """The SME2 realisation of a K-quant family: the gemm (``templates/<stem>_sme2.S.j2``,
     int16 SMOPA of the scaled weights into ZA) and the gemv (``<stem>_sme2_gemv.S.j2``,
     ZA-array SDOT) on one RHS layout, allocator ``regalloc/<stem>_sme2.py``.  kr = 4 (L = 2):
@@ -174,88 +192,3 @@ def _kquant_sme2(stem: str) -> dict[str, IsaImpl]:
                             gemv_op="sme2_sdot", gemv_template=f"{stem}_sme2_gemv",
                             fixed_kr=f"the {stem} sme2 kernels read k pairs of 4-k chunks "
                                      f"(kr = 4, sr = 2)")}
-
-
-FAMILIES: dict[str, FamilyInfo] = {
-    # f32 GEMM: NEON/SVE FMLA, SME FMOPA outer products (SME2: multi-vector loads and the
-    # ZA-array FMLA gemv).
-    "f32": FamilyInfo(
-        name="f32", lhs="f32p", rhs="f32p", kinds=("f32", "f16"), abi=F32,
-        impls={"neon": _f32("neon_mla", "f32_neon", "f32_neon"),
-               "sve": _f32("sve_mla", "f32_sve", "f32_sve"),
-               "sme": _f32("sme_mopa", "f32_sme", "f32_sme"),
-               "sme2": _f32("sme2_mopa", "f32_sme", "f32_sme2", gemv_op="sme2_mla",
-                            gemv_template="f32_sme2_gemv")},
-    ),
-    # llama.cpp's q4_0 path: LHS per-32-block symmetric int8 (f16 scale), RHS int4 from
-    # ggml block_q4_0 with f16 scales (KleidiAI matmul_clamp_f32_qsi8d32p_qsi4c32p).
-    "q4_0": _q4_family("q4_0", "qsi8d32p", "qsi4c32pscalef16"),
-    # q4_0 on KleidiAI's SME2 layouts (llama.cpp's SME2 gemv operands): LHS qsi8d32p with
-    # the scales behind the values, RHS qsi4c32ps1s0scalef16 (k-adjacent nibble pairs, zero
-    # point 8: the LUTI4 unpack); no runtime weight kind of its own.
-    "q4_0_s1s0": FamilyInfo(
-        name="q4_0_s1s0", lhs="qsi8d32pscaletail", rhs="qsi4c32ps1s0scalef16", kinds=(),
-        abi=Q4, quantized=True,
-        impls={"sme2": IsaImpl("sme2_mopa", "q4_sme2_luti4_mopa", "q4_sme2_luti4", kr=4, sr=1,
-                               gemv_op="sme2_luti4", gemv_template="q4_sme2_luti4",
-                               fixed_kr="the LUTI4 q4 kernels read 4-byte groups")}),
-    # llama.cpp's SME2 Q4_0 gemm (KleidiAI matmul_clamp_f32_f16p_qsi4c32p): f32 activations
-    # rounded to f16 (LHS f16p<mr>x2), the q4_0_s1s0 RHS; the LUTI4 unpack gives (u - 8) as
-    # f16, each product with the block scale is rounded to f16 (FMUL) and FMOPA (f16 pairs
-    # into f32) accumulates in ZA over all of k.  kr = 4, sr = 2 are KleidiAI's getters (the
-    # RHS packer's arguments); the layouts read pairs (L = 2).
-    # Its gemm pairs with the q4_0_s1s0 gemv on one packing (llama.cpp's SME2 Q4_0 entry); the
-    # runtime's q4_0 weights use the pair where the CPU runs it (tilegen.runtime.select).
-    "q4_0_f16": FamilyInfo(
-        name="q4_0_f16", lhs="f16px2", rhs="qsi4c32ps1s0scalef16", kinds=(), abi=Q4,
-        quantized=True, gemv_family="q4_0_s1s0",
-        impls={"sme2": IsaImpl("sme2_mopa", "q4_sme2_f16_mopa", "q4_sme2_f16", kr=4, sr=2,
-                               fixed_kr="the f16 x q4 SME2 kernel reads k-pairs of 4-nibble "
-                                        "chunks (KleidiAI's kr = 4, sr = 2)")}),
-    # LHS per-row asymmetric int8, RHS int4 per 32-block with bf16 scales, row sums and bias
-    # (KleidiAI matmul_clamp_f32_qai8dxp_qsi4c32p).
-    "q4_0_dx": _q4_family("q4_0_dx", "qai8dxp", "qsi4c32p"),
-    # ggml Q8_0 weights requantised per channel: LHS per-row asymmetric int8, RHS int8 with an
-    # f32 scale, row sum and bias per column (KleidiAI matmul_clamp_f32_qai8dxp_qsi8cxp).
-    "q8_0": FamilyInfo(
-        name="q8_0", lhs="qai8dxp", rhs="qsi8cxp", kinds=("q8_0",), abi=Q8, quantized=True,
-        impls={"neon": _q8("neon", "q8_neon", "q8_neon", 8),
-               "dotprod": _q8("neon_dotprod", "q8_neon", "q8_neon", 4),
-               "i8mm": _q8("neon_i8mm", "q8_neon", "q8_neon", 8),
-               "sve_dotprod": _q8("sve_dotprod", "q8_sve", "q8_sve", 4),
-               "sve_i8mm": _q8("sve_i8mm", "q8_sve", "q8_sve", 8),
-               "sme": _q8("sme_mopa", "q8_sme", "q8_sme", 4,
-                          "q8_0 sme kernels read 4-byte k groups (SMOPA)"),
-               "sme2": _q8("sme2_sdot", "q8_sve", "q8_sme2", 4,
-                           "q8_0 sme2 kernels read 4-byte k groups (SDOT by lane)")},
-    ),
-    # ggml's K-quants (issue #24): Q8_K-style activations (q8kp: int8 per row per 256-k
-    # super-block, f32 d, sub-block sums) against lossless repacks of ggml block_q4_K / block_q6_K
-    # (docs/layouts.md#q8kp, #q4kp, #q6kp; arithmetic: tilegen.reference.kquant).  The ISAs
-    # are added with their kernels.
-    "q4_K": FamilyInfo(name="q4_K", lhs="q8kp", rhs="q4kp",
-                       impls={**_kquant_impls("q4k"), **_kquant_sve_impls("q4k"),
-                              **_kquant_sme2("q4k")},
-                       kinds=("q4_K",), abi=Q8, quantized=True),
-    "q6_K": FamilyInfo(name="q6_K", lhs="q8kp", rhs="q6kp",
-                       impls={**_kquant_impls("q6k"), **_kquant_sve_impls("q6k"),
-                              **_kquant_sme2("q6k")},
-                       kinds=("q6_K",), abi=Q8, quantized=True),
-    # f32 activations and weights rounded to bf16, f32 accumulation (KleidiAI
-    # matmul_clamp_f32_bf16p<mr>x4_bf16p<nr>x4b): BFMMLA gemm, BFDOT gemv on the same RHS.
-    "bf16": FamilyInfo(
-        name="bf16", lhs="bf16px4", rhs="bf16px4b", kinds=("bf16",), abi=BF16, packs_lhs=True,
-        impls={"bf16": IsaImpl("neon_mmla", "bf16_neon", "bf16_neon", kr=4, sr=1,
-                               gemv_op="neon_dot", fixed_kr="the bf16 NEON layouts "
-                               "(bf16p<mr>x4 / bf16p<nr>x4b) read k-chunks of 4"),
-               # BFMOPA into ZA f32 tiles on KleidiAI's bf16p<vl>x2 / bf16p<vl>x2b layouts
-               "sme2": IsaImpl("sme2_mopa", "bf16_sme", "bf16_sme2", kr=2, sr=1,
-                               lhs="bf16px2", rhs="bf16px2b",
-                               fixed_kr="BFMOPA reads bf16 pairs")},
-    ),
-}
-
-
-def abi_for(family: str) -> Abi:
-    """The calling convention of ``family``'s kernels (its record's ``abi``)."""
-    return FAMILIES[family].abi

@@ -27,7 +27,8 @@ from ..generator.spec import KernelSpec
 from ..generator.validate import validate
 from ..layout.base import rhs_identity
 from ..layout.base import rhs_layout_for
-from ..records import FAMILIES, ISAS, SpecError
+from ..families import FAMILIES
+from ..records import ISAS, SpecError
 
 __all__ = ["TuneError", "Candidate", "Score", "Ranking", "Pair", "REGIMES", "tunable_isas",
            "candidates", "distinct", "score", "rank", "rank_key", "tune", "pick_pair", "best_of", "tuned_entry", "clear_cache",

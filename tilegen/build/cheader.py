@@ -11,7 +11,7 @@ the same strings the Python layouts evaluate.
 """
 from __future__ import annotations
 
-from ..records import abi_for
+from ..families import abi_for
 from ..generator.packers import PackerSpec
 from ..generator.spec import KernelSpec
 from ..layout import lhs_layout_for, rhs_layout_for

@@ -38,7 +38,8 @@ from pathlib import Path
 
 from ..generator.spec import KernelSpec
 from ..generator.validate import parse_spec
-from ..records import FAMILIES, SpecError
+from ..families import FAMILIES
+from ..records import SpecError
 from .targets import TARGETS, Target, TargetError
 
 __all__ = ["TunedError", "TunedFamily", "TunedFile", "FORMAT_VERSION", "tuned_dir", "tuned_path",

@@ -42,7 +42,7 @@ from .. import __version__, callconv
 from ..build.targets import get_target
 from ..build.tuned import read_tuned, tuned_path, tuned_targets
 from ..callconv import Param
-from ..records import FAMILIES, abi_for
+from ..families import FAMILIES, LLAMA_KERNELS, abi_for
 from ..generator.render import render, render_template
 from ..generator.spec import KernelSpec
 from ..generator.validate import parse_spec
@@ -122,13 +122,12 @@ ABIS: dict[str, Abi] = {a.key: a for a in (
     Abi("f32_f32p", "matmul_clamp_f32_f32_f32p", "matmul_clamp_f32_f32_f32p", "get_lhs_offset",
         "size_t m_idx, size_t stride", "size_t n_idx, size_t k", callconv.F32.params,
         callconv.F32),
-    # tilegen's K-quant kernels (no KleidiAI counterpart): KleidiAI's qai8dxp_qsi8cxp shape
-    Abi("q8kp_q4kp", "matmul_clamp_f32_q8kp_q4kp", "matmul_clamp_f32_q8kp_q4kp",
-        "get_lhs_packed_offset", "size_t m_idx, size_t k", "size_t n_idx, size_t k",
-        callconv.Q8.spelled(dst="float*"), callconv.Q8),
-    Abi("q8kp_q6kp", "matmul_clamp_f32_q8kp_q6kp", "matmul_clamp_f32_q8kp_q6kp",
-        "get_lhs_packed_offset", "size_t m_idx, size_t k", "size_t n_idx, size_t k",
-        callconv.Q8.spelled(dst="float*"), callconv.Q8),
+    # tilegen's K-quant kernels (no KleidiAI counterpart), one per family with a llama.cpp
+    # mapping (the plugins' LLAMA_KERNELS): KleidiAI's qai8dxp_qsi8cxp shape
+    *(Abi(key, f"matmul_clamp_f32_{key}", f"matmul_clamp_f32_{key}",
+          "get_lhs_packed_offset", "size_t m_idx, size_t k", "size_t n_idx, size_t k",
+          callconv.Q8.spelled(dst="float*"), callconv.Q8)
+      for key in (f"{FAMILIES[fam].lhs}_{FAMILIES[fam].rhs}" for fam in LLAMA_KERNELS)),
 )}
 
 
@@ -212,13 +211,6 @@ def _kq(abi: str, spec: str, note: str) -> KaiKernel:
     return KaiKernel(parse_spec(spec).name, abi, spec, note=note)
 
 
-#: the default K-quant tiles of the llama.cpp table, per ISA slot (llama.LLAMA_ISAS order):
-#: (ISA, gemm tile, its note, gemv tile, its note); per weight family of llama.LLAMA_FAMILIES
-_KQ_TILES = (("sme2", "1vlx2vl", "gemm, int16 SMOPA", "1x2vl", "gemv, ZA-array SDOT"),
-             ("i8mm", "8x4", "gemm, SMMLA", "1x4", "gemv, SMMLA"),
-             ("dotprod", "8x4", "gemm, SDOT by lane", "1x4", "gemv, SDOT by lane"))
-
-
 @dataclass(frozen=True)
 class KQuantEntry:
     """One entry of the patch's K-quant table: a gemm and a gemv of ``family`` on ``isa``
@@ -238,11 +230,12 @@ def _kq_abi(family: str) -> str:
 #: units, kr 4), I8MM (SMMLA, kr 16) and DOTPROD (SDOT, kr 8).  The LHS is q8kp
 #: (kai_lhs_quant_pack_q8kp_f32), the RHS q4kp / q6kp repacked from ggml's blocks
 #: (kai_rhs_pack_nxk_q4kp_q4k, kai_rhs_pack_nxk_q6kp_q6k).  ``--tuned`` replaces tiles
-#: (:func:`kquant_entries`).
+#: (:func:`kquant_entries`).  The families and their tiles per ISA slot are the plugins'
+#: (``LLAMA_KERNELS``, :mod:`tilegen.families`).
 KQUANT_DEFAULT: tuple[KQuantEntry, ...] = tuple(
-    KQuantEntry(fam, isa, _kq(_kq_abi(fam), f"{fam}:{isa}:{gt}", gn),
-                _kq(_kq_abi(fam), f"{fam}:{isa}:{vt}", vn))
-    for fam in llama.LLAMA_FAMILIES for isa, gt, gn, vt, vn in _KQ_TILES)
+    KQuantEntry(fam, isa, _kq(_kq_abi(fam), f"{fam}:{isa}:{gt}", f"gemm, {gn}"),
+                _kq(_kq_abi(fam), f"{fam}:{isa}:{vt}", f"gemv, {vn}"))
+    for fam in llama.LLAMA_FAMILIES for isa, gt, vt, gn, vn in LLAMA_KERNELS[fam])
 #: tilegen's K-quant micro-kernels of the default export, in the same getter/run shape, which
 #: llama.cpp's KleidiAI backend calls once the export's llama-kquants.patch is applied
 KQUANT_KERNELS: tuple[KaiKernel, ...] = tuple(k for e in KQUANT_DEFAULT for k in (e.gemm, e.gemv))

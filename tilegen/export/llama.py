@@ -21,6 +21,7 @@ import re
 from dataclasses import dataclass
 from typing import Mapping, Sequence
 
+from ..families import LLAMA_KERNELS
 from ..generator.render import render_template
 
 __all__ = ["PATCH_NAME", "LLAMA_FAMILIES", "LLAMA_ISAS", "LlamaFamily", "LlamaKernel",
@@ -55,8 +56,8 @@ class LlamaFamily:
 
 #: the families with a llama.cpp mapping, in the table's order.  All are ggml K-quants (QK_K
 #: super-blocks): the fixed hunks treat every patched type with QK_K (kleidiai_is_kquant).
-LLAMA_FAMILIES: dict[str, LlamaFamily] = {f.name: f for f in (
-    LlamaFamily("q4_K", "Q4_K"), LlamaFamily("q6_K", "Q6_K"))}
+LLAMA_FAMILIES: dict[str, LlamaFamily] = {name: LlamaFamily(name, name.upper())
+                                          for name in LLAMA_KERNELS}
 
 #: the table's ISA slots, in its order (SME2 first, as llama.cpp's Q4_0 table): tilegen ISA ->
 #: (label of the entry's comments, the ggml CPU features the entry requires).  No SVE slot: the

@@ -62,17 +62,16 @@ Behaviour (docs/layouts.md has the byte maps):
 """
 from __future__ import annotations
 
-import itertools
 from dataclasses import dataclass, field
 
 from .. import __version__
 from ..generator.render import render_template
-from ..layout.base import c_expr, eval_expr
+from ..layout.base import checked_c_expr as _check, grid as _grid
 from ..layout.bf16 import BF16PLhs2, BF16PRhs2B
 from ..layout.f16 import F16PLhs2
 from ..layout.f32 import F32PackedLHS, F32PackedRHS
-from ..layout import ggml as gg
-from ..layout.kquant import Q4KP, Q6KP, Q8KP
+from ..families import C_PACKERS
+from ..layout.kquant import Q8KP
 from ..layout.lhs_int8 import QAI8DXP, QSI8D32P, QSI8D32PScaleTail
 from ..layout.rhs_int4 import QSI4C32PS1S0ScaleF16, QSI4C32PScaleF16
 from ..layout.rhs_int8 import QSI8CXP
@@ -100,13 +99,10 @@ PACKERS = (
 )
 SME_PACKERS = tuple(p for p in PACKERS if p.endswith("_sme"))
 #: tilegen's own packers for the K-quant kernels (no KleidiAI counterpart; llama.cpp calls them
-#: with the export's llama-kquants.patch): the q8kp activations, and lossless repacks of ggml
-#: block_q4_K / block_q6_K rows with a row dequantiser each (llama.cpp's GET_ROWS).
-KQUANT_PACKERS = (
-    "kai_lhs_quant_pack_q8kp_f32",
-    "kai_rhs_pack_nxk_q4kp_q4k",
-    "kai_rhs_pack_nxk_q6kp_q6k",
-)
+#: with the export's llama-kquants.patch): the q8kp activations, and the family plugins'
+#: lossless repacks of their ggml blocks (block_q4_K, block_q6_K) with a row dequantiser each
+#: (llama.cpp's GET_ROWS; ``C_PACKERS`` of tilegen.families).
+KQUANT_PACKERS = ("kai_lhs_quant_pack_q8kp_f32",) + tuple(C_PACKERS)
 ALL_PACKERS = PACKERS + KQUANT_PACKERS
 #: the K-quant packer of each K-quant layout format (the LHS or RHS a kernel reads)
 KQUANT_PACKER_FOR = {"q8kp": "kai_lhs_quant_pack_q8kp_f32", "q4kp": "kai_rhs_pack_nxk_q4kp_q4k",
@@ -124,22 +120,6 @@ SME_UNITS = 2
 # ----------------------------------------------------------------------------------------
 # expressions from layout objects, checked against them
 # ----------------------------------------------------------------------------------------
-def _check(expr: str, layout_value, grid) -> str:
-    """``expr`` (Python syntax, ``//`` floor division) as C, after checking that it gives
-    ``layout_value(**point)`` for every point of ``grid`` (dicts of the expression's names)."""
-    for point in grid:
-        want = layout_value(**point)
-        got = eval_expr(expr, **point)
-        if got != want:
-            raise AssertionError(f"packer expression {expr!r} gives {got} at {point}, "
-                                 f"the layout object {want}")
-    return c_expr(expr)
-
-
-def _grid(**axes):
-    keys = list(axes)
-    for vals in itertools.product(*(axes[k] for k in keys)):
-        yield dict(zip(keys, vals))
 
 
 def _roundup(var: str, mult: int) -> str:
@@ -558,73 +538,11 @@ def _kq_geo():
     return list(_grid(nr=(1, 4, 8, 12, 16, 64), kr=_KQ_KRS, k=(256, 512)))
 
 
-def _q4kp():
-    name = "kai_rhs_pack_nxk_q4kp_q4k"
-    ref = Q4KP(4, 8)
-    qk, db, sbk, nsb = ref.qk, ref.d_bytes, ref.sub_k, ref.subblocks
-    geo = _kq_geo()
-    lay = lambda nr, kr, **_: Q4KP(nr, kr)  # noqa: E731
-    rec = _check(f"nr * (2 * {db} + 2 * {nsb} + {nsb} * {sbk} // 2)",
-                 lambda k, **g: lay(**g).sb_record_bytes, geo)
-    stride = _check(f"(k // {qk}) * nr * (2 * {db} + 2 * {nsb} + {nsb} * {sbk} // 2)",
-                    lambda k, **g: lay(**g).group_stride(k), geo)
-    cgeo = [dict(g, c=c, j=j) for g in geo for c in (0, g["nr"] - 1) for j in (0, 5)]
-    d_f = _check(f"c * {db}", lambda c, j, **g: lay(**g).d_offset + c * db, cgeo)
-    dmin_f = _check(f"nr * {db} + c * {db}", lambda c, j, **g: lay(**g).dmin_offset + c * db, cgeo)
-    sc_f = _check(f"nr * 2 * {db} + j * nr + c", lambda c, j, **g: lay(**g).scale_offset(j, c), cgeo)
-    m_f = _check(f"nr * (2 * {db} + {nsb}) + c * {nsb} + j",
-                 lambda c, j, **g: lay(**g).min_offset(c, j), cgeo)
-    tgeo = [dict(g, c=c, t=t) for g in geo for c in (0, g["nr"] - 1) for t in (0, 3, 37, 255)]
-    nib = _check(f"nr * (2 * {db} + 2 * {nsb}) + (t // {sbk}) * (nr * {sbk} // 2) + "
-                 f"(t % {sbk}) // kr * (nr * kr // 2) + c * (kr // 2) + (t % kr) % (kr // 2)",
-                 lambda c, t, **g: lay(**g).nibble_offset(c, t)[0], tgeo)
-    shift = _check("(t % kr) // (kr // 2) * 4", lambda c, t, **g: 4 * lay(**g).nibble_offset(c, t)[1],
-                   tgeo)
-    n4 = name[4:]
-    return _Packer(name, _kq_rhs_protos(n4), "q4kp<nr>x<kr/2> (tilegen.layout.kquant.Q4KP)", "q4kp",
-                   "q4kp.c.j2",
-                   dict(stride=stride, rec=rec, d_f=d_f, dmin_f=dmin_f, sc_f=sc_f, m_f=m_f,
-                        nib=nib, shift=shift, qk=qk, nsb=nsb, sbk=sbk,
-                        blk=gg.BLOCK_Q4_K_BYTES, b_d=gg.Q4_K_D, b_dmin=gg.Q4_K_DMIN,
-                        b_sc=gg.Q4_K_SCALES, b_qs=gg.Q4_K_QS))
-
-
-def _q6kp():
-    name = "kai_rhs_pack_nxk_q6kp_q6k"
-    ref = Q6KP(4, 8)
-    qk, db, nsb = ref.qk, ref.d_bytes, ref.subblocks
-    geo = _kq_geo()
-    lay = lambda nr, kr, **_: Q6KP(nr, kr)  # noqa: E731
-    rec = _check(f"nr * ({db} + {nsb} + {qk} // 2 + {qk} // 4)",
-                 lambda k, **g: lay(**g).sb_record_bytes, geo)
-    stride = _check(f"(k // {qk}) * nr * ({db} + {nsb} + {qk} // 2 + {qk} // 4)",
-                    lambda k, **g: lay(**g).group_stride(k), geo)
-    cgeo = [dict(g, c=c, j=j) for g in geo for c in (0, g["nr"] - 1) for j in (0, 11)]
-    d_f = _check(f"c * {db}", lambda c, j, **g: lay(**g).d_offset + c * db, cgeo)
-    sc_f = _check(f"nr * {db} + j * nr + c", lambda c, j, **g: lay(**g).scale_offset(j, c), cgeo)
-    low_f = _check(f"nr * ({db} + {nsb})", lambda c, j, **g: lay(**g).low_plane_offset, cgeo)
-    high_f = _check(f"nr * ({db} + {nsb} + {qk} // 2)",
-                    lambda c, j, **g: lay(**g).high_plane_offset, cgeo)
-    tgeo = [dict(g, c=c, t=t) for g in geo for c in (0, g["nr"] - 1) for t in (0, 3, 37, 130, 255)]
-    lowp = _check("t // kr * (nr * kr // 2) + c * (kr // 2) + (t % kr) % (kr // 2)",
-                  lambda c, t, **g: lay(**g).low_offset(c, t)[0], tgeo)
-    lows = _check("(t % kr) // (kr // 2) * 4", lambda c, t, **g: 4 * lay(**g).low_offset(c, t)[1],
-                  tgeo)
-    half = f"(nr * {qk} // 4)"
-    p_py = "t // kr * (nr * kr // 2) + c * (kr // 2) + (t % kr) % (kr // 2)"
-    hs_py = "(t % kr) // (kr // 2) * 4"
-    _check(f"({p_py}) % {half}", lambda c, t, **g: lay(**g).high_field(c, t)[0], tgeo)
-    _check(f"({p_py}) // {half} * 4 + ({hs_py}) // 2",
-           lambda c, t, **g: lay(**g).high_field(c, t)[1], tgeo)
-    hbyte, hbit = c_expr(f"p % {half}"), c_expr(f"p // {half} * 4 + hs // 2")
-    n4 = name[4:]
-    return _Packer(name, _kq_rhs_protos(n4), "q6kp<nr>x<kr/2> (tilegen.layout.kquant.Q6KP)", "q6kp",
-                   "q6kp.c.j2",
-                   dict(stride=stride, rec=rec, d_f=d_f, sc_f=sc_f, low_f=low_f, high_f=high_f,
-                        lowp=lowp, lows=lows, hbyte=hbyte, hbit=hbit, qk=qk, nsb=nsb,
-                        sub6=ref.sub_k6, hxor=ref.h_xor,
-                        blk=gg.BLOCK_Q6_K_BYTES, b_ql=gg.Q6_K_QL, b_qh=gg.Q6_K_QH,
-                        b_sc=gg.Q6_K_SCALES, b_d=gg.Q6_K_D))
+def _kq_rhs(name: str, builder) -> _Packer:
+    """A K-quant RHS packer a family plugin brings (its ``C_PACKERS``): the shared prototypes
+    (repack and row dequantiser), and the plugin's layout banner, template and checked
+    expressions at the K-quant geometries."""
+    return _Packer(name, _kq_rhs_protos(name[4:]), **builder(_kq_geo()))
 
 
 # ----------------------------------------------------------------------------------------
@@ -646,8 +564,7 @@ def _builders():
         "kai_rhs_pack_kxn_bf16p2vlx2b_f32_x32_sme": _bf16p2vlx2b,
         "kai_rhs_pack_nxk_f32p2vlx1biasf32_f32_f32_sme": _f32p2vlx1biasf32,
         "kai_lhs_quant_pack_q8kp_f32": _q8kp,
-        "kai_rhs_pack_nxk_q4kp_q4k": _q4kp,
-        "kai_rhs_pack_nxk_q6kp_q6k": _q6kp,
+        **{name: (lambda name=name, b=b: _kq_rhs(name, b)) for name, b in C_PACKERS.items()},
     }
 
 

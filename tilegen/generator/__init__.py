@@ -1,5 +1,6 @@
 """Kernel generator: specs, validation, register allocation, rendering."""
-from ..records import FAMILIES, ISAS, SpecError
+from ..families import FAMILIES
+from ..records import ISAS, SpecError
 from .regalloc import allocate
 from .render import FORMATS, generate, render, symbol_for
 from .spec import KernelSpec

@@ -14,7 +14,7 @@ import json
 import re
 
 from ..callconv import Abi
-from ..records import abi_for
+from ..families import abi_for
 from .packers import PackerSpec
 from ..records import SpecError
 from .render import check_format, symbol_for

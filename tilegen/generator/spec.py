@@ -11,8 +11,9 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 
+from ..families import FAMILIES
 from ..layout.registry import layout_class
-from ..records import (FAMILIES, ISAS, KR_MAX, TILE_MR_MAX, TILE_NR_MAX, TILE_VL_MAX,
+from ..records import (ISAS, KR_MAX, TILE_MR_MAX, TILE_NR_MAX, TILE_VL_MAX,
                        FamilyInfo, Isa, IsaImpl, SpecError)
 
 __all__ = ["KernelSpec", "parse_unchecked", "parse_tile"]

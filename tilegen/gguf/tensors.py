@@ -6,13 +6,12 @@ import struct
 
 import numpy as np
 
+from ..families import FLOAT_KINDS, GGML_TYPES, KIND_FAMILY, pack, plugin
+from ..layout import LayoutError
 from ..runtime.errors import ArgumentError, LoadError
 from ..runtime.packed import PackedWeights
 
 __all__ = ["load_tensor", "tensor_names"]
-
-# ggml K-quant tensor types -> (runtime weight kind, packed RHS format)
-_KQUANTS = {"Q4_K": ("q4_K", "q4kp"), "Q6_K": ("q6_K", "q6kp")}
 
 
 def _reader(path):
@@ -48,8 +47,8 @@ def tensor_names(path) -> list[str]:
 def load_tensor(path, name: str, lib=None, *, nr: int | None = None) -> PackedWeights:
     """Tensor ``name`` (2-D: ne[0] = k, ne[1] = n) as PackedWeights.
 
-    Q4_0 is repacked straight from its block_q4_0 bytes, Q4_K and Q6_K (kinds "q4_K",
-    "q6_K") from their block_q4_K / block_q6_K bytes (lossless); Q8_0 is requantised per channel
+    The tensor types are the family plugins' (``GGML_TYPES``, :mod:`tilegen.families`): Q4_0
+    is repacked straight from its block_q4_0 bytes, Q4_K and Q6_K (kinds "q4_K", "q6_K") from their block_q4_K / block_q6_K bytes (lossless); Q8_0 is requantised per channel
     (qsi8cxp); F16/F32 are converted and packed for the f32 kernels.  With ``lib`` the layout of
     that library's preferred kernel is used (with ``nr``: its preferred kernel of that nr),
     otherwise llama.cpp's defaults (q4_0: nr 4, kr 16, sr 2; q8_0: nr 4, kr 8; f32: nr 16;
@@ -67,48 +66,24 @@ def load_tensor(path, name: str, lib=None, *, nr: int | None = None) -> PackedWe
         raise ArgumentError(f"tensor {name!r} has shape {dims}; only 2-D weights are supported")
     k, n = dims
     T = gguf.GGMLQuantizationType
+    kind = GGML_TYPES.get(T(t.tensor_type).name)
+    if kind is None:
+        supported = ", ".join(sorted(GGML_TYPES, key=lambda ty: (ty.startswith("F"), ty)))
+        raise ArgumentError(f"tensor {name!r} is {T(t.tensor_type).name}; supported: {supported}")
     data = np.asarray(t.data)
-    if t.tensor_type == T.Q4_0:
-        raw = data.reshape(-1).view(np.uint8)
-        if lib is not None:
-            return _named(name, lambda: lib.pack_weights(kind="q4_0", from_ggml=raw, n=n, k=k,
-                                                         nr=nr))
-        return _named(name, lambda: PackedWeights.from_q4_0(raw, n, k, nr=nr or 4))
-    if t.tensor_type == T.Q8_0:      # requantised per channel for the q8_0 (qsi8cxp) kernels
-        raw = data.reshape(-1).view(np.uint8)
-        if lib is not None:
-            return _named(name, lambda: lib.pack_weights(kind="q8_0", from_ggml=raw, n=n, k=k,
-                                                         nr=nr))
-        from ..layout import LayoutError
-        from ..layout.rhs_int8 import QSI8CXP
-        lay = QSI8CXP(nr or 4, 8)
-        try:
-            data = lay.pack_from_ggml(raw, n, k)
-        except LayoutError as e:      # e.g. a block whose f16 scale is NaN or Inf
-            raise ArgumentError(f"tensor {name!r}: {e}") from None
-        return PackedWeights(lay, n, k, data, False, "q8_0")
-    kquant = _KQUANTS.get(T(t.tensor_type).name)
-    if kquant is not None:          # ggml K-quant blocks, repacked without loss
-        kind, fmt = kquant
-        raw = data.reshape(-1).view(np.uint8)
-        if lib is not None:
-            return _named(name, lambda: lib.pack_weights(kind=kind, from_ggml=raw, n=n, k=k,
-                                                         nr=nr))
-        from ..layout import LayoutError
-        from ..layout.api import layout_for
-        lay = layout_for(fmt, nr=nr or 4, kr=16)
-        try:
-            data = lay.pack_from_ggml(raw, n, k)
-        except LayoutError as e:      # k not a multiple of 256, a non-finite d or dmin
-            raise ArgumentError(f"tensor {name!r}: {e}") from None
-        return PackedWeights(lay, n, k, data, False, kind)
-    if t.tensor_type in (T.F16, T.F32):
-        w = data.reshape(n, k)
-        kind = "f16" if t.tensor_type == T.F16 else "f32"
+    if kind in FLOAT_KINDS:         # F16/F32: converted and packed for the f32 kernels
+        w, raw = data.reshape(n, k), None
         if lib is not None:
             return _named(name, lambda: lib.pack_weights(w, kind=kind, nr=nr))
-        from ..layout.f32 import F32PackedRHS
-        lay = F32PackedRHS(nr or 16)
-        return PackedWeights(lay, n, k, lay.pack(w.astype(np.float32)), False, kind)
-    raise ArgumentError(f"tensor {name!r} is {T(t.tensor_type).name}; supported: Q4_0, Q4_K, Q6_K, Q8_0, "
-                        f"F16, F32")
+    else:                           # ggml blocks: repacked (Q8_0: requantised per channel)
+        w, raw = None, data.reshape(-1).view(np.uint8)
+        if lib is not None:
+            return _named(name, lambda: lib.pack_weights(kind=kind, from_ggml=raw, n=n,
+                                                         k=k, nr=nr))
+    family = KIND_FAMILY[kind]
+    lay = plugin(family).gguf_layout(kind, nr)      # llama.cpp's default geometry of the kind
+    try:
+        packed = pack(family, lay, kind, w, raw, n, k, None, "nk")
+    except (LayoutError, ArgumentError) as e:   # e.g. a block whose f16 scale is NaN or Inf,
+        raise ArgumentError(f"tensor {name!r}: {e}") from None     # k not whole blocks
+    return PackedWeights(lay, n, k, packed, False, kind)

@@ -1,4 +1,5 @@
-"""Dispatch by format over the layout registry (:mod:`tilegen.layout.registry`).
+"""Dispatch by format over the layout registry (:mod:`tilegen.layout.registry`: the family
+plugins' layouts; the table below is today's).
 
 A format is a layout class's ``format`` stem; :func:`layout_for` also takes a layout's full
 ``name`` (``"f32p16x1b"``, ``"bf16p12x4b"``: the tile rows and L come from the name).
@@ -19,8 +20,8 @@ format                      layout class                                        
 ``"bf16px2b"``              :class:`~tilegen.layout.bf16.BF16PRhs2B`                SME bf16 kernels (RHS)
 ``"bf16px4"``               :class:`~tilegen.layout.bf16.BF16PLhs4`                 LHS of NEON bf16 kernels
 ``"bf16px2"``               :class:`~tilegen.layout.bf16.BF16PLhs2`                 LHS of SME bf16 kernels
-``"q4kp"``                  :class:`~tilegen.layout.kquant.Q4KP`                    q4_K kernels (RHS)
-``"q6kp"``                  :class:`~tilegen.layout.kquant.Q6KP`                    q6_K kernels (RHS)
+``"q4kp"``                  :class:`~tilegen.families.q4_k.Q4KP`                    q4_K kernels (RHS)
+``"q6kp"``                  :class:`~tilegen.families.q6_k.Q6KP`                    q6_K kernels (RHS)
 ``"q8kp"``                  :class:`~tilegen.layout.kquant.Q8KP`                    LHS of q4_K / q6_K kernels
 ==========================  ======================================================  ============================
 

@@ -10,6 +10,7 @@ registry (:mod:`tilegen.layout.registry`) lists the classes the dispatchers know
 from __future__ import annotations
 
 import dataclasses
+import itertools
 import re
 from functools import lru_cache
 from typing import ClassVar
@@ -34,6 +35,27 @@ def eval_expr(expr: str, **env: int) -> int:
 def c_expr(expr: str) -> str:
     """The same expression in C over size_t (floor division is C's unsigned division)."""
     return expr.replace("//", "/")
+
+
+def checked_c_expr(expr: str, layout_value, points) -> str:
+    """``expr`` (Python syntax, ``//`` floor division) as C, after checking that it gives
+    ``layout_value(**point)`` for every point of ``points`` (dicts of the expression's names):
+    the export's C packers take their offsets this way, so the layout object stays the one
+    source of truth."""
+    for point in points:
+        want = layout_value(**point)
+        got = eval_expr(expr, **point)
+        if got != want:
+            raise AssertionError(f"packer expression {expr!r} gives {got} at {point}, "
+                                 f"the layout object {want}")
+    return c_expr(expr)
+
+
+def grid(**axes):
+    """Every combination of the axes' values, as dicts (the points expressions are checked at)."""
+    keys = list(axes)
+    for vals in itertools.product(*(axes[k] for k in keys)):
+        yield dict(zip(keys, vals))
 
 
 def roundup(a: int, b: int) -> int:

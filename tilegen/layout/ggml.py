@@ -1,6 +1,8 @@
 """ggml's block formats in numpy: ``block_q4_0`` (docs/layouts.md#ggml-q4_0) and ``block_q8_0``
-(docs/layouts.md#ggml-q8_0), their quantisers, dequantisers and byte splitters, and the checks
-the packers reading them share (finite f16 block scales, the weight range a block scale holds).
+(docs/layouts.md#ggml-q8_0), their quantisers, dequantisers and byte splitters, the checks
+the packers reading them share (finite f16 block scales, the weight range a block scale holds),
+and what the K-quant super-block codecs share (``QK_K``, :func:`kquant_blocks`; each K-quant
+format's own codec is in its family plugin, :mod:`tilegen.families`).
 
 A Q4_0 row of ``k`` values (k a multiple of 32) is ``k/32`` blocks of 18 bytes::
 
@@ -258,29 +260,14 @@ def dequantize_q8_0(raw: np.ndarray, n: int, k: int) -> np.ndarray:
 
 
 # ----------------------------------------------------------------------------------------
-# ggml K-quants: block_q4_K and block_q6_K (super-blocks of QK_K = 256 weights)
+# ggml K-quants: what every super-block format shares (QK_K = 256 weights per block).  Each
+# format's own block layout, split/join, dequantisation and checks are in its family plugin
+# (tilegen.families.q4_k, tilegen.families.q6_k).
 # ----------------------------------------------------------------------------------------
-# block_q4_K (144 bytes):  f16 d | f16 dmin | 12 bytes of 6-bit scales and mins for the 8
-#   sub-blocks of 32 | 128 bytes of nibbles.  Nibble byte 32g + t (g < 4, t < 32) holds weight
-#   64g + t in its low and weight 64g + 32 + t in its high nibble.  Scale bytes s[0..11]:
-#   sub-block j < 4: sc = s[j] & 63, m = s[j+4] & 63; j >= 4: sc = (s[j+4] & 15) | (s[j-4] >> 6) << 4,
-#   m = (s[j+4] >> 4) | (s[j] >> 6) << 4.  w = (f32(d)*sc)*q - f32(dmin)*m   (f32 steps).
-# block_q6_K (210 bytes):  ql 128 | qh 64 | int8 scales 16 | f16 d.  Weight v = 128h + u
-#   (half h < 2, u < 128): low 4 bits in ql[64h + u % 64] (low nibble for u < 64, else high),
-#   2 high bits in qh[32h + u % 32] at bit 2*(u // 32); q = 0..63, w = (f32(d)*sc[v // 16])*(q - 32).
 QK_K = 256
-BLOCK_Q4_K_BYTES = 144
-BLOCK_Q6_K_BYTES = 210
-# byte offsets of the fields inside one block (the C packers of the export read them too)
-Q4_K_D, Q4_K_DMIN, Q4_K_SCALES, Q4_K_QS = 0, 2, 4, 16
-Q6_K_QL, Q6_K_QH, Q6_K_SCALES, Q6_K_D = 0, 128, 192, 208
 
-__all__ += ["QK_K", "BLOCK_Q4_K_BYTES", "BLOCK_Q6_K_BYTES", "check_superblocks",
-            "Q4_K_D", "Q4_K_DMIN", "Q4_K_SCALES", "Q4_K_QS", "Q6_K_QL", "Q6_K_QH", "Q6_K_SCALES",
-            "Q6_K_D",
-            "split_q4_k", "join_q4_k", "q4_k_values", "dequantize_q4_k", "check_q4_k_scales",
-            "split_q6_k", "join_q6_k", "q6_k_values", "dequantize_q6_k", "check_q6_k_scales",
-            "random_q4_k", "random_q6_k", "refuse_float_kquant"]
+__all__ += ["QK_K", "check_superblocks", "kquant_blocks", "random_f16_scales",
+            "refuse_float_kquant"]
 
 
 def check_superblocks(k) -> int:
@@ -291,7 +278,7 @@ def check_superblocks(k) -> int:
     return int(k) // QK_K
 
 
-def _kquant_blocks(raw, n, k, block_bytes: int, what: str) -> np.ndarray:
+def kquant_blocks(raw, n, k, block_bytes: int, what: str) -> np.ndarray:
     """ggml K-quant rows as uint8 (n, k/256, block_bytes); LayoutError on size or dtype."""
     S = check_superblocks(k)
     if not isinstance(n, (int, np.integer)) or isinstance(n, bool) or n < 1:
@@ -307,143 +294,10 @@ def _kquant_blocks(raw, n, k, block_bytes: int, what: str) -> np.ndarray:
     return np.ascontiguousarray(raw).reshape(int(n), S, block_bytes)
 
 
-def split_q4_k(raw, n: int, k: int) -> tuple[np.ndarray, ...]:
-    """block_q4_K rows -> (d f16 bits uint16 (n, S), dmin f16 bits uint16 (n, S),
-    sc uint8 (n, S, 8), m uint8 (n, S, 8), q uint8 (n, k) 0..15 in k order), S = k/256."""
-    b = _kquant_blocks(raw, n, k, BLOCK_Q4_K_BYTES, "Q4_K")
-    n, S = b.shape[:2]
-    d = np.ascontiguousarray(b[..., Q4_K_D:Q4_K_D + 2]).view("<u2").reshape(n, S)
-    dmin = np.ascontiguousarray(b[..., Q4_K_DMIN:Q4_K_DMIN + 2]).view("<u2").reshape(n, S)
-    s = b[..., Q4_K_SCALES:Q4_K_QS].astype(np.uint8)
-    lo4, mid4, hi4 = s[..., 0:4], s[..., 4:8], s[..., 8:12]
-    sc = np.concatenate([lo4 & 63, (hi4 & 15) | ((lo4 >> 6) << 4)], axis=-1)
-    m = np.concatenate([mid4 & 63, (hi4 >> 4) | ((mid4 >> 6) << 4)], axis=-1)
-    qs = b[..., Q4_K_QS:].reshape(n, S, 4, 1, 32)
-    q = np.concatenate([qs & 15, qs >> 4], axis=3).reshape(n, k)
-    return d, dmin, sc.astype(np.uint8), m.astype(np.uint8), q.astype(np.uint8)
-
-
-def join_q4_k(d, dmin, sc, m, q) -> np.ndarray:
-    """Inverse of :func:`split_q4_k`: uint8 (n, k/256*144) block_q4_K rows."""
-    q = np.asarray(q, dtype=np.uint8)
-    n, k = q.shape
-    S = check_superblocks(k)
-    sc = np.asarray(sc, dtype=np.uint8).reshape(n, S, 8)
-    m = np.asarray(m, dtype=np.uint8).reshape(n, S, 8)
-    s = np.concatenate([(sc[..., :4] & 63) | ((sc[..., 4:] >> 4) << 6),
-                        (m[..., :4] & 63) | ((m[..., 4:] >> 4) << 6),
-                        (sc[..., 4:] & 15) | ((m[..., 4:] & 15) << 4)], axis=-1)
-    qq = q.reshape(n, S, 4, 2, 32)
-    qs = (qq[:, :, :, 0] & 15) | ((qq[:, :, :, 1] & 15) << 4)
-    dd = np.ascontiguousarray(np.asarray(d, dtype="<u2").reshape(n, S)).view(np.uint8)
-    dm = np.ascontiguousarray(np.asarray(dmin, dtype="<u2").reshape(n, S)).view(np.uint8)
-    return np.concatenate([dd.reshape(n, S, 2), dm.reshape(n, S, 2), s.astype(np.uint8),
-                           qs.reshape(n, S, 128).astype(np.uint8)], axis=-1).reshape(n, -1)
-
-
-def q4_k_values(d, dmin, sc, m, q) -> np.ndarray:
-    """float32 (R, k) weights of split Q4_K fields, in gguf.quants' float32 order:
-    ``(f32(d) * sc) * q - f32(dmin) * m`` (each step one f32 rounding)."""
-    q = np.asarray(q)
-    R, k = q.shape
-    S = k // QK_K
-    df = f16_bits_to_f32(d).reshape(R, S, 1, 1)
-    mf = f16_bits_to_f32(dmin).reshape(R, S, 1, 1)
-    with np.errstate(invalid="ignore", over="ignore"):
-        ds = (df * np.asarray(sc).reshape(R, S, 8, 1).astype(np.float32)).astype(np.float32)
-        dm = (mf * np.asarray(m).reshape(R, S, 8, 1).astype(np.float32)).astype(np.float32)
-        w = (ds * q.reshape(R, S, 8, 32).astype(np.float32)).astype(np.float32) - dm
-    return w.astype(np.float32).reshape(R, k)
-
-
-def dequantize_q4_k(raw, n: int, k: int) -> np.ndarray:
-    """block_q4_K rows -> float32 (n, k), bit for bit ``gguf.quants.dequantize``."""
-    return q4_k_values(*split_q4_k(raw, n, k))
-
-
-def check_q4_k_scales(d, dmin) -> None:
-    """LayoutError naming the first block/row whose f16 d or dmin is NaN or Inf."""
-    check_block_scales(d, "Q4_K", "d")
-    check_block_scales(dmin, "Q4_K", "dmin")
-
-
-def split_q6_k(raw, n: int, k: int) -> tuple[np.ndarray, ...]:
-    """block_q6_K rows -> (d f16 bits uint16 (n, S), sc int8 (n, S, 16), q uint8 (n, k)
-    0..63 in k order; the weight is d*sc*(q - 32))."""
-    b = _kquant_blocks(raw, n, k, BLOCK_Q6_K_BYTES, "Q6_K")
-    n, S = b.shape[:2]
-    ql = b[..., Q6_K_QL:Q6_K_QH].reshape(n, S, 2, 64)
-    qh = b[..., Q6_K_QH:Q6_K_SCALES].reshape(n, S, 2, 1, 32)
-    sc = np.ascontiguousarray(b[..., Q6_K_SCALES:Q6_K_D]).view(np.int8).reshape(n, S, 16)
-    d = np.ascontiguousarray(b[..., Q6_K_D:Q6_K_D + 2]).view("<u2").reshape(n, S)
-    low = np.concatenate([ql & 15, ql >> 4], axis=-1)                          # (n, S, 2, 128)
-    shifts = np.array([0, 2, 4, 6], np.uint8).reshape(1, 1, 1, 4, 1)
-    high = ((qh >> shifts) & 3).reshape(n, S, 2, 128)
-    q = (low | (high << 4)).astype(np.uint8).reshape(n, k)
-    return d, sc, q
-
-
-def join_q6_k(d, sc, q) -> np.ndarray:
-    """Inverse of :func:`split_q6_k`: uint8 (n, k/256*210) block_q6_K rows."""
-    q = np.asarray(q, dtype=np.uint8)
-    n, k = q.shape
-    S = check_superblocks(k)
-    qq = q.reshape(n, S, 2, 128)
-    low = qq & 15
-    ql = low[..., :64] | (low[..., 64:] << 4)
-    h = (qq >> 4).reshape(n, S, 2, 4, 32) & 3
-    qh = h[..., 0, :] | (h[..., 1, :] << 2) | (h[..., 2, :] << 4) | (h[..., 3, :] << 6)
-    s = np.ascontiguousarray(np.asarray(sc, dtype=np.int8).reshape(n, S, 16)).view(np.uint8)
-    dd = np.ascontiguousarray(np.asarray(d, dtype="<u2").reshape(n, S)).view(np.uint8)
-    return np.concatenate([ql.reshape(n, S, 128), qh.reshape(n, S, 64), s,
-                           dd.reshape(n, S, 2)], axis=-1).astype(np.uint8).reshape(n, -1)
-
-
-def q6_k_values(d, sc, q) -> np.ndarray:
-    """float32 (R, k) weights of split Q6_K fields, gguf.quants' order: ``(f32(d)*sc)*(q-32)``."""
-    q = np.asarray(q)
-    R, k = q.shape
-    S = k // QK_K
-    df = f16_bits_to_f32(d).reshape(R, S, 1, 1)
-    with np.errstate(invalid="ignore", over="ignore"):
-        ds = (df * np.asarray(sc).reshape(R, S, 16, 1).astype(np.float32)).astype(np.float32)
-        v = (q.astype(np.int16) - 32).astype(np.float32).reshape(R, S, 16, 16)
-        return (ds * v).astype(np.float32).reshape(R, k)
-
-
-def dequantize_q6_k(raw, n: int, k: int) -> np.ndarray:
-    """block_q6_K rows -> float32 (n, k), bit for bit ``gguf.quants.dequantize``."""
-    return q6_k_values(*split_q6_k(raw, n, k))
-
-
-def check_q6_k_scales(d) -> None:
-    """LayoutError naming the first block/row whose f16 d is NaN or Inf."""
-    check_block_scales(d, "Q6_K", "d")
-
-
-def _random_d(rng, shape, scale: float) -> np.ndarray:
+def random_f16_scales(rng, shape, scale: float) -> np.ndarray:
     """Positive finite f16 bits, magnitudes around ``scale`` (never zero)."""
     v = (rng.uniform(0.25, 1.0, shape) * scale).astype(np.float16)
     return v.view(np.uint16)
-
-
-def random_q4_k(n: int, k: int, seed: int) -> np.ndarray:
-    """Seeded random valid block_q4_K rows (uint8 (n, k/256*144)): positive finite d and dmin,
-    every 6-bit scale/min and nibble drawn uniformly (no value fixed to zero)."""
-    rng = np.random.default_rng(seed)
-    S = check_superblocks(k)
-    return join_q4_k(_random_d(rng, (n, S), 2e-3), _random_d(rng, (n, S), 1e-3),
-                     rng.integers(0, 64, (n, S, 8)), rng.integers(0, 64, (n, S, 8)),
-                     rng.integers(0, 16, (n, k)))
-
-
-def random_q6_k(n: int, k: int, seed: int) -> np.ndarray:
-    """Seeded random valid block_q6_K rows (uint8 (n, k/256*210)): positive finite d, int8
-    scales in [-128, 127], 6-bit values uniform."""
-    rng = np.random.default_rng(seed)
-    S = check_superblocks(k)
-    return join_q6_k(_random_d(rng, (n, S), 1e-3), rng.integers(-128, 128, (n, S, 16)),
-                     rng.integers(0, 64, (n, k)))
 
 
 def refuse_float_kquant(kind: str) -> None:

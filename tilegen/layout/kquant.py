@@ -1,16 +1,11 @@
-"""The K-quant layouts (issue #24): tilegen's own packed formats for ggml's Q4_K and Q6_K weights
-and the Q8_K-style activations their kernels read, byte for byte as docs/layouts.md describes.
+"""The K-quant layout bases (issue #24): the Q8_K-style activations every K-quant kernel reads
+(:class:`Q8KP`, LHS ``q8kp<mr>x<kr>``: int8 per row per super-block, f32 d, sub-block sums
+hi/lo; docs/layouts.md#q8kp) and what the K-quant RHS layouts share (:class:`KQuantRhs`:
+groups of nr columns of super-block records, the nibble interleave, the [j][c] scales).  Each
+RHS format is its family plugin's subclass: ``q4kp`` in :mod:`tilegen.families.q4_k`,
+``q6kp`` in :mod:`tilegen.families.q6_k` (docs/layouts.md#q4kp, #q6kp).
 
-=============================  ============================================  ========================
-class                          what                                          docs/layouts.md
-=============================  ============================================  ========================
-:class:`Q8KP`                  LHS ``q8kp<mr>x<kr>``: int8 per row per        layouts.md#q8kp
-                               super-block, f32 d, sub-block sums hi/lo
-:class:`Q4KP`                  RHS ``q4kp<nr>x<kr>`` from ggml block_q4_K     layouts.md#q4kp
-:class:`Q6KP`                  RHS ``q6kp<nr>x<kr>`` from ggml block_q6_K     layouts.md#q6kp
-=============================  ============================================  ========================
-
-Common to the three: k is a multiple of 256 (QK_K, one super-block "SB"; anything else is a
+Common to all of them: k is a multiple of 256 (QK_K, one super-block "SB"; anything else is a
 LayoutError saying so), the packed data is one fixed-size record per SB (per row block of mr
 rows, or per group of nr columns), ``sr = 2`` is fixed (a byte holds two k values L = kr/2
 apart) and ``kr`` is even and divides 32.  Labels name L = kr/2 like the other
@@ -23,18 +18,30 @@ last group are all zero bytes (weight 0).
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import NamedTuple
 
 import numpy as np
 
 from .base import (Interleaved, LayoutError, RhsGroups, RowBlocks, check_m_idx_start,
                    f32_to_i32_sat, flat_u8, round_half_away, rows_f32, rows_index)
-from .ggml import (QK_K, check_q4_k_scales, check_q6_k_scales, check_superblocks,
-                   q4_k_values, q6_k_values, refuse_float_kquant, split_q4_k, split_q6_k)
+from .ggml import QK_K, check_superblocks, refuse_float_kquant
 
-__all__ = ["Q8KP", "Q4KP", "Q6KP", "KQuantInterleave"]
+__all__ = ["Q8KP", "KQuantRhs", "KQuantTerms", "KQuantInterleave", "U16"]
 
 F32 = np.dtype("<f4")
 U16 = np.dtype("<u2")
+
+
+class KQuantTerms(NamedTuple):
+    """A K-quant weight as integer terms: w = f32(d) * sc[sub-block] * w_int - f32(dmin) *
+    mins[sub-block of 32] (no min term: dmin and mins None)."""
+
+    d: np.ndarray               # f16 bits (n, S)
+    sc: np.ndarray              # integer scale per sub-block (n, S, 256/sub)
+    w: np.ndarray               # integer weights (n, k), zero point taken off
+    sub: int                    # k values per scale
+    dmin: np.ndarray | None = None      # f16 bits (n, S)
+    mins: np.ndarray | None = None      # integer min per sub-block of 32 (n, S, 8)
 
 
 class KQuantInterleave(Interleaved):
@@ -299,260 +306,59 @@ class KQuantRhs(RhsGroups, KQuantInterleave):
         """What :meth:`pack_split` takes, read back losslessly (repacking between nr/kr)."""
         return self.unpack(packed, n, k)
 
+    # -- what a family's subclass fills in: its runtime kind, its ggml block codec ---------
+    kind = ""                   # the runtime weight kind ("q4_K"), for messages
+
+    @staticmethod
+    def split_blocks(raw, n: int, k: int) -> tuple:
+        """The family's ggml blocks split into :meth:`pack_split`'s fields, its scale checks
+        applied (LayoutError naming the first bad block)."""
+        raise NotImplementedError
+
+    @staticmethod
+    def values(*fields) -> np.ndarray:
+        """float32 (R, k) weights of split fields, in gguf.quants' float order."""
+        raise NotImplementedError
+
+    @staticmethod
+    def terms(*fields) -> "KQuantTerms":
+        """The integer terms of split (or unpacked) fields that the kernels and ggml's dot
+        product multiply (tilegen.reference.kquant)."""
+        raise NotImplementedError
+
+    # -- the family plugin's protocol (tilegen.families), the same for every K-quant -------
+    @staticmethod
+    def pack_weights(lay, kind: str, w, from_ggml, n: int, k: int, bias, layout: str):
+        """The packing protocol: the family's ggml blocks, repacked without loss; float
+        weights are refused (tilegen does not quantise to K-quants)."""
+        if from_ggml is None:
+            return lay.pack_from_float(w, bias=bias)
+        return lay.pack_from_ggml(from_ggml, n, k, bias=bias)
+
+    @classmethod
+    def gguf_layout(cls, kind: str, nr: int | None):
+        """The layout of GGUF tensors read without a library: the i8mm kernels' (nr 4 unless
+        given, kr 16)."""
+        return cls(nr or 4, 16)
+
+    # -- packers and readers every K-quant RHS shares -------------------------------------
+    def pack_from_ggml(self, raw, n: int, k: int, bias=None) -> np.ndarray:
+        """Pack ggml blocks of the family's type ((n, blocks) or flat bytes), losslessly;
+        refuses a bias, a block whose scales are NaN or Inf, truncated data and k not a
+        multiple of 256."""
+        self.require_no_bias(bias)
+        return self.pack_split(*self.split_blocks(raw, n, k))
+
+    def pack_from_float(self, w, bias=None) -> np.ndarray:
+        refuse_float_kquant(self.kind)
+
+    def dequantize_rows(self, packed, n: int, k: int, rows) -> np.ndarray:
+        """float32 (len(rows), k): gguf.quants' dequantisation of the packed rows, bit for
+        bit."""
+        return self.values(*self.unpack(packed, n, k, rows))
+
     @staticmethod
     def require_no_bias(bias) -> None:
         if bias is not None:
             raise LayoutError("K-quant weights carry no bias (the kernels use the Q8 calling "
                               "convention, no bias): pass the bias to matmul(bias=) instead")
-
-
-@dataclass(frozen=True)
-class Q4KP(KQuantRhs):
-    """``q4kp<nr>x<kr>`` from ggml block_q4_K (docs/layouts.md#q4kp).
-
-    Column group of nr columns = k/256 SB records of ``148*nr`` bytes::
-
-        +0        nr x f16 d                      +2*nr   nr x f16 dmin
-        +4*nr     scales 8 x nr uint8, [j][c]     +12*nr  mins nr x 8 uint8, [c][j]
-        +20*nr    nibbles: 8 sub-blocks of 16*nr bytes; in sub-block j, 32/kr chunks of
-                  nr*kr/2 bytes; chunk i, column c, byte b < L: low nibble = q[32j + kr*i + b],
-                  high nibble = q[32j + kr*i + b + L]
-    """
-
-    nr: int
-    kr: int
-
-    format = "q4kp"
-    label_prefix = "q4kp"
-    ggml_block = ("Q4_K", QK_K)
-
-    def __post_init__(self) -> None:
-        self.check_kquant(nr=self.nr)
-
-    # -- geometry (generator) ------------------------------------------------------------
-    d_bytes = 2                 # f16 d, f16 dmin
-    subblocks = 8               # sub-blocks of 32 per SB (one scale, one min each)
-    d_offset = 0
-
-    @property
-    def dmin_offset(self) -> int:
-        return self.d_offset + self.nr * self.d_bytes
-
-    @property
-    def scales_offset(self) -> int:
-        """8 x nr uint8 scales, [j][c] at scales_offset + j*nr + c."""
-        return self.dmin_offset + self.nr * self.d_bytes
-
-    @property
-    def mins_offset(self) -> int:
-        """nr x 8 uint8 mins, [c][j] at mins_offset + 8c + j."""
-        return self.scales_offset + self.subblocks * self.nr
-
-    @property
-    def nibbles_offset(self) -> int:
-        return self.mins_offset + self.subblocks * self.nr
-
-    @property
-    def subblock_bytes(self) -> int:
-        """Nibble bytes of one sub-block of 32 (16*nr)."""
-        return self.nr * self.sub_k // 2
-
-    @property
-    def chunks_per_subblock(self) -> int:
-        return self.sub_k // self.kr
-
-    @property
-    def sb_record_bytes(self) -> int:
-        """Bytes of one SB record of a group (148*nr)."""
-        return self.nibbles_offset + self.subblocks * self.subblock_bytes
-
-    def min_offset(self, c: int, j: int) -> int:
-        return self.mins_offset + c * self.subblocks + j
-
-    def nibble_offset(self, c: int, t: int) -> tuple[int, int]:
-        """(offset inside an SB record, 0 low / 1 high nibble) of column slot c, value t < 256."""
-        j, u = divmod(t, self.sub_k)
-        i, r = divmod(u, self.kr)
-        return (self.nibbles_offset + j * self.subblock_bytes + i * self.chunk_bytes
-                + c * self.L + r % self.L, r // self.L)
-
-    # -- packers -------------------------------------------------------------------------
-    def pack_split(self, d, dmin, sc, m, q) -> np.ndarray:
-        """Pack split Q4_K fields (as :func:`tilegen.layout.ggml.split_q4_k` gives them: d and
-        dmin f16 bits (n, S), sc and m uint8 (n, S, 8), q uint8 (n, k) 0..15)."""
-        q, n, S, G = self._split_geometry(q)
-        nr = self.nr
-        dd = self._padded(np.asarray(d, dtype=U16).reshape(n, S), n)
-        dm = self._padded(np.asarray(dmin, dtype=U16).reshape(n, S), n)
-        scp = self._padded(np.asarray(sc, dtype=np.uint8).reshape(n, S, 8), n)
-        mp = self._padded(np.asarray(m, dtype=np.uint8).reshape(n, S, 8), n)
-        qp = self._padded(q.reshape(n, S, QK_K), n)
-
-        scales = scp.reshape(G, nr, S, 8).transpose(0, 2, 3, 1).reshape(G, S, 8 * nr)
-        mins = mp.reshape(G, nr, S, 8).transpose(0, 2, 1, 3).reshape(G, S, 8 * nr)
-        nib = self._interleave(qp.reshape(G * nr, S * 8, self.sub_k), G, S * 8, self.sub_k)
-        out = np.concatenate([self._f16_columns(dd, G, S), self._f16_columns(dm, G, S), scales,
-                              mins, nib.reshape(G, S, -1)], axis=2)
-        return out.astype(np.uint8).reshape(-1)
-
-    def pack_from_ggml(self, raw, n: int, k: int, bias=None) -> np.ndarray:
-        """Pack ggml block_q4_K rows ((n, k/256*144) or flat bytes), losslessly; refuses a
-        block whose d or dmin is NaN or Inf, truncated data and k not a multiple of 256."""
-        self.require_no_bias(bias)
-        d, dmin, sc, m, q = split_q4_k(raw, n, k)
-        check_q4_k_scales(d, dmin)
-        return self.pack_split(d, dmin, sc, m, q)
-
-    def pack_from_float(self, w, bias=None) -> np.ndarray:
-        refuse_float_kquant("q4_K")
-
-    # -- readers -------------------------------------------------------------------------
-    def unpack(self, packed, n: int, k: int, rows=None) -> tuple[np.ndarray, ...]:
-        """(d uint16 (R, S), dmin uint16 (R, S), sc uint8 (R, S, 8), m uint8 (R, S, 8),
-        q uint8 (R, k)) of ``rows`` (default all n): ggml's per-weight fields."""
-        rec, g, i = self._records(packed, n, k, rows)
-        G, S = rec.shape[:2]
-        nr = self.nr
-        d = np.ascontiguousarray(rec[..., :self.dmin_offset]).view(U16)            # (G, S, nr)
-        dmin = np.ascontiguousarray(rec[..., self.dmin_offset:self.scales_offset]).view(U16)
-        sc = rec[..., self.scales_offset:self.mins_offset].reshape(G, S, 8, nr)
-        mins = rec[..., self.mins_offset:self.nibbles_offset].reshape(G, S, nr, 8)
-        nib = self._deinterleave(rec[..., self.nibbles_offset:].reshape(G, S * 8, -1), self.sub_k)
-        q = nib[g, :, :, i].reshape(g.size, k)          # (R, S*8, C, 2, L) -> k order
-        return (d[g, :, i], dmin[g, :, i], sc[g, :, :, i].astype(np.uint8),
-                mins[g, :, i].astype(np.uint8), q.astype(np.uint8))
-
-    def dequantize_rows(self, packed, n: int, k: int, rows) -> np.ndarray:
-        """float32 (len(rows), k): gguf.quants' Q4_K dequantisation of the packed rows, bit
-        for bit."""
-        return q4_k_values(*self.unpack(packed, n, k, rows))
-
-
-@dataclass(frozen=True)
-class Q6KP(KQuantRhs):
-    """``q6kp<nr>x<kr>`` from ggml block_q6_K (docs/layouts.md#q6kp).
-
-    Column group = k/256 SB records of ``210*nr`` bytes::
-
-        +0        nr x f16 d
-        +2*nr     scales 16 x nr int8, [j][c] (j = sub-block of 16)
-        +18*nr    low plane (128*nr): 256/kr chunks of nr*kr/2 bytes; chunk i, column c, byte
-                  b: low nibble = ql of k = kr*i + b, high nibble = ql of k + L  (ql = q & 15)
-        +146*nr   high plane (64*nr): byte p = h'(low nibble of low byte p) | h'(high nibble
-                  of p) << 2 | h'(low of p + 64nr) << 4 | h'(high of p + 64nr) << 6,
-                  h' = (q >> 4) ^ 2
-    """
-
-    nr: int
-    kr: int
-
-    format = "q6kp"
-    label_prefix = "q6kp"
-    ggml_block = ("Q6_K", QK_K)
-
-    def __post_init__(self) -> None:
-        self.check_kquant(nr=self.nr)
-
-    # -- geometry (generator) ------------------------------------------------------------
-    d_bytes = 2
-    subblocks = 16              # sub-blocks of 16 per SB (one int8 scale each)
-    sub_k6 = 16                 # k values per Q6_K scale
-    h_xor = 2                   # stored high bits h' = (q >> 4) ^ h_xor (signed 2-bit q>>4 - 2)
-    d_offset = 0
-
-    @property
-    def scales_offset(self) -> int:
-        """16 x nr int8 scales, [j][c] at scales_offset + j*nr + c."""
-        return self.d_offset + self.nr * self.d_bytes
-
-    @property
-    def low_plane_offset(self) -> int:
-        return self.scales_offset + self.subblocks * self.nr
-
-    @property
-    def low_plane_bytes(self) -> int:
-        return self.nr * self.qk // 2
-
-    @property
-    def high_plane_offset(self) -> int:
-        return self.low_plane_offset + self.low_plane_bytes
-
-    @property
-    def high_plane_bytes(self) -> int:
-        return self.nr * self.qk // 4
-
-    @property
-    def high_pair_distance(self) -> int:
-        """Low-plane distance between the bytes whose h' share one high-plane byte (fields
-        0-1 and 2-3 come from byte p, fields 4-5 and 6-7 from byte p + high_pair_distance)."""
-        return self.high_plane_bytes
-
-    @property
-    def sb_record_bytes(self) -> int:
-        """Bytes of one SB record of a group (210*nr)."""
-        return self.high_plane_offset + self.high_plane_bytes
-
-    def low_offset(self, c: int, t: int) -> tuple[int, int]:
-        """(low-plane byte index p, 0 low / 1 high nibble) of column slot c, value t < 256."""
-        i, r = divmod(t, self.kr)
-        return i * self.chunk_bytes + c * self.L + r % self.L, r // self.L
-
-    def high_field(self, c: int, t: int) -> tuple[int, int]:
-        """(high-plane byte index, bit position of the 2-bit field) of column c, value t."""
-        p, hi = self.low_offset(c, t)
-        half, p = divmod(p, self.high_pair_distance)
-        return p, 4 * half + 2 * hi
-
-    # -- packers -------------------------------------------------------------------------
-    def pack_split(self, d, sc, q) -> np.ndarray:
-        """Pack split Q6_K fields (as :func:`tilegen.layout.ggml.split_q6_k` gives them: d f16
-        bits (n, S), sc int8 (n, S, 16), q uint8 (n, k) 0..63)."""
-        q, n, S, G = self._split_geometry(q)
-        nr = self.nr
-        dd = self._padded(np.asarray(d, dtype=U16).reshape(n, S), n)
-        scp = self._padded(np.asarray(sc, dtype=np.int8).reshape(n, S, 16), n).view(np.uint8)
-        qp = q.reshape(n, S, QK_K)
-        hp = self._padded(((qp >> 4) ^ self.h_xor) & 3, n)     # padding columns: h' = 0
-        low = self._interleave(self._padded(qp & 15, n), G, S, QK_K)       # (G, S, 128nr)
-        # the h' of each low-plane byte's two nibbles, in the low plane's byte order
-        hb = self._interleave(hp, G, S, QK_K)
-        hlo, hhi = hb & 3, hb >> 4
-        half = self.high_pair_distance
-        high = hlo[..., :half] | (hhi[..., :half] << 2) | (hlo[..., half:] << 4) | (hhi[..., half:] << 6)
-        scales = scp.reshape(G, nr, S, 16).transpose(0, 2, 3, 1).reshape(G, S, 16 * nr)
-        out = np.concatenate([self._f16_columns(dd, G, S), scales, low, high.astype(np.uint8)], axis=2)
-        return out.astype(np.uint8).reshape(-1)
-
-    def pack_from_ggml(self, raw, n: int, k: int, bias=None) -> np.ndarray:
-        """Pack ggml block_q6_K rows ((n, k/256*210) or flat bytes), losslessly; refuses a
-        block whose d is NaN or Inf, truncated data and k not a multiple of 256."""
-        self.require_no_bias(bias)
-        d, sc, q = split_q6_k(raw, n, k)
-        check_q6_k_scales(d)
-        return self.pack_split(d, sc, q)
-
-    def pack_from_float(self, w, bias=None) -> np.ndarray:
-        refuse_float_kquant("q6_K")
-
-    # -- readers -------------------------------------------------------------------------
-    def unpack(self, packed, n: int, k: int, rows=None) -> tuple[np.ndarray, ...]:
-        """(d uint16 (R, S), sc int8 (R, S, 16), q uint8 (R, k) 0..63) of ``rows``."""
-        rec, g, i = self._records(packed, n, k, rows)
-        G, S = rec.shape[:2]
-        nr = self.nr
-        d = np.ascontiguousarray(rec[..., :self.scales_offset]).view(U16)          # (G, S, nr)
-        sc = np.ascontiguousarray(rec[..., self.scales_offset:self.low_plane_offset])
-        sc = sc.view(np.int8).reshape(G, S, 16, nr)
-        low = rec[..., self.low_plane_offset:self.high_plane_offset]
-        hp = rec[..., self.high_plane_offset:]
-        hlo = np.concatenate([hp & 3, (hp >> 4) & 3], axis=2)
-        hhi = np.concatenate([(hp >> 2) & 3, hp >> 6], axis=2)
-        hbytes = (hlo | (hhi << 4)) ^ (self.h_xor * 0x11)       # (q >> 4) of both nibbles
-        v = self._deinterleave(low, QK_K) | (self._deinterleave(hbytes, QK_K) << 4)
-        q = v[g, :, :, i].reshape(g.size, k)
-        return d[g, :, i], sc[g, :, :, i], q.astype(np.uint8)
-
-    def dequantize_rows(self, packed, n: int, k: int, rows) -> np.ndarray:
-        """float32 (len(rows), k): gguf.quants' Q6_K dequantisation of the packed rows, bit
-        for bit."""
-        return q6_k_values(*self.unpack(packed, n, k, rows))

@@ -1,11 +1,15 @@
 """numpy references of the K-quant matmuls (issue #24; docs/layouts.md#arith-kquant).
 
-Three computations of ``dst[r][c] = sum_t x[r][t] * w[c][t]`` for ggml Q4_K / Q6_K weights
-``w`` (n rows of ggml blocks) and float32 activations ``x``:
+Three computations of ``dst[r][c] = sum_t x[r][t] * w[c][t]`` for ggml K-quant weights ``w``
+(n rows of ggml blocks, e.g. Q4_K / Q6_K) and float32 activations ``x``.  Each function takes
+the family's RHS layout class (``rhs``: :class:`tilegen.families.q4_k.Q4KP`, ...; a subclass of
+:class:`tilegen.layout.kquant.KQuantRhs`), whose hooks give what differs between the formats:
+its ggml codec (``split_blocks``) and its integer terms (:meth:`KQuantRhs.terms`: per
+super-block the scale per sub-block, the integer weights, and the min term if it has one).
 
-* **tilegen's kernel arithmetic** (:func:`matmul_q8kp_q4kp`, :func:`matmul_q8kp_q6kp`), bit
-  exact: it reads the packed LHS (``q8kp``) and RHS (``q4kp`` / ``q6kp``) through the layout
-  objects' ``unpack``, so it checks the layouts as much as the arithmetic.  Per output and per
+* **tilegen's kernel arithmetic** (:func:`matmul_kernel`), bit exact: it reads the packed LHS
+  (``q8kp``) and RHS (``q4kp`` / ``q6kp``) through the layout objects' ``unpack``, so it
+  checks the layouts as much as the arithmetic.  Per output and per
   super-block (SB) of 256, in k order, from acc = +0.0f:
 
   - Q4_K: S1 = sum_j sc_j * (sum over sub-block j of q*a) and S2 = 128 * sum_j m_j*bsum_hi_j
@@ -39,16 +43,13 @@ from __future__ import annotations
 
 import numpy as np
 
-from ..layout.ggml import (QK_K, check_superblocks, dequantize_q4_k, dequantize_q6_k, split_q4_k,
-                          split_q6_k)
-from ..layout.kquant import Q4KP, Q6KP, Q8KP
+from ..layout.ggml import QK_K, check_superblocks
+from ..layout.kquant import Q8KP, KQuantTerms
 from .f32 import fma_f32
 
-__all__ = ["matmul_q8kp_q4kp", "matmul_q8kp_q6kp", "matmul_tilegen", "quantize_q8_k",
-           "matmul_ggml", "matmul_f64_kquant", "dequantize_kquant", "error_summary",
-           "error_bound", "KINDS"]
+__all__ = ["matmul_kernel", "matmul_tilegen", "quantize_q8_k", "matmul_ggml",
+           "matmul_f64_kquant", "dequantize_kquant", "error_summary", "error_bound"]
 
-KINDS = ("q4_K", "q6_K")
 f32 = np.float32
 
 
@@ -72,56 +73,39 @@ def _clamp(acc: np.ndarray, lo: float, hi: float) -> np.ndarray:
 # ----------------------------------------------------------------------------------------
 # tilegen's kernel arithmetic (bit exact)
 # ----------------------------------------------------------------------------------------
-def matmul_q8kp_q4kp(lhs_packed, rhs_packed, m: int, n: int, k: int, mr: int, nr: int, kr: int,
-                     clamp_min: float = -np.inf, clamp_max: float = np.inf) -> np.ndarray:
-    """dst float32 (m, n) of a q4_K kernel reading ``q8kp<mr>x<kr>`` and ``q4kp<nr>x<kr>``."""
+def matmul_kernel(rhs, lhs_packed, rhs_packed, m: int, n: int, k: int, mr: int, nr: int,
+                  kr: int, clamp_min: float = -np.inf, clamp_max: float = np.inf) -> np.ndarray:
+    """dst float32 (m, n) of a K-quant kernel reading ``q8kp<mr>x<kr>`` and the family's RHS
+    layout ``rhs`` (class) at ``<nr>x<kr>``: per output and super-block, S1 = sum_j sc_j *
+    (sub-block j's integer dot product), x = f32(S1) * f32(d); with a min term S2 = 128 *
+    sum_j m_j*bsum_hi_j + sum_j m_j*bsum_lo_j, x = fma(-f32(dmin), f32(S2), x); acc =
+    fma(da, x, acc)."""
     S = check_superblocks(k)
     qa, da, hi, lo = Q8KP(mr, kr).unpack(lhs_packed, m, k)
-    d, dmin, sc, mins, q = Q4KP(nr, kr).unpack(rhs_packed, n, k)
+    t: KQuantTerms = rhs.terms(*rhs(nr, kr).unpack(rhs_packed, n, k))
     acc = np.zeros((m, n), f32)
     for s in range(S):
         ks = slice(QK_K * s, QK_K * (s + 1))
-        P = _subblock_dots(qa[:, ks], q[:, ks], 32)                          # (m, n, 8)
-        S1 = (P * sc[None, :, s, :].astype(np.int64)).sum(axis=2)
-        mm = mins[:, s, :].astype(np.int64)                                  # (n, 8)
-        S2 = 128 * (hi[:, s, :].astype(np.int64) @ mm.T) + lo[:, s, :].astype(np.int64) @ mm.T
-        x = (S1.astype(f32) * _f16(d[:, s])[None, :]).astype(f32)
-        x = fma_f32(-_f16(dmin[:, s])[None, :], S2.astype(f32), x)
+        P = _subblock_dots(qa[:, ks], t.w[:, ks], t.sub)                     # (m, n, J)
+        S1 = (P * t.sc[None, :, s, :].astype(np.int64)).sum(axis=2)
+        x = (S1.astype(f32) * _f16(t.d[:, s])[None, :]).astype(f32)
+        if t.mins is not None:
+            mm = t.mins[:, s, :].astype(np.int64)                            # (n, 8)
+            S2 = 128 * (hi[:, s, :].astype(np.int64) @ mm.T) + lo[:, s, :].astype(np.int64) @ mm.T
+            x = fma_f32(-_f16(t.dmin[:, s])[None, :], S2.astype(f32), x)
         acc = fma_f32(da[:, s:s + 1], x, acc)
     return _clamp(acc, clamp_min, clamp_max)
 
 
-def matmul_q8kp_q6kp(lhs_packed, rhs_packed, m: int, n: int, k: int, mr: int, nr: int, kr: int,
-                     clamp_min: float = -np.inf, clamp_max: float = np.inf) -> np.ndarray:
-    """dst float32 (m, n) of a q6_K kernel reading ``q8kp<mr>x<kr>`` and ``q6kp<nr>x<kr>``."""
-    S = check_superblocks(k)
-    qa, da, _, _ = Q8KP(mr, kr).unpack(lhs_packed, m, k)
-    d, sc, q = Q6KP(nr, kr).unpack(rhs_packed, n, k)
-    v = q.astype(np.int16) - 32
-    acc = np.zeros((m, n), f32)
-    for s in range(S):
-        ks = slice(QK_K * s, QK_K * (s + 1))
-        P = _subblock_dots(qa[:, ks], v[:, ks], 16)                          # (m, n, 16)
-        S1 = (P * sc[None, :, s, :].astype(np.int64)).sum(axis=2)
-        x = (S1.astype(f32) * _f16(d[:, s])[None, :]).astype(f32)
-        acc = fma_f32(da[:, s:s + 1], x, acc)
-    return _clamp(acc, clamp_min, clamp_max)
-
-
-def matmul_tilegen(kind: str, x: np.ndarray, raw, n: int, *, mr: int = 4, nr: int = 4,
+def matmul_tilegen(rhs, x: np.ndarray, raw, n: int, *, mr: int = 4, nr: int = 4,
                    kr: int = 16, clamp_min: float = -np.inf, clamp_max: float = np.inf
                    ) -> np.ndarray:
-    """Pack float32 activations ``x`` (m, k) as q8kp and ggml ``kind`` blocks ``raw`` (n rows)
-    as q4kp / q6kp, then tilegen's kernel arithmetic."""
+    """Pack float32 activations ``x`` (m, k) as q8kp and ggml blocks ``raw`` (n rows) in the
+    family's RHS layout ``rhs`` (class), then tilegen's kernel arithmetic."""
     m, k = x.shape
     lhs = Q8KP(mr, kr).pack(x)
-    if kind == "q4_K":
-        return matmul_q8kp_q4kp(lhs, Q4KP(nr, kr).pack_from_ggml(raw, n, k), m, n, k, mr, nr, kr,
-                                clamp_min, clamp_max)
-    if kind == "q6_K":
-        return matmul_q8kp_q6kp(lhs, Q6KP(nr, kr).pack_from_ggml(raw, n, k), m, n, k, mr, nr, kr,
-                                clamp_min, clamp_max)
-    raise ValueError(f"kind must be one of {', '.join(KINDS)}, got {kind!r}")
+    return matmul_kernel(rhs, lhs, rhs(nr, kr).pack_from_ggml(raw, n, k), m, n, k, mr, nr, kr,
+                         clamp_min, clamp_max)
 
 
 # ----------------------------------------------------------------------------------------
@@ -156,35 +140,29 @@ def _ggml_lanes(qa: np.ndarray, w: np.ndarray, sc: np.ndarray, sub: int) -> np.n
     return np.einsum("mjgl,njgl->mnl", A, W)
 
 
-def matmul_ggml(kind: str, x: np.ndarray, raw, n: int, *, contract: bool = False) -> np.ndarray:
+def matmul_ggml(rhs, x: np.ndarray, raw, n: int, *, contract: bool = False) -> np.ndarray:
     """float32 (m, n): ggml's Q8_K path — :func:`quantize_q8_k` of ``x`` and the generic
-    ``vec_dot_<kind>_q8_K`` float order (module docstring) per output."""
+    ``vec_dot_<kind>_q8_K`` float order (module docstring) per output, for the family of RHS
+    layout class ``rhs``."""
     m, k = x.shape
     S = check_superblocks(k)
     qa, da, bsums = quantize_q8_k(x)
-    if kind == "q4_K":
-        d, dmin, sc, mins, q = split_q4_k(raw, n, k)
-        w, sub = q, 32
-    elif kind == "q6_K":
-        d, sc, q = split_q6_k(raw, n, k)
-        w, sub = q.astype(np.int16) - 32, 16
-    else:
-        raise ValueError(f"kind must be one of {', '.join(KINDS)}, got {kind!r}")
+    t: KQuantTerms = rhs.terms(*rhs.split_blocks(raw, n, k))
     parts = np.zeros((8, m, n), f32)
     sumf = np.zeros((m, n), f32)
     for s in range(S):
         ks = slice(QK_K * s, QK_K * (s + 1))
-        lanes = _ggml_lanes(qa[:, ks], w[:, ks], sc[:, s], sub).astype(f32)    # exact ints
-        fac = (_f16(d[:, s])[None, :] * da[:, s:s + 1]).astype(f32)            # (m, n)
+        lanes = _ggml_lanes(qa[:, ks], t.w[:, ks], t.sc[:, s], t.sub).astype(f32)   # exact ints
+        fac = (_f16(t.d[:, s])[None, :] * da[:, s:s + 1]).astype(f32)              # (m, n)
         for l in range(8):
             if contract:
                 parts[l] = fma_f32(fac, lanes[..., l], parts[l])
             else:
                 parts[l] = (parts[l] + (fac * lanes[..., l]).astype(f32)).astype(f32)
-        if kind == "q4_K":
+        if t.mins is not None:
             # bsums per 16: sub-block j of 32 holds sums 2j and 2j+1
-            sumi = (bsums[:, s, :].astype(np.int64) @ np.repeat(mins[:, s, :], 2, axis=1).astype(np.int64).T)
-            fmin = (_f16(dmin[:, s])[None, :] * da[:, s:s + 1]).astype(f32)
+            sumi = (bsums[:, s, :].astype(np.int64) @ np.repeat(t.mins[:, s, :], 2, axis=1).astype(np.int64).T)
+            fmin = (_f16(t.dmin[:, s])[None, :] * da[:, s:s + 1]).astype(f32)
             if contract:
                 sumf = fma_f32(-fmin, sumi.astype(f32), sumf)
             else:
@@ -197,39 +175,35 @@ def matmul_ggml(kind: str, x: np.ndarray, raw, n: int, *, contract: bool = False
 # ----------------------------------------------------------------------------------------
 # float64 product and error figures
 # ----------------------------------------------------------------------------------------
-def dequantize_kquant(kind: str, raw, n: int, k: int) -> np.ndarray:
-    """float32 (n, k): gguf's dequantisation of ggml ``kind`` blocks."""
-    if kind == "q4_K":
-        return dequantize_q4_k(raw, n, k)
-    if kind == "q6_K":
-        return dequantize_q6_k(raw, n, k)
-    raise ValueError(f"kind must be one of {', '.join(KINDS)}, got {kind!r}")
+def dequantize_kquant(rhs, raw, n: int, k: int) -> np.ndarray:
+    """float32 (n, k): gguf's dequantisation of ggml blocks of the family of RHS layout class
+    ``rhs``."""
+    return rhs.values(*rhs.split_blocks(raw, n, k))
 
 
-def matmul_f64_kquant(kind: str, x: np.ndarray, raw, n: int) -> np.ndarray:
+def matmul_f64_kquant(rhs, x: np.ndarray, raw, n: int) -> np.ndarray:
     """float64 (m, n): the dequantised weights times the float activations, in float64."""
-    w = dequantize_kquant(kind, raw, n, x.shape[1]).astype(np.float64)
+    w = dequantize_kquant(rhs, raw, n, x.shape[1]).astype(np.float64)
     return np.asarray(x, dtype=np.float64) @ w.T
 
 
-def _exact_terms(kind: str, raw, n: int, k: int) -> tuple[np.ndarray, np.ndarray]:
+def _exact_terms(rhs, raw, n: int, k: int) -> tuple[np.ndarray, np.ndarray]:
     """float64 (n, k): |w| of the exact weights (d*sc*q - dmin*m, unrounded) and the sum of
     the magnitudes of their parts (|d*sc*q| + |dmin*m|)."""
-    if kind == "q4_K":
-        d, dmin, sc, mins, q = split_q4_k(raw, n, k)
-        S = k // QK_K
-        a = (_f16(d).astype(np.float64)[..., None] * sc).reshape(n, S, 8, 1) * q.reshape(n, S, 8, 32)
-        b = np.broadcast_to((_f16(dmin).astype(np.float64)[..., None] * mins).reshape(n, S, 8, 1),
-                            a.shape)
-        return np.abs(a - b).reshape(n, k), (np.abs(a) + np.abs(b)).reshape(n, k)
-    d, sc, q = split_q6_k(raw, n, k)
+    t: KQuantTerms = rhs.terms(*rhs.split_blocks(raw, n, k))
     S = k // QK_K
-    a = (_f16(d).astype(np.float64)[..., None] * sc).reshape(n, S, 16, 1) * \
-        (q.astype(np.float64) - 32).reshape(n, S, 16, 16)
-    return np.abs(a).reshape(n, k), np.abs(a).reshape(n, k)
+    J = QK_K // t.sub
+    a = (_f16(t.d).astype(np.float64)[..., None] * t.sc).reshape(n, S, J, 1) * \
+        t.w.astype(np.float64).reshape(n, S, J, t.sub)
+    a = a.reshape(n, S, 8, QK_K // 8)
+    if t.mins is None:
+        return np.abs(a).reshape(n, k), np.abs(a).reshape(n, k)
+    b = np.broadcast_to((_f16(t.dmin).astype(np.float64)[..., None] * t.mins).reshape(n, S, 8, 1),
+                        a.shape)
+    return np.abs(a - b).reshape(n, k), (np.abs(a) + np.abs(b)).reshape(n, k)
 
 
-def error_bound(kind: str, x: np.ndarray, raw, n: int) -> np.ndarray:
+def error_bound(rhs, x: np.ndarray, raw, n: int) -> np.ndarray:
     """float64 (m, n): a bound on |result - float64 product| that holds for both tilegen's and
     ggml's arithmetic (docs/layouts.md#arith-kquant):
 
@@ -245,7 +219,7 @@ def error_bound(kind: str, x: np.ndarray, raw, n: int) -> np.ndarray:
     x = np.asarray(x, dtype=np.float64)
     m, k = x.shape
     S = check_superblocks(k)
-    w_abs, parts = _exact_terms(kind, raw, n, k)
+    w_abs, parts = _exact_terms(rhs, raw, n, k)
     amax = np.abs(x).reshape(m, S, QK_K).max(axis=2)                           # (m, S)
     wsum = w_abs.reshape(n, S, QK_K).sum(axis=2)                               # (n, S)
     psum = parts.reshape(n, S, QK_K).sum(axis=2)

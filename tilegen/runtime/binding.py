@@ -12,7 +12,7 @@ from functools import lru_cache
 
 import numpy as np
 
-from ..records import abi_for
+from ..families import abi_for
 from ..generator.manifest import parse_packer_spec
 from ..generator.spec import KernelSpec
 from ..generator.validate import parse_spec

@@ -328,7 +328,7 @@ class Library:
         converted by the caller, ``w.astype(np.float32)``).
         kind "q4_0" / "q4_0_dx": float32 (n, k) weights quantised like ggml's Q4_0, or raw ggml
         block_q4_0 data via ``from_ggml=`` (bytes-like or a uint8 array; with n, k).
-        kind "q8_0": float32 (n, k) weights quantised per channel (tilegen.runtime.q8), or raw
+        kind "q8_0": float32 (n, k) weights quantised per channel (tilegen.families.q8_0), or raw
         ggml block_q8_0 bytes via ``from_ggml=`` (with n, k), requantised per channel.
         kind "q4_K" / "q6_K": raw ggml block_q4_K / block_q6_K bytes via ``from_ggml=`` only
         (with n, k; k a multiple of 256), repacked without loss.

@@ -9,13 +9,12 @@ import numpy as np
 
 from ..generator.packers import packer_for, streaming_packer_for
 from ..layout import LayoutError
+from ..families import FAMILIES, FLOAT_KINDS, pack
 from ..layout.api import layout_for
 from ..layout.registry import layout_class
-from ..records import FAMILIES
 from .binding import Kernel, Packer
 from .errors import ArgumentError
 from .packed import OPS, PackedLayouts, PackedWeights
-from .q8 import pack_q8_0
 from .table import KernelTable
 
 __all__ = ["pack_weights", "pack_for", "find_packer", "lhs_packer", "pack_lhs", "check_ops"]
@@ -43,39 +42,23 @@ def pack_weights(table: KernelTable, w, kind: str, bias, layout: str, nr: int | 
 
 
 def pack_for(kern: Kernel, w, kind: str, bias, layout: str, from_ggml, n, k) -> PackedWeights:
-    """The weights packed in the layout ``kern`` reads."""
+    """The weights packed in the layout ``kern`` reads, by its family's packing protocol
+    (:func:`tilegen.families.pack`)."""
     _check_source(kind, w, layout, from_ggml, n, k)
-    if from_ggml is None and kind not in _FLOAT_KINDS:
-        w = np.asarray(w)           # the quantisers take (n, k)
-        if w.ndim != 2:
-            raise ArgumentError(f"weights must be 2-D ({layout[0]}, {layout[1]}), got shape "
-                                f"{w.shape}")
-        if layout == "kn":
-            w = np.ascontiguousarray(w.T)
+    if from_ggml is None:
+        w = np.asarray(w)
+        if kind not in FLOAT_KINDS:         # the quantisers take (n, k)
+            if w.ndim != 2:
+                raise ArgumentError(f"weights must be 2-D ({layout[0]}, {layout[1]}), got shape "
+                                    f"{w.shape}")
+            if layout == "kn":
+                w = np.ascontiguousarray(w.T)
+                layout = "nk"
+        if w.ndim == 2:
+            n, k = (w.shape if layout == "nk" else w.shape[::-1])
+    lay = kern.rhs_layout()
     try:
-        if kind == "q8_0":      # per-channel int8 (tilegen.runtime.q8)
-            return pack_q8_0(kern, w, bias, from_ggml, n, k)
-        if kind in ("f32", "f16", "bf16"):
-            w = np.asarray(w)
-            if kind == "f16":
-                if w.dtype != np.float16:
-                    raise ArgumentError(f"f16 weights must be float16, got {w.dtype}")
-                w = w.astype(np.float32)
-            elif kind == "bf16":     # rounded to bf16 (nearest even) by the layout
-                if w.dtype not in (np.float32, np.float16):
-                    raise ArgumentError(f"bf16 weights must be float32 or float16, got "
-                                        f"{w.dtype}")
-                w = w.astype(np.float32)
-            lay = kern.rhs_layout()
-            data = lay.pack(w, bias=bias, layout=layout)
-            n_, k_ = (w.shape if layout == "nk" else w.shape[::-1])
-            return PackedWeights(lay, n_, k_, data, bias is not None, kind)
-        lay = kern.rhs_layout(32)
-        if from_ggml is not None:
-            data = lay.pack_from_ggml(from_ggml, n, k, bias=bias)
-        else:
-            n, k = w.shape
-            data = lay.pack_from_float(w, bias=bias)
+        data = pack(kern.family, lay, kind, w, from_ggml, n, k, bias, layout)
     except LayoutError as e:
         raise ArgumentError(str(e)) from None
     return PackedWeights(lay, int(n), int(k), data, bias is not None, kind)
@@ -134,7 +117,6 @@ def pack_lhs(packers: dict[str, Packer], libname: str, fmt: str, x: np.ndarray, 
 
 # kinds of the float families; the kinds with a ggml block form (from_ggml=) -> (ggml block
 # type, k values per block): the blocks the pack_from_ggml of the family's RHS layout reads
-_FLOAT_KINDS = tuple(k for f in FAMILIES.values() if not f.quantized for k in f.kinds)
 _GGML_BLOCKS = {k: layout_class("rhs", f.rhs).ggml_block for f in FAMILIES.values()
                 for k in f.kinds if layout_class("rhs", f.rhs).ggml_block is not None}
 _GGML_KINDS = tuple(_GGML_BLOCKS)

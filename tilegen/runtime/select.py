@@ -11,24 +11,16 @@ from dataclasses import dataclass
 from typing import Iterable
 
 from ..layout.base import same_rhs
-from ..records import FAMILIES, ISAS
+from ..families import FAMILIES, KIND_FAMILIES, KIND_FAMILY
+from ..records import ISAS
 
 __all__ = ["KernelPair", "build_table", "KIND_FAMILY", "KIND_FAMILIES", "kind_table",
            "gemv_families"]
 
-# weight kind -> kernel family that consumes it (FamilyInfo.kinds)
-KIND_FAMILY = {kind: fam.name for fam in FAMILIES.values() for kind in fam.kinds}
-# the families whose kernels serve a kind, in order: a kind's table lists the pairs of each
-# family in turn, so the first family whose kernels the CPU runs wins.  f16 weights use the
-# bf16 kernels where the CPU has bf16 (as llama.cpp does), the f32 kernels elsewhere.
-KIND_FAMILIES: dict[str, tuple[str, ...]] = {kind: (fam,) for kind, fam in KIND_FAMILY.items()}
-if "bf16" in FAMILIES:
-    KIND_FAMILIES["f16"] = ("bf16", KIND_FAMILY["f16"])
-# q4_0 weights: llama.cpp's SME2 pair where the CPU runs it (the f16-activation gemm, FMOPA into
-# ZA over all of k, with the int8 LUTI4 gemv on the same qsi4c32ps1s0scalef16 packing), the
-# int8 kernels of q4_0 elsewhere
-if "q4_0_f16" in FAMILIES:
-    KIND_FAMILIES["q4_0"] = ("q4_0_f16", KIND_FAMILY["q4_0"])
+# KIND_FAMILY: weight kind -> the family that consumes it; KIND_FAMILIES: the families whose
+# kernels serve a kind, in order (f16 weights: the bf16 kernels where the CPU has bf16, as
+# llama.cpp does, the f32 kernels elsewhere; q4_0 weights: llama.cpp's SME2 pair first).
+# Both come from the family registry (tilegen.families).
 
 
 @dataclass(frozen=True)

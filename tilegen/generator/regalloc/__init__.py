@@ -4,15 +4,17 @@ The allocator is where tile-shape rules live: a tile is valid when its accumulat
 operand registers and pointers fit the register file.  :mod:`.pool` holds the register file
 (allocation orders, the tally, the stack frame, the first fit over row blocks); each family
 module allocates its kernels and lists them in its ``ALLOCATORS``, keyed by the allocator
-names the family records give (``IsaImpl.allocator`` in :mod:`tilegen.records`).
+names the family records give (``IsaImpl.allocator``); the family plugins name the modules
+(``ALLOCATOR_MODULES`` in :mod:`tilegen.families`), so this registry has no list of its own.
 """
 from __future__ import annotations
 
+import importlib
 from functools import lru_cache
 
+from ...families import ALLOCATOR_MODULES, FAMILIES
 from ...records import SpecError
 from ..spec import KernelSpec
-from . import bf16, f32, q4, q4_f16, q4_luti4, q4_sme, q4k, q4k_sme2, q6k, q6k_sme2, q8, q8_sme
 from .f32 import F32FmaRegs, Sme2GemvRegs, SmeF32Regs
 from .pool import NUM_VREGS, RegisterPool, VectorNeeds
 from .q4 import Q4Regs
@@ -23,18 +25,26 @@ __all__ = ["VectorNeeds", "RegisterPool", "F32FmaRegs", "SmeF32Regs", "Sme2GemvR
            "Q4Regs", "Q4SmeRegs", "Q8Regs", "ALLOCATORS", "allocate", "NUM_VREGS"]
 
 
-def _registry(*modules) -> dict:
+def _registry(names) -> dict:
+    """The allocators of the regalloc modules ``names`` (the family plugins'
+    ``ALLOCATOR_MODULES``); every allocator a family record names must be among them."""
     out: dict = {}
-    for m in modules:
+    for name in names:
+        m = importlib.import_module(f"{__name__}.{name}")
         taken = set(out) & set(m.ALLOCATORS)
         if taken:
             raise TypeError(f"{m.__name__} registers allocators another module has: {taken}")
         out.update(m.ALLOCATORS)
+    missing = {impl.allocator for fam in FAMILIES.values() for impl in fam.impls.values()} - set(out)
+    if missing:
+        raise TypeError(f"allocators {sorted(missing)} of the family records are in no module of "
+                        f"the plugins' ALLOCATOR_MODULES")
     return out
 
 
-# allocator name (``IsaImpl.allocator`` of the family records) -> function
-ALLOCATORS = _registry(f32, q4, q4_sme, q4_luti4, q4_f16, q4k, q4k_sme2, q6k, q6k_sme2, q8, q8_sme, bf16)
+# allocator name (``IsaImpl.allocator`` of the family records) -> function, from the regalloc
+# modules the family plugins name (tilegen.families.ALLOCATOR_MODULES)
+ALLOCATORS = _registry(ALLOCATOR_MODULES)
 
 
 @lru_cache(maxsize=1024)        # specs are immutable; render and validate ask for the same one

@@ -1,5 +1,5 @@
 """Register allocation of the q6_K SME2 gemm (family ``q6_K``, LHS ``q8kp``, RHS ``q6kp`` at
-kr = 4, sr = 2; arithmetic of tilegen.reference.kquant.matmul_q8kp_q6kp), streaming mode.
+kr = 4, sr = 2; arithmetic of tilegen.families.q6_k.matmul_q8kp_q6kp), streaming mode.
 
 Tile 1vl x nu vl (nu = 1, 2 or 4; template q6k_sme2.S.j2): one iteration of the hot loop takes
 sub-blocks q (k 16q..16q+15, "half A") and q + 8 (k 128 + 16q.., "half B") of a super-block, whose
