@@ -146,7 +146,7 @@ def test_readme_names_the_two_commands():
 def test_readme_families_line_names_every_family():
     """The README's "Families:" paragraph omitted q4_K and q6_K: it names every family of the
     records."""
-    from tilegen.records import FAMILIES
+    from tilegen.families import FAMILIES
     m = re.search(r"^Families: (.*?)\n\n", README.read_text(), re.M | re.S)
     assert m, "README.md: no 'Families: ...' paragraph"
     named = set(re.findall(r"`([\w.]+)`", m.group(1)))

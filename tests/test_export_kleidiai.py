@@ -792,7 +792,7 @@ def kquant_table_errors(patch: str, specs: dict[str, str], packer_headers: dict[
     getter and run function of one kernel), LHS packer, RHS packer and dequantiser against its
     weight type and required CPU features.  ``specs``: kernel name -> spec string (the export
     manifest); ``packer_headers``: packer name -> its header text (the layout it writes)."""
-    from tilegen.records import FAMILIES
+    from tilegen.families import FAMILIES
     from tilegen.layout.base import same_rhs
     errors = []
     by_type = {f.upper(): f for f in FAMILIES}

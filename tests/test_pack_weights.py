@@ -301,7 +301,7 @@ def test_weights_doc_names_every_ggml_kind():
     kind whose family's RHS layout reads ggml blocks, with its block type."""
     from pathlib import Path
     from tilegen.layout.registry import layout_class
-    from tilegen.records import FAMILIES
+    from tilegen.families import FAMILIES
     text = (Path(__file__).resolve().parents[1] / "docs" / "weights.md").read_text()
     rule = re.search(r"^- `from_ggml=` is for .*?(?=^- )", text, flags=re.M | re.S)
     assert rule, "docs/weights.md: no '- `from_ggml=` is for ...' rule"
