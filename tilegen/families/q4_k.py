@@ -254,9 +254,7 @@ def c_packer(geo: list[dict]) -> dict:
                          lambda c, t, **g: lay(**g).nibble_offset(c, t)[0], tgeo)
     shift = checked_c_expr("(t % kr) // (kr // 2) * 4", lambda c, t, **g: 4 * lay(**g).nibble_offset(c, t)[1],
                            tgeo)
-    # the banner names the class where it was when the export's bytes were fixed (unchanged:
-    # the export tree is byte-identical)
-    return dict(layout="q4kp<nr>x<kr/2> (tilegen.layout.kquant.Q4KP)", anchor="q4kp",
+    return dict(layout=f"q4kp<nr>x<kr/2> ({Q4KP.__module__}.{Q4KP.__name__})", anchor="q4kp",
                 template="q4kp.c.j2",
                 context=dict(stride=stride, rec=rec, d_f=d_f, dmin_f=dmin_f, sc_f=sc_f, m_f=m_f,
                              nib=nib, shift=shift, qk=qk, nsb=nsb, sbk=sbk,

@@ -259,9 +259,7 @@ def c_packer(geo: list[dict]) -> dict:
     checked_c_expr(f"({p_py}) // {half} * 4 + ({hs_py}) // 2",
                    lambda c, t, **g: lay(**g).high_field(c, t)[1], tgeo)
     hbyte, hbit = c_expr(f"p % {half}"), c_expr(f"p // {half} * 4 + hs // 2")
-    # the banner names the class where it was when the export's bytes were fixed (unchanged:
-    # the export tree is byte-identical)
-    return dict(layout="q6kp<nr>x<kr/2> (tilegen.layout.kquant.Q6KP)", anchor="q6kp",
+    return dict(layout=f"q6kp<nr>x<kr/2> ({Q6KP.__module__}.{Q6KP.__name__})", anchor="q6kp",
                 template="q6kp.c.j2",
                 context=dict(stride=stride, rec=rec, d_f=d_f, sc_f=sc_f, low_f=low_f, high_f=high_f,
                              lowp=lowp, lows=lows, hbyte=hbyte, hbit=hbit, qk=qk, nsb=nsb,
