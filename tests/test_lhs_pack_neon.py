@@ -352,6 +352,80 @@ def _qsi8d32p_rows(rng, rows, k, bl):
     return x
 
 
+#: the small edges of the int8 LHS quantisers (issue #30 item 2), one row each (k a multiple
+#: of 32; qsi8d32p's blocks of 32 take the row's kind, except in "tiny block").  Below
+#: 127/FLT_MAX (qsi8d32p's amax) or 255/FLT_MAX (qai8dxp's range) the reciprocal scale
+#: overflows to +inf; "few ulps" blocks have amax/127 = 0 in f32, as the zero block.
+TINY_KINDS = ("1e-38", "few ulps", "1e-38 positive", "1e-38 negative", "subnormal", "+0", "-0",
+              "below the edge", "above the edge", "tiny block", "normal")
+
+
+def tiny_rows(rng, k: int) -> np.ndarray:
+    """One float32 row of each of TINY_KINDS (random non-zero values where non-zero)."""
+    x = np.empty((len(TINY_KINDS), k), F)
+    for i, kind in enumerate(TINY_KINDS):
+        v = rng.normal(size=k)
+        if kind == "1e-38":
+            v *= 1e-38
+        elif kind == "few ulps":                      # amax <= 60 * 2^-149: amax / 127 == 0
+            v = rng.integers(-60, 61, size=k) * 2.0 ** -149
+            v[::32] = 2.0 ** -149 * 60
+        elif kind == "1e-38 positive":
+            v = np.abs(v) * 1e-38 + 1e-39
+        elif kind == "1e-38 negative":
+            v = -np.abs(v) * 1e-38 - 1e-39
+        elif kind == "subnormal":
+            v *= 1e-41
+        elif kind == "+0":
+            v = np.zeros(k)
+        elif kind == "-0":
+            v = np.full(k, -0.0)
+        elif kind == "below the edge":                # max|x| = 3e-37: 127/amax, 255/range = inf
+            v = v / np.abs(v).max() * 3e-37
+        elif kind == "above the edge":                # range <= 2e-36: finite scales
+            v = v / np.abs(v).max() * 1e-36
+        elif kind == "tiny block":                    # a normal row, its second block 1e-38
+            v[32:64] *= 1e-38
+        x[i] = v
+    assert np.all(np.isfinite(x)) and np.count_nonzero(x[[0, 1, 2, 3, 4, 7, 8]], axis=1).min() > 0
+    return x
+
+
+def test_tiny_activations(pack_lib):
+    """Every generated packer at TINY_KINDS: the bytes of the layout object's numpy packer
+    (and of the model above, KleidiAI's C arithmetic), m_idx_start 0 and 1, k 96 (and 67 for
+    qai8dxp: the staging path).  Before the fix the 4-row qsi8d32p path wrote -1 for the
+    positive values of a "few ulps" block (1/0 = inf, no d ? 1/d : 0 select)."""
+    from tilegen.layout.lhs_int8 import QAI8DXP, QSI8D32P
+    rng = np.random.default_rng(3038)
+    cases, refs = [], []
+    for spec in SPECS:
+        for k in ((96, 67) if spec.fmt == "qai8dxp" else (96,)):
+            x = tiny_rows(rng, 96)[:, :k]
+            for ms in (0, 1):
+                m = x.shape[0]
+                if spec.fmt == "qai8dxp":
+                    exp, mask = model_qai8dxp(x, spec.mr, spec.L, ms)
+                    lay = QAI8DXP(spec.mr, spec.kr, spec.sr).pack(x, m_idx_start=ms)
+                    args = dict(m=m, k=k, mr=spec.mr, kr=spec.kr, sr=spec.sr, m_idx_start=ms,
+                                lhs_stride=4 * k)
+                    src = _rows_bytes(x, 4 * k)
+                else:
+                    xs = np.concatenate([np.zeros((ms, k), F), x])     # lhs = row 0
+                    exp, mask = model_qsi8d32p(xs, m, 32, spec.mr, spec.L, ms, spec.rounding)
+                    lay = QSI8D32P(spec.mr, spec.kr, spec.sr, 32, spec.rounding).pack(
+                        x, m_idx_start=ms)
+                    args = dict(m=m, k=k, bl=32, mr=spec.mr, kr=spec.kr, sr=spec.sr,
+                                m_idx_start=ms, lhs_stride=4 * k)
+                    src = _rows_bytes(xs, 4 * k)
+                assert np.array_equal(lay, np.where(mask == 1, exp, 0)), (spec.name, k, ms)
+                cases.append(_case(spec, args, src, exp.size))
+                refs.append((exp, mask, f"{spec.name} k={k} m_idx_start={ms}"))
+    outs = guest("max").call("guest_pack:run_cases", pack_lib, cases)
+    for (exp, mask, what), o in zip(refs, outs):
+        _check(o, exp, mask, f"tiny activations {what}")
+
+
 def _sweep_cases(spec: PackerSpec, rng):
     cases, refs = [], []
     if spec.fmt == "qai8dxp":
