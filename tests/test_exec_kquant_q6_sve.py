@@ -11,7 +11,6 @@ import pytest
 import tilegen
 from tilegen.layout.ggml import random_q6_k
 from tilegen.layout.kquant import Q6KP
-from tilegen.reference.kquant import matmul_q8kp_q6kp
 
 from conftest import guest
 from test_exec_kquant_q4_sve import (NATIVE_VL, RUNS, assert_gemv_pairs_share_the_packed_rhs,
@@ -40,7 +39,7 @@ def test_q6k_sve_every_vl(cpu, vl, kq6_sve_lib):
     for spec in SPECS:
         run_sve_cases(sess, kq6_sve_lib, spec, vl or NATIVE_VL[cpu], "q6kp",
                       lambda nr, kr, raw, n, k: Q6KP(nr, kr).pack_from_ggml(raw, n, k),
-                      random_q6_k, matmul_q8kp_q6kp)
+                      random_q6_k)
 
 
 def test_q6k_sve_refused_without_the_isa(kq6_sve_lib):

@@ -658,9 +658,12 @@ def test_kquant_entry_end_to_end_bit_exact(kai_so, entry):
     """A K-quant entry of the patched kernels.cpp as kleidiai.cpp drives it (geometry from the
     getters; RHS from ggml blocks by the exported C repack at the gemm's nr/kr, LHS by the C
     q8kp quantiser at each kernel's mr/kr): gemm (m = 13) and gemv (m = 1) equal
-    tilegen.reference.kquant's arithmetic on the numpy packers' bytes, bit for bit."""
+    tilegen.reference.kquant's arithmetic computed from the activations and the ggml blocks
+    (``matmul_blocks``: no packed bytes), bit for bit.  n leaves the last column group of nr
+    partly filled, and twice its second half: for the SME2 gemm's 2-VL groups, the second
+    vector partly filled (#30 item 8)."""
     from tilegen.layout.ggml import random_q4_k, random_q6_k
-    from tilegen.reference.kquant import matmul_tilegen
+    from tilegen.reference.kquant import matmul_blocks
     gemm, gemv = entry
     kind, packer = _kq_packer(gemm)
     g = guest("max", None, SVL_BITS)
@@ -669,7 +672,10 @@ def test_kquant_entry_end_to_end_bit_exact(kai_so, entry):
     byname = {kk.name: kk for kk in K.KQUANT_KERNELS}
     gspec = byname[gemm].kernel_spec
     rlay = rhs_layout_for(gspec, 32, vl if gspec.vl_scaled else None)
-    for n, k in ((37, 512), (8, 256), (2 * rlay.nr + 3, 256)):
+    nr = rlay.nr
+    halves = (nr + nr // 2 + max(1, nr // 8), nr // 2 + max(1, nr // 4))
+    assert all(nr // 2 < n % nr < nr for n in halves), (nr, halves)
+    for n, k in ((37, 512), (8, 256), (2 * nr + 3, 256), (halves[0], 256), (halves[1], 512)):
         raw = (random_q4_k if kind == "q4_K" else random_q6_k)(n, k, int(rng.integers(1 << 30)))
         for kern, m in ((gemm, 13), (gemv, 1), (gemm, 2 * vl + 1)):
             kk = byname[kern]
@@ -678,9 +684,7 @@ def test_kquant_entry_end_to_end_bit_exact(kai_so, entry):
             x = (rng.normal(size=(m, k)) * rng.uniform(0.1, 10.0, size=(m, 1))).astype(np.float32)
             got = g.call("guest_kai:llama_flow", kai_so, kern, "packed", gemm,
                          "lhs_quant_pack_q8kp_f32", False, packer, "kq", x, dict(raw=raw, n=n))
-            want = matmul_tilegen(kind, x, raw, n,
-                                  mr=lhs_layout_for(spec, 32, vl if spec.vl_scaled else None).mr,
-                                  nr=rlay.nr, kr=gspec.kr)
+            want = matmul_blocks(kind, x, raw, n)
             assert np.array_equal(np.asarray(got, np.float32).view(np.uint32),
                                   want.astype(np.float32).view(np.uint32)), (kern, m, n, k)
 

@@ -15,7 +15,8 @@ Three computations of ``dst[r][c] = sum_t x[r][t] * w[c][t]`` for ggml Q4_K / Q6
     acc = fma(da, x, acc).
 
   then clamp: min(max(acc, clamp_min), clamp_max).  f32(S) rounds to nearest (S1 of Q4_K can
-  pass 2^24).
+  pass 2^24).  :func:`matmul_blocks` is the same arithmetic from the float activations and
+  the ggml blocks, without the packed buffers (what the kernel tests compare with).
 
 * **ggml's reference arithmetic** (:func:`quantize_q8_k`, :func:`matmul_ggml`), for the error
   table only: activations quantised as ggml's ``quantize_row_q8_K_ref`` does it — per SB, the
@@ -44,7 +45,7 @@ from ..layout.ggml import (QK_K, check_superblocks, dequantize_q4_k, dequantize_
 from ..layout.kquant import Q4KP, Q6KP, Q8KP
 from .f32 import fma_f32
 
-__all__ = ["matmul_q8kp_q4kp", "matmul_q8kp_q6kp", "matmul_tilegen", "quantize_q8_k",
+__all__ = ["matmul_q8kp_q4kp", "matmul_q8kp_q6kp", "matmul_blocks", "matmul_tilegen", "quantize_q8_k",
            "matmul_ggml", "matmul_f64_kquant", "dequantize_kquant", "error_summary",
            "error_bound", "KINDS"]
 
@@ -75,9 +76,14 @@ def _clamp(acc: np.ndarray, lo: float, hi: float) -> np.ndarray:
 def matmul_q8kp_q4kp(lhs_packed, rhs_packed, m: int, n: int, k: int, mr: int, nr: int, kr: int,
                      clamp_min: float = -np.inf, clamp_max: float = np.inf) -> np.ndarray:
     """dst float32 (m, n) of a q4_K kernel reading ``q8kp<mr>x<kr>`` and ``q4kp<nr>x<kr>``."""
-    S = check_superblocks(k)
-    qa, da, hi, lo = Q8KP(mr, kr).unpack(lhs_packed, m, k)
-    d, dmin, sc, mins, q = Q4KP(nr, kr).unpack(rhs_packed, n, k)
+    check_superblocks(k)
+    return _q4k(*Q8KP(mr, kr).unpack(lhs_packed, m, k), *Q4KP(nr, kr).unpack(rhs_packed, n, k),
+                clamp_min, clamp_max)
+
+
+def _q4k(qa, da, hi, lo, d, dmin, sc, mins, q, clamp_min, clamp_max) -> np.ndarray:
+    """The q4_K arithmetic on the logical fields: LHS (q, d, bsum hi, lo), RHS ggml's."""
+    m, n, S = qa.shape[0], q.shape[0], q.shape[1] // QK_K
     acc = np.zeros((m, n), f32)
     for s in range(S):
         ks = slice(QK_K * s, QK_K * (s + 1))
@@ -94,9 +100,14 @@ def matmul_q8kp_q4kp(lhs_packed, rhs_packed, m: int, n: int, k: int, mr: int, nr
 def matmul_q8kp_q6kp(lhs_packed, rhs_packed, m: int, n: int, k: int, mr: int, nr: int, kr: int,
                      clamp_min: float = -np.inf, clamp_max: float = np.inf) -> np.ndarray:
     """dst float32 (m, n) of a q6_K kernel reading ``q8kp<mr>x<kr>`` and ``q6kp<nr>x<kr>``."""
-    S = check_superblocks(k)
+    check_superblocks(k)
     qa, da, _, _ = Q8KP(mr, kr).unpack(lhs_packed, m, k)
-    d, sc, q = Q6KP(nr, kr).unpack(rhs_packed, n, k)
+    return _q6k(qa, da, *Q6KP(nr, kr).unpack(rhs_packed, n, k), clamp_min, clamp_max)
+
+
+def _q6k(qa, da, d, sc, q, clamp_min, clamp_max) -> np.ndarray:
+    """The q6_K arithmetic on the logical fields: LHS (q, d), RHS ggml's."""
+    m, n, S = qa.shape[0], q.shape[0], q.shape[1] // QK_K
     v = q.astype(np.int16) - 32
     acc = np.zeros((m, n), f32)
     for s in range(S):
@@ -106,6 +117,25 @@ def matmul_q8kp_q6kp(lhs_packed, rhs_packed, m: int, n: int, k: int, mr: int, nr
         x = (S1.astype(f32) * _f16(d[:, s])[None, :]).astype(f32)
         acc = fma_f32(da[:, s:s + 1], x, acc)
     return _clamp(acc, clamp_min, clamp_max)
+
+
+def matmul_blocks(kind: str, x: np.ndarray, raw, n: int, clamp_min: float = -np.inf,
+                  clamp_max: float = np.inf) -> np.ndarray:
+    """tilegen's kernel arithmetic, bit for bit as :func:`matmul_q8kp_q4kp` /
+    :func:`matmul_q8kp_q6kp`, from the float32 activations ``x`` (m, k) and the ggml ``kind``
+    blocks ``raw`` (n rows) themselves, never through a packed buffer: the LHS fields are
+    ``Q8KP.quantize_rows`` (sub-block sums split hi/lo), the RHS fields ``split_q4_k`` /
+    ``split_q6_k``.  A kernel test against it fails when a packer and the kernel disagree on
+    where a byte goes (the references above read the bytes the way the kernel does)."""
+    x = np.asarray(x, dtype=f32)
+    k = x.shape[1]
+    check_superblocks(k)
+    qa, da, bsum = Q8KP.quantize_rows(x)
+    if kind == "q4_K":
+        return _q4k(qa, da, *Q8KP.split_bsum(bsum), *split_q4_k(raw, n, k), clamp_min, clamp_max)
+    if kind == "q6_K":
+        return _q6k(qa, da, *split_q6_k(raw, n, k), clamp_min, clamp_max)
+    raise ValueError(f"kind must be one of {', '.join(KINDS)}, got {kind!r}")
 
 
 def matmul_tilegen(kind: str, x: np.ndarray, raw, n: int, *, mr: int = 4, nr: int = 4,
