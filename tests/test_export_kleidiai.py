@@ -494,37 +494,40 @@ _KIND = {"qsi8d32p_qsi4c32p": "bl", "f16p_qsi4c32p": "bl", "qai8dxp_qsi8cxp": "p
 def test_llama_table_entry_end_to_end(kai_so, entry):
     """One kernels.cpp table entry as kleidiai.cpp drives it, with the exported packers and
     kernels (geometry only from the getters): gemm (m = 7) and gemv (m = 1) within the
-    quantisation error of the float product."""
+    quantisation error of the float product.  n = 37, and for the SME names also 53, whose
+    last column group (2 x 16 columns at SVL 512) has its second vector partly filled
+    (#30 item 8)."""
     from tilegen.layout.ggml import dequantize_q4_0, quantize_q4_0
     fam, gemm, gemm_lhs, gemv, gemv_lhs, rhs_packer = entry
     g = guest("max", None, SVL_BITS)
     rng = np.random.default_rng(17)
-    n, k = 37, 128
-    w = rng.normal(size=(n, k)).astype(np.float32)
-    if fam == "q4":
-        raw = quantize_q4_0(w)
-        wdat, wref, rkind, tol = dict(raw=raw, n=n), dequantize_q4_0(raw, n, k), "q4", 0.02
-    elif fam == "q8":
-        s = (np.abs(w).max(axis=1) / 127).astype(np.float32)
-        q = np.clip(np.rint(w / s[:, None]), -127, 127).astype(np.int8)
-        wdat, wref, rkind, tol = dict(q=q, scale=s), q.astype(np.float32) * s[:, None], "q8", 0.02
-    else:
-        wdat, wref = dict(w=w), w
-        rkind = "kxn" if fam == "bf16" else "nxk"
-        tol = 0.01 if fam == "bf16" else 1e-5
-    byname = {kk.name: kk for kk in K.KERNELS}
-    for kern, lhs_packer, m in ((gemm, gemm_lhs, 7), (gemv, gemv_lhs, 1)):
-        if kern is None:
-            continue
-        name = "matmul_clamp_f32_" + kern
-        x = rng.normal(size=(m, k)).astype(np.float32)
-        got = g.call("guest_kai:llama_flow", kai_so, name, _KIND[byname[name].abi],
-                     "matmul_clamp_f32_" + gemm, lhs_packer and "" + lhs_packer,
-                     bool(lhs_packer) and byname[name].abi in ("qsi8d32p_qsi4c32p", "f16p_qsi4c32p"),
-                     rhs_packer, rkind, x, wdat)
-        ref = x.astype(np.float64) @ wref.astype(np.float64).T
-        err = np.abs(got - ref).max() / np.abs(ref).max()
-        assert err < tol, f"{kern} m={m}: relative error {err}"
+    k = 128
+    for n in ((37, 53) if "_sme" in gemm else (37,)):
+        w = rng.normal(size=(n, k)).astype(np.float32)
+        if fam == "q4":
+            raw = quantize_q4_0(w)
+            wdat, wref, rkind, tol = dict(raw=raw, n=n), dequantize_q4_0(raw, n, k), "q4", 0.02
+        elif fam == "q8":
+            s = (np.abs(w).max(axis=1) / 127).astype(np.float32)
+            q = np.clip(np.rint(w / s[:, None]), -127, 127).astype(np.int8)
+            wdat, wref, rkind, tol = dict(q=q, scale=s), q.astype(np.float32) * s[:, None], "q8", 0.02
+        else:
+            wdat, wref = dict(w=w), w
+            rkind = "kxn" if fam == "bf16" else "nxk"
+            tol = 0.01 if fam == "bf16" else 1e-5
+        byname = {kk.name: kk for kk in K.KERNELS}
+        for kern, lhs_packer, m in ((gemm, gemm_lhs, 7), (gemv, gemv_lhs, 1)):
+            if kern is None:
+                continue
+            name = "matmul_clamp_f32_" + kern
+            x = rng.normal(size=(m, k)).astype(np.float32)
+            got = g.call("guest_kai:llama_flow", kai_so, name, _KIND[byname[name].abi],
+                         "matmul_clamp_f32_" + gemm, lhs_packer and "" + lhs_packer,
+                         bool(lhs_packer) and byname[name].abi in ("qsi8d32p_qsi4c32p", "f16p_qsi4c32p"),
+                         rhs_packer, rkind, x, wdat)
+            ref = x.astype(np.float64) @ wref.astype(np.float64).T
+            err = np.abs(got - ref).max() / np.abs(ref).max()
+            assert err < tol, f"{kern} m={m}: relative error {err}"
 
 
 def test_tuned_pairs_end_to_end(tmp_path_factory):
