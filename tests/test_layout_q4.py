@@ -744,7 +744,7 @@ def test_lhs_quantisers_at_tiny_activations_against_float64():
     to +-127 through a reciprocal scale of +inf -- and it is flushed only where the format's
     scale cannot hold it: qai8dxp's 255/(rmax - rmin) overflows f32 (range < 255/FLT_MAX, the
     stored 1/scale is 0, as KleidiAI's packer), qsi8d32p's f16(amax/127) is 0 in every block."""
-    from test_lhs_pack_neon import TINY_KINDS, tiny_rows
+    from test_lhs_pack_neon import TINY_KINDS, flushed_rows, tiny_rows
     from tilegen.layout.rhs_int8 import QSI8CXP
     from tilegen.reference.q8 import matmul_qai8dxp_qsi8cxp
     F = np.float32
@@ -776,16 +776,12 @@ def test_lhs_quantisers_at_tiny_activations_against_float64():
                                                       .pack(raw), m, n, k, 32, 4, 4, 16, 2,
                                                       -inf, inf)))
     x64 = x.astype(np.float64)
-    with np.errstate(over="ignore", divide="ignore"):       # the +0 / -0 rows: 255 / 0
-        span = np.maximum(x.max(axis=1), 0) - np.minimum(x.min(axis=1), 0)
-        rng_ovf = (span > 0) & (F(255) / span == inf)
-        d16_zero = (np.abs(x).reshape(m, -1, 32).max(axis=2) / F(127)).astype(np.float16) == 0
     for what, fmt, b, wd, y in runs:
         wd = wd.astype(np.float64)
         y64 = x64 @ wd.T + b
         mag = np.abs(x64) @ np.abs(wd).T
         assert np.all(np.isfinite(y)), what
-        flushable = rng_ovf if fmt == "qai8dxp" else d16_zero.all(axis=1)
+        flushable = flushed_rows(x, fmt)
         for i, kind in enumerate(TINY_KINDS):
             label = f"{what}, row {kind!r}"
             if np.array_equal(y[i], b) and mag[i].max() > 0:
@@ -794,5 +790,5 @@ def test_lhs_quantisers_at_tiny_activations_against_float64():
             err = np.abs(y[i] - y64[i]).max()
             assert err <= 0.02 * mag[i].max(), f"{label}: error {err:.3g}, |x||w| {mag[i].max():.3g}"
     # every edge row was seen on both sides: flushed ones below the edges, kept ones above
-    assert list(rng_ovf) == [k_ in ("1e-38", "few ulps", "1e-38 positive", "1e-38 negative",
+    assert list(flushed_rows(x, "qai8dxp")) == [k_ in ("1e-38", "few ulps", "1e-38 positive", "1e-38 negative",
                                     "subnormal", "below the edge") for k_ in TINY_KINDS]

@@ -391,6 +391,18 @@ def tiny_rows(rng, k: int) -> np.ndarray:
     return x
 
 
+def flushed_rows(x: np.ndarray, fmt: str) -> np.ndarray:
+    """Per row of ``x``: does ``fmt``'s scale hold nothing of it (the row's result is then
+    exactly the bias)?  qai8dxp: 255 / (rmax - rmin) overflows f32, so the stored 1/scale is 0
+    (rmin == rmax takes scale 1); qsi8d32p: f16(amax / 127) is 0 in every block of 32."""
+    with np.errstate(over="ignore", divide="ignore"):
+        if fmt == "qai8dxp":
+            span = np.maximum(x.max(axis=1), 0) - np.minimum(x.min(axis=1), 0)
+            return (span > 0) & (F(255) / span == np.inf)
+        d = (np.abs(x).reshape(x.shape[0], -1, 32).max(axis=2) / F(127)).astype(np.float16)
+        return (d == 0).all(axis=1)
+
+
 def test_tiny_activations(pack_lib):
     """Every generated packer at TINY_KINDS: the bytes of the layout object's numpy packer
     (and of the model above, KleidiAI's C arithmetic), m_idx_start 0 and 1, k 96 (and 67 for
