@@ -543,7 +543,8 @@ def test_nothing_written_on_bad_arguments(cpu, pack_lib):
 def test_scale_tail_packer(tmp_path):
     """The qsi8d32p scale-tail packer (the q4_0_s1s0 gemv's LHS; the qsi8d32p template's ST
     mode, mr = 1): byte-identical to QSI8D32PScaleTail.pack at bl 32 and 64, any m_idx_start,
-    padded row strides, blocks with ties and zeros; nothing written on bad arguments."""
+    padded row strides, blocks with ties and zeros, the rows of tiny_rows; nothing written on
+    bad arguments."""
     from tilegen.layout.lhs_int8 import QSI8D32PScaleTail
     spec = PackerSpec("qsi8d32pscaletail", 1, 4, 1)
     assert spec.name == "lhs_quant_pack_qsi8d32p1x4scaletail_f32_neon" and spec.takes_bl
@@ -562,6 +563,12 @@ def test_scale_tail_packer(tmp_path):
         args = dict(m=m, k=k, bl=bl, mr=1, kr=4, sr=1, m_idx_start=ms, lhs_stride=stride)
         cases.append(_case(spec, args, _rows_bytes(x, stride), exp.size))
         refs.append((exp, f"bl={bl} k={k} m={m} ms={ms} stride={stride}"))
+    x = tiny_rows(rng, 96)                   # the small edges (issue #30 item 2), m_idx_start 2
+    xs = np.concatenate([np.zeros((2, 96), F), x])
+    exp = QSI8D32PScaleTail(1, 4, 1, 32).pack(x, m_idx_start=2)
+    args = dict(m=len(x), k=96, bl=32, mr=1, kr=4, sr=1, m_idx_start=2, lhs_stride=4 * 96)
+    cases.append(_case(spec, args, _rows_bytes(xs, 4 * 96), exp.size))
+    refs.append((exp, "tiny activations"))
     base = cases[1]["args"]
     bad = [{"mr": 2}, {"kr": 8}, {"sr": 2}, {"bl": 48}, {"bl": 0}, {"m": 0}, {"k": 48}]
     for b in bad:
