@@ -1,6 +1,7 @@
 """Q4_K kernels on SVE (sve_i8mm SMMLA and its SDOT gemv, sve_dotprod SDOT by lane; tiles in VL
 units) at several vector lengths under emulation: bit-exact against tilegen.reference.kquant on
-random valid ggml blocks, packed with the concrete tile the guest library reports."""
+random valid ggml blocks, packed with the concrete tile the guest library reports; the
+reference from the activations and the ggml blocks (``matmul_blocks``), not the packed bytes."""
 from __future__ import annotations
 
 from pathlib import Path
@@ -11,6 +12,8 @@ import pytest
 import tilegen
 from tilegen.families.q4_k import Q4KP, matmul_q8kp_q4kp, random_q4_k
 from tilegen.layout.kquant import Q8KP
+from tilegen.families import rhs_layout_class
+from tilegen.reference.kquant import matmul_blocks
 
 from conftest import guest
 from test_exec_kquant_q4 import FMAX, SENTINEL, _check
@@ -40,10 +43,10 @@ def _shapes(mr, nr, rng):
                      256 * int(rng.choice([1, 2])))]
 
 
-def run_sve_cases(sess, lib, spec, vl_bits, rhs_format, pack_rhs, random_blocks, reference):
+def run_sve_cases(sess, lib, spec, vl_bits, rhs_format, pack_rhs, random_blocks):
     """One guest run of an SVE K-quant kernel at vl_bits: shapes off the tile (every other one
-    clamped to the middle of the free results), bit-exact against ``reference``; the RHS packed
-    for the concrete nr the guest library reports."""
+    clamped to the middle of the free results), bit-exact against ``matmul_blocks`` of the
+    spec's family; the RHS packed for the concrete nr the guest library reports."""
     info = sess.call("guest_calls:vl_info", str(lib), spec.name)
     vlb = vl_bits // 8
     mr, nr = spec.mr_at(vlb), spec.nr_at(vlb)
@@ -59,7 +62,7 @@ def run_sve_cases(sess, lib, spec, vl_bits, rhs_format, pack_rhs, random_blocks,
         rhs = pack_rhs(nr, spec.kr, raw, n, k)
 
         def ref(cmin, cmax):
-            return reference(lhs, rhs, m, n, k, spec.lhs_mr, nr, spec.kr, cmin, cmax)
+            return matmul_blocks(rhs_layout_class(spec.family), x, raw, n, cmin, cmax)
         cmin, cmax = -FMAX, FMAX
         free = ref(cmin, cmax)
         if i % 2 and free.size > 1:
@@ -74,7 +77,7 @@ def run_sve_cases(sess, lib, spec, vl_bits, rhs_format, pack_rhs, random_blocks,
 def _run(sess, lib, spec, vl_bits):
     run_sve_cases(sess, lib, spec, vl_bits, "q4kp",
                   lambda nr, kr, raw, n, k: Q4KP(nr, kr).pack_from_ggml(raw, n, k),
-                  random_q4_k, matmul_q8kp_q4kp)
+                  random_q4_k)
 
 
 @pytest.mark.parametrize("cpu,vl", RUNS, ids=[f"{c}-{v or 'native'}" for c, v in RUNS])

@@ -1,7 +1,8 @@
 """Q6_K kernels (family q6_K: q8kp x q6kp; i8mm SMMLA gemm and SDOT gemv, dotprod SDOT by
 lane, plain NEON SMULL/SADALP) under emulation, bit-exact against tilegen.reference.kquant on
 seeded random valid ggml block_q6_K rows, packed by the layout objects (Q8KP.pack,
-Q6KP.pack_from_ggml)."""
+Q6KP.pack_from_ggml); the reference is computed from the activations and the ggml blocks
+(``matmul_blocks``), not from the packed bytes."""
 from __future__ import annotations
 
 from pathlib import Path
@@ -12,6 +13,8 @@ import pytest
 import tilegen
 from tilegen.families.q6_k import Q6KP, matmul_q8kp_q6kp, random_q6_k
 from tilegen.layout.kquant import Q8KP
+from tilegen.families import rhs_layout_class
+from tilegen.reference.kquant import matmul_blocks
 
 from conftest import guest
 from test_exec_kquant_q4 import CPU_FEATURES, FMAX, KQ_CPUS, SENTINEL, SWEEP_CPU, _check
@@ -38,13 +41,14 @@ def q6_lib(tmp_path_factory) -> Path:
 
 
 def _inputs(spec, m: int, n: int, k: int, seed: int):
-    """(lhs_packed, rhs_packed): activations of a different magnitude per row (each SB gets its
+    """(lhs_packed, rhs_packed, x, raw): activations of a different magnitude per row (each SB gets its
     own d) and seeded random valid Q6_K rows (every int8 scale and 6-bit value occurs)."""
     rng = np.random.default_rng(seed)
     x = (rng.normal(size=(m, k)) * rng.uniform(0.05, 10.0, size=(m, 1))).astype(np.float32)
+    raw = random_q6_k(n, k, seed)
     lhs = Q8KP(spec.lhs_mr, spec.kr).pack(x)
-    rhs = Q6KP(spec.nr, spec.kr).pack_from_ggml(random_q6_k(n, k, seed), n, k)
-    return lhs, rhs
+    rhs = Q6KP(spec.nr, spec.kr).pack_from_ggml(raw, n, k)
+    return lhs, rhs, x, raw
 
 
 def _cases(spec, shapes, seed: int):
@@ -52,13 +56,13 @@ def _cases(spec, shapes, seed: int):
     reference results."""
     cases, refs = [], []
     for i, (m, n, k) in enumerate(shapes):
-        lhs, rhs = _inputs(spec, m, n, k, seed + i)
-        free = matmul_q8kp_q6kp(lhs, rhs, m, n, k, spec.lhs_mr, spec.nr, spec.kr)
+        lhs, rhs, x, raw = _inputs(spec, m, n, k, seed + i)
+        free = matmul_blocks(rhs_layout_class("q6_K"), x, raw, n)
         cmin, cmax = -FMAX, FMAX
         if i % 2 and free.size > 1:
             cmin, cmax = (float(np.float32(v)) for v in np.quantile(free, [0.25, 0.75]))
         refs.append(free if i % 2 == 0 else
-                    matmul_q8kp_q6kp(lhs, rhs, m, n, k, spec.lhs_mr, spec.nr, spec.kr, cmin, cmax))
+                    matmul_blocks(rhs_layout_class("q6_K"), x, raw, n, cmin, cmax))
         cases.append(dict(m=m, n=n, k=k, bl=32, lhs_packed=lhs, rhs_packed=rhs, clamp_min=cmin,
                           clamp_max=cmax, sentinel=SENTINEL))
     return cases, refs

@@ -38,7 +38,7 @@ def test_q6k_sve_every_vl(cpu, vl, kq6_sve_lib):
     for spec in SPECS:
         run_sve_cases(sess, kq6_sve_lib, spec, vl or NATIVE_VL[cpu], "q6kp",
                       lambda nr, kr, raw, n, k: Q6KP(nr, kr).pack_from_ggml(raw, n, k),
-                      random_q6_k, matmul_q8kp_q6kp)
+                      random_q6_k)
 
 
 def test_q6k_sve_refused_without_the_isa(kq6_sve_lib):

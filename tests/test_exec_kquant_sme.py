@@ -1,6 +1,7 @@
 """K-quant SME2 kernels (q4_K: q8kp x q4kp, q6_K: q8kp x q6kp, both at kr = 4; the int16-SMOPA
 gemms and the ZA-array SDOT gemvs) under emulation at SVL 128 / 256 / 512 / 2048 (qemu
-``max``): bit-exact against tilegen.reference.kquant on random valid ggml blocks, m and n not
+``max``): bit-exact against tilegen.reference.kquant (``matmul_blocks``: from the activations
+and the ggml blocks, not the packed bytes) on random valid ggml blocks, m and n not
 multiples of the tile, k of 1, 2 and 3 super-blocks, sentinels around dst untouched, SVCR clear
 after the call; guard pages around every buffer at SVL 512."""
 from __future__ import annotations
@@ -14,6 +15,8 @@ import tilegen
 from tilegen.families.q4_k import Q4KP, matmul_q8kp_q4kp, random_q4_k
 from tilegen.families.q6_k import Q6KP, matmul_q8kp_q6kp, random_q6_k
 from tilegen.layout.kquant import Q8KP
+from tilegen.families import rhs_layout_class
+from tilegen.reference.kquant import matmul_blocks
 
 from conftest import SME_ON, guest
 
@@ -22,9 +25,8 @@ GEMVS = ("q4_K:sme2:1x2vl", "q4_K:sme2:1x4vl")
 Q6_SPECS = ("q6_K:sme2:1vlx1vl", "q6_K:sme2:1vlx2vl", "q6_K:sme2:1vlx4vl", "q6_K:sme2:1x2vl",
             "q6_K:sme2:1x4vl")
 ALL_SPECS = [tilegen.parse_spec(s) for s in GEMMS + GEMVS + Q6_SPECS]
-# family -> (random ggml blocks, RHS layout, reference)
-KINDS = {"q4_K": (random_q4_k, Q4KP, matmul_q8kp_q4kp),
-         "q6_K": (random_q6_k, Q6KP, matmul_q8kp_q6kp)}
+# family -> (random ggml blocks, RHS layout)
+KINDS = {"q4_K": (random_q4_k, Q4KP), "q6_K": (random_q6_k, Q6KP)}
 SENTINEL = np.float32(-4242.25)
 FMAX = 3.4028234663852886e38
 SVLS = (128, 256, 512, 2048)
@@ -46,7 +48,7 @@ def _shapes(mr: int, nr: int, gemv: bool) -> list[tuple[int, int, int]]:
 
 
 def _cases(family: str, mr: int, nr: int, shapes, seed: int):
-    rand, rhs_layout, matmul = KINDS[family]
+    rand, rhs_layout = KINDS[family]
     rng = np.random.default_rng(seed)
     cases, refs = [], []
     for i, (m, n, k) in enumerate(shapes):
@@ -55,13 +57,13 @@ def _cases(family: str, mr: int, nr: int, shapes, seed: int):
         raw = rand(n, k, seed + i)
         lhs = Q8KP(mr, 4).pack(x)
         rhs = rhs_layout(nr, 4).pack_from_ggml(raw, n, k)
-        free = matmul(lhs, rhs, m, n, k, mr, nr, 4, -FMAX, FMAX)
+        free = matmul_blocks(rhs_layout_class(family), x, raw, n, -FMAX, FMAX)
         lo, hi = -FMAX, FMAX
         if i % 2 and free.size > 1:
             lo, hi = (float(np.float32(q)) for q in np.quantile(free, [0.2, 0.8]))
         cases.append(dict(m=m, n=n, k=k, bl=32, lhs_packed=lhs, rhs_packed=rhs, clamp_min=lo,
                           clamp_max=hi, sentinel=SENTINEL))
-        refs.append(matmul(lhs, rhs, m, n, k, mr, nr, 4, lo, hi))
+        refs.append(matmul_blocks(rhs_layout_class(family), x, raw, n, lo, hi))
     return cases, refs
 
 

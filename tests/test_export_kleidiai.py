@@ -509,37 +509,40 @@ _KIND = {"qsi8d32p_qsi4c32p": "bl", "f16p_qsi4c32p": "bl", "qai8dxp_qsi8cxp": "p
 def test_llama_table_entry_end_to_end(kai_so, entry):
     """One kernels.cpp table entry as kleidiai.cpp drives it, with the exported packers and
     kernels (geometry only from the getters): gemm (m = 7) and gemv (m = 1) within the
-    quantisation error of the float product."""
+    quantisation error of the float product.  n = 37, and for the SME names also 53, whose
+    last column group (2 x 16 columns at SVL 512) has its second vector partly filled
+    (#30 item 8)."""
     from tilegen.layout.ggml import dequantize_q4_0, quantize_q4_0
     fam, gemm, gemm_lhs, gemv, gemv_lhs, rhs_packer = entry
     g = guest("max", None, SVL_BITS)
     rng = np.random.default_rng(17)
-    n, k = 37, 128
-    w = rng.normal(size=(n, k)).astype(np.float32)
-    if fam == "q4":
-        raw = quantize_q4_0(w)
-        wdat, wref, rkind, tol = dict(raw=raw, n=n), dequantize_q4_0(raw, n, k), "q4", 0.02
-    elif fam == "q8":
-        s = (np.abs(w).max(axis=1) / 127).astype(np.float32)
-        q = np.clip(np.rint(w / s[:, None]), -127, 127).astype(np.int8)
-        wdat, wref, rkind, tol = dict(q=q, scale=s), q.astype(np.float32) * s[:, None], "q8", 0.02
-    else:
-        wdat, wref = dict(w=w), w
-        rkind = "kxn" if fam == "bf16" else "nxk"
-        tol = 0.01 if fam == "bf16" else 1e-5
-    byname = {kk.name: kk for kk in K.KERNELS}
-    for kern, lhs_packer, m in ((gemm, gemm_lhs, 7), (gemv, gemv_lhs, 1)):
-        if kern is None:
-            continue
-        name = "matmul_clamp_f32_" + kern
-        x = rng.normal(size=(m, k)).astype(np.float32)
-        got = g.call("guest_kai:llama_flow", kai_so, name, _KIND[byname[name].abi],
-                     "matmul_clamp_f32_" + gemm, lhs_packer and "" + lhs_packer,
-                     bool(lhs_packer) and byname[name].abi in ("qsi8d32p_qsi4c32p", "f16p_qsi4c32p"),
-                     rhs_packer, rkind, x, wdat)
-        ref = x.astype(np.float64) @ wref.astype(np.float64).T
-        err = np.abs(got - ref).max() / np.abs(ref).max()
-        assert err < tol, f"{kern} m={m}: relative error {err}"
+    k = 128
+    for n in ((37, 53) if "_sme" in gemm else (37,)):
+        w = rng.normal(size=(n, k)).astype(np.float32)
+        if fam == "q4":
+            raw = quantize_q4_0(w)
+            wdat, wref, rkind, tol = dict(raw=raw, n=n), dequantize_q4_0(raw, n, k), "q4", 0.02
+        elif fam == "q8":
+            s = (np.abs(w).max(axis=1) / 127).astype(np.float32)
+            q = np.clip(np.rint(w / s[:, None]), -127, 127).astype(np.int8)
+            wdat, wref, rkind, tol = dict(q=q, scale=s), q.astype(np.float32) * s[:, None], "q8", 0.02
+        else:
+            wdat, wref = dict(w=w), w
+            rkind = "kxn" if fam == "bf16" else "nxk"
+            tol = 0.01 if fam == "bf16" else 1e-5
+        byname = {kk.name: kk for kk in K.KERNELS}
+        for kern, lhs_packer, m in ((gemm, gemm_lhs, 7), (gemv, gemv_lhs, 1)):
+            if kern is None:
+                continue
+            name = "matmul_clamp_f32_" + kern
+            x = rng.normal(size=(m, k)).astype(np.float32)
+            got = g.call("guest_kai:llama_flow", kai_so, name, _KIND[byname[name].abi],
+                         "matmul_clamp_f32_" + gemm, lhs_packer and "" + lhs_packer,
+                         bool(lhs_packer) and byname[name].abi in ("qsi8d32p_qsi4c32p", "f16p_qsi4c32p"),
+                         rhs_packer, rkind, x, wdat)
+            ref = x.astype(np.float64) @ wref.astype(np.float64).T
+            err = np.abs(got - ref).max() / np.abs(ref).max()
+            assert err < tol, f"{kern} m={m}: relative error {err}"
 
 
 def test_tuned_pairs_end_to_end(tmp_path_factory):
@@ -679,17 +682,23 @@ def _kquant_entry_bit_exact(g, so, gemm_kk, gemv_kk, seed: int):
     """One K-quant table entry as kleidiai.cpp drives it (geometry from the getters, checked
     first; RHS from ggml blocks by the exported C repack at the gemm's nr/kr, LHS by the C q8kp
     quantiser at each kernel's mr/kr): gemm (m = 13, 2 VL + 1) and gemv (m = 1) equal
-    tilegen.reference.kquant's arithmetic on the numpy packers' bytes, bit for bit."""
+    tilegen.reference.kquant's arithmetic computed from the activations and the ggml blocks
+    (``matmul_blocks``: no packed bytes), bit for bit.  n leaves the last column group of nr
+    partly filled, and twice its second half: for the SME2 gemm's 2-VL groups, the second
+    vector partly filled (#30 item 8)."""
     from tilegen.families.q4_k import random_q4_k
     from tilegen.families.q6_k import random_q6_k
     from tilegen.families import rhs_layout_class
-    from tilegen.reference.kquant import matmul_tilegen
+    from tilegen.reference.kquant import matmul_blocks
     kind, packer = _kq_packer(gemm_kk.name)
     vl = SVL_BITS // 8
     rng = np.random.default_rng(seed)
     gspec = gemm_kk.kernel_spec
     rlay = rhs_layout_for(gspec, 32, vl if gspec.vl_scaled else None)
-    for n, k in ((37, 512), (8, 256), (2 * rlay.nr + 3, 256)):
+    nr = rlay.nr
+    halves = (nr + nr // 2 + max(1, nr // 8), nr // 2 + max(1, nr // 4))
+    assert all(nr // 2 < n % nr < nr for n in halves), (nr, halves)
+    for n, k in ((37, 512), (8, 256), (2 * nr + 3, 256), (halves[0], 256), (halves[1], 512)):
         raw = (random_q4_k if kind == "q4_K" else random_q6_k)(n, k, int(rng.integers(1 << 30)))
         for kk, m in ((gemm_kk, 13), (gemv_kk, 1), (gemm_kk, 2 * vl + 1)):
             spec = kk.kernel_spec
@@ -697,9 +706,7 @@ def _kquant_entry_bit_exact(g, so, gemm_kk, gemv_kk, seed: int):
             x = (rng.normal(size=(m, k)) * rng.uniform(0.1, 10.0, size=(m, 1))).astype(np.float32)
             got = g.call("guest_kai:llama_flow", so, kk.name, "packed", gemm_kk.name,
                          "lhs_quant_pack_q8kp_f32", False, packer, "kq", x, dict(raw=raw, n=n))
-            want = matmul_tilegen(rhs_layout_class(kind), x, raw, n,
-                                  mr=lhs_layout_for(spec, 32, vl if spec.vl_scaled else None).mr,
-                                  nr=rlay.nr, kr=gspec.kr)
+            want = matmul_blocks(rhs_layout_class(kind), x, raw, n)
             assert np.array_equal(np.asarray(got, np.float32).view(np.uint32),
                                   want.astype(np.float32).view(np.uint32)), (kk.name, m, n, k)
 

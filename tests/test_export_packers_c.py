@@ -8,6 +8,8 @@ shapes: n, m, k off the block multiples, m_idx_start > 0, row strides above the 
 nothing before its buffer, nothing past it (guard pages) and leave unwritten only the slots of
 missing rows; the golden vectors' packed arrays from KleidiAI's own packers are reproduced, and
 the getters agree with the layout objects and with KleidiAI's getter values in the vectors.
+The LHS quantisers are also called next to KleidiAI v1.24.0's own packers (its library,
+``kleidiai_ref``) at the tiny-activation edges.
 """
 from __future__ import annotations
 
@@ -346,6 +348,49 @@ def test_qsi8d32p_f32_neon(lib):
                                      lay.packed_size(m, k), "size"))
     cases.append(_getter(f"kai_get_m_step_{n4}", (4,), 1, "m_step"))
     _batch(lib, cases)
+
+
+def test_lhs_quantisers_at_tiny_activations(lib, kleidiai_ref):
+    """Issue #30 item 2: the four LHS quantisers (qai8dxp, qsi8d32p generic and 4x8sb, the
+    scale-tail _neon) at the small edges of test_lhs_pack_neon.TINY_KINDS (1e-38, subnormals,
+    a few ulps, +-0, either side of 127/FLT_MAX and 255/FLT_MAX, a normal control): the export's
+    C packer, KleidiAI v1.24.0's own packer (its library, called by name) and the numpy layout
+    packer write the same bytes.  (There KleidiAI's stored reciprocal scale is 0 -- qai8dxp's
+    1/inf, qsi8d32p's f16(d) -- so the int8 bytes are whatever its conversions give, and these
+    are matched too: docs/layouts.md#qai8dxp-tiny, #qsi8d32p-tiny.)"""
+    from test_lhs_pack_neon import tiny_rows
+    rng = np.random.default_rng(3040)
+    k = 96
+    x = tiny_rows(rng, k)
+    m = x.shape[0]
+    calls, exps = [], []
+
+    def add(name, args, exp, what):
+        calls.append((name, [("u", a) if isinstance(a, int) else a for a in args], exp.size, 0))
+        exps.append((np.asarray(exp, np.uint8).reshape(-1), what))
+
+    for mr, kr, sr in QAI8DXP_TILES:
+        for kk in (k, 67):
+            xr = np.ascontiguousarray(x[:, :kk])
+            add("kai_run_lhs_quant_pack_qai8dxp_f32", [m, kk, mr, kr, sr, 0, ("in", xr), 4 * kk,
+                                                        ("out",)],
+                QAI8DXP(mr, kr, sr).pack(xr), f"qai8dxp {mr}x{kr}/{sr} k={kk}")
+    for rounding, tiles in (("away", [(1, 8, 2), (1, 16, 2), (4, 8, 2), (4, 16, 2)]),
+                            ("even", [(4, 16, 2)])):
+        for mr, kr, sr in tiles:
+            add(_qsi8d32p_name(rounding), [m, k, 32, mr, kr, sr, 0, ("in", x), 4 * k, ("out",)],
+                QSI8D32P(mr, kr, sr, 32, rounding).pack(x), f"qsi8d32p {rounding} {mr}x{kr}/{sr}")
+    add("kai_run_lhs_quant_pack_qsi8d32p_f32_neon", [m, k, 32, 1, 4, 1, 0, ("in", x), 4 * k,
+                                                       ("out",)],
+        QSI8D32PScaleTail(1).pack(x), "qsi8d32p scale tail")
+    res = guest("max").call("guest_kaidiff:packers", [str(kleidiai_ref.shared), lib], calls)
+    for (exp, what), (kai, ours) in zip(exps, res):
+        written = kai[0] == kai[1]                 # the slots of the missing rows stay unwritten
+        assert np.array_equal(ours[0] == ours[1], written), f"{what}: written bytes"
+        assert not exp[~written].any() and written.sum() > exp.size // 2, what
+        assert np.array_equal(ours[0][written], exp[written]), f"{what}: the C packer != numpy"
+        bad = np.flatnonzero(kai[0][written] != exp[written])
+        assert bad.size == 0, f"{what}: KleidiAI differs at {bad[:8].tolist()}"
 
 
 def test_qsi8d32p_scale_tail_quantisation_is_qsi8d32p():

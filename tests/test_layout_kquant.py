@@ -472,3 +472,33 @@ def test_ggml_q8_k_quantisation():
     assert d[0, 0] == -1.0 and q[0, :3].tolist() == [-127, -2, -4]    # signed max: q flips sign
     q, d, _ = RK.quantize_q8_k(np.zeros((2, 256), np.float32))
     assert not q.any() and not d.any()
+
+
+@pytest.mark.parametrize("kind", ("q4_K", "q6_K"))
+def test_blocks_reference_is_the_packed_reference_and_sees_the_packer(kind):
+    """matmul_blocks (from x and the ggml blocks) equals the packed-buffer references bit for
+    bit; with two sub-block scales swapped in the packed RHS (a packer/kernel byte-order
+    disagreement) the packed reference follows the bytes, matmul_blocks does not (issue #30
+    item 8: what lets the kernel tests see such a swap)."""
+    rng = np.random.default_rng(31)
+    m, n, k = 5, 9, 512
+    x = (rng.standard_normal((m, k)) * rng.uniform(0.1, 8, (m, 1))).astype(np.float32)
+    raw = RAND[kind](n, k, 32)
+    cls = Q4KP if kind == "q4_K" else Q6KP
+    want = RK.matmul_blocks(cls, x, raw, n)
+    for mr, nr, kr in ((4, 4, 16), (1, 8, 8), (3, 12, 4)):
+        assert RK.matmul_tilegen(cls, x, raw, n, mr=mr, nr=nr, kr=kr).tobytes() == want.tobytes()
+    lo, hi = (float(v) for v in np.quantile(want, [0.3, 0.7]))
+    assert np.array_equal(RK.matmul_blocks(cls, x, raw, n, lo, hi),
+                          np.clip(want, np.float32(lo), np.float32(hi)))
+    lay = cls(4, 16)
+    vals = list(lay.packed_values(lay.pack_from_ggml(raw, n, k), n, k))
+    i = 2 if kind == "q4_K" else 1                   # (d, dmin, sc, m, q) / (d, sc, q)
+    sc = vals[i].copy()                              # (n, S, sub-blocks): swap sub-blocks 0, 1
+    sc[:, :, [0, 1]] = sc[:, :, [1, 0]]
+    assert (sc != vals[i]).any()
+    vals[i] = sc
+    swapped = lay.pack_values(tuple(vals), n, k)
+    lhs = Q8KP(4, 16).pack(x)
+    read = RK.matmul_kernel(cls, lhs, swapped, m, n, k, 4, 4, 16)
+    assert not np.array_equal(read, want)

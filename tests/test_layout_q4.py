@@ -731,3 +731,64 @@ def test_bad_inputs():
         api.pack_lhs("qsi4c32p", x, mr=4, kr=8, sr=2)
     with pytest.raises(LayoutError, match="rounding"):
         api.pack_lhs("qai8dxp", x, mr=4, kr=8, sr=2, rounding="even")
+
+
+# -----------------------------------------------------------------------------------------
+# tiny activations (issue #30 item 2): every int8 LHS quantiser through its kernel reference
+# -----------------------------------------------------------------------------------------
+def test_lhs_quantisers_at_tiny_activations_against_float64():
+    """qai8dxp (x qsi4c32p and x qsi8cxp) and qsi8d32p (ties away and even, x qsi4c32pscalef16)
+    at test_lhs_pack_neon.TINY_KINDS, through the bit-exact kernel references, against the
+    float64 product of x with the dequantised weights.  A row is either right (relative error
+    <= 0.02 of sum |x||w|) or flushed -- exactly 0 (the bias, 0 here), never NaN, never values saturated
+    to +-127 through a reciprocal scale of +inf -- and it is flushed only where the format's
+    scale cannot hold it: qai8dxp's 255/(rmax - rmin) overflows f32 (range < 255/FLT_MAX, the
+    stored 1/scale is 0, as KleidiAI's packer), qsi8d32p's f16(amax/127) is 0 in every block."""
+    from test_lhs_pack_neon import TINY_KINDS, flushed_rows, tiny_rows
+    from tilegen.layout.rhs_int8 import QSI8CXP
+    from tilegen.reference.q8 import matmul_qai8dxp_qsi8cxp
+    F = np.float32
+    rng = np.random.default_rng(3041)
+    n, k = 8, 96
+    x = tiny_rows(rng, k)
+    m = x.shape[0]
+    w = (rng.normal(size=(n, k)) * 0.5).astype(F)
+    bias = np.zeros(n, F)     # a bias of O(1) would hide the tiny rows' results (1 + 1e-37 = 1)
+    inf = float("inf")
+    raw = quantize_q4_0(w)
+    s8 = (np.abs(w).max(axis=1) / 127).astype(F)
+    q8 = np.clip(np.rint(w / s8[:, None]), -127, 127).astype(np.int8)
+    q4p = QSI4C32P(4, 8, 2, 32)
+    q4p_packed = q4p.pack_from_float(w, bias)
+    runs = []
+    lhs = QAI8DXP(4, 8, 2).pack(x)
+    runs.append(("qai8dxp x qsi4c32p", "qai8dxp", bias,
+                 q4p.dequantize_rows(q4p_packed, n, k, np.arange(n)),
+                 matmul_qai8dxp_qsi4c32p(lhs, q4p_packed, m, n, k, 32, 4, 4, 8, 2, -inf, inf)))
+    runs.append(("qai8dxp x qsi8cxp", "qai8dxp", bias, q8.astype(F) * s8[:, None],
+                 matmul_qai8dxp_qsi8cxp(lhs, QSI8CXP(4, 8).pack(q8, s8, bias), m, n, k,
+                                        4, 4, 8, 2, -inf, inf)))
+    for rounding in ("away", "even"):
+        lay = QSI8D32P(4, 16, 2, 32, rounding)
+        runs.append((f"qsi8d32p ({rounding}) x qsi4c32pscalef16", "qsi8d32p", np.zeros(n, F),
+                     dequantize_q4_0(raw, n, k),
+                     matmul_qsi8d32p_qsi4c32pscalef16(lay.pack(x), QSI4C32PScaleF16(4, 16, 2, 32)
+                                                      .pack(raw), m, n, k, 32, 4, 4, 16, 2,
+                                                      -inf, inf)))
+    x64 = x.astype(np.float64)
+    for what, fmt, b, wd, y in runs:
+        wd = wd.astype(np.float64)
+        y64 = x64 @ wd.T + b
+        mag = np.abs(x64) @ np.abs(wd).T
+        assert np.all(np.isfinite(y)), what
+        flushable = flushed_rows(x, fmt)
+        for i, kind in enumerate(TINY_KINDS):
+            label = f"{what}, row {kind!r}"
+            if np.array_equal(y[i], b) and mag[i].max() > 0:
+                assert flushable[i], f"{label}: flushed, though its scale is representable"
+                continue
+            err = np.abs(y[i] - y64[i]).max()
+            assert err <= 0.02 * mag[i].max(), f"{label}: error {err:.3g}, |x||w| {mag[i].max():.3g}"
+    # every edge row was seen on both sides: flushed ones below the edges, kept ones above
+    assert list(flushed_rows(x, "qai8dxp")) == [k_ in ("1e-38", "few ulps", "1e-38 positive", "1e-38 negative",
+                                    "subnormal", "below the edge") for k_ in TINY_KINDS]

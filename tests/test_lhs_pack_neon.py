@@ -352,6 +352,92 @@ def _qsi8d32p_rows(rng, rows, k, bl):
     return x
 
 
+#: the small edges of the int8 LHS quantisers (issue #30 item 2), one row each (k a multiple
+#: of 32; qsi8d32p's blocks of 32 take the row's kind, except in "tiny block").  Below
+#: 127/FLT_MAX (qsi8d32p's amax) or 255/FLT_MAX (qai8dxp's range) the reciprocal scale
+#: overflows to +inf; "few ulps" blocks have amax/127 = 0 in f32, as the zero block.
+TINY_KINDS = ("1e-38", "few ulps", "1e-38 positive", "1e-38 negative", "subnormal", "+0", "-0",
+              "below the edge", "above the edge", "tiny block", "normal")
+
+
+def tiny_rows(rng, k: int) -> np.ndarray:
+    """One float32 row of each of TINY_KINDS (random non-zero values where non-zero)."""
+    x = np.empty((len(TINY_KINDS), k), F)
+    for i, kind in enumerate(TINY_KINDS):
+        v = rng.normal(size=k)
+        if kind == "1e-38":
+            v *= 1e-38
+        elif kind == "few ulps":                      # amax <= 60 * 2^-149: amax / 127 == 0
+            v = rng.integers(-60, 61, size=k) * 2.0 ** -149
+            v[::32] = 2.0 ** -149 * 60
+        elif kind == "1e-38 positive":
+            v = np.abs(v) * 1e-38 + 1e-39
+        elif kind == "1e-38 negative":
+            v = -np.abs(v) * 1e-38 - 1e-39
+        elif kind == "subnormal":
+            v *= 1e-41
+        elif kind == "+0":
+            v = np.zeros(k)
+        elif kind == "-0":
+            v = np.full(k, -0.0)
+        elif kind == "below the edge":                # max|x| = 3e-37: 127/amax, 255/range = inf
+            v = v / np.abs(v).max() * 3e-37
+        elif kind == "above the edge":                # range <= 2e-36: finite scales
+            v = v / np.abs(v).max() * 1e-36
+        elif kind == "tiny block":                    # a normal row, its second block 1e-38
+            v[32:64] *= 1e-38
+        x[i] = v
+    assert np.all(np.isfinite(x)) and np.count_nonzero(x[[0, 1, 2, 3, 4, 7, 8]], axis=1).min() > 0
+    return x
+
+
+def flushed_rows(x: np.ndarray, fmt: str) -> np.ndarray:
+    """Per row of ``x``: does ``fmt``'s scale hold nothing of it (the row's result is then
+    exactly the bias)?  qai8dxp: 255 / (rmax - rmin) overflows f32, so the stored 1/scale is 0
+    (rmin == rmax takes scale 1); qsi8d32p: f16(amax / 127) is 0 in every block of 32."""
+    with np.errstate(over="ignore", divide="ignore"):
+        if fmt == "qai8dxp":
+            span = np.maximum(x.max(axis=1), 0) - np.minimum(x.min(axis=1), 0)
+            return (span > 0) & (F(255) / span == np.inf)
+        d = (np.abs(x).reshape(x.shape[0], -1, 32).max(axis=2) / F(127)).astype(np.float16)
+        return (d == 0).all(axis=1)
+
+
+def test_tiny_activations(pack_lib):
+    """Every generated packer at TINY_KINDS: the bytes of the layout object's numpy packer
+    (and of the model above, KleidiAI's C arithmetic), m_idx_start 0 and 1, k 96 (and 67 for
+    qai8dxp: the staging path).  Before the fix the 4-row qsi8d32p path wrote -1 for the
+    positive values of a "few ulps" block (1/0 = inf, no d ? 1/d : 0 select)."""
+    from tilegen.layout.lhs_int8 import QAI8DXP, QSI8D32P
+    rng = np.random.default_rng(3038)
+    cases, refs = [], []
+    for spec in SPECS:
+        for k in ((96, 67) if spec.fmt == "qai8dxp" else (96,)):
+            x = tiny_rows(rng, 96)[:, :k]
+            for ms in (0, 1):
+                m = x.shape[0]
+                if spec.fmt == "qai8dxp":
+                    exp, mask = model_qai8dxp(x, spec.mr, spec.L, ms)
+                    lay = QAI8DXP(spec.mr, spec.kr, spec.sr).pack(x, m_idx_start=ms)
+                    args = dict(m=m, k=k, mr=spec.mr, kr=spec.kr, sr=spec.sr, m_idx_start=ms,
+                                lhs_stride=4 * k)
+                    src = _rows_bytes(x, 4 * k)
+                else:
+                    xs = np.concatenate([np.zeros((ms, k), F), x])     # lhs = row 0
+                    exp, mask = model_qsi8d32p(xs, m, 32, spec.mr, spec.L, ms, spec.rounding)
+                    lay = QSI8D32P(spec.mr, spec.kr, spec.sr, 32, spec.rounding).pack(
+                        x, m_idx_start=ms)
+                    args = dict(m=m, k=k, bl=32, mr=spec.mr, kr=spec.kr, sr=spec.sr,
+                                m_idx_start=ms, lhs_stride=4 * k)
+                    src = _rows_bytes(xs, 4 * k)
+                assert np.array_equal(lay, np.where(mask == 1, exp, 0)), (spec.name, k, ms)
+                cases.append(_case(spec, args, src, exp.size))
+                refs.append((exp, mask, f"{spec.name} k={k} m_idx_start={ms}"))
+    outs = guest("max").call("guest_pack:run_cases", pack_lib, cases)
+    for (exp, mask, what), o in zip(refs, outs):
+        _check(o, exp, mask, f"tiny activations {what}")
+
+
 def _sweep_cases(spec: PackerSpec, rng):
     cases, refs = [], []
     if spec.fmt == "qai8dxp":
@@ -457,7 +543,8 @@ def test_nothing_written_on_bad_arguments(cpu, pack_lib):
 def test_scale_tail_packer(tmp_path):
     """The qsi8d32p scale-tail packer (the q4_0_s1s0 gemv's LHS; the qsi8d32p template's ST
     mode, mr = 1): byte-identical to QSI8D32PScaleTail.pack at bl 32 and 64, any m_idx_start,
-    padded row strides, blocks with ties and zeros; nothing written on bad arguments."""
+    padded row strides, blocks with ties and zeros, the rows of tiny_rows; nothing written on
+    bad arguments."""
     from tilegen.layout.lhs_int8 import QSI8D32PScaleTail
     spec = PackerSpec("qsi8d32pscaletail", 1, 4, 1)
     assert spec.name == "lhs_quant_pack_qsi8d32p1x4scaletail_f32_neon" and spec.takes_bl
@@ -476,6 +563,12 @@ def test_scale_tail_packer(tmp_path):
         args = dict(m=m, k=k, bl=bl, mr=1, kr=4, sr=1, m_idx_start=ms, lhs_stride=stride)
         cases.append(_case(spec, args, _rows_bytes(x, stride), exp.size))
         refs.append((exp, f"bl={bl} k={k} m={m} ms={ms} stride={stride}"))
+    x = tiny_rows(rng, 96)                   # the small edges (issue #30 item 2), m_idx_start 2
+    xs = np.concatenate([np.zeros((2, 96), F), x])
+    exp = QSI8D32PScaleTail(1, 4, 1, 32).pack(x, m_idx_start=2)
+    args = dict(m=len(x), k=96, bl=32, mr=1, kr=4, sr=1, m_idx_start=2, lhs_stride=4 * 96)
+    cases.append(_case(spec, args, _rows_bytes(xs, 4 * 96), exp.size))
+    refs.append((exp, "tiny activations"))
     base = cases[1]["args"]
     bad = [{"mr": 2}, {"kr": 8}, {"sr": 2}, {"bl": 48}, {"bl": 0}, {"m": 0}, {"k": 48}]
     for b in bad:

@@ -29,7 +29,7 @@ from tilegen.layout.bf16 import f32_to_bf16_rne
 
 from conftest import SME_ON, guest, vector_files, vector_params
 from test_lhs_pack_neon import (MARGIN, PREFILLS, _check, _qai8dxp_rows, _qsi8d32p_rows,
-                                _rows_bytes, hot_loop, model_qai8dxp, model_qsi8d32p)
+                                _rows_bytes, hot_loop, model_qai8dxp, model_qsi8d32p, tiny_rows)
 
 SVLS = (128, 512, 2048)
 F = np.float32
@@ -187,6 +187,36 @@ def test_matches_layout_packer(spec, svl, vl_lib):
     outs = _sme_guest(svl).call("guest_pack:run_cases", vl_lib, cases)
     for (exp, mask, what), o in zip(refs, outs):
         _check(o, exp, mask, f"{spec.name} svl={svl} {what}")
+
+
+def test_tiny_activations(vl_lib):
+    """The VL-scaled qai8dxp and qsi8d32p packers at the quantisers' small edges (issue #30
+    item 2; test_lhs_pack_neon.TINY_KINDS: 1e-38, subnormals, a few ulps, +-0, either side of
+    127/FLT_MAX and 255/FLT_MAX, a normal control) at SVL 512, m_idx_start 0 and 3: the numpy
+    layout packer's bytes."""
+    svl, rng = 512, np.random.default_rng(3039)
+    cases, refs = [], []
+    for spec in (s for s in SPECS if s.fmt in ("qai8dxp", "qsi8d32p")):
+        mr = _mr(spec, svl)
+        x = tiny_rows(rng, 96)
+        for ms in (0, 3):
+            if spec.fmt == "qsi8d32p":
+                xs = np.concatenate([np.zeros((ms, 96), F), x])
+                args = dict(m=len(x), k=96, bl=32, mr=mr, kr=spec.kr, sr=spec.sr, m_idx_start=ms,
+                            lhs_stride=4 * 96)
+                exp, mask = _expected(spec, mr, xs, ms, 32)
+                src = _rows_bytes(xs, 4 * 96)
+            else:
+                args = dict(m=len(x), k=96, mr=mr, kr=spec.kr, sr=spec.sr, m_idx_start=ms,
+                            lhs_stride=4 * 96)
+                exp, mask = _expected(spec, mr, x, ms, None)
+                src = _rows_bytes(x, 4 * 96)
+            cases.append(_case(spec, args, src, exp.size))
+            refs.append((exp, mask, f"{spec.name} m_idx_start={ms}"))
+    assert len(cases) == 4
+    outs = _sme_guest(svl).call("guest_pack:run_cases", vl_lib, cases)
+    for (exp, mask, what), o in zip(refs, outs):
+        _check(o, exp, mask, f"tiny activations svl={svl} {what}")
 
 
 def test_bf16_specials_exact():

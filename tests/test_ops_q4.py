@@ -103,3 +103,39 @@ def test_kernel_geometry_comes_from_layouts(q4_lib):
     assert k.dst_offset(2, 4, 64) == 2 * 64 + 16 and k.dst_size(5, 12) == 240
     assert {p["name"] for p in man["packers"]} >= {"lhs_quant_pack_qsi8d32p4x8_f32_neon",
                                                     "lhs_quant_pack_qai8dxp4x4_f32_neon"}
+
+
+@pytest.mark.parametrize("cpu", ["neoverse-n1", "max"])
+def test_tiny_activations_through_matmul(cpu, q4_lib):
+    """lib.matmul at the small edges of test_lhs_pack_neon.TINY_KINDS (issue #30 item 2): the
+    generated qsi8d32p (q4_0) and qai8dxp (q4_0_dx) packers and the kernels, against the
+    float64 product of x with the dequantised weights: every row finite, either within 2 % of
+    sum |x||w| or exactly 0 (no bias) -- and 0 only where the format's scale holds nothing of
+    the row (flushed_rows); q4_0 also bit for bit the numpy packer + reference."""
+    from test_lhs_pack_neon import TINY_KINDS, flushed_rows, tiny_rows
+    rng = np.random.default_rng(3042)
+    n, k = 21, 256
+    x = tiny_rows(rng, k)
+    m = x.shape[0]
+    w = rng.normal(size=(n, k)).astype(np.float32)
+    for kind, fmt in (("q4_0", "qsi8d32p"), ("q4_0_dx", "qai8dxp")):
+        res = guest(cpu).call("guest_calls:q4_ops", str(q4_lib), kind, w, x, None, (1, 3))
+        y = res["outs"][0]
+        assert np.array_equal(y, res["outs"][1]) and np.isfinite(y).all(), kind
+        if kind == "q4_0":
+            kspec = next(s for s in ALL_SPECS if s.name == res["kernel"])
+            lhs = QSI8D32P(kspec.lhs_mr, kspec.kr, kspec.sr, 32).pack(x)
+            ref = matmul_qsi8d32p_qsi4c32pscalef16(lhs, res["packed"], m, n, k, 32, kspec.lhs_mr,
+                                                   kspec.nr, kspec.kr, kspec.sr, -3.4e38, 3.4e38)
+            assert np.array_equal(y, ref), res["kernel"]
+        deq = tilegen.dequantize_rows(res["packed"], res["format"], n, k, res["nr"], res["kr"],
+                                      res["sr"], 32, np.arange(n)).astype(np.float64)
+        y64 = x.astype(np.float64) @ deq.T
+        mag = np.abs(x.astype(np.float64)) @ np.abs(deq).T
+        flushed = flushed_rows(x, fmt)
+        for i, what in enumerate(TINY_KINDS):
+            if not y[i].any() and mag[i].max() > 0:
+                assert flushed[i], f"{kind} row {what!r}: 0, though its scale is representable"
+                continue
+            err = np.abs(y[i] - y64[i]).max()
+            assert err <= 0.02 * mag[i].max(), f"{kind} row {what!r}: error {err:.3g}"

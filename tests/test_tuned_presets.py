@@ -14,14 +14,16 @@ from tilegen.families.q4_k import matmul_q8kp_q4kp, random_q4_k
 from tilegen.families.q6_k import matmul_q8kp_q6kp, random_q6_k
 from tilegen.layout.kquant import Q8KP
 from tilegen.reference.f32 import matmul_f32
+from tilegen.reference.kquant import matmul_blocks
+from tilegen.families import rhs_layout_class
 
 from conftest import guest
 from test_exec_q4 import SENTINEL, _pack, _shapes
 
 PRESETS = sorted(p.stem for p in tuned_dir().glob("*.json"))
-# K-quant families: RHS format, random valid ggml blocks, the bit-exact reference
-KQUANT = {"q4_K": ("q4kp", random_q4_k, matmul_q8kp_q4kp),
-          "q6_K": ("q6kp", random_q6_k, matmul_q8kp_q6kp)}
+# K-quant families: RHS format, random valid ggml blocks (the bit-exact reference:
+# matmul_blocks, from the activations and the blocks, not the packed bytes)
+KQUANT = {"q4_K": ("q4kp", random_q4_k), "q6_K": ("q6kp", random_q6_k)}
 
 
 def test_presets_are_shipped_and_valid():
@@ -73,16 +75,17 @@ def test_tuned_kernel_bit_exact(spec, cpu, tuned_lib):
             refs.append(matmul_f32(lhs[:, :k], w, b, -3.4e38, 3.4e38))
         outs = g.call("guest_calls:run_f32_cases", str(tuned_lib), spec.name, cases)
     elif spec.family in KQUANT:         # q8kp x q4kp / q6kp: ggml blocks, reference_kquant
-        fmt, rand, ref = KQUANT[spec.family]
+        fmt, rand = KQUANT[spec.family]
         cases, refs = [], []
         for i, (m, n, k) in enumerate([(1, 1, 256), (mr, nr, 512), (mr + 1, nr + 1, 256),
                                        (2 * mr + 3, 2 * nr - 1, 768)]):
             x = (rng.normal(size=(m, k)) * 4).astype(np.float32)
             lhs = Q8KP(spec.lhs_mr, spec.kr).pack(x)
-            rhs = layout_for(fmt, nr=nr, kr=spec.kr).pack_from_ggml(rand(n, k, i), n, k)
+            raw = rand(n, k, i)
+            rhs = layout_for(fmt, nr=nr, kr=spec.kr).pack_from_ggml(raw, n, k)
             cases.append(dict(m=m, n=n, k=k, bl=32, lhs_packed=lhs, rhs_packed=rhs,
                               clamp_min=-3.4e38, clamp_max=3.4e38, sentinel=SENTINEL))
-            refs.append(ref(lhs, rhs, m, n, k, spec.lhs_mr, nr, spec.kr, -3.4e38, 3.4e38))
+            refs.append(matmul_blocks(rhs_layout_class(spec.family), x, raw, n, -3.4e38, 3.4e38))
         outs = g.call("guest_calls:run_q4_cases", str(tuned_lib), spec.name, cases)
     else:
         cases, refs = [], []

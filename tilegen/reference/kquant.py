@@ -19,7 +19,8 @@ super-block the scale per sub-block, the integer weights, and the min term if it
     acc = fma(da, x, acc).
 
   then clamp: min(max(acc, clamp_min), clamp_max).  f32(S) rounds to nearest (S1 of Q4_K can
-  pass 2^24).
+  pass 2^24).  :func:`matmul_blocks` is the same arithmetic from the float activations and
+  the ggml blocks, without the packed buffers (what the kernel tests compare with).
 
 * **ggml's reference arithmetic** (:func:`quantize_q8_k`, :func:`matmul_ggml`), for the error
   table only: activations quantised as ggml's ``quantize_row_q8_K_ref`` does it — per SB, the
@@ -47,7 +48,7 @@ from ..layout.ggml import QK_K, check_superblocks
 from ..layout.kquant import Q8KP, KQuantTerms
 from .f32 import fma_f32
 
-__all__ = ["matmul_kernel", "matmul_tilegen", "quantize_q8_k", "matmul_ggml",
+__all__ = ["matmul_kernel", "matmul_blocks", "matmul_tilegen", "quantize_q8_k", "matmul_ggml",
            "matmul_f64_kquant", "dequantize_kquant", "error_summary", "error_bound"]
 
 f32 = np.float32
@@ -80,9 +81,31 @@ def matmul_kernel(rhs, lhs_packed, rhs_packed, m: int, n: int, k: int, mr: int, 
     (sub-block j's integer dot product), x = f32(S1) * f32(d); with a min term S2 = 128 *
     sum_j m_j*bsum_hi_j + sum_j m_j*bsum_lo_j, x = fma(-f32(dmin), f32(S2), x); acc =
     fma(da, x, acc)."""
-    S = check_superblocks(k)
-    qa, da, hi, lo = Q8KP(mr, kr).unpack(lhs_packed, m, k)
-    t: KQuantTerms = rhs.terms(*rhs(nr, kr).unpack(rhs_packed, n, k))
+    check_superblocks(k)
+    return _arith(*Q8KP(mr, kr).unpack(lhs_packed, m, k),
+                  rhs.terms(*rhs(nr, kr).unpack(rhs_packed, n, k)), clamp_min, clamp_max)
+
+
+def matmul_blocks(rhs, x: np.ndarray, raw, n: int, clamp_min: float = -np.inf,
+                  clamp_max: float = np.inf) -> np.ndarray:
+    """tilegen's kernel arithmetic, bit for bit as :func:`matmul_kernel`, from the float32
+    activations ``x`` (m, k) and the family's ggml blocks ``raw`` (n rows) themselves, never
+    through a packed buffer: the LHS fields are ``Q8KP.quantize_rows`` (sub-block sums split
+    hi/lo), the RHS fields the family's ``split_blocks`` (``rhs``: its RHS layout class).  A
+    kernel test against it fails when a packer and the kernel disagree on where a byte goes
+    (:func:`matmul_kernel` reads the bytes the way the kernel does)."""
+    x = np.asarray(x, dtype=f32)
+    k = x.shape[1]
+    check_superblocks(k)
+    qa, da, bsum = Q8KP.quantize_rows(x)
+    return _arith(qa, da, *Q8KP.split_bsum(bsum), rhs.terms(*rhs.split_blocks(raw, n, k)),
+                  clamp_min, clamp_max)
+
+
+def _arith(qa, da, hi, lo, t: KQuantTerms, clamp_min: float, clamp_max: float) -> np.ndarray:
+    """The kernels' arithmetic on the logical fields: LHS (q, d, bsum hi, lo), RHS terms."""
+    m, S = qa.shape[0], qa.shape[1] // QK_K
+    n = t.w.shape[0]
     acc = np.zeros((m, n), f32)
     for s in range(S):
         ks = slice(QK_K * s, QK_K * (s + 1))
