@@ -15,7 +15,9 @@ import numpy as np
 import tilegen
 from tilegen.build import default_specs, get_target
 from tilegen.emulate.remote import GuestSession
-from tilegen.layout.ggml import QK_K, random_q4_k, random_q6_k
+from tilegen.families.q4_k import random_q4_k
+from tilegen.families.q6_k import random_q6_k
+from tilegen.layout.ggml import QK_K
 from tilegen.reference.f32 import matmul_f32, matmul_f64
 
 tile = os.environ.get("TILE", "7x12")
