@@ -33,7 +33,8 @@ import re
 from dataclasses import dataclass, replace
 from pathlib import Path
 
-from .. import __version__, callconv
+from .. import callconv
+from ..records import __version__
 from ..build.targets import get_target
 from ..build.tuned import read_tuned, tuned_path, tuned_targets
 from ..callconv import Param

@@ -65,7 +65,7 @@ from __future__ import annotations
 import itertools
 from dataclasses import dataclass, field
 
-from .. import __version__
+from ..records import __version__
 from ..generator.render import render_template
 from ..layout.base import c_expr, eval_expr
 from ..layout.bf16 import BF16PLhs2, BF16PRhs2B
