@@ -204,3 +204,15 @@ def test_entries_give_each_kernel_its_descriptor(small_lib):
     assert [d.name for d in kernels] == [e["name"] for e in man["kernels"]] == sorted([F32, I8MM])
     assert kernels == [descriptor(tilegen.parse_spec(e["spec"])) for e in man["kernels"]]
     assert packers == [parse_packer_spec(e["spec"]) for e in man["packers"]]
+
+
+@pytest.mark.parametrize("spec", ["q4_0:i8mm:8x4:k16:s4", "q4_0:i8mm:6x4", "q4_0:i8mm:8x4:k12:s2"])
+def test_spec_the_layouts_refuse_is_load_error(small_lib, spec):
+    """An entry whose spec the layouts refuse is a LoadError naming the kernel (the loader
+    asks the records and the layouts, not the register allocator)."""
+    from tilegen.runtime import LoadError
+    from tilegen.runtime.integrity import check_entries
+    man = _entries(small_lib)
+    next(e for e in man["kernels"] if e["name"] == I8MM)["spec"] = spec
+    with pytest.raises(LoadError, match=f"{I8MM} has a bad spec"):
+        check_entries(man["kernels"], man["packers"], man["format"], "libtilegen.so")

@@ -34,11 +34,10 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 
 from .. import callconv
-from ..records import __version__
 from ..build.targets import get_target
 from ..build.tuned import read_tuned, tuned_path, tuned_targets
 from ..callconv import Param
-from ..records import SpecError
+from ..records import SpecError, __version__
 from ..generator.descriptor import descriptor
 from ..generator.render import render, render_template
 from ..generator.spec import KernelSpec
@@ -264,14 +263,14 @@ def _getter_protos(kk: KaiKernel) -> list[tuple[str, str]]:
     return [(f"kai_{slot}_{kk.name}", params) for slot, params in _getter_slots(ABIS[kk.abi])]
 
 
-def params_names(params: str) -> list[str]:
+def _param_names(params: str) -> list[str]:
     """The parameter names of a C parameter list (``"void"``: none)."""
     return [p.split()[-1].lstrip("*") for p in params.split(",") if p.strip() != "void"]
 
 
 def _unused(params: str, body: str) -> list[str]:
     """The parameters a getter's body does not read (the template casts them to void)."""
-    return [p for p in params_names(params) if not re.search(rf"\b{p}\b", body)]
+    return [p for p in _param_names(params) if not re.search(rf"\b{p}\b", body)]
 
 
 def _getter_defs(kk: KaiKernel) -> list[dict]:
@@ -289,7 +288,7 @@ def _getter_defs(kk: KaiKernel) -> list[dict]:
     out = []
     for (name, params), g in zip(_getter_protos(kk), d.getters):
         unused = _unused(params, g.body)
-        missing = [p for p in g.param_names if p not in params_names(params)
+        missing = [p for p in g.param_names if p not in _param_names(params)
                    and re.search(rf"\b{p}\b", g.body)]
         if missing:
             raise ExportError(f"{name} reads {', '.join(missing)}, which KleidiAI's "

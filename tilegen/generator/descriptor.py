@@ -19,7 +19,9 @@ in bytes through the C call :attr:`KernelDescriptor.vl_call` (``tg_svl_bytes()``
 to be linear in the vector length over every VL before it is written.
 
 Computing a descriptor needs the records and the layouts only: no register allocation and no
-rendering (a library loads without either).
+rendering (a library loads without either).  It checks what those give (the records'
+preconditions, the layouts' rules: :class:`SpecError`), not the register file: whether the
+registers hold the tile is :func:`tilegen.generator.validate.validate`'s question.
 """
 from __future__ import annotations
 
@@ -33,6 +35,8 @@ from ..layout.base import c_expr, eval_expr
 from ..records import SpecError, abi_for
 from .packers import packer_for, streaming_packer_for
 from .spec import KernelSpec
+from .tile_layouts import check_packing
+from .validate import check_records
 
 __all__ = ["Getter", "PackerRef", "KernelDescriptor", "descriptor", "GETTER_SLOTS"]
 
@@ -212,10 +216,13 @@ def _getters(spec: KernelSpec, vl_call: str | None) -> tuple[Getter, ...]:
 
 @lru_cache(maxsize=None)
 def descriptor(spec: KernelSpec) -> KernelDescriptor:
-    """The descriptor of ``spec`` (cached; a spec the generator would refuse may still have
-    one: checking is :func:`tilegen.generator.validate.validate`'s job, not this)."""
+    """The descriptor of ``spec`` (cached).  SpecError when the records or the layouts refuse
+    the spec (:func:`~tilegen.generator.validate.check_records`,
+    :func:`~tilegen.generator.tile_layouts.check_packing`); the register file is not asked."""
     if not isinstance(spec, KernelSpec):
         raise SpecError(f"expected a KernelSpec, got {spec!r}")
+    check_records(spec)
+    check_packing(spec)
     vl_kind = spec.vl_kind
     vl_call = None if vl_kind is None else (
         "tg_svl_bytes()" if vl_kind == "sme" else "tg_vl_bytes()")

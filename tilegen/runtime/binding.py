@@ -12,6 +12,7 @@ from __future__ import annotations
 import copy
 import ctypes
 import math
+
 import numpy as np
 
 from ..callconv import Param

@@ -5,9 +5,9 @@ or corrupt file is a LoadError, not a SIGBUS/SIGSEGV inside the dynamic loader).
 :func:`check_entries`: every manifest entry equals the entry its spec string derives
 (:mod:`tilegen.generator.manifest`); each spec string is parsed once, here, and what it
 derives (the kernels' descriptors, the packers' specs) is what the library binds.  Nothing
-here allocates registers or renders code: a spec is parsed unchecked, checked against the
-records (:func:`tilegen.generator.validate.check_records`) and described
-(:func:`tilegen.generator.descriptor.descriptor`); the library's digest covers the rest.
+here allocates registers or renders code: a spec is parsed unchecked and described
+(:func:`tilegen.generator.descriptor.descriptor`, which checks the records' preconditions and
+the layouts' rules); the library's digest covers the rest.
 """
 from __future__ import annotations
 
@@ -18,7 +18,6 @@ from ..generator.manifest import KERNEL_FREE_FIELDS, kernel_entry, packer_entry,
 from ..generator.packers import PackerSpec
 from ..generator.render import symbol_for
 from ..generator.spec import parse_unchecked
-from ..generator.validate import check_records
 from ..records import SpecError
 from .errors import LoadError
 
@@ -120,9 +119,7 @@ def _diff(have, want, prefix: str = "") -> tuple[str, object, object] | None:
 
 
 def _parse_kernel(text: str) -> KernelDescriptor:
-    spec = parse_unchecked(text)
-    check_records(spec)
-    return descriptor(spec)
+    return descriptor(parse_unchecked(text))
 
 
 def check_entries(kernels: list, packers: list, fmt: str,
