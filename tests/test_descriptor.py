@@ -128,3 +128,17 @@ def test_clients_render_the_descriptor():
         src = K.ukernel_source(kk)
         for x in d.getters:
             assert x.body in src, (kk.name, x.slot)
+
+
+def test_vl_scaled_strides_are_linear_in_the_vl(monkeypatch):
+    """check_vl_scaling holds for every VL-scaled spec (the export calls it before writing the
+    getters) and refuses a stride that is not vl/16 times the one at 16 bytes."""
+    scaled = [parse_unchecked(s) for s in SPECS if parse_unchecked(s).vl_scaled]
+    assert scaled
+    for spec in scaled:
+        D.check_vl_scaling(spec)
+    from types import SimpleNamespace
+    monkeypatch.setattr(D, "rhs_layout_for",
+                        lambda spec, bl, vl: SimpleNamespace(stride_expr=f"{vl} * k + 1"))
+    with pytest.raises(D.SpecError, match=r"RHS: stride '32 \* k \+ 1' at VL 32 is not 2 x"):
+        D.check_vl_scaling.__wrapped__(scaled[0])

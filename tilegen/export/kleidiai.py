@@ -38,7 +38,7 @@ from ..build.targets import get_target
 from ..build.tuned import read_tuned, tuned_path, tuned_targets
 from ..callconv import Param
 from ..records import SpecError, __version__
-from ..generator.descriptor import descriptor
+from ..generator.descriptor import check_vl_scaling, descriptor
 from ..generator.render import render, render_template
 from ..generator.spec import KernelSpec
 from ..generator.validate import parse_spec
@@ -282,6 +282,7 @@ def _getter_defs(kk: KaiKernel) -> list[dict]:
     if abi.lhs_getter == "get_lhs_packed_offset" and not spec.packs_lhs:
         raise ExportError(f"{kk.name}: ABI {abi.key} needs a packed LHS, {spec} reads f32 rows")
     try:
+        check_vl_scaling(spec)
         d = descriptor(spec).for_interface(kk.n_step_tiles, kk.getter_sr)
     except SpecError as e:
         raise ExportError(f"{kk.name}: {e}") from None

@@ -16,7 +16,8 @@ come from the layout objects (``stride_expr``, :func:`tilegen.layout.base.c_expr
 expressions the Python layouts evaluate.  A tile in vector-length units reads the vector length
 in bytes through the C call :attr:`KernelDescriptor.vl_call` (``tg_svl_bytes()`` for SME,
 ``tg_vl_bytes()`` for SVE: the export defines both); each such per-row-block stride is checked
-to be linear in the vector length over every VL before it is written.
+to be linear in the vector length over every VL (:func:`check_vl_scaling`) by the clients
+that emit it as C.
 
 Computing a descriptor needs the records and the layouts only: no register allocation and no
 rendering (a library loads without either).  It checks what those give (the records'
@@ -38,7 +39,8 @@ from .spec import KernelSpec
 from .tile_layouts import check_packing
 from .validate import check_records
 
-__all__ = ["Getter", "PackerRef", "KernelDescriptor", "descriptor", "GETTER_SLOTS"]
+__all__ = ["Getter", "PackerRef", "KernelDescriptor", "descriptor", "check_vl_scaling",
+           "GETTER_SLOTS"]
 
 #: the getters' slots in KleidiAI's order (the fields of its ukernel structs); a plain-f32-LHS
 #: kernel has ``get_lhs_offset`` in place of ``get_lhs_packed_offset``
@@ -155,21 +157,45 @@ def _units(n: int, scaled: bool, vl_call: str | None) -> str:
     return f"({n} * ({vl_call} / 4))" if scaled else str(n)
 
 
-def _linear_in_vl(fn, what: str) -> str:
+def _vl_stride(fn) -> str:
     """C for a per-row-block byte count that scales with the vector length: ``fn(vl)`` gives
-    the stride expression (in k, bl) at ``vl`` bytes; checked to be ``vl/16`` times the one at
-    16 bytes for every VL and a range of k."""
-    e16 = fn(16)
-    for vl in _VLS:
-        e = fn(vl)
+    the stride expression (in k, bl) at ``vl`` bytes; the C is ``vl/16`` times the one at 16
+    bytes (:func:`check_vl_scaling` checks that this holds)."""
+    return f"(({_VL} / 16) * ({c_expr(fn(16))}))"
+
+
+def _vl_strides(spec: KernelSpec) -> list[tuple[str, object]]:
+    """(what, stride expression at ``vl`` bytes) of the strides the getters scale with the VL."""
+    out = []
+    if spec.packs_lhs and spec.vl_scaled and spec.mr_vl:
+        out.append((f"{spec.name} LHS", lambda v: lhs_layout_for(spec, 32, v).stride_expr))
+    if spec.nr_vl:
+        out.append((f"{spec.name} RHS", lambda v: rhs_layout_for(spec, 32, v).stride_expr))
+    return out
+
+
+@lru_cache(maxsize=None)
+def check_vl_scaling(spec: KernelSpec) -> None:
+    """SpecError unless every stride the getters of ``spec`` scale with the vector length is
+    ``vl/16`` times the one at 16 bytes, at every VL (16..256 bytes) and a range of k: what the
+    VL-scaled getters' C assumes.  Clients that emit those getters as C call it (the export);
+    loading a library, which only compares them, does not."""
+    for what, fn in _vl_strides(spec):
+        e16 = fn(16)
         for k in (32, 64, 96, 128, 256, 4096, 1, 5, 33):
             try:
-                a, b = eval_expr(e, k=k, bl=32), eval_expr(e16, k=k, bl=32)
+                b = eval_expr(e16, k=k, bl=32)
             except (ZeroDivisionError, ValueError):
                 continue
-            if a != (vl // 16) * b:
-                raise SpecError(f"{what}: stride {e!r} at VL {vl} is not {vl // 16} x {e16!r}")
-    return f"(({_VL} / 16) * ({c_expr(e16)}))"
+            for vl in _VLS:
+                e = fn(vl)
+                try:
+                    a = eval_expr(e, k=k, bl=32)
+                except (ZeroDivisionError, ValueError):
+                    continue
+                if a != (vl // 16) * b:
+                    raise SpecError(f"{what}: stride {e!r} at VL {vl} is not {vl // 16} x "
+                                    f"{e16!r}")
 
 
 def _packer_ref(p) -> PackerRef | None:
@@ -183,8 +209,7 @@ def _getters(spec: KernelSpec, vl_call: str | None) -> tuple[Getter, ...]:
     if spec.packs_lhs:
         mr = units(spec.lhs_mr, spec.mr_vl)
         if spec.vl_scaled and spec.mr_vl:
-            stride = _linear_in_vl(lambda v: lhs_layout_for(spec, 32, v).stride_expr,
-                                   f"{spec.name} LHS")
+            stride = _vl_stride(lambda v: lhs_layout_for(spec, 32, v).stride_expr)
             lay16 = lhs_layout_for(spec, 32, 16)
         else:       # fixed LHS rows (the RHS may be VL-scaled)
             lay16 = lhs_layout_for(spec, 32, 16 if spec.vl_scaled else None)
@@ -200,8 +225,7 @@ def _getters(spec: KernelSpec, vl_call: str | None) -> tuple[Getter, ...]:
         rhs_params = "size_t n_idx, size_t k"
     nr = units(spec.nr, spec.nr_vl)
     if spec.nr_vl:
-        rstride = _linear_in_vl(lambda v: rhs_layout_for(spec, 32, v).stride_expr,
-                                f"{spec.name} RHS")
+        rstride = _vl_stride(lambda v: rhs_layout_for(spec, 32, v).stride_expr)
     else:
         rstride = f"({c_expr(rhs_layout_for(spec).stride_expr)})"
     consts = (("get_m_step", units(spec.mr, spec.mr_vl)), ("get_n_step", nr), ("get_mr", mr),
