@@ -35,7 +35,7 @@ PKG = "tilegen"
 
 # The stage order of the imports, bottom first (docs/code-map.md#stage-order).  A module's stage
 # is the stage of the longest prefix that names it ("tilegen.layout": the package and every
-# module under it; "=tilegen": that module only).  A module may import its own stage and the
+# module under it; "=tilegen": that module only, ahead of an equal prefix).  A module may import its own stage and the
 # stages before it.  A prefix that names no module yet is allowed (a package not written yet).
 STAGES: dict[str, tuple[str, ...]] = {
     # the facts every stage shares: errors, ISA/family records, calling conventions (and the
@@ -44,12 +44,13 @@ STAGES: dict[str, tuple[str, ...]] = {
     # the packed layouts, the one source of truth (the spec reads its formats' labels from
     # them, so they sit below the spec); fma_f32 is the binary32 FMA their packers use
     "layout": ("tilegen.layout", "tilegen.reference.f32"),
-    # the weight-family plugins (#31 item 1): on the shared layout bases above, below the
-    # registries and dispatchers that find them -- a registry that imports the plugins moves
-    # to a stage after this one by its own (longer) prefix, e.g. "tilegen.layout.registry"
-    "families": ("tilegen.families",),
     # numpy references of the kernels' arithmetic (they read the packed layouts)
     "reference": ("tilegen.reference",),
+    # the weight-family plugins (#31 item 1, tilegen/families/): on the shared layout bases and
+    # the references, below the registries and dispatchers that find them
+    "families": ("tilegen.families",),
+    # the layout registries and dispatchers by format (they may read the plugins)
+    "registries": ("tilegen.layout.registry", "tilegen.layout.api", "=tilegen.layout"),
     # generator: spec -> register allocation -> checks -> rendering, packers, descriptor, manifest
     "spec": ("tilegen.generator.spec", "tilegen.generator.tile_layouts"),
     "regalloc": ("tilegen.generator.regalloc",),
@@ -240,8 +241,9 @@ def stage_of(module: str) -> str | None:
         for p in prefixes:
             exact = p.startswith("=")
             p = p.lstrip("=")
-            if (module == p or (not exact and module.startswith(p + "."))) and len(p) > best_len:
-                best, best_len = stage, len(p)
+            score = len(p) + (0.5 if exact else 0)      # "=m" before "m" for m itself
+            if (module == p or (not exact and module.startswith(p + "."))) and score > best_len:
+                best, best_len = stage, score
     return best
 
 
@@ -281,6 +283,8 @@ def test_stage_check_names_the_offending_import():
     assert stage_of("tilegen.reference.f32") == "layout"
     assert stage_of("tilegen") == "api" and stage_of("tilegen.nosuch") is None
     assert stage_of("tilegen.families.q4_k") == "families"
+    assert stage_of("tilegen.layout") == stage_of("tilegen.layout.api") == "registries"
+    assert stage_of("tilegen.layout.kquant") == "layout"
     assert stage_violations({"tilegen.runtime.binding": [("tilegen.build.library", 3)]}) == []
     assert stage_violations({"tilegen.build.driver": [("tilegen.runtime.driver", 9)]}) == [
         "tilegen.build.driver:9 imports tilegen.runtime.driver: stage 'runtime' is above "
