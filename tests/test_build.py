@@ -21,9 +21,15 @@ def test_build_manifest(tmp_path):
     names = [k["name"] for k in m["kernels"]]
     assert names == sorted(names) and "matmul_clamp_f32_f32_f32p8x1b_3x8_neon_mla" in names
     k = next(k for k in m["kernels"] if k["name"].endswith("_6x16_neon_mla"))
-    # the entry is the spec and what the loader binds; the runtime derives the rest
-    assert set(k) == {"name", "spec", "symbol", "params", "preferred"}
+    # the entry is the spec and its descriptor as the loader binds it
+    assert set(k) == {"name", "spec", "symbol", "params", "preferred", "descriptor"}
     assert k["spec"] == "f32:neon:6x16" and k["symbol"] == k["name"]
+    d = k["descriptor"]
+    assert (d["isa"], d["features"], d["vl_kind"], d["lhs"], d["rhs"]) == (
+        "neon", ["neon"], None, "f32", "f32p16x1b")
+    assert d["tile"] == {"mr": 6, "nr": 16, "mr_vl": False, "nr_vl": False, "kr": 1, "sr": 1}
+    assert d["getters"]["get_rhs_packed_offset"]["body"].startswith("(n_idx / 16) * (")
+    assert m["manifest_version"] == 3
     assert [p["name"] for p in k["params"][:3]] == ["m", "n", "k"]
     syms = subprocess.run(["llvm-objdump-19", "-T", str(res.library)], capture_output=True,
                           text=True).stdout

@@ -16,10 +16,12 @@ Rules of the graph:
 * ``if TYPE_CHECKING:`` blocks are not imports at run time and are skipped.
 
 The test fails on (a) any cycle of that graph (every strongly connected component of more
-than one module, and any module importing itself), and (b) any import of a private name --
+than one module, and any module importing itself), (b) any import of a private name --
 a leading underscore, not a dunder -- from another module of tilegen: ``from .x import _y``,
 ``from . import _mod``, and ``m._y`` where ``m`` is a name bound to a tilegen module by an
-import.
+import, and (c) any import against the stage order (:data:`STAGES`): a module may import
+modules of its own stage and of the stages before it, never of a later one; every module
+has a stage.
 """
 from __future__ import annotations
 
@@ -30,6 +32,42 @@ import pytest
 
 PKG_DIR = Path(__file__).resolve().parent.parent / "tilegen"
 PKG = "tilegen"
+
+# The stage order of the imports, bottom first (docs/code-map.md#stage-order).  A module's stage
+# is the stage of the longest prefix that names it ("tilegen.layout": the package and every
+# module under it; "=tilegen": that module only, ahead of an equal prefix).  A module may import its own stage and the
+# stages before it.  A prefix that names no module yet is allowed (a package not written yet).
+STAGES: dict[str, tuple[str, ...]] = {
+    # the facts every stage shares: errors, ISA/family records, calling conventions (and the
+    # plan driver's ABI tables), CPU feature names and the host's features
+    "records": ("tilegen.records", "tilegen.callconv", "tilegen.cpufeatures"),
+    # the packed layouts, the one source of truth (the spec reads its formats' labels from
+    # them, so they sit below the spec); fma_f32 is the binary32 FMA their packers use
+    "layout": ("tilegen.layout", "tilegen.reference.f32"),
+    # numpy references of the kernels' arithmetic (they read the packed layouts)
+    "reference": ("tilegen.reference",),
+    # the weight-family plugins (#31 item 1, tilegen/families/): on the shared layout bases and
+    # the references, below the registries and dispatchers that find them
+    "families": ("tilegen.families",),
+    # the layout registries and dispatchers by format (they may read the plugins)
+    "registries": ("tilegen.layout.registry", "tilegen.layout.api", "=tilegen.layout"),
+    # generator: spec -> register allocation -> checks -> rendering, packers, descriptor, manifest
+    "spec": ("tilegen.generator.spec", "tilegen.generator.tile_layouts"),
+    "regalloc": ("tilegen.generator.regalloc",),
+    "validate": ("tilegen.generator.validate",),
+    "generator": ("tilegen.generator", "tilegen.templates"),
+    "build": ("tilegen.build",),
+    "runtime": ("tilegen.runtime",),
+    # the side exits and tools above the runtime
+    "export": ("tilegen.export",),
+    "gguf": ("tilegen.gguf",),
+    "emulate": ("tilegen.emulate",),
+    "analysis": ("tilegen.analysis",),
+    "bench": ("tilegen.bench",),
+    "cli": ("tilegen.cli", "tilegen.__main__"),
+    # the public API (lazy imports of every stage)
+    "api": ("=tilegen",),
+}
 
 
 def _module_name(path: Path) -> str:
@@ -190,3 +228,66 @@ def test_no_private_import():
            for name, v in sorted(scan.items())
            for line, source, attr in v.private if source != name]
     assert not bad, f"{len(bad)} imports of private names:\n" + "\n".join(bad)
+
+
+def _rank() -> dict[str, int]:
+    return {stage: i for i, stage in enumerate(STAGES)}
+
+
+def stage_of(module: str) -> str | None:
+    """The stage of ``module``: the one whose longest prefix names it (None: no stage)."""
+    best, best_len = None, -1
+    for stage, prefixes in STAGES.items():
+        for p in prefixes:
+            exact = p.startswith("=")
+            p = p.lstrip("=")
+            score = len(p) + (0.5 if exact else 0)      # "=m" before "m" for m itself
+            if (module == p or (not exact and module.startswith(p + "."))) and score > best_len:
+                best, best_len = stage, score
+    return best
+
+
+def stage_violations(edges: dict[str, list[tuple[str, int]]]) -> list[str]:
+    """One line per import against the stage order (``edges``: module -> (imported module,
+    line)), naming the importing module and line, the imported module and both stages."""
+    rank = _rank()
+    bad = []
+    for name in sorted(edges):
+        src = stage_of(name)
+        for target, line in sorted(set(edges[name])):
+            dst = stage_of(target)
+            if src is not None and dst is not None and rank[dst] > rank[src]:
+                bad.append(f"{name}:{line} imports {target}: stage {dst!r} is above {name}'s "
+                           f"stage {src!r}")
+    return bad
+
+
+def test_every_module_has_a_stage():
+    missing = [name for name in sorted(_scan()) if stage_of(name) is None]
+    assert not missing, ("modules in no stage of STAGES (declare them in tests/test_imports.py): "
+                         + ", ".join(missing))
+
+
+def test_imports_follow_the_stage_order():
+    scan = _scan()
+    bad = stage_violations({name: [(t, line) for t, line in v.edges if t in scan]
+                            for name, v in scan.items()})
+    assert not bad, f"{len(bad)} imports against the stage order:\n" + "\n".join(bad)
+
+
+def test_stage_check_names_the_offending_import():
+    """The rule itself, on made-up edges: down the order passes, up it fails with the line."""
+    assert stage_of("tilegen.build.driver") == "build"
+    assert stage_of("tilegen.generator.regalloc.pool") == "regalloc"
+    assert stage_of("tilegen.generator.descriptor") == "generator"
+    assert stage_of("tilegen.reference.f32") == "layout"
+    assert stage_of("tilegen") == "api" and stage_of("tilegen.nosuch") is None
+    assert stage_of("tilegen.families.q4_k") == "families"
+    assert stage_of("tilegen.layout") == stage_of("tilegen.layout.api") == "registries"
+    assert stage_of("tilegen.layout.kquant") == "layout"
+    assert stage_violations({"tilegen.runtime.binding": [("tilegen.build.library", 3)]}) == []
+    assert stage_violations({"tilegen.build.driver": [("tilegen.runtime.driver", 9)]}) == [
+        "tilegen.build.driver:9 imports tilegen.runtime.driver: stage 'runtime' is above "
+        "tilegen.build.driver's stage 'build'"]
+    assert len(stage_violations({"tilegen.layout.base": [("tilegen.families.q4_k", 1),
+                                                          ("tilegen.records", 2)]})) == 1

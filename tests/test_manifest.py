@@ -156,3 +156,63 @@ def test_library_carries_the_table_digest(small_lib):
     syms = subprocess.run(["llvm-objdump-19", "-T", str(small_lib / "libtilegen.so")],
                           capture_output=True, text=True).stdout
     assert DIGEST_SYMBOL in syms
+
+
+def test_load_runs_no_allocator_and_renders_nothing(small_lib):
+    """Loading a library (and calling its kernels) reads the manifest and the spec strings: it
+    never runs the register allocator or a renderer (the guest replaces them by functions
+    that raise)."""
+    got = guest("max").call("guest_manifest:load_without_generating", str(small_lib),
+                            [F32, I8MM])
+    assert got == "ok", got
+
+
+def _entries(libdir: Path) -> dict:
+    return json.loads((libdir / "manifest.json").read_text())
+
+
+@pytest.mark.parametrize("field,value", [
+    ("features", ["neon"]), ("vl_kind", "sme"), ("lhs", "qsi8d32p1x8"),
+    ("getters.get_m_step.body", "4"),
+    ("getters.get_rhs_packed_offset.body", "(n_idx / 4) * (k)"),
+    ("tile.kr", 4)])
+def test_edited_descriptor_is_load_error(small_lib, field, value):
+    """A kernel entry's descriptor is what its spec derives: any edit is refused before the
+    library is mapped (host: the check is pure Python), naming the field."""
+    from tilegen.runtime import LoadError
+    from tilegen.runtime.integrity import check_entries
+    man = _entries(small_lib)
+    e = next(e for e in man["kernels"] if e["name"] == I8MM)
+    *path, last = ["descriptor"] + field.split(".")
+    node = e
+    for key in path:
+        node = node[key]
+    assert node[last] != value
+    node[last] = value
+    with pytest.raises(LoadError, match=f"{I8MM} has descriptor.{field}="):
+        check_entries(man["kernels"], man["packers"], man["format"], "libtilegen.so")
+
+
+def test_entries_give_each_kernel_its_descriptor(small_lib):
+    """check_entries parses each spec once and hands the loader the descriptors (equal to
+    the generator's for the checked spec) and the packer specs, in the manifest's order."""
+    from tilegen.generator.descriptor import descriptor
+    from tilegen.generator.manifest import parse_packer_spec
+    from tilegen.runtime.integrity import check_entries
+    man = _entries(small_lib)
+    kernels, packers = check_entries(man["kernels"], man["packers"], man["format"], "lib")
+    assert [d.name for d in kernels] == [e["name"] for e in man["kernels"]] == sorted([F32, I8MM])
+    assert kernels == [descriptor(tilegen.parse_spec(e["spec"])) for e in man["kernels"]]
+    assert packers == [parse_packer_spec(e["spec"]) for e in man["packers"]]
+
+
+@pytest.mark.parametrize("spec", ["q4_0:i8mm:8x4:k16:s4", "q4_0:i8mm:6x4", "q4_0:i8mm:8x4:k12:s2"])
+def test_spec_the_layouts_refuse_is_load_error(small_lib, spec):
+    """An entry whose spec the layouts refuse is a LoadError naming the kernel (the loader
+    asks the records and the layouts, not the register allocator)."""
+    from tilegen.runtime import LoadError
+    from tilegen.runtime.integrity import check_entries
+    man = _entries(small_lib)
+    next(e for e in man["kernels"] if e["name"] == I8MM)["spec"] = spec
+    with pytest.raises(LoadError, match=f"{I8MM} has a bad spec"):
+        check_entries(man["kernels"], man["packers"], man["format"], "libtilegen.so")

@@ -12,6 +12,10 @@ A parameter has a C name and type, and a *role*: what it is whatever the convent
 lower clamp).  Callers give values (or C expressions) by role; :meth:`Abi.arguments` puts
 them in the convention's order.
 
+The plan driver's ABI is here too (:data:`CONSTANTS`, :data:`STRUCTS` and the field tables):
+the build renders the driver's C from it (:mod:`tilegen.build.driver`) and the runtime mirrors
+it in ctypes and checks it at load (:mod:`tilegen.runtime.driver`).
+
 A bottom module: standard library only, imported by every stage.
 """
 from __future__ import annotations
@@ -19,7 +23,10 @@ from __future__ import annotations
 from dataclasses import dataclass, replace
 from typing import Mapping
 
-__all__ = ["Param", "Abi", "ABIS", "F32", "Q4", "Q8", "BF16", "PACKER_ABIS", "LHS_BL", "LHS_ROWS"]
+__all__ = ["Param", "Abi", "ABIS", "F32", "Q4", "Q8", "BF16", "PACKER_ABIS", "LHS_BL", "LHS_ROWS",
+           "DRIVER_ABI", "ST_OK", "ST_LIMIT", "ST_SLOW", "ST_BUSY", "KERNEL_KINDS", "PACK_KINDS", "P_NONE",
+           "P_GIVEN", "CONSTANTS", "PACK_FIELDS", "MM_FIELDS", "PLAN_FIELDS", "POOL_FIELDS",
+           "STRUCTS", "C_FLAGS", "C_TYPES"]
 
 
 @dataclass(frozen=True)
@@ -123,3 +130,61 @@ LHS_ROWS = Abi("lhs_rows", _size("m", "k") + _PACK_TAIL, "P_ROWS", "pk_fn",
                kleidiai="kai_run_lhs_quant_pack_qai8dxp_f32, kai_run_lhs_pack_*_f32")
 # packer conventions, in the order of the driver's packer kinds (after P_NONE)
 PACKER_ABIS: dict[str, Abi] = {a.name: a for a in (LHS_BL, LHS_ROWS)}
+
+
+# -- the plan driver's ABI (tilegen_driver.c; its ctypes mirror: tilegen.runtime.driver) -------
+
+# the version of the driver's ABI (tilegen_driver_abi returns it)
+DRIVER_ABI = 1
+
+# run status
+ST_OK, ST_LIMIT, ST_SLOW, ST_BUSY = 0, 1, 2, 3
+# kernel argument lists: one kind per driver_kind of the kernel conventions, in their order
+# (K_F32: lhs_stride; K_Q4: bl; K_Q8: q8_0 and bf16, neither)
+KERNEL_KINDS: dict[str, int] = {
+    k: i for i, k in enumerate(dict.fromkeys(a.driver_kind for a in ABIS.values()))}
+# LHS: f32 rows as they are (P_NONE); packed by a packer of each packer convention
+# (P_QSI8D32P: bl argument; P_ROWS: qai8dxp, bf16 and f32p packers, no bl); packed by the caller
+# into the workspace before the run (P_GIVEN)
+PACK_KINDS: dict[str, int] = {k: i for i, k in enumerate(
+    ("P_NONE", *dict.fromkeys(a.driver_kind for a in PACKER_ABIS.values()), "P_GIVEN"))}
+P_NONE, P_GIVEN = PACK_KINDS["P_NONE"], PACK_KINDS["P_GIVEN"]
+# the C source's #defines, in order
+CONSTANTS: dict[str, int] = {"ABI": DRIVER_ABI, "ST_OK": ST_OK, "ST_LIMIT": ST_LIMIT,
+                             "ST_SLOW": ST_SLOW, "ST_BUSY": ST_BUSY, **KERNEL_KINDS,
+                             **PACK_KINDS}
+
+# (name, type): u64, u32, f32, f64, ptr
+PACK_FIELDS = (("m0", "u64"), ("m1", "u64"), ("lhs_off", "u64"))
+MM_FIELDS = (("n0", "u64"), ("n1", "u64"), ("rhs_off", "u64"), ("ws_off", "u64"))
+PLAN_FIELDS = (
+    ("abi", "u64"), ("m", "u64"), ("n", "u64"), ("k", "u64"), ("bl", "u64"),
+    ("kern_args", "u64"), ("pack_args", "u64"), ("private_pack", "u64"), ("check", "u64"),
+    ("post_clamp", "u64"), ("fast", "u64"), ("pmr", "u64"), ("pkr", "u64"), ("psr", "u64"),
+    ("kernel", "ptr"), ("packer", "ptr"), ("rhs", "ptr"), ("rhs_size", "u64"),
+    ("npack", "u64"), ("nmm", "u64"), ("pack", "ptr"), ("mm", "ptr"), ("ws", "ptr"),
+    ("bias", "ptr"), ("pool", "ptr"), ("spin", "u64"), ("limit", "f64"),
+    ("cmin", "f32"), ("cmax", "f32"), ("post_min", "f32"), ("post_max", "f32"),
+    # the fast call reads numpy's array objects: type, float32 descr and field offsets
+    ("nd_type", "ptr"), ("f32_descr", "ptr"), ("off_type", "u64"), ("off_data", "u64"),
+    ("off_nd", "u64"), ("off_dims", "u64"), ("off_descr", "u64"), ("off_flags", "u64"),
+    # per call
+    ("x", "ptr"), ("out", "ptr"),
+    ("busy", "u32"), ("status", "u32"), ("next_pack", "u32"), ("next_mm", "u32"),
+    ("packed", "u32"), ("computed", "u32"), ("waiters", "u32"),
+    ("by_workers", "u32"),      # mm tasks pool workers ran, over all runs (diagnostics)
+)
+POOL_FIELDS = (
+    ("gen", "u32"), ("sleepers", "u32"), ("busy", "u32"), ("active", "u32"), ("stop", "u32"),
+    ("nworkers", "u32"), ("spin", "u64"), ("plan", "ptr"),
+)
+
+# the C structs, in the source's order
+STRUCTS = (("tg_pack", PACK_FIELDS), ("tg_mm", MM_FIELDS), ("tg_plan", PLAN_FIELDS),
+           ("tg_pool", POOL_FIELDS))
+
+# numpy array flags the fast call needs (NPY_ARRAY_C_CONTIGUOUS, _ALIGNED, _WRITEABLE)
+C_FLAGS = {"contiguous": 0x1, "aligned": 0x100, "writeable": 0x400}
+
+# field types in C
+C_TYPES = {"u64": "u64", "u32": "u32", "f32": "float", "f64": "double", "ptr": "void *"}

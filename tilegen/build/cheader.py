@@ -7,48 +7,28 @@ family, without the ``kai_`` prefix):
   get_rhs_packed_offset_<name>, get_dst_offset_<name>, get_dst_size_<name>, run_matmul_<name>
 and the header bundles them in a struct per family, so a kernel drops into a table like
 llama.cpp's kernels.cpp.  Stride expressions come from the layout objects (``stride_expr``),
-the same strings the Python layouts evaluate.
+the same strings the Python layouts evaluate.  Every getter, prototype and format name is the
+kernel's :func:`tilegen.generator.descriptor.descriptor`, rendered.
 """
 from __future__ import annotations
 
-from ..families import abi_for
+from ..generator.descriptor import GETTER_SLOTS, descriptor
 from ..generator.packers import PackerSpec
 from ..generator.spec import KernelSpec
-from ..layout import lhs_layout_for, rhs_layout_for
-from ..layout.base import c_expr
 
 __all__ = ["getters_c", "getter_names", "header", "GETTERS"]
 
-GETTERS = ("get_m_step", "get_n_step", "get_mr", "get_nr", "get_kr", "get_sr",
-           "get_lhs_packed_offset", "get_rhs_packed_offset", "get_dst_offset", "get_dst_size")
+GETTERS = GETTER_SLOTS
 
 _PRELUDE = """typedef __SIZE_TYPE__ size_t;
 """
 
 
 def _getter_defs(spec: KernelSpec) -> list[tuple[str, str, str]]:
-    """(C return-and-name, parameter list, body expression) per getter."""
-    n = spec.name
-    rhs = rhs_layout_for(spec)
-    lhs = lhs_layout_for(spec)
-    consts = (("get_m_step", spec.m_step), ("get_n_step", spec.n_step),
-              ("get_mr", spec.lhs_mr if lhs is not None else spec.mr), ("get_nr", spec.nr),
-              ("get_kr", spec.kr), ("get_sr", spec.sr))
-    out = [(f"{g}_{n}", "void", str(v)) for g, v in consts]
-    if lhs is None:   # f32: LHS is plain rows
-        out.append((f"get_lhs_offset_{n}", "size_t m_idx, size_t stride", "m_idx * stride"))
-        out.append((f"get_rhs_packed_offset_{n}", "size_t n_idx, size_t k",
-                    f"(n_idx / {spec.nr}) * ({c_expr(rhs.stride_expr)})"))
-    else:
-        lhs_args = "size_t m_idx, size_t k" + (", size_t bl" if "bl" in lhs.stride_expr else "")
-        out.append((f"get_lhs_packed_offset_{n}", lhs_args,
-                    f"(m_idx / {lhs.mr}) * ({c_expr(lhs.stride_expr)})"))
-        out.append((f"get_rhs_packed_offset_{n}", "size_t n_idx, size_t k, size_t bl",
-                    f"(n_idx / {spec.nr}) * ({c_expr(rhs.stride_expr)})"))
-    out.append((f"get_dst_offset_{n}", "size_t m_idx, size_t n_idx, size_t stride",
-                "m_idx * stride + n_idx * sizeof(float)"))
-    out.append((f"get_dst_size_{n}", "size_t m, size_t n", "m * n * sizeof(float)"))
-    return out
+    """(C function name, parameter list, body expression) per getter: the descriptor's
+    getters, as this header has always spelled them (``stride`` for the dst row stride)."""
+    return [(f"{g.slot}_{spec.name}", g.params, g.body)
+            for g in (g.spelled(dst_stride="stride") for g in descriptor(spec).getters)]
 
 
 def _fixed(specs: list[KernelSpec]) -> list[KernelSpec]:
@@ -95,11 +75,13 @@ def header(specs: list[KernelSpec], packers: list[PackerSpec]) -> str:
         out += [f"/* KleidiAI-shaped interface of the {fam} family */",
                 f"struct tilegen_{fam}_ukernel {{"]
         out += [f"    size_t (*{g})({params});" for g, params in _interface(specs, fam)]
-        out += [f"    void (*run_matmul)({', '.join(abi_for(fam).ctypes)});", "};", ""]
+        abi = next(descriptor(s).abi for s in specs if s.family == fam)
+        out += [f"    void (*run_matmul)({', '.join(abi.ctypes)});", "};", ""]
     for s in specs:
-        out.append(f"/* {s.spec_string}: m_step {s.m_step}, n_step {s.n_step}, "
-                   f"LHS {s.lhs_format}, RHS {rhs_layout_for(s).name} */")
-        out.append(abi_for(s.family).prototype(s.name) + ";")
+        d = descriptor(s)
+        out.append(f"/* {d.spec_string}: m_step {d.getter('get_m_step').body}, n_step "
+                   f"{d.getter('get_n_step').body}, LHS {d.lhs_format}, RHS {d.rhs_layout} */")
+        out.append(d.prototype() + ";")
         defs = _getter_defs(s)
         for name, params, _ in defs:
             out.append(f"size_t {name}({params});")

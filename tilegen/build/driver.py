@@ -1,12 +1,11 @@
 """The plan driver's C source (``tilegen_driver.c`` of every library), rendered from
-``templates/driver.c.j2`` with the tables of :mod:`tilegen.runtime.driver` (constants,
-structs: the ctypes mirror checks them at load) and the calling conventions of
-:mod:`tilegen.callconv` (the kernel and packer calls)."""
+``templates/driver.c.j2`` with the driver's ABI tables of :mod:`tilegen.callconv` (constants,
+structs: the runtime's ctypes mirror, :mod:`tilegen.runtime.driver`, checks them at load) and
+the calling conventions there (the kernel and packer calls)."""
 from __future__ import annotations
 
-from ..callconv import ABIS, PACKER_ABIS, Abi
+from ..callconv import ABIS, C_TYPES, CONSTANTS, PACKER_ABIS, STRUCTS, Abi
 from ..generator.render import render_template
-from ..runtime.driver import C_TYPES, CONSTANTS, STRUCTS
 
 __all__ = ["source", "driver_kinds", "TEMPLATE", "WIDTH"]
 

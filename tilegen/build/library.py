@@ -36,7 +36,8 @@ __all__ = ["BuildError", "BuildResult", "build_library", "library_filename", "MA
            "kernel_entry"]
 
 HEADER_NAME = "tilegen_kernels.h"
-MANIFEST_VERSION = 2      # 2: kernel and packer entries are spec, name, symbol, params
+MANIFEST_VERSION = 3      # 2: kernel and packer entries are spec, name, symbol, params;
+#                           3: kernel entries also carry their descriptor
 
 
 class BuildError(RuntimeError):

@@ -64,13 +64,13 @@ DEFAULT_KERNELS: tuple[str, ...] = FAMILY_DEFAULTS
 
 def native_target() -> Target:
     """The build host's own CPU (aarch64 hosts only)."""
-    from ..runtime.cpu import detect
-    cpu = detect()
-    if not cpu.is_arm64:
+    from ..cpufeatures import host_cpu
+    cpu = host_cpu()
+    if cpu.machine not in ("aarch64", "arm64"):
         raise TargetError(f"--target native needs an aarch64 host; this one is {cpu.machine} "
                           f"(name a preset instead, see `tilegen targets`)")
     import sys
-    return Target("native", frozenset(cpu.detected), "macho" if sys.platform == "darwin" else "elf",
+    return Target("native", cpu.features, "macho" if sys.platform == "darwin" else "elf",
                   "native", description="the build host's CPU")
 
 

@@ -38,16 +38,18 @@ import re
 from dataclasses import dataclass, replace
 from pathlib import Path
 
-from .. import __version__, callconv
+from .. import callconv
 from ..build.targets import get_target
 from ..build.tuned import read_tuned, tuned_path, tuned_targets
 from ..callconv import Param
-from ..families import FAMILIES, LLAMA_KERNELS, abi_for
+from ..families import FAMILIES, LLAMA_KERNELS
+from ..records import SpecError, __version__
+from ..generator.descriptor import check_vl_scaling, descriptor
 from ..generator.render import render, render_template
 from ..generator.spec import KernelSpec
 from ..generator.validate import parse_spec
-from ..layout import lhs_layout_for, rhs_layout_for
-from ..layout.base import c_expr, eval_expr, same_rhs
+from ..layout import lhs_layout_for
+from ..layout.base import same_rhs
 from . import llama, packers_c
 from .files import ExportFile
 
@@ -59,7 +61,6 @@ __all__ = ["KAI_VERSION", "Abi", "ABIS", "KaiKernel", "KERNELS", "kai_symbols", 
 KAI_VERSION = "1.24.0"
 MANIFEST = "TILEGEN_EXPORT.json"
 _SYMBOLS_FILE = Path(__file__).resolve().parent / "kai_symbols.txt"
-_VLS = tuple(range(16, 257, 16))
 
 
 class ExportError(RuntimeError):
@@ -268,84 +269,6 @@ def _render(template: str, **context) -> str:
                            **context)
 
 
-def _vl_fn(spec: KernelSpec) -> str:
-    """C call of the vector-length helper the getters read (tg_svl_bytes.c.j2, tg_vl_bytes.c.j2)."""
-    return "tg_svl_bytes()" if spec.vl_kind == "sme" else "tg_vl_bytes()"
-
-
-def _linear_in_vl(fn, what: str) -> str:
-    """C for a per-row-block byte count that scales with the vector length: ``fn(vl)`` gives
-    the stride expression (in k, bl) at ``vl`` bytes; checked to be ``vl/16`` times the one at
-    16 bytes for every VL and a range of k."""
-    e16 = fn(16)
-    for vl in _VLS:
-        e = fn(vl)
-        for k in (32, 64, 96, 128, 256, 4096, 1, 5, 33):
-            try:
-                a, b = eval_expr(e, k=k, bl=32), eval_expr(e16, k=k, bl=32)
-            except (ZeroDivisionError, ValueError):
-                continue
-            if a != (vl // 16) * b:
-                raise ExportError(f"{what}: stride {e!r} at VL {vl} is not {vl // 16} x {e16!r}")
-    return f"(({{vl}} / 16) * ({c_expr(e16)}))"
-
-
-@dataclass(frozen=True)
-class _Getters:
-    """The return expressions of a micro-kernel's getters (C, over the getter's parameters)."""
-
-    m_step: str
-    n_step: str
-    mr: str
-    nr: str
-    kr: str
-    sr: str
-    lhs_offset: str           # expression in the ABI's lhs getter parameters
-    rhs_offset: str
-
-    def bodies(self) -> list[str]:
-        """In :func:`_getter_slots` order."""
-        return [self.m_step, self.n_step, self.mr, self.nr, self.kr, self.sr, self.lhs_offset,
-                self.rhs_offset, "m_idx * dst_stride + n_idx * sizeof(float)",
-                "m * n * sizeof(float)"]
-
-
-def _spec_getters(kk: KaiKernel, spec: KernelSpec) -> _Getters:
-    abi = ABIS[kk.abi]
-    vl = _vl_fn(spec) if spec.vl_scaled else None
-
-    def units(n: int, scaled: bool) -> str:
-        return f"({n} * ({vl} / 4))" if scaled else str(n)
-
-    lhs = lhs_layout_for(spec) if not spec.vl_scaled else (
-        lhs_layout_for(spec, 32, 16) if spec.packs_lhs else None)
-    if spec.packs_lhs:
-        mr = units(spec.lhs_mr, spec.mr_vl)
-        if spec.vl_scaled and spec.mr_vl:
-            stride = _linear_in_vl(lambda v: lhs_layout_for(spec, 32, v).stride_expr,
-                                   f"{kk.name} LHS").format(vl=vl)
-        elif spec.vl_scaled:   # LHS rows fixed, RHS VL-scaled
-            stride = f"({c_expr(lhs_layout_for(spec, 32, 16).stride_expr)})"
-        else:
-            stride = f"({c_expr(lhs.stride_expr)})"
-        lhs_off = f"(m_idx / {mr}) * {stride}"
-    else:
-        mr = "1"
-        lhs_off = "m_idx * stride"
-    if abi.lhs_getter == "get_lhs_packed_offset" and not spec.packs_lhs:
-        raise ExportError(f"{kk.name}: ABI {abi.key} needs a packed LHS, {spec} reads f32 rows")
-    nr = units(spec.nr, spec.nr_vl)
-    if spec.nr_vl:
-        rstride = _linear_in_vl(lambda v: rhs_layout_for(spec, 32, v).stride_expr,
-                                f"{kk.name} RHS").format(vl=vl)
-    else:
-        rstride = f"({c_expr(rhs_layout_for(spec).stride_expr)})"
-    rhs_off = f"(n_idx / {nr}) * {rstride}"
-    n_step = units(kk.n_step_tiles * spec.nr, spec.nr_vl)
-    return _Getters(units(spec.mr, spec.mr_vl), n_step, mr, nr,
-                    str(spec.kr), str(kk.getter_sr or spec.sr), lhs_off, rhs_off)
-
-
 def _getter_slots(abi: Abi) -> list[tuple[str, str]]:
     """(slot, parameter list) of every getter of an interface, in KleidiAI's order: the fields
     of its ukernel struct; a kernel's functions are ``kai_<slot>_<kernel name>``."""
@@ -360,15 +283,39 @@ def _getter_protos(kk: KaiKernel) -> list[tuple[str, str]]:
     return [(f"kai_{slot}_{kk.name}", params) for slot, params in _getter_slots(ABIS[kk.abi])]
 
 
+def _param_names(params: str) -> list[str]:
+    """The parameter names of a C parameter list (``"void"``: none)."""
+    return [p.split()[-1].lstrip("*") for p in params.split(",") if p.strip() != "void"]
+
+
 def _unused(params: str, body: str) -> list[str]:
     """The parameters a getter's body does not read (the template casts them to void)."""
-    names = [p.split()[-1].lstrip("*") for p in params.split(",") if p.strip() != "void"]
-    return [p for p in names if not re.search(rf"\b{p}\b", body)]
+    return [p for p in _param_names(params) if not re.search(rf"\b{p}\b", body)]
 
 
-def _getter_defs(kk: KaiKernel, g: _Getters) -> list[dict]:
-    return [dict(name=name, params=params, body=body, unused=_unused(params, body))
-            for (name, params), body in zip(_getter_protos(kk), g.bodies())]
+def _getter_defs(kk: KaiKernel) -> list[dict]:
+    """The getters of ``kk``: KleidiAI's function names and parameter lists, the bodies of its
+    spec's descriptor (:func:`tilegen.generator.descriptor.descriptor`, with the name's n_step
+    and sr where KleidiAI's differ)."""
+    spec = kk.kernel_spec
+    abi = ABIS[kk.abi]
+    if abi.lhs_getter == "get_lhs_packed_offset" and not spec.packs_lhs:
+        raise ExportError(f"{kk.name}: ABI {abi.key} needs a packed LHS, {spec} reads f32 rows")
+    try:
+        check_vl_scaling(spec)
+        d = descriptor(spec).for_interface(kk.n_step_tiles, kk.getter_sr)
+    except SpecError as e:
+        raise ExportError(f"{kk.name}: {e}") from None
+    out = []
+    for (name, params), g in zip(_getter_protos(kk), d.getters):
+        unused = _unused(params, g.body)
+        missing = [p for p in g.param_names if p not in _param_names(params)
+                   and re.search(rf"\b{p}\b", g.body)]
+        if missing:
+            raise ExportError(f"{name} reads {', '.join(missing)}, which KleidiAI's "
+                              f"{g.slot} does not take ({params})")
+        out.append(dict(name=name, params=params, body=g.body, unused=unused))
+    return out
 
 
 def ukernel_header(kk: KaiKernel) -> str:
@@ -384,10 +331,10 @@ def ukernel_source(kk: KaiKernel) -> str:
     """``ukernel.c.j2``: the getters and a call of the tilegen kernel."""
     abi = ABIS[kk.abi]
     spec = kk.kernel_spec
+    d = descriptor(spec)
     return _render("ukernel.c.j2", name=kk.name, spec=spec,
-                   getters=_getter_defs(kk, _spec_getters(kk, spec)), run_params=abi.run_params,
-                   vl_kind=spec.vl_kind if spec.vl_scaled else None,
-                   symbol=_tilegen_symbol(spec), signature=abi_for(spec.family).params,
+                   getters=_getter_defs(kk), run_params=abi.run_params,
+                   vl_kind=d.vl_kind, symbol=_tilegen_symbol(spec), signature=d.params,
                    tilegen_args=abi.tilegen_args)
 
 

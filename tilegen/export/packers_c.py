@@ -64,7 +64,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from .. import __version__
+from ..records import __version__
 from ..generator.render import render_template
 from ..layout.base import checked_c_expr as _check, grid as _grid
 from ..layout.bf16 import BF16PLhs2, BF16PRhs2B

@@ -2,10 +2,15 @@
 
 A manifest entry is a function of its spec string and the object format: the build writes
 :func:`kernel_entry` / :func:`packer_entry`, the runtime recomputes them from ``entry["spec"]``
-and refuses a manifest whose entries differ.  The library itself carries
-:func:`table_digest` of the whole table (kernels, packers, format, ABI probe name) as the
-NUL-terminated hex string ``tilegen_manifest_sha256`` (read-only data), and the manifest's
-``sha256`` covers the library bytes, digest included.
+and refuses a manifest whose entries differ.  A kernel entry renders the kernel's descriptor
+(:func:`tilegen.generator.descriptor.descriptor`): its C parameters (``params``) and, under
+``"descriptor"``, ISA, features, vector-length kind, tile, formats, packers and getters -- what
+the runtime binds and checks, computed from the spec without register allocation or rendering.
+The library itself carries :func:`table_digest` of the whole table (kernels, packers, format,
+ABI probe name) as the NUL-terminated hex string ``tilegen_manifest_sha256`` (read-only data),
+and the manifest's ``sha256`` covers the library bytes, digest included.  The digest leaves the
+``"descriptor"`` fields out (:data:`DERIVED_FIELDS`): they are a function of the spec string,
+which it covers, and the loader checks them equal to what that spec derives.
 """
 from __future__ import annotations
 
@@ -14,13 +19,13 @@ import json
 import re
 
 from ..callconv import Abi
-from ..families import abi_for
+from .descriptor import descriptor
 from .packers import PackerSpec
 from ..records import SpecError
 from .render import check_format, symbol_for
 from .spec import KernelSpec
 
-__all__ = ["MANIFEST_NAME", "DIGEST_SYMBOL", "kernel_entry", "packer_entry", "parse_packer_spec", "table_digest",
+__all__ = ["MANIFEST_NAME", "DIGEST_SYMBOL", "DERIVED_FIELDS", "KERNEL_FREE_FIELDS", "kernel_entry", "packer_entry", "parse_packer_spec", "table_digest",
            "render_digest"]
 
 # the manifest's file name in a library directory (written by the build, read at load)
@@ -28,14 +33,18 @@ MANIFEST_NAME = "manifest.json"
 DIGEST_SYMBOL = "tilegen_manifest_sha256"
 # fields of a kernel entry that the spec does not determine (covered by the digest only)
 KERNEL_FREE_FIELDS = ("preferred", "best")
+# fields of a kernel entry that its spec determines and the table digest leaves out (the
+# descriptor: checked against the spec at load)
+DERIVED_FIELDS = ("descriptor",)
 
 
 def kernel_entry(spec: KernelSpec, symbol: str) -> dict:
-    """The manifest entry of a kernel: its spec string and what the loader binds (name,
-    object-file symbol, C parameters).  Everything else (tile, ISA features, formats, steps,
-    vector-length kind) the runtime derives from ``parse_spec(entry["spec"])``."""
-    return {"name": spec.name, "spec": spec.spec_string, "symbol": symbol,
-            "params": _params(abi_for(spec.family))}
+    """The manifest entry of a kernel: its spec string and its descriptor as the loader binds
+    it (name, object-file symbol, C parameters; ISA, features, vector-length kind, tile,
+    formats, packers and getters under ``"descriptor"``)."""
+    d = descriptor(spec)
+    return {"name": d.name, "spec": d.spec_string, "symbol": symbol,
+            "params": _params(d.abi), "descriptor": d.manifest_fields()}
 
 
 def packer_entry(spec: PackerSpec, symbol: str) -> dict:
@@ -70,7 +79,10 @@ def parse_packer_spec(text: str) -> PackerSpec:
 
 
 def table_digest(kernels: list, packers: list, fmt: str, abi_probe: str | None) -> str:
-    """sha256 (hex) of the canonical JSON of the manifest's kernel table."""
+    """sha256 (hex) of the canonical JSON of the manifest's kernel table (kernel entries
+    without their :data:`DERIVED_FIELDS`)."""
+    kernels = [{k: v for k, v in e.items() if k not in DERIVED_FIELDS} if isinstance(e, dict)
+               else e for e in kernels]
     table = {"format": fmt, "abi_probe": abi_probe, "kernels": kernels, "packers": packers}
     text = json.dumps(table, sort_keys=True, separators=(",", ":"), ensure_ascii=True)
     return hashlib.sha256(text.encode()).hexdigest()

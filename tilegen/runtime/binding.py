@@ -1,21 +1,23 @@
 """Kernel bindings: one ctypes function of a loaded library, its geometry and checked calls.
 
-Tile, features and formats come from ``parse_spec(entry["spec"])``; sizes and offsets from
-the layout objects of the kernel's formats.  Every foreign call first checks that the CPU has
-the routine's features (ArgumentError, never an illegal instruction)."""
+A kernel binds its descriptor (:func:`tilegen.generator.descriptor.descriptor`, which the
+loader derived once from the manifest's spec string and checked against the entry): name,
+features, vector-length kind, calling convention and C parameters; sizes and offsets at run
+time come from the layout objects of the kernel's formats (at the call's bl and this CPU's
+vector length).  A packer binds its :class:`~tilegen.generator.packers.PackerSpec`.  Every
+foreign call first checks that the CPU has the routine's features (ArgumentError, never an
+illegal instruction)."""
 from __future__ import annotations
 
 import copy
 import ctypes
 import math
-from functools import lru_cache
 
 import numpy as np
 
-from ..families import abi_for
-from ..generator.manifest import parse_packer_spec
-from ..generator.spec import KernelSpec
-from ..generator.validate import parse_spec
+from ..callconv import Param
+from ..generator.descriptor import KernelDescriptor
+from ..generator.packers import PackerSpec
 from ..layout import LayoutError, StridedF32, lhs_layout_for, rhs_layout_for
 from ..records import ISAS
 from .checks import check_bytes, check_matrix, clamp_bounds, positive_int, require_features, row_stride
@@ -30,30 +32,20 @@ CTYPES = {"size_t": ctypes.c_size_t, "float": ctypes.c_float, "const void*": cty
 INF = math.inf
 
 
-@lru_cache(maxsize=None)
-def kernel_spec(text: str) -> KernelSpec:
-    return parse_spec(text)
-
-
-@lru_cache(maxsize=None)
-def _packer_spec(text: str):
-    return parse_packer_spec(text)
-
-
 class _Routine:
     """What kernels and packers share: the ctypes function, its CPU gate, the ABI-probe hook."""
 
     name: str
     features: frozenset
 
-    def __init__(self, entry: dict, fn, cpu: CpuInfo | None) -> None:
+    def __init__(self, entry: dict, fn, params: tuple[Param, ...], cpu: CpuInfo | None) -> None:
         self.entry = entry
         self._cpu = cpu
         self._fn = fn
         # probe(routine, args): set by tilegen.runtime.abi to route calls through the ABI probe
         self.probe = None
         fn.restype = None
-        fn.argtypes = [CTYPES[p["ctype"]] for p in entry["params"]]
+        fn.argtypes = [CTYPES[p.ctype] for p in params]
 
     @property
     def address(self) -> int:
@@ -81,21 +73,23 @@ class Kernel(_Routine):
     A call on a CPU without the kernel's features (``cpu``, default:
     :func:`tilegen.runtime.cpu.detect`) raises ArgumentError."""
 
-    def __init__(self, entry: dict, fn, vl_bytes: int | None = None,
-                 cpu: CpuInfo | None = None) -> None:
-        self.spec = kernel_spec(entry["spec"])
-        self.name: str = self.spec.name
+    def __init__(self, descriptor: KernelDescriptor, entry: dict, fn,
+                 vl_bytes: int | None = None, cpu: CpuInfo | None = None) -> None:
+        self.descriptor = descriptor
+        self.spec = descriptor.spec
+        self.name: str = descriptor.name
         # the CPU's vector length for this kernel's ISA (None: the CPU lacks it)
-        self.vl_bytes = vl_bytes if self.spec.vl_scaled else None
-        self.family = self.spec.family
-        self.abi = abi_for(self.family)      # its calling convention (tilegen.callconv)
-        self.features = frozenset(self.spec.features)
-        super().__init__(entry, fn, cpu)
+        self.vl_bytes = vl_bytes if descriptor.vl_kind else None
+        self.family = descriptor.family
+        self.abi = descriptor.abi            # its calling convention (tilegen.callconv)
+        self.features = frozenset(descriptor.features)
+        super().__init__(entry, fn, descriptor.params, cpu)
 
     def _vl(self) -> int | None:
-        if self.spec.vl_scaled and self.vl_bytes is None:
-            raise ArgumentError(f"kernel {self.name} has a tile in {self.spec.vl_kind} vector-"
-                                f"length units and this CPU has no {self.spec.vl_kind.upper()} "
+        if self.descriptor.vl_kind and self.vl_bytes is None:
+            kind = self.descriptor.vl_kind
+            raise ArgumentError(f"kernel {self.name} has a tile in {kind} vector-"
+                                f"length units and this CPU has no {kind.upper()} "
                                 f"(or it is disabled)")
         return self.vl_bytes
 
@@ -246,16 +240,16 @@ class Packer(_Routine):
     takes the row count at run time: ``mr`` (None until bound with :meth:`at`, or passed to
     the call) is what it is called with."""
 
-    def __init__(self, entry: dict, fn, cpu: CpuInfo | None = None,
+    def __init__(self, spec: PackerSpec, entry: dict, fn, cpu: CpuInfo | None = None,
                  svl_bytes: int | None = None) -> None:
-        self.spec = _packer_spec(entry["spec"])
+        self.spec = spec
         self.name: str = self.spec.name
         self.features = frozenset(ISAS[self.spec.isa].features)
         self.mr: int | None = None if self.spec.mr_vl else self.spec.mr
         self._bound: dict[int, Packer] = {}
         # a streaming packer packs the row blocks of this CPU's SVL only
         self.svl_bytes = svl_bytes if self.spec.streaming else None
-        super().__init__(entry, fn, cpu)
+        super().__init__(entry, fn, spec.abi.params, cpu)
 
     def accepts_mr(self, mr) -> bool:
         """Whether a call with ``mr`` rows packs on this CPU (streaming packers: units x SVL/32

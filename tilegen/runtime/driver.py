@@ -26,8 +26,10 @@ without the GIL.  A run publishes the plan (a generation counter; idle workers s
 waits until every mm task is done and no worker still looks at the plan.  A pool in use by
 another run is not waited for: the caller then runs every task itself.
 
-The struct layouts are defined once, here (:data:`PLAN_FIELDS` ...), for both the C source and
-the ctypes mirror, and checked at load (``tilegen_driver_abi`` returns :data:`ABI`,
+The struct layouts and constants are defined once, in :mod:`tilegen.callconv` (the driver's
+ABI: :data:`PLAN_FIELDS` ..., re-exported here), for both the C source (rendered by the build,
+which imports nothing of the runtime) and the ctypes mirror here, and checked at load
+(``tilegen_driver_abi`` returns :data:`ABI`,
 ``tilegen_driver_sizes`` the struct sizes).  The kernel and packer calls are rendered from the
 calling conventions (:mod:`tilegen.callconv`): one argument kind per ``driver_kind``.
 """
@@ -39,68 +41,18 @@ import weakref
 
 import numpy as np
 
-from ..callconv import ABIS, PACKER_ABIS
+from ..callconv import (C_FLAGS, C_TYPES, CONSTANTS, DRIVER_ABI, KERNEL_KINDS, MM_FIELDS,
+                        P_GIVEN, P_NONE, PACK_FIELDS, PACK_KINDS, PLAN_FIELDS, POOL_FIELDS,
+                        ST_BUSY, ST_LIMIT, ST_OK, ST_SLOW, STRUCTS)
 from .checks import env_int
 from .threads import reset_after_fork
+
+ABI = DRIVER_ABI
 
 __all__ = ["ABI", "PLAN_FIELDS", "POOL_FIELDS", "PACK_FIELDS", "MM_FIELDS", "STRUCTS", "C_TYPES",
            "CONSTANTS", "ST_OK", "ST_LIMIT", "ST_SLOW", "ST_BUSY", "KERNEL_KINDS", "PACK_KINDS",
            "P_NONE", "P_GIVEN", "C_FLAGS", "PlanStruct", "PoolStruct", "PackTask", "MmTask",
            "ARRAY_OFFSETS", "Driver", "Pool", "spin_count", "DEFAULT_SPIN", "MAX_SPIN"]
-
-ABI = 1
-
-# run status
-ST_OK, ST_LIMIT, ST_SLOW, ST_BUSY = 0, 1, 2, 3
-# kernel argument lists: one kind per driver_kind of the kernel conventions, in their order
-# (K_F32: lhs_stride; K_Q4: bl; K_Q8: q8_0 and bf16, neither)
-KERNEL_KINDS: dict[str, int] = {
-    k: i for i, k in enumerate(dict.fromkeys(a.driver_kind for a in ABIS.values()))}
-# LHS: f32 rows as they are (P_NONE); packed by a packer of each packer convention
-# (P_QSI8D32P: bl argument; P_ROWS: qai8dxp, bf16 and f32p packers, no bl); packed by the caller
-# into the workspace before the run (P_GIVEN)
-PACK_KINDS: dict[str, int] = {k: i for i, k in enumerate(
-    ("P_NONE", *dict.fromkeys(a.driver_kind for a in PACKER_ABIS.values()), "P_GIVEN"))}
-P_NONE, P_GIVEN = PACK_KINDS["P_NONE"], PACK_KINDS["P_GIVEN"]
-# the C source's #defines, in order
-CONSTANTS: dict[str, int] = {"ABI": ABI, "ST_OK": ST_OK, "ST_LIMIT": ST_LIMIT,
-                             "ST_SLOW": ST_SLOW, "ST_BUSY": ST_BUSY, **KERNEL_KINDS,
-                             **PACK_KINDS}
-
-# (name, type): u64, u32, f32, f64, ptr
-PACK_FIELDS = (("m0", "u64"), ("m1", "u64"), ("lhs_off", "u64"))
-MM_FIELDS = (("n0", "u64"), ("n1", "u64"), ("rhs_off", "u64"), ("ws_off", "u64"))
-PLAN_FIELDS = (
-    ("abi", "u64"), ("m", "u64"), ("n", "u64"), ("k", "u64"), ("bl", "u64"),
-    ("kern_args", "u64"), ("pack_args", "u64"), ("private_pack", "u64"), ("check", "u64"),
-    ("post_clamp", "u64"), ("fast", "u64"), ("pmr", "u64"), ("pkr", "u64"), ("psr", "u64"),
-    ("kernel", "ptr"), ("packer", "ptr"), ("rhs", "ptr"), ("rhs_size", "u64"),
-    ("npack", "u64"), ("nmm", "u64"), ("pack", "ptr"), ("mm", "ptr"), ("ws", "ptr"),
-    ("bias", "ptr"), ("pool", "ptr"), ("spin", "u64"), ("limit", "f64"),
-    ("cmin", "f32"), ("cmax", "f32"), ("post_min", "f32"), ("post_max", "f32"),
-    # the fast call reads numpy's array objects: type, float32 descr and field offsets
-    ("nd_type", "ptr"), ("f32_descr", "ptr"), ("off_type", "u64"), ("off_data", "u64"),
-    ("off_nd", "u64"), ("off_dims", "u64"), ("off_descr", "u64"), ("off_flags", "u64"),
-    # per call
-    ("x", "ptr"), ("out", "ptr"),
-    ("busy", "u32"), ("status", "u32"), ("next_pack", "u32"), ("next_mm", "u32"),
-    ("packed", "u32"), ("computed", "u32"), ("waiters", "u32"),
-    ("by_workers", "u32"),      # mm tasks pool workers ran, over all runs (diagnostics)
-)
-POOL_FIELDS = (
-    ("gen", "u32"), ("sleepers", "u32"), ("busy", "u32"), ("active", "u32"), ("stop", "u32"),
-    ("nworkers", "u32"), ("spin", "u64"), ("plan", "ptr"),
-)
-
-# the C structs, in the source's order
-STRUCTS = (("tg_pack", PACK_FIELDS), ("tg_mm", MM_FIELDS), ("tg_plan", PLAN_FIELDS),
-           ("tg_pool", POOL_FIELDS))
-
-# numpy array flags the fast call needs (NPY_ARRAY_C_CONTIGUOUS, _ALIGNED, _WRITEABLE)
-C_FLAGS = {"contiguous": 0x1, "aligned": 0x100, "writeable": 0x400}
-
-# field types in C
-C_TYPES = {"u64": "u64", "u32": "u32", "f32": "float", "f64": "double", "ptr": "void *"}
 
 # iterations an idle worker (or a waiting thread) spins before it sleeps on a futex
 DEFAULT_SPIN = 20000

@@ -3,15 +3,21 @@
 :func:`check_image`: the shared object's headers describe ranges inside the file (a truncated
 or corrupt file is a LoadError, not a SIGBUS/SIGSEGV inside the dynamic loader).
 :func:`check_entries`: every manifest entry equals the entry its spec string derives
-(:mod:`tilegen.generator.manifest`).
+(:mod:`tilegen.generator.manifest`); each spec string is parsed once, here, and what it
+derives (the kernels' descriptors, the packers' specs) is what the library binds.  Nothing
+here allocates registers or renders code: a spec is parsed unchecked and described
+(:func:`tilegen.generator.descriptor.descriptor`, which checks the records' preconditions and
+the layouts' rules); the library's digest covers the rest.
 """
 from __future__ import annotations
 
 import struct
 
+from ..generator.descriptor import KernelDescriptor, descriptor
 from ..generator.manifest import KERNEL_FREE_FIELDS, kernel_entry, packer_entry, parse_packer_spec
+from ..generator.packers import PackerSpec
 from ..generator.render import symbol_for
-from ..generator.validate import parse_spec
+from ..generator.spec import parse_unchecked
 from ..records import SpecError
 from .errors import LoadError
 
@@ -112,27 +118,36 @@ def _diff(have, want, prefix: str = "") -> tuple[str, object, object] | None:
     return None
 
 
-def check_entries(kernels: list, packers: list, fmt: str, name: str) -> None:
-    """LoadError unless every entry equals what its spec string derives (for ``fmt``)."""
+def _parse_kernel(text: str) -> KernelDescriptor:
+    return descriptor(parse_unchecked(text))
+
+
+def check_entries(kernels: list, packers: list, fmt: str,
+                  name: str) -> tuple[list[KernelDescriptor], list[PackerSpec]]:
+    """LoadError unless every entry equals what its spec string derives (for ``fmt``); else
+    the kernels' descriptors and the packers' specs, in the manifest's order."""
     if not isinstance(kernels, list) or not isinstance(packers, list):
         raise LoadError(f"{name}: the manifest's kernels and packers must be lists")
-    for what, entries in (("kernel", kernels), ("packer", packers)):
+    out: tuple[list, list] = ([], [])
+    for what, entries, parsed in (("kernel", kernels, out[0]), ("packer", packers, out[1])):
         for e in entries:
             label = e.get("name", "?") if isinstance(e, dict) else repr(e)
             if not isinstance(e, dict) or not isinstance(e.get("spec"), str):
                 raise LoadError(f"{name}: manifest {what} entry {label} has no spec string")
             try:
-                spec = parse_spec(e["spec"]) if what == "kernel" else parse_packer_spec(e["spec"])
+                got = _parse_kernel(e["spec"]) if what == "kernel" else parse_packer_spec(e["spec"])
             except SpecError as err:
                 raise LoadError(f"{name}: manifest {what} {label} has a bad spec: {err}") from None
-            sym = symbol_for(spec.name, fmt)
-            want = kernel_entry(spec, sym) if what == "kernel" else packer_entry(spec, sym)
+            sym = symbol_for(got.name, fmt)
+            want = kernel_entry(got.spec, sym) if what == "kernel" else packer_entry(got, sym)
             have = e
             if what == "kernel":
                 have = {k: v for k, v in e.items() if k not in KERNEL_FREE_FIELDS}
             d = _diff(have, want)
             if d:
-                field, got, exp = d
-                raise LoadError(f"{name}: manifest {what} {label} has {field}={got!r}, but its spec "
+                field, val, exp = d
+                raise LoadError(f"{name}: manifest {what} {label} has {field}={val!r}, but its spec "
                              f"{e['spec']!r} gives {exp!r} (the manifest was edited; rebuild "
                              f"the library or use its manifest)")
+            parsed.append(got)
+    return out

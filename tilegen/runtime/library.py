@@ -22,7 +22,7 @@ import numpy as np
 
 from ..generator.manifest import DIGEST_SYMBOL, MANIFEST_NAME, table_digest
 from .abi import check_abi
-from .binding import Kernel, Packer, kernel_spec
+from .binding import Kernel, Packer
 from .cpu import CpuInfo, detect
 from .driver import Driver
 from .errors import ArgumentError, LoadError
@@ -123,7 +123,8 @@ class Library:
                             f"{sys.platform}/{self.cpu.machine}. Run under `tilegen emulate` "
                             f"on x86-64 hosts")
         check_image(blob, fmt, self.path.name)
-        check_entries(entries, packers, fmt, self.path.name)
+        # each spec string parsed once: the kernels' descriptors and the packers' specs
+        descriptors, packer_specs = check_entries(entries, packers, fmt, self.path.name)
         try:
             self._dll = ctypes.CDLL(str(self.path.resolve()))
         except OSError as e:
@@ -131,14 +132,13 @@ class Library:
         self._check_digest(entries, packers, fmt)
         self.kernels: dict[str, Kernel] = {}
         self.vl_bytes = self._read_vls()
-        for e in entries:
+        for e, d in zip(entries, descriptors):
             try:
                 fn = getattr(self._dll, e["name"])
             except AttributeError:
                 raise LoadError(f"kernel {e['name']} is in the manifest but not in {self.path.name}") from None
-            kind = kernel_spec(e["spec"]).vl_kind
-            self.kernels[e["name"]] = Kernel(e, fn, self.vl_bytes.get(kind) if kind else None,
-                                             cpu=self.cpu)
+            self.kernels[e["name"]] = Kernel(d, e, fn, self.vl_bytes.get(d.vl_kind)
+                                             if d.vl_kind else None, cpu=self.cpu)
         # the kernels on this CPU, ordered per weight kind: selection, routes, adopt
         self.kernel_table = KernelTable(self.kernels, self.cpu, self.path.name)
         # the ABI probe trampoline (tilegen.runtime.abi), None in libraries built before it
@@ -148,12 +148,12 @@ class Library:
             self.abi_probe.restype = ctypes.c_uint64
             self.abi_probe.argtypes = [ctypes.c_void_p, ctypes.c_void_p]
         self.packers: dict[str, Packer] = {}
-        for e in packers:
+        for e, p in zip(packers, packer_specs):
             try:
                 fn = getattr(self._dll, e["name"])
             except AttributeError:
                 raise LoadError(f"packer {e['name']} is in the manifest but not in {self.path.name}") from None
-            self.packers[e["name"]] = Packer(e, fn, cpu=self.cpu,
+            self.packers[e["name"]] = Packer(p, e, fn, cpu=self.cpu,
                                              svl_bytes=self.vl_bytes.get("sme"))
 
     def _check_digest(self, entries: list, packers: list, fmt: str) -> None:
