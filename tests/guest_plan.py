@@ -559,9 +559,9 @@ def fork_while_closing_lock_held(libdir: str, timeout: float = 60.0) -> dict:
 
 def _kind_weights(lib, kind, n, k, rng):
     """Weights of any kind: ggml blocks for the K-quants (random valid blocks), floats else."""
-    from tilegen.layout import ggml
+    from tilegen.families import q4_k, q6_k
     if kind in ("q4_K", "q6_K"):
-        blocks = (ggml.random_q4_k if kind == "q4_K" else ggml.random_q6_k)(
+        blocks = (q4_k.random_q4_k if kind == "q4_K" else q6_k.random_q6_k)(
             n, k, int(rng.integers(1 << 30)))
         return lib.pack_weights(kind=kind, from_ggml=blocks, n=n, k=k)
     return _weights(lib, kind, rng.normal(size=(n, k)).astype(np.float32))

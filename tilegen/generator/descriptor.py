@@ -33,7 +33,8 @@ from functools import lru_cache
 from ..callconv import Abi, Param
 from ..layout import lhs_layout_for, rhs_layout_for
 from ..layout.base import c_expr, eval_expr
-from ..records import SpecError, abi_for
+from ..families import abi_for
+from ..records import SpecError
 from .packers import packer_for, streaming_packer_for
 from .spec import KernelSpec
 from .tile_layouts import check_packing
