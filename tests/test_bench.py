@@ -1,6 +1,8 @@
 """`tilegen bench` and `tune --measure`: the stopping rule and the ranking on a fake timer, the
-harness under qemu (the picked kernels on the right work, outputs against numpy), the
-wall-clock fallback, KleidiAI side by side, the JSON schema, the emulation label."""
+harness under qemu (the picked kernels on the right work, outputs against numpy; every family
+and every weights kind, K-quants from ggml blocks), the wall-clock fallback and the figures of
+gemm and gemv rows, KleidiAI side by side, the JSON schema (strict JSON), the emulation label,
+the option errors (one line, exit 2) and Ctrl-C (the partial table, exit 130)."""
 from __future__ import annotations
 
 import json
@@ -192,7 +194,8 @@ def test_named_kernels_run_at_every_shape(n1_lib, clock_so):
 
 def test_wall_clock_fallback_and_the_core_frequency(n1_lib, clock_so):
     g = guest(CPU)
-    small = dict(shapes=[(1, 32, 64)], kinds=["f32"], plan=False)
+    # a gemv and a gemm job (m > 1, m != n, nothing square): the figures count m*n*k MACs
+    small = dict(shapes=[(1, 32, 64), (3, 20, 96)], kinds=["f32"], plan=False)
     auto = g.call("tilegen.bench.harness:run", _cfg(n1_lib, clock_so, **small))
     forced = g.call("tilegen.bench.harness:run", _cfg(n1_lib, clock_so, clock="wall",
                                                       freq_ghz=2.0, **small))
@@ -204,11 +207,16 @@ def test_wall_clock_fallback_and_the_core_frequency(n1_lib, clock_so):
     assert forced["machine"]["counter_why"] == "wall clock requested (--clock wall)"
     assert (forced["machine"]["core_ghz"], forced["machine"]["core_ghz_source"]) == (2.0, "--freq-ghz")
     doc = report.join(forced, str(n1_lib), CPU, "neoverse-n1")
-    r = doc["rows"][0]
-    assert not r["cycles_counted"] and r["cycles_source"].startswith("wall time x 2.000 GHz")
-    assert r["macs_per_cycle"] == pytest.approx(32 * 64 / (r["timing"]["median_ns"] * 2.0))
-    assert r["model_macs_per_cycle"] > 0
-    assert r["ratio_to_model"] == pytest.approx(r["macs_per_cycle"] / r["model_macs_per_cycle"])
+    assert [(r["m"], r["n"], r["k"]) for r in doc["rows"]] == [(1, 32, 64), (3, 20, 96)]
+    assert parse_spec(doc["rows"][1]["spec"]).mr > 1          # the gemm row runs a gemm kernel
+    for r in doc["rows"]:
+        macs, ns = r["m"] * r["n"] * r["k"], r["timing"]["median_ns"]
+        assert not r["cycles_counted"] and r["cycles_source"].startswith("wall time x 2.000 GHz")
+        assert r["macs_per_cycle"] == pytest.approx(macs / (ns * 2.0))
+        assert r["macs_per_cycle_per_thread"] == pytest.approx(macs / (ns * 2.0))
+        assert r["gflops"] == pytest.approx(2 * macs / ns)          # FLOP per ns = GFLOP/s
+        assert r["model_macs_per_cycle"] > 0
+        assert r["ratio_to_model"] == pytest.approx(r["macs_per_cycle"] / r["model_macs_per_cycle"])
     with pytest.raises(Exception, match="perf_event_open"):
         g.call("tilegen.bench.harness:run", _cfg(n1_lib, clock_so, clock="perf", **small))
 
@@ -237,8 +245,8 @@ def test_bench_json_follows_the_schema_and_every_figure_is_labelled(n1_lib, caps
     assert main(["bench", str(n1_lib), "--kind", "q8_0", "--shape", "1,32,64", "--shape",
                  "3,20,64", "--threads", "2", "--budget", "0.05", "--bandwidth-mib", "1",
                  "--json"]) == 0
-    doc = json.loads(capsys.readouterr().out)
-    assert report.check_schema(doc) == []
+    doc = json.loads(capsys.readouterr().out, parse_constant=_refuse)
+    assert report.check_schema(doc) == [] and doc["interrupted"] is False
     assert doc["label"] == EMULATED_LABEL and doc["machine"]["emulated"] is True
     assert {r["label"] for r in doc["rows"]} == {EMULATED_LABEL}
     assert [(r["what"], r["m"], r["threads"]) for r in doc["rows"]] == [
@@ -267,16 +275,84 @@ def _no_emulator(*a, **k):
     raise AssertionError("the harness must not start")
 
 
-@pytest.mark.parametrize("argv,needle", [
-    (["--shape", "1,2"], "give m,n,k"), (["--shape", "0,4,4"], "give m,n,k"),
-    (["--threads", "0"], "--threads '0'"), (["--threads", "x"], "--threads 'x'"),
-    (["--budget", "0"], "--budget must be > 0"),
-    (["--kernel", "f32:neon:7x12"], "has no such kernel"), (["--kernel", "nope"], "no such kernel")])
-def test_bench_argument_errors(n1_lib, argv, needle, monkeypatch, capsys):
-    monkeypatch.setattr(report, "run_harness", _no_emulator)
-    assert main(["bench", str(n1_lib), *argv]) == 2
-    err = capsys.readouterr().err
-    assert err.startswith("tilegen bench: error: ") and needle in err and err.count("\n") == 1
+def _digest_fails(lib, out):
+    """A copy of ``lib`` whose manifest lacks one kernel: the library's kernel-table digest
+    no longer matches it (a LoadError when the harness loads it)."""
+    import shutil
+    shutil.copytree(lib, out)
+    m = json.loads((out / "manifest.json").read_text())
+    m["kernels"] = m["kernels"][:-1]
+    (out / "manifest.json").write_text(json.dumps(m))
+    return out
+
+
+TUNE = ["tune", "--target", CPU, "--family", "q8_0", "--measure"]
+
+
+# (argv after "bench LIB" or a tune command, the message's words, the harness starts)
+@pytest.mark.parametrize("argv,needle,starts", [
+    (["--shape", "1,2"], "give m,n,k", False), (["--shape", "0,4,4"], "give m,n,k", False),
+    (["--shape", "1,1099511627776,256"], "the bound is 2 GiB per job", False),
+    (["--threads", "0"], "--threads '0'", False), (["--threads", "x"], "--threads 'x'", False),
+    (["--threads", "4097,1"], "at most 4096 threads", False),
+    (["--threads", "5000"], "at most 4096 threads", False),
+    (["--budget", "0"], "--budget must be a finite number above 0", False),
+    (["--budget", "nan"], "--budget must be a finite number above 0", False),
+    (["--rel-ci", "nan"], "--rel-ci must be a finite number above 0", False),
+    (["--rel-ci", "-0.1"], "--rel-ci must be a finite number above 0", False),
+    (["--freq-ghz", "-1"], "--freq-ghz must be a finite number above 0", False),
+    (["--freq-ghz", "nan"], "--freq-ghz must be a finite number above 0", False),
+    (["--freq-ghz", "inf"], "--freq-ghz must be a finite number above 0", False),
+    (["--bandwidth-mib", "0"], "--bandwidth-mib must be a finite number from 1", False),
+    (["--bandwidth-mib", "-5"], "--bandwidth-mib must be a finite number from 1", False),
+    (["--cpu", "nosuch"], "unknown cpu model 'nosuch'", False),
+    (["--sve-vl", "100"], "SVE vector length 100 is invalid", False),
+    (["--kind", "nosuch"], "--kind 'nosuch': unknown weights kind", False),
+    (["--kind", "bf16"], "the library has no kernel of bf16", False),    # n1: no bf16
+    (["--kernel", "f32:neon:7x12"], "has no such kernel", False),
+    (["--kernel", "nope"], "no such kernel", False),
+    ([TUNE, "--freq-ghz", "-1"], "--freq-ghz must be a finite number above 0", False),
+    ([TUNE, "--budget", "nan"], "--budget must be a finite number above 0", False),
+    ([TUNE, "--bandwidth-mib", "0"], "--bandwidth-mib must be a finite number from 1", False),
+    ([TUNE, "--cpu", "nosuch"], "unknown cpu model 'nosuch'", False),
+    ([TUNE, "--measure-shape", "0,0,0"], "--measure-shape '0,0,0': give m,n,k", False),
+    ([TUNE, "--measure-shape", "2,1099511627776,256"], "--measure-shape", False),
+    (["--digest"], "kernel table is not the one libtilegen.so was built with", True),
+    (["--kind", "q4_K", "--shape", "1,8,64"], "nothing to time: q4_K: shape 1,8,64: k=64: k "
+                                              "must be a multiple of 256", True),
+])
+def test_bench_and_tune_option_errors(n1_lib, tmp_path, argv, needle, starts, monkeypatch,
+                                      capsys):
+    """Each bad option: one line `tilegen <cmd>: error: ...` on stderr, exit 2, no traceback;
+    checked before the harness starts (except the library's digest and a shape its kernels'
+    layouts refuse, which the harness finds: its one-line error comes back)."""
+    import tilegen.analysis.tune as T
+    if not starts:
+        monkeypatch.setattr(report, "run_harness", _no_emulator)
+        monkeypatch.setattr(T, "tune", _no_emulator)
+    lib = _digest_fails(n1_lib, tmp_path / "lib") if argv == ["--digest"] else n1_lib
+    small = ["--budget", "0.05", "--bandwidth-mib", "1", "--no-plan"]
+    if argv and argv[0] == TUNE:
+        cmd, full = "tune", [*TUNE, *argv[1:]]
+    else:
+        cmd, full = "bench", ["bench", str(lib), *[a for a in argv if a != "--digest"],
+                              *(small if starts else [])]
+    assert main(full) == 2
+    out, err = capsys.readouterr()
+    assert err.startswith(f"tilegen {cmd}: error: ") and needle in err, err
+    assert err.count("\n") == 1 and "Traceback" not in err and out == ""
+
+
+def test_json_output_is_strict():
+    """--json never writes NaN or Infinity (not JSON): they become null."""
+    doc = {"a": float("nan"), "b": [1.5, float("inf"), -float("inf")], "c": {"d": 2, "e": None}}
+    text = report.to_json(doc)
+    assert json.loads(text, parse_constant=_refuse) == {"a": None, "b": [1.5, None, None],
+                                                       "c": {"d": 2, "e": None}}
+
+
+def _refuse(name):
+    raise AssertionError(f"non-standard JSON constant {name}")
 
 
 def test_perf_event_plumbing_on_a_software_event():

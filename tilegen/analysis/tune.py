@@ -12,6 +12,7 @@ to fewer vector registers, then fewer packed-RHS bytes per MAC, then the smaller
 """
 from __future__ import annotations
 
+import math
 import os
 import threading
 from concurrent.futures import ThreadPoolExecutor
@@ -325,9 +326,14 @@ def tune(target: Target, family: str, regime: str, isa: str | None = None, m: in
 def measured_ranking(ranking: Ranking, measured: dict[str, float],
                      tol: float = TOLERANCE) -> Ranking:
     """``ranking``'s kernels that were timed (spec string -> measured throughput, higher is
-    better), ranked by the measurement (ties within ``tol`` as :func:`rank`)."""
+    better), ranked by the measurement (ties within ``tol`` as :func:`rank`).  A throughput
+    that is not a finite positive number is a TuneError (a timing gone wrong, never ranked)."""
     scores = [Measured(s.cand, s.report, float(measured[s.spec.spec_string]))
               for s in ranking.scores if s.spec.spec_string in measured]
+    bad = [s for s in scores if not (math.isfinite(s.measured) and s.measured > 0)]
+    if bad:
+        raise TuneError(f"{bad[0].spec.spec_string}: measured throughput {bad[0].measured} is "
+                        f"not a positive number (the timing or the core clock is wrong)")
     if not scores:
         raise TuneError(f"no {ranking.family} {ranking.regime} kernel was timed")
     return replace(ranking, scores=tuple(rank(scores, tol)))

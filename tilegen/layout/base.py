@@ -118,6 +118,10 @@ class PackedLayout:
     label_prefix: ClassVar[str]
     label_tail: ClassVar[str] = ""
     name_suffix: ClassVar[str] = ""
+    #: RHS formats that take their weights only as ggml blocks (``pack_from_ggml``; float
+    #: weights refused): the ggml block type (e.g. ``"q4_K"``), whose seeded random valid
+    #: rows the class gives by ``random_ggml(n, k, seed)``; None: float weights are packed
+    ggml_only: ClassVar[str | None] = None
 
     # -- what tilegen's generated NEON packer of this format can do (LHS formats;
     #    tilegen.generator.packers reads these, never a table of its own) -------------------

@@ -23,13 +23,15 @@ last group are all zero bytes (weight 0).
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import ClassVar
 
 import numpy as np
 
 from .base import (Interleaved, LayoutError, RhsGroups, RowBlocks, check_m_idx_start,
                    f32_to_i32_sat, flat_u8, round_half_away, rows_f32, rows_index)
 from .ggml import (QK_K, check_q4_k_scales, check_q6_k_scales, check_superblocks,
-                   q4_k_values, q6_k_values, refuse_float_kquant, split_q4_k, split_q6_k)
+                   q4_k_values, q6_k_values, random_q4_k, random_q6_k, refuse_float_kquant,
+                   split_q4_k, split_q6_k)
 
 __all__ = ["Q8KP", "Q4KP", "Q6KP", "KQuantInterleave"]
 
@@ -299,6 +301,9 @@ class KQuantRhs(RhsGroups, KQuantInterleave):
         """What :meth:`pack_split` takes, read back losslessly (repacking between nr/kr)."""
         return self.unpack(packed, n, k)
 
+    def pack_from_float(self, w, bias=None) -> np.ndarray:
+        refuse_float_kquant(self.ggml_only)
+
     @staticmethod
     def require_no_bias(bias) -> None:
         if bias is not None:
@@ -324,6 +329,8 @@ class Q4KP(KQuantRhs):
 
     format = "q4kp"
     label_prefix = "q4kp"
+    ggml_only: ClassVar[str] = "q4_K"
+    random_ggml = staticmethod(random_q4_k)     # seeded random valid block_q4_K rows
 
     def __post_init__(self) -> None:
         self.check_kquant(nr=self.nr)
@@ -402,9 +409,6 @@ class Q4KP(KQuantRhs):
         check_q4_k_scales(d, dmin)
         return self.pack_split(d, dmin, sc, m, q)
 
-    def pack_from_float(self, w, bias=None) -> np.ndarray:
-        refuse_float_kquant("q4_K")
-
     # -- readers -------------------------------------------------------------------------
     def unpack(self, packed, n: int, k: int, rows=None) -> tuple[np.ndarray, ...]:
         """(d uint16 (R, S), dmin uint16 (R, S), sc uint8 (R, S, 8), m uint8 (R, S, 8),
@@ -447,6 +451,8 @@ class Q6KP(KQuantRhs):
 
     format = "q6kp"
     label_prefix = "q6kp"
+    ggml_only: ClassVar[str] = "q6_K"
+    random_ggml = staticmethod(random_q6_k)     # seeded random valid block_q6_K rows
 
     def __post_init__(self) -> None:
         self.check_kquant(nr=self.nr)
@@ -528,9 +534,6 @@ class Q6KP(KQuantRhs):
         d, sc, q = split_q6_k(raw, n, k)
         check_q6_k_scales(d)
         return self.pack_split(d, sc, q)
-
-    def pack_from_float(self, w, bias=None) -> np.ndarray:
-        refuse_float_kquant("q6_K")
 
     # -- readers -------------------------------------------------------------------------
     def unpack(self, packed, n: int, k: int, rows=None) -> tuple[np.ndarray, ...]:
