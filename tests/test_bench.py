@@ -6,6 +6,7 @@ the option errors (one line, exit 2) and Ctrl-C (the partial table, exit 130).""
 from __future__ import annotations
 
 import json
+import re
 
 import numpy as np
 import pytest
@@ -13,13 +14,13 @@ import pytest
 import tilegen
 from tilegen.bench import report
 from tilegen.bench.clock import EMULATED_LABEL, emulation
-from tilegen.bench.harness import job_inputs
+from tilegen.bench.harness import KINDS, job_ggml, job_inputs
 from tilegen.bench.stats import Reading, Rule, measure, median_ci
 from tilegen.cli import main
 from tilegen.generator.validate import parse_spec
 from tilegen.layout import rhs_layout_for
 
-from conftest import KLEIDIAI_TARBALL, guest
+from conftest import KLEIDIAI_TARBALL, SME_ON, guest
 
 CPU = "neoverse-n1"
 SHAPES = [(1, 36, 64), (5, 44, 96)]       # m, n not multiples of the tiles; k of 32
@@ -146,13 +147,18 @@ def _cfg(lib, clock_so, **kw):
     return cfg
 
 
-def _reference(row):
-    """float64 x @ W.T for the row's job, W as the row's kernel's packed layout holds it."""
-    x, w = job_inputs(3, row["m"], row["n"], row["k"])
+def _reference(row, seed: int = 3):
+    """float64 x @ W.T for the row's job, W as the row's kernel's packed layout holds it (the
+    job's ggml blocks for the formats that take only those)."""
+    m, n, k = row["m"], row["n"], row["k"]
+    x, w = job_inputs(seed, m, n, k)
     spec = parse_spec(row["spec"])
-    if spec.info.quantized:
-        lay = rhs_layout_for(spec, 32, None)
-        w = lay.dequantize_rows(lay.pack_from_float(w), row["n"], row["k"], range(row["n"]))
+    lay = rhs_layout_for(spec, 32, 16 if spec.vl_scaled else None)   # any VL: same values
+    raw = job_ggml(seed, lay, n, k)
+    if raw is not None:
+        w = lay.dequantize_rows(lay.pack_from_ggml(raw, n, k), n, k, range(n))
+    elif spec.info.quantized:
+        w = lay.dequantize_rows(lay.pack_from_float(w), n, k, range(n))
     return x.astype(np.float64) @ np.asarray(w, np.float64).T
 
 
@@ -418,3 +424,128 @@ def test_tune_measure_refuses_emulated_timings_unless_forced(tmp_path, capsys, m
     from tilegen.build import get_target
     from tilegen.build.tuned import read_tuned
     assert read_tuned(get_target(CPU), tmp_path).families["q8_0"].measured == meas
+
+
+def test_ctrl_c_prints_the_rows_measured_and_one_line(n1_lib):
+    """SIGINT to `tilegen bench` (as a terminal's Ctrl-C: the whole process group) once the
+    first row is measured: the table of the rows measured so far on stdout, then one line,
+    exit 130; no traceback from the host or the emulated guest."""
+    import os
+    import signal
+    import subprocess
+    import sys
+    from pathlib import Path
+    root = Path(__file__).resolve().parents[1]
+    argv = [sys.executable, "-m", "tilegen", "bench", str(n1_lib), "--kind", "f32", "--kind",
+            "q8_0", "--shape", "1,64,256", "--shape", "2,64,256", "--threads", "2", "--budget",
+            "0.2", "--bandwidth-mib", "1"]
+    p = subprocess.Popen(argv, cwd=root, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                         start_new_session=True)
+    err = b""
+    try:
+        while b"tilegen bench: [2/" not in err:         # until the first row is measured
+            chunk = os.read(p.stderr.fileno(), 65536)       # unbuffered: communicate reads on
+            assert chunk, err.decode()
+            err += chunk
+        os.killpg(p.pid, signal.SIGINT)
+        out, rest = p.communicate(timeout=300)
+    finally:
+        if p.poll() is None:
+            p.kill()
+    err, out = (err + rest).decode(), out.decode()
+    assert p.returncode == 130, err
+    assert "Traceback" not in err + out and "KeyboardInterrupt" not in err + out
+    lines = [x for x in err.splitlines() if not x.startswith("tilegen bench: [")]
+    assert len(lines) == 1, (err, out)
+    done, total = (int(v) for v in re.fullmatch(
+        r"tilegen bench: interrupted: (\d+) of (\d+) measurements done \(the table above\)",
+        lines[0]).groups())
+    assert total == 12 and 1 <= done < total
+    rows = [x for x in out.splitlines()
+            if x.split()[:1] in (["kernel"], ["plan"]) and x.split()[1] in ("f32", "q8_0")]
+    assert len(rows) == done and rows[0].split()[:2] == ["kernel", "f32"]
+    assert "interrupted (Ctrl-C)" in out and out.count(EMULATED_LABEL) == 2
+
+
+# -- every family and every weights kind ------------------------------------------------------
+def _family_kernels() -> dict:
+    """One kernel per family of the records (a gemm where the family has one, NEON before
+    VL-scaled): from linux-aarch64-all's defaults, which hold every family."""
+    from tilegen.build import default_specs, get_target
+    from tilegen.records import FAMILIES
+    specs = default_specs(get_target("linux-aarch64-all"))
+    return {fam: min((s for s in specs if s.family == fam),
+                     key=lambda s: (s.vl_scaled, s.is_gemv)) for fam in FAMILIES}
+
+
+def _tune_target(fam):
+    """(target, isa) to `tune --measure` a family on: a preset whose features run one of the
+    family's ISAs, one with an llvm-mca model (not SME) first."""
+    from tilegen.build.targets import TARGETS
+    from tilegen.records import ISAS
+    for modelled in (True, False):
+        for tgt in TARGETS.values():
+            for isa in fam.isas:
+                if (set(ISAS[isa].features) <= tgt.features and tgt.llvm_cpu
+                        and (ISAS[isa].vl_kind != "sme") == modelled):
+                    return tgt.name, isa
+    raise AssertionError(f"no preset runs a {fam.name} ISA")
+
+
+@pytest.fixture(scope="module")
+def every_family_lib(tmp_path_factory):
+    out = tmp_path_factory.mktemp("every") / "lib"
+    tilegen.build_library(list(_family_kernels().values()), target="linux-aarch64-all",
+                          out_dir=out, quiet=True)
+    return out
+
+
+def test_every_family_and_kind_is_timed_on_valid_operands(every_family_lib, clock_so):
+    """The harness times one kernel of every family of the records (K-quants on seeded ggml
+    blocks, the SME2 q4_0 layouts, bf16) and the library's picks and plans for every runtime
+    weights kind (f16 weights too), on cpu max with SME: each output against float64 numpy
+    over the weights its packed layout holds."""
+    kernels = _family_kernels()
+    rule = {"budget_s": 0.02, "min_sample_ns": 0, "warmup": 1, "min_reps": 3}
+    shapes = [(1, 20, 512), (3, 20, 512)]
+    g = guest("max", env=SME_ON)
+    res = g.call("tilegen.bench.harness:run", _cfg(
+        every_family_lib, clock_so, shapes=[(3, 20, 512)], rule=rule,
+        kernels=[s.spec_string for s in kernels.values()]))
+    assert res["skipped"] == [] and not res["interrupted"]
+    assert [r["spec"] for r in res["rows"]] == [s.spec_string for s in kernels.values()]
+    by_kind = g.call("tilegen.bench.harness:run", _cfg(
+        every_family_lib, clock_so, shapes=shapes, rule=rule, kinds=list(KINDS), threads=[1]))
+    assert by_kind["skipped"] == []
+    assert sorted({(r["kind"], r["m"], r["what"]) for r in by_kind["rows"]}) == sorted(
+        (kind, m, what) for kind in KINDS for m, _, _ in shapes for what in ("kernel", "plan"))
+    for r in res["rows"] + by_kind["rows"]:
+        assert r["timing"]["median_ns"] > 0 and r["weights_bytes"] > 0
+        tol = 1e-5 if parse_spec(r["spec"]).family == "f32" else 2e-2
+        assert _rel_err(r["out"], _reference(r)) < tol, (r["kind"], r["spec"])
+
+
+def test_every_family_is_tuned_by_timings(monkeypatch, capsys):
+    """`tune --measure` ranks one kernel of each op of every family of the records by its
+    timing (a small grid, tiny shapes; SME-only families by timings alone, llvm-mca has no
+    SME model): positive measured throughputs in strict JSON.  The harness runs in one
+    persistent guest on cpu max with SME opted in (the subprocess path: the tests above)."""
+    import tilegen.analysis.tune as T
+    from tilegen.records import FAMILIES
+    real = T.tune
+    monkeypatch.setattr(T, "tune", lambda *a, **k: real(*a, **k, mrs=(1, 4), nrs=(4, 8)))
+    monkeypatch.setattr(report, "run_harness", lambda cfg, cpu, sve_vl=None, sme_vl=None: guest(
+        cpu, sve_vl, sme_vl, env=SME_ON).call("tilegen.bench.harness:run", cfg))
+    for fam in FAMILIES.values():
+        target, isa = _tune_target(fam)
+        argv = ["tune", "--target", target, "--family", fam.name, "--isa", isa, "--measure",
+                "--top", "1", "--measure-shape", "2,8,256", "--budget", "0.02",
+                "--bandwidth-mib", "1", "--cpu", "max", "--json"]
+        assert main(argv) == 0, (fam.name, capsys.readouterr().err)
+        doc = json.loads(capsys.readouterr().out, parse_constant=_refuse)
+        ranking = doc["measured"]["ranking"]
+        # a family whose gemv is another family's (q4_0_f16) ranks its gemm kernels only
+        assert set(ranking) == ({"gemm"} if fam.gemv_family else {"gemm", "gemv"}), fam.name
+        for reg, rows in ranking.items():
+            assert len(rows) == 1 and rows[0]["measured"] > 0, (fam.name, reg, rows)
+            assert parse_spec(rows[0]["spec"]).family == fam.name

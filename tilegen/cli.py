@@ -243,10 +243,15 @@ def _tune_table(r, top: int, measured: dict | None = None) -> list[str]:
         rep = s.report
         more = len(r.same_code.get(s.spec.spec_string, ()))
         label = s.spec.spec_string + (f" (+{more})" if more else "")
-        lines.append(f"{i:>4} {label:<28} {s.spec.name:<62} {s.value:9.2f} {s.block_cycles:8.1f} "
-                     f"{s.cand.vregs:5d} {s.cand.rhs_bytes_per_mac:9.4f} | {rep.cycles_per_iter:7.2f} "
-                     f"{100 * rep.efficiency:5.1f}% {rep.macs_per_cycle:7.1f}"
-                     + (f" model {s.model_value:.2f}" if measured is not None else ""))
+        model = (f"{s.block_cycles:8.1f} {s.cand.vregs:5d} {s.cand.rhs_bytes_per_mac:9.4f} | "
+                 f"{rep.cycles_per_iter:7.2f} {100 * rep.efficiency:5.1f}% "
+                 f"{rep.macs_per_cycle:7.1f}" if rep is not None else
+                 f"{'-':>8} {s.cand.vregs:5d} {s.cand.rhs_bytes_per_mac:9.4f} | {'-':>7} "
+                 f"{'-':>6} {'-':>7}")
+        value = f"{s.value:9.2f}" if measured is None else f"{s.value:9.4g}"
+        lines.append(f"{i:>4} {label:<28} {s.spec.name:<62} {value} {model}"
+                     + ("" if measured is None else " model " + (
+                         "- (not modelled)" if s.model_value is None else f"{s.model_value:.2f}")))
     return lines
 
 
@@ -259,10 +264,14 @@ def _tune_measure(a: argparse.Namespace, tgt, rankings: dict) -> dict:
     from .analysis.tune import measured_ranking
     m, n, k = a.measure_shape
     shapes = {"gemm": (m, n, k), "gemv": (1, n, k)}
-    top = {reg: [s.spec.spec_string for s in r.scores[:a.top]] for reg, r in rankings.items()}
+    # the model's top kernels, and as many that llvm-mca does not model (SME): timed alike
+    top = {reg: [s.spec.spec_string for s in r.scores[:a.top]]
+           + [c.spec.spec_string for c in r.unmodelled[:a.top]] for reg, r in rankings.items()}
     with tempfile.TemporaryDirectory(prefix="tilegen-tune-") as tmp:
+        # ELF but on macOS: the library is timed here (a Mach-O target's too)
         build_library(sorted({s for v in top.values() for s in v}), target=tgt,
-                      out_dir=Path(tmp) / "lib", quiet=True)
+                      out_dir=Path(tmp) / "lib", quiet=True,
+                      fmt=None if sys.platform == "darwin" else "elf")
         cfg = _bench_config(a, Path(tmp) / "lib", tmp)
         cfg.update(shapes=[], plan=False, threads=[1],
                    kernel_jobs=[[spec, *shapes[reg]] for reg in rankings for spec in top[reg]])
@@ -298,7 +307,7 @@ def _tune_measure(a: argparse.Namespace, tgt, rankings: dict) -> dict:
               "shapes": {reg: ",".join(map(str, shp)) for reg, shp in shapes.items()
                          if reg in rankings}}
     ranking = {reg: [{"spec": s.spec.spec_string, "measured": round(s.value, 4),
-                      "model": round(s.model_value, 3),
+                      "model": None if s.model_value is None else round(s.model_value, 3),
                       "median_ns": rows[reg][s.spec.spec_string]["timing"]["median_ns"],
                       "rel_ci": rows[reg][s.spec.spec_string]["timing"]["rel_ci"],
                       "reps": rows[reg][s.spec.spec_string]["timing"]["reps"]}
@@ -345,9 +354,21 @@ def _cmd_tune(a: argparse.Namespace) -> int:
     shown = list(REGIMES) if a.m is None else ["gemv" if a.m == 1 else "gemm"]
     needed = list(REGIMES) if a.write else shown
     try:
-        rankings = {reg: tune(tgt, a.family, reg, isa=a.isa,
-                              m=a.m if (reg == "gemm" and a.m and a.m > 1) else None, jobs=a.jobs)
-                    for reg in needed}
+        rankings, no_tiles = {}, {}
+        for reg in needed:
+            try:
+                rankings[reg] = tune(tgt, a.family, reg, isa=a.isa, jobs=a.jobs,
+                                     m=a.m if (reg == "gemm" and a.m and a.m > 1) else None,
+                                     unmodelled=a.measure)
+            except TuneError as e:      # e.g. q4_0_f16 has gemm kernels only: show the other
+                if a.write or len(needed) == 1:
+                    raise
+                no_tiles[reg] = e
+        if not rankings:
+            raise next(iter(no_tiles.values()))
+        for reg, e in no_tiles.items():
+            print(f"tilegen tune: no {reg} ranking: {e}", file=sys.stderr)
+        shown = [reg for reg in shown if reg in rankings]
         measured = _tune_measure(a, tgt, rankings) if a.measure else None
         if measured is not None:
             rankings = measured["rankings"]

@@ -44,7 +44,7 @@ from ..layout import LayoutError
 from ..records import FAMILIES
 from ..runtime import load
 from ..runtime.binding import CTYPES
-from ..runtime.errors import LoadError
+from ..runtime.errors import ArgumentError, LoadError
 from ..runtime.select import KIND_FAMILIES
 from .clock import (EMULATED_LABEL, ClockRoutines, core_frequency, cpu_id, cpufreq_max_ghz,
                     emulation, open_timer)
@@ -67,10 +67,10 @@ USER_ERRORS = (ValueError, LoadError, OSError, MemoryError)
 
 
 def job_inputs(seed: int, m: int, n: int, k: int) -> tuple[np.ndarray, np.ndarray]:
-    """(x (m, k), w (n, k)) float32 in [-1, 1), never zero-filled, from ``seed`` and the shape."""
-    rng = np.random.default_rng([seed, m, n, k])
-    x = rng.random((m, k), dtype=np.float32) * 2 - 1
-    w = rng.random((n, k), dtype=np.float32) * 2 - 1
+    """(x (m, k), w (n, k)) float32 in [-1, 1), never zero-filled, from ``seed`` and the shape
+    (w from ``seed``, n and k only: the jobs of one n x k at several m share their weights)."""
+    x = np.random.default_rng([seed, m, n, k]).random((m, k), dtype=np.float32) * 2 - 1
+    w = np.random.default_rng([seed, n, k]).random((n, k), dtype=np.float32) * 2 - 1
     return x, w
 
 
@@ -204,7 +204,12 @@ def _jobs(cfg: dict, lib, skipped: list) -> list[dict]:
     for s, (m, n, k) in pairs:
         kern = _kernels_for(lib, [s])[0]
         if not lib.runnable(kern):
-            _skip(skipped, kern.name, "not runnable on this CPU")
+            try:
+                kern.require_cpu()
+                why = "not runnable on this CPU"
+            except ArgumentError as e:      # the features it lacks (SME: TILEGEN_SME=1)
+                why = str(e)
+            _skip(skipped, kern.name, why)
             continue
         why = _refuses(kern, n, k)
         if why is not None:
