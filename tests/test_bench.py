@@ -123,6 +123,22 @@ def test_measured_ranking_follows_the_timings_not_the_model():
     assert ent.scores["gemm"] == round(macs["gemm"] / 1e6, 3)       # the measured throughput
 
 
+@pytest.mark.parametrize("bad", [-1.0, 0.0, float("nan"), float("inf")])
+def test_measured_ranking_refuses_what_is_no_throughput(bad):
+    """A negative, zero or non-finite "throughput" (a wrong core clock, a broken timing) is a
+    TuneError, never a row of the measured column."""
+    from tilegen.analysis.mca import LoopReport
+    from tilegen.analysis.tune import Candidate, Ranking, Score, TuneError, measured_ranking
+    specs = [parse_spec(s) for s in ("f32:neon:6x16", "f32:neon:8x8")]
+    scores = tuple(Score(Candidate(s, 8, s.mr, 0.1), LoopReport(s.name, "m", 1.0, 1.0, 96, 8.0))
+                   for s in specs)
+    rk = Ranking("t", "m", "f32", "gemm", scores)
+    assert [s.value for s in measured_ranking(rk, {"f32:neon:6x16": 2.0, "f32:neon:8x8": 3.0})
+            .scores] == [3.0, 2.0]
+    with pytest.raises(TuneError, match="not a positive number"):
+        measured_ranking(rk, {"f32:neon:6x16": 2.0, "f32:neon:8x8": bad})
+
+
 # -- the harness under qemu -------------------------------------------------------------------
 @pytest.fixture(scope="module")
 def n1_lib(tmp_path_factory):
