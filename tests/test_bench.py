@@ -474,7 +474,7 @@ def test_ctrl_c_prints_the_rows_measured_and_one_line(n1_lib):
     lines = [x for x in err.splitlines() if not x.startswith("tilegen bench: [")]
     assert len(lines) == 1, (err, out)
     done, total = (int(v) for v in re.fullmatch(
-        r"tilegen bench: interrupted: (\d+) of (\d+) measurements done \(the table above\)",
+        r"tilegen bench: interrupted: (\d+) of (\d+) measurements done \(printed above\)",
         lines[0]).groups())
     assert total == 12 and 1 <= done < total
     rows = [x for x in out.splitlines()

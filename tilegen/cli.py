@@ -220,7 +220,7 @@ def _cmd_bench(a: argparse.Namespace) -> int:
             print(to_json(doc) if a.json else table(doc), flush=True)
         total = f" of {raw['jobs']}" if "jobs" in raw else ""
         print(f"tilegen bench: interrupted: {done}{total} measurements done"
-              + (" (the table above)" if done else ""), file=sys.stderr)
+              + (" (printed above)" if done else ""), file=sys.stderr)
         return 130
     if not raw["rows"]:
         why = "; ".join(f"{name}: {why}" for name, why in raw.get("skipped", [])) or "no job"
@@ -672,7 +672,7 @@ def main(argv: list[str] | None = None) -> int:
     except KeyboardInterrupt:   # Ctrl-C before or between the timings: one line, no traceback
         if a.cmd not in ("bench", "tune"):
             raise
-        print(f"tilegen {a.cmd}: interrupted before anything was measured", file=sys.stderr)
+        print(f"tilegen {a.cmd}: interrupted", file=sys.stderr)
         return 130
     except BrokenPipeError:     # e.g. `tilegen list | head`: stop quietly
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
