@@ -343,13 +343,19 @@ def _run_jobs(cfg: dict, lib, machine: dict, jobs: list, timer, rule: Rule, rows
                                  f"{time.perf_counter() - t_start:.0f} s so far)")
 
 
+def _interrupt_once(signum, frame) -> None:
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    raise KeyboardInterrupt
+
+
 def main(argv: list[str] | None = None) -> int:
     """``python -m tilegen.bench.harness CONFIG.json OUT.json``: 0, or :data:`EXIT_ERROR` with
     ``{"error": message}`` in OUT.json, or :data:`EXIT_INTERRUPTED` (SIGINT) with the rows
     measured so far (``"interrupted": true``)."""
-    # SIGINT raises KeyboardInterrupt from here on (the host starts the guest with SIGINT
-    # ignored, so that a Ctrl-C during the interpreter's start-up cannot print a traceback)
-    signal.signal(signal.SIGINT, signal.default_int_handler)
+    # the first SIGINT raises KeyboardInterrupt from here on, later ones are ignored (the host
+    # starts the guest with SIGINT ignored, so that a Ctrl-C during the interpreter's start-up
+    # cannot print a traceback, and passes Ctrl-C on until the guest has written its rows)
+    signal.signal(signal.SIGINT, _interrupt_once)
     argv = sys.argv[1:] if argv is None else argv
     if len(argv) != 2:
         print("usage: python -m tilegen.bench.harness CONFIG.json OUT.json", file=sys.stderr)
