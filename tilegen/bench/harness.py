@@ -39,8 +39,7 @@ import numpy as np
 
 from ..callconv import Param
 from ..generator.validate import parse_spec
-from ..layout import lhs_layout_for, rhs_layout_for
-from ..layout import LayoutError
+from ..layout import LayoutError, lhs_layout_for, rhs_layout_for
 from ..records import FAMILIES
 from ..runtime import load
 from ..runtime.binding import CTYPES
@@ -51,7 +50,7 @@ from .clock import (EMULATED_LABEL, ClockRoutines, core_frequency, cpu_id, cpufr
 from .stats import Rule, measure, rule_dict
 
 __all__ = ["job_inputs", "job_ggml", "run", "main", "DEFAULT_KINDS", "KINDS", "EXIT_ERROR",
-           "EXIT_INTERRUPTED"]
+           "EXIT_INTERRUPTED", "USER_ERRORS"]
 
 #: every runtime weights kind (the family records' ``kinds``)
 KINDS = tuple(k for fam in FAMILIES.values() for k in fam.kinds)

@@ -23,6 +23,7 @@ from ..build.toolchain import ToolchainError, discover
 from ..generator.render import render_template
 from ..generator.validate import parse_spec
 from ..records import ISAS, __version__
+from ..runtime.checks import MAX_THREADS
 from .clock import ADD_CHAIN, EMULATED_LABEL
 
 __all__ = ["SCHEMA_ID", "SCHEMA", "DEFAULT_SHAPES", "BenchError", "build_clock_routines",
@@ -122,11 +123,6 @@ def parse_shape(text: str, option: str = "--shape") -> tuple[int, int, int]:
     return m, n, k
 
 
-def _thread_limit() -> int:
-    from ..runtime.checks import MAX_THREADS      # the runtime's threads= limit
-    return MAX_THREADS
-
-
 def parse_threads(text: str) -> list[int]:
     """``4`` (1..4), ``1..4``, or a list ``1,2,8``: counts from 1 to the runtime's limit
     (``tilegen.runtime.checks.MAX_THREADS``)."""
@@ -142,10 +138,9 @@ def parse_threads(text: str) -> list[int]:
         out = []
     if not out or min(out) < 1:
         raise BenchError(f"--threads {text!r}: give N (1..N), A..B or a list A,B,C of counts >= 1")
-    limit = _thread_limit()
-    if max(out) > limit:
-        raise BenchError(f"--threads {text!r}: at most {limit} threads (the runtime's limit), "
-                         f"got {max(out)}")
+    if max(out) > MAX_THREADS:
+        raise BenchError(f"--threads {text!r}: at most {MAX_THREADS} threads (the runtime's "
+                         f"threads= limit), got {max(out)}")
     return out
 
 
