@@ -1,9 +1,12 @@
 """`tilegen bench` and `tune --measure`: the stopping rule and the ranking on a fake timer, the
-harness under qemu (the picked kernels on the right work, outputs against numpy), the
-wall-clock fallback, KleidiAI side by side, the JSON schema, the emulation label."""
+harness under qemu (the picked kernels on the right work, outputs against numpy; every family
+and every weights kind, K-quants from ggml blocks), the wall-clock fallback and the figures of
+gemm and gemv rows, KleidiAI side by side, the JSON schema (strict JSON), the emulation label,
+the option errors (one line, exit 2) and Ctrl-C (the partial table, exit 130)."""
 from __future__ import annotations
 
 import json
+import re
 
 import numpy as np
 import pytest
@@ -11,13 +14,13 @@ import pytest
 import tilegen
 from tilegen.bench import report
 from tilegen.bench.clock import EMULATED_LABEL, emulation
-from tilegen.bench.harness import job_inputs
+from tilegen.bench.harness import KINDS, job_ggml, job_inputs
 from tilegen.bench.stats import Reading, Rule, measure, median_ci
 from tilegen.cli import main
 from tilegen.generator.validate import parse_spec
 from tilegen.layout import rhs_layout_for
 
-from conftest import KLEIDIAI_TARBALL, guest
+from conftest import KLEIDIAI_TARBALL, SME_ON, guest
 
 CPU = "neoverse-n1"
 SHAPES = [(1, 36, 64), (5, 44, 96)]       # m, n not multiples of the tiles; k of 32
@@ -120,6 +123,22 @@ def test_measured_ranking_follows_the_timings_not_the_model():
     assert ent.scores["gemm"] == round(macs["gemm"] / 1e6, 3)       # the measured throughput
 
 
+@pytest.mark.parametrize("bad", [-1.0, 0.0, float("nan"), float("inf")])
+def test_measured_ranking_refuses_what_is_no_throughput(bad):
+    """A negative, zero or non-finite "throughput" (a wrong core clock, a broken timing) is a
+    TuneError, never a row of the measured column."""
+    from tilegen.analysis.mca import LoopReport
+    from tilegen.analysis.tune import Candidate, Ranking, Score, TuneError, measured_ranking
+    specs = [parse_spec(s) for s in ("f32:neon:6x16", "f32:neon:8x8")]
+    scores = tuple(Score(Candidate(s, 8, s.mr, 0.1), LoopReport(s.name, "m", 1.0, 1.0, 96, 8.0))
+                   for s in specs)
+    rk = Ranking("t", "m", "f32", "gemm", scores)
+    assert [s.value for s in measured_ranking(rk, {"f32:neon:6x16": 2.0, "f32:neon:8x8": 3.0})
+            .scores] == [3.0, 2.0]
+    with pytest.raises(TuneError, match="not a positive number"):
+        measured_ranking(rk, {"f32:neon:6x16": 2.0, "f32:neon:8x8": bad})
+
+
 # -- the harness under qemu -------------------------------------------------------------------
 @pytest.fixture(scope="module")
 def n1_lib(tmp_path_factory):
@@ -144,13 +163,18 @@ def _cfg(lib, clock_so, **kw):
     return cfg
 
 
-def _reference(row):
-    """float64 x @ W.T for the row's job, W as the row's kernel's packed layout holds it."""
-    x, w = job_inputs(3, row["m"], row["n"], row["k"])
+def _reference(row, seed: int = 3):
+    """float64 x @ W.T for the row's job, W as the row's kernel's packed layout holds it (the
+    job's ggml blocks for the formats that take only those)."""
+    m, n, k = row["m"], row["n"], row["k"]
+    x, w = job_inputs(seed, m, n, k)
     spec = parse_spec(row["spec"])
-    if spec.info.quantized:
-        lay = rhs_layout_for(spec, 32, None)
-        w = lay.dequantize_rows(lay.pack_from_float(w), row["n"], row["k"], range(row["n"]))
+    lay = rhs_layout_for(spec, 32, 16 if spec.vl_scaled else None)   # any VL: same values
+    raw = job_ggml(seed, lay, n, k)
+    if raw is not None:
+        w = lay.dequantize_rows(lay.pack_from_ggml(raw, n, k), n, k, range(n))
+    elif spec.info.quantized:
+        w = lay.dequantize_rows(lay.pack_from_float(w), n, k, range(n))
     return x.astype(np.float64) @ np.asarray(w, np.float64).T
 
 
@@ -192,7 +216,8 @@ def test_named_kernels_run_at_every_shape(n1_lib, clock_so):
 
 def test_wall_clock_fallback_and_the_core_frequency(n1_lib, clock_so):
     g = guest(CPU)
-    small = dict(shapes=[(1, 32, 64)], kinds=["f32"], plan=False)
+    # a gemv and a gemm job (m > 1, m != n, nothing square): the figures count m*n*k MACs
+    small = dict(shapes=[(1, 32, 64), (3, 20, 96)], kinds=["f32"], plan=False)
     auto = g.call("tilegen.bench.harness:run", _cfg(n1_lib, clock_so, **small))
     forced = g.call("tilegen.bench.harness:run", _cfg(n1_lib, clock_so, clock="wall",
                                                       freq_ghz=2.0, **small))
@@ -204,11 +229,16 @@ def test_wall_clock_fallback_and_the_core_frequency(n1_lib, clock_so):
     assert forced["machine"]["counter_why"] == "wall clock requested (--clock wall)"
     assert (forced["machine"]["core_ghz"], forced["machine"]["core_ghz_source"]) == (2.0, "--freq-ghz")
     doc = report.join(forced, str(n1_lib), CPU, "neoverse-n1")
-    r = doc["rows"][0]
-    assert not r["cycles_counted"] and r["cycles_source"].startswith("wall time x 2.000 GHz")
-    assert r["macs_per_cycle"] == pytest.approx(32 * 64 / (r["timing"]["median_ns"] * 2.0))
-    assert r["model_macs_per_cycle"] > 0
-    assert r["ratio_to_model"] == pytest.approx(r["macs_per_cycle"] / r["model_macs_per_cycle"])
+    assert [(r["m"], r["n"], r["k"]) for r in doc["rows"]] == [(1, 32, 64), (3, 20, 96)]
+    assert parse_spec(doc["rows"][1]["spec"]).mr > 1          # the gemm row runs a gemm kernel
+    for r in doc["rows"]:
+        macs, ns = r["m"] * r["n"] * r["k"], r["timing"]["median_ns"]
+        assert not r["cycles_counted"] and r["cycles_source"].startswith("wall time x 2.000 GHz")
+        assert r["macs_per_cycle"] == pytest.approx(macs / (ns * 2.0))
+        assert r["macs_per_cycle_per_thread"] == pytest.approx(macs / (ns * 2.0))
+        assert r["gflops"] == pytest.approx(2 * macs / ns)          # FLOP per ns = GFLOP/s
+        assert r["model_macs_per_cycle"] > 0
+        assert r["ratio_to_model"] == pytest.approx(r["macs_per_cycle"] / r["model_macs_per_cycle"])
     with pytest.raises(Exception, match="perf_event_open"):
         g.call("tilegen.bench.harness:run", _cfg(n1_lib, clock_so, clock="perf", **small))
 
@@ -237,8 +267,8 @@ def test_bench_json_follows_the_schema_and_every_figure_is_labelled(n1_lib, caps
     assert main(["bench", str(n1_lib), "--kind", "q8_0", "--shape", "1,32,64", "--shape",
                  "3,20,64", "--threads", "2", "--budget", "0.05", "--bandwidth-mib", "1",
                  "--json"]) == 0
-    doc = json.loads(capsys.readouterr().out)
-    assert report.check_schema(doc) == []
+    doc = json.loads(capsys.readouterr().out, parse_constant=_refuse)
+    assert report.check_schema(doc) == [] and doc["interrupted"] is False
     assert doc["label"] == EMULATED_LABEL and doc["machine"]["emulated"] is True
     assert {r["label"] for r in doc["rows"]} == {EMULATED_LABEL}
     assert [(r["what"], r["m"], r["threads"]) for r in doc["rows"]] == [
@@ -267,16 +297,84 @@ def _no_emulator(*a, **k):
     raise AssertionError("the harness must not start")
 
 
-@pytest.mark.parametrize("argv,needle", [
-    (["--shape", "1,2"], "give m,n,k"), (["--shape", "0,4,4"], "give m,n,k"),
-    (["--threads", "0"], "--threads '0'"), (["--threads", "x"], "--threads 'x'"),
-    (["--budget", "0"], "--budget must be > 0"),
-    (["--kernel", "f32:neon:7x12"], "has no such kernel"), (["--kernel", "nope"], "no such kernel")])
-def test_bench_argument_errors(n1_lib, argv, needle, monkeypatch, capsys):
-    monkeypatch.setattr(report, "run_harness", _no_emulator)
-    assert main(["bench", str(n1_lib), *argv]) == 2
-    err = capsys.readouterr().err
-    assert err.startswith("tilegen bench: error: ") and needle in err and err.count("\n") == 1
+def _digest_fails(lib, out):
+    """A copy of ``lib`` whose manifest lacks one kernel: the library's kernel-table digest
+    no longer matches it (a LoadError when the harness loads it)."""
+    import shutil
+    shutil.copytree(lib, out)
+    m = json.loads((out / "manifest.json").read_text())
+    m["kernels"] = m["kernels"][:-1]
+    (out / "manifest.json").write_text(json.dumps(m))
+    return out
+
+
+TUNE = ["tune", "--target", CPU, "--family", "q8_0", "--measure"]
+
+
+# (argv after "bench LIB" or a tune command, the message's words, the harness starts)
+@pytest.mark.parametrize("argv,needle,starts", [
+    (["--shape", "1,2"], "give m,n,k", False), (["--shape", "0,4,4"], "give m,n,k", False),
+    (["--shape", "1,1099511627776,256"], "the bound is 2 GiB per job", False),
+    (["--threads", "0"], "--threads '0'", False), (["--threads", "x"], "--threads 'x'", False),
+    (["--threads", "4097,1"], "at most 4096 threads", False),
+    (["--threads", "5000"], "at most 4096 threads", False),
+    (["--budget", "0"], "--budget must be a finite number above 0", False),
+    (["--budget", "nan"], "--budget must be a finite number above 0", False),
+    (["--rel-ci", "nan"], "--rel-ci must be a finite number above 0", False),
+    (["--rel-ci", "-0.1"], "--rel-ci must be a finite number above 0", False),
+    (["--freq-ghz", "-1"], "--freq-ghz must be a finite number above 0", False),
+    (["--freq-ghz", "nan"], "--freq-ghz must be a finite number above 0", False),
+    (["--freq-ghz", "inf"], "--freq-ghz must be a finite number above 0", False),
+    (["--bandwidth-mib", "0"], "--bandwidth-mib must be a finite number from 1", False),
+    (["--bandwidth-mib", "-5"], "--bandwidth-mib must be a finite number from 1", False),
+    (["--cpu", "nosuch"], "unknown cpu model 'nosuch'", False),
+    (["--sve-vl", "100"], "SVE vector length 100 is invalid", False),
+    (["--kind", "nosuch"], "--kind 'nosuch': unknown weights kind", False),
+    (["--kind", "bf16"], "the library has no kernel of bf16", False),    # n1: no bf16
+    (["--kernel", "f32:neon:7x12"], "has no such kernel", False),
+    (["--kernel", "nope"], "no such kernel", False),
+    ([TUNE, "--freq-ghz", "-1"], "--freq-ghz must be a finite number above 0", False),
+    ([TUNE, "--budget", "nan"], "--budget must be a finite number above 0", False),
+    ([TUNE, "--bandwidth-mib", "0"], "--bandwidth-mib must be a finite number from 1", False),
+    ([TUNE, "--cpu", "nosuch"], "unknown cpu model 'nosuch'", False),
+    ([TUNE, "--measure-shape", "0,0,0"], "--measure-shape '0,0,0': give m,n,k", False),
+    ([TUNE, "--measure-shape", "2,1099511627776,256"], "--measure-shape", False),
+    (["--digest"], "kernel table is not the one libtilegen.so was built with", True),
+    (["--kind", "q4_K", "--shape", "1,8,64"], "nothing to time: q4_K: shape 1,8,64: k=64: k "
+                                              "must be a multiple of 256", True),
+])
+def test_bench_and_tune_option_errors(n1_lib, tmp_path, argv, needle, starts, monkeypatch,
+                                      capsys):
+    """Each bad option: one line `tilegen <cmd>: error: ...` on stderr, exit 2, no traceback;
+    checked before the harness starts (except the library's digest and a shape its kernels'
+    layouts refuse, which the harness finds: its one-line error comes back)."""
+    import tilegen.analysis.tune as T
+    if not starts:
+        monkeypatch.setattr(report, "run_harness", _no_emulator)
+        monkeypatch.setattr(T, "tune", _no_emulator)
+    lib = _digest_fails(n1_lib, tmp_path / "lib") if argv == ["--digest"] else n1_lib
+    small = ["--budget", "0.05", "--bandwidth-mib", "1", "--no-plan"]
+    if argv and argv[0] == TUNE:
+        cmd, full = "tune", [*TUNE, *argv[1:]]
+    else:
+        cmd, full = "bench", ["bench", str(lib), *[a for a in argv if a != "--digest"],
+                              *(small if starts else [])]
+    assert main(full) == 2
+    out, err = capsys.readouterr()
+    assert err.startswith(f"tilegen {cmd}: error: ") and needle in err, err
+    assert err.count("\n") == 1 and "Traceback" not in err and out == ""
+
+
+def test_json_output_is_strict():
+    """--json never writes NaN or Infinity (not JSON): they become null."""
+    doc = {"a": float("nan"), "b": [1.5, float("inf"), -float("inf")], "c": {"d": 2, "e": None}}
+    text = report.to_json(doc)
+    assert json.loads(text, parse_constant=_refuse) == {"a": None, "b": [1.5, None, None],
+                                                       "c": {"d": 2, "e": None}}
+
+
+def _refuse(name):
+    raise AssertionError(f"non-standard JSON constant {name}")
 
 
 def test_perf_event_plumbing_on_a_software_event():
@@ -342,3 +440,128 @@ def test_tune_measure_refuses_emulated_timings_unless_forced(tmp_path, capsys, m
     from tilegen.build import get_target
     from tilegen.build.tuned import read_tuned
     assert read_tuned(get_target(CPU), tmp_path).families["q8_0"].measured == meas
+
+
+def test_ctrl_c_prints_the_rows_measured_and_one_line(n1_lib):
+    """SIGINT to `tilegen bench` (as a terminal's Ctrl-C: the whole process group) once the
+    first row is measured: the table of the rows measured so far on stdout, then one line,
+    exit 130; no traceback from the host or the emulated guest."""
+    import os
+    import signal
+    import subprocess
+    import sys
+    from pathlib import Path
+    root = Path(__file__).resolve().parents[1]
+    argv = [sys.executable, "-m", "tilegen", "bench", str(n1_lib), "--kind", "f32", "--kind",
+            "q8_0", "--shape", "1,64,256", "--shape", "2,64,256", "--threads", "2", "--budget",
+            "0.2", "--bandwidth-mib", "1"]
+    p = subprocess.Popen(argv, cwd=root, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                         start_new_session=True)
+    err = b""
+    try:
+        while b"tilegen bench: [2/" not in err:         # until the first row is measured
+            chunk = os.read(p.stderr.fileno(), 65536)       # unbuffered: communicate reads on
+            assert chunk, err.decode()
+            err += chunk
+        os.killpg(p.pid, signal.SIGINT)
+        out, rest = p.communicate(timeout=300)
+    finally:
+        if p.poll() is None:
+            p.kill()
+    err, out = (err + rest).decode(), out.decode()
+    assert p.returncode == 130, err
+    assert "Traceback" not in err + out and "KeyboardInterrupt" not in err + out
+    lines = [x for x in err.splitlines() if not x.startswith("tilegen bench: [")]
+    assert len(lines) == 1, (err, out)
+    done, total = (int(v) for v in re.fullmatch(
+        r"tilegen bench: interrupted: (\d+) of (\d+) measurements done \(printed above\)",
+        lines[0]).groups())
+    assert total == 12 and 1 <= done < total
+    rows = [x for x in out.splitlines()
+            if x.split()[:1] in (["kernel"], ["plan"]) and x.split()[1] in ("f32", "q8_0")]
+    assert len(rows) == done and rows[0].split()[:2] == ["kernel", "f32"]
+    assert "interrupted (Ctrl-C)" in out and out.count(EMULATED_LABEL) == 2
+
+
+# -- every family and every weights kind ------------------------------------------------------
+def _family_kernels() -> dict:
+    """One kernel per family of the records (a gemm where the family has one, NEON before
+    VL-scaled): from linux-aarch64-all's defaults, which hold every family."""
+    from tilegen.build import default_specs, get_target
+    from tilegen.records import FAMILIES
+    specs = default_specs(get_target("linux-aarch64-all"))
+    return {fam: min((s for s in specs if s.family == fam),
+                     key=lambda s: (s.vl_scaled, s.is_gemv)) for fam in FAMILIES}
+
+
+def _tune_target(fam):
+    """(target, isa) to `tune --measure` a family on: a preset whose features run one of the
+    family's ISAs, one with an llvm-mca model (not SME) first."""
+    from tilegen.build.targets import TARGETS
+    from tilegen.records import ISAS
+    for modelled in (True, False):
+        for tgt in TARGETS.values():
+            for isa in fam.isas:
+                if (set(ISAS[isa].features) <= tgt.features and tgt.llvm_cpu
+                        and (ISAS[isa].vl_kind != "sme") == modelled):
+                    return tgt.name, isa
+    raise AssertionError(f"no preset runs a {fam.name} ISA")
+
+
+@pytest.fixture(scope="module")
+def every_family_lib(tmp_path_factory):
+    out = tmp_path_factory.mktemp("every") / "lib"
+    tilegen.build_library(list(_family_kernels().values()), target="linux-aarch64-all",
+                          out_dir=out, quiet=True)
+    return out
+
+
+def test_every_family_and_kind_is_timed_on_valid_operands(every_family_lib, clock_so):
+    """The harness times one kernel of every family of the records (K-quants on seeded ggml
+    blocks, the SME2 q4_0 layouts, bf16) and the library's picks and plans for every runtime
+    weights kind (f16 weights too), on cpu max with SME: each output against float64 numpy
+    over the weights its packed layout holds."""
+    kernels = _family_kernels()
+    rule = {"budget_s": 0.02, "min_sample_ns": 0, "warmup": 1, "min_reps": 3}
+    shapes = [(1, 20, 512), (3, 20, 512)]
+    g = guest("max", env=SME_ON)
+    res = g.call("tilegen.bench.harness:run", _cfg(
+        every_family_lib, clock_so, shapes=[(3, 20, 512)], rule=rule,
+        kernels=[s.spec_string for s in kernels.values()]))
+    assert res["skipped"] == [] and not res["interrupted"]
+    assert [r["spec"] for r in res["rows"]] == [s.spec_string for s in kernels.values()]
+    by_kind = g.call("tilegen.bench.harness:run", _cfg(
+        every_family_lib, clock_so, shapes=shapes, rule=rule, kinds=list(KINDS), threads=[1]))
+    assert by_kind["skipped"] == []
+    assert sorted({(r["kind"], r["m"], r["what"]) for r in by_kind["rows"]}) == sorted(
+        (kind, m, what) for kind in KINDS for m, _, _ in shapes for what in ("kernel", "plan"))
+    for r in res["rows"] + by_kind["rows"]:
+        assert r["timing"]["median_ns"] > 0 and r["weights_bytes"] > 0
+        tol = 1e-5 if parse_spec(r["spec"]).family == "f32" else 2e-2
+        assert _rel_err(r["out"], _reference(r)) < tol, (r["kind"], r["spec"])
+
+
+def test_every_family_is_tuned_by_timings(monkeypatch, capsys):
+    """`tune --measure` ranks one kernel of each op of every family of the records by its
+    timing (a small grid, tiny shapes; SME-only families by timings alone, llvm-mca has no
+    SME model): positive measured throughputs in strict JSON.  The harness runs in one
+    persistent guest on cpu max with SME opted in (the subprocess path: the tests above)."""
+    import tilegen.analysis.tune as T
+    from tilegen.records import FAMILIES
+    real = T.tune
+    monkeypatch.setattr(T, "tune", lambda *a, **k: real(*a, **k, mrs=(1, 4), nrs=(4, 8)))
+    monkeypatch.setattr(report, "run_harness", lambda cfg, cpu, sve_vl=None, sme_vl=None: guest(
+        cpu, sve_vl, sme_vl, env=SME_ON).call("tilegen.bench.harness:run", cfg))
+    for fam in FAMILIES.values():
+        target, isa = _tune_target(fam)
+        argv = ["tune", "--target", target, "--family", fam.name, "--isa", isa, "--measure",
+                "--top", "1", "--measure-shape", "2,8,256", "--budget", "0.02",
+                "--bandwidth-mib", "1", "--cpu", "max", "--json"]
+        assert main(argv) == 0, (fam.name, capsys.readouterr().err)
+        doc = json.loads(capsys.readouterr().out, parse_constant=_refuse)
+        ranking = doc["measured"]["ranking"]
+        # a family whose gemv is another family's (q4_0_f16) ranks its gemm kernels only
+        assert set(ranking) == ({"gemm"} if fam.gemv_family else {"gemm", "gemv"}), fam.name
+        for reg, rows in ranking.items():
+            assert len(rows) == 1 and rows[0]["measured"] > 0, (fam.name, reg, rows)
+            assert parse_spec(rows[0]["spec"]).family == fam.name

@@ -16,6 +16,10 @@ class CliError(Exception):
     """A user error: main prints ``tilegen <cmd>: error: <message>`` and returns 2."""
 
 
+class _Interrupted(Exception):
+    """Ctrl-C during a timing run: main prints ``tilegen <cmd>: <message>`` and returns 130."""
+
+
 def _cmd_generate(a: argparse.Namespace) -> int:
     from .generator import KernelSpec, render, validate
     from .generator.spec import parse_tile
@@ -137,46 +141,68 @@ def _cmd_analyze(a: argparse.Namespace) -> int:
     return 0
 
 
+def _check_timing_args(a: argparse.Namespace, target: str | None) -> str:
+    """The shared timing options of `bench` / `tune` checked before anything runs (one-line
+    errors): the numbers finite and in range, and when emulating the qemu model and vector
+    lengths (as `emulate` checks them); the qemu model to run on."""
+    from .bench.report import BenchError, check_timing_options, guest_cpu, will_emulate
+    try:
+        check_timing_options(rel_ci=a.rel_ci, budget=a.budget, freq_ghz=a.freq_ghz,
+                             bandwidth_mib=a.bandwidth_mib)
+    except BenchError as e:
+        raise CliError(str(e)) from None
+    cpu = a.cpu or guest_cpu(target)
+    if will_emulate():
+        from .emulate.runner import EmulateError, validate
+        try:
+            validate(cpu, a.sve_vl, a.sme_vl)
+        except EmulateError as e:
+            raise CliError(str(e)) from None
+    return cpu
+
+
 def _bench_config(a: argparse.Namespace, lib: str, tmp: str) -> dict:
     """The harness configuration of `tilegen bench` / `tune --measure` (see tilegen.bench)."""
     from .bench.report import build_clock_routines
     rule = {"rel_ci": a.rel_ci, "budget_s": a.budget}
-    if a.rel_ci <= 0 or a.budget <= 0:
-        raise CliError(f"--rel-ci and --budget must be > 0, got {a.rel_ci} and {a.budget}")
     so = build_clock_routines(tmp)
     return {"lib": str(Path(lib).resolve()), "rule": rule, "clock": a.clock,
             "freq_ghz": a.freq_ghz, "clock_routines": str(so) if so else None,
             "bandwidth_mib": a.bandwidth_mib, "seed": 0}
 
 
-def _kernel_name(text: str) -> str | None:
-    """The kernel name of a spec string (None: not a spec)."""
+def _spec_or_none(text):
+    """The KernelSpec of a spec string (None: not a spec)."""
     from .generator import parse_spec
     from .records import SpecError
     try:
-        return parse_spec(text).name
-    except SpecError:
+        return parse_spec(text)
+    except (SpecError, TypeError, AttributeError):
         return None
 
 
 def _cmd_bench(a: argparse.Namespace) -> int:
     import tempfile
-    from .bench.report import (DEFAULT_SHAPES, BenchError, default_model, guest_cpu, join,
+    from .bench.report import (DEFAULT_SHAPES, BenchError, check_kinds, default_model, join,
                                kleidiai_config, parse_shape, parse_threads, run_harness, table,
-                               will_emulate)
+                               to_json, will_emulate)
     from .runtime.library import read_manifest
     try:
         manifest = read_manifest(a.lib)
+        target = manifest.get("target")
+        cpu = _check_timing_args(a, target)
         fmt = manifest.get("format", "elf")
         if fmt != "elf" and will_emulate():
             raise CliError(f"{a.lib} holds a {fmt} library: the emulator runs Linux ELF "
                            f"libraries (Mach-O needs macOS); build one with --format elf")
         have = {k["name"] for k in manifest.get("kernels", [])}
         for kern in a.kernel or ():
-            name = kern if kern in have else _kernel_name(kern)
+            name = kern if kern in have else getattr(_spec_or_none(kern), "name", None)
             if name not in have:
                 raise CliError(f"--kernel {kern!r}: {a.lib} has no such kernel (`tilegen info "
                                f"--lib {a.lib}` lists them)")
+        check_kinds(a.kind or (), {getattr(_spec_or_none(k.get("spec")), "family", None)
+                                   for k in manifest["kernels"]})
         shapes = [parse_shape(s) for s in a.shape] if a.shape else list(DEFAULT_SHAPES)
         threads = parse_threads(a.threads)
         with tempfile.TemporaryDirectory(prefix="tilegen-bench-") as tmp:
@@ -185,13 +211,23 @@ def _cmd_bench(a: argparse.Namespace) -> int:
                        plan=not a.no_plan)
             if a.vs_kleidiai:
                 cfg["kleidiai"] = kleidiai_config(a.vs_kleidiai)
-            target = manifest.get("target")
-            raw = run_harness(cfg, cpu=a.cpu or guest_cpu(target), sve_vl=a.sve_vl,
-                              sme_vl=a.sme_vl)
+            raw = run_harness(cfg, cpu=cpu, sve_vl=a.sve_vl, sme_vl=a.sme_vl)
     except BenchError as e:
         raise CliError(str(e)) from None
+    if raw.get("interrupted"):      # Ctrl-C: the rows measured so far, one line, exit 130
+        done = len(raw["rows"])
+        if done:
+            doc = join(raw, str(a.lib), target, a.cpu_model or default_model(target))
+            print(to_json(doc) if a.json else table(doc), flush=True)
+        total = f" of {raw['jobs']}" if "jobs" in raw else ""
+        print(f"tilegen bench: interrupted: {done}{total} measurements done"
+              + (" (printed above)" if done else ""), file=sys.stderr)
+        return 130
+    if not raw["rows"]:
+        why = "; ".join(f"{name}: {why}" for name, why in raw.get("skipped", [])) or "no job"
+        raise CliError(f"nothing to time: {why}")
     doc = join(raw, str(a.lib), target, a.cpu_model or default_model(target))
-    print(json.dumps(doc, indent=2) if a.json else table(doc))
+    print(to_json(doc) if a.json else table(doc))
     return 0
 
 
@@ -218,10 +254,15 @@ def _tune_table(r, top: int, measured: dict | None = None) -> list[str]:
         rep = s.report
         more = len(r.same_code.get(s.spec.spec_string, ()))
         label = s.spec.spec_string + (f" (+{more})" if more else "")
-        lines.append(f"{i:>4} {label:<28} {s.spec.name:<62} {s.value:9.2f} {s.block_cycles:8.1f} "
-                     f"{s.cand.vregs:5d} {s.cand.rhs_bytes_per_mac:9.4f} | {rep.cycles_per_iter:7.2f} "
-                     f"{100 * rep.efficiency:5.1f}% {rep.macs_per_cycle:7.1f}"
-                     + (f" model {s.model_value:.2f}" if measured is not None else ""))
+        model = (f"{s.block_cycles:8.1f} {s.cand.vregs:5d} {s.cand.rhs_bytes_per_mac:9.4f} | "
+                 f"{rep.cycles_per_iter:7.2f} {100 * rep.efficiency:5.1f}% "
+                 f"{rep.macs_per_cycle:7.1f}" if rep is not None else
+                 f"{'-':>8} {s.cand.vregs:5d} {s.cand.rhs_bytes_per_mac:9.4f} | {'-':>7} "
+                 f"{'-':>6} {'-':>7}")
+        value = f"{s.value:9.2f}" if measured is None else f"{s.value:9.4g}"
+        lines.append(f"{i:>4} {label:<28} {s.spec.name:<62} {value} {model}"
+                     + ("" if measured is None else " model " + (
+                         "- (not modelled)" if s.model_value is None else f"{s.model_value:.2f}")))
     return lines
 
 
@@ -229,34 +270,39 @@ def _tune_measure(a: argparse.Namespace, tgt, rankings: dict) -> dict:
     """`tune --measure`: the top ``a.top`` kernels of each ranking built into one library and
     timed by the bench harness on this CPU (emulated on x86-64); the rankings by the timings."""
     import tempfile
-    from .bench.report import BenchError, guest_cpu, join, parse_shape, run_harness
+    from .bench.report import BenchError, join, run_harness
     from .build import build_library
     from .analysis.tune import measured_ranking
-    try:
-        m, n, k = parse_shape(a.measure_shape)
-    except BenchError as e:        # parse_shape's message names bench's --shape
-        raise CliError(f"--measure-shape{str(e).removeprefix('--shape')}") from None
-    if m < 2:
-        raise CliError(f"--measure-shape: the gemm job needs m >= 2, got {m}")
+    m, n, k = a.measure_shape
     shapes = {"gemm": (m, n, k), "gemv": (1, n, k)}
-    top = {reg: [s.spec.spec_string for s in r.scores[:a.top]] for reg, r in rankings.items()}
+    # the model's top kernels, and as many that llvm-mca does not model (SME): timed alike
+    top = {reg: [s.spec.spec_string for s in r.scores[:a.top]]
+           + [c.spec.spec_string for c in r.unmodelled[:a.top]] for reg, r in rankings.items()}
     with tempfile.TemporaryDirectory(prefix="tilegen-tune-") as tmp:
+        # ELF but on macOS: the library is timed here (a Mach-O target's too)
         build_library(sorted({s for v in top.values() for s in v}), target=tgt,
-                      out_dir=Path(tmp) / "lib", quiet=True)
+                      out_dir=Path(tmp) / "lib", quiet=True,
+                      fmt=None if sys.platform == "darwin" else "elf")
         cfg = _bench_config(a, Path(tmp) / "lib", tmp)
         cfg.update(shapes=[], plan=False, threads=[1],
                    kernel_jobs=[[spec, *shapes[reg]] for reg in rankings for spec in top[reg]])
         try:
-            raw = run_harness(cfg, cpu=a.cpu or guest_cpu(tgt.name), sve_vl=a.sve_vl,
-                              sme_vl=a.sme_vl)
+            raw = run_harness(cfg, cpu=a.guest_cpu, sve_vl=a.sve_vl, sme_vl=a.sme_vl)
         except BenchError as e:
             raise CliError(str(e)) from None
+        if raw.get("interrupted"):
+            raise _Interrupted(f"interrupted: {len(raw['rows'])} of {raw.get('jobs', '?')} "
+                               f"kernels timed, nothing ranked or written")
         doc = join(raw, str(Path(tmp) / "lib"), tgt.name, rankings["gemm" if "gemm" in rankings
                                                                     else "gemv"].model)
     regime = {(s, shapes[reg]): reg for reg in rankings for s in top[reg]}
     docs = {reg: dict(doc, rows=[r for r in doc["rows"]
                                  if regime.get((r["spec"], (r["m"], r["n"], r["k"]))) == reg])
             for reg in rankings}
+    for reg, d in docs.items():
+        if not d["rows"]:
+            why = "; ".join(f"{s}: {w}" for s, w in raw.get("skipped", [])) or "none ran"
+            raise CliError(f"no {a.family} {reg} kernel was timed ({why})")
     per_cycle = all(r["macs_per_cycle"] for d in docs.values() for r in d["rows"])
     unit = "MACs/cycle" if per_cycle else "MACs/ns"
     thr = {reg: {r["spec"]: (r["macs_per_cycle"] if per_cycle else r["gflops"] / 2)
@@ -272,7 +318,7 @@ def _tune_measure(a: argparse.Namespace, tgt, rankings: dict) -> dict:
               "shapes": {reg: ",".join(map(str, shp)) for reg, shp in shapes.items()
                          if reg in rankings}}
     ranking = {reg: [{"spec": s.spec.spec_string, "measured": round(s.value, 4),
-                      "model": round(s.model_value, 3),
+                      "model": None if s.model_value is None else round(s.model_value, 3),
                       "median_ns": rows[reg][s.spec.spec_string]["timing"]["median_ns"],
                       "rel_ci": rows[reg][s.spec.spec_string]["timing"]["rel_ci"],
                       "reps": rows[reg][s.spec.spec_string]["timing"]["reps"]}
@@ -302,6 +348,14 @@ def _cmd_tune(a: argparse.Namespace) -> int:
         raise CliError(f"--top must be >= 1 (rows per table), got {a.top}")
     if a.jobs is not None and a.jobs < 1:
         raise CliError(f"--jobs must be >= 1, got {a.jobs}")
+    from .bench.report import BenchError, parse_shape
+    a.guest_cpu = _check_timing_args(a, tgt.name)
+    try:
+        a.measure_shape = parse_shape(a.measure_shape, "--measure-shape")
+    except BenchError as e:
+        raise CliError(str(e)) from None
+    if a.measure and a.measure_shape[0] < 2:
+        raise CliError(f"--measure-shape: the gemm job needs m >= 2, got {a.measure_shape[0]}")
     if a.measure and a.write and not a.force:
         from .bench.report import will_emulate
         if will_emulate():      # the timings would come from qemu: refuse before timing
@@ -311,9 +365,21 @@ def _cmd_tune(a: argparse.Namespace) -> int:
     shown = list(REGIMES) if a.m is None else ["gemv" if a.m == 1 else "gemm"]
     needed = list(REGIMES) if a.write else shown
     try:
-        rankings = {reg: tune(tgt, a.family, reg, isa=a.isa,
-                              m=a.m if (reg == "gemm" and a.m and a.m > 1) else None, jobs=a.jobs)
-                    for reg in needed}
+        rankings, no_tiles = {}, {}
+        for reg in needed:
+            try:
+                rankings[reg] = tune(tgt, a.family, reg, isa=a.isa, jobs=a.jobs,
+                                     m=a.m if (reg == "gemm" and a.m and a.m > 1) else None,
+                                     unmodelled=a.measure)
+            except TuneError as e:      # e.g. q4_0_f16 has gemm kernels only: show the other
+                if a.write or len(needed) == 1:
+                    raise
+                no_tiles[reg] = e
+        if not rankings:
+            raise next(iter(no_tiles.values()))
+        for reg, e in no_tiles.items():
+            print(f"tilegen tune: no {reg} ranking: {e}", file=sys.stderr)
+        shown = [reg for reg in shown if reg in rankings]
         measured = _tune_measure(a, tgt, rankings) if a.measure else None
         if measured is not None:
             rankings = measured["rankings"]
@@ -349,7 +415,8 @@ def _cmd_tune(a: argparse.Namespace) -> int:
                               "gemv": pair.gemv.spec.spec_string, "shared_rhs": pair.shared_rhs,
                               "best_gemm": ent.top_gemm.spec_string,
                               "best_gemv": ent.top_gemv.spec_string}
-        print(_json.dumps(out, indent=2))
+        from .bench.report import to_json
+        print(to_json(out))     # strict JSON
         return 0
     for reg in shown:
         print("\n".join(_tune_table(rankings[reg], a.top, measured)))
@@ -565,8 +632,8 @@ def _parser() -> argparse.ArgumentParser:
                     help="time this kernel of LIB (repeatable; default: the kernel LIB picks per "
                          "weights kind and m, and the plan calls)")
     be.add_argument("--kind", action="append", metavar="KIND",
-                    help="weights kinds to time (repeatable; default f32, q4_0, q4_0_dx, q8_0, "
-                         "bf16: those LIB has kernels for)")
+                    help="weights kinds to time (repeatable; default: each family's own kind "
+                         "(f32, q4_0, ..., q4_K, q6_K, bf16), those LIB has kernels for)")
     be.add_argument("--shape", action="append", metavar="M,N,K",
                     help="a job shape (repeatable; default decode 1,4096,4096 and prefill "
                          "128,4096,4096, and a llama-7B layer's FFN shapes)")
@@ -637,6 +704,14 @@ def main(argv: list[str] | None = None) -> int:
         rc = a.fn(a)
         sys.stdout.flush()      # a closed pipe raises here, not at interpreter exit
         return rc
+    except _Interrupted as e:
+        print(f"tilegen {a.cmd}: {e}", file=sys.stderr)
+        return 130
+    except KeyboardInterrupt:   # Ctrl-C before or between the timings: one line, no traceback
+        if a.cmd not in ("bench", "tune"):
+            raise
+        print(f"tilegen {a.cmd}: interrupted", file=sys.stderr)
+        return 130
     except BrokenPipeError:     # e.g. `tilegen list | head`: stop quietly
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
         return 1

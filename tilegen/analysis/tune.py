@@ -12,6 +12,7 @@ to fewer vector registers, then fewer packed-RHS bytes per MAC, then the smaller
 """
 from __future__ import annotations
 
+import math
 import os
 import threading
 from concurrent.futures import ThreadPoolExecutor
@@ -105,7 +106,8 @@ class Score:
 @dataclass(frozen=True)
 class Measured(Score):
     """A score whose value is a timing (``tune --measure``): measured MACs per cycle (or per
-    ns, the unit the method records) of the kernel, next to its model report."""
+    ns, the unit the method records) of the kernel, next to its model report (None: a kernel
+    llvm-mca does not model, e.g. SME, ranked by its timing alone)."""
     measured: float = 0.0
 
     @property
@@ -113,12 +115,19 @@ class Measured(Score):
         return self.measured
 
     @property
-    def model_value(self) -> float:
-        return Score.value.fget(self)
+    def model_value(self) -> float | None:
+        return None if self.report is None else Score.value.fget(self)
 
     def as_dict(self) -> dict:
-        return dict(super().as_dict(), measured=self.measured,
-                    model_block32_macs_per_cycle=self.model_value)
+        if self.report is None:
+            s = self.spec
+            base = {"spec": s.spec_string, "kernel": s.name, "isa": s.isa, "mr": s.mr,
+                    "nr": s.nr, "kr": s.kr, "sr": s.sr, "acc_mem": s.acc_mem,
+                    "rows": self.cand.rows, "vregs": self.cand.vregs,
+                    "rhs_bytes_per_mac": self.cand.rhs_bytes_per_mac}
+        else:
+            base = super().as_dict()
+        return dict(base, measured=self.measured, model_block32_macs_per_cycle=self.model_value)
 
 
 @dataclass(frozen=True)
@@ -132,6 +141,8 @@ class Ranking:
     same_code: dict[str, tuple[str, ...]] = field(default_factory=dict, compare=False)
     # representative spec -> the other accepted tiles that render its code
     not_modelled: tuple[tuple[str, str], ...] = ()     # (spec, why) analyze could not model
+    # the candidates of not_modelled (tune(..., unmodelled=True): timed by tune --measure)
+    unmodelled: tuple[Candidate, ...] = field(default=(), compare=False)
 
     @property
     def best(self) -> Score:
@@ -300,9 +311,11 @@ def rank(scores: Iterable[Score], tol: float = TOLERANCE) -> list[Score]:
 
 def tune(target: Target, family: str, regime: str, isa: str | None = None, m: int | None = None,
          model: str | None = None, jobs: int | None = None, mrs: Sequence[int] | None = None,
-         nrs: Sequence[int] | None = None) -> Ranking:
+         nrs: Sequence[int] | None = None, unmodelled: bool = False) -> Ranking:
     """Rank the distinct kernels of every accepted ``family``/``regime`` tile on ``model``
-    (default: the target's llvm-mca model)."""
+    (default: the target's llvm-mca model).  ``unmodelled``: the kernels llvm-mca does not
+    model (SME) are kept as candidates (``Ranking.unmodelled``, for timings) and a ranking
+    without a modelled kernel is no error."""
     model = model or target.llvm_cpu
     if not model:
         raise TuneError(f"target {target.name} has no llvm-mca model (llvm_cpu); tune a CPU "
@@ -314,21 +327,30 @@ def tune(target: Target, family: str, regime: str, isa: str | None = None, m: in
     groups = distinct(cands)
     reps = [c for c in (_candidate(r) for r in groups) if c is not None]
     scores, failed = score(reps, model, jobs)
-    if not scores:
+    if not scores and not (unmodelled and failed):
         raise TuneError(f"llvm-mca models none of the {len(reps)} {family} {regime} kernels on "
                         f"{model}: {failed[0][1]}")
     return Ranking(target.name, model, family, regime, tuple(rank(scores)), len(cands),
                    {r.spec_string: tuple(s.spec_string for s in v if s != r)
                     for r, v in groups.items()},
-                   tuple((sp.spec_string, why) for sp, why in failed))
+                   tuple((sp.spec_string, why) for sp, why in failed),
+                   tuple(c for c in reps if c.spec in {sp for sp, _ in failed}) if unmodelled
+                   else ())
 
 
 def measured_ranking(ranking: Ranking, measured: dict[str, float],
                      tol: float = TOLERANCE) -> Ranking:
     """``ranking``'s kernels that were timed (spec string -> measured throughput, higher is
-    better), ranked by the measurement (ties within ``tol`` as :func:`rank`)."""
+    better), ranked by the measurement (ties within ``tol`` as :func:`rank`).  A throughput
+    that is not a finite positive number is a TuneError (a timing gone wrong, never ranked)."""
     scores = [Measured(s.cand, s.report, float(measured[s.spec.spec_string]))
               for s in ranking.scores if s.spec.spec_string in measured]
+    scores += [Measured(c, None, float(measured[c.spec.spec_string]))
+               for c in ranking.unmodelled if c.spec.spec_string in measured]
+    bad = [s for s in scores if not (math.isfinite(s.measured) and s.measured > 0)]
+    if bad:
+        raise TuneError(f"{bad[0].spec.spec_string}: measured throughput {bad[0].measured} is "
+                        f"not a positive number (the timing or the core clock is wrong)")
     if not scores:
         raise TuneError(f"no {ranking.family} {ranking.regime} kernel was timed")
     return replace(ranking, scores=tuple(rank(scores, tol)))

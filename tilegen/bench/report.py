@@ -8,8 +8,10 @@ docs/cli.md; :func:`check_schema` checks a document against it.
 from __future__ import annotations
 
 import json
+import math
 import os
 import re
+import signal
 import subprocess
 import sys
 import tempfile
@@ -21,11 +23,14 @@ from ..build.toolchain import ToolchainError, discover
 from ..generator.render import render_template
 from ..generator.validate import parse_spec
 from ..records import ISAS, __version__
+from ..runtime.checks import MAX_THREADS
 from .clock import ADD_CHAIN, EMULATED_LABEL
 
 __all__ = ["SCHEMA_ID", "SCHEMA", "DEFAULT_SHAPES", "BenchError", "build_clock_routines",
            "kleidiai_config", "run_harness", "join", "check_schema", "table", "parse_shape",
-           "parse_threads", "guest_cpu", "default_model", "progress", "will_emulate"]
+           "parse_threads", "check_timing_options", "check_kinds", "guest_cpu",
+           "default_model", "progress", "will_emulate", "to_json", "MAX_JOB_BYTES",
+           "TIMING_RANGES"]
 
 SCHEMA_ID = "tilegen-bench/1"
 # decode and prefill of a 4096 x 4096 projection, then a llama-7B layer's other shapes
@@ -53,6 +58,7 @@ SCHEMA = {
                 "cpufreq_max_ghz": _OPT_NUM, "rule": dict,
                 "stream": {"bytes": int, "timing": _TIMING, "bytes_per_s": _NUM}},
     "model": (str, type(None)),
+    "interrupted": bool,
     "skipped": [list],
     "rows": [{"what": str, "kind": str, "kernel": str, "spec": str, "m": int, "n": int, "k": int,
               "threads": int, "weights_bytes": int, "timing": _TIMING, "cycles_counted": bool,
@@ -98,16 +104,28 @@ def check_schema(doc) -> list[str]:
 
 
 # -- arguments -----------------------------------------------------------------------------
-def parse_shape(text: str) -> tuple[int, int, int]:
+#: the bound on a job's float operands: x (m*k), the weights (n*k) and the output (m*n), 4 bytes
+#: each, at most 2 GiB together (the harness holds them, and their packed copies, at once)
+MAX_JOB_BYTES = 2 << 30
+
+
+def parse_shape(text: str, option: str = "--shape") -> tuple[int, int, int]:
+    """``m,n,k``: three positive integers whose float operands fit :data:`MAX_JOB_BYTES`."""
     parts = text.split(",")
     if len(parts) != 3 or not all(re.fullmatch(r"[1-9][0-9]*", p.strip()) for p in parts):
-        raise BenchError(f"--shape {text!r}: give m,n,k, three positive integers (e.g. 1,4096,4096)")
+        raise BenchError(f"{option} {text!r}: give m,n,k, three positive integers (e.g. 1,4096,4096)")
     m, n, k = (int(p) for p in parts)
+    need = 4 * (m * k + n * k + m * n)
+    if need > MAX_JOB_BYTES:
+        raise BenchError(f"{option} {text!r}: the job's float operands (x {m}x{k}, weights "
+                         f"{n}x{k}, output {m}x{n}) need {need / 2**30:.3g} GiB; the bound is "
+                         f"{MAX_JOB_BYTES >> 30} GiB per job")
     return m, n, k
 
 
 def parse_threads(text: str) -> list[int]:
-    """``4`` (1..4), ``1..4``, or a list ``1,2,8``."""
+    """``4`` (1..4), ``1..4``, or a list ``1,2,8``: counts from 1 to the runtime's limit
+    (``tilegen.runtime.checks.MAX_THREADS``)."""
     m = re.fullmatch(r"\s*(\d+)\s*(?:\.\.\s*(\d+))?\s*", text)
     if m and m.group(2) is not None:
         lo, hi = int(m.group(1)), int(m.group(2))
@@ -120,7 +138,58 @@ def parse_threads(text: str) -> list[int]:
         out = []
     if not out or min(out) < 1:
         raise BenchError(f"--threads {text!r}: give N (1..N), A..B or a list A,B,C of counts >= 1")
+    if max(out) > MAX_THREADS:
+        raise BenchError(f"--threads {text!r}: at most {MAX_THREADS} threads (the runtime's "
+                         f"threads= limit), got {max(out)}")
     return out
+
+
+#: option -> (low, high, low included): the ranges of the numeric timing options (finite)
+TIMING_RANGES = {"--rel-ci": (0.0, 1.0, False), "--budget": (0.0, 3600.0, False),
+                 "--freq-ghz": (0.0, 100.0, False), "--bandwidth-mib": (1.0, 1024.0, True)}
+
+
+def check_timing_options(**values) -> None:
+    """BenchError unless each given option (``rel_ci=``, ``budget=``, ``freq_ghz=``,
+    ``bandwidth_mib=``; None: not given) is finite and within :data:`TIMING_RANGES`."""
+    for name, v in values.items():
+        if v is None:
+            continue
+        opt = "--" + name.replace("_", "-")
+        lo, hi, closed = TIMING_RANGES[opt]
+        if not (math.isfinite(v) and (v >= lo if closed else v > lo) and v <= hi):
+            raise BenchError(f"{opt} must be a finite number {'from' if closed else 'above'} "
+                             f"{lo:g} {'to' if closed else 'up to'} {hi:g}, got {v}")
+
+
+def check_kinds(kinds, families: set[str]) -> None:
+    """BenchError unless every weights kind of ``kinds`` is a runtime kind (the records') that
+    a kernel of ``families`` (the library's) serves."""
+    from ..runtime.select import KIND_FAMILIES
+    for kind in kinds:
+        if kind not in KIND_FAMILIES:
+            raise BenchError(f"--kind {kind!r}: unknown weights kind; known: "
+                             f"{', '.join(KIND_FAMILIES)}")
+        if not families & set(KIND_FAMILIES[kind]):
+            have = [k for k, fams in KIND_FAMILIES.items() if families & set(fams)]
+            raise BenchError(f"--kind {kind!r}: the library has no kernel of "
+                             f"{' or '.join(KIND_FAMILIES[kind])}; it serves "
+                             f"{', '.join(have) or 'no kind'}")
+
+
+def _finite(v):
+    if isinstance(v, float) and not math.isfinite(v):
+        return None
+    if isinstance(v, dict):
+        return {k: _finite(x) for k, x in v.items()}
+    if isinstance(v, (list, tuple)):
+        return [_finite(x) for x in v]
+    return v
+
+
+def to_json(doc) -> str:
+    """``doc`` as strict JSON (RFC 8259: non-finite numbers become null, never NaN/Infinity)."""
+    return json.dumps(_finite(doc), indent=2, allow_nan=False)
 
 
 def guest_cpu(target: str | None) -> str:
@@ -204,21 +273,68 @@ def run_harness(cfg: dict, cpu: str = "max", sve_vl: int | None = None,
                 sme_vl: int | None = None, emulate: bool | None = None) -> dict:
     """The harness's raw result: in this process on an Arm64 CPU, else (or with
     ``emulate=True``) in the guest Python on qemu model ``cpu`` (progress lines on stderr as
-    they come)."""
+    they come).  A user error inside the harness (the library does not load, a job's layouts
+    refuse it) is a BenchError with its one-line message.  Ctrl-C (SIGINT, KeyboardInterrupt
+    here) ends the run: the result holds the rows measured so far and ``"interrupted": True``
+    (no ``"machine"`` when it came before the library loaded)."""
+    from .harness import EXIT_ERROR, EXIT_INTERRUPTED, USER_ERRORS
     if not (will_emulate() if emulate is None else emulate):
         from .harness import run
-        return run(cfg)
-    from ..emulate.runner import guest_command
+        try:
+            return run(cfg)
+        except KeyboardInterrupt:
+            return {"interrupted": True, "rows": [], "skipped": []}
+        except USER_ERRORS as e:
+            raise BenchError(str(e)) from None
+    from ..emulate.runner import EmulateError, guest_command
     with tempfile.TemporaryDirectory(prefix="tilegen-bench-") as tmp:
         cin, cout = Path(tmp) / "config.json", Path(tmp) / "result.json"
         cin.write_text(json.dumps(cfg))
-        argv, env = guest_command(["python", "-m", "tilegen.bench.harness", str(cin), str(cout)],
-                                  cpu=cpu, sve_vl=sve_vl, sme_vl=sme_vl)
-        p = subprocess.run(argv, env=env)
-        if p.returncode != 0 or not cout.is_file():
-            raise BenchError(f"the bench harness failed in the emulated Python (cpu {cpu}, "
-                             f"exit code {p.returncode}; its stderr is above)")
-        return json.loads(cout.read_text())
+        try:
+            argv, env = guest_command(["python", "-m", "tilegen.bench.harness", str(cin),
+                                       str(cout)], cpu=cpu, sve_vl=sve_vl, sme_vl=sme_vl)
+        except EmulateError as e:
+            raise BenchError(str(e)) from None
+        # its own session (a terminal's Ctrl-C reaches this process only, which passes one
+        # SIGINT on), started with SIGINT ignored until the harness's main takes it over
+        p = subprocess.Popen(argv, env=env, start_new_session=True,
+                             preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_IGN))
+        interrupted = False
+        try:
+            p.wait()
+        except KeyboardInterrupt:
+            interrupted = True
+            _stop(p)
+        res = json.loads(cout.read_text()) if cout.is_file() else None
+    if res is not None and p.returncode == EXIT_ERROR and "error" in res:
+        raise BenchError(res["error"])
+    if interrupted or p.returncode == EXIT_INTERRUPTED:
+        res = res if res is not None and "rows" in res else {"rows": [], "skipped": []}
+        return dict(res, interrupted=True)
+    if p.returncode != 0 or res is None:
+        raise BenchError(f"the bench harness failed in the emulated Python (cpu {cpu}, "
+                         f"exit code {p.returncode}; its stderr is above)")
+    return res
+
+
+def _stop(p: subprocess.Popen, patience_s: float = 30.0) -> None:
+    """Pass Ctrl-C on to the guest harness (again each second: it ignores SIGINT until its
+    main runs) until it has written the rows measured so far; killed after ``patience_s``
+    or at a second Ctrl-C."""
+    import time
+    end = time.monotonic() + patience_s
+    try:
+        while p.poll() is None and time.monotonic() < end:
+            p.send_signal(signal.SIGINT)
+            try:
+                p.wait(timeout=1.0)
+            except subprocess.TimeoutExpired:
+                pass
+    except KeyboardInterrupt:
+        pass
+    if p.poll() is None:
+        p.kill()
+        p.wait()
 
 
 # -- joining with the model ------------------------------------------------------------------
@@ -268,7 +384,8 @@ def join(raw: dict, library: str, target: str | None, model: str | None) -> dict
         rows.append(r)
     return {"schema": SCHEMA_ID, "tilegen": __version__, "library": str(library),
             "target": target, "label": label, "machine": mach, "model": model,
-            "skipped": raw.get("skipped", []), "rows": rows}
+            "interrupted": bool(raw.get("interrupted")), "skipped": raw.get("skipped", []),
+            "rows": rows}
 
 
 def _f(v, fmt: str) -> str:
@@ -318,6 +435,8 @@ def table(doc: dict) -> str:
               doc['rows']})) or "-") + "); meas/model: per thread against llvm-mca's "
               "32-k-block MACs/cycle; %strm: packed-weight bytes/s over the copy bandwidth (gemv)"]
     lines += [f"skipped: {name} ({why})" for name, why in doc["skipped"]]
+    if doc.get("interrupted"):
+        lines.append("*** interrupted (Ctrl-C): only the rows measured before it ***")
     if mach["emulated"]:
         lines.append(f"*** every figure above: {EMULATED_LABEL} ***")
     return "\n".join(lines)

@@ -127,6 +127,8 @@ class Q4KP(KQuantRhs):
 
     format = "q4kp"
     ggml_block = ("Q4_K", QK_K)
+    ggml_only = "q4_K"
+    random_ggml = staticmethod(random_q4_k)     # seeded random valid block_q4_K rows
     label_prefix = "q4kp"
 
     def __post_init__(self) -> None:

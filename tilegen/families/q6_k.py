@@ -120,6 +120,8 @@ class Q6KP(KQuantRhs):
 
     format = "q6kp"
     ggml_block = ("Q6_K", QK_K)
+    ggml_only = "q6_K"
+    random_ggml = staticmethod(random_q6_k)     # seeded random valid block_q6_K rows
     label_prefix = "q6kp"
 
     def __post_init__(self) -> None:

@@ -143,6 +143,10 @@ class PackedLayout:
     #: the ggml block type ``pack_from_ggml`` reads, and its k values per block
     #: (e.g. ``("Q4_K", 256)``); None: the format takes no ggml blocks
     ggml_block: ClassVar[tuple[str, int] | None] = None
+    #: RHS formats that take their weights only as ggml blocks (``pack_from_ggml``; float
+    #: weights refused): the ggml block type (e.g. ``"q4_K"``), whose seeded random valid
+    #: rows the class gives by ``random_ggml(n, k, seed)``; None: float weights are packed
+    ggml_only: ClassVar[str | None] = None
 
     # -- what tilegen's generated NEON packer of this format can do (LHS formats;
     #    tilegen.generator.packers reads these, never a table of its own) -------------------
