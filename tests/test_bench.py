@@ -488,7 +488,7 @@ def _family_kernels() -> dict:
     """One kernel per family of the records (a gemm where the family has one, NEON before
     VL-scaled): from linux-aarch64-all's defaults, which hold every family."""
     from tilegen.build import default_specs, get_target
-    from tilegen.records import FAMILIES
+    from tilegen.families import FAMILIES
     specs = default_specs(get_target("linux-aarch64-all"))
     return {fam: min((s for s in specs if s.family == fam),
                      key=lambda s: (s.vl_scaled, s.is_gemv)) for fam in FAMILIES}
@@ -547,7 +547,7 @@ def test_every_family_is_tuned_by_timings(monkeypatch, capsys):
     SME model): positive measured throughputs in strict JSON.  The harness runs in one
     persistent guest on cpu max with SME opted in (the subprocess path: the tests above)."""
     import tilegen.analysis.tune as T
-    from tilegen.records import FAMILIES
+    from tilegen.families import FAMILIES
     real = T.tune
     monkeypatch.setattr(T, "tune", lambda *a, **k: real(*a, **k, mrs=(1, 4), nrs=(4, 8)))
     monkeypatch.setattr(report, "run_harness", lambda cfg, cpu, sve_vl=None, sme_vl=None: guest(

@@ -40,7 +40,7 @@ import numpy as np
 from ..callconv import Param
 from ..generator.validate import parse_spec
 from ..layout import LayoutError, lhs_layout_for, rhs_layout_for
-from ..records import FAMILIES
+from ..families import FAMILIES
 from ..runtime import load
 from ..runtime.binding import CTYPES
 from ..runtime.errors import ArgumentError, LoadError
