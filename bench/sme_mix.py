@@ -139,6 +139,19 @@ def _f(v, fmt: str) -> str:
     return "–" if v is None else format(v, fmt)
 
 
+def _each_kernel(rows: list[dict], last: str):
+    """(source, report) of each distinct kernel of the rows: tilegen's, then KleidiAI's of
+    release ``last``."""
+    seen = set()
+    for r in rows:
+        items = [("tilegen", r["tilegen"])] + [(f"KleidiAI v{last}", r["kleidiai"][last])
+                                               for _ in [0] if r["kleidiai"]]
+        for src, d in items:
+            if (d["kernel"], src) not in seen:
+                seen.add((d["kernel"], src))
+                yield src, d
+
+
 def markdown(rows: list[dict], pk: list[dict], kai: list[tuple[str, Path, str]], cmd: str) -> str:
     vers = [v for v, _, _ in kai]
     last = vers[-1]
@@ -198,41 +211,25 @@ def markdown(rows: list[dict], pk: list[dict], kai: list[tuple[str, Path, str]],
             "vectors per instruction):", "",
             "| kernel | source | SME-unit classes | core | chain cycles | serial cycles |",
             "|---|---|---|---|---|---|"]
-    seen = set()
-    for r in rows:
-        items = [("tilegen", r["tilegen"])] + [(f"KleidiAI v{last}", r["kleidiai"][last])
-                                               for _ in [0] if r["kleidiai"]]
-        for src, d in items:
-            if (d["kernel"], src) in seen:
-                continue
-            seen.add((d["kernel"], src))
-            m = d["m4"]
-            cl = ", ".join(f"{c} {n}" for c, n in m["classes"].items() if c != "core")
-            out.append(f"| {d['kernel']} | {src} | {cl} | {m['core_insns']} | "
-                       f"{m['chain_cycles']:.0f} | {m['serial_cycles']:.0f} |")
+    for src, d in _each_kernel(rows, last):
+        m = d["m4"]
+        cl = ", ".join(f"{c} {n}" for c, n in m["classes"].items() if c != "core")
+        out.append(f"| {d['kernel']} | {src} | {cl} | {m['core_insns']} | "
+                   f"{m['chain_cycles']:.0f} | {m['serial_cycles']:.0f} |")
     out += ["", "The table (cycles per instruction, or per vector written or moved; a cycle is "
             "one f32 FMOPA issue with 4 tiles, 3.91 G per second):", "",
             "| class | unit | cycles | per | latency | source |", "|---|---|---|---|---|---|"]
-    for u in M4_UNITS.values():
-        out.append(f"| {u.cls} | {u.unit} | {u.cycles:g} | {u.per} | "
-                   f"{'–' if u.latency is None else format(u.latency, 'g')} | {u.source} |")
+    out += [u.table_row() for u in M4_UNITS.values()]
     out += ["", "## Memory per 32-k block and accumulators (SVL 512, one tile)", "",
             "| kernel | source | loads | bytes loaded | stores | bytes stored | dst bytes "
             "(loaded + stored) | stack bytes | accumulators |", "|---|---|---|---|---|---|---|---|---|"]
-    seen = set()
-    for r in rows:
-        items = [("tilegen", r["tilegen"])] + [(f"KleidiAI v{last}", r["kleidiai"][last])
-                                               for _ in [0] if r["kleidiai"]]
-        for src, d in items:
-            if (d["kernel"], src) in seen:
-                continue
-            seen.add((d["kernel"], src))
-            out.append(f"| {d['kernel']} | {src} | {d['block_loads']} | "
-                       f"{d['block_load_bytes']} | {d['block_stores']} | "
-                       f"{d['block_store_bytes']} | "
-                       f"{d['block_dst_load_bytes'] + d['block_dst_store_bytes']} | "
-                       f"{d['block_stack_load_bytes'] + d['block_stack_store_bytes']} | "
-                       f"{d['accumulators']} |")
+    for src, d in _each_kernel(rows, last):
+        out.append(f"| {d['kernel']} | {src} | {d['block_loads']} | "
+                   f"{d['block_load_bytes']} | {d['block_stores']} | "
+                   f"{d['block_store_bytes']} | "
+                   f"{d['block_dst_load_bytes'] + d['block_dst_store_bytes']} | "
+                   f"{d['block_stack_load_bytes'] + d['block_stack_store_bytes']} | "
+                   f"{d['accumulators']} |")
     out += ["", "## Every row", "",
             "| group | row / exported name | kernel | source | k/iter | insns | MAC insns | "
             "MACi/i | MACs/ins (128) | loads | block insns (512) | blk MAC/i (512) |",

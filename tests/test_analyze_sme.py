@@ -264,7 +264,7 @@ def test_kquant_sme2_block_is_a_superblock(spec, mr, nr):
 
 # -- the SME unit and the core: the per-class Apple M4 table (issue #34 item 1) ---------------
 
-from tilegen.analysis.sme import M4_UNITS, unit_class, unit_mix  # noqa: E402
+from tilegen.analysis.sme import M4_DATA, M4_UNITS, unit_class, unit_mix  # noqa: E402
 
 #: the public M4 measurements (../shared/thirdparty/m4-sme, README there)
 M4_DIR = REPO.parent / "shared" / "thirdparty" / "m4-sme"
@@ -321,8 +321,7 @@ def test_m4_table_is_the_public_data():
     latency the same over the one-chain row's rate (rounded to the half cycle); the cited rows
     are the class's opcode and types; every other row is flagged as an assumption."""
     assert M4_DIR.is_dir(), f"{M4_DIR}: the public M4 data (check out ../shared next to the repo)"
-    data = {f: json.loads((M4_DIR / f).read_text())
-            for f in ("outer-products.json", "za-vector-ops.json", "streaming-sve-ops.json")}
+    data = {f: json.loads((M4_DIR / f).read_text()) for f in M4_DATA}
     f32 = data["outer-products.json"][27]
     assert (f32["opcode"], f32["input"], f32["tiles"], f32["threads"]) == ("fmopa", "f32", 4, 1)
     clock = _median(f32["flops"]) / 512              # G instructions per second: 1 per cycle
@@ -399,7 +398,6 @@ def test_m4_table_documented():
     doc = (REPO / "docs" / "tuning.md").read_text()
     sec = doc[doc.index("### The SME unit and the core (Apple M4)"):]
     rows = [ln for ln in sec.splitlines() if ln.startswith("| `")]
-    want = [f"| `{u.cls}` | {u.unit} | {u.cycles:g} | {u.per} | "
-            f"{'–' if u.latency is None else format(u.latency, 'g')} | {u.source} |"
-            for u in M4_UNITS.values()]
-    assert rows[:len(want)] == want
+    assert rows[:len(M4_UNITS)] == [u.table_row() for u in M4_UNITS.values()]
+    assert rows[0] == ("| `mopa.f32` | sme | 1 | insn | 4 | m4-sme outer-products.json row 27, "
+                       "latency row 0 (FMOPA f32: 2004 GFLOPS with 4 tiles, 498 with 1) |")

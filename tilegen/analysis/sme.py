@@ -34,6 +34,11 @@ A block marker may name its k (``tilegen:block-begin k=256``: one K-quant super-
 int32 sub-block sums, the min term and the float epilogue of 256 k): the block figures are then
 per that block (``block_k``), MACs per instruction over the whole super-block.
 
+The SME unit and the core (``UnitMix``, ``SmeReport.unit``; at SVL 512 only): every instruction
+of the block in one class of ``M4_UNITS`` — on the SME unit (it touches Z, ZA, ZT0 or a
+predicate) or on the core (general registers only) — and the block's bound in cycles on Apple
+M4 from that per-class table (see the section below and docs/tuning.md).
+
 Kernels without a marked block (the f32, bf16 and q8 per-channel kernels, whose hot loop runs
 over the whole k) get a derived block: the hot loop repeated 32 / k-per-iteration times.
 
@@ -49,7 +54,8 @@ import re
 from dataclasses import dataclass
 
 __all__ = ["UnitCost", "M4_UNITS", "M4_DATA", "M4_SVL", "unit_class", "UnitMix", "unit_mix",
-           "UNIT_HEADER", "UNIT_LEGEND", "SmeReport", "Memory", "Traffic", "macs_of", "load_vectors", "is_load", "is_store",
+           "UNIT_HEADER", "UNIT_LEGEND", "SmeReport", "Memory", "Traffic", "macs_of",
+           "load_vectors", "is_load", "is_store",
            "mem_bytes", "memory", "accumulators", "count", "sme_report", "kleidiai_lines",
            "count_kleidiai", "SME_HEADER", "SME_LEGEND", "ROLES", "KaiRecipe", "KAI_RECIPES",
            "kleidiai_version", "kleidiai_source", "kleidiai_report", "PackerMix", "packer_mix",
@@ -334,6 +340,12 @@ class UnitCost:
         return (f"m4-sme {f} row {tput}" + (f", latency row {lat}" if lat is not None else "")
                 + (f" ({self.note})" if self.note else ""))
 
+    def table_row(self) -> str:
+        """The row of the table in docs/tuning.md and bench/results/sme_mix.md."""
+        lat = "–" if self.latency is None else format(self.latency, "g")
+        return (f"| `{self.cls}` | {self.unit} | {self.cycles:g} | {self.per} | {lat} | "
+                f"{self.source} |")
+
     def as_dict(self) -> dict:
         return {"class": self.cls, "unit": self.unit, "cycles": self.cycles, "per": self.per,
                 "latency": self.latency, "source": self.source, "assumed": self.assumed}
@@ -383,7 +395,6 @@ M4_UNITS: dict[str, UnitCost] = {u.cls: u for u in (
 
 _FP_ZA = ("fmla", "fmls", "fadd", "fsub", "bfmla", "bfmls", "bfadd", "bfsub")
 _FP_WIDEN = ("fdot", "bfdot", "fvdot", "bfvdot", "fmlal", "fmlsl", "bfmlal", "bfmlsl")
-_ZA_TILE = re.compile(r"\bza\d*[hv]?\.[bhsdq]\b|\bza\d*[hv]\.[bhsdq]\[|\bza\b|\{\s*za")
 
 
 def _touches_sme(low: str) -> bool:
@@ -505,8 +516,8 @@ def unit_mix(insns: list[str]) -> UnitMix:
             chains[acc] = (c + u.latency, cls)
     acc, (chain, ccls) = max(chains.items(), key=lambda t: t[1][0], default=("-", (0.0, "-")))
     order = list(M4_UNITS)
-    return UnitMix(tuple(sorted(counts.items(), key=lambda t: (order.index(t[0].split(":")[0]), t[0]))),
-                   tuple(sorted(cycles.items(), key=lambda t: order.index(t[0]))),
+    by_class = sorted(counts.items(), key=lambda t: (order.index(t[0].split(":")[0]), t[0]))
+    return UnitMix(tuple(by_class), tuple(sorted(cycles.items(), key=lambda t: order.index(t[0]))),
                    chain, ccls, acc)
 
 
