@@ -7,8 +7,8 @@
           {z<4i>-z<4i+3>}, predicate-as-counter pn8): two LHS groups and two RHS groups (the
           RHS groups alternate along the slice's vectors), 2 + 2*nu loads per slice instead of
           8 + 8*nu; the epilogue's column and row values reuse those 16 registers.
-          And the gemv (mr = 1), nr = 2vl or 4vl: SDOT by lane on a multi-vector RHS group into the
-          ZA-array group at w8 (vgx<nv>); consecutive chunks of k go to different ZA-array
+          And the gemv (mr = 1), nr = 2vl or 4vl: SDOT by lane on a multi-vector RHS group
+          into the ZA-array group at w8 (vgx<nv>); consecutive chunks of k go to different ZA-array
           offsets (independent accumulation chains, at most 4: distinct at SVL 128), added
           after the k loop.  Template q8_sve.S.j2 (strategy ``za4``), in streaming mode.
 
@@ -48,6 +48,7 @@ class Q8SmeRegs(Frame):
     clamp: tuple[int, int]
     gpr: dict[str, int] = field(hash=False)
     counter_pred: int = 8                # pn8: all lanes, the SME2 multi-vector loads
+    load_group: int = _GROUP             # SME2: vectors per load (lhs / rhs: two groups each)
     saved_x: tuple[int, ...] = ()
     saved_d: tuple[int, ...] = ()
     needs: VectorNeeds = VectorNeeds(())
@@ -69,7 +70,7 @@ def _allocate_q8_sme(spec: KernelSpec) -> Q8SmeRegs:
         lhs = tuple(v.take(2 * _GROUP, "LHS"))
         rhs = tuple(v.take(2 * _GROUP, "RHS"))
         if any(g[0] % _GROUP or list(g) != list(range(g[0], g[0] + _GROUP))
-               for g in (lhs[:4], lhs[4:], rhs[:4], rhs[4:])):
+               for g in (lhs[:_GROUP], lhs[_GROUP:], rhs[:_GROUP], rhs[_GROUP:])):
             raise AssertionError(f"q8_0 sme2 gemm: load groups {lhs} {rhs} are not z<4i>-z<4i+3>")
         held = list(lhs + rhs)          # dead after the k loop: the epilogue's values
         col_vals = tuple(v.reuse(held, 3 * nu, "column values"))
