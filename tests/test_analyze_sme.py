@@ -79,6 +79,16 @@ def test_cli_reports_sme_rows():
     assert p.returncode == 0, p.stderr
     row = json.loads(p.stdout)[0]
     assert row["model"] == "sme-static" and row["macs_per_insn_128"] > 0
+    # the SME-unit model of its block: FMOPA-bound on the M4 table, 128 f32 FMOPA per 32 k
+    assert row["m4"]["binding"] == "mopa.f32" and row["m4"]["classes"]["mopa.f32"] == 128
+    p = subprocess.run([sys.executable, "-m", "tilegen", "analyze", "--kernel", "q8_0:sme2:1vlx4vl"],
+                       capture_output=True, text=True)
+    assert p.returncode == 0, p.stderr
+    from tilegen.analysis.sme import UNIT_HEADER
+    lines = p.stdout.splitlines()
+    unit = lines[lines.index(UNIT_HEADER) + 1].split()
+    assert unit[:6] == ["matmul_clamp_f32_qai8dxp1vlx4_qsi8cxp4vlx4_1vlx4vl_sme2_mopa", "32", "42",
+                        "5", "64.0", "512.0"] and unit[8] == "mopa.i8", unit
 
 
 @pytest.mark.parametrize("insn, svl, nbytes", [
