@@ -11,6 +11,10 @@ the tilegen cache (``tilegen.emulate.provision.ensure_kleidiai_source``).  Witho
 kernel's file is found in the tree by its name (``kai_<name>_asm.S``, else the inline asm of
 ``kai_<name>.c``); which loop is its hot loop and its 32-k block is in
 ``tilegen.analysis.sme.KAI_RECIPES``.  Nothing of KleidiAI's code is kept in this repository.
+
+Every kernel (tilegen's and KleidiAI's) also goes through the SME-unit model: its block's
+instructions on the SME unit and on the core, by class, and the block's bound in cycles on
+Apple M4 (``tilegen.analysis.sme.M4_UNITS``, the per-class table with its sources).
 """
 from __future__ import annotations
 
@@ -21,9 +25,9 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from tilegen.analysis.sme import (KAI_PACKERS, SME_HEADER, SME_LEGEND,  # noqa: E402
-                                 kleidiai_packer_mix, kleidiai_report, kleidiai_version,
-                                 packer_call_insns, packer_mix, sme_report)
+from tilegen.analysis.sme import (KAI_PACKERS, M4_UNITS, SME_HEADER, SME_LEGEND,  # noqa: E402
+                                 UNIT_HEADER, UNIT_LEGEND, kleidiai_packer_mix, kleidiai_report,
+                                 kleidiai_version, packer_call_insns, packer_mix, sme_report)
 from tilegen.generator import parse_spec  # noqa: E402
 from tilegen.generator.packers import packer_for, streaming_packer_for  # noqa: E402
 from tilegen.export.kleidiai import KERNELS  # noqa: E402
@@ -135,6 +139,19 @@ def _f(v, fmt: str) -> str:
     return "–" if v is None else format(v, fmt)
 
 
+def _each_kernel(rows: list[dict], last: str):
+    """(source, report) of each distinct kernel of the rows: tilegen's, then KleidiAI's of
+    release ``last``."""
+    seen = set()
+    for r in rows:
+        items = [("tilegen", r["tilegen"])] + [(f"KleidiAI v{last}", r["kleidiai"][last])
+                                               for _ in [0] if r["kleidiai"]]
+        for src, d in items:
+            if (d["kernel"], src) not in seen:
+                seen.add((d["kernel"], src))
+                yield src, d
+
+
 def markdown(rows: list[dict], pk: list[dict], kai: list[tuple[str, Path, str]], cmd: str) -> str:
     vers = [v for v, _, _ in kai]
     last = vers[-1]
@@ -165,23 +182,54 @@ def markdown(rows: list[dict], pk: list[dict], kai: list[tuple[str, Path, str]],
                    + f" | {t['block_macs_per_insn']:.1f} | "
                    + " | ".join(f"{ks[v]['block_macs_per_insn']:.1f}" for v in vers)
                    + f" | {ratio:.2f} |")
+    out += ["", "## SME unit vs core: the Apple M4 table (per block at SVL 512)", "",
+            "Each block's instructions split into those the SME unit runs (they touch Z, ZA, ZT0 "
+            "or a predicate) and the core's (general registers only), and its bound in cycles "
+            "by the per-class table below (`tilegen.analysis.sme.M4_UNITS`, docs/tuning.md): "
+            "each SME class on its own pipe, the core beside it, and the longest chain of MACs "
+            "into one accumulator x latency; the binding class sets the bound; MAC/cycle: the "
+            "block's MACs / bound (tiles of different sizes compare by it). `tilegen / KleidiAI` "
+            "is the ratio of the MACs per cycle (above 1: tilegen's kernel is faster by the "
+            "table).", "",
+            "| exported name (`matmul_clamp_f32_` …) | tilegen kernel | tilegen SME / core | "
+            "tilegen bound (binding) | "
+            + " | ".join(f"KleidiAI v{v} SME / core | KleidiAI v{v} bound (binding)" for v in vers)
+            + f" | tilegen / KleidiAI v{last} (MAC/cycle) |",
+            "|---|---|---|---|" + "---|---|" * len(vers) + "---|"]
+    for r in rows:
+        if r["group"] != "exported":
+            continue
+        t, ks = r["tilegen"]["m4"], {v: r["kleidiai"][v]["m4"] for v in vers}
+        out.append(f"| {r['name'].removeprefix('matmul_clamp_f32_')} | {r['spec']} | "
+                   f"{t['sme_insns']} / {t['core_insns']} | {t['bound_cycles']:.0f}, "
+                   f"{t['macs_per_cycle']:.1f} MAC/cycle ({t['binding']}) | "
+                   + " | ".join(f"{ks[v]['sme_insns']} / {ks[v]['core_insns']} | "
+                                f"{ks[v]['bound_cycles']:.0f}, {ks[v]['macs_per_cycle']:.1f} "
+                                f"MAC/cycle ({ks[v]['binding']})" for v in vers)
+                   + f" | {t['macs_per_cycle'] / ks[last]['macs_per_cycle']:.2f} |")
+    out += ["", "SME-unit instructions by class per block (loads and stores: element width, "
+            "vectors per instruction):", "",
+            "| kernel | source | SME-unit classes | core | chain cycles | serial cycles |",
+            "|---|---|---|---|---|---|"]
+    for src, d in _each_kernel(rows, last):
+        m = d["m4"]
+        cl = ", ".join(f"{c} {n}" for c, n in m["classes"].items() if c != "core")
+        out.append(f"| {d['kernel']} | {src} | {cl} | {m['core_insns']} | "
+                   f"{m['chain_cycles']:.0f} | {m['serial_cycles']:.0f} |")
+    out += ["", "The table (cycles per instruction, or per vector written or moved; a cycle is "
+            "one f32 FMOPA issue with 4 tiles, 3.91 G per second):", "",
+            "| class | unit | cycles | per | latency | source |", "|---|---|---|---|---|---|"]
+    out += [u.table_row() for u in M4_UNITS.values()]
     out += ["", "## Memory per 32-k block and accumulators (SVL 512, one tile)", "",
             "| kernel | source | loads | bytes loaded | stores | bytes stored | dst bytes "
             "(loaded + stored) | stack bytes | accumulators |", "|---|---|---|---|---|---|---|---|---|"]
-    seen = set()
-    for r in rows:
-        items = [("tilegen", r["tilegen"])] + [(f"KleidiAI v{last}", r["kleidiai"][last])
-                                               for _ in [0] if r["kleidiai"]]
-        for src, d in items:
-            if (d["kernel"], src) in seen:
-                continue
-            seen.add((d["kernel"], src))
-            out.append(f"| {d['kernel']} | {src} | {d['block_loads']} | "
-                       f"{d['block_load_bytes']} | {d['block_stores']} | "
-                       f"{d['block_store_bytes']} | "
-                       f"{d['block_dst_load_bytes'] + d['block_dst_store_bytes']} | "
-                       f"{d['block_stack_load_bytes'] + d['block_stack_store_bytes']} | "
-                       f"{d['accumulators']} |")
+    for src, d in _each_kernel(rows, last):
+        out.append(f"| {d['kernel']} | {src} | {d['block_loads']} | "
+                   f"{d['block_load_bytes']} | {d['block_stores']} | "
+                   f"{d['block_store_bytes']} | "
+                   f"{d['block_dst_load_bytes'] + d['block_dst_store_bytes']} | "
+                   f"{d['block_stack_load_bytes'] + d['block_stack_store_bytes']} | "
+                   f"{d['accumulators']} |")
     out += ["", "## Every row", "",
             "| group | row / exported name | kernel | source | k/iter | insns | MAC insns | "
             "MACi/i | MACs/ins (128) | loads | block insns (512) | blk MAC/i (512) |",
@@ -238,7 +286,7 @@ def markdown(rows: list[dict], pk: list[dict], kai: list[tuple[str, Path, str]],
             "not 0.571); the f32 gemv figure 0.381 is `f32p16vlx1b_1x16vl`'s, while "
             "`f32p2vlx1b_1x16vl` (the name llama.cpp runs) scores 0.186.",
             "- What the model does not see (docs/sve-sme.md#what-the-static-model-cannot-see): "
-            "latencies (an accumulator count of 1 serialises the loop's MACs), per-tile and "
+            "latencies beyond the accumulation chains of the M4 table, per-tile and "
             "per-call work outside the block (bias and store passes, ZT0 table, "
             "smstart/smstop), bandwidth (bytes are counted, not timed).",
             f"- Legend of the terminal table: {SME_LEGEND}."]
@@ -269,10 +317,20 @@ def main() -> int:
                   f"{d['block_stores']:4d} {d['block_load_bytes']:7d} "
                   f"{d['block_store_bytes']:6d} "
                   f"{d['block_dst_load_bytes'] + d['block_dst_store_bytes']:6d}")
+    print(UNIT_HEADER)
+    for r in rows:
+        for d in [r["tilegen"]] + list(r["kleidiai"].values()):
+            m = d["m4"]
+            print(f"{d['kernel'][:62]:<62} {d['block_k']:4d} {m['sme_insns']:5d} "
+                  f"{m['core_insns']:5d} {m['bound_cycles']:7.1f} {m['macs_per_cycle']:7.1f} "
+                  f"{m['serial_cycles']:7.1f} "
+                  f"{m['chain_cycles']:6.1f}  {m['binding']:<16} "
+                  + ", ".join(f"{c} {n}" for c, n in m["classes"].items() if c != "core"))
+    print(f"({UNIT_LEGEND})")
     if a.out:
         doc = {"command": cmd,
                "kleidiai": {v: Path(g).name for v, _, g in kai},
-               "rows": rows, "packers": pk}
+               "rows": rows, "packers": pk, "m4_units": [u.as_dict() for u in M4_UNITS.values()]}
         a.out.with_suffix(".json").write_text(json.dumps(doc, indent=1) + "\n")
         a.out.with_suffix(".md").write_text(markdown(rows, pk, kai, cmd))
     return 0

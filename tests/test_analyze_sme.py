@@ -79,6 +79,16 @@ def test_cli_reports_sme_rows():
     assert p.returncode == 0, p.stderr
     row = json.loads(p.stdout)[0]
     assert row["model"] == "sme-static" and row["macs_per_insn_128"] > 0
+    # the SME-unit model of its block: FMOPA-bound on the M4 table, 128 f32 FMOPA per 32 k
+    assert row["m4"]["binding"] == "mopa.f32" and row["m4"]["classes"]["mopa.f32"] == 128
+    p = subprocess.run([sys.executable, "-m", "tilegen", "analyze", "--kernel", "q8_0:sme2:1vlx4vl"],
+                       capture_output=True, text=True)
+    assert p.returncode == 0, p.stderr
+    from tilegen.analysis.sme import UNIT_HEADER
+    lines = p.stdout.splitlines()
+    unit = lines[lines.index(UNIT_HEADER) + 1].split()
+    assert unit[:6] == ["matmul_clamp_f32_qai8dxp1vlx4_qsi8cxp4vlx4_1vlx4vl_sme2_mopa", "32", "42",
+                        "5", "64.0", "512.0"] and unit[8] == "mopa.i8", unit
 
 
 @pytest.mark.parametrize("insn, svl, nbytes", [
@@ -185,8 +195,11 @@ def test_recorded_sme_mix_is_current(tmp_path):
                         str(tmp_path / "mix")], capture_output=True, text=True, cwd=REPO)
     assert p.returncode == 0, p.stderr
     now = json.loads((tmp_path / "mix.json").read_text())
-    assert (now["rows"], now["packers"]) == (rec["rows"], rec["packers"]), \
+    assert (now["rows"], now["packers"], now["m4_units"]) == \
+        (rec["rows"], rec["packers"], rec["m4_units"]), \
         f"stale bench/results/sme_mix: run `{rec['command']}`"
+    # every row carries the SME-unit model of its block
+    assert all("m4" in d for r in now["rows"] for d in [r["tilegen"], *r["kleidiai"].values()])
     names = {r["name"] for r in now["rows"] if r["group"] == "exported"}
     from tilegen.export.kleidiai import KERNELS
     assert names == {k.name for k in KERNELS if "_sme" in k.name}
@@ -257,3 +270,144 @@ def test_kquant_sme2_block_is_a_superblock(spec, mr, nr):
         assert r.block_macs_at_svl == 256 * mr * nr
     else:
         assert 256 * mr * nr < r.block_macs_at_svl <= 256 * mr * nr * 17 // 16
+
+
+# -- the SME unit and the core: the per-class Apple M4 table (issue #34 item 1) ---------------
+
+from tilegen.analysis.sme import M4_DATA, M4_UNITS, unit_class, unit_mix  # noqa: E402
+
+#: the public M4 measurements (../shared/thirdparty/m4-sme, README there)
+M4_DIR = REPO.parent / "shared" / "thirdparty" / "m4-sme"
+
+
+@pytest.mark.parametrize("insn, cls, vectors", [
+    ("fmopa za0.s, p0/m, p1/m, z0.s, z4.s", "mopa.f32", 1),
+    ("fmopa za1.s, p0/m, p0/m, z0.h, z4.h", "mopa.f16", 1),
+    ("bfmopa za1.s, p0/m, p0/m, z0.h, z4.h", "mopa.f16", 1),
+    ("smopa za3.s, p0/m, p0/m, z8.b, z7.b", "mopa.i8", 1),
+    ("usmopa za3.s, p0/m, p0/m, z8.b, z7.b", "mopa.i8", 1),
+    ("smopa za1.s, p2/m, p2/m, z4.h, z8.h", "mopa.i16", 1),
+    ("fmla za.s[w8, 0, vgx4], {z0.s-z3.s}, z4.s", "za.f32", 4),
+    ("sdot za.s[w8, 0, vgx2], {z4.b-z5.b}, z0.b[1]", "za.int", 2),
+    ("bfdot za.s[w8, 1, vgx4], {z0.h-z3.h}, z4.h", "za.f16", 4),
+    ("fmul z24.s, z8.s, z28.s", "z.fp", 1),
+    ("scvtf z1.s, p0/m, z1.s", "z.fp", 1),
+    ("sunpklo z1.h, z2.b", "z.int", 1),
+    ("sdot z1.s, z2.b, z3.b[0]", "z.int", 1),
+    ("luti4 {z4.b - z5.b}, zt0, z2[0]", "luti", 2),
+    ("mova z1.s, p0/m, za0h.s[w12, 0]", "za.move", 1),
+    ("mov {z0.s-z3.s}, za0h.s[w12, 0:3]", "za.move", 4),
+    ("zero {za}", "za.move", 1),
+    ("ld1b {z0.b-z3.b}, pn8/z, [x20, #4, mul vl]", "load:b.x4", 4),
+    ("ld1h { z8.h, z9.h }, pn8/z, [x11]", "load:h.x2", 2),
+    ("ld1w {z4.s}, p0/z, [x10]", "load:w.x1", 1),
+    ("ld1rw {z4.s}, p0/z, [sp, #16]", "load:rw.x1", 1),
+    ("ld1rqb { z0.b }, p1/z, [x21, x23]", "load:rqb.x1", 1),
+    ("ldr zt0, [x9]", "load:zt0.x1", 1),
+    ("st1w {z28.s-z31.s}, pn9, [x14]", "store:w.x4", 4),
+    ("whilelt p1.s, xzr, x6", "pred", 1),
+    ("ptrue pn8.b", "pred", 1),
+    ("addvl x10, x10, #4", "core", 1),
+    ("ldr x5, [x0, #8]", "core", 1),
+    ("subs x14, x14, #1", "core", 1),
+    ("b.ne .Lk_loop", "core", 1),
+    ("cntw x9", "core", 1),
+])
+def test_unit_classes(insn, cls, vectors):
+    """Instructions that touch Z, ZA, ZT0 or a predicate run on the SME unit, in one class of
+    the M4 table; general-register-only instructions on the core."""
+    assert unit_class(insn) == (cls, vectors)
+    assert M4_UNITS[cls.split(":")[0]].unit == ("core" if cls == "core" else "sme")
+
+
+def _median(xs):
+    import statistics
+    return statistics.median(xs)
+
+
+def test_m4_table_is_the_public_data():
+    """Each measured row of the M4 table follows from the rows it cites in the m4-sme data: the
+    cycles per instruction (or vector) are the f32 FMOPA 4-tile rate over the cited rate, the
+    latency the same over the one-chain row's rate (rounded to the half cycle); the cited rows
+    are the class's opcode and types; every other row is flagged as an assumption."""
+    assert M4_DIR.is_dir(), f"{M4_DIR}: the public M4 data (check out ../shared next to the repo)"
+    data = {f: json.loads((M4_DIR / f).read_text()) for f in M4_DATA}
+    f32 = data["outer-products.json"][27]
+    assert (f32["opcode"], f32["input"], f32["tiles"], f32["threads"]) == ("fmopa", "f32", 4, 1)
+    clock = _median(f32["flops"]) / 512              # G instructions per second: 1 per cycle
+    assert 3.8 < clock < 4.0
+    want = {"mopa.f32": ("fmopa", "f32"), "mopa.f16": ("fmopa", "f16"),
+            "mopa.i8": ("smopa", "i8"), "mopa.i16": ("smopa", "i16"), "za.f32": ("fmla", "f32"),
+            "za.f16": ("fdot", "f16"), "z.fp": ("fmla", "f32")}
+    measured = set()
+    for u in M4_UNITS.values():
+        if u.assumed:
+            assert u.source.startswith("assumption: ") and len(u.note) > 20, u.cls
+            continue
+        measured.add(u.cls)
+        f, tput, lat, flop = u.data
+        rows = data[f]
+        for r in (tput, lat):
+            assert (rows[r]["opcode"], rows[r]["input"], rows[r]["threads"]) == (*want[u.cls], 1)
+        assert round(2 * clock * flop / _median(rows[tput]["flops"])) / 2 == u.cycles, u.cls
+        per_insn = flop * rows[lat].get("vgSize", 1) if u.per == "vector" else flop
+        if u.per == "vector":      # one ZA-array group: the latency row chains one instruction
+            assert rows[lat]["slices"] == rows[lat]["vgSize"], u.cls
+        assert round(2 * clock * per_insn / _median(rows[lat]["flops"])) / 2 == u.latency, u.cls
+    assert measured == set(want)
+
+
+def test_chain_bound_one_tile_against_four():
+    """Eight int8 SMOPA into one tile wait for each other (8 x latency 4 = 32 cycles, above
+    their 16 cycles of throughput): the chain binds; rotated over four tiles the pipe does."""
+    one = [f"smopa za0.s, p0/m, p0/m, z{i}.b, z8.b" for i in range(8)]
+    four = [f"smopa za{i % 4}.s, p0/m, p0/m, z{i}.b, z8.b" for i in range(8)]
+    a, b = unit_mix(one), unit_mix(four)
+    assert (a.chain, a.bound, a.binding) == (32, 32, "chain mopa.i8 on za0")
+    assert (b.chain, b.bound, b.binding) == (8, 16, "mopa.i8")
+    assert a.sme_insns == b.sme_insns == 8 and a.core_insns == 0
+    f16 = unit_mix(["bfmopa za0.s, p0/m, p0/m, z0.h, z4.h"] * 4 + ["subs x1, x1, #1"])
+    assert (f16.chain, f16.bound, f16.core_insns) == (32, 32, 1)
+
+
+#: issue #34's table: SME-unit / core instructions per 32 k at SVL 512 of the kernel llama.cpp
+#: runs (KleidiAI v1.30.0; v1.24.0 the same) and of tilegen's kernel behind that name
+ISSUE_34 = [
+    ("f16p1vlx2_qsi4c32p4vlx2_1vlx4vl_sme2_mopa", (171, 46), "q4_0_f16:sme2:1vlx4vl", (159, 8)),
+    ("bf16p2vlx2_bf16p2vlx2_2vlx2vl_sme2_mopa", (80, 16), "bf16:sme2:2vlx2vl", (80, 8)),
+    ("qai8dxp1vlx4_qsi8cxp4vlx4_1vlx4vl_sme2_mopa", (56, 32), "q8_0:sme:1vlx4vl", (72, 7)),
+]
+
+
+def test_issue_34_table(kai_tree):
+    for name, kai, spec, ours in ISSUE_34:
+        k = kleidiai_report(kai_tree, "matmul_clamp_f32_" + name).unit
+        t = sme_report(spec).unit
+        assert (k.sme_insns, k.core_insns) == kai, name
+        assert (t.sme_insns, t.core_insns) == ours, spec
+
+
+def test_q8_sme2_gemm_at_or_below_kleidiai(kai_tree):
+    """Issue #34 item 2: the Q8_0 SME2 gemm behind KleidiAI's qai8dxp1vlx4_qsi8cxp4vlx4_1vlx4vl
+    _sme2_mopa issues at most KleidiAI's SME-unit instructions per 32 k (56 at SVL 512; the
+    SME1 tile 72: 40 single-vector LD1B): 32 SMOPA and 10 four-vector LD1B, the same bound
+    (SMOPA-bound) and MACs; the export serves that name with it."""
+    name = "qai8dxp1vlx4_qsi8cxp4vlx4_1vlx4vl_sme2_mopa"
+    k = kleidiai_report(kai_tree, "matmul_clamp_f32_" + name)
+    t = sme_report("q8_0:sme2:1vlx4vl")
+    assert t.unit.sme_insns <= k.unit.sme_insns and t.unit.core_insns <= k.unit.core_insns
+    assert dict(t.unit.classes) == {"mopa.i8": 32, "load:b.x4": 10, "core": 5}
+    assert t.block_macs_at_svl == k.block_macs_at_svl and t.unit.bound <= k.unit.bound
+    assert t.unit.binding == "mopa.i8"
+    from tilegen.export.kleidiai import KERNELS
+    assert {kk.name: kk.spec for kk in KERNELS}["matmul_clamp_f32_" + name] == "q8_0:sme2:1vlx4vl"
+
+
+def test_m4_table_documented():
+    """docs/tuning.md's M4 table is M4_UNITS row for row (cycles, per, latency, source)."""
+    doc = (REPO / "docs" / "tuning.md").read_text()
+    sec = doc[doc.index("### The SME unit and the core (Apple M4)"):]
+    rows = [ln for ln in sec.splitlines() if ln.startswith("| `")]
+    assert rows[:len(M4_UNITS)] == [u.table_row() for u in M4_UNITS.values()]
+    assert rows[0] == ("| `mopa.f32` | sme | 1 | insn | 4 | m4-sme outer-products.json row 27, "
+                       "latency row 0 (FMOPA f32: 2004 GFLOPS with 4 tiles, 498 with 1) |")

@@ -145,7 +145,10 @@ def test_sve_q8_reproduce_kleidiai_vectors(path, q8_sve_lib):
 # -- SME SMOPA gemm (int32 sums in ZA tiles) and the SME2 gemv (SDOT by lane into ZA-array
 #    groups), in streaming mode -----------------------------------------------------------
 Q8_SME = ("q8_0:sme:1vlx4vl", "q8_0:sme:1vlx2vl", "q8_0:sme:1vlx1vl", "q8_0:sme:1vlx3vl",
-          "q8_0:sme2:1x4vl", "q8_0:sme2:1x2vl")
+          "q8_0:sme2:1x4vl", "q8_0:sme2:1x2vl",
+          # the SME2 gemm (multi-vector loads), every width: nu = 3 has RHS groups of four that
+          # straddle two k chunks
+          "q8_0:sme2:1vlx4vl", "q8_0:sme2:1vlx3vl", "q8_0:sme2:1vlx2vl", "q8_0:sme2:1vlx1vl")
 
 
 @pytest.fixture(scope="module")
@@ -186,6 +189,8 @@ def test_sme_q8_pairs_share_the_packed_rhs():
     p = tilegen.parse_spec
     assert same_rhs(p("q8_0:sme:1vlx4vl"), p("q8_0:sme2:1x4vl"))
     assert same_rhs(p("q8_0:sme:1vlx2vl"), p("q8_0:sme2:1x2vl"))
+    assert same_rhs(p("q8_0:sme2:1vlx4vl"), p("q8_0:sme2:1x4vl"))
+    assert same_rhs(p("q8_0:sme2:1vlx4vl"), p("q8_0:sme:1vlx4vl"))
 
 
 # -- the default q8_0 kernels through the runtime: pack once, gemm for m > 1, gemv for m = 1 --
@@ -243,7 +248,8 @@ def test_q8_default_table_picks_scalable_pairs(run, q8_all_default_lib):
 
 GUARD_RUNS = [("q8_0:sve_i8mm:16x1vl", 256, None), ("q8_0:sve_dotprod:1x1vl:k8:s1", 512, None),
               ("q8_0:sve_dotprod:16x1vl", 128, None), ("q8_0:sve_dotprod:1x1vl", 2048, None),
-              ("q8_0:sme:1vlx4vl", None, 512), ("q8_0:sme2:1x4vl", None, 256)]
+              ("q8_0:sme:1vlx4vl", None, 512), ("q8_0:sme2:1x4vl", None, 256),
+              ("q8_0:sme2:1vlx4vl", None, 512), ("q8_0:sme2:1vlx3vl", None, 2048)]
 
 
 @pytest.mark.parametrize("text,sve_vl,sme_vl", GUARD_RUNS, ids=[r[0] for r in GUARD_RUNS])

@@ -28,7 +28,8 @@ NEON_CPUS = ("cortex-a53", "neoverse-n1", "neoverse-v1", "max")
 SCALABLE_SPECS: tuple[str, ...] = (
     "q8_0:sve_i8mm:16x1vl", "q8_0:sve_dotprod:1x1vl:k8:s1", "q8_0:sve_i8mm:8x2vl",
     "q8_0:sve_dotprod:8x1vl", "q8_0:sve_dotprod:1x1vl", "q8_0:sve_dotprod:4x4vl",
-    "q8_0:sme:1vlx4vl", "q8_0:sme:1vlx1vl", "q8_0:sme2:1x4vl", "q8_0:sme2:1x2vl")
+    "q8_0:sme:1vlx4vl", "q8_0:sme:1vlx1vl", "q8_0:sme2:1x4vl", "q8_0:sme2:1x2vl",
+    "q8_0:sme2:1vlx4vl", "q8_0:sme2:1vlx3vl")
 SVE_RUNS = (("max", 128, None), ("max", 256, None), ("max", 512, None), ("max", 2048, None),
             ("neoverse-v1", None, None), ("neoverse-n2", None, None))
 SME_RUNS = tuple(("max", None, v) for v in (128, 256, 512, 1024, 2048))

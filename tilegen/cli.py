@@ -111,7 +111,7 @@ def _cmd_analyze(a: argparse.Namespace) -> int:
     from .build import default_specs, get_target
     from .generator import parse_spec
     from .analysis.mca import MODEL_SVE_VL
-    from .analysis.sme import SME_HEADER, SME_LEGEND, sme_report
+    from .analysis.sme import SME_HEADER, SME_LEGEND, UNIT_HEADER, UNIT_LEGEND, sme_report
     specs = [parse_spec(k) for k in a.kernel] if a.kernel else default_specs(get_target(a.target))
     models = a.cpu_model or list(MODELS)
     sme = [s for s in specs if s.isa_info.vl_kind == "sme"]
@@ -135,6 +135,10 @@ def _cmd_analyze(a: argparse.Namespace) -> int:
             for x in mixes:
                 print(x.row())
             print(f"({SME_LEGEND})")
+            print(UNIT_HEADER)
+            for x in mixes:
+                print(x.unit_row())
+            print(f"({UNIT_LEGEND})")
     if a.plot:
         from .analysis.plot import efficiency_chart
         efficiency_chart(reports, models, a.plot)

@@ -34,6 +34,11 @@ A block marker may name its k (``tilegen:block-begin k=256``: one K-quant super-
 int32 sub-block sums, the min term and the float epilogue of 256 k): the block figures are then
 per that block (``block_k``), MACs per instruction over the whole super-block.
 
+The SME unit and the core (``UnitMix``, ``SmeReport.unit``; at SVL 512 only): every instruction
+of the block in one class of ``M4_UNITS`` — on the SME unit (it touches Z, ZA, ZT0 or a
+predicate) or on the core (general registers only) — and the block's bound in cycles on Apple
+M4 from that per-class table (see the section below and docs/tuning.md).
+
 Kernels without a marked block (the f32, bf16 and q8 per-channel kernels, whose hot loop runs
 over the whole k) get a derived block: the hot loop repeated 32 / k-per-iteration times.
 
@@ -48,7 +53,9 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 
-__all__ = ["SmeReport", "Memory", "Traffic", "macs_of", "load_vectors", "is_load", "is_store",
+__all__ = ["UnitCost", "M4_UNITS", "M4_DATA", "M4_SVL", "unit_class", "UnitMix", "unit_mix",
+           "UNIT_HEADER", "UNIT_LEGEND", "SmeReport", "Memory", "Traffic", "macs_of",
+           "load_vectors", "is_load", "is_store",
            "mem_bytes", "memory", "accumulators", "count", "sme_report", "kleidiai_lines",
            "count_kleidiai", "SME_HEADER", "SME_LEGEND", "ROLES", "KaiRecipe", "KAI_RECIPES",
            "kleidiai_version", "kleidiai_source", "kleidiai_report", "PackerMix", "packer_mix",
@@ -245,15 +252,19 @@ def memory(insns: list[str], svl: int) -> Memory:
 def accumulators(insns: list[str]) -> int:
     """Distinct accumulators the MAC instructions of ``insns`` write: ZA tiles, ZA-array vector
     groups (select register and offset), Z registers."""
-    out = set()
-    for i in insns:
-        if not macs_of(i):
-            continue
-        low = i.lower()
-        m = (re.search(r"\bza(\d+)\.[bhsdq]", low) or re.search(r"\bza\.[bhsdq](\[[^\]]*\])", low)
-             or re.match(r"\w+\s+(z\d+)", low))
-        out.add(re.sub(r"\s+", "", m.group(1)) if m else low)
-    return len(out)
+    return len({_acc_key(i) for i in insns if macs_of(i)})
+
+
+def _acc_key(insn: str) -> str:
+    """The accumulator a MAC instruction writes: ``za<t>`` (a tile), ``za[<w>,<off>,...]`` (a
+    ZA-array vector group), ``z<n>`` (a Z register)."""
+    low = insn.lower()
+    m = re.search(r"\bza(\d+)\.[bhsdq]", low)
+    if m:
+        return f"za{m.group(1)}"
+    m = re.search(r"\bza\.[bhsdq](\[[^\]]*\])", low) or re.match(r"\w+\s+(z\d+)", low)
+    return ("za" if m.group(1).startswith("[") else "") + re.sub(r"\s+", "", m.group(1)) if m \
+        else low
 
 
 @dataclass(frozen=True)
@@ -280,6 +291,236 @@ def _macs_at(insns: list[str], svl: int) -> int:
     return sum(macs_of(i) * (g * g if _outer(i) else g) for i in insns)
 
 
+# --- The SME unit and the core: a per-class throughput model (Apple M4) --------------------
+#
+# On Apple M4 the SME unit is a separate block shared by a cluster: it executes every
+# instruction that touches Z, ZA, ZT0 or a predicate register, while the core runs the
+# general-register instructions (loop counters, branches, address arithmetic) beside it.  Each
+# instruction of a block falls in one class; each class has a row of ``M4_UNITS``: cycles per
+# instruction (or per vector it moves / writes) and the latency of a dependent accumulation,
+# with the public measurement it comes from (m4-sme data: github.com/tzakharko/m4-sme-exploration
+# results/, kept as ../shared/thirdparty/m4-sme/) or flagged as an assumption.  A cycle is the
+# issue interval of f32 FMOPA with 4 tiles (outer-products.json row 27: 2004 GFLOPS / 512 FLOP
+# per FMOPA at SVL 512 = 3.91 G per second).  The bound of a block (``UnitMix.bound``) is the
+# largest of: each SME-unit class on its own pipe (classes overlap), the core's instructions,
+# and the longest accumulation chain (the MAC instructions into one ZA tile, ZA-array group or
+# Z register, each waiting for the previous one: count x latency).  ``serial`` adds the SME
+# classes instead (no overlap between pipes): the other end of the range.
+
+M4_SVL = 512                     # Apple M4's streaming vector length: the table's figures
+M4_DATA = ("outer-products.json", "za-vector-ops.json", "streaming-sve-ops.json")
+
+
+@dataclass(frozen=True)
+class UnitCost:
+    """One class of the M4 table: ``cycles`` per instruction (``per="insn"``) or per vector it
+    writes or moves (``per="vector"``), ``latency`` of one accumulation into the same
+    accumulator (MAC classes), the unit that runs it, and the source: ``data`` = (file of the
+    m4-sme data, row of the throughput figure, row of the latency figure or None, FLOP per
+    instruction or per vector at SVL 512), or None for an assumption (``note`` says what is
+    assumed)."""
+
+    cls: str
+    unit: str                   # "sme" or "core"
+    cycles: float
+    per: str = "insn"
+    latency: float | None = None
+    data: tuple[str, int, int | None, int] | None = None
+    note: str = ""
+
+    @property
+    def assumed(self) -> bool:
+        return self.data is None
+
+    @property
+    def source(self) -> str:
+        if self.data is None:
+            return f"assumption: {self.note}"
+        f, tput, lat, _ = self.data
+        return (f"m4-sme {f} row {tput}" + (f", latency row {lat}" if lat is not None else "")
+                + (f" ({self.note})" if self.note else ""))
+
+    def table_row(self) -> str:
+        """The row of the table in docs/tuning.md and bench/results/sme_mix.md."""
+        lat = "–" if self.latency is None else format(self.latency, "g")
+        return (f"| `{self.cls}` | {self.unit} | {self.cycles:g} | {self.per} | {lat} | "
+                f"{self.source} |")
+
+    def as_dict(self) -> dict:
+        return {"class": self.cls, "unit": self.unit, "cycles": self.cycles, "per": self.per,
+                "latency": self.latency, "source": self.source, "assumed": self.assumed}
+
+
+#: Apple M4's SME unit and core, per instruction class (cycles at SVL 512; see above).
+M4_UNITS: dict[str, UnitCost] = {u.cls: u for u in (
+    UnitCost("mopa.f32", "sme", 1, latency=4, data=("outer-products.json", 27, 0, 512),
+             note="FMOPA f32: 2004 GFLOPS with 4 tiles, 498 with 1"),
+    UnitCost("mopa.f16", "sme", 2, latency=8, data=("outer-products.json", 135, 108, 1024),
+             note="FMOPA f16 into f32: 2000 GFLOPS with 4 tiles, 500 with 1; BFMOPA the same "
+                  "(rows 171, 144)"),
+    UnitCost("mopa.i8", "sme", 2, latency=4, data=("outer-products.json", 225, 216, 2048),
+             note="SMOPA int8 into int32: 3997 GOPS with 2 tiles, 1998 with 1"),
+    UnitCost("mopa.i16", "sme", 2, latency=4, data=("outer-products.json", 189, 180, 1024),
+             note="SMOPA int16 into int32: 1998 GOPS with 2 tiles, 1000 with 1"),
+    UnitCost("mopa.other", "sme", 2, latency=8,
+             note="other outer products (64-bit tiles, 2-way f16 into f16): 2 cycles, latency 8"),
+    UnitCost("za.f32", "sme", 0.5, "vector", 4, ("za-vector-ops.json", 279, 0, 32),
+             note="FMLA f32 into ZA vgx2: 250 GFLOPS over 64 slices, 62.6 on one group; vgx4 "
+                  "the same per vector (rows 423, 288)"),
+    UnitCost("za.f16", "sme", 0.5, "vector", 8, ("za-vector-ops.json", 1575, 1296, 64),
+             note="FDOT f16 into f32 ZA vgx2: 500 GFLOPS over 64 slices, 62.5 on one group"),
+    UnitCost("za.int", "sme", 0.5, "vector", 8,
+             note="integer ZA-array ops (SDOT/UDOT/SMLALL into ZA, not measured): the "
+                  "widening FDOT's 0.5 cycles per vector, latency 8"),
+    UnitCost("z.fp", "sme", 4, latency=8, data=("streaming-sve-ops.json", 279, 0, 32),
+             note="streaming FMLA f32 on Z registers: 31.3 GFLOPS with 32 chains, 15.7 with 1"),
+    UnitCost("z.int", "sme", 4, latency=8,
+             note="integer and permute Z-register ops (not measured): the streaming FMLA's 4 "
+                  "cycles, latency 8"),
+    UnitCost("luti", "sme", 4, note="LUTI2/LUTI4 (not measured): a Z-register op, 4 cycles"),
+    UnitCost("za.move", "sme", 1, "vector",
+             note="ZA tile/slice moves (MOVA, ZERO; not measured): 1 cycle per vector"),
+    UnitCost("load", "sme", 1, "vector",
+             note="streaming vector loads (not in the data files): 1 vector of 64 bytes per "
+                  "cycle, 250 GB/s at 3.91 GHz, the low end of the 230-450 GB/s reported by "
+                  "m4-sme-exploration and arXiv 2409.18779"),
+    UnitCost("store", "sme", 1, "vector",
+             note="streaming vector stores (not measured): 1 vector per cycle"),
+    UnitCost("pred", "sme", 1,
+             note="predicate-only instructions (WHILELT, PTRUE, CNTP; not measured): 1 cycle"),
+    UnitCost("core", "core", 0.25,
+             note="general-register instructions on the core beside the SME unit (not "
+                  "measured): 4 per cycle"),
+)}
+
+_FP_ZA = ("fmla", "fmls", "fadd", "fsub", "bfmla", "bfmls", "bfadd", "bfsub")
+_FP_WIDEN = ("fdot", "bfdot", "fvdot", "bfvdot", "fmlal", "fmlsl", "bfmlal", "bfmlsl")
+
+
+def _touches_sme(low: str) -> bool:
+    return bool(re.search(r"\bz\d+\b|\bza|\bzt0\b|\bpn?\d+\b", low.split(None, 1)[1])) \
+        if len(low.split(None, 1)) > 1 else False
+
+
+def _list_or_one(low: str) -> int:
+    m = re.search(r"\{([^}]*)\}", low)
+    return _list_len(m.group(1)) if m and re.search(r"z\d+", m.group(1)) else 1
+
+
+def unit_class(insn: str) -> tuple[str, int]:
+    """(class, vectors) of one instruction: the class is a key of :data:`M4_UNITS`, for loads
+    and stores followed by ``:<width>.x<vectors>`` (``ld1b {z0.b-z3.b}``: ``load:b.x4``);
+    vectors: the Z vectors / ZA vectors it writes or moves (1 for single-vector forms)."""
+    op, low = _mnemonic(insn), insn.lower()
+    if not _touches_sme(low):
+        return "core", 1
+    if op in _MOPA:
+        t = re.search(r"za\d+\.([bhsdq])", low)
+        e = _operand_esz(low)
+        if t and e:
+            ts = _ESZ[t.group(1)]
+            fp = op.startswith(("f", "bf"))
+            if ts == 4 and fp:
+                return ("mopa.f32" if e == 4 else "mopa.f16" if e == 2 else "mopa.other"), 1
+            if ts == 4 and not fp:
+                return ("mopa.i8" if e == 1 else "mopa.i16" if e == 2 else "mopa.other"), 1
+        return "mopa.other", 1
+    arr = re.search(r"\bza\.([bhsdq])\[[^\]]*\]", low)
+    if arr and not (is_load(insn) or is_store(insn)) and op not in ("mova", "mov", "movaz"):
+        vg = re.search(r"vgx(\d)", arr.group(0))
+        n = int(vg.group(1)) if vg else _list_or_one(low[arr.end():])
+        if op in _FP_ZA:
+            return "za.f32", n
+        if op in _FP_WIDEN:
+            return "za.f16", n
+        return "za.int", n
+    if is_load(insn) or is_store(insn):
+        kind = "load" if is_load(insn) else "store"
+        if "zt0" in low:
+            return f"{kind}:zt0.x1", 1
+        if re.search(r"\bza", low):
+            return f"{kind}:za.x1", 1
+        n = _list_or_one(low) if re.search(r"\bz\d+", low) else 0
+        m = re.match(r"(?:ld|st)(?:nt)?[1-4]r?(q|o)?s?([bhwd])\b", op)
+        width = ("r" + (m.group(1) or "") if "r" in op[3:4] else "") + m.group(2) if m else \
+            ("z" if n else "p")
+        return f"{kind}:{width}.x{max(n, 1)}", max(n, 1)
+    if op.startswith("luti"):
+        return "luti", _list_or_one(low)
+    if op in ("mova", "mov", "movaz", "zero", "movt") and re.search(r"\bza|\bzt0", low):
+        return "za.move", _list_or_one(low)
+    if not re.search(r"\bz\d+", low):
+        return "pred", 1
+    if op.startswith(("f", "bf")) or op in ("scvtf", "ucvtf"):
+        return "z.fp", 1
+    return "z.int", 1
+
+
+@dataclass(frozen=True)
+class UnitMix:
+    """A block's instructions by class (SME unit / core) and its M4 bound in cycles."""
+
+    classes: tuple[tuple[str, int], ...]     # class (loads/stores: with width.xN) -> count
+    cycles: tuple[tuple[str, float], ...]    # M4_UNITS class -> cycles on its pipe
+    chain: float                             # longest accumulation chain, cycles
+    chain_class: str
+    chain_acc: str
+
+    @property
+    def sme_insns(self) -> int:
+        return sum(n for c, n in self.classes if M4_UNITS[c.split(":")[0]].unit == "sme")
+
+    @property
+    def core_insns(self) -> int:
+        return sum(n for c, n in self.classes if M4_UNITS[c.split(":")[0]].unit == "core")
+
+    @property
+    def bound(self) -> float:
+        return max([self.chain] + [c for _, c in self.cycles])
+
+    @property
+    def binding(self) -> str:
+        """The class that sets the bound (``chain <class> on <accumulator>`` for a chain)."""
+        cls, cyc = max(self.cycles, key=lambda t: t[1], default=("core", 0.0))
+        return f"chain {self.chain_class} on {self.chain_acc}" if self.chain > cyc else cls
+
+    @property
+    def serial(self) -> float:
+        """The SME unit's classes one after another (no overlap), or the core or the chain."""
+        sme = sum(c for k, c in self.cycles if M4_UNITS[k].unit == "sme")
+        return max([sme, self.chain] + [c for k, c in self.cycles if M4_UNITS[k].unit == "core"])
+
+    def as_dict(self) -> dict:
+        return {"sme_insns": self.sme_insns, "core_insns": self.core_insns,
+                "classes": dict(self.classes),
+                "class_cycles": {k: round(v, 2) for k, v in self.cycles},
+                "chain_cycles": self.chain, "bound_cycles": round(self.bound, 2),
+                "serial_cycles": round(self.serial, 2), "binding": self.binding}
+
+
+def unit_mix(insns: list[str]) -> UnitMix:
+    """The classes of ``insns`` (a block, loops expanded) and their cycles on Apple M4 by
+    :data:`M4_UNITS`; chains: the MAC instructions into one accumulator."""
+    counts: dict[str, int] = {}
+    cycles: dict[str, float] = {}
+    chains: dict[str, tuple[float, str]] = {}
+    for i in insns:
+        key, vec = unit_class(i)
+        counts[key] = counts.get(key, 0) + 1
+        cls = key.split(":")[0]
+        u = M4_UNITS[cls]
+        cycles[cls] = cycles.get(cls, 0.0) + u.cycles * (vec if u.per == "vector" else 1)
+        if macs_of(i) and u.latency is not None:
+            acc = _acc_key(i)
+            c, _ = chains.get(acc, (0.0, cls))
+            chains[acc] = (c + u.latency, cls)
+    acc, (chain, ccls) = max(chains.items(), key=lambda t: t[1][0], default=("-", (0.0, "-")))
+    order = list(M4_UNITS)
+    by_class = sorted(counts.items(), key=lambda t: (order.index(t[0].split(":")[0]), t[0]))
+    return UnitMix(tuple(by_class), tuple(sorted(cycles.items(), key=lambda t: order.index(t[0]))),
+                   chain, ccls, acc)
+
+
 BLOCK_K = 32
 
 
@@ -296,6 +537,7 @@ class SmeReport:
     accumulators: int = 0            # distinct accumulators of the hot loop's MAC instructions
     block_derived: bool = False      # block = the hot loop x 32 / k_per_iter (no marked block)
     block_k: int = BLOCK_K           # k of the block (a marker's ``k=``: 256 for K-quants)
+    unit: UnitMix | None = None      # that block on the SME unit and the core (Apple M4)
 
     @property
     def mac_per_insn(self) -> float:
@@ -334,7 +576,18 @@ class SmeReport:
             d.update({"block_stores": t.stores, "block_load_bytes": t.load_bytes,
                       "block_store_bytes": t.store_bytes,
                       **{f"block_{k}": v for k, v in self.block_mem.as_dict().items()}})
+        if self.unit is not None:
+            d["m4"] = {**self.unit.as_dict(), "macs_per_cycle":
+                       round(self.block_macs_at_svl / self.unit.bound, 2)}
         return d
+
+    def unit_row(self) -> str:
+        """The block on Apple M4's SME unit and core (``UNIT_HEADER``)."""
+        u = self.unit
+        classes = ", ".join(f"{c} {n}" for c, n in u.classes if c != "core")
+        return (f"{self.kernel:<62} {self.block_k:4d} {u.sme_insns:5d} {u.core_insns:5d} "
+                f"{u.bound:7.1f} {self.block_macs_at_svl / u.bound:7.1f} {u.serial:7.1f} "
+                f"{u.chain:6.1f}  {u.binding:<16} {classes}")
 
     def row(self) -> str:
         blk = (f"{self.block.insns:6d} {self.block_macs_per_insn:8.1f}"
@@ -355,6 +608,15 @@ SME_HEADER = (f"{'kernel (SME static model: per 128-bit SVL granule)':<62} {'k/i
               f"{'ins':>5} {'MACi':>5} {'MACi/i':>7} {'MAC/ins':>8} {'lds':>5} "
               f"{'ld/kMAC':>8} {'acc':>3} {'blkins':>6} {'blkMAC/i':>8} {'blst':>4} "
               f"{'blldB':>7} {'blstB':>6} {'dstB':>6}")
+UNIT_HEADER = (f"{'kernel (SME unit vs core, Apple M4 table, SVL 512)':<62} {'blk k':>4} "
+               f"{'SMEi':>5} {'core':>5} {'bound':>7} {'MAC/cyc':>7} {'serial':>7} {'chain':>6}  "
+               f"{'binding':<16} SME-unit instructions by class")
+UNIT_LEGEND = ("per block (32 k, or the marker's k) at SVL 512: SMEi / core: instructions on the "
+               "SME unit (Z, ZA, ZT0, predicates) / on the core (general registers only); bound: "
+               "cycles, each SME class on its own pipe, the core, and the longest chain of MACs "
+               "into one accumulator x latency (chain); MAC/cyc: the block's MACs / bound; "
+               "serial: the SME classes added; cycles "
+               "and sources per class: tilegen.analysis.sme.M4_UNITS, docs/tuning.md")
 SME_LEGEND = ("per hot-loop iteration at SVL 128: ins, MACi (MAC instructions), MACi/i, MAC/ins, "
               "lds (loads), ld/kMAC, acc (independent accumulators); per 32-k block (K-quants: "
               "per 256-k super-block, block_k) at SVL 512 (derived from the hot loop where no "
@@ -373,7 +635,8 @@ def _block_report(name: str, k: int, insns: list[str], dyn: list[str] | None, sv
                              f"{BLOCK_K}-k block")
         dyn = insns * (BLOCK_K // k)
     return SmeReport(name, k, count(insns), count(dyn), _macs_at(dyn, svl), svl, source,
-                     memory(dyn, svl), accumulators(insns), derived, block_k)
+                     memory(dyn, svl), accumulators(insns), derived, block_k,
+                     unit_mix(dyn) if svl == M4_SVL else None)
 
 
 def _region_lines(text: str, begin: str, end: str) -> list[str] | None:

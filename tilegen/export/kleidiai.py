@@ -186,8 +186,7 @@ KERNELS: tuple[KaiKernel, ...] = (
     _k("f16p1vlx2_qsi4c32p4vlx2_1vlx4vl_sme2_mopa", "f16p_qsi4c32p", "q4_0_f16:sme2:1vlx4vl",
        note="LUTI4, FMUL by the f16 block scales, FMOPA into ZA over all of k: KleidiAI's "
             "arithmetic bit for bit"),
-    _k("qai8dxp1vlx4_qsi8cxp4vlx4_1vlx4vl_sme2_mopa", _Q8, "q8_0:sme:1vlx4vl",
-       note="the SME1 SMOPA kernel (SME2 CPUs run it)"),
+    _k("qai8dxp1vlx4_qsi8cxp4vlx4_1vlx4vl_sme2_mopa", _Q8, "q8_0:sme2:1vlx4vl"),
     _k("qai8dxp1x4_qsi8cxp4vlx4_1x4vl_sme2_dot", _Q8, "q8_0:sme2:1x4vl"),
     _k("qai8dxp1vlx4_qsi8cxp4vlx4_1vlx4vl_sme_mopa", _Q8, "q8_0:sme:1vlx4vl"),
     _k("qai8dxp1x4_qsi8cxp4vlx4_1x4vl_sme_dot", _Q8, "q8_0:sme:1vlx4vl", same_layouts=False,

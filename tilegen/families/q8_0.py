@@ -33,8 +33,10 @@ RECORDS = (
                "sve_i8mm": _q8("sve_i8mm", "q8_sve", "q8_sve", 8),
                "sme": _q8("sme_mopa", "q8_sme", "q8_sme", 4,
                           "q8_0 sme kernels read 4-byte k groups (SMOPA)"),
-               "sme2": _q8("sme2_sdot", "q8_sve", "q8_sme2", 4,
-                           "q8_0 sme2 kernels read 4-byte k groups (SDOT by lane)")},
+               "sme2": IsaImpl("sme2_mopa", "q8_sme", "q8_sme2", kr=4, sr=1,
+                               gemv_op="sme2_sdot", gemv_template="q8_sve",
+                               fixed_kr="q8_0 sme2 kernels read 4-byte k groups (SMOPA, "
+                                        "SDOT by lane)")},
     ),
 )
 LAYOUTS = (QSI8CXP, QAI8DXP)
