@@ -110,3 +110,38 @@ def test_sme_kernels_keep_za_index_registers_free(text):
     # no Advanced SIMD register operand (v0.4s, q3, d1, s2 ...) between smstart and smstop
     code = "\n".join(l.split("//")[0] for l in body.splitlines())
     assert not re.search(r"\b(v\d+\.\d+[bhsd]|[qdsh]\d+)\b", code), text
+
+
+def _kquant_templates():
+    """(template, skeleton) of every K-quant family's kernels (the families whose activations
+    are q8kp): NEON and SVE kernels on kquant/neon and kquant/sve, the SME2 gemm and gemv on
+    kquant/sme2_gemm and kquant/sme2_gemv."""
+    from tilegen.records import FAMILIES
+    out = set()
+    for fam in FAMILIES.values():
+        if fam.lhs != "q8kp":
+            continue
+        for isa, impl in fam.impls.items():
+            strategy = "sme2_gemm" if isa == "sme2" else "sve" if isa.startswith("sve") else "neon"
+            out.add((impl.template, strategy))
+            if impl.gemv_template:
+                out.add((impl.gemv_template, "sme2_gemv"))
+    return sorted(out)
+
+
+@pytest.mark.parametrize("template,strategy", _kquant_templates())
+def test_kquant_templates_fill_in_one_skeleton_per_strategy(template, strategy):
+    """A K-quant family's kernel template is its part of one skeleton per strategy
+    (templates/kquant/): it extends that skeleton and writes nothing outside its blocks and
+    macros (text there would be dropped silently by Jinja2's inheritance)."""
+    from jinja2 import nodes
+    from tilegen.generator.render import template_env
+    env = template_env()
+    src = env.loader.get_source(env, f"{template}.S.j2")[0]
+    tree = env.parse(src)
+    ext = [n for n in tree.body if isinstance(n, nodes.Extends)]
+    assert [e.template.value for e in ext] == [f"kquant/{strategy}.S.j2"], template
+    stray = [n for n in tree.body if isinstance(n, nodes.Output)
+             and any(not isinstance(x, nodes.TemplateData) or x.data.strip() for x in n.nodes)]
+    assert not stray, f"{template}: output outside a block: {stray[0]}"
+    assert len(_kquant_templates()) >= 8

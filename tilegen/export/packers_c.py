@@ -15,7 +15,7 @@ byte.
 
 The C text is Jinja templates under ``templates/export/pack/``, rendered by the kernels'
 environment (:func:`tilegen.generator.render.render_template`): ``<layout>.c.j2`` holds a
-packer's functions (shared getters in ``lhs_getters.c.j2`` and ``q4_getters.c.j2``),
+packer's functions (shared getters in ``lhs_getters.c.j2`` and ``rhs_getters.c.j2``),
 ``packer.c.j2``/``packer.h.j2`` frame them (banner, includes, the static helpers the body calls)
 and ``params.h.j2`` is ``kai_pack_params.h``.  This module holds what goes where: KleidiAI's
 prototypes, the checked expressions and which template each packer takes.

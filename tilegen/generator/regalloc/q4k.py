@@ -38,13 +38,13 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from ...records import SpecError
 from ..spec import KernelSpec
 from ..tile_layouts import check_packing
+from .kquant import (KQuantSveArea, check_neon_tile, check_sve_mm_rows, check_sve_tile,
+                     kquant_mode)
 from .pool import Z_LOW_FIRST, Frame, RegisterPool, VectorNeeds, first_fit, flatten, rows
 
-__all__ = ["KQuantSveArea",
-           "Q4KRegs", "Q4KSveRegs", "Q4K_SCALARS", "Q4K_SVE_SCALARS", "Q4K_CHART", "q4k_mode",
+__all__ = ["Q4KRegs", "Q4KSveRegs", "Q4K_SCALARS", "Q4K_SVE_SCALARS", "Q4K_CHART",
            "ALLOCATORS"]
 
 Q4K_SCALARS = ("n_rem", "rhs_ptr", "dst_tile", "dst_row", "sb_cnt", "nsb", "lhs_rbs",
@@ -107,23 +107,6 @@ class Q4KRegs(Frame):
         return self.acc_offset + 16 * self.n_units
 
 
-_MODES = {"i8mm": {16: "mm"}, "dotprod": {8: "dot4"}, "neon": {8: "neon"},
-          "sve_i8mm": {16: "mm"}, "sve_dotprod": {8: "dot4"}}
-
-
-def q4k_mode(spec: KernelSpec) -> str:
-    """The strategy of a q4_K NEON or SVE tile, by ISA, interleave and row count."""
-    if spec.sr != 2:
-        raise SpecError(f"q4_K layouts hold two k values per byte: sr must be 2, got sr={spec.sr}")
-    want = next(iter(_MODES[spec.isa]))
-    if spec.kr != want:
-        raise SpecError(f"q4_K {spec.isa} kernels need kr={want} (kr/sr = {want // 2} k values "
-                        f"per operand row), got kr={spec.kr}")
-    if spec.isa in ("i8mm", "sve_i8mm") and spec.mr == 1:
-        return "dot8"
-    return _MODES[spec.isa][want]
-
-
 def _units(mode: str, mr_reg: int, nr: int) -> int:
     return {"mm": mr_reg * nr // 4, "dot4": mr_reg * nr // 4, "neon": mr_reg * nr // 4,
             "dot8": nr // 2}[mode]
@@ -176,13 +159,8 @@ def _block(spec: KernelSpec, mode: str, mr_reg: int):
 
 
 def _allocate_q4k_neon(spec: KernelSpec) -> Q4KRegs:
-    if spec.mr_vl or spec.nr_vl:
-        raise SpecError(f"q4_K NEON tiles have fixed sizes, got {spec.mr_str}x{spec.nr_str}")
-    mode = q4k_mode(spec)
-    nr = spec.nr
-    if nr % 4 or nr > _MAX_NR:
-        raise SpecError(f"q4_K NEON tiles need nr a multiple of 4 (one int32x4 vector per 4 "
-                        f"columns) and at most {_MAX_NR}, got nr={nr}")
+    check_neon_tile(spec, "q4_K", _MAX_NR)
+    mode = kquant_mode(spec, "q4_K", "NEON")
     check_packing(spec)
     return Q4KRegs(**first_fit(spec, lambda mr_reg: _block(spec, mode, mr_reg)))
 
@@ -195,20 +173,6 @@ _SVE_MAX_NV = 4         # dmin at [rhs, #(nv + cv), mul vl] (ld1h immediates rea
 _SVE_EP = "epilogue beyond the dead registers"
 Q4K_SVE_CHART = ("int32 sub-block sums", "int32 scaled sums", "LHS", "RHS", "scale scratch",
                  _SVE_EP)
-
-
-class KQuantSveArea:
-    """The f32 accumulators of the K-quant SVE kernels (q4_K, q6_K): one vector per register
-    unit (``s1``) in a VL-sized stack area below the fixed frame."""
-
-    @property
-    def n_units(self) -> int:
-        return len(self.s1)
-
-    @property
-    def acc_vls(self) -> int:
-        """Vectors of the f32 accumulator area (one per unit)."""
-        return self.n_units
 
 
 @dataclass(frozen=True)
@@ -289,16 +253,9 @@ def _sve_block(spec: KernelSpec, mode: str, mr_reg: int):
 
 
 def _allocate_q4k_sve(spec: KernelSpec) -> Q4KSveRegs:
-    if spec.mr_vl or not spec.nr_vl:
-        raise SpecError(f"q4_K SVE tiles have a fixed row count and nr in VL units (nv x VL/32 "
-                        f"columns), e.g. 8x1vl; got {spec.mr_str}x{spec.nr_str}")
-    mode = q4k_mode(spec)
-    if spec.nr > _SVE_MAX_NV:
-        raise SpecError(f"q4_K SVE tiles reach nr={_SVE_MAX_NV}vl (the dmin vectors at "
-                        f"[rhs, #(nv + cv), mul vl]), got nr={spec.nr_str}")
-    if mode == "mm" and spec.mr % 4:
-        raise SpecError(f"q4_K sve_i8mm (SMMLA, 2 rows per operand) needs mr=1 (gemv) or a "
-                        f"multiple of 4, got mr={spec.mr}")
+    check_sve_tile(spec, "q4_K", _SVE_MAX_NV, "the dmin vectors at [rhs, #(nv + cv), mul vl]")
+    mode = kquant_mode(spec, "q4_K", "SVE")
+    check_sve_mm_rows(spec, "q4_K", mode)
     check_packing(spec)
     return Q4KSveRegs(**first_fit(spec, lambda mr_reg: _sve_block(spec, mode, mr_reg),
                                   " (indexed SDOT operands in z0-z7)" if mode == "dot4" else ""))

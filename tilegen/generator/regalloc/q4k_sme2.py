@@ -18,26 +18,14 @@ chunk; once per sub-block the sums are read back
 """
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 from ...records import SpecError
 from ..spec import KernelSpec
-from ..tile_layouts import check_packing
-from .pool import SME_X_ORDER, Frame, RegisterPool, VectorNeeds
+from .kquant import KQuantSme2Frame, check_sme2_gemv_tile, check_sme2_interleave
+from .pool import SME_X_ORDER, RegisterPool
 
-__all__ = ["KQuantSme2Frame", "Q4KSme2Regs", "Q4KSme2GemvRegs", "ALLOCATORS"]
-
-
-@dataclass(frozen=True, kw_only=True)
-class KQuantSme2Frame(Frame):
-    """What the K-quant SME2 register records share: the GPRs by name, the frame, the
-    all-true counter predicate (pn8) of the multi-vector loads."""
-
-    gpr: dict[str, int] = field(hash=False)
-    saved_x: tuple[int, ...] = ()
-    saved_d: tuple[int, ...] = ()
-    needs: VectorNeeds = VectorNeeds(())
-    counter_pred: int = 8
+__all__ = ["Q4KSme2Regs", "Q4KSme2GemvRegs", "ALLOCATORS"]
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -114,20 +102,13 @@ _GEMV_SCALARS = ("n_rem", "rec", "rp", "scp", "lp", "lhs_row", "lhs_rs", "dst_pt
                  "nsb", "sub_cnt", "tmp")
 
 
-def _check(spec: KernelSpec) -> None:
-    check_packing(spec)
-    if spec.kr != 4 or spec.sr != 2:
-        raise SpecError(f"q4_K sme2 kernels read k pairs of 4-k chunks: kr=4, sr=2, got "
-                        f"kr={spec.kr}, sr={spec.sr}")
-
-
 def _allocate_gemm(spec: KernelSpec) -> Q4KSme2Regs:
     nu = spec.nr
     if spec.mr != 1 or nu not in (1, 2):
         raise SpecError(f"q4_K sme2 gemm tiles are 1vlx1vl or 1vlx2vl (S1 and the min term S2 "
                         f"of each column vector take two of the four int32 ZA tiles), got "
                         f"{spec.mr_str}x{spec.nr_str}")
-    _check(spec)
+    check_sme2_interleave(spec, "q4_K")
     pool = RegisterPool(_CHART, x_order=SME_X_ORDER, streaming=True)
     v = pool.v
     lhs_b = v.claim((0, 1), "LHS")
@@ -157,10 +138,8 @@ def _allocate_gemm(spec: KernelSpec) -> Q4KSme2Regs:
 
 def _allocate_gemv(spec: KernelSpec) -> Q4KSme2GemvRegs:
     nu = spec.nr
-    if nu not in (2, 4):
-        raise SpecError(f"q4_K sme2 gemv tiles are 1x2vl or 1x4vl (one ZA-array SDOT vgx2 / "
-                        f"vgx4 per 4-k chunk), got 1x{spec.nr_str}")
-    _check(spec)
+    check_sme2_gemv_tile(spec, "q4_K")
+    check_sme2_interleave(spec, "q4_K")
     pool = RegisterPool(_CHART, x_order=SME_X_ORDER, streaming=True)
     v = pool.v
     lhs = v.claim((0, 1), "LHS")           # by-lane operands: z0-z15

@@ -45,10 +45,11 @@ from dataclasses import dataclass, field
 from ...records import SpecError
 from ..spec import KernelSpec
 from ..tile_layouts import check_packing
+from .kquant import (KQuantSveArea, check_neon_tile, check_sve_mm_rows, check_sve_tile,
+                     kquant_mode)
 from .pool import Z_LOW_FIRST, Frame, RegisterPool, VectorNeeds, first_fit, rows
-from .q4k import KQuantSveArea
 
-__all__ = ["Q6KRegs", "Q6K_SCALARS", "Q6K_CHART", "q6k_mode", "Q6KSveRegs", "Q6K_SVE_SCALARS",
+__all__ = ["Q6KRegs", "Q6K_SCALARS", "Q6K_CHART", "Q6KSveRegs", "Q6K_SVE_SCALARS",
            "Q6K_SVE_CHART", "ALLOCATORS"]
 
 Q6K_SCALARS = ("n_rem", "rhs_ptr", "dst_tile", "dst_row", "sb_cnt", "nsb", "lhs_rbs", "tmp",
@@ -158,27 +159,6 @@ class Q6KRegs(_RowPasses, Frame):
         return self.w_offset + staged
 
 
-def q6k_mode(spec: KernelSpec) -> str:
-    """The strategy of a q6_K NEON tile, by ISA, interleave and row count; the tile rules
-    every strategy shares (fixed sizes, nr a multiple of 4) refused first."""
-    if spec.mr_vl or spec.nr_vl:
-        raise SpecError(f"q6_K NEON tiles have fixed sizes, got {spec.mr_str}x{spec.nr_str}")
-    if spec.nr % 4 or spec.nr > _MAX_NR:
-        raise SpecError(f"q6_K NEON tiles need nr a multiple of 4 (one int32x4 vector per 4 "
-                        f"columns) and at most {_MAX_NR}, got nr={spec.nr}")
-    if spec.sr != 2:
-        raise SpecError(f"q6_K layouts hold two k values per byte: sr must be 2, got sr={spec.sr}")
-    want = {"i8mm": 16, "dotprod": 8, "neon": 8}.get(spec.isa)
-    if want is None:
-        raise SpecError(f"q6_K has no NEON strategy for isa {spec.isa!r}")
-    if spec.kr != want:
-        raise SpecError(f"q6_K {spec.isa} kernels need kr={want} (kr/sr = {want // 2} k values "
-                        f"per operand row), got kr={spec.kr}")
-    if spec.isa == "i8mm":
-        return "dot8" if spec.mr == 1 else "mm"
-    return "neon" if spec.isa == "neon" else "dot4"
-
-
 def _block(spec: KernelSpec, mode: str, mr_reg: int, stream_w: bool, jit: bool):
     nr, P = spec.nr, spec.lhs_mr
     G = mr_reg // P
@@ -241,7 +221,8 @@ def _attempt(spec: KernelSpec, mode: str, mr_reg: int):
 
 
 def _allocate_q6k_neon(spec: KernelSpec) -> Q6KRegs:
-    mode = q6k_mode(spec)
+    check_neon_tile(spec, "q6_K", _MAX_NR)
+    mode = kquant_mode(spec, "q6_K", "NEON")
     check_packing(spec)
     fields = first_fit(spec, lambda mr_reg: _attempt(spec, mode, mr_reg))
     # the register block is one pass; the k loop covers the whole tile
@@ -328,33 +309,6 @@ class Q6KSveRegs(_RowPasses, KQuantSveArea, Frame):
     needs: VectorNeeds = VectorNeeds(())
 
 
-def q6k_sve_mode(spec: KernelSpec) -> str:
-    """The strategy of a q6_K SVE tile: SMMLA per 128-bit segment (sve_i8mm, mr a multiple of
-    4), its SDOT gemv on 8-k groups (sve_i8mm, mr = 1), SDOT by lane (sve_dotprod)."""
-    if spec.mr_vl or not spec.nr_vl:
-        raise SpecError(f"q6_K SVE tiles have a fixed row count and nr in VL units (nv x VL/32 "
-                        f"columns), e.g. 8x1vl; got {spec.mr_str}x{spec.nr_str}")
-    if spec.sr != 2:
-        raise SpecError(f"q6_K layouts hold two k values per byte: sr must be 2, got sr={spec.sr}")
-    want = {"sve_i8mm": 16, "sve_dotprod": 8}.get(spec.isa)
-    if want is None:
-        raise SpecError(f"q6_K has no SVE strategy for isa {spec.isa!r}")
-    if spec.kr != want:
-        raise SpecError(f"q6_K {spec.isa} kernels need kr={want} (kr/sr = {want // 2} k values "
-                        f"per operand row), got kr={spec.kr}")
-    if spec.nr > _SVE_MAX_NV:
-        raise SpecError(f"q6_K SVE tiles reach nr={_SVE_MAX_NV}vl (a sub-block pair's weight "
-                        f"vectors at [ptr, #i, mul vl]), got nr={spec.nr_str}")
-    if spec.isa == "sve_dotprod":
-        return "dot4"
-    if spec.mr == 1:
-        return "dot8"
-    if spec.mr % 4:
-        raise SpecError(f"q6_K sve_i8mm (SMMLA, 2 rows per operand) needs mr=1 (gemv) or a "
-                        f"multiple of 4, got mr={spec.mr}")
-    return "mm"
-
-
 def _sve_block(spec: KernelSpec, mode: str, mr_reg: int, stream_w: bool, n_lhs4: int):
     nv, P = spec.nr, spec.lhs_mr
     G = mr_reg // P
@@ -406,7 +360,9 @@ def _sve_attempt(spec: KernelSpec, mode: str, mr_reg: int):
 
 
 def _allocate_q6k_sve(spec: KernelSpec) -> Q6KSveRegs:
-    mode = q6k_sve_mode(spec)
+    check_sve_tile(spec, "q6_K", _SVE_MAX_NV, "a sub-block pair's weight vectors at [ptr, #i, mul vl]")
+    mode = kquant_mode(spec, "q6_K", "SVE")
+    check_sve_mm_rows(spec, "q6_K", mode)
     check_packing(spec)
     fields = first_fit(spec, lambda mr_reg: _sve_attempt(spec, mode, mr_reg),
                        " (indexed SDOT operands in z0-z7)" if mode == "dot4" else "")

@@ -20,9 +20,8 @@ from dataclasses import dataclass
 
 from ...records import SpecError
 from ..spec import KernelSpec
-from ..tile_layouts import check_packing
 from .pool import SME_X_ORDER, RegisterPool
-from .q4k_sme2 import KQuantSme2Frame
+from .kquant import KQuantSme2Frame, check_sme2_gemv_tile, check_sme2_interleave
 
 __all__ = ["Q6KSme2Regs", "Q6KSme2GemvRegs", "ALLOCATORS"]
 
@@ -82,9 +81,7 @@ _GEMV_SCALARS = ("n_rem", "rec", "rpa", "rpb", "hp", "sca", "scb", "lpa", "lpb",
 
 def _allocate_gemv(spec: KernelSpec) -> Q6KSme2GemvRegs:
     nu = spec.nr
-    if nu not in (2, 4):
-        raise SpecError(f"q6_K sme2 gemv tiles are 1x2vl or 1x4vl (one ZA-array SDOT vgx2 / "
-                        f"vgx4 per 4-k chunk), got 1x{spec.nr_str}")
+    check_sme2_gemv_tile(spec, "q6_K")
     pool = RegisterPool(_CHART, x_order=SME_X_ORDER, streaming=True)
     v = pool.v
     lhs = v.claim((0, 1), "LHS")                # by-lane operands: z0-z15
@@ -109,10 +106,7 @@ _SCALARS = ("n_rem", "rec", "rpa", "rpb", "hp", "sca", "scb", "lpa", "lpb", "lhs
 
 def _allocate_q6k_sme2(spec: KernelSpec) -> Q6KSme2Regs | Q6KSme2GemvRegs:
     nu = spec.nr
-    check_packing(spec)
-    if spec.kr != 4 or spec.sr != 2:
-        raise SpecError(f"q6_K sme2 kernels read k pairs of 4-k chunks: kr=4, sr=2, got "
-                        f"kr={spec.kr}, sr={spec.sr}")
+    check_sme2_interleave(spec, "q6_K")
     if spec.is_gemv:
         return _allocate_gemv(spec)
     if not spec.mr_vl or spec.mr != 1 or nu not in (1, 2, 4):
