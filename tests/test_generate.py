@@ -116,7 +116,7 @@ def _kquant_templates():
     """(template, skeleton) of every K-quant family's kernels (the families whose activations
     are q8kp): NEON and SVE kernels on kquant/neon and kquant/sve, the SME2 gemm and gemv on
     kquant/sme2_gemm and kquant/sme2_gemv."""
-    from tilegen.records import FAMILIES
+    from tilegen.families import FAMILIES
     out = set()
     for fam in FAMILIES.values():
         if fam.lhs != "q8kp":
