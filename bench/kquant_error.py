@@ -10,8 +10,8 @@ Activations: seeded, two kinds per shape — ``normal`` (standard normal) and ``
 (Student t with 3 degrees of freedom: a few large values per row, as LLM activations have).
 Figures: ``rms`` = RMS(error) / RMS(float64 result), ``max`` = max |error| / max |float64 result|;
 ``tg-gg`` = max |tilegen - ggml| / max |float64 result|.  Both paths quantise each activation row
-per 256-k super-block with 127 levels each side, so they differ only in rounding ties, ggml's
-reciprocal scale and the float order.
+per 256-k super-block to the same int8 values and scale (q8kp takes ggml's Q8_K rounding, up to
+ggml's sign convention: docs/layouts.md#q8kp), so they differ only in the float order.
 """
 from __future__ import annotations
 

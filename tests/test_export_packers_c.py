@@ -37,6 +37,7 @@ from tilegen.layout.rhs_int8 import QSI8CXP
 
 from conftest import guest, vector_files
 from guest_kai_pack import MARGIN, PREFILLS
+from q8kp_edges import KINDS as EDGE_KINDS, check_q8kp, edge_rows, expected_q8kp
 
 F = np.float32
 SVLS = (16, 64)          # bytes: 128 and 512 bits
@@ -776,6 +777,33 @@ def test_q8kp(lib):
                                  lay.packed_offset(ms, k), "offset"))
         cases.append(_getter(f"kai_get_m_step_{n4}", (mr,), mr, "m_step"))
     _batch(lib, cases)
+
+
+def test_q8kp_edges_are_ggml_q8_k(lib):
+    """Issue #30 items 2 and 9, the C quantiser llama.cpp runs: 1e-38, subnormal and zero
+    super-blocks are flushed (d = 0, every q = 0; they were +-127), both sides of the flush
+    threshold, 1e-36 (d subnormal), ties to even and control blocks hold ggml's Q8_K values
+    (q8kp_edges.expected_q8kp), read back through Q8KP.unpack."""
+    rng = np.random.default_rng(2502)
+    name = "kai_run_lhs_quant_pack_q8kp_f32"
+    k = 256 * len(EDGE_KINDS)
+    calls, refs = [], []
+    for i, (mr, kr) in enumerate(KQ_TILES):
+        lay = Q8KP(mr, kr)
+        m, ms = int(rng.integers(1, mr + 3)), int(rng.integers(0, mr + 1))
+        x = edge_rows(rng, m, k, first=i)
+        stride = 4 * k + 4 * int(rng.integers(0, 3))
+        calls.append((name, [U(m), U(k), U(mr), U(kr), U(2), U(ms), IN(_rows_bytes(x, stride)),
+                             U(stride), OUT(lay.region_size(m, k, ms))], False))
+        refs.append((lay, m, ms, x, f"q8kp {mr}x{kr} m={m} ms={ms}"))
+    failed = []
+    for (lay, m, ms, x, label), o in zip(refs, _run(lib, calls)):
+        got, _ = _split(o, label)
+        try:
+            check_q8kp(lay.unpack(got, m, k, ms), expected_q8kp(x), label)
+        except AssertionError as e:
+            failed.append(str(e))
+    assert not failed, f"{len(failed)} of {len(refs)} packs differ:\n" + "\n".join(failed)
 
 
 def _kq_rhs_cases(cls, random_blocks, block_bytes, tag, seed):

@@ -18,6 +18,8 @@ from tilegen.families.q4_k import Q4KP
 from tilegen.families.q6_k import Q6KP
 from tilegen.reference.f32 import fma_f32
 
+from q8kp_edges import KINDS as EDGE_KINDS, check_q8kp, edge_rows, expected_q8kp
+
 KS = (256, 512, 768)
 RHS = {"q4_K": Q4KP, "q6_K": Q6KP}       # kind -> its RHS layout class (the references' hooks)
 GEOMS = [(4, 8), (4, 16), (8, 4), (3, 16), (1, 32), (12, 2)]
@@ -291,7 +293,8 @@ def test_q8kp_quantisation_properties():
     xb = x.reshape(m, 3, 256)
     amax = np.abs(xb).max(axis=2)
     nz = amax > 0
-    assert (d[nz] == (amax[nz] / np.float32(127)).astype(np.float32)).all()
+    inv = (np.float32(127) / amax[nz]).astype(np.float32)
+    assert (d[nz] == (np.float32(1) / inv).astype(np.float32)).all()      # ggml's |1/iscale|
     # every row/SB reaches +-127 at its largest |x|, and q*d is within half a step (plus f32)
     assert (np.abs(q.reshape(m, 3, 256)).max(axis=2)[nz] == 127).all()
     err = np.abs(q.reshape(m, 3, 256) * d[..., None].astype(np.float64) - xb)
@@ -301,13 +304,37 @@ def test_q8kp_quantisation_properties():
     assert (hi.astype(np.int32) * 128 + lo == bs).all()
 
 
-def test_q8kp_rounds_ties_away_and_clamps():
+def test_q8kp_rounds_ties_to_even():
+    """As ggml's Q8_K (nearest_int): ties to even (it was ties away: 3, -3, 1, -1 below)."""
     x = np.zeros((1, 256), np.float32)
     x[0, :6] = [127.0, 2.5, -2.5, 0.5, -0.5, 1.5]
     x[0, 6:] = 0.25
     q, d, _, _ = Q8KP(1, 8).unpack(Q8KP(1, 8).pack(x), 1, 256)
     assert d[0, 0] == 1.0
-    assert q[0, :7].tolist() == [127, 3, -3, 1, -1, 2, 0]
+    assert q[0, :7].tolist() == [127, 2, -2, 0, 0, 2, 0]
+
+
+@pytest.mark.parametrize("mr,kr", [(1, 8), (4, 16), (3, 2)])
+def test_q8kp_is_ggml_q8_k_at_the_edges(mr, kr):
+    """Issue #30 items 2 and 9: per super-block, Q8KP holds ggml's Q8_K values (in its sign
+    convention, d >= 0) for 1e-38, subnormal and zero blocks (flushed: d = 0, every q = 0; they
+    were +-127), both sides of the flush threshold 127/amax = +inf, 1e-36 (d subnormal), exact
+    ties (to even) and ordinary control blocks; quantize_rows and pack/unpack alike."""
+    rng = np.random.default_rng(3000 + 10 * mr + kr)
+    for first in range(0, len(EDGE_KINDS), 3):
+        x = edge_rows(rng, 5, 256 * len(EDGE_KINDS), first)
+        want = expected_q8kp(x)
+        q, d, bsum = Q8KP.quantize_rows(x)
+        check_q8kp((q, d, *Q8KP.split_bsum(bsum)), want, f"quantize_rows first={first}")
+        lay = Q8KP(mr, kr)
+        check_q8kp(lay.unpack(lay.pack(x, 1), 5, x.shape[1], 1), want, f"pack first={first}")
+    # the flushed blocks really are zero bytes, d included
+    x = edge_rows(rng, 1, 256 * len(EDGE_KINDS))
+    q, d, bsum = Q8KP.quantize_rows(x)
+    for s, kind in enumerate(EDGE_KINDS):
+        flushed = kind in ("1e-38", "denormal", "zero", "flushed_edge")
+        assert (d[0, s] == 0) == flushed and (not q[0, 256 * s:256 * s + 256].any()) == flushed, kind
+        assert d[0, s].view(np.uint32) != 0x80000000, kind
 
 
 @pytest.mark.parametrize("start", [0, 1, 3, 4, 6])
@@ -472,6 +499,14 @@ def test_ggml_q8_k_quantisation():
     assert d[0, 0] == -1.0 and q[0, :3].tolist() == [-127, -2, -4]    # signed max: q flips sign
     q, d, _ = RK.quantize_q8_k(np.zeros((2, 256), np.float32))
     assert not q.any() and not d.any()
+    # a tiny block: iscale = -127/max = -inf, nearest_int(+-inf) = -2^22 and nearest_int(NaN)
+    # = 0 (low byte 0), d = 1/-inf = -0: ggml flushes it too
+    x = np.full((1, 256), 1e-38, np.float32)
+    x[0, 1] = 0
+    q, d, bsums = RK.quantize_q8_k(x)
+    assert not q.any() and not bsums.any() and d[0, 0] == 0 and np.signbit(d[0, 0])
+    assert RK.nearest_int(np.array([np.inf, -np.inf, np.nan, 2.5, -2.5, 3.5], np.float32)).tolist() \
+        == [-(1 << 22), -(1 << 22), 0, 2, -2, 4]
 
 
 @pytest.mark.parametrize("kind", ("q4_K", "q6_K"))

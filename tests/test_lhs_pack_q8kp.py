@@ -3,9 +3,11 @@
 One shared library with a packer per (mr, kr) the K-quant kernels use (mr 1..16, kr 8 and
 16), run in the emulated aarch64 Python (cortex-a53: baseline NEON, and max): byte-identical
 with a numpy model written from the design (per row per 256-value super-block: amax, f32
-d = amax/127 and inv = 127/amax, FCVTAS(x * inv) clamped to +-127, bsums per 32 split into
-hi = bsum >> 7 and lo = bsum - 128 hi) and with :class:`tilegen.layout.kquant.Q8KP`'s pack, for
-any m_idx_start and row stride.  Only the slots of real rows are written (the rest keeps the
+inv = 127/amax, flushed (d = 0, q = 0) when inv = +inf, else d = 1/inv and FCVTNS(x * inv) (ties
+to even) clamped to +-127, bsums per 32 split into hi = bsum >> 7 and lo = bsum - 128 hi) and with :class:`tilegen.layout.kquant.Q8KP`'s pack, for
+any m_idx_start and row stride.  At the edges (issue #30 items 2 and 9: 1e-38, subnormal and
+zero super-blocks, both sides of the flush threshold, ties) every packer holds ggml's Q8_K values
+in q8kp's sign convention (q8kp_edges.expected_q8kp).  Only the slots of real rows are written (the rest keeps the
 buffer's prefill); source rows end at a guard page, the packed region ends at one.
 
 The VL-scaled packers (``q8kp1vlx<L>``: the SME2 K-quant kernels' row blocks of SVL/32 rows,
@@ -22,7 +24,9 @@ from tilegen.layout.kquant import Q8KP
 from tilegen.records import SpecError
 
 from conftest import guest
-from test_lhs_pack_neon import PREFILLS, _case, _check, _rows_bytes, build_packers, hot_loop
+from q8kp_edges import KINDS as EDGE_KINDS, check_q8kp, edge_rows, expected_q8kp
+from test_lhs_pack_neon import (MARGIN, PREFILLS, _case, _check, _rows_bytes, build_packers,
+                                hot_loop)
 
 F = np.float32
 CPUS = ("cortex-a53", "max")
@@ -50,10 +54,14 @@ def model_q8kp(x: np.ndarray, mr: int, L: int, m_idx_start: int = 0):
             v = x[r, 256 * s:256 * s + 256]
             amax = F(np.abs(v).max())
             with np.errstate(all="ignore"):
-                d, inv = F(amax / F(127)), F(F(127) / amax)
+                inv = F(F(127) / amax)
+                if np.isinf(inv):                                   # flushed: d 0, q 0
+                    d, inv = F(0), F(0)
+                else:
+                    d = F(F(1) / inv)
                 y = (v * inv).astype(F).astype(np.float64)
-            y = np.where(np.isnan(y), 0.0, y)                       # FCVTAS: NaN -> 0
-            q = np.clip(np.trunc(y + np.copysign(0.5, y)), -127, 127).astype(np.int64)
+            y = np.where(np.isnan(y), 0.0, y)                       # FCVTNS: NaN -> 0
+            q = np.clip(np.rint(y), -127, 127).astype(np.int64)     # ties to even
             pos = rec + (t // L) * mr * L + slot * L + t % L
             out[pos] = q.astype(np.int8).view(np.uint8)
             mask[pos] = 1
@@ -80,10 +88,10 @@ def _rows(rng, m: int, k: int) -> np.ndarray:
                 sb[:] = 0                             # amax 0: d 0, every q 0 (inv = +inf)
             elif kind == 1:
                 sb[:] = -0.0
-            elif kind == 2:                           # amax 127, inv 1: exact .5 ties
+            elif kind == 2:                           # amax 127, inv 1: exact .5 ties (even)
                 sb[:] = rng.integers(-254, 255, 256) * F(0.5)
                 sb[int(rng.integers(0, 256))] = -127
-            elif kind == 3:                           # inv = 127/amax overflows: +-127, 0
+            elif kind == 3:                           # inv = 127/amax overflows: flushed
                 sb *= F(1e-38)
                 sb[rng.random(256) < 0.2] = 0
             elif kind == 4:
@@ -178,7 +186,7 @@ def test_names_geometry_and_hot_loop():
     for spec in (s, PackerSpec("q8kp", 1, 8, 2), PackerSpec("q8kp", 16, 8, 2)):
         loop = hot_loop(render(spec))
         assert sum(i.startswith("fmul") for i in loop) == 8
-        assert sum(i.startswith("fcvtas") for i in loop) == 8
+        assert sum(i.startswith("fcvtns") for i in loop) == 8
         assert sum(i.startswith("uzp1") for i in loop) == 6
         stores = 1 if spec.mr == 1 else 32 // spec.L
         assert len(loop) == 2 + 8 + 8 + 6 + 4 + stores + 2, (spec.name, len(loop))
@@ -225,6 +233,40 @@ def test_vl_packer_bit_exact(cpu, q8kp_lib):
         assert np.array_equal(lay, np.where(mask == 1, exp, 0)), (spec.name, mr, what)
         assert lay.size == spec.packed_size(c["args"]["m"] + c["args"]["m_idx_start"] % mr,
                                             c["args"]["k"], mr=mr), (spec.name, mr, what)
+
+
+@pytest.mark.parametrize("cpu", CPUS)
+def test_edges_are_ggml_q8_k(cpu, q8kp_lib):
+    """Issue #30 items 2 and 9, every generated packer (fixed mr; VL-scaled at SVL 128 and 512
+    rows): 1e-38, subnormal and zero super-blocks are flushed (d = 0, q = 0; they were +-127
+    with d ~ amax/127), both sides of the flush threshold, 1e-36 (d subnormal), ties to even and
+    control blocks hold ggml's Q8_K values (q8kp_edges.expected_q8kp), read back through
+    Q8KP.unpack."""
+    rng = np.random.default_rng(sum(map(ord, cpu)) + 3001)
+    k = 256 * len(EDGE_KINDS)
+    todo = [(spec, spec.mr) for spec in SPECS if spec.mr in (1, 3, 4, 8)] + [
+        (spec, spec.svl_rows(svl // 8)) for spec in VL_SPECS for svl in (128, 512)]
+    cases, refs = [], []
+    for i, (spec, mr) in enumerate(todo):
+        m, ms = int(rng.integers(1, mr + 3)), int(rng.integers(0, mr + 1))
+        x = edge_rows(rng, m, k, first=i)
+        stride = 4 * k + 4 * int(rng.integers(0, 3))
+        size = Q8KP(mr, spec.kr).region_size(m, k, ms)
+        cases.append(_case(spec, dict(m=m, k=k, mr=mr, kr=spec.kr, sr=spec.sr, m_idx_start=ms,
+                                      lhs_stride=stride), _rows_bytes(x, stride), size))
+        refs.append((spec, mr, m, ms, x))
+    outs = guest(cpu).call("guest_pack:run_cases", q8kp_lib, cases)
+    failed = []
+    for (spec, mr, m, ms, x), o in zip(refs, outs):
+        want = expected_q8kp(x)
+        for got in o:                              # one output per prefill of the buffer
+            region = np.asarray(got, np.uint8)[MARGIN:]
+            try:
+                check_q8kp(Q8KP(mr, spec.kr).unpack(region, m, k, ms), want,
+                           f"{spec.name} mr={mr} m={m} ms={ms}")
+            except AssertionError as e:
+                failed.append(str(e))
+    assert not failed, f"{len(failed)} of {2 * len(refs)} packs differ:\n" + "\n".join(failed)
 
 
 def test_vl_packer_refuses_other_row_counts(q8kp_lib):

@@ -50,8 +50,8 @@ Behaviour (docs/layouts.md has the byte maps):
   ``m_idx_start`` (slot ``m_idx_start % mr`` onwards); with KleidiAI's own restrictions
   (contiguous rows, ``m_idx_start`` 0) the bytes are the same.
 * Rounding: qai8dxp values ties away, zero point ties even; ``qsi8d32p_f32`` and ``_neon``
-  ties away, ``4x8sb`` ties even (C ``rintf``: FCVTNS under the default rounding mode); f16 and
-  bf16 round to nearest even, a bf16 NaN stays quiet.
+  ties away, ``4x8sb`` and ``q8kp`` ties even (C ``rintf``: FCVTNS under the default rounding
+  mode); f16 and bf16 round to nearest even, a bf16 NaN stays quiet.
 * SME packers read the streaming vector length with ``RDSVL`` (encoded with ``.inst``, so the
   files build without ``+sme``); their tile size is ``units * SVL / 4`` f32 lanes, their
   ``mr``/``nr`` arguments are not used for the layout (KleidiAI asserts they equal it).  Getters

@@ -23,7 +23,7 @@ from typing import NamedTuple
 import numpy as np
 
 from .base import (Interleaved, LayoutError, RhsGroups, RowBlocks, check_m_idx_start,
-                   f32_to_i32_sat, flat_u8, round_half_away, rows_f32, rows_index)
+                   f32_to_i32_sat, flat_u8, rows_f32, rows_index)
 from .ggml import QK_K, check_superblocks, refuse_float_kquant
 
 __all__ = ["Q8KP", "KQuantRhs", "KQuantTerms", "KQuantInterleave", "U16"]
@@ -91,7 +91,9 @@ class Q8KP(RowBlocks, KQuantInterleave):
 
     format = "q8kp"
     label_prefix = "q8kp"
-    rounding = "away"           # fixed: FCVTAS (ties away from zero)
+    # fixed: ggml's Q8_K rounding (docs/layouts.md#q8kp); the packers take no rounding option
+    fixed_conversion = ("q8kp rounds x * (127/amax) to nearest, ties to even, as ggml's Q8_K "
+                        "(FCVTNS)")
     # the generated NEON packer (tilegen.generator.packers): one row at a time, a compile-time
     # mr, or mr in VL units (the SME2 kernels' row blocks of SVL/32 rows) taken at run time
     packer_template = "lhs_pack_q8kp_neon"
@@ -155,26 +157,29 @@ class Q8KP(RowBlocks, KQuantInterleave):
     # -- quantisation --------------------------------------------------------------------
     @property
     def activation_limit(self) -> tuple[float, str]:
-        """Largest |x| this format represents, and why: d = max|x|/127 is an f32."""
+        """Largest |x| this format represents, and why: d = 1/(127/max|x|) is an f32."""
         return (float(np.finfo(np.float32).max),
-                "the per-super-block scale max|x|/127 is an f32 (x must be finite)")
+                "the per-super-block scale 1/(127/max|x|) is an f32 (x must be finite)")
 
     @staticmethod
     def quantize_rows(x: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         """float32 (m, k) -> (q int8 (m, k), d f32 (m, k/256), bsum int32 (m, k/256, 8)):
-        per row per SB, amax = max|x|; d = amax/127, inv = 127/amax (f32 divides; 0 and 0 when
-        amax = 0); q = clamp(round_half_away(x*inv), -127, 127) (f32 product, FCVTAS: NaN -> 0)."""
+        per row per SB, amax = max|x|, inv = 127/amax (f32 divide); inv = +inf (amax = 0 or
+        amax < 127/FLT_MAX): d = 0 and every q = 0 (flushed); else d = 1/inv (f32 divide: ggml's
+        |d|) and q = clamp(rint(x*inv), -127, 127) (f32 product, to nearest with ties to even:
+        FCVTNS, NaN -> 0)."""
         f = np.float32
         m, k = x.shape
         S = check_superblocks(k)
         xb = np.ascontiguousarray(x).reshape(m, S, QK_K)
         amax = np.abs(xb).max(axis=2).astype(f)
         with np.errstate(divide="ignore", over="ignore", invalid="ignore"):
-            nz = amax != 0
-            d = np.where(nz, amax / f(127), f(0)).astype(f)
-            inv = np.where(nz, f(127) / np.where(nz, amax, f(1)), f(0)).astype(f)
+            inv = (f(127) / amax).astype(f)
+            keep = inv != f(np.inf)
+            inv = np.where(keep, inv, f(0)).astype(f)
+            d = np.where(keep, f(1) / np.where(keep, inv, f(1)), f(0)).astype(f)
             v = (xb * inv[..., None]).astype(f)
-            r = f32_to_i32_sat(round_half_away(v))
+            r = f32_to_i32_sat(np.rint(v))
         q = np.clip(r, -127, 127).astype(np.int8)
         bsum = q.astype(np.int32).reshape(m, S, 8, 32).sum(axis=3).astype(np.int32)
         return q.reshape(m, k), d, bsum

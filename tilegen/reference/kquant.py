@@ -23,10 +23,11 @@ super-block the scale per sub-block, the integer weights, and the min term if it
   the ggml blocks, without the packed buffers (what the kernel tests compare with).
 
 * **ggml's reference arithmetic** (:func:`quantize_q8_k`, :func:`matmul_ggml`), for the error
-  table only: activations quantised as ggml's ``quantize_row_q8_K_ref`` does it — per SB, the
-  value of largest magnitude keeps its sign (the first such value), ``iscale = -127/max``,
-  q = nearest integer of ``iscale*x`` with ties to even, at most 127, ``d = 1/iscale``, sums
-  per 16 — and the dot product in the float order of ggml's generic ``vec_dot_q4_K_q8_K`` /
+  table and the byte comparison with ggml's own code (``bench/q8k_vs_ggml.py``): activations
+  quantised as ggml's ``quantize_row_q8_K_ref`` does it — per SB, the value of largest
+  magnitude keeps its sign (the first such value), ``iscale = -127/max``, q = ``nearest_int``
+  of ``iscale*x`` (ties to even), at most 127, ``d = 1/iscale``, sums per 16 — and the dot
+  product in the float order of ggml's generic ``vec_dot_q4_K_q8_K`` /
   ``vec_dot_q6_K_q8_K``: the integer products of each SB are gathered in 8 int32 lanes (lane l
   holds the scale-weighted products of the positions t with t % 8 == l); per SB a factor
   ``f32(d_w) * d_a`` is formed and each lane's float partial becomes ``part_l + factor*f32(lane_l)``;
@@ -48,7 +49,7 @@ from ..layout.ggml import QK_K, check_superblocks
 from ..layout.kquant import Q8KP, KQuantTerms
 from .f32 import fma_f32
 
-__all__ = ["matmul_kernel", "matmul_blocks", "matmul_tilegen", "quantize_q8_k", "matmul_ggml",
+__all__ = ["matmul_kernel", "matmul_blocks", "matmul_tilegen", "nearest_int", "quantize_q8_k", "matmul_ggml",
            "matmul_f64_kquant", "dequantize_kquant", "error_summary", "error_bound"]
 
 f32 = np.float32
@@ -134,9 +135,28 @@ def matmul_tilegen(rhs, x: np.ndarray, raw, n: int, *, mr: int = 4, nr: int = 4,
 # ----------------------------------------------------------------------------------------
 # ggml's reference arithmetic (for the error table)
 # ----------------------------------------------------------------------------------------
+def nearest_int(v: np.ndarray) -> np.ndarray:
+    """int64: ggml's ``nearest_int`` of float32 values ``v`` (ggml-quants.c): the bits of
+    ``f32(v + 12582912)``, masked to the low 23, minus 2^22 — round to nearest, ties to even, for
+    |v| < 2^22; for +-inf and NaN it gives -2^22 and 0."""
+    w = (np.asarray(v, dtype=f32) + f32(12582912)).astype(f32)
+    return (w.view(np.int32).astype(np.int64) & 0x7FFFFF) - 0x400000
+
+
 def quantize_q8_k(x: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """float32 (m, k) -> (q int8 (m, k), d f32 (m, S), bsums int32 (m, S, 16)) as ggml's
-    ``quantize_row_q8_K_ref`` (finite input)."""
+    ``quantize_row_q8_K_ref`` computes them (what llama.cpp runs on Arm: the NEON
+    ``quantize_row_q8_K`` calls it, and the repack's ``ggml_quantize_mat_q8_K_4x4/4x8`` compute
+    the same values per row): per SB, ``max`` = the first value of largest magnitude, with its
+    sign; amax = 0: d = 0 and every q = 0; else ``iscale = -127/max``, q = MIN(127,
+    :func:`nearest_int` (iscale*x)) stored as int8 (two's complement truncation), ``d =
+    1/iscale`` (f32 divides and product), sums per 16.  A tiny SB (127/amax overflows:
+    iscale = -+inf) gets q = 0 (nearest_int of +-inf and NaN is -2^22 or 0, whose low byte is 0)
+    and d = -+0.
+
+    Against :meth:`tilegen.layout.kquant.Q8KP.quantize_rows`: ggml's (q, d) = s * tilegen's
+    (q, d) with s = -sign(max) (tilegen keeps d >= 0), so every product d * q, and every result
+    of the kernels, is the same (docs/layouts.md#q8kp)."""
     x = np.asarray(x, dtype=f32)
     m, k = x.shape
     S = check_superblocks(k)
@@ -147,8 +167,9 @@ def quantize_q8_k(x: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     with np.errstate(divide="ignore", invalid="ignore", over="ignore"):
         iscale = np.where(nz, f32(-127) / np.where(nz, mx, f32(1)), f32(0)).astype(f32)
         v = (xb * iscale[..., None]).astype(f32)
-        q = np.minimum(np.rint(v), 127).astype(np.int8)      # rint: ties to even
+        q = np.minimum(nearest_int(v), 127).astype(np.int8)  # int64 -> int8 wraps, as C's store
         d = np.where(nz, f32(1) / np.where(nz, iscale, f32(1)), f32(0)).astype(f32)
+    q = np.where(nz[..., None], q, np.int8(0))
     bsums = q.astype(np.int32).reshape(m, S, 16, 16).sum(axis=3)
     return q.reshape(m, k), d, bsums
 
