@@ -152,13 +152,24 @@ def _each_kernel(rows: list[dict], last: str):
                 yield src, d
 
 
+def header(title: str, kai: list[tuple[str, Path, str]], cmd: str) -> list[str]:
+    """The first lines of a results file: its title, the command that wrote it, the trees."""
+    return [f"# {title}", "", f"Command: `{cmd}`", "",
+            "KleidiAI source trees: " + ", ".join(f"v{v} (`{Path(g).name}`)" for v, _, g in kai)
+            + ". llama.cpp pins v1.24.0.", ""]
+
+
+def kleidiai_option(ap: argparse.ArgumentParser) -> None:
+    """The ``--kleidiai`` option (the trees :func:`trees` reads)."""
+    ap.add_argument("--kleidiai", action="append", metavar="TREE_OR_TARBALL",
+                    help="a KleidiAI source tree or release tarball (repeatable; default: the "
+                         "v1.24.0 and v1.30.0 tarballs in ../shared/thirdparty/kleidiai)")
+
+
 def markdown(rows: list[dict], pk: list[dict], kai: list[tuple[str, Path, str]], cmd: str) -> str:
     vers = [v for v, _, _ in kai]
     last = vers[-1]
-    out = ["# SME/SME2 kernels: static model, tilegen vs KleidiAI", "",
-           f"Command: `{cmd}`", "",
-           "KleidiAI source trees: " + ", ".join(f"v{v} (`{Path(g).name}`)" for v, _, g in kai)
-           + ". llama.cpp pins v1.24.0.", "",
+    out = header("SME/SME2 kernels: static model, tilegen vs KleidiAI", kai, cmd) + [
            "Model: `tilegen/analysis/sme.py` (counting rule in its docstring). `MACi/i`: MAC "
            "instructions per hot-loop instruction; `blk MAC/i`: MACs per instruction over one "
            "32-k block at SVL 512 (the issue's rule; derived from the hot loop, x 32 / k per "
@@ -295,9 +306,7 @@ def markdown(rows: list[dict], pk: list[dict], kai: list[tuple[str, Path, str]],
 
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    ap.add_argument("--kleidiai", action="append", metavar="TREE_OR_TARBALL",
-                    help="a KleidiAI source tree or release tarball (repeatable; default: the "
-                         "v1.24.0 and v1.30.0 tarballs in ../shared/thirdparty/kleidiai)")
+    kleidiai_option(ap)
     ap.add_argument("--out", type=Path, help="write <out>.json and <out>.md")
     a = ap.parse_args()
     kai = trees(a.kleidiai)

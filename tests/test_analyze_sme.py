@@ -411,3 +411,101 @@ def test_m4_table_documented():
     assert rows[:len(M4_UNITS)] == [u.table_row() for u in M4_UNITS.values()]
     assert rows[0] == ("| `mopa.f32` | sme | 1 | insn | 4 | m4-sme outer-products.json row 27, "
                        "latency row 0 (FMOPA f32: 2004 GFLOPS with 4 tiles, 498 with 1) |")
+
+
+# -- every SME/SME2 kernel on the M4 model, recorded (issue #34 item 4) ----------------------
+
+def test_counted_mix_is_the_instruction_mix():
+    """A block given by its class counts and chains (a kernel kept as figures: PR29219_GEMM)
+    gets the same UnitMix as its instructions: the same cycles per class, chain and bound."""
+    from tilegen.analysis.sme import unit_mix_counted
+    insns = (["ld1b {z0.b-z3.b}, pn8/z, [x20, #4, mul vl]", "ld1h { z8.h, z9.h }, pn8/z, [x11]",
+              "luti4 {z8.h - z11.h}, zt0, z4[0]", "mov z16.d, z24.d",
+              "fmla z16.h, p2/m, z8.h, z0.h", "whilelt p1.s, xzr, x6", "subs x11, x11, #4"]
+             + [f"fmopa za{i % 4}.s, p2/m, p2/m, z6.h, z{16 + i % 4}.h" for i in range(7)])
+    want = unit_mix(insns)
+    got = unit_mix_counted(dict(want.classes), {"za0": ("mopa.f16", 2), "za1": ("mopa.f16", 2),
+                                                "za2": ("mopa.f16", 2), "za3": ("mopa.f16", 1)})
+    assert got == want and want.chain == 16 and want.bound == 16
+    with pytest.raises(ValueError, match="per-vector"):
+        unit_mix_counted({"za.f32": 1}, {})
+
+
+def test_recorded_kernel_recount():
+    """RecordedKernel.recount accepts a source whose block counts as recorded and refuses one
+    that differs; PR29219_GEMM's record is consistent (its MACs: 64 f16 FMOPA over 4 tiles)."""
+    from tilegen.analysis.sme import PR29219_GEMM, KaiRecipe, RecordedKernel
+    # a made-up block in the shape of KleidiAI's inline assembly: 16 f16 FMOPA of a 1vl x 1vl
+    # tile (32 k at SVL 512), a load and 36 core instructions
+    text = "\n".join(['"2:"', '"mov x1, #0\\n"', '"ld1w {z6.s}, p0/z, [x3]\\n"', '"3:"',
+                      '"fmopa za0.s, p0/m, p0/m, z6.h, z16.h\\n"', '"subs x11, x11, #4\\n"',
+                      '"b.gt 3b\\n"', '"subs x1, x1, #1\\n"', '"b.gt 2b\\n"'])
+    rec = RecordedKernel("x", "-", KaiRecipe("3", 2, "2", (("3", "16"),)), 1, 1, 52,
+                         (("mopa.f16", 16), ("load:w.x1", 1), ("core", 35)),
+                         (("za0", "mopa.f16", 16),))
+    rec.recount(text)
+    with pytest.raises(ValueError, match="the record says"):
+        rec.recount(text.replace('"mov x1, #0\\n"', '"mov x1, #0\\n"\n"add x2, x2, #1\\n"'))
+    p = PR29219_GEMM
+    classes = dict(p.classes)
+    assert sum(n for _, _, n in p.chains) == classes["mopa.f16"] == 64
+    assert p.block_macs() == classes["mopa.f16"] * (512 // 128) ** 2 * 32 == 32768
+    assert sum(classes.values()) == p.block_insns
+
+
+def _sme_export():
+    """Every exported KleidiAI name with _sme in it (spec per name) and every SME2 spec of the
+    export's K-quant table."""
+    from tilegen.export.kleidiai import KERNELS, kquant_entries
+    names = {k.name: k.spec for k in KERNELS if "_sme" in k.name}
+    kq = {(k.spec, f"K-quant {e.family} {role}") for e in kquant_entries() if e.isa == "sme2"
+          for k, role in ((e.gemm, "gemm"), (e.gemv, "gemv"))}
+    return names, kq
+
+
+def test_recorded_sme_bound_is_current(tmp_path):
+    """bench/results/sme_bound.{json,md} are what its recorded command prints now, and hold a
+    row for every SME/SME2 kernel of the default list and of every tuned preset, every exported
+    _sme name (with KleidiAI's kernel of that name from both trees) and every SME2 kernel of the
+    export's K-quant table (with the ratio to PR #29219's gemm for the gemms)."""
+    rec = json.loads((REPO / "bench" / "results" / "sme_bound.json").read_text())
+    assert rec["command"] == "python bench/sme_bound.py --out bench/results/sme_bound"
+    assert (REPO / "bench" / "results" / "sme_bound.md").read_text().startswith(
+        "# Every SME/SME2 kernel on the Apple M4 SME-unit model\n\nCommand: "
+        f"`{rec['command']}`\n")
+    p = subprocess.run([sys.executable, str(REPO / "bench" / "sme_bound.py"), "--out",
+                        str(tmp_path / "bound")], capture_output=True, text=True, cwd=REPO)
+    assert p.returncode == 0, p.stderr
+    now = json.loads((tmp_path / "bound.json").read_text())
+    assert (now["rows"], now["pr29219"], now["m4_units"]) == \
+        (rec["rows"], rec["pr29219"], rec["m4_units"]), \
+        f"stale bench/results/sme_bound: run `{rec['command']}`"
+    assert (tmp_path / "bound.md").read_text().replace(str(tmp_path / "bound"),
+                                                       "bench/results/sme_bound") == \
+        (REPO / "bench" / "results" / "sme_bound.md").read_text(), \
+        f"stale bench/results/sme_bound.md: run `{rec['command']}`"
+    from tilegen.build.targets import TARGETS
+    from tilegen.build.tuned import tuned_specs, tuned_targets
+    from tilegen.families import DEFAULT_KERNELS
+    shipped = {s for s in DEFAULT_KERNELS if tilegen.parse_spec(s).isa in ("sme", "sme2")}
+    shipped |= {s.spec_string for t in tuned_targets() for s in tuned_specs(TARGETS[t])
+                if s.isa in ("sme", "sme2")}
+    names, kq_roles = _sme_export()
+    kq = {s for s, _ in kq_roles}
+    rows = now["rows"]
+    assert {r["spec"] for r in rows} == shipped | set(names.values()) | kq
+    assert {(r["spec"], k) for r in rows for k in r["kquant"]} == kq_roles
+    assert {(r["spec"], s) for r in rows for s in r["ships"]} >= {(s, "default") for s in
+                                                                 shipped}
+    assert {r["kleidiai_name"]: r["spec"] for r in rows if r["kleidiai_name"]} == names
+    for r in rows:
+        assert set(r["kleidiai"]) == ({"1.24.0", "1.30.0"} if r["kleidiai_name"] else set())
+        kquant_gemm = r["spec"] in kq and not tilegen.parse_spec(r["spec"]).is_gemv
+        assert (r["vs_pr29219"] is not None) == kquant_gemm, r["spec"]
+        for d in [r["tilegen"], *r["kleidiai"].values()]:
+            # a figure is marked assumed exactly when the M4 table assumes its binding class
+            assert d["assumed"] == M4_UNITS[d["binding_class"]].assumed
+            assert d["binding"] == d["binding_class"] or d["binding"].startswith(
+                f"chain {d['binding_class']} on ")
+        for v, q in r["vs_kleidiai"].items():
+            assert q["assumed"] == (r["tilegen"]["assumed"] or r["kleidiai"][v]["assumed"])

@@ -54,6 +54,7 @@ import re
 from dataclasses import dataclass
 
 __all__ = ["UnitCost", "M4_UNITS", "M4_DATA", "M4_SVL", "unit_class", "UnitMix", "unit_mix",
+           "unit_mix_counted", "RecordedKernel", "PR29219_GEMM",
            "UNIT_HEADER", "UNIT_LEGEND", "SmeReport", "Memory", "Traffic", "macs_of",
            "load_vectors", "is_load", "is_store",
            "mem_bytes", "memory", "accumulators", "count", "sme_report", "kleidiai_lines",
@@ -501,20 +502,43 @@ class UnitMix:
 def unit_mix(insns: list[str]) -> UnitMix:
     """The classes of ``insns`` (a block, loops expanded) and their cycles on Apple M4 by
     :data:`M4_UNITS`; chains: the MAC instructions into one accumulator."""
-    counts: dict[str, int] = {}
-    cycles: dict[str, float] = {}
-    chains: dict[str, tuple[float, str]] = {}
+    items, chains = [], {}
     for i in insns:
         key, vec = unit_class(i)
-        counts[key] = counts.get(key, 0) + 1
+        items.append((key, vec, 1))
+        if macs_of(i) and M4_UNITS[key.split(":")[0]].latency is not None:
+            acc, cls = _acc_key(i), key.split(":")[0]
+            chains[acc] = (cls, chains.get(acc, (cls, 0))[1] + 1)
+    return _mix(items, chains)
+
+
+def unit_mix_counted(classes: dict[str, int], chains: dict[str, tuple[str, int]]) -> UnitMix:
+    """The same from recorded counts (a kernel whose source is not at hand, e.g.
+    :data:`PR29219_GEMM`): ``classes`` maps a class key of :func:`unit_class` to its count
+    (a per-vector class with ``.x<N>``: N vectors per instruction; the others one), ``chains``
+    an accumulator to (MAC class, MAC instructions into it)."""
+    items = []
+    for key, n in classes.items():
+        u = M4_UNITS[key.split(":")[0]]
+        m = re.search(r"\.x(\d+)$", key)
+        if u.per == "vector" and not m:
+            raise ValueError(f"{key}: a per-vector class needs .x<vectors> in its key")
+        items.append((key, int(m.group(1)) if m else 1, n))
+    return _mix(items, chains)
+
+
+def _mix(items: list[tuple[str, int, int]], chains: dict[str, tuple[str, int]]) -> UnitMix:
+    """The UnitMix of (class key, vectors per instruction, instructions) items and the
+    accumulation chains (accumulator -> (MAC class, MAC instructions into it))."""
+    counts: dict[str, int] = {}
+    cycles: dict[str, float] = {}
+    for key, vec, n in items:
+        counts[key] = counts.get(key, 0) + n
         cls = key.split(":")[0]
         u = M4_UNITS[cls]
-        cycles[cls] = cycles.get(cls, 0.0) + u.cycles * (vec if u.per == "vector" else 1)
-        if macs_of(i) and u.latency is not None:
-            acc = _acc_key(i)
-            c, _ = chains.get(acc, (0.0, cls))
-            chains[acc] = (c + u.latency, cls)
-    acc, (chain, ccls) = max(chains.items(), key=lambda t: t[1][0], default=("-", (0.0, "-")))
+        cycles[cls] = cycles.get(cls, 0.0) + n * u.cycles * (vec if u.per == "vector" else 1)
+    lat = {acc: (float(n * M4_UNITS[cls].latency), cls) for acc, (cls, n) in chains.items()}
+    acc, (chain, ccls) = max(lat.items(), key=lambda t: t[1][0], default=("-", (0.0, "-")))
     order = list(M4_UNITS)
     by_class = sorted(counts.items(), key=lambda t: (order.index(t[0].split(":")[0]), t[0]))
     return UnitMix(tuple(by_class), tuple(sorted(cycles.items(), key=lambda t: order.index(t[0]))),
@@ -812,6 +836,62 @@ KAI_RECIPES: dict[str, KaiRecipe] = {
     "matmul_clamp_f32_f32_f32p16vlx1b_1x16vl_sme2_mla":
         KaiRecipe("label_23", 4, note="hot loop: width 4 (16 VL columns per pass)"),
 }
+
+
+@dataclass(frozen=True)
+class RecordedKernel:
+    """A kernel whose source is not among the inputs the suite has (no release tree holds it):
+    the counts of its block, taken once from its source with this module's counter
+    (:func:`count_kleidiai` with ``recipe``), kept as figures, and run through the same M4
+    model by :func:`unit_mix_counted`.  ``recount`` checks them against a copy of the source."""
+
+    name: str
+    where: str                  # repository, commit and path of the counted source
+    recipe: KaiRecipe
+    mr_vl: int                  # the tile in SVL/32 units (mr x nr f32 results per VL)
+    nr_vl: int
+    block_insns: int            # one 32-k block, inner loops run their trips
+    classes: tuple[tuple[str, int], ...]          # unit_class key -> count in that block
+    chains: tuple[tuple[str, str, int], ...]      # (accumulator, MAC class, MAC instructions)
+
+    def block_macs(self, svl: int = M4_SVL) -> int:
+        r = svl // 32
+        return self.mr_vl * r * self.nr_vl * r * BLOCK_K
+
+    @property
+    def unit(self) -> UnitMix:
+        return unit_mix_counted(dict(self.classes), {a: (c, n) for a, c, n in self.chains})
+
+    def recount(self, text: str) -> SmeReport:
+        """Count a copy of the source (the asm file's text) by ``recipe``; ValueError if its
+        block differs from the recorded figures."""
+        r = self.recipe
+        rep = count_kleidiai(self.name, text, r.hot, r.k, r.block, dict(r.trips) or None)
+        got = (rep.block.insns, tuple(rep.unit.classes), rep.block_macs_at_svl)
+        want = (self.block_insns, self.classes, self.block_macs())
+        if got != want:
+            raise ValueError(f"{self.name}: the source counts {got}, the record says {want}")
+        return rep
+
+
+#: Arm's Q4_K SME2 gemm proposed for llama.cpp in ggml-org/llama.cpp PR #29219 ("kleidiai: add
+#: SME2 Q4_K and Q6_K matmul support"): in no KleidiAI release tree here (v1.30.0 has no
+#: ``matmul_clamp_f32_f16p_qai4c32p``), its assembly reached through a public mirror of
+#: ARM-software/kleidiai.  f16 LHS (4 VL rows x 2 k), Q4_K as asymmetric int4 with one f16
+#: scale and offset per 32 k and column: per 4 k, LUTI4 to f16, MOV of the offsets, FMLA
+#: (value x scale + offset), then FMOPA f16 into f32 on four tiles.  Block: its K loop
+#: (label_3) at bl = 32, the inner loop (label_4, 4 k) run 8 times.
+PR29219_GEMM = RecordedKernel(
+    "kai_matmul_clamp_f32_f16p4vsx2_qai4c32p16vsx4s1s0sf16_4vsx16vs_sme2_mopa",
+    "github.com/qualcomm/kleidiai@56445b18d559c165e021a48ecfc578d0f3055d52 (a mirror of "
+    "ARM-software/kleidiai), kai/ukernels/matmul/matmul_clamp_f32_f16p_qai4c32p/"
+    "kai_matmul_clamp_f32_f16p4vsx2_qai4c32p16vsx4s1s0sf16_4vsx16vs_sme2_mopa_asm.S",
+    KaiRecipe("label_4", 4, "label_3", (("label_4", "32//4"),), "block: the K loop at bl = 32"),
+    1, 4, 293,
+    (("mopa.f16", 64), ("z.fp", 64), ("z.int", 76), ("luti", 16), ("load:b.x2", 8),
+     ("load:h.x2", 2), ("load:w.x1", 16), ("core", 47)),
+    (("za0", "mopa.f16", 16), ("za1", "mopa.f16", 16), ("za2", "mopa.f16", 16),
+     ("za3", "mopa.f16", 16)))
 
 
 def kleidiai_version(tree) -> str:
