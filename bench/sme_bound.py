@@ -182,9 +182,9 @@ def markdown(rows: list[dict], pr: dict, kai: list[tuple[str, Path, str]], cmd: 
         t = r["tilegen"]
         calls = ([f"`{r['kleidiai_name'].removeprefix('matmul_clamp_f32_')}`"]
                  if r["kleidiai_name"] else []) + r["kquant"]
-        meas = "–" if t["measured_macs_per_cycle"] is None else f"{t['measured_macs_per_cycle']:.1f}"
-        kcols = [f"{_m(r['kleidiai'][v], 'macs_per_cycle', '.1f')} ({r['kleidiai'][v]['binding']})"
-                 if v in r["kleidiai"] else "–" for v in vers]
+        meas = _meas(t)
+        kcols = [f"{_m(k, 'macs_per_cycle', '.1f')} ({k['binding']})"
+                 for k in (r["kleidiai"].get(v) for v in vers) if k] or ["–"] * len(vers)
         rcols = [_m(r["vs_kleidiai"][v], "ratio", ".2f") if v in r["vs_kleidiai"] else "–"
                  for v in vers]
         prc = (_m(r["vs_pr29219"], "ratio", ".2f") if r["vs_pr29219"]
@@ -238,15 +238,33 @@ def markdown(rows: list[dict], pr: dict, kai: list[tuple[str, Path, str]], cmd: 
                "default list and the default export are the whole set."
                if not any(s for r in rows for s in r["ships"] if s.startswith("tuned"))
                else "their SME kernels are in the table."),
-            "- A gemv name served by an outer-product tile (mr = 1 VL) does 1 useful row of "
-            "SVL/32 at m = 1: its MAC/cyc is for a full tile.",
+            _gemv_note(rows, vers[-1]),
             "- What the model does not see: docs/sve-sme.md#what-the-static-model-cannot-see; "
             "the assumed classes and their values: the table in docs/tuning.md."]
     return "\n".join(out) + "\n"
 
 
+def _gemv_note(rows: list[dict], last: str) -> str:
+    """The note on gemv names served by an outer-product tile: useful MACs at m = 1."""
+    out = ("- A gemv name served by an outer-product tile (mr = 1 VL) does 1 useful row of "
+           "SVL/32 = 16 at m = 1: its MAC/cyc is for a full tile")
+    for r in rows:
+        if r["kleidiai_name"] and "_1x" in r["kleidiai_name"] and "vlx" in r["spec"]:
+            useful = r["tilegen"]["macs_per_cycle"] / 16
+            k = r["kleidiai"][last]["macs_per_cycle"]
+            mark = f" {MARK}" if r["vs_kleidiai"][last]["assumed"] else ""
+            out += (f"; `{r['spec']}` as `{r['kleidiai_name'].removeprefix('matmul_clamp_f32_')}`"
+                    f": {useful:.1f} useful MAC/cyc at m = 1, {useful / k:.2f} x KleidiAI "
+                    f"v{last}'s{mark}")
+    return out + "."
+
+
+def _meas(d: dict) -> str:
+    return "–" if d["measured_macs_per_cycle"] is None else f"{d['measured_macs_per_cycle']:.1f}"
+
+
 def _ref_row(k: dict, src: str) -> str:
-    meas = "–" if k["measured_macs_per_cycle"] is None else f"{k['measured_macs_per_cycle']:.1f}"
+    meas = _meas(k)
     return (f"| `{k['kernel'].removeprefix('kai_matmul_clamp_f32_')}` | {src} | "
             f"{k['sme_insns_per_32k']:g} / {k['core_insns_per_32k']:g} | "
             f"{_m(k, 'bound_per_32k', '.0f')} | {k['binding']} | "
