@@ -218,7 +218,7 @@ def test_pack_weights_refusals(kind, kq_lib, tmp_path):
     """Float weights, k not a multiple of 256, truncated or overlong blocks, non-finite d (and
     dmin), a bias, kn order: ArgumentErrors saying so; bytes and flat arrays are accepted.
     gguf.load_tensor(lib=) of a tensor with a NaN d names the tensor (it did not)."""
-    fmt, _, rand, bb, _ = KQ[kind]
+    fmt, _, rand, bb = KQ[kind]
     raw = rand(3, 512, 11)
     flat = raw.reshape(-1)
     nan_d = raw.reshape(3, 2, bb).copy()

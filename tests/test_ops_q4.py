@@ -90,11 +90,13 @@ def test_kernel_geometry_comes_from_layouts(q4_lib):
     import json
     man = json.loads((q4_lib / "manifest.json").read_text())
     entry = next(e for e in man["kernels"] if e["name"].endswith("qsi8d32p4x8_qsi4c32p4x8_16x4_neon_i8mm"))
+    from tilegen.generator.descriptor import descriptor
+    from tilegen.generator.spec import parse_unchecked
     from tilegen.runtime.binding import Kernel
 
     class _Fn:   # a stand-in for the ctypes function: geometry needs no Arm CPU
         restype = argtypes = None
-    k = Kernel(entry, _Fn())
+    k = Kernel(descriptor(parse_unchecked(entry["spec"])), entry, _Fn())
     assert (k.m_step, k.n_step, k.kr, k.spec.lhs_mr) == (16, 4, 16, 4)
     assert k.rhs_packed_size(12, 96, 32) == QSI4C32PScaleF16(4, 16, 2, 32).packed_size(12, 96) == 648
     assert k.lhs_packed_size(5, 96, 32) == QSI8D32P(4, 16, 2, 32).packed_size(5, 96) == 816
