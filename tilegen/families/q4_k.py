@@ -137,25 +137,10 @@ class Q4KP(KQuantRhs):
     # -- geometry (generator) ------------------------------------------------------------
     d_bytes = 2                 # f16 d, f16 dmin
     subblocks = 8               # sub-blocks of 32 per SB (one scale, one min each)
-    d_offset = 0
-
-    @property
-    def dmin_offset(self) -> int:
-        return self.d_offset + self.nr * self.d_bytes
-
-    @property
-    def scales_offset(self) -> int:
-        """8 x nr uint8 scales, [j][c] at scales_offset + j*nr + c."""
-        return self.dmin_offset + self.nr * self.d_bytes
-
-    @property
-    def mins_offset(self) -> int:
-        """nr x 8 uint8 mins, [c][j] at mins_offset + 8c + j."""
-        return self.scales_offset + self.subblocks * self.nr
-
-    @property
-    def nibbles_offset(self) -> int:
-        return self.mins_offset + self.subblocks * self.nr
+    # an SB record of a group, per column: d, dmin, 8 scales ([j][c]), 8 mins ([c][j]), the
+    # nibbles of 256 values; d_offset .. nibbles_offset and sb_record_bytes (148*nr) derive
+    sb_parts = (("d", "d_bytes"), ("dmin", "d_bytes"), ("scales", "subblocks"),
+                ("mins", "subblocks"), ("nibbles", QK_K // 2))
 
     @property
     def subblock_bytes(self) -> int:
@@ -165,11 +150,6 @@ class Q4KP(KQuantRhs):
     @property
     def chunks_per_subblock(self) -> int:
         return self.sub_k // self.kr
-
-    @property
-    def sb_record_bytes(self) -> int:
-        """Bytes of one SB record of a group (148*nr)."""
-        return self.nibbles_offset + self.subblocks * self.subblock_bytes
 
     def min_offset(self, c: int, j: int) -> int:
         return self.mins_offset + c * self.subblocks + j

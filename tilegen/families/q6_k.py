@@ -132,39 +132,17 @@ class Q6KP(KQuantRhs):
     subblocks = 16              # sub-blocks of 16 per SB (one int8 scale each)
     sub_k6 = 16                 # k values per Q6_K scale
     h_xor = 2                   # stored high bits h' = (q >> 4) ^ h_xor (signed 2-bit q>>4 - 2)
-    d_offset = 0
-
-    @property
-    def scales_offset(self) -> int:
-        """16 x nr int8 scales, [j][c] at scales_offset + j*nr + c."""
-        return self.d_offset + self.nr * self.d_bytes
-
-    @property
-    def low_plane_offset(self) -> int:
-        return self.scales_offset + self.subblocks * self.nr
-
-    @property
-    def low_plane_bytes(self) -> int:
-        return self.nr * self.qk // 2
-
-    @property
-    def high_plane_offset(self) -> int:
-        return self.low_plane_offset + self.low_plane_bytes
-
-    @property
-    def high_plane_bytes(self) -> int:
-        return self.nr * self.qk // 4
+    # an SB record of a group, per column: d, 16 int8 scales ([j][c]), the low plane (4 bits
+    # of 256 values), the high plane (2 bits of 256); d_offset .. high_plane_offset, the
+    # planes' _bytes and sb_record_bytes (210*nr) derive
+    sb_parts = (("d", "d_bytes"), ("scales", "subblocks"), ("low_plane", QK_K // 2),
+                ("high_plane", QK_K // 4))
 
     @property
     def high_pair_distance(self) -> int:
         """Low-plane distance between the bytes whose h' share one high-plane byte (fields
         0-1 and 2-3 come from byte p, fields 4-5 and 6-7 from byte p + high_pair_distance)."""
         return self.high_plane_bytes
-
-    @property
-    def sb_record_bytes(self) -> int:
-        """Bytes of one SB record of a group (210*nr)."""
-        return self.high_plane_offset + self.high_plane_bytes
 
     def low_offset(self, c: int, t: int) -> tuple[int, int]:
         """(low-plane byte index p, 0 low / 1 high nibble) of column slot c, value t < 256."""
