@@ -4,7 +4,9 @@ Everything that is Q4_K's own: its record (NEON, SVE and SME2 realisations on th
 templates ``q4k_*``), its ggml block codec (``block_q4_K``: split / join / dequantise, the
 scale checks, seeded random valid blocks), its packed RHS layout ``q4kp`` (:class:`Q4KP` on
 the shared :class:`~tilegen.layout.kquant.KQuantRhs`, with the hooks the references read),
-its C packer, its llama.cpp mapping, its default kernels and the packing protocol.
+its C packer, its llama.cpp mapping, its default kernels and the packing protocol; and, as
+this package's submodules (the regalloc stage: only the allocator registry imports them),
+its register allocators :mod:`.regalloc` (NEON, SVE) and :mod:`.regalloc_sme2`.
 
 block_q4_K (144 bytes):  f16 d | f16 dmin | 12 bytes of 6-bit scales and mins for the 8
 sub-blocks of 32 | 128 bytes of nibbles.  Nibble byte 32g + t (g < 4, t < 32) holds weight
@@ -19,18 +21,18 @@ from functools import partial
 
 import numpy as np
 
-from ..layout.base import checked_c_expr
-from ..layout.ggml import (QK_K, check_block_scales, check_superblocks, f16_bits_to_f32,
+from ...layout.base import checked_c_expr
+from ...layout.ggml import (QK_K, check_block_scales, check_superblocks, f16_bits_to_f32,
                            kquant_blocks, random_f16_scales)
-from ..layout.kquant import U16, KQuantRhs, KQuantTerms
-from ..reference.kquant import matmul_kernel
-from ..records import kquant_manifest
+from ...layout.kquant import U16, KQuantRhs, KQuantTerms
+from ...reference.kquant import matmul_kernel
+from ...records import kquant_manifest
 
 # the plugin's declarations (tilegen.families): its record, allocator modules, GGUF type,
 # default kernels and the llama.cpp patch's tiles are those every K-quant family has
 ORDER = 30
 RECORDS, ALLOCATOR_MODULES, GGML_TYPES, DEFAULT_KERNELS, LLAMA_KERNELS = kquant_manifest(
-    "q4_K", "q4kp", "q4k")
+    "q4_K", "q4kp", "q4k", __name__)
 
 BLOCK_Q4_K_BYTES = 144
 # byte offsets of the fields inside one block (the C packer of the export reads them too)

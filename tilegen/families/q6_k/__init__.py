@@ -4,7 +4,9 @@ Everything that is Q6_K's own: its record (NEON, SVE and SME2 realisations on th
 templates ``q6k_*``), its ggml block codec (``block_q6_K``: split / join / dequantise, the
 scale checks, seeded random valid blocks), its packed RHS layout ``q6kp`` (:class:`Q6KP` on
 the shared :class:`~tilegen.layout.kquant.KQuantRhs`, with the hooks the references read),
-its C packer, its llama.cpp mapping, its default kernels and the packing protocol.
+its C packer, its llama.cpp mapping, its default kernels and the packing protocol; and, as
+this package's submodules (the regalloc stage: only the allocator registry imports them),
+its register allocators :mod:`.regalloc` (NEON, SVE) and :mod:`.regalloc_sme2`.
 
 block_q6_K (210 bytes):  ql 128 | qh 64 | int8 scales 16 | f16 d.  Weight v = 128h + u
 (half h < 2, u < 128): low 4 bits in ql[64h + u % 64] (low nibble for u < 64, else high),
@@ -17,18 +19,18 @@ from functools import partial
 
 import numpy as np
 
-from ..layout.base import c_expr, checked_c_expr
-from ..layout.ggml import (QK_K, check_block_scales, check_superblocks, f16_bits_to_f32,
+from ...layout.base import c_expr, checked_c_expr
+from ...layout.ggml import (QK_K, check_block_scales, check_superblocks, f16_bits_to_f32,
                            kquant_blocks, random_f16_scales)
-from ..layout.kquant import U16, KQuantRhs, KQuantTerms
-from ..reference.kquant import matmul_kernel
-from ..records import kquant_manifest
+from ...layout.kquant import U16, KQuantRhs, KQuantTerms
+from ...reference.kquant import matmul_kernel
+from ...records import kquant_manifest
 
 # the plugin's declarations (tilegen.families): its record, allocator modules, GGUF type,
 # default kernels and the llama.cpp patch's tiles are those every K-quant family has
 ORDER = 40
 RECORDS, ALLOCATOR_MODULES, GGML_TYPES, DEFAULT_KERNELS, LLAMA_KERNELS = kquant_manifest(
-    "q6_K", "q6kp", "q6k")
+    "q6_K", "q6kp", "q6k", __name__)
 
 BLOCK_Q6_K_BYTES = 210
 # byte offsets of the fields inside one block (the C packer of the export reads them too)
