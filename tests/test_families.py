@@ -214,7 +214,7 @@ def test_a_new_family_is_its_plugin_module_alone(tmp_path):
 _PACKAGE_PLUGIN = '''"""A test family as a plugin package whose allocators are its own submodule."""
 from dataclasses import replace
 
-from .. import q8_0
+from .. import q4_k, q8_0
 
 ORDER = 99
 _Q8 = q8_0.RECORDS[0]
@@ -225,6 +225,7 @@ LAYOUTS = ()
 ALLOCATOR_MODULES = (__name__ + ".regalloc",)
 DEFAULT_KERNELS = ()
 pack = q8_0.pack
+C_PACKERS = {"kai_rhs_pack_nxk_pkg_test": q4_k.c_packer}     # (not rendered here)
 '''
 
 _PACKAGE_PLUGIN_REGALLOC = '''"""The test family's allocators: q8_0's under the names its record gives."""
@@ -240,6 +241,8 @@ from tilegen.generator.render import render
 from tilegen.generator.validate import parse_spec
 assert "q8_0_pkg" in F.FAMILIES and "tilegen.families.q8_0_pkg.regalloc" in F.ALLOCATOR_MODULES
 assert "pkg_q8_neon" in regalloc.ALLOCATORS and "pkg_q8_sme2" in regalloc.ALLOCATORS
+from tilegen.export.packers_c import KQUANT_PACKER_FOR
+assert KQUANT_PACKER_FOR[F.FAMILIES["q8_0_pkg"].rhs] == "kai_rhs_pack_nxk_pkg_test"
 for tile in ("i8mm:8x4", "dotprod:1x4", "sme2:1vlx4vl"):
     a, b = parse_spec("q8_0_pkg:" + tile), parse_spec("q8_0:" + tile)
     assert render(a).text.replace("spec: q8_0_pkg:", "spec: q8_0:") == render(b).text, tile
@@ -251,7 +254,8 @@ def test_a_new_family_brings_its_allocators_in_its_plugin_package(tmp_path):
     """#31 item 4: a family plugin that is a package (tilegen/families/<fam>/) with its
     register allocators in its own submodule ``regalloc.py`` (named in its ALLOCATOR_MODULES
     by dotted path), and no other change to the package: the allocator registry finds them,
-    its kernels render; the import test puts such a submodule in the regalloc stage."""
+    its kernels render, the export maps its RHS format to its C packer; the import test puts
+    such a submodule in the regalloc stage."""
     import shutil
     import subprocess
     import sys
