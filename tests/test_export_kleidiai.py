@@ -923,6 +923,35 @@ def test_patch_refuses_tables_it_cannot_write():
         llama.patch_text([replace(es[1], isa="sve_i8mm")])
 
 
+def test_llama_entry_renders_the_descriptor(monkeypatch):
+    """#31: the patch's per-kernel data is its kernels' descriptors rendered: the getter and run
+    functions, family, ISA and both packers follow ``descriptor(spec)`` (a descriptor saying
+    another RHS format or ISA changes the entry), and an entry whose two kernels' descriptors
+    disagree on what the table shares is refused."""
+    from dataclasses import replace
+    from tilegen.generator.descriptor import descriptor
+    e = next(x for x in K.KQUANT_DEFAULT if (x.family, x.isa) == ("q4_K", "i8mm"))
+    got = K.llama_entry(e)
+    for kk, lk in ((e.gemm, got.gemm), (e.gemv, got.gemv)):
+        d = descriptor(kk.kernel_spec)
+        assert lk.getters == {g.slot: f"kai_{g.slot}_{d.name}" for g in d.getters}
+        assert lk.run == f"kai_run_{d.name}" and lk.name == d.name
+    assert (got.lhs_packer, got.rhs_packer) == ("lhs_quant_pack_q8kp_f32", "rhs_pack_nxk_q4kp_q4k")
+
+    def fake(**over):
+        def f(spec):
+            return replace(descriptor(spec), **over)
+        return f
+    monkeypatch.setattr(K, "descriptor", fake(rhs_layout_format="q6kp", isa="dotprod"))
+    moved = K.llama_entry(e)
+    assert (moved.rhs_packer, moved.isa) == ("rhs_pack_nxk_q6kp_q6k", "dotprod")
+    real = fake()
+    monkeypatch.setattr(K, "descriptor", lambda s: replace(real(s), isa="sme2") if s.is_gemv
+                        else real(s))
+    with pytest.raises(K.ExportError, match="one entry needs one family, ISA"):
+        K.llama_entry(e)
+
+
 def swap_lines(lines: list[str], a: int, b: int) -> list[str]:
     out = list(lines)
     out[a], out[b] = lines[b], lines[a]

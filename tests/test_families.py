@@ -26,7 +26,8 @@ PLUGIN_ATTRS = ("ORDER", "RECORDS", "LAYOUTS", "ALLOCATOR_MODULES", "DEFAULT_KER
 
 def test_every_plugin_module_is_found_and_complete():
     pkg = Path(F.__file__).parent
-    modules = sorted(p.stem for p in pkg.glob("*.py") if not p.stem.startswith("_"))
+    modules = sorted([p.stem for p in pkg.glob("*.py") if not p.stem.startswith("_")]
+                     + [p.parent.name for p in pkg.glob("*/__init__.py")])   # plugin packages
     assert sorted(p.__name__.rpartition(".")[2] for p in F.PLUGINS) == modules
     for p in F.PLUGINS:
         missing = [a for a in PLUGIN_ATTRS if not hasattr(p, a)]
@@ -205,6 +206,69 @@ def test_a_new_family_is_its_plugin_module_alone(tmp_path):
     shutil.copytree(src, tmp_path / "tilegen", ignore=shutil.ignore_patterns("__pycache__"))
     (tmp_path / "tilegen" / "families" / "q8_0_alias.py").write_text(_NEW_PLUGIN)
     r = subprocess.run([sys.executable, "-c", _NEW_PLUGIN_CHECKS], cwd=tmp_path,
+                       capture_output=True, text=True, timeout=300,
+                       env={"PYTHONPATH": str(tmp_path), "PATH": "/usr/bin:/bin"})
+    assert r.returncode == 0 and r.stdout.strip().endswith("OK"), r.stderr[-3000:]
+
+
+_PACKAGE_PLUGIN = '''"""A test family as a plugin package whose allocators are its own submodule."""
+from dataclasses import replace
+
+from .. import q4_k, q8_0
+
+ORDER = 99
+_Q8 = q8_0.RECORDS[0]
+RECORDS = (replace(_Q8, name="q8_0_pkg", kinds=("q8_0_pkg",),
+                   impls={isa: replace(impl, allocator="pkg_" + impl.allocator)
+                          for isa, impl in _Q8.impls.items()}),)
+LAYOUTS = ()
+ALLOCATOR_MODULES = (__name__ + ".regalloc",)
+DEFAULT_KERNELS = ()
+pack = q8_0.pack
+C_PACKERS = {"kai_rhs_pack_nxk_pkg_test": q4_k.c_packer}     # (not rendered here)
+'''
+
+_PACKAGE_PLUGIN_REGALLOC = '''"""The test family's allocators: q8_0's under the names its record gives."""
+from ...generator.regalloc import q8, q8_sme
+
+ALLOCATORS = {"pkg_" + name: fn for m in (q8, q8_sme) for name, fn in m.ALLOCATORS.items()}
+'''
+
+_PACKAGE_PLUGIN_CHECKS = '''
+import tilegen.families as F
+from tilegen.generator import regalloc
+from tilegen.generator.render import render
+from tilegen.generator.validate import parse_spec
+assert "q8_0_pkg" in F.FAMILIES and "tilegen.families.q8_0_pkg.regalloc" in F.ALLOCATOR_MODULES
+assert "pkg_q8_neon" in regalloc.ALLOCATORS and "pkg_q8_sme2" in regalloc.ALLOCATORS
+from tilegen.export.packers_c import KQUANT_PACKER_FOR
+assert KQUANT_PACKER_FOR[F.FAMILIES["q8_0_pkg"].rhs] == "kai_rhs_pack_nxk_pkg_test"
+for tile in ("i8mm:8x4", "dotprod:1x4", "sme2:1vlx4vl"):
+    a, b = parse_spec("q8_0_pkg:" + tile), parse_spec("q8_0:" + tile)
+    assert render(a).text.replace("spec: q8_0_pkg:", "spec: q8_0:") == render(b).text, tile
+print("OK")
+'''
+
+
+def test_a_new_family_brings_its_allocators_in_its_plugin_package(tmp_path):
+    """#31 item 4: a family plugin that is a package (tilegen/families/<fam>/) with its
+    register allocators in its own submodule ``regalloc.py`` (named in its ALLOCATOR_MODULES
+    by dotted path), and no other change to the package: the allocator registry finds them,
+    its kernels render, the export maps its RHS format to its C packer; the import test puts
+    such a submodule in the regalloc stage."""
+    import shutil
+    import subprocess
+    import sys
+    from test_imports import stage_of
+    assert stage_of("tilegen.families.q8_0_pkg.regalloc") == "regalloc"
+    assert stage_of("tilegen.families.q8_0_pkg") == "families"
+    src = Path(F.__file__).resolve().parents[1]
+    shutil.copytree(src, tmp_path / "tilegen", ignore=shutil.ignore_patterns("__pycache__"))
+    pkg = tmp_path / "tilegen" / "families" / "q8_0_pkg"
+    pkg.mkdir()
+    (pkg / "__init__.py").write_text(_PACKAGE_PLUGIN)
+    (pkg / "regalloc.py").write_text(_PACKAGE_PLUGIN_REGALLOC)
+    r = subprocess.run([sys.executable, "-c", _PACKAGE_PLUGIN_CHECKS], cwd=tmp_path,
                        capture_output=True, text=True, timeout=300,
                        env={"PYTHONPATH": str(tmp_path), "PATH": "/usr/bin:/bin"})
     assert r.returncode == 0 and r.stdout.strip().endswith("OK"), r.stderr[-3000:]

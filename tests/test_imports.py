@@ -26,6 +26,7 @@ has a stage.
 from __future__ import annotations
 
 import ast
+import fnmatch
 from pathlib import Path
 
 import pytest
@@ -35,7 +36,8 @@ PKG = "tilegen"
 
 # The stage order of the imports, bottom first (docs/code-map.md#stage-order).  A module's stage
 # is the stage of the longest prefix that names it ("tilegen.layout": the package and every
-# module under it; "=tilegen": that module only, ahead of an equal prefix).  A module may import its own stage and the
+# module under it; "=tilegen": that module only, ahead of an equal prefix; a pattern with "*":
+# the modules it matches, each "*" within one name).  A module may import its own stage and the
 # stages before it.  A prefix that names no module yet is allowed (a package not written yet).
 STAGES: dict[str, tuple[str, ...]] = {
     # the facts every stage shares: errors, ISA/family records, calling conventions (and the
@@ -53,7 +55,8 @@ STAGES: dict[str, tuple[str, ...]] = {
     "registries": ("tilegen.layout.registry", "tilegen.layout.api", "=tilegen.layout"),
     # generator: spec -> register allocation -> checks -> rendering, packers, descriptor, manifest
     "spec": ("tilegen.generator.spec", "tilegen.generator.tile_layouts"),
-    "regalloc": ("tilegen.generator.regalloc",),
+    # (and a family plugin package's own allocator submodules, regalloc*.py: #31 item 4)
+    "regalloc": ("tilegen.generator.regalloc", "tilegen.families.*.regalloc*"),
     "validate": ("tilegen.generator.validate",),
     "generator": ("tilegen.generator", "tilegen.templates"),
     "build": ("tilegen.build",),
@@ -242,7 +245,11 @@ def stage_of(module: str) -> str | None:
             exact = p.startswith("=")
             p = p.lstrip("=")
             score = len(p) + (0.5 if exact else 0)      # "=m" before "m" for m itself
-            if (module == p or (not exact and module.startswith(p + "."))) and score > best_len:
+            if "*" in p:            # a glob over one name each: "tilegen.families.*.regalloc*"
+                match = fnmatch.fnmatchcase(module, p) and module.count(".") == p.count(".")
+            else:
+                match = module == p or (not exact and module.startswith(p + "."))
+            if match and score > best_len:
                 best, best_len = stage, score
     return best
 
@@ -283,6 +290,12 @@ def test_stage_check_names_the_offending_import():
     assert stage_of("tilegen.reference.f32") == "layout"
     assert stage_of("tilegen") == "api" and stage_of("tilegen.nosuch") is None
     assert stage_of("tilegen.families.q4_k") == "families"
+    assert stage_of("tilegen.families.q4_k.regalloc") == "regalloc"
+    assert stage_of("tilegen.families.q6_k.regalloc_sme2") == "regalloc"
+    assert stage_of("tilegen.families.q4_k.layout") == "families"
+    # a plugin's record may not import its allocator (it sits above the registries)
+    assert len(stage_violations({"tilegen.families.q4_k": [
+        ("tilegen.families.q4_k.regalloc", 1)]})) == 1
     assert stage_of("tilegen.layout") == stage_of("tilegen.layout.api") == "registries"
     assert stage_of("tilegen.layout.kquant") == "layout"
     assert stage_violations({"tilegen.runtime.binding": [("tilegen.build.library", 3)]}) == []

@@ -537,3 +537,25 @@ def test_blocks_reference_is_the_packed_reference_and_sees_the_packer(kind):
     lhs = Q8KP(4, 16).pack(x)
     read = RK.matmul_kernel(cls, lhs, swapped, m, n, k, 4, 4, 16)
     assert not np.array_equal(read, want)
+
+
+def test_sb_record_parts_derive_every_offset():
+    """#31: each K-quant layout lists its SB-record parts once (``sb_parts``); every part's
+    offset, the parts' sizes and the record size derive from that list, as the layouts' docs
+    draw the records (Q4_K 148*nr, Q6_K 210*nr, q8kp 276*mr bytes)."""
+    from tilegen.families.q4_k import Q4KP
+    from tilegen.families.q6_k import Q6KP
+    want = {Q4KP: ({"d": 0, "dmin": 2, "scales": 4, "mins": 12, "nibbles": 20}, 148),
+            Q6KP: ({"d": 0, "scales": 2, "low_plane": 18, "high_plane": 146}, 210),
+            Q8KP: ({"values": 0, "d": 256, "bsum_hi": 260, "bsum_lo": 268}, 276)}
+    for cls, (starts, total) in want.items():
+        assert [name for name, _ in cls.sb_parts] == list(starts)
+        for n in (1, 3, 4, 8, 16):
+            lay = cls(**{cls.sb_slots: n, "kr": 8})
+            ends = [getattr(lay, f"{name}_offset") for name in starts][1:] + [lay.sb_record_bytes]
+            for (name, per), end in zip(cls.sb_parts, ends):
+                per = getattr(lay, per) if isinstance(per, str) else per
+                assert getattr(lay, f"{name}_offset") == starts[name] * n, (cls, name, n)
+                assert getattr(lay, f"{name}_offset") + per * n == end, (cls, name, n)
+            assert lay.sb_record_bytes == total * n
+    assert Q6KP(nr=4, kr=8).high_plane_bytes == 64 * 4 and Q8KP(mr=4, kr=8).values_bytes == 1024

@@ -119,7 +119,7 @@ def _cmd_analyze(a: argparse.Namespace) -> int:
         # SVE loops on the models that have SVE; SME by instruction mix (no llvm-mca model)
         reports = [analyze(s, m) for s in specs if s not in sme for m in models
                    if s.isa_info.vl_kind != "sve" or m in MODEL_SVE_VL or a.cpu_model]
-        mixes = [sme_report(s) for s in sme]      # SME: static instruction mix (analyze_sme)
+        mixes = [sme_report(s) for s in sme]      # SME: static instruction mix (analysis.sme)
     except (AnalyzeError, ValueError) as e:
         print(f"tilegen analyze: error: {e}", file=sys.stderr)
         return 2

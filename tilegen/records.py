@@ -126,7 +126,8 @@ class FamilyInfo:
 
 def kquant_impls(stem: str) -> dict[str, IsaImpl]:
     """The NEON realisations of a K-quant family (``stem``: q4k, q6k): one template and one
-    allocator per family (``templates/<stem>_neon.S.j2``, ``regalloc/<stem>.py``); sr = 2
+    allocator per family (``templates/<stem>_neon.S.j2``; allocator ``<stem>_neon``, in the
+    plugin's ``regalloc`` submodule); sr = 2
     fixed (a byte holds two k values, docs/layouts.md#q8kp), kr by the instruction: SMMLA reads
     8 k per operand row (kr = 16), SDOT by lane and SMULL 4 (kr = 8)."""
     def kq(op: str, kr: int) -> IsaImpl:
@@ -157,14 +158,15 @@ def kquant_record(name: str, rhs: str, stem: str) -> FamilyInfo:
                       kinds=(name,), abi=Q8, quantized=True)
 
 
-def kquant_manifest(name: str, rhs: str, stem: str) -> tuple:
+def kquant_manifest(name: str, rhs: str, stem: str, package: str) -> tuple:
     """What a K-quant family plugin declares about itself, from its kind ``name``, its RHS
-    format ``rhs`` and its template/allocator stem: (RECORDS, ALLOCATOR_MODULES, GGML_TYPES,
-    DEFAULT_KERNELS, LLAMA_KERNELS) — the regalloc modules ``<stem>`` and ``<stem>_sme2``, the
-    GGUF type of the same name in capitals, :func:`kquant_default_kernels` and the llama.cpp
+    format ``rhs``, its template/allocator stem and its plugin package ``package``: (RECORDS,
+    ALLOCATOR_MODULES, GGML_TYPES, DEFAULT_KERNELS, LLAMA_KERNELS) — the plugin's own allocator
+    submodules ``<package>.regalloc`` (NEON, SVE) and ``<package>.regalloc_sme2``, the GGUF
+    type of the same name in capitals, :func:`kquant_default_kernels` and the llama.cpp
     patch's tiles :data:`KQUANT_LLAMA_KERNELS`."""
-    return ((kquant_record(name, rhs, stem),), (stem, f"{stem}_sme2"), {name.upper(): name},
-            kquant_default_kernels(name), KQUANT_LLAMA_KERNELS)
+    return ((kquant_record(name, rhs, stem),), (f"{package}.regalloc", f"{package}.regalloc_sme2"),
+            {name.upper(): name}, kquant_default_kernels(name), KQUANT_LLAMA_KERNELS)
 
 
 def kquant_default_kernels(name: str) -> tuple[str, ...]:
@@ -186,7 +188,7 @@ KQUANT_LLAMA_KERNELS = (("sme2", "1vlx2vl", "1x2vl", "int16 SMOPA", "ZA-array SD
 def kquant_sme2_impls(stem: str) -> dict[str, IsaImpl]:
     """The SME2 realisation of a K-quant family: the gemm (``templates/<stem>_sme2.S.j2``,
     int16 SMOPA of the scaled weights into ZA) and the gemv (``<stem>_sme2_gemv.S.j2``,
-    ZA-array SDOT) on one RHS layout, allocator ``regalloc/<stem>_sme2.py``.  kr = 4 (L = 2):
+    ZA-array SDOT) on one RHS layout, allocator ``<stem>_sme2`` (the plugin's ``regalloc_sme2``).  kr = 4 (L = 2):
     a column's two bytes of a 4-k chunk are the k pairs the 2-way int16 SMOPA reads."""
     return {"sme2": IsaImpl("sme2_mopa", f"{stem}_sme2", f"{stem}_sme2", kr=4, sr=2,
                             gemv_op="sme2_sdot", gemv_template=f"{stem}_sme2_gemv",

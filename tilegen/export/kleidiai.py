@@ -529,18 +529,27 @@ def _kq_tuned(kk: KaiKernel, spec: KernelSpec) -> KaiKernel:
 
 
 def llama_entry(e: KQuantEntry) -> llama.LlamaEntry:
-    """The patch's data for one entry (:class:`tilegen.export.llama.LlamaEntry`): the one place
-    the patch reads the export's kernels (names, headers, getter functions, packers)."""
-    def kernel(kk: KaiKernel) -> llama.LlamaKernel:
-        slots = [slot for slot, _ in _getter_slots(ABIS[kk.abi])]
-        return llama.LlamaKernel(kk.name, kk.header,
-                                 {slot: fn for slot, (fn, _) in zip(slots, _getter_protos(kk))},
-                                 f"kai_run_{kk.name}")
-    spec = e.gemm.kernel_spec
-    lhs, rhs = spec.impl.lhs or spec.info.lhs, spec.impl.rhs or spec.info.rhs   # format keys
-    return llama.LlamaEntry(e.family, e.isa, kernel(e.gemm), kernel(e.gemv),
-                            packers_c.KQUANT_PACKER_FOR[lhs][len("kai_"):],
-                            packers_c.KQUANT_PACKER_FOR[rhs][len("kai_"):], lhs)
+    """The patch's data for one entry (:class:`tilegen.export.llama.LlamaEntry`), rendered
+    from its kernels' descriptors (:func:`tilegen.generator.descriptor.descriptor`, as the
+    interface the export's getters state: ``for_interface``): names, getter and run functions,
+    family, ISA, and the LHS and RHS packers of their layouts' formats.  ExportError when the
+    entry's two kernels disagree on what the table shares."""
+    def kernel(kk: KaiKernel):
+        d = descriptor(kk.kernel_spec).for_interface(kk.n_step_tiles, kk.getter_sr)
+        if d.name != kk.name:
+            raise ExportError(f"{kk.name}: a K-quant kernel is exported under its own name "
+                              f"({d.name})")
+        return d, llama.LlamaKernel(d.name, kk.header, d.getter_functions(d.name, "kai_"),
+                                    f"kai_run_{d.name}")
+    (dg, gemm), (dv, gemv) = kernel(e.gemm), kernel(e.gemv)
+    shared = ("family", "isa", "lhs_layout_format", "rhs_layout_format")
+    if any(getattr(dg, f) != getattr(dv, f) for f in shared) or dg.family != e.family:
+        raise ExportError(f"{gemm.name} and {gemv.name}: one entry needs one family, ISA, "
+                          f"LHS and RHS format")
+    return llama.LlamaEntry(dg.family, dg.isa, gemm, gemv,
+                            packers_c.KQUANT_PACKER_FOR[dg.lhs_layout_format][len("kai_"):],
+                            packers_c.KQUANT_PACKER_FOR[dg.rhs_layout_format][len("kai_"):],
+                            dg.lhs_layout_format)
 
 
 def llama_patch(target=None, tuned: bool | str = False) -> str:

@@ -11,7 +11,8 @@ rendered lines; the templates give the old start and git's function context) and
 line of each file.
 
 The entries come from :mod:`tilegen.export.kleidiai` (``kquant_entries``: the tiles the
-preset picks, ``--tuned`` included) through its one converter ``llama_entry``; this module only
+preset picks, ``--tuned`` included) through its one converter ``llama_entry``, which renders
+each kernel's descriptor (:func:`tilegen.generator.descriptor.descriptor`); this module only
 renders them.
 """
 from __future__ import annotations

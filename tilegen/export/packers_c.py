@@ -70,7 +70,7 @@ from ..layout.base import checked_c_expr as _check, grid as _grid
 from ..layout.bf16 import BF16PLhs2, BF16PRhs2B
 from ..layout.f16 import F16PLhs2
 from ..layout.f32 import F32PackedLHS, F32PackedRHS
-from ..families import C_PACKERS
+from ..families import C_PACKERS, PLUGINS
 from ..layout.kquant import Q8KP
 from ..layout.lhs_int8 import QAI8DXP, QSI8D32P, QSI8D32PScaleTail
 from ..layout.rhs_int4 import QSI4C32PS1S0ScaleF16, QSI4C32PScaleF16
@@ -104,9 +104,22 @@ SME_PACKERS = tuple(p for p in PACKERS if p.endswith("_sme"))
 #: (llama.cpp's GET_ROWS; ``C_PACKERS`` of tilegen.families).
 KQUANT_PACKERS = ("kai_lhs_quant_pack_q8kp_f32",) + tuple(C_PACKERS)
 ALL_PACKERS = PACKERS + KQUANT_PACKERS
+
+
+def _kquant_packer_for() -> dict[str, str]:
+    """The K-quant packer of each K-quant layout format: q8kp's, and per plugin with a C packer
+    (one each) the RHS format of its records -> that packer."""
+    out = {"q8kp": "kai_lhs_quant_pack_q8kp_f32"}
+    for p in PLUGINS:
+        names = tuple(getattr(p, "C_PACKERS", {}))
+        if len(names) > 1:
+            raise TypeError(f"{p.__name__}: one C packer per plugin, got {names}")
+        out.update({rec.rhs: names[0] for rec in p.RECORDS if names})
+    return out
+
+
 #: the K-quant packer of each K-quant layout format (the LHS or RHS a kernel reads)
-KQUANT_PACKER_FOR = {"q8kp": "kai_lhs_quant_pack_q8kp_f32", "q4kp": "kai_rhs_pack_nxk_q4kp_q4k",
-                     "q6kp": "kai_rhs_pack_nxk_q6kp_q6k"}
+KQUANT_PACKER_FOR = _kquant_packer_for()
 assert tuple(KQUANT_PACKER_FOR.values()) == KQUANT_PACKERS
 
 # Extra compiler options per generated file (path -> options).  None are needed: the SME

@@ -11,8 +11,10 @@ edit) and orders them by their ``ORDER``.  What a plugin holds (module attribute
                        realisations with template and allocator names, kinds, ABI)
 ``LAYOUTS``            the packed layout classes it brings (on the shared bases of
                        :mod:`tilegen.layout`), registered in :mod:`tilegen.layout.registry`
-``ALLOCATOR_MODULES``  the :mod:`tilegen.generator.regalloc` modules that define the
-                       allocators its records name
+``ALLOCATOR_MODULES``  the modules that define the allocators its records name: a module
+                       of :mod:`tilegen.generator.regalloc` by name, or by dotted path the
+                       plugin's own (a plugin package's ``regalloc`` submodules, in the
+                       regalloc stage: K-quant families)
 ``DEFAULT_KERNELS``    its default kernels (spec strings; a target keeps those its
                        features run, :func:`tilegen.build.defaults.default_specs`)
 ``pack``               the one packing protocol the runtime calls:

@@ -6,7 +6,8 @@
 convention (:mod:`tilegen.callconv`), the LHS packer it reads and its RHS layout.  The C header
 and getters of a library (:mod:`tilegen.build.cheader`), the manifest
 (:mod:`tilegen.generator.manifest`), the runtime binding (:mod:`tilegen.runtime.binding`) and the
-KleidiAI export's ukernel getters (:mod:`tilegen.export.kleidiai`) render it; none of them
+KleidiAI export's ukernel getters and the llama.cpp patch's table (:mod:`tilegen.export.kleidiai`)
+render it; none of them
 computes a getter or an argument list of its own.
 
 The getters' bodies are C over KleidiAI's parameter names (``m_idx``, ``n_idx``, ``k``, ``bl``,
@@ -111,6 +112,9 @@ class KernelDescriptor:
     abi: Abi                        # the kernel's calling convention
     lhs_format: str                 # packed-LHS label ("f32": plain rows)
     rhs_format: str                 # packed-RHS label
+    lhs_layout_format: str | None   # the packed-LHS layout's format key (its packer's), None
+                                    # for plain f32 rows
+    rhs_layout_format: str          # the packed-RHS layout's format key
     rhs_layout: str                 # the RHS layout's name (its format key where VL-scaled)
     lhs_packer: PackerRef | None    # the generated NEON packer of its LHS
     lhs_packer_sme: PackerRef | None  # the streaming twin (SME kernels' k-major LHS)
@@ -130,6 +134,11 @@ class KernelDescriptor:
             if g.slot == slot:
                 return g
         raise KeyError(slot)
+
+    def getter_functions(self, name: str | None = None, prefix: str = "") -> dict[str, str]:
+        """The getters' C function names by slot, ``<prefix><slot>_<name>`` (the kernel's own
+        name by default): ``prefix="kai_"`` and the exported name are KleidiAI's."""
+        return {g.slot: f"{prefix}{g.slot}_{name or self.name}" for g in self.getters}
 
     def for_interface(self, n_step_tiles: int = 1, sr: int | None = None) -> "KernelDescriptor":
         """The descriptor as an interface that steps over n in ``n_step_tiles`` tiles and
@@ -259,6 +268,8 @@ def descriptor(spec: KernelSpec) -> KernelDescriptor:
         tile=f"{spec.mr_str}x{spec.nr_str}", mr=spec.mr, nr=spec.nr, mr_vl=spec.mr_vl,
         nr_vl=spec.nr_vl, kr=spec.kr, sr=spec.sr, is_gemv=spec.is_gemv,
         abi=abi_for(spec.family), lhs_format=spec.lhs_format, rhs_format=spec.rhs_format,
+        lhs_layout_format=spec.lhs_layout_class.format if spec.packs_lhs else None,
+        rhs_layout_format=spec.rhs_layout_class.format,
         rhs_layout=rhs_layout, lhs_packer=_packer_ref(packer_for(spec)),
         lhs_packer_sme=_packer_ref(streaming_packer_for(spec)),
         getters=_getters(spec, vl_call))

@@ -44,12 +44,51 @@ class KQuantTerms(NamedTuple):
     mins: np.ndarray | None = None      # integer min per sub-block of 32 (n, S, 8)
 
 
+def _part_start(prev: tuple[str, int | str] | None) -> property:
+    """A property: where an SB-record part starts, right after ``prev`` (0 for the first)."""
+    if prev is None:
+        return property(lambda self: 0, doc="0: the first part of an SB record")
+    name, per = prev
+    return property(lambda self: getattr(self, f"{name}_offset") + self.part_bytes(per),
+                    doc=f"the end of the SB record's {name}")
+
+
+def _part_size(per: int | str) -> property:
+    return property(lambda self: self.part_bytes(per), doc=f"{per} bytes per slot")
+
+
 class KQuantInterleave(Interleaved):
     """sr = 2 fixed, kr even and dividing 32, k in SBs."""
 
     sr = 2                      # fixed: one byte holds two k values, L = kr/2 apart
     qk = QK_K                   # k values of one super-block
     sub_k = 32                  # k values of one Q4_K sub-block (one bsum, one scale/min)
+
+    #: the parts of one SB record, in record order: (name, bytes per row or column slot, an
+    #: int or the name of the layout's attribute giving it).  A layout lists them once;
+    #: ``<name>_offset`` (each part starts where the one before ends), ``<name>_bytes`` (its
+    #: size, where the class has no attribute of that name: ``d_bytes`` stays the per-slot size
+    #: of one d) and ``sb_record_bytes`` (where the last part ends) derive from the list, times
+    #: the slot count ``sb_slots`` (``"nr"`` columns of a group, ``"mr"`` rows of a block)
+    sb_parts = ()               # ((name, bytes per slot), ...)
+    sb_slots = "nr"
+
+    def __init_subclass__(cls, **kw) -> None:
+        super().__init_subclass__(**kw)
+        if "sb_parts" not in cls.__dict__:
+            return
+        prev = None
+        for name, per in cls.sb_parts:
+            setattr(cls, f"{name}_offset", _part_start(prev))
+            if not hasattr(cls, f"{name}_bytes"):
+                setattr(cls, f"{name}_bytes", _part_size(per))
+            prev = (name, per)
+        cls.sb_record_bytes = _part_start(prev)
+
+    def part_bytes(self, per: int | str) -> int:
+        """Bytes of an SB-record part of ``per`` bytes (or attribute ``per``) per slot."""
+        return getattr(self, self.sb_slots) * (getattr(self, per) if isinstance(per, str)
+                                               else per)
 
     def check_kquant(self, **positive) -> None:
         self.check_interleave(**positive)
@@ -108,33 +147,12 @@ class Q8KP(RowBlocks, KQuantInterleave):
     d_bytes = 4                 # one row's f32 d per SB
     bsum_count = 8              # sub-block sums per row per SB (sub-blocks of 32)
     bsum_hi_shift = 7           # bsum = (bsum_hi << 7) + bsum_lo, bsum_lo in [0, 127]
-
-    @property
-    def values_bytes(self) -> int:
-        """Bytes of an SB record's int8 values (256 per row)."""
-        return self.qk * self.mr
-
-    values_offset = 0           # the SB record starts with its int8 values
-
-    @property
-    def d_offset(self) -> int:
-        """Start of the mr f32 d of an SB record."""
-        return self.values_offset + self.values_bytes
-
-    @property
-    def bsum_hi_offset(self) -> int:
-        """Start of the mr x 8 int8 bsum_hi ([r][j]) of an SB record."""
-        return self.d_offset + self.mr * self.d_bytes
-
-    @property
-    def bsum_lo_offset(self) -> int:
-        """Start of the mr x 8 int8 bsum_lo ([r][j]) of an SB record."""
-        return self.bsum_hi_offset + self.mr * self.bsum_count
-
-    @property
-    def sb_record_bytes(self) -> int:
-        """Bytes of one SB record of a row block (276*mr)."""
-        return self.bsum_lo_offset + self.mr * self.bsum_count
+    # an SB record of a row block, per row: 256 int8 values, f32 d, 8 bsum_hi, 8 bsum_lo
+    # ([r][j] each); values_offset (0), d_offset, bsum_hi_offset, bsum_lo_offset,
+    # values_bytes and sb_record_bytes (276*mr) derive from it
+    sb_slots = "mr"
+    sb_parts = (("values", QK_K), ("d", "d_bytes"), ("bsum_hi", "bsum_count"),
+                ("bsum_lo", "bsum_count"))
 
     @property
     def chunk_bytes(self) -> int:

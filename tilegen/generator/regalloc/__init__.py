@@ -5,7 +5,9 @@ operand registers and pointers fit the register file.  :mod:`.pool` holds the re
 (allocation orders, the tally, the stack frame, the first fit over row blocks); each family
 module allocates its kernels and lists them in its ``ALLOCATORS``, keyed by the allocator
 names the family records give (``IsaImpl.allocator``); the family plugins name the modules
-(``ALLOCATOR_MODULES`` in :mod:`tilegen.families`), so this registry has no list of its own.
+(``ALLOCATOR_MODULES`` in :mod:`tilegen.families`: a plain name is a module of this package, a
+dotted one a module of its own, e.g. a K-quant plugin's ``tilegen.families.q4_k.regalloc``,
+which sits in this stage), so this registry has no list of its own.
 """
 from __future__ import annotations
 
@@ -26,11 +28,12 @@ __all__ = ["VectorNeeds", "RegisterPool", "F32FmaRegs", "SmeF32Regs", "Sme2GemvR
 
 
 def _registry(names) -> dict:
-    """The allocators of the regalloc modules ``names`` (the family plugins'
-    ``ALLOCATOR_MODULES``); every allocator a family record names must be among them."""
+    """The allocators of the modules ``names`` (the family plugins' ``ALLOCATOR_MODULES``: a
+    module of this package, or a dotted module path); every allocator a family record names
+    must be among them."""
     out: dict = {}
     for name in names:
-        m = importlib.import_module(f"{__name__}.{name}")
+        m = importlib.import_module(name if "." in name else f"{__name__}.{name}")
         taken = set(out) & set(m.ALLOCATORS)
         if taken:
             raise TypeError(f"{m.__name__} registers allocators another module has: {taken}")

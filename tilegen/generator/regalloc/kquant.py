@@ -1,5 +1,6 @@
-"""What the K-quant register allocators share (``q4k``, ``q6k``, ``q4k_sme2``, ``q6k_sme2``; a new
-K-quant family's allocator takes the same): the strategy of a NEON or SVE tile by ISA,
+"""What the K-quant register allocators share (each K-quant plugin's ``regalloc`` and
+``regalloc_sme2`` submodules, e.g. :mod:`tilegen.families.q4_k.regalloc`; a new K-quant
+family's allocator takes the same): the strategy of a NEON or SVE tile by ISA,
 interleave and row count, the tile rules every strategy has, the records' common frames (the
 SVE accumulator area, the SME2 register frame) and the SME2 interleave and gemv rules.
 

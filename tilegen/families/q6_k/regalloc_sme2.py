@@ -19,9 +19,10 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from ...records import SpecError
-from ..spec import KernelSpec
-from .pool import SME_X_ORDER, RegisterPool
-from .kquant import KQuantSme2Frame, check_sme2_gemv_tile, check_sme2_interleave
+from ...generator.spec import KernelSpec
+from ...generator.regalloc.pool import SME_X_ORDER, RegisterPool
+from ...generator.regalloc.kquant import (KQuantSme2Frame, check_sme2_gemv_tile,
+                                          check_sme2_interleave)
 
 __all__ = ["Q6KSme2Regs", "Q6KSme2GemvRegs", "ALLOCATORS"]
 

@@ -21,9 +21,10 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from ...records import SpecError
-from ..spec import KernelSpec
-from .kquant import KQuantSme2Frame, check_sme2_gemv_tile, check_sme2_interleave
-from .pool import SME_X_ORDER, RegisterPool
+from ...generator.spec import KernelSpec
+from ...generator.regalloc.kquant import (KQuantSme2Frame, check_sme2_gemv_tile,
+                                          check_sme2_interleave)
+from ...generator.regalloc.pool import SME_X_ORDER, RegisterPool
 
 __all__ = ["Q4KSme2Regs", "Q4KSme2GemvRegs", "ALLOCATORS"]
 

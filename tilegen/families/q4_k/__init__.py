@@ -4,7 +4,9 @@ Everything that is Q4_K's own: its record (NEON, SVE and SME2 realisations on th
 templates ``q4k_*``), its ggml block codec (``block_q4_K``: split / join / dequantise, the
 scale checks, seeded random valid blocks), its packed RHS layout ``q4kp`` (:class:`Q4KP` on
 the shared :class:`~tilegen.layout.kquant.KQuantRhs`, with the hooks the references read),
-its C packer, its llama.cpp mapping, its default kernels and the packing protocol.
+its C packer, its llama.cpp mapping, its default kernels and the packing protocol; and, as
+this package's submodules (the regalloc stage: only the allocator registry imports them),
+its register allocators :mod:`.regalloc` (NEON, SVE) and :mod:`.regalloc_sme2`.
 
 block_q4_K (144 bytes):  f16 d | f16 dmin | 12 bytes of 6-bit scales and mins for the 8
 sub-blocks of 32 | 128 bytes of nibbles.  Nibble byte 32g + t (g < 4, t < 32) holds weight
@@ -19,18 +21,18 @@ from functools import partial
 
 import numpy as np
 
-from ..layout.base import checked_c_expr
-from ..layout.ggml import (QK_K, check_block_scales, check_superblocks, f16_bits_to_f32,
+from ...layout.base import checked_c_expr
+from ...layout.ggml import (QK_K, check_block_scales, check_superblocks, f16_bits_to_f32,
                            kquant_blocks, random_f16_scales)
-from ..layout.kquant import U16, KQuantRhs, KQuantTerms
-from ..reference.kquant import matmul_kernel
-from ..records import kquant_manifest
+from ...layout.kquant import U16, KQuantRhs, KQuantTerms
+from ...reference.kquant import matmul_kernel
+from ...records import kquant_manifest
 
 # the plugin's declarations (tilegen.families): its record, allocator modules, GGUF type,
 # default kernels and the llama.cpp patch's tiles are those every K-quant family has
 ORDER = 30
 RECORDS, ALLOCATOR_MODULES, GGML_TYPES, DEFAULT_KERNELS, LLAMA_KERNELS = kquant_manifest(
-    "q4_K", "q4kp", "q4k")
+    "q4_K", "q4kp", "q4k", __name__)
 
 BLOCK_Q4_K_BYTES = 144
 # byte offsets of the fields inside one block (the C packer of the export reads them too)
@@ -137,25 +139,10 @@ class Q4KP(KQuantRhs):
     # -- geometry (generator) ------------------------------------------------------------
     d_bytes = 2                 # f16 d, f16 dmin
     subblocks = 8               # sub-blocks of 32 per SB (one scale, one min each)
-    d_offset = 0
-
-    @property
-    def dmin_offset(self) -> int:
-        return self.d_offset + self.nr * self.d_bytes
-
-    @property
-    def scales_offset(self) -> int:
-        """8 x nr uint8 scales, [j][c] at scales_offset + j*nr + c."""
-        return self.dmin_offset + self.nr * self.d_bytes
-
-    @property
-    def mins_offset(self) -> int:
-        """nr x 8 uint8 mins, [c][j] at mins_offset + 8c + j."""
-        return self.scales_offset + self.subblocks * self.nr
-
-    @property
-    def nibbles_offset(self) -> int:
-        return self.mins_offset + self.subblocks * self.nr
+    # an SB record of a group, per column: d, dmin, 8 scales ([j][c]), 8 mins ([c][j]), the
+    # nibbles of 256 values; d_offset .. nibbles_offset and sb_record_bytes (148*nr) derive
+    sb_parts = (("d", "d_bytes"), ("dmin", "d_bytes"), ("scales", "subblocks"),
+                ("mins", "subblocks"), ("nibbles", QK_K // 2))
 
     @property
     def subblock_bytes(self) -> int:
@@ -165,11 +152,6 @@ class Q4KP(KQuantRhs):
     @property
     def chunks_per_subblock(self) -> int:
         return self.sub_k // self.kr
-
-    @property
-    def sb_record_bytes(self) -> int:
-        """Bytes of one SB record of a group (148*nr)."""
-        return self.nibbles_offset + self.subblocks * self.subblock_bytes
 
     def min_offset(self, c: int, j: int) -> int:
         return self.mins_offset + c * self.subblocks + j

@@ -43,11 +43,12 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from ...records import SpecError
-from ..spec import KernelSpec
-from ..tile_layouts import check_packing
-from .kquant import (KQuantSveArea, check_neon_tile, check_sve_mm_rows, check_sve_tile,
-                     kquant_mode)
-from .pool import Z_LOW_FIRST, Frame, RegisterPool, VectorNeeds, first_fit, rows
+from ...generator.spec import KernelSpec
+from ...generator.tile_layouts import check_packing
+from ...generator.regalloc.kquant import (KQuantSveArea, check_neon_tile, check_sve_mm_rows,
+                                          check_sve_tile, kquant_mode)
+from ...generator.regalloc.pool import (Z_LOW_FIRST, Frame, RegisterPool, VectorNeeds, first_fit,
+                                        rows)
 
 __all__ = ["Q6KRegs", "Q6K_SCALARS", "Q6K_CHART", "Q6KSveRegs", "Q6K_SVE_SCALARS",
            "Q6K_SVE_CHART", "ALLOCATORS"]

@@ -4,7 +4,9 @@ Everything that is Q6_K's own: its record (NEON, SVE and SME2 realisations on th
 templates ``q6k_*``), its ggml block codec (``block_q6_K``: split / join / dequantise, the
 scale checks, seeded random valid blocks), its packed RHS layout ``q6kp`` (:class:`Q6KP` on
 the shared :class:`~tilegen.layout.kquant.KQuantRhs`, with the hooks the references read),
-its C packer, its llama.cpp mapping, its default kernels and the packing protocol.
+its C packer, its llama.cpp mapping, its default kernels and the packing protocol; and, as
+this package's submodules (the regalloc stage: only the allocator registry imports them),
+its register allocators :mod:`.regalloc` (NEON, SVE) and :mod:`.regalloc_sme2`.
 
 block_q6_K (210 bytes):  ql 128 | qh 64 | int8 scales 16 | f16 d.  Weight v = 128h + u
 (half h < 2, u < 128): low 4 bits in ql[64h + u % 64] (low nibble for u < 64, else high),
@@ -17,18 +19,18 @@ from functools import partial
 
 import numpy as np
 
-from ..layout.base import c_expr, checked_c_expr
-from ..layout.ggml import (QK_K, check_block_scales, check_superblocks, f16_bits_to_f32,
+from ...layout.base import c_expr, checked_c_expr
+from ...layout.ggml import (QK_K, check_block_scales, check_superblocks, f16_bits_to_f32,
                            kquant_blocks, random_f16_scales)
-from ..layout.kquant import U16, KQuantRhs, KQuantTerms
-from ..reference.kquant import matmul_kernel
-from ..records import kquant_manifest
+from ...layout.kquant import U16, KQuantRhs, KQuantTerms
+from ...reference.kquant import matmul_kernel
+from ...records import kquant_manifest
 
 # the plugin's declarations (tilegen.families): its record, allocator modules, GGUF type,
 # default kernels and the llama.cpp patch's tiles are those every K-quant family has
 ORDER = 40
 RECORDS, ALLOCATOR_MODULES, GGML_TYPES, DEFAULT_KERNELS, LLAMA_KERNELS = kquant_manifest(
-    "q6_K", "q6kp", "q6k")
+    "q6_K", "q6kp", "q6k", __name__)
 
 BLOCK_Q6_K_BYTES = 210
 # byte offsets of the fields inside one block (the C packer of the export reads them too)
@@ -132,39 +134,17 @@ class Q6KP(KQuantRhs):
     subblocks = 16              # sub-blocks of 16 per SB (one int8 scale each)
     sub_k6 = 16                 # k values per Q6_K scale
     h_xor = 2                   # stored high bits h' = (q >> 4) ^ h_xor (signed 2-bit q>>4 - 2)
-    d_offset = 0
-
-    @property
-    def scales_offset(self) -> int:
-        """16 x nr int8 scales, [j][c] at scales_offset + j*nr + c."""
-        return self.d_offset + self.nr * self.d_bytes
-
-    @property
-    def low_plane_offset(self) -> int:
-        return self.scales_offset + self.subblocks * self.nr
-
-    @property
-    def low_plane_bytes(self) -> int:
-        return self.nr * self.qk // 2
-
-    @property
-    def high_plane_offset(self) -> int:
-        return self.low_plane_offset + self.low_plane_bytes
-
-    @property
-    def high_plane_bytes(self) -> int:
-        return self.nr * self.qk // 4
+    # an SB record of a group, per column: d, 16 int8 scales ([j][c]), the low plane (4 bits
+    # of 256 values), the high plane (2 bits of 256); d_offset .. high_plane_offset, the
+    # planes' _bytes and sb_record_bytes (210*nr) derive
+    sb_parts = (("d", "d_bytes"), ("scales", "subblocks"), ("low_plane", QK_K // 2),
+                ("high_plane", QK_K // 4))
 
     @property
     def high_pair_distance(self) -> int:
         """Low-plane distance between the bytes whose h' share one high-plane byte (fields
         0-1 and 2-3 come from byte p, fields 4-5 and 6-7 from byte p + high_pair_distance)."""
         return self.high_plane_bytes
-
-    @property
-    def sb_record_bytes(self) -> int:
-        """Bytes of one SB record of a group (210*nr)."""
-        return self.high_plane_offset + self.high_plane_bytes
 
     def low_offset(self, c: int, t: int) -> tuple[int, int]:
         """(low-plane byte index p, 0 low / 1 high nibble) of column slot c, value t < 256."""

@@ -38,11 +38,12 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from ..spec import KernelSpec
-from ..tile_layouts import check_packing
-from .kquant import (KQuantSveArea, check_neon_tile, check_sve_mm_rows, check_sve_tile,
-                     kquant_mode)
-from .pool import Z_LOW_FIRST, Frame, RegisterPool, VectorNeeds, first_fit, flatten, rows
+from ...generator.spec import KernelSpec
+from ...generator.tile_layouts import check_packing
+from ...generator.regalloc.kquant import (KQuantSveArea, check_neon_tile, check_sve_mm_rows,
+                                          check_sve_tile, kquant_mode)
+from ...generator.regalloc.pool import (Z_LOW_FIRST, Frame, RegisterPool, VectorNeeds, first_fit, flatten,
+                                        rows)
 
 __all__ = ["Q4KRegs", "Q4KSveRegs", "Q4K_SCALARS", "Q4K_SVE_SCALARS", "Q4K_CHART",
            "ALLOCATORS"]
