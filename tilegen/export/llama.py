@@ -113,8 +113,9 @@ _FILES = ("kernels.cpp", "kernels.h", "kleidiai.cpp")
 # git's blob ids of each file of llama-cpp-python 0.3.36's llama.cpp before the patch, and
 # after it for the one rendering of the file whose sha256 is the key (the default tile set:
 # tests/data/llama-kquants.patch; tests/test_export_kleidiai.py recomputes them from the
-# vendored tree).  A file rendered otherwise (another tile set) gets no index line: its patched
-# blob id is not known here, and patch(1) / git apply do not need it.
+# vendored tree).  A file rendered otherwise (another tile set, another family) gets no index
+# line: its patched blob id is not known here, and patch(1) / git apply do not need it, so a new
+# family adds nothing to this table.
 _BLOB_IDS: dict[str, tuple[str, dict[str, str]]] = {
     "kernels.cpp": ("d455129", {
         "5c702f5159c88f07c31d9ff7abf3251b25cb1f3322d698311d3b01beed5dc108": "ff0b63b"}),
