@@ -1,6 +1,7 @@
 import re
 import shutil
 import subprocess
+from pathlib import Path
 
 import pytest
 
@@ -145,3 +146,146 @@ def test_kquant_templates_fill_in_one_skeleton_per_strategy(template, strategy):
              and any(not isinstance(x, nodes.TemplateData) or x.data.strip() for x in n.nodes)]
     assert not stray, f"{template}: output outside a block: {stray[0]}"
     assert len(_kquant_templates()) >= 8
+
+
+# --- the override points of q4_K's NEON / SVE templates (what a Q5_K-like family overrides) ---
+
+TEST_TEMPLATES = Path(__file__).parent / "data" / "templates"
+
+
+@__import__("functools").cache
+def _grid():
+    from tilegen.analysis.tune import grid_specs
+    return sorted(grid_specs().items())
+
+
+def _q4k_specs(sve: bool):
+    """Every q4_K NEON (or SVE) kernel the tuner's grid accepts (tilegen.analysis.tune)."""
+    out = [s for _, s in _grid()
+           if s.family == "q4_K" and s.isa != "sme2" and s.isa.startswith("sve") == sve]
+    assert len(out) >= 8, out
+    return out
+
+
+def _test_env():
+    """The kernels' environment, its loader searching tests/data/templates first."""
+    import jinja2
+    from tilegen.generator.render import template_env
+    env = template_env()
+    return env.overlay(loader=jinja2.ChoiceLoader([jinja2.FileSystemLoader(str(TEST_TEMPLATES)),
+                                                    env.loader]))
+
+
+def _hot_loop(text):
+    head, rest = text.split("tilegen:hot-loop-begin", 1)
+    loop, tail = rest.split("tilegen:hot-loop-end", 1)
+    return head, loop, tail
+
+
+@pytest.mark.parametrize("sve", [False, True], ids=["neon", "sve"])
+def test_q4k_override_points_with_parent_content_are_byte_identical(sve):
+    """A child of q4k_neon / q4k_sve re-defining every override point (decode, decode_setup /
+    planes) as {{ super() }} renders every accepted q4_K tile byte for byte as q4_K."""
+    from tilegen.generator.render import template_context
+    env = _test_env()
+    points = {"decode", "planes"} if sve else {"decode", "decode_setup"}
+    assert points <= set(env.get_template(f"q4k_{'sve' if sve else 'neon'}.S.j2").blocks)
+    child = env.get_template(f"kquant_super_{'sve' if sve else 'neon'}.S.j2")
+    assert set(child.blocks) == points
+    for spec in _q4k_specs(sve):
+        assert child.render(**template_context(spec, "elf")) == render(spec, "elf").text, spec
+
+
+def _one_per_mode(sve):
+    out = {}
+    for s in _q4k_specs(sve):
+        out.setdefault(allocate(s).mode, s)
+    return out
+
+
+@pytest.mark.parametrize("sve", [False, True], ids=["neon", "sve"])
+def test_q4k_decode_override_changes_only_the_hot_loop(sve):
+    """Replacing the decode block by a marker instruction changes the hot loop only: the
+    marker stands where each weight load + nibble unpack stood, every other line stays."""
+    import difflib
+    from tilegen.generator.render import template_context
+    env = _test_env()
+    child = env.get_template(f"kquant_marker_{'sve' if sve else 'neon'}.S.j2")
+    modes = _one_per_mode(sve)
+    assert set(modes) == ({"mm", "dot4", "dot8"} if sve else {"mm", "dot4", "dot8", "neon"})
+    decode_ops = {"ld1b", "lsr", "and", "addvl"} if sve else {"ldr", "ldur", "add", "and", "ushr"}
+    for mode, spec in modes.items():
+        ctx = template_context(spec, "elf")
+        base, marked = render(spec, "elf").text, child.render(**ctx)
+        bh, bl, bt = _hot_loop(base)
+        mh, ml, mt = _hot_loop(marked)
+        assert (mh, mt) == (bh, bt), spec        # prologue, epilogue: unchanged
+        old, new = bl.splitlines(), ml.splitlines()
+        n_marks = sum("decode-marker" in line for line in new)
+        assert n_marks >= 8, spec
+        n_unpacks = 0
+        for op, i1, i2, j1, j2 in difflib.SequenceMatcher(None, old, new, autojunk=False).get_opcodes():
+            if op == "equal":
+                continue
+            assert op == "replace", (spec, op, old[i1:i2], new[j1:j2])
+            assert all("decode-marker" in line for line in new[j1:j2]), (spec, new[j1:j2])
+            ops = [line.split()[0] for line in old[i1:i2] if line.strip()]
+            assert set(ops) <= decode_ops, (spec, old[i1:i2])
+            n_unpacks += ops.count("lsr" if sve else "ushr")
+        assert n_unpacks == n_marks, (spec, mode)
+
+
+class _With:
+    """An object's attributes plus some (what a Q5_K allocator or layout would add)."""
+
+    def __init__(self, base, **extra):
+        self._base = base
+        self.__dict__.update(extra)
+
+    def __getattr__(self, name):
+        return getattr(self._base, name)
+
+
+Q5K_OVERRIDE_LINES = 40     # what a Q5_K-like decode costs per template (the file, comments included)
+
+
+@pytest.mark.parametrize("sve", [False, True], ids=["neon", "sve"])
+def test_q5k_like_override_is_small_and_assembles(tmp_path, sve):
+    """A Q5_K-like template (q4_K plus a 5th bit from a high-bit plane) is a small override of
+    q4_K's: it renders for one tile per strategy, its decode adds the plane's bit merge to
+    every unpack (BIT / ORR) and nothing outside the decode setup, and clang assembles it.
+    (Registers and the plane's offsets are stand-ins: no Q5_K allocator or layout exists.)"""
+    from tilegen.generator.render import template_context
+    assert CLANG, "needs clang (scripts/setup.sh installs clang-19)"
+    name = f"q5k_like_{'sve' if sve else 'neon'}.S.j2"
+    lines = (TEST_TEMPLATES / name).read_text().splitlines()
+    assert len(lines) <= Q5K_OVERRIDE_LINES, len(lines)
+    child = _test_env().get_template(name)
+    for mode, spec in _one_per_mode(sve).items():
+        ctx = template_context(spec, "elf")
+        R, RHS = ctx["R"], ctx["RHS"]
+        free = next(r for r in range(9, 29) if r not in R.gpr.values() and r != 18)
+        ctx["R"] = _With(R, qh=29, qt=30, m10=31, gpr=dict(R.gpr, qh_ptr=free))
+        if sve:
+            ctx["RHS"] = _With(RHS, qh_offset=RHS.sb_record_bytes)
+        else:
+            per = RHS.subblocks * (RHS.sub_k // spec.kr)
+            ctx["RHS"] = _With(RHS, qh_offset=lambda j, i, col: RHS.sb_record_bytes + (
+                (j * (RHS.sub_k // spec.kr) + i) // 4) * RHS.chunk_bytes + col)
+            assert per % 4 == 0
+        text = child.render(**ctx)
+        base = render(spec, "elf").text
+        bh, bl, bt = _hot_loop(base)
+        qh, ql, qt = _hot_loop(text)
+        assert qt == bt, spec
+        extra_head = set(qh.splitlines()) - set(bh.splitlines())
+        assert extra_head == (set() if sve else {"    movi v31.16b, #0x10"}), (spec, extra_head)
+        assert len(qh.splitlines()) == len(bh.splitlines()) + len(extra_head), spec
+        merge = "bit v" if not sve else "orr z"
+        n_unpack = bl.count("ushr v" if not sve else "lsr z")
+        assert n_unpack >= 8 and ql.count(merge) == 2 * n_unpack, (spec, mode)
+        src = tmp_path / f"{spec.name}.S"
+        src.write_text(text)
+        p = subprocess.run([CLANG, "--target=aarch64-linux-gnu", "-c", str(src), "-o", str(src) + ".o"],
+                           capture_output=True, text=True)
+        assert p.returncode == 0, (spec, p.stderr[:2000])

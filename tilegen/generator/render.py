@@ -18,7 +18,7 @@ from .tile_layouts import template_layouts
 from .validate import as_spec
 
 __all__ = ["FORMATS", "TEMPLATE_DIR", "Rendered", "symbol_for", "check_format", "template_env",
-           "render", "generate", "template_layouts", "render_template"]
+           "render", "template_context", "generate", "template_layouts", "render_template"]
 
 FORMATS = ("elf", "macho")
 TEMPLATE_DIR = Path(__file__).resolve().parent.parent / "templates"
@@ -125,19 +125,24 @@ def save_plan(regs) -> list[tuple[tuple[str, ...], int]]:
 def render(spec: KernelSpec | str, fmt: str = "elf") -> Rendered:
     """Render ``spec`` (a KernelSpec or a spec string) for object format ``fmt``."""
     spec = as_spec(spec)
+    context = template_context(spec, fmt)
+    text = template_env().get_template(spec.template).render(**context)
+    return Rendered(spec=spec, fmt=fmt, symbol=context["sym"], text=text)
+
+
+def template_context(spec: KernelSpec | str, fmt: str = "elf") -> dict:
+    """What a kernel's template reads (spec, registers ``R``, layouts ``RHS``/``LHS``, object
+    format, symbol, callee-saved plan, label prefix, version): :func:`render` passes it to the
+    family's template; a template extending it (tests/data/templates/) renders with the same."""
+    spec = as_spec(spec)
     check_format(fmt)
     regs = allocate(spec)
     # Every byte offset and stride of the packed operands comes from their layout objects
     # (block-length dependent ones as the layout's per-block facts, combined with bl at run
     # time); templates hold no format literals.
     rhs, lhs = template_layouts(spec)
-    template = template_env().get_template(spec.template)
-    sym = symbol_for(spec.name, fmt)
-    text = template.render(
-        spec=spec, R=regs, RHS=rhs, LHS=lhs, fmt=fmt, sym=sym, saves=save_plan(regs),
-        lp=".L" if fmt == "elf" else "L", version=__version__,
-    )
-    return Rendered(spec=spec, fmt=fmt, symbol=sym, text=text)
+    return dict(spec=spec, R=regs, RHS=rhs, LHS=lhs, fmt=fmt, sym=symbol_for(spec.name, fmt),
+                saves=save_plan(regs), lp=".L" if fmt == "elf" else "L", version=__version__)
 
 
 ABI_PROBE = "tilegen_abi_call"
