@@ -454,7 +454,10 @@ def test_ctrl_c_prints_the_rows_measured_and_one_line(n1_lib):
     root = Path(__file__).resolve().parents[1]
     argv = [sys.executable, "-m", "tilegen", "bench", str(n1_lib), "--kind", "f32", "--kind",
             "q8_0", "--shape", "1,64,256", "--shape", "2,64,256", "--threads", "2", "--budget",
-            "0.2", "--bandwidth-mib", "1"]
+            "1", "--rel-ci", "1e-9", "--bandwidth-mib", "1"]
+    # a CI no run reaches: every measurement runs to its 1 s budget, so the rows after the
+    # first take seconds and the signal lands while they run (with 0.2 s and the default CI an
+    # idle machine finished all 12 before the signal reached the guest)
     p = subprocess.Popen(argv, cwd=root, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                          start_new_session=True)
     err = b""
