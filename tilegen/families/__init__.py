@@ -39,7 +39,7 @@ import pkgutil
 from ..callconv import Abi
 from ..records import FamilyInfo
 
-__all__ = ["PLUGINS", "FAMILIES", "KIND_FAMILY", "KIND_FAMILIES", "FLOAT_KINDS", "GGML_KINDS",
+__all__ = ["PLUGINS", "FAMILIES", "KIND_FAMILY", "KIND_FAMILIES", "FLOAT_KINDS", "GGML_KINDS", "GGML_BLOCKS",
            "GGML_TYPES", "DEFAULT_KERNELS", "LAYOUTS", "ALLOCATOR_MODULES", "LLAMA_KERNELS",
            "C_PACKERS", "plugin", "rhs_layout_class", "abi_for", "pack"]
 
@@ -71,9 +71,8 @@ KIND_FAMILY: dict[str, str] = {kind: fam.name for fam in FAMILIES.values() for k
 KIND_FAMILIES: dict[str, tuple[str, ...]] = {
     kind: tuple(f for p in PLUGINS for f in getattr(p, "SERVES_FIRST", {}).get(kind, ())) + (fam,)
     for kind, fam in KIND_FAMILY.items()}
-#: kinds of the float families, and of the quantised ones (ggml block forms: from_ggml=)
+#: kinds of the float families (the quantised ones take ggml blocks: GGML_BLOCKS below)
 FLOAT_KINDS = tuple(k for f in FAMILIES.values() if not f.quantized for k in f.kinds)
-GGML_KINDS = tuple(k for f in FAMILIES.values() if f.quantized for k in f.kinds)
 #: GGUF tensor type name -> runtime weight kind
 GGML_TYPES: dict[str, str] = {t: kind for p in PLUGINS for t, kind in getattr(p, "GGML_TYPES", {}).items()}
 #: every family's default kernels, family by family
@@ -99,6 +98,14 @@ def rhs_layout_class(family: str) -> type:
     classes the plugins bring (the K-quant references take it: tilegen.reference.kquant)."""
     fmt = FAMILIES[family].rhs
     return next(c for c in LAYOUTS if c.role == "rhs" and c.format == fmt)
+
+
+#: the kinds with a ggml block form (from_ggml=) -> (ggml block type, k values per block): the
+#: blocks the ``pack_from_ggml`` of the family's RHS layout reads (its class's ``ggml_block``)
+GGML_BLOCKS: dict[str, tuple[str, int]] = {
+    kind: rhs_layout_class(f.name).ggml_block for f in FAMILIES.values() for kind in f.kinds
+    if rhs_layout_class(f.name).ggml_block is not None}
+GGML_KINDS = tuple(GGML_BLOCKS)
 
 
 def abi_for(family: str) -> Abi:

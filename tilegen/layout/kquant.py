@@ -332,6 +332,14 @@ class KQuantRhs(RhsGroups, KQuantInterleave):
     # -- what a family's subclass fills in: its runtime kind, its ggml block codec ---------
     kind = ""                   # the runtime weight kind ("q4_K"), for messages
 
+    def __init_subclass__(cls, **kw) -> None:
+        """A family's layout takes only its ggml blocks (``block_<kind>``, 256 values each):
+        ``ggml_block`` and ``ggml_only`` follow from its ``kind``."""
+        super().__init_subclass__(**kw)
+        if cls.kind:
+            cls.ggml_block = (cls.kind.upper(), QK_K)
+            cls.ggml_only = cls.kind
+
     @staticmethod
     def split_blocks(raw, n: int, k: int) -> tuple:
         """The family's ggml blocks split into :meth:`pack_split`'s fields, its scale checks

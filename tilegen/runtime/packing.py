@@ -9,9 +9,8 @@ import numpy as np
 
 from ..generator.packers import packer_for, streaming_packer_for
 from ..layout import LayoutError
-from ..families import FAMILIES, FLOAT_KINDS, pack
+from ..families import FLOAT_KINDS, GGML_BLOCKS, GGML_KINDS, pack
 from ..layout.api import layout_for
-from ..layout.registry import layout_class
 from .binding import Kernel, Packer
 from .errors import ArgumentError
 from .packed import OPS, PackedLayouts, PackedWeights
@@ -115,17 +114,12 @@ def pack_lhs(packers: dict[str, Packer], libname: str, fmt: str, x: np.ndarray, 
     return p(x, bl=bl, m_idx_start=m_idx_start)
 
 
-# kinds of the float families; the kinds with a ggml block form (from_ggml=) -> (ggml block
-# type, k values per block): the blocks the pack_from_ggml of the family's RHS layout reads
-_GGML_BLOCKS = {k: layout_class("rhs", f.rhs).ggml_block for f in FAMILIES.values()
-                for k in f.kinds if layout_class("rhs", f.rhs).ggml_block is not None}
-_GGML_KINDS = tuple(_GGML_BLOCKS)
 _LAYOUTS = ("nk", "kn")
 
 
 def _check_source(kind: str, w, layout, from_ggml, n, k) -> None:
     """ArgumentError unless pack_weights got one weight source that fits ``kind``: ``w`` in
-    ``layout`` "nk" or "kn", or (the kinds of ``_GGML_BLOCKS``) ggml blocks ``from_ggml`` with
+    ``layout`` "nk" or "kn", or (the kinds of ``GGML_BLOCKS``) ggml blocks ``from_ggml`` with
     n and k, always n rows of k/QK blocks (ggml's (n, k) order: layout "nk")."""
     if not isinstance(layout, str) or layout not in _LAYOUTS:
         raise ArgumentError(f"layout must be 'nk' ((n, k) weights) or 'kn' ((k, n) weights), "
@@ -133,17 +127,17 @@ def _check_source(kind: str, w, layout, from_ggml, n, k) -> None:
     if from_ggml is None:
         if w is None:
             raise ArgumentError("no weights: pass w (or ggml blocks via from_ggml= with n and "
-                                f"k, for kinds {', '.join(_GGML_KINDS)})")
+                                f"k, for kinds {', '.join(GGML_KINDS)})")
         return
-    if kind not in _GGML_KINDS:
-        types = "/".join(dict.fromkeys(t for t, _ in _GGML_BLOCKS.values()))
+    if kind not in GGML_KINDS:
+        types = "/".join(dict.fromkeys(t for t, _ in GGML_BLOCKS.values()))
         raise ArgumentError(f"from_ggml= takes ggml {types} blocks, for kinds "
-                            f"{', '.join(_GGML_KINDS)}; kind {kind!r} has no ggml block form: "
+                            f"{', '.join(GGML_KINDS)}; kind {kind!r} has no ggml block form: "
                             f"pass its weights as w")
     if w is not None:
         raise ArgumentError("pass either w or from_ggml=, not both")
     if layout != "nk":
-        btype, qk = _GGML_BLOCKS[kind]
+        btype, qk = GGML_BLOCKS[kind]
         raise ArgumentError(f"from_ggml= blocks are always n rows of k/{qk} {btype} blocks "
                             f"(ggml's (n, k) order): layout must be 'nk' with from_ggml=, got "
                             f"'kn'")

@@ -128,8 +128,6 @@ class Q4KP(KQuantRhs):
     kr: int
 
     format = "q4kp"
-    ggml_block = ("Q4_K", QK_K)
-    ggml_only = "q4_K"
     random_ggml = staticmethod(random_q4_k)     # seeded random valid block_q4_K rows
     label_prefix = "q4kp"
 

@@ -121,8 +121,6 @@ class Q6KP(KQuantRhs):
     kr: int
 
     format = "q6kp"
-    ggml_block = ("Q6_K", QK_K)
-    ggml_only = "q6_K"
     random_ggml = staticmethod(random_q6_k)     # seeded random valid block_q6_K rows
     label_prefix = "q6kp"
 
