@@ -558,11 +558,12 @@ def fork_while_closing_lock_held(libdir: str, timeout: float = 60.0) -> dict:
 
 
 def _kind_weights(lib, kind, n, k, rng):
-    """Weights of any kind: ggml blocks for the K-quants (random valid blocks), floats else."""
-    from tilegen.families import q4_k, q6_k
-    if kind in ("q4_K", "q6_K"):
-        blocks = (q4_k.random_q4_k if kind == "q4_K" else q6_k.random_q6_k)(
-            n, k, int(rng.integers(1 << 30)))
+    """Weights of any kind: random valid ggml blocks for the kinds whose layout takes only
+    those (the K-quants: ``ggml_only``), floats else."""
+    from tilegen.families import KIND_FAMILY, rhs_layout_class
+    lay = rhs_layout_class(KIND_FAMILY[kind])
+    if lay.ggml_only:
+        blocks = lay.random_ggml(n, k, int(rng.integers(1 << 30)))
         return lib.pack_weights(kind=kind, from_ggml=blocks, n=n, k=k)
     return _weights(lib, kind, rng.normal(size=(n, k)).astype(np.float32))
 
