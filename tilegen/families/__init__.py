@@ -40,7 +40,7 @@ from ..callconv import Abi
 from ..records import FamilyInfo
 
 __all__ = ["PLUGINS", "FAMILIES", "KIND_FAMILY", "KIND_FAMILIES", "FLOAT_KINDS", "GGML_KINDS", "GGML_BLOCKS",
-           "GGML_TYPES", "DEFAULT_KERNELS", "LAYOUTS", "ALLOCATOR_MODULES", "LLAMA_KERNELS",
+           "GGML_TYPES", "KQUANT_FAMILIES", "DEFAULT_KERNELS", "LAYOUTS", "ALLOCATOR_MODULES", "LLAMA_KERNELS",
            "C_PACKERS", "plugin", "rhs_layout_class", "abi_for", "pack"]
 
 
@@ -106,6 +106,9 @@ GGML_BLOCKS: dict[str, tuple[str, int]] = {
     kind: rhs_layout_class(f.name).ggml_block for f in FAMILIES.values() for kind in f.kinds
     if rhs_layout_class(f.name).ggml_block is not None}
 GGML_KINDS = tuple(GGML_BLOCKS)
+#: the K-quant families: those whose kernels read Q8_K-style activations (``q8kp``) by 256-k
+#: super-blocks (benches and reports that treat them apart read this, not a list of names)
+KQUANT_FAMILIES: tuple[str, ...] = tuple(f.name for f in FAMILIES.values() if f.lhs == "q8kp")
 
 
 def abi_for(family: str) -> Abi:
