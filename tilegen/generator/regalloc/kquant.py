@@ -108,6 +108,11 @@ class KQuantSveArea:
         return self.groups
 
     @property
+    def w_vls(self) -> int:
+        """Vectors of staged weights above the accumulators (passes > 1)."""
+        return 0
+
+    @property
     def area_vls(self) -> int:
         """Vectors of the whole stack area (the accumulators, then what a record stages)."""
         return self.acc_vls
