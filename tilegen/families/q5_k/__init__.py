@@ -27,7 +27,7 @@ from ...layout.kquant import KQuantRhs, KQuantTerms
 from ...records import FamilyInfo, kquant_impls, kquant_sve_impls, KQUANT_LLAMA_KERNELS
 from ...callconv import Q8
 from ...reference.kquant import matmul_kernel
-from ..q4_k import Q4KP, q4_k_values
+from ..q4_k import Q4KP, join_q4_k, q4_k_values, split_q4_k
 
 ORDER = 31
 #: NEON and SVE realisations (the SME2 kernels are not written yet: no sme2 entry)
@@ -48,42 +48,28 @@ Q5_K_D, Q5_K_DMIN, Q5_K_SCALES, Q5_K_QH, Q5_K_QS = 0, 2, 4, 16, 48
 
 def split_q5_k(raw, n: int, k: int) -> tuple[np.ndarray, ...]:
     """block_q5_K rows -> (d f16 bits uint16 (n, S), dmin f16 bits uint16 (n, S),
-    sc uint8 (n, S, 8), m uint8 (n, S, 8), q uint8 (n, k) 0..31 in k order), S = k/256."""
+    sc uint8 (n, S, 8), m uint8 (n, S, 8), q uint8 (n, k) 0..31 in k order), S = k/256:
+    block_q4_K's fields of the block without its qh (:func:`~tilegen.families.q4_k.split_q4_k`),
+    the fifth bits added."""
     b = kquant_blocks(raw, n, k, BLOCK_Q5_K_BYTES, "Q5_K")
     n, S = b.shape[:2]
-    d = np.ascontiguousarray(b[..., Q5_K_D:Q5_K_D + 2]).view("<u2").reshape(n, S)
-    dmin = np.ascontiguousarray(b[..., Q5_K_DMIN:Q5_K_DMIN + 2]).view("<u2").reshape(n, S)
-    s = b[..., Q5_K_SCALES:Q5_K_QH].astype(np.uint8)
-    lo4, mid4, hi4 = s[..., 0:4], s[..., 4:8], s[..., 8:12]
-    sc = np.concatenate([lo4 & 63, (hi4 & 15) | ((lo4 >> 6) << 4)], axis=-1)
-    m = np.concatenate([mid4 & 63, (hi4 >> 4) | ((mid4 >> 6) << 4)], axis=-1)
-    qs = b[..., Q5_K_QS:].reshape(n, S, 4, 1, 32)
-    low = np.concatenate([qs & 15, qs >> 4], axis=3).reshape(n, S, 8, 32)
+    q4 = np.concatenate([b[..., :Q5_K_QH], b[..., Q5_K_QS:]], axis=-1)
+    d, dmin, sc, m, low = split_q4_k(q4, n, k)
     qh = b[..., Q5_K_QH:Q5_K_QS].reshape(n, S, 1, 32)
     high = (qh >> np.arange(8, dtype=np.uint8).reshape(1, 1, 8, 1)) & 1
-    q = (low | (high << 4)).reshape(n, k)
-    return d, dmin, sc.astype(np.uint8), m.astype(np.uint8), q.astype(np.uint8)
+    return d, dmin, sc, m, (low | (high.reshape(n, k) << 4)).astype(np.uint8)
 
 
 def join_q5_k(d, dmin, sc, m, q) -> np.ndarray:
-    """Inverse of :func:`split_q5_k`: uint8 (n, k/256*176) block_q5_K rows."""
+    """Inverse of :func:`split_q5_k`: uint8 (n, k/256*176) block_q5_K rows (block_q4_K's bytes of
+    the low 4 bits, :func:`~tilegen.families.q4_k.join_q4_k`, with qh inserted)."""
     q = np.asarray(q, dtype=np.uint8)
     n, k = q.shape
     S = check_superblocks(k)
-    sc = np.asarray(sc, dtype=np.uint8).reshape(n, S, 8)
-    m = np.asarray(m, dtype=np.uint8).reshape(n, S, 8)
-    s = np.concatenate([(sc[..., :4] & 63) | ((sc[..., 4:] >> 4) << 6),
-                        (m[..., :4] & 63) | ((m[..., 4:] >> 4) << 6),
-                        (sc[..., 4:] & 15) | ((m[..., 4:] & 15) << 4)], axis=-1)
-    qq = q.reshape(n, S, 4, 2, 32)
-    qs = (qq[:, :, :, 0] & 15) | ((qq[:, :, :, 1] & 15) << 4)
+    b4 = join_q4_k(d, dmin, sc, m, q & 15).reshape(n, S, -1)
     hb = ((q.reshape(n, S, 8, 32) >> 4) & 1).astype(np.uint8)
     qh = (hb << np.arange(8, dtype=np.uint8).reshape(1, 1, 8, 1)).sum(axis=2, dtype=np.uint8)
-    dd = np.ascontiguousarray(np.asarray(d, dtype="<u2").reshape(n, S)).view(np.uint8)
-    dm = np.ascontiguousarray(np.asarray(dmin, dtype="<u2").reshape(n, S)).view(np.uint8)
-    return np.concatenate([dd.reshape(n, S, 2), dm.reshape(n, S, 2), s.astype(np.uint8),
-                           qh.astype(np.uint8), qs.reshape(n, S, 128).astype(np.uint8)],
-                          axis=-1).reshape(n, -1)
+    return np.concatenate([b4[..., :Q5_K_QH], qh, b4[..., Q5_K_QH:]], axis=-1).reshape(n, -1)
 
 
 #: float32 (R, k) weights of split Q5_K fields, gguf.quants' float order (that of Q4_K:
