@@ -5,7 +5,8 @@ activations (tilegen.reference.kquant; numpy only, no build, no emulation).
     python bench/kquant_error.py                  # markdown table on stdout
     python bench/kquant_error.py --json out.json  # the figures as JSON too
 
-Weights: seeded random valid ggml blocks (tilegen.families.q4_k.random_q4_k / q6_k.random_q6_k).
+Weights: seeded random valid ggml blocks of every K-quant family of the registry (the RHS
+layouts that take only their ggml blocks: q4_K, q5_K, q6_K; each layout's ``random_ggml``).
 Activations: seeded, two kinds per shape — ``normal`` (standard normal) and ``heavy``
 (Student t with 3 degrees of freedom: a few large values per row, as LLM activations have).
 Figures: ``rms`` = RMS(error) / RMS(float64 result), ``max`` = max |error| / max |float64 result|;
@@ -24,14 +25,14 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from tilegen.families import rhs_layout_class  # noqa: E402
-from tilegen.families.q4_k import random_q4_k  # noqa: E402
-from tilegen.families.q6_k import random_q6_k  # noqa: E402
+from tilegen.families import FAMILIES, rhs_layout_class  # noqa: E402
 from tilegen.reference.kquant import (error_summary, matmul_f64_kquant, matmul_ggml,  # noqa: E402
                                       matmul_tilegen)
 
 SHAPES = [(1, 256, 256), (1, 512, 4096), (8, 128, 1024), (16, 256, 4096), (32, 64, 2048)]
-RAND = {"q4_K": random_q4_k, "q6_K": random_q6_k}
+#: the K-quant kinds (their layouts take only ggml blocks) -> seeded random valid blocks
+RAND = {f: rhs_layout_class(f).random_ggml for f in FAMILIES
+        if getattr(rhs_layout_class(f), "ggml_only", None) == f}
 
 
 def activations(kind: str, m: int, k: int, seed: int) -> np.ndarray:
@@ -43,7 +44,7 @@ def activations(kind: str, m: int, k: int, seed: int) -> np.ndarray:
 
 def rows() -> list[dict]:
     out = []
-    for wkind in ("q4_K", "q6_K"):
+    for wkind in RAND:
         for i, (m, n, k) in enumerate(SHAPES):
             raw = RAND[wkind](n, k, 100 + i)
             for akind in ("normal", "heavy"):

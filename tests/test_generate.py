@@ -133,18 +133,24 @@ def _kquant_templates():
 @pytest.mark.parametrize("template,strategy", _kquant_templates())
 def test_kquant_templates_fill_in_one_skeleton_per_strategy(template, strategy):
     """A K-quant family's kernel template is its part of one skeleton per strategy
-    (templates/kquant/): it extends that skeleton and writes nothing outside its blocks and
-    macros (text there would be dropped silently by Jinja2's inheritance)."""
+    (templates/kquant/): it extends that skeleton (or, a family built on another's kernels such
+    as q5_K on q4_K's, that family's template of the same strategy, which extends it) and
+    writes nothing outside its blocks and macros (text there would be dropped silently by
+    Jinja2's inheritance)."""
     from jinja2 import nodes
     from tilegen.generator.render import template_env
     env = template_env()
-    src = env.loader.get_source(env, f"{template}.S.j2")[0]
-    tree = env.parse(src)
-    ext = [n for n in tree.body if isinstance(n, nodes.Extends)]
-    assert [e.template.value for e in ext] == [f"kquant/{strategy}.S.j2"], template
-    stray = [n for n in tree.body if isinstance(n, nodes.Output)
-             and any(not isinstance(x, nodes.TemplateData) or x.data.strip() for x in n.nodes)]
-    assert not stray, f"{template}: output outside a block: {stray[0]}"
+    name, chain = f"{template}.S.j2", []
+    while not name.startswith("kquant/"):
+        tree = env.parse(env.loader.get_source(env, name)[0])
+        ext = [n for n in tree.body if isinstance(n, nodes.Extends)]
+        assert len(ext) == 1, (template, chain)
+        stray = [n for n in tree.body if isinstance(n, nodes.Output)
+                 and any(not isinstance(x, nodes.TemplateData) or x.data.strip() for x in n.nodes)]
+        assert not stray, f"{name}: output outside a block: {stray[0]}"
+        chain.append(name)
+        name = ext[0].template.value
+    assert name == f"kquant/{strategy}.S.j2" and len(chain) <= 2, (template, chain, name)
     assert len(_kquant_templates()) >= 8
 
 

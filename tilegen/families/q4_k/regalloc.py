@@ -45,7 +45,7 @@ from ...generator.regalloc.kquant import (KQuantSveArea, check_neon_tile, check_
 from ...generator.regalloc.pool import (Z_LOW_FIRST, Frame, RegisterPool, VectorNeeds, first_fit, flatten,
                                         rows)
 
-__all__ = ["Q4KRegs", "Q4KSveRegs", "Q4K_SCALARS", "Q4K_SVE_SCALARS", "Q4K_CHART",
+__all__ = ["Q4KRegs", "Q4KSveRegs", "allocate_neon", "allocate_sve", "Q4K_SCALARS", "Q4K_SVE_SCALARS", "Q4K_CHART",
            "ALLOCATORS"]
 
 Q4K_SCALARS = ("n_rem", "rhs_ptr", "dst_tile", "dst_row", "sb_cnt", "nsb", "lhs_rbs",
@@ -84,6 +84,7 @@ class Q4KRegs(Frame):
     saved_x: tuple[int, ...] = ()
     saved_d: tuple[int, ...] = ()
     needs: VectorNeeds = VectorNeeds(())
+    xv: dict = field(default_factory=dict, hash=False)   # a family's extra registers (name -> reg)
 
     @property
     def t_flat(self) -> tuple[int, ...]:
@@ -128,10 +129,10 @@ def _ep_counts(mode: str, P: int, nr: int) -> dict[str, int]:
     return {"bs": bs, "da": 1, "d": nv, "dm": nv, "mins": 2 * nv, "f16": 2, "s2": 1, "fa": 1}
 
 
-def _block(spec: KernelSpec, mode: str, mr_reg: int):
+def _block(spec: KernelSpec, mode: str, mr_reg: int, extra: tuple = ()):
     nr, P = spec.nr, spec.lhs_mr
     G, U, nv = mr_reg // P, _units(mode, mr_reg, nr), nr // 4
-    pool = RegisterPool(Q4K_CHART)
+    pool = RegisterPool(Q4K_CHART + tuple(role for _, role in extra))
     v = pool.v
     t_flat = v.take(U * (2 if mode == "neon" else 1), "int32 sub-block sums")
     t = tuple(rows(t_flat, 2)) if mode == "neon" else tuple(t_flat)
@@ -144,6 +145,7 @@ def _block(spec: KernelSpec, mode: str, mr_reg: int):
     rhs = tuple(v.take(n_rhs, "RHS"))
     mask = v.take(1, "nibble mask")[0]
     sst = tuple(v.take(4 if mode in ("mm", "dot8") else 3, "scale scratch"))
+    xv = {name: v.take(1, role)[0] for name, role in extra}
     dead = list(t_flat) + list(lhs) + list(rhs) + list(sst)
     ep, i = {}, 0
     for name, n in _ep_counts(mode, P, nr).items():
@@ -155,15 +157,19 @@ def _block(spec: KernelSpec, mode: str, mr_reg: int):
     ep["tmp"] = tuple(out_flat[mr_reg * nv:])
     gpr = pool.scalars(Q4K_SCALARS)
     lo = tuple(pool.x.take(G, "LHS row pointers"))
-    return pool, dict(mode=mode, t=t, s1=s1, lhs=lhs, rhs=rhs, mask=mask, sst=sst,
-                      ep=ep, out=out, gpr=gpr, lo=lo)
+    fields = dict(mode=mode, t=t, s1=s1, lhs=lhs, rhs=rhs, mask=mask, sst=sst, ep=ep, out=out,
+                  gpr=gpr, lo=lo)
+    return pool, (dict(fields, xv=xv) if extra else fields)
 
 
-def _allocate_q4k_neon(spec: KernelSpec) -> Q4KRegs:
-    check_neon_tile(spec, "q4_K", _MAX_NR)
-    mode = kquant_mode(spec, "q4_K", "NEON")
+def allocate_neon(spec: KernelSpec, family: str = "q4_K", extra: tuple = ()) -> Q4KRegs:
+    """The NEON registers of a q4_K-shaped kernel of ``family``: ``extra`` ((name, role), ...)
+    are one more vector register each, taken after the scale scratch (``xv[name]``; a family
+    built on Q4_K's kernels names what its decode adds, e.g. q5_K's high-bit plane)."""
+    check_neon_tile(spec, family, _MAX_NR)
+    mode = kquant_mode(spec, family, "NEON")
     check_packing(spec)
-    return Q4KRegs(**first_fit(spec, lambda mr_reg: _block(spec, mode, mr_reg)))
+    return Q4KRegs(**first_fit(spec, lambda mr_reg: _block(spec, mode, mr_reg, extra)))
 
 
 # ---------------------------------------------------------------------------------------------
@@ -206,6 +212,7 @@ class Q4KSveRegs(KQuantSveArea, Frame):
     saved_x: tuple[int, ...] = ()
     saved_d: tuple[int, ...] = ()
     needs: VectorNeeds = VectorNeeds(())
+    xv: dict = field(default_factory=dict, hash=False)   # a family's extra registers (name -> reg)
 
     # what the SVE skeleton (templates/kquant/sve.S.j2) reads under its shared names
     @property
@@ -236,11 +243,12 @@ def _sve_ep_counts(mode: str, P: int, nv: int) -> dict[str, int]:
     return {"da": 1, "d": nv, "dm": nv, "mins": 2 * nv, "f16": 2, "s2": 1, "fa": 1}
 
 
-def _sve_block(spec: KernelSpec, mode: str, mr_reg: int):
+def _sve_block(spec: KernelSpec, mode: str, mr_reg: int, extra: tuple = (),
+               extra_x: tuple = ()):
     nv, P = spec.nr, spec.lhs_mr
     G = mr_reg // P
     U = {"mm": mr_reg * nv, "dot4": mr_reg * nv, "dot8": 2 * nv}[mode]
-    pool = RegisterPool(Q4K_SVE_CHART, v_order=Z_LOW_FIRST)
+    pool = RegisterPool(Q4K_SVE_CHART + tuple(role for _, role in extra), v_order=Z_LOW_FIRST)
     v = pool.v
     if mode == "dot4":
         lhs = v.take(4 if P == 4 else 2, "LHS", within=8,
@@ -251,6 +259,7 @@ def _sve_block(spec: KernelSpec, mode: str, mr_reg: int):
     sst = v.take(3, "scale scratch")
     t = v.take(U, "int32 sub-block sums")
     s1 = v.take(U, "int32 scaled sums")
+    xv = {name: v.take(1, role)[0] for name, role in extra}
     # the bsums: mm, (hi, lo) x row pair; dot4/dot8 P = 4: hi rows 0-1, 2-3, lo rows 0-1, 2-3
     # (by-lane SDOT operands: the z0-z7 LHS registers); gemv: hi and lo of the row in one
     nbs = 4 if P == 4 else 1
@@ -267,21 +276,25 @@ def _sve_block(spec: KernelSpec, mode: str, mr_reg: int):
     out_flat = v.reuse(list(lhs) + list(rhs) + list(sst) + list(t), mr_reg * nv + 4, _SVE_EP)
     out = rows(out_flat[:mr_reg * nv], nv)
     ep["tmp"] = tuple(out_flat[mr_reg * nv:])
-    gpr = pool.scalars(Q4K_SVE_SCALARS)
+    gpr = pool.scalars(Q4K_SVE_SCALARS + tuple(extra_x))
     lo = tuple(pool.x.take(G, "LHS row pointers"))
-    return pool, dict(mode=mode, t=tuple(t), s1=tuple(s1), lhs=tuple(lhs), rhs=tuple(rhs),
-                      sst=tuple(sst), ep=ep, out=out, gpr=gpr, lo=lo,
-                      pred=tuple(range(1, nv + 1)))
+    fields = dict(mode=mode, t=tuple(t), s1=tuple(s1), lhs=tuple(lhs), rhs=tuple(rhs),
+                  sst=tuple(sst), ep=ep, out=out, gpr=gpr, lo=lo, pred=tuple(range(1, nv + 1)))
+    return pool, (dict(fields, xv=xv) if extra else fields)
 
 
-def _allocate_q4k_sve(spec: KernelSpec) -> Q4KSveRegs:
-    check_sve_tile(spec, "q4_K", _SVE_MAX_NV, "the dmin vectors at [rhs, #(nv + cv), mul vl]")
-    mode = kquant_mode(spec, "q4_K", "SVE")
-    check_sve_mm_rows(spec, "q4_K", mode)
+def allocate_sve(spec: KernelSpec, family: str = "q4_K", extra: tuple = (),
+                 extra_x: tuple = ()) -> Q4KSveRegs:
+    """The SVE registers of a q4_K-shaped kernel of ``family``: ``extra`` ((name, role), ...)
+    one more Z register each, taken after the scaled sums (``xv[name]``), ``extra_x`` more
+    named GPRs (``gpr``)."""
+    check_sve_tile(spec, family, _SVE_MAX_NV, "the dmin vectors at [rhs, #(nv + cv), mul vl]")
+    mode = kquant_mode(spec, family, "SVE")
+    check_sve_mm_rows(spec, family, mode)
     check_packing(spec)
-    return Q4KSveRegs(**first_fit(spec, lambda mr_reg: _sve_block(spec, mode, mr_reg),
+    return Q4KSveRegs(**first_fit(spec, lambda mr_reg: _sve_block(spec, mode, mr_reg, extra, extra_x),
                                   " (indexed SDOT operands in z0-z7)" if mode == "dot4" else ""))
 
 
 # allocator name (``IsaImpl.allocator`` of the family records) -> function
-ALLOCATORS = {"q4k_neon": _allocate_q4k_neon, "q4k_sve": _allocate_q4k_sve}
+ALLOCATORS = {"q4k_neon": allocate_neon, "q4k_sve": allocate_sve}
