@@ -169,6 +169,9 @@ def check_ids(ids, tokens: int, n_used: int | None, count: int) -> np.ndarray:
             or ids.shape[1] == 0:
         want = f"({tokens}, {'n_used' if n_used is None else n_used})"
         raise ArgumentError(f"ids must have shape {want} (tokens, n_used), got {ids.shape}")
+    if ids.shape[1] > count:
+        raise ArgumentError(f"n_used={ids.shape[1]} picks per token, but the stack has only "
+                            f"{count} experts (picks within a token are distinct)")
     sel = ids.astype(np.int64)
     bad = (sel < 0) | (sel >= count)
     if bad.any():

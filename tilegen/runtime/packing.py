@@ -98,8 +98,11 @@ def pack_experts(kern: Kernel, w, kind: str, bias, layout: str, from_ggml, n, k,
     parts = []
     for e in range(experts):
         one = (src[e], None) if from_ggml is None else (None, src[e])
-        parts.append(pack_for(kern, one[0], kind, None if bias is None else bias[e], layout,
-                              one[1], n, k))
+        try:
+            parts.append(pack_for(kern, one[0], kind, None if bias is None else bias[e],
+                                  layout, one[1], n, k))
+        except ArgumentError as err:
+            raise ArgumentError(f"expert {e} of {experts}: {err}") from None
     return PackedWeights.stack(parts)
 
 
