@@ -138,6 +138,8 @@ def moe_vs_matmul(libdir: str, kinds, cases, thread_counts=(1, 3), seed=0, E=5, 
                     bad.append(tag + (f"weighted threads={t}",))
             for t in thread_counts:
                 p = lib.plan_experts(st, T, U, S, threads=t)
+                if (p.plans is not None) != (t == 1):     # one thread: per-expert lib.plan
+                    bad.append(tag + (f"plan native groups threads={t}",))
                 if not _same(p(x, ids), y) or not _same(p(x, ids, wts), want):
                     bad.append(tag + (f"plan threads={t}",))
                 for rows in {1, 2, T}:      # the kernels the plan runs per group size

@@ -57,11 +57,12 @@ class ExpertsPlan:
     them).  ``plan(x, ids)`` / ``plan(x, ids, weights)``: each call checks x, ids and weights
     against the planned shape and groups the rows by expert (the ids change per call); the
     result is bit-identical to ``lib.matmul_experts`` with the same arguments.  The calls run
-    on the library's worker pool through checked ctypes calls (not the native plan driver of
-    ``lib.plan``); after ``lib.close()`` a call raises ArgumentError."""
+    as tasks on the library's worker pool through checked ctypes calls; with one thread, a
+    group of one row (decode) or of every token runs through a per-expert ``lib.plan`` (one
+    native call) instead.  After ``lib.close()`` a call raises ArgumentError."""
 
     def __init__(self, lib, experts, tokens: int, n_used: int, slots: int | None = None,
-                 threads: int | None = None) -> None:
+                 threads: int | None = None, *, native: bool = True) -> None:
         lib.ensure_open()
         check_stack(experts)
         self.lib = lib
@@ -85,6 +86,12 @@ class ExpertsPlan:
         self.gemm = lib.select(one, self.gemv_threshold + 1)
         self.x_shape = ((self.tokens, self.k) if slots is None
                         else (self.tokens, slots, self.k))
+        # one thread: a group of one row or of ``tokens`` rows (every token picked the
+        # expert) runs as one prepared matmul (lib.plan, bit-identical to lib.matmul: one
+        # native call that packs and runs), made here with the table of now; only those two
+        # row counts, so a plan prepares (and keeps a workspace for) at most two per expert
+        self.plans = ([lib.plan(self.experts.expert(e), self.tokens, threads=1)
+                       for e in range(self.count)] if native and self.threads == 1 else None)
 
     def __repr__(self) -> str:
         return (f"<tilegen.ExpertsPlan {self.count} experts {self.experts.kind} n={self.n} "
@@ -124,6 +131,9 @@ class ExpertsPlan:
             rows = order[stops[e] - counts[e]:stops[e]]
             m = rows.size
             xg = np.ascontiguousarray(x3[rows // U, (rows % U) % S])
+            if self.plans is not None and m in (1, self.tokens):
+                groups.append((rows, self.plans[e](xg)))
+                continue
             kern = self.kernel(m)
             packed = self.experts.expert(int(e))
             bl = packed.bl or 32
@@ -224,5 +234,6 @@ def matmul_experts(lib, x, experts, ids, weights=None, threads: int | None = Non
     if slots is not None and sel_shape[1] % slots:
         raise ArgumentError(f"x has {slots} slots, ids {sel_shape[1]} picks per token: the "
                             f"slots must divide n_used (pick u reads slot u % slots)")
-    plan = ExpertsPlan(lib, experts, tokens, sel_shape[1], slots, threads)
+    # one call: no per-expert lib.plan (making E of them costs more than it saves once)
+    plan = ExpertsPlan(lib, experts, tokens, sel_shape[1], slots, threads, native=False)
     return plan(x, ids, weights)
