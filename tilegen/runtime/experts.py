@@ -57,9 +57,10 @@ class ExpertsPlan:
     them).  ``plan(x, ids)`` / ``plan(x, ids, weights)``: each call checks x, ids and weights
     against the planned shape and groups the rows by expert (the ids change per call); the
     result is bit-identical to ``lib.matmul_experts`` with the same arguments.  The calls run
-    as tasks on the library's worker pool through checked ctypes calls; with one thread, a
-    group of one row (decode) or of every token runs through a per-expert ``lib.plan`` (one
-    native call) instead.  After ``lib.close()`` a call raises ArgumentError."""
+    as tasks on the library's worker pool through checked ctypes calls; a group of one row
+    (decode) or of every token that is one task runs through a per-expert one-thread
+    ``lib.plan`` (one native call) instead.  After ``lib.close()`` a call raises
+    ArgumentError."""
 
     def __init__(self, lib, experts, tokens: int, n_used: int, slots: int | None = None,
                  threads: int | None = None, *, native: bool = True) -> None:
@@ -86,12 +87,13 @@ class ExpertsPlan:
         self.gemm = lib.select(one, self.gemv_threshold + 1)
         self.x_shape = ((self.tokens, self.k) if slots is None
                         else (self.tokens, slots, self.k))
-        # one thread: a group of one row or of ``tokens`` rows (every token picked the
-        # expert) runs as one prepared matmul (lib.plan, bit-identical to lib.matmul: one
-        # native call that packs and runs), made here with the table of now; only those two
-        # row counts, so a plan prepares (and keeps a workspace for) at most two per expert
+        # a group of one row or of ``tokens`` rows (every token picked the expert) that is one
+        # task (its share of the threads is one) runs as one prepared matmul of one thread
+        # (lib.plan, bit-identical to lib.matmul: one native call that packs and runs), made
+        # here with the table of now; only those two row counts, so each per-expert plan
+        # prepares (and keeps a workspace for) at most two
         self.plans = ([lib.plan(self.experts.expert(e), self.tokens, threads=1)
-                       for e in range(self.count)] if native and self.threads == 1 else None)
+                       for e in range(self.count)] if native else None)
 
     def __repr__(self) -> str:
         return (f"<tilegen.ExpertsPlan {self.count} experts {self.experts.kind} n={self.n} "
@@ -131,22 +133,22 @@ class ExpertsPlan:
             rows = order[stops[e] - counts[e]:stops[e]]
             m = rows.size
             xg = np.ascontiguousarray(x3[rows // U, (rows % U) % S])
-            if self.plans is not None and m in (1, self.tokens):
-                groups.append((rows, self.plans[e](xg)))
+            yg = np.empty((m, self.n), np.float32)
+            groups.append((rows, yg))
+            # an expert's share of the threads, in proportion to its rows (at least one task)
+            share = max(1, round(self.threads * m / total))
+            if self.plans is not None and share == 1 and m in (1, self.tokens):
+                runs.append((m * self.n, lambda p=self.plans[e], a=xg, b=yg: p(a, b)))
                 continue
             kern = self.kernel(m)
             packed = self.experts.expert(int(e))
             bl = packed.bl or 32
-            # an expert's share of the threads, in proportion to its rows (at least one task)
-            share = max(1, round(self.threads * m / total))
             lhs, ptasks = lhs_tasks(self.lib, packed.kind, kern, xg, bl, share)
             packs += [((m1 - m0) * self.k, t) for (m0, m1), t in
                       zip(split(m, kern.m_step, share), ptasks)]
-            yg = np.empty((m, self.n), np.float32)
             ktasks = kernel_tasks(kern, lhs, packed, yg, bl, -_INF, _INF, share)
             runs += [(m * (n1 - n0), t) for (n0, n1), t in
                      zip(split(self.n, kern.n_step, share), ktasks)]
-            groups.append((rows, yg))
         run_parallel(_bundles(packs, self.threads), self.lib.workers)
         run_parallel(_bundles(runs, self.threads), self.lib.workers)
         out = y.reshape(T * U, self.n)
