@@ -17,6 +17,10 @@ import pytest
 import tilegen
 from tilegen.families import KIND_FAMILY
 
+from tilegen.layout.api import layout_for, pack_rhs
+from tilegen.runtime.errors import ArgumentError, LoadError
+from tilegen.runtime.packed import PackedWeights
+
 from conftest import EXEC_CPUS, SME_ON, guest
 
 KINDS = tuple(KIND_FAMILY)
@@ -111,3 +115,35 @@ def test_matmul_experts_errors(moe_lib):
     assert set(r) == set(expect)
     for name, msg in expect.items():
         assert r[name].startswith("ArgumentError") and msg in r[name], (name, r[name])
+
+
+def test_stack_files_on_the_host(tmp_path):
+    """A stack's file keeps E and each expert's bytes; a header whose experts is not a positive
+    int, or whose E does not match the data, is a LoadError; PackedWeights.stack refuses
+    packings of different layouts or shapes."""
+    import numpy as np
+    rng = np.random.default_rng(3)
+    lay = layout_for("f32p", nr=8, kr=1)
+    w = rng.normal(size=(3, 10, 7)).astype(np.float32)
+    parts = [PackedWeights(lay, 10, 7, pack_rhs("f32p", w[e], nr=8, kr=1)) for e in range(3)]
+    st = PackedWeights.stack(parts)
+    assert st.experts == 3 and st.expert_stride % 64 == 0 and st.nbytes == 3 * st.expert_stride
+    st.save(tmp_path / "s.tgpw")
+    back = PackedWeights.load(tmp_path / "s.tgpw")
+    assert back.experts == 3
+    for e in range(3):
+        assert np.array_equal(back.expert(e).data, parts[e].data)
+    for experts, msg in ((0, "experts must be a positive int, got 0"),
+                         (4, f"{st.nbytes} bytes but f32p n=10 k=7 x 4 experts needs")):
+        bad = PackedWeights(lay, 10, 7, st.data, False, "f32", experts)
+        bad.save(tmp_path / "bad.tgpw")
+        with pytest.raises(LoadError, match=msg):
+            PackedWeights.load(tmp_path / "bad.tgpw")
+    other = PackedWeights(layout_for("f32p", nr=4, kr=1), 10, 7,
+                          pack_rhs("f32p", w[0], nr=4, kr=1))
+    with pytest.raises(ArgumentError, match=r"expert 1 is f32 f32p4x1b \(kr=1, sr=1\) n=10 k=7, expert 0 f32 f32p8x1b"):
+        PackedWeights.stack([parts[0], other])
+    with pytest.raises(ArgumentError, match="an expert stack needs at least one expert"):
+        PackedWeights.stack([])
+    with pytest.raises(ArgumentError, match="expert 0 must be PackedWeights of one matrix"):
+        PackedWeights.stack([st])

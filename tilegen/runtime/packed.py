@@ -99,9 +99,11 @@ class PackedWeights:
                                     f"{p!r:.80}")
             if (p.layout, p.n, p.k, p.kind, p.has_bias) != (first.layout, first.n, first.k,
                                                             first.kind, first.has_bias):
-                raise ArgumentError(f"expert {i} is {p.kind} {p.format} n={p.n} k={p.k}, expert "
-                                    f"0 {first.kind} {first.format} n={first.n} k={first.k}: an "
-                                    f"expert stack holds one layout and shape")
+                raise ArgumentError(f"expert {i} is {p.kind} {p.layout.name} (kr={p.kr}, sr="
+                                    f"{p.sr}) n={p.n} k={p.k}, expert 0 {first.kind} "
+                                    f"{first.layout.name} (kr={first.kr}, sr={first.sr}) "
+                                    f"n={first.n} k={first.k}: an expert stack holds one layout "
+                                    f"and shape")
         st = cls(first.layout, first.n, first.k, np.zeros(0, np.uint8), first.has_bias,
                  first.kind, len(parts))
         stride, size = st.expert_stride, first.layout.packed_size(first.n, first.k)
@@ -222,7 +224,8 @@ class PackedWeights:
         except (ValueError, KeyError, TypeError) as e:
             raise LoadError(f"{path}: bad packed-weights header ({e})") from None
         if need != data.nbytes:
-            raise LoadError(f"{path}: {data.nbytes} bytes but {pw.format} n={pw.n} k={pw.k} needs "
+            stack = "" if pw.experts is None else f" x {pw.experts} experts"
+            raise LoadError(f"{path}: {data.nbytes} bytes but {pw.format} n={pw.n} k={pw.k}{stack} needs "
                             f"{need}")
         return pw
 
