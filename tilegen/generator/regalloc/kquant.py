@@ -96,6 +96,9 @@ class KQuantNeonRegs(Frame):
     needs: VectorNeeds = VectorNeeds(())
     extra: dict = field(default_factory=dict, hash=False)
 
+    #: the skeleton's sub-block shape (templates/kquant/neon.S.j2): two int8 vectors per chunk
+    shape = "chunk_pairs"
+
     @property
     def t_flat(self) -> tuple[int, ...]:
         """Every register of ``t`` (zeroed at each SB's start)."""
