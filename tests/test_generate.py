@@ -148,6 +148,24 @@ def test_kquant_templates_fill_in_one_skeleton_per_strategy(template, strategy):
     assert len(_kquant_templates()) >= 8
 
 
+NEON_HOOKS = {"lead", "guards", "decode_setup", "decode", "scale_widen", "min_cols", "min_rows",
+              "min_unit", "min_apply", "planes", "decode_vector"}
+
+
+@pytest.mark.parametrize("template", ["q4k_neon", "q6k_neon"])
+def test_kquant_neon_family_templates_are_small_overrides(template):
+    """The K-quant NEON skeleton holds the strategies (dot products, scales, passes, epilogue,
+    stores); a family's NEON template re-defines only its override points (decode, scale
+    widening, min term, planes, guards) and stays well under 100 lines."""
+    from tilegen.generator.render import template_env
+    env = template_env()
+    src = env.loader.get_source(env, f"{template}.S.j2")[0]
+    assert len(src.splitlines()) < 100, (template, len(src.splitlines()))
+    blocks = set(env.get_template(f"{template}.S.j2").blocks)
+    assert blocks <= NEON_HOOKS, blocks - NEON_HOOKS
+    assert NEON_HOOKS <= set(env.get_template("kquant/neon.S.j2").blocks)
+
+
 # --- the override points of q4_K's NEON / SVE templates (what a Q5_K-like family overrides) ---
 
 TEST_TEMPLATES = Path(__file__).parent / "data" / "templates"
