@@ -88,7 +88,7 @@ def test_allocator_refusals_are_clear():
     with pytest.raises(SpecError, match="32 exist"):
         parse_spec("iq4_nl:neon:4x8")
     with pytest.raises(SpecError, match="no template"):
-        parse_spec("iq4_nl:sve_i8mm:8x1vl")
+        parse_spec("iq4_nl:sme2:1vlx2vl")
 
 
 # -- kernels under emulation ---------------------------------------------------------------
@@ -99,8 +99,7 @@ def iq4_lib(tmp_path_factory) -> Path:
     return out
 
 
-def _shapes(spec, rng):
-    mr, nr = spec.mr, spec.nr
+def _shapes(mr, nr, rng):
     ms = [1, mr, mr + 1, 2 * mr + 3 if mr > 1 else 1, int(rng.integers(1, 3 * mr + 1))]
     ns = [nr + 1, 3 * nr - 1, 1, int(rng.integers(1, 4 * nr)), nr]
     return [(ms[i], ns[i], 32 * kb) for i, kb in enumerate((1, 2, 3, 5, 9))]
@@ -125,20 +124,20 @@ def ggml_iq4_nl_q8_0(x, raw, n, k) -> np.ndarray:
     return out
 
 
-@pytest.mark.parametrize("cpu", CPUS)
-@pytest.mark.parametrize("spec", SPECS, ids=lambda s: s.name)
-def test_iq4_nl_kernel(spec, cpu, iq4_lib):
-    if refused_for_missing_features(cpu, iq4_lib, spec):
-        return
-    rng = np.random.default_rng(sum(map(ord, spec.name + cpu)))
+def _run(sess, lib, spec, vl_bytes=None, cpu=""):
+    """The shape sweep through kernel ``spec`` on guest ``sess`` (vectors of ``vl_bytes``),
+    bit-exact with the reference; the error vs float64 no worse than ggml's arithmetic."""
+    mr, nr = spec.mr_at(vl_bytes), spec.nr_at(vl_bytes)
+    P = spec.lhs_mr
+    rng = np.random.default_rng(sum(map(ord, spec.name + cpu)) + (vl_bytes or 0))
     cases, refs = [], []
-    for i, (m, n, k) in enumerate(_shapes(spec, rng)):
+    for i, (m, n, k) in enumerate(_shapes(mr, nr, rng)):
         x = (rng.normal(size=(m, k)) * 3).astype(np.float32)
         raw = random_iq4_nl(n, k, int(rng.integers(1 << 30)))
-        lhs = QSI8D32P(spec.lhs_mr, spec.kr, spec.sr, 32).pack(x)
-        rhs = IQ4NLP(spec.nr, spec.kr, spec.sr, 32).pack_from_ggml(raw, n, k)
-        ref = lambda lo, hi: matmul_qsi8d32p_iq4nlp(lhs, rhs, m, n, k, 32, spec.lhs_mr,  # noqa: E731
-                                                     spec.nr, spec.kr, spec.sr, lo, hi)
+        lhs = QSI8D32P(P, spec.kr, spec.sr, 32).pack(x)
+        rhs = IQ4NLP(nr, spec.kr, spec.sr, 32).pack_from_ggml(raw, n, k)
+        ref = lambda lo, hi: matmul_qsi8d32p_iq4nlp(lhs, rhs, m, n, k, 32, P, nr,  # noqa: E731
+                                                     spec.kr, spec.sr, lo, hi)
         free = ref(-3.4e38, 3.4e38)
         cmin, cmax = (-3.4e38, 3.4e38)
         if i % 2 and free.size > 1:
@@ -147,15 +146,57 @@ def test_iq4_nl_kernel(spec, cpu, iq4_lib):
         cases.append(dict(m=m, n=n, k=k, bl=32, lhs_packed=lhs, rhs_packed=rhs,
                           clamp_min=cmin, clamp_max=cmax, sentinel=SENTINEL))
         refs.append((ref(cmin, cmax), x, raw))
-    outs = guest(cpu).call("guest_calls:run_q4_cases", str(iq4_lib), spec.name, cases)
+    outs = sess.call("guest_calls:run_q4_cases", str(lib), spec.name, cases)
     for c, (exact, x, raw), out in zip(cases, refs, outs):
         m, n, k = c["m"], c["n"], c["k"]
         assert (out[m:] == SENTINEL).all() and (out[:, n:] == SENTINEL).all(), "wrote outside dst"
         got = out[:m, :n]
-        assert np.array_equal(got, exact), f"m={m} n={n} k={k}: {np.sum(got != exact)} differ"
+        assert np.array_equal(got, exact), \
+            f"{spec.name} VL={vl_bytes} m={m} n={n} k={k}: {np.sum(got != exact)} differ"
         if c["clamp_min"] < -1e38 and k >= 96:
             # error vs float64 no worse than ggml's arithmetic on the same inputs (+ 5 %)
             ref64 = x.astype(np.float64) @ dequantize_iq4_nl(raw, n, k).astype(np.float64).T
             e_tg = np.linalg.norm(got - ref64) / np.linalg.norm(ref64)
             e_gg = np.linalg.norm(ggml_iq4_nl_q8_0(x, raw, n, k) - ref64) / np.linalg.norm(ref64)
             assert e_tg <= 1.05 * e_gg + 1e-7, (e_tg, e_gg)
+
+
+@pytest.mark.parametrize("cpu", CPUS)
+@pytest.mark.parametrize("spec", SPECS, ids=lambda s: s.name)
+def test_iq4_nl_kernel(spec, cpu, iq4_lib):
+    if refused_for_missing_features(cpu, iq4_lib, spec):
+        return
+    _run(guest(cpu), iq4_lib, spec, cpu=cpu)
+
+
+SVE_TILES = ("sve_dotprod:1x1vl", "sve_dotprod:1x2vl", "sve_dotprod:1x1vl:k16:s2",
+             "sve_dotprod:8x1vl", "sve_dotprod:4x2vl", "sve_i8mm:16x1vl", "sve_i8mm:8x1vl",
+             "sve_i8mm:4x2vl")
+SVE_SPECS = [parse_spec(f"iq4_nl:{t}") for t in SVE_TILES]
+# (cpu, SVE bits): max at several vector lengths, and the SVE models at their own
+SVE_RUNS = (("max", 128), ("max", 256), ("max", 512), ("max", 2048), ("neoverse-n2", None),
+            ("neoverse-v1", None))
+
+
+@pytest.fixture(scope="module")
+def iq4_sve_lib(tmp_path_factory) -> Path:
+    out = tmp_path_factory.mktemp("iq4sve")
+    tilegen.build_library(SVE_SPECS, target="linux-aarch64-all", out_dir=out)
+    return out
+
+
+@pytest.mark.parametrize("cpu,vl", SVE_RUNS, ids=[f"{c}-{v or 'default'}" for c, v in SVE_RUNS])
+def test_iq4_nl_sve_every_vl(cpu, vl, iq4_sve_lib):
+    from test_exec_scalable import SVE_NATIVE_VL
+    sess = guest(cpu, sve_vl=vl)
+    bits = vl or SVE_NATIVE_VL[cpu]
+    for spec in SVE_SPECS:
+        info = sess.call("guest_calls:vl_info", str(iq4_sve_lib), spec.name)
+        assert info["runnable"] and (info["mr"], info["nr"]) == (spec.mr_at(bits // 8),
+                                                                 spec.nr_at(bits // 8)), info
+        _run(sess, iq4_sve_lib, spec, bits // 8, cpu)
+
+
+def test_iq4_nl_sve_refused_without_sve(iq4_sve_lib):
+    for spec in SVE_SPECS:
+        assert refused_for_missing_features("neoverse-n1", iq4_sve_lib, spec)

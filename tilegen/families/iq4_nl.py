@@ -185,21 +185,26 @@ def matmul_qsi8d32p_iq4nlp(lhs_packed, rhs_packed, m: int, n: int, k: int, bl: i
     return np.minimum(a, np.float32(clamp_max))
 
 
-def _impl(op: str, kr: int) -> IsaImpl:
-    return IsaImpl(op, "iq4nl_neon", "q4_neon", kr=kr, sr=2)
+def _impl(op: str, kr: int, sve: bool = False) -> IsaImpl:
+    """q4_0's realisation on the ISA (allocator, kr, sr) with this family's template."""
+    return IsaImpl(op, "iq4nl_sve" if sve else "iq4nl_neon", "q4_sve" if sve else "q4_neon",
+                   kr=kr, sr=2)
 
 
 RECORDS = (FamilyInfo(
     name="iq4_nl", lhs="qsi8d32p", rhs="iq4nlp", kinds=("iq4_nl",), abi=Q4, quantized=True,
     acc_mem=True,
     impls={"neon": _impl("neon", 8), "dotprod": _impl("neon_dotprod", 8),
-           "i8mm": _impl("neon_i8mm", 16)}),)
+           "i8mm": _impl("neon_i8mm", 16), "sve_dotprod": _impl("sve_dotprod", 8, True),
+           "sve_i8mm": _impl("sve_i8mm", 16, True)}),)
 LAYOUTS = (IQ4NLP,)
 ALLOCATOR_MODULES = ("q4",)
 GGML_TYPES = {"IQ4_NL": "iq4_nl"}
 # gemm + the gemv on its packing, as q4_0's NEON pairs: i8mm SMMLA 16x4 kr16 with the SDOT
 # gemv 1x4 kr16; dotprod SDOT by lane 16x4 kr8 with 1x4; plain NEON (SMULL) last
-DEFAULT_KERNELS = ("iq4_nl:i8mm:16x4", "iq4_nl:dotprod:1x4:k16:s2",
+DEFAULT_KERNELS = ("iq4_nl:sve_i8mm:16x1vl", "iq4_nl:sve_dotprod:1x1vl:k16:s2",
+                   "iq4_nl:sve_dotprod:8x1vl", "iq4_nl:sve_dotprod:1x1vl",
+                   "iq4_nl:i8mm:16x4", "iq4_nl:dotprod:1x4:k16:s2",
                    "iq4_nl:dotprod:16x4", "iq4_nl:dotprod:1x4",
                    "iq4_nl:neon:4x4", "iq4_nl:neon:1x4")
 

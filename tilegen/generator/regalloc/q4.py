@@ -318,11 +318,13 @@ def _q4_sve_block(spec: KernelSpec, mode: str, mr_reg: int):
     else:                    # mm: [group][row pair][2*cv + h]
         iacc = rows(rows(v.take(G * 2 * 2 * nv, "int32 accumulators"), 2 * nv), 2)
     facc = rows(v.take(mr_reg * nv, "f32 accumulators"), nv)
+    table = v.take(_table_vectors(spec), "nibble mask")
     gpr = pool.scalars(Q4_SCALARS)
     lo, hi = tuple(pool.x.take(G, "LHS row pointers")), tuple(pool.x.take(G, "LHS row pointers"))
     return pool, dict(
         mode=mode, facc=facc, iacc=iacc, lhs=tuple(lhs), rhs=tuple(rhs), scale=tuple(scale),
-        dl=tuple(dl), tmp=tuple(tmp), gpr=gpr, lo=lo, hi=hi, pred=tuple(range(1, nv + 1)))
+        dl=tuple(dl), tmp=tuple(tmp), gpr=gpr, lo=lo, hi=hi, pred=tuple(range(1, nv + 1)),
+        table=tuple(table))
 
 
 def _allocate_q4_sve(spec: KernelSpec) -> Q4Regs:
