@@ -24,9 +24,10 @@ from conftest import guest, refused_for_missing_features
 T = gguf.GGMLQuantizationType
 CPUS = ("cortex-a53", "neoverse-n1", "neoverse-v1", "neoverse-n2", "max")
 # (tile) per ISA: gemm and gemv of every strategy (SMULL, SDOT by lane, SDOT on pairs,
-# SMMLA), tiles beside llama.cpp's, the f32 accumulators in the frame (":am")
+# SMMLA; 12x4, 24x4: 12-row blocks without a mask register), tiles beside llama.cpp's, the f32
+# accumulators in the frame (":am")
 TILES = ("neon:4x4", "neon:1x4", "neon:8x4", "dotprod:1x4", "dotprod:1x8:k16:s2",
-         "dotprod:16x4", "dotprod:12x8", "dotprod:4x8", "dotprod:24x4:am",
+         "dotprod:16x4", "dotprod:12x8", "dotprod:4x8", "dotprod:24x4:am", "i8mm:24x4",
          "i8mm:16x4", "i8mm:8x4", "i8mm:12x4", "i8mm:4x8", "i8mm:1x4:k16:s2", "i8mm:1x12",
          "i8mm:24x4:am")
 SPECS = [parse_spec(f"iq4_nl:{t}") for t in TILES]
@@ -78,6 +79,20 @@ def test_layout_refusals():
         lay.pack_from_ggml(raw, 4, 64, bias=np.zeros(4, np.float32))
     with pytest.raises(LayoutError):
         IQ4NLP(4, 16, 2, 64)
+
+
+def test_twelve_row_smmla_blocks_drop_the_mask_register():
+    """The table costs a register: the 12-row SMMLA block fits only without the nibble mask
+    (the decode then clears the high nibbles by BIC immediates); narrower tiles keep it."""
+    from tilegen.generator.regalloc import allocate
+    from tilegen.generator.render import render
+    r12 = allocate(parse_spec("iq4_nl:i8mm:12x4"))
+    assert r12.mr_reg == 12 and r12.mask is None and len(r12.table) == 1
+    text = render(parse_spec("iq4_nl:i8mm:12x4")).text
+    assert "bic v" in text and "movi v" not in text.split("m_loop:")[0].split("fmov d")[-1]
+    r8 = allocate(parse_spec("iq4_nl:i8mm:8x4"))
+    assert r8.mr_reg == 8 and r8.mask is not None
+    assert allocate(parse_spec("q4_0:i8mm:12x4")).table == ()
 
 
 def test_allocator_refusals_are_clear():

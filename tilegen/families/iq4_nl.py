@@ -200,11 +200,12 @@ RECORDS = (FamilyInfo(
 LAYOUTS = (IQ4NLP,)
 ALLOCATOR_MODULES = ("q4",)
 GGML_TYPES = {"IQ4_NL": "iq4_nl"}
-# gemm + the gemv on its packing, as q4_0's NEON pairs: i8mm SMMLA 16x4 kr16 with the SDOT
-# gemv 1x4 kr16; dotprod SDOT by lane 16x4 kr8 with 1x4; plain NEON (SMULL) last
+# gemm + the gemv on its packing, as q4_0's pairs: SVE (VL units) first, then i8mm SMMLA 12x4
+# kr16 (12-row register blocks, no mask register: llvm-mca's best on neoverse-v2/-n2/-v1)
+# with the SDOT gemv 1x4 kr16; dotprod SDOT by lane 16x4 kr8 with 1x4; plain NEON (SMULL) last
 DEFAULT_KERNELS = ("iq4_nl:sve_i8mm:16x1vl", "iq4_nl:sve_dotprod:1x1vl:k16:s2",
                    "iq4_nl:sve_dotprod:8x1vl", "iq4_nl:sve_dotprod:1x1vl",
-                   "iq4_nl:i8mm:16x4", "iq4_nl:dotprod:1x4:k16:s2",
+                   "iq4_nl:i8mm:12x4", "iq4_nl:dotprod:1x4:k16:s2",
                    "iq4_nl:dotprod:16x4", "iq4_nl:dotprod:1x4",
                    "iq4_nl:neon:4x4", "iq4_nl:neon:1x4")
 

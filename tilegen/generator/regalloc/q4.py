@@ -184,10 +184,13 @@ def _q4_streamed(mode: str, P: int) -> bool:
     return mode == "mm" or (mode == "dot4" and P == 4)
 
 
-def _q4_neon_block(spec: KernelSpec, mode: str, mr_reg: int, narrow: bool = False):
+def _q4_neon_block(spec: KernelSpec, mode: str, mr_reg: int, narrow: bool = False,
+                   no_mask: bool = False):
     """Registers of one row block of ``mr_reg`` rows (NEON).  ``narrow`` (SMMLA, f32
     accumulators in registers): one LHS register pair (the low-nibble pair, then the high one,
-    renamed) and one row block's LHS scales at a time, so that more rows share an unpack."""
+    renamed) and one row block's LHS scales at a time, so that more rows share an unpack.
+    ``no_mask`` (table-decoded layouts only): no nibble-mask register (``mask`` None: the
+    decode clears the high nibbles by immediates), so that one more row block fits."""
     P, nv = spec.lhs_mr, spec.nr // 4
     G = mr_reg // P
     n_dl = G if _block_scaled_lhs(spec) else 0
@@ -204,7 +207,7 @@ def _q4_neon_block(spec: KernelSpec, mode: str, mr_reg: int, narrow: bool = Fals
         # LHS scales, in the LHS/RHS registers first
         rhs = v.take(spec.nr if mode == "mm" else 2 * nv, "RHS")
         lhs = v.take(2, "LHS")
-        mask = v.take(1, "nibble mask")[0]
+        mask = None if no_mask else v.take(1, "nibble mask")[0]
         table = v.take(n_table, "nibble mask")
         epi = v.reuse(rhs + lhs, 3 + nv + (1 if n_dl else 0), _Q4_EXTRA)
         tmp = [epi[0], epi[1], epi[0]]
@@ -214,7 +217,7 @@ def _q4_neon_block(spec: KernelSpec, mode: str, mr_reg: int, narrow: bool = Fals
     elif streamed:
         rhs = v.take(spec.nr if mode == "mm" else 2 * nv, "RHS")
         lhs = v.take(4 if mode == "mm" and not narrow else 2, "LHS")
-        mask = v.take(1, "nibble mask")[0]
+        mask = None if no_mask else v.take(1, "nibble mask")[0]
         table = v.take(n_table, "nibble mask")
         # block-end registers: the (dead) RHS then LHS registers, then spares; t1/t2 are RHS
         # registers so that the dx epilogue may hold lhs[0], lhs[1] at the same time
@@ -228,7 +231,7 @@ def _q4_neon_block(spec: KernelSpec, mode: str, mr_reg: int, narrow: bool = Fals
         col_pat, row_pat = tuple(pat[:2 * nv]), tuple(pat[2 * nv:])
     else:
         rhs = v.take(2, "RHS")
-        mask = v.take(1, "nibble mask")[0]
+        mask = None if no_mask else v.take(1, "nibble mask")[0]
         table = v.take(n_table, "nibble mask")
         # i8mm q4_0: the FMLAL by element reads its LHS scale from v0-v15
         dl = v.take(n_dl, "LHS scales", within=16) if spec.isa == "i8mm" else []
@@ -276,6 +279,8 @@ def _allocate_q4_neon(spec: KernelSpec) -> Q4Regs:
         pool, regs = _q4_neon_block(spec, mode, mr_reg)
         if not pool.fits and mode == "mm" and not spec.acc_mem:
             pool, regs = _q4_neon_block(spec, mode, mr_reg, narrow=True)
+            if not pool.fits and _table_vectors(spec):
+                pool, regs = _q4_neon_block(spec, mode, mr_reg, narrow=True, no_mask=True)
         return pool, regs
     return Q4Regs(**first_fit(spec, attempt))
 
