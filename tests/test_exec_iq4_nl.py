@@ -77,8 +77,8 @@ def test_layout_refusals():
         lay.pack_from_ggml(bad, 4, 64)
     with pytest.raises(LayoutError, match="bias"):
         lay.pack_from_ggml(raw, 4, 64, bias=np.zeros(4, np.float32))
-    with pytest.raises(LayoutError):
-        IQ4NLP(4, 16, 2, 64)
+    with pytest.raises(LayoutError, match="bl=32"):
+        IQ4NLP(4, 16, 2, 64).pack_from_ggml(raw, 4, 64)
 
 
 def test_twelve_row_smmla_blocks_drop_the_mask_register():

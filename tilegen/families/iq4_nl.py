@@ -104,7 +104,9 @@ class IQ4NLP(QSI4C32PScaleF16):
                             source index bytes s*kr/2 .. (s+1)*kr/2 - 1 unchanged
 
     A byte holds index q (low nibble) and index q + 16 (high nibble) of its block; the weight
-    is d * KVALUES_IQ4NL[index] (the kernels look the index up with TBL)."""
+    is d * KVALUES_IQ4NL[index] (the kernels look the index up with TBL).  As q4_0's, the
+    geometry (and the kernels, which take bl as an argument) serve any block length bl; ggml's
+    blocks (``pack_from_ggml``) are bl = 32."""
 
     format = "iq4nlp"
     label_prefix = "iq4nlp"
@@ -118,11 +120,6 @@ class IQ4NLP(QSI4C32PScaleF16):
     #: vector registers the kernels' decode holds the table in (the q4 allocator reads it)
     table_vectors = 1
 
-    def __post_init__(self) -> None:
-        super().__post_init__()
-        if self.bl != QK_IQ4NL:
-            raise LayoutError(f"iq4nlp has ggml's block of {QK_IQ4NL} (bl={self.bl} given)")
-
     def pack(self, raw, n: int | None = None, k: int | None = None, *,
              finite_scales: bool = True) -> np.ndarray:
         """Pack block_iq4_nl rows (uint8 (n, k/32*18), or flat with n and k); the block
@@ -133,6 +130,9 @@ class IQ4NLP(QSI4C32PScaleF16):
                        bias: None = None) -> np.ndarray:
         """:meth:`pack` for ggml block_iq4_nl bytes; ``bias`` must be None (matmul(bias=))."""
         self.require_no_bias(bias)
+        if self.bl != QK_IQ4NL:
+            raise LayoutError(f"ggml block_iq4_nl data has bl={QK_IQ4NL}, this layout has "
+                              f"bl={self.bl}")
         raw = as_bytes(raw)
         if n is not None and k is not None:
             check_block_scales(split_iq4_nl(np.ascontiguousarray(raw).reshape(-1), int(n),
@@ -152,15 +152,19 @@ class IQ4NLP(QSI4C32PScaleF16):
 
     def unpack_values(self, packed: np.ndarray, n: int, k: int, rows=None
                       ) -> tuple[np.ndarray, np.ndarray]:
-        """(int8 weight values kvalues[i] (R, k) in k order, f16 scale bits (R, k/32))."""
+        """(int8 weight values kvalues[i] (R, k) in k order, f16 scale bits (R, k/bl))."""
         src = self.unpack(packed, n, k, rows)
-        i, d = split_iq4_nl(src, src.shape[0], k)
+        i, d = split_q4_0(src, src.shape[0], k, bl=self.bl)
         return _kv()[i], d
 
     def dequantize_rows(self, packed: np.ndarray, n: int, k: int, rows) -> np.ndarray:
-        """float32 (len(rows), k): ggml's dequantisation of the source rows, bit for bit."""
-        src = self.unpack(packed, n, k, rows)
-        return dequantize_iq4_nl(src, src.shape[0], k)
+        """float32 (len(rows), k) = f32(d) * kvalues[index]: for bl = 32 ggml's dequantisation
+        of the source rows, bit for bit."""
+        v, d = self.unpack_values(packed, n, k, rows)
+        R = v.shape[0]
+        vals = v.astype(np.float32).reshape(R, k // self.bl, self.bl)
+        with np.errstate(invalid="ignore"):
+            return (f16_bits_to_f32(d)[..., None] * vals).astype(np.float32).reshape(R, k)
 
 
 def matmul_qsi8d32p_iq4nlp(lhs_packed, rhs_packed, m: int, n: int, k: int, bl: int,
