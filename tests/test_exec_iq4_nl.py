@@ -215,3 +215,13 @@ def test_iq4_nl_sve_every_vl(cpu, vl, iq4_sve_lib):
 def test_iq4_nl_sve_refused_without_sve(iq4_sve_lib):
     for spec in SVE_SPECS:
         assert refused_for_missing_features("neoverse-n1", iq4_sve_lib, spec)
+
+
+def test_llvm_mca_models_the_kernels():
+    """`tilegen analyze` (the hot loop through llvm-mca) reads the TBL decode: its operand list
+    once read as a branch target (`{ v6.16b }, v0.16b` matched the branch rewrite)."""
+    from tilegen.analysis.mca import analyze, per_k
+    for s in ("iq4_nl:i8mm:12x4", "iq4_nl:dotprod:1x4", "iq4_nl:sve_i8mm:16x1vl"):
+        r = analyze(s, "neoverse-v2")
+        assert r.cycles_per_iter > 0 and r.block32_macs_per_cycle > 0
+        assert per_k(parse_spec(s), "neoverse-v2", 256).macs_per_cycle > 0
