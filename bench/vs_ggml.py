@@ -57,20 +57,30 @@ SB = 256                                    # QK_K: k-values of one super-block
 NR = 8                                      # ggml's repacked column groups (block_q4_Kx8 ...)
 ROWS = {"gemm": 4, "gemv": 1}               # block_q8_Kx4 rows per gemm tile; gemv one row
 
-def _kquant_families() -> tuple[str, ...]:
-    """The K-quant families of the registry (their RHS layouts take only their ggml blocks)."""
-    from tilegen.families import FAMILIES, rhs_layout_class
-    return tuple(f for f in FAMILIES if getattr(rhs_layout_class(f), "ggml_only", None) == f)
+def _ggml_kernels() -> tuple[tuple, ...]:
+    """(family, regime, ggml function, instruction it multiplies with, columns of its group) of
+    every ggml repack kernel tilegen's families are measured against: a plugin's own
+    ``GGML_REPACK`` ((regime, function, instruction, columns), ...: e.g. iq4_nl's 4x4 kernels
+    on q8_0 blocks), else, for a K-quant family, ggml's naming of its K-quant kernels
+    ggml_<regime>_<type>_8x8_q8_K (SMMLA) and _8x4_q8_K (SDOT), 8 columns.  The driver is built
+    with this list (KERNELS), and a name repack.cpp lacks fails the build, saying so."""
+    from tilegen.families import KQUANT_FAMILIES, PLUGINS
+    out = []
+    for regime in ("gemm", "gemv"):
+        for p in PLUGINS:
+            fam = p.RECORDS[0].name
+            own = getattr(p, "GGML_REPACK", None)
+            if own is None and fam in KQUANT_FAMILIES:
+                own = tuple((regime, f"ggml_{regime}_{fam}_8x{w}_q8_K", mac, NR)
+                            for w, mac in (("8", "smmla"), ("4", "sdot")))
+            out += [(fam, r, f, mac, cols) for r, f, mac, cols in own or () if r == regime]
+    return tuple(out)
 
 
-#: tilegen's K-quant families, each measured against ggml's repack kernels of the same type
-TILEGEN_FAMILIES = _kquant_families()
-# (family, regime, ggml function, instruction it multiplies with): ggml's repack names its
-# K-quant kernels ggml_<regime>_<type>_8x8_q8_K (SMMLA) and _8x4_q8_K (SDOT); the driver is
-# built with this list (KERNELS), and a name repack.cpp lacks fails the build, saying so
-GGML = tuple((fam, regime, f"ggml_{regime}_{fam}_8x{w}_q8_K", mac)
-             for regime in ("gemm", "gemv") for fam in TILEGEN_FAMILIES
-             for w, mac in (("8", "smmla"), ("4", "sdot")))
+GGML = _ggml_kernels()
+COLS = {g[2]: g[4] for g in GGML}
+#: tilegen's families measured: those with a ggml repack kernel
+TILEGEN_FAMILIES = tuple(dict.fromkeys(g[0] for g in GGML))
 # qemu-user CPU of each model for the trace: what matters is the ISA and the SVE vector length
 # (ggml's q4_K 8x8 gemm has an SVE path for 256-bit vectors only); qemu has no v2 / m4 model
 QEMU_CPU = {"neoverse-v2": "max,sve-default-vector-length=16", "neoverse-n2": "neoverse-n2",
@@ -86,9 +96,17 @@ ISSUE_FIGURES = {   # issues #24 / #32, "Performance": MAC/cycle per super-block
     "ggml_gemm_q5_K_8x8_q8_K": (27.0, 12.7, 26.9, None),
     "ggml_gemm_q5_K_8x4_q8_K": (21.7, 10.3, 21.6, None),
     "ggml_gemv_q5_K_8x4_q8_K": (9.6, 4.7, 9.9, None),
+    "ggml_gemm_iq4_nl_4x4_q8_0": (29.8, 14.2, 25.4, None),
+    "ggml_gemv_iq4_nl_4x4_q8_0": (15.2, 7.4, 11.9, None),
 }
 TARGETS = {"gemm": 1.5, "gemv": 1.0}        # tilegen / ggml's best, per super-block (issue #24)
-TARGETS_BY_FAMILY = {"q5_K": {"gemm": 1.8, "gemv": 1.3}}    # issue #32's, for its formats
+
+
+def target(family: str, regime: str) -> float:
+    """The ratio tilegen / ggml's best a family's kernels are held to: its plugin's
+    ``VS_GGML_TARGETS`` (issue #32's formats: gemm 1.8, gemv 1.3), else TARGETS."""
+    from tilegen.families import plugin
+    return getattr(plugin(family), "VS_GGML_TARGETS", TARGETS)[regime]
 
 
 class GgmlError(RuntimeError):
@@ -140,7 +158,7 @@ def _link(flags: str, target: list[str], objs: list[Path], exe: Path, prefix: st
           defines: tuple[str, ...] = ()) -> Build:
     """The driver linked statically (lld, unused sections dropped) with ``objs``; the
     functions whose symbol starts with ``prefix`` and their address ranges."""
-    kernels = "KERNELS(X)=" + " ".join(f"X({f},{ROWS[r]})" for _, r, f, _ in GGML)
+    kernels = "KERNELS(X)=" + " ".join(f"X({f},{ROWS[r]},{c})" for _, r, f, _, c in GGML)
     _run([tool("clang-19", "clang"), *target, f"-D{kernels}", *defines, "-O2", "-fuse-ld=lld", "-static",
           str(DRIVER), *map(str, objs), "-Wl,--gc-sections", "-o", str(exe)])
     nm = subprocess.run([tool("llvm-nm-19", "llvm-nm"), "-S", str(exe)], capture_output=True,
@@ -249,9 +267,10 @@ def ggml_path(b: Build, func: str, rows: int, model: str, qemu_cpu: str, tmp: Pa
     vl = SVE_VL.get(model, 128)
     insns = [b.ins[a] for a in pcs]
     macs = sum(dot_macs(mn, ops, vl) for mn, ops in insns)
-    if macs != rows * NR * SB:
+    cols = COLS.get(func, NR)
+    if macs != rows * cols * SB:
         raise GgmlError(f"{func} ({b.flags}, {model}): the super-block path has {macs} int8 "
-                        f"dot-product MACs, {rows}x{NR}x{SB} = {rows * NR * SB} expected")
+                        f"dot-product MACs, {rows}x{cols}x{SB} = {rows * cols * SB} expected")
     return {"lines": [f"{mn} {ops}".strip() for mn, ops in insns if not BRANCH.match(mn)],
             "sve": any(re.search(r"\bz\d+\.", ops) for _, ops in insns),
             "stack_ldst": sum(1 for mn, ops in insns
@@ -271,7 +290,7 @@ def measure_ggml(models=MODELS, kernels=None, issue_build: bool = True,
         rows = []
         for flags, on in builds:
             b = build(flags, tmp, tree)
-            for family, regime, func, mac in GGML:
+            for family, regime, func, mac, _ in GGML:
                 if kernels and func not in kernels:
                     continue
                 for model in on:
@@ -379,10 +398,9 @@ def compare(ggml: list[dict], tg: list[dict], models=MODELS) -> list[dict]:
     """Per (family, regime, model): ggml's best (any kernel, either build), tilegen's best,
     ratio."""
     out = []
-    for family, regime in dict.fromkeys((f, r) for f, r, _, _ in GGML):
+    for family, regime in dict.fromkeys((f, r) for f, r, *_ in GGML):
         for model in models:
             g, t = _best(ggml, family, regime, model), _best(tg, family, regime, model)
-            target = TARGETS_BY_FAMILY.get(family, TARGETS)[regime]
             if g is None:
                 continue
             ratio = round(t["macs_per_cycle"] / g["macs_per_cycle"], 3) if t else None
@@ -391,8 +409,8 @@ def compare(ggml: list[dict], tg: list[dict], models=MODELS) -> list[dict]:
                         "ggml_macs_per_cycle": g["macs_per_cycle"],
                         "tilegen": t["spec"] if t else None,
                         "tilegen_macs_per_cycle": t["macs_per_cycle"] if t else None,
-                        "ratio": ratio, "target": target,
-                        "meets_target": None if ratio is None else ratio >= target})
+                        "ratio": ratio, "target": target(family, regime),
+                        "meets_target": None if ratio is None else ratio >= target(family, regime)})
     return out
 
 
@@ -401,10 +419,10 @@ def markdown(res: dict) -> str:
          "(llvm-mca-19)", "",
          f"`{res['command']}`. ggml: `{res['ggml_source']}` built now with clang-19 -O3, "
          f"`-mcpu=<model>` and `{ISSUE_BUILD}` (its best of both is the anchor), its whole "
-         "path through one super-block of the tile (gemm 4x8, gemv 1x8) traced by qemu "
+         "path through 256 k of the tile (gemm 4x8, gemv 1x8; iq4_nl 4x4, 1x4) traced by qemu "
          "(nb = 3 minus nb = 2), branches removed. "
          "tilegen: `tilegen.analysis.mca.per_k(spec, model, 256)`. Ratio = tilegen / ggml's best; "
-         "targets: gemm >= 1.5, gemv >= 1.0 (q5_K, issue #32: 1.8 and 1.3).", "",
+         "targets: gemm >= 1.5, gemv >= 1.0 (issue #32's formats q5_K, iq4_nl: 1.8 and 1.3).", "",
          "| family | regime | model | ggml (best) | MAC/cyc | tilegen (best) | MAC/cyc | ratio | "
          "target |", "|---|---|---|---|---:|---|---:|---:|---|"]
     for c in res["compare"]:

@@ -5,8 +5,9 @@
  *
  *     vs_ggml_driver FUNCTION NB        (FUNCTION: one of the names below)
  *
- * gemm: 4 rows (one block_q8_Kx4) x 8 columns (one block_<type>x8 group of the K-quant type);
- * gemv: 1 row x 8 columns.  Buffers are over-allocated (16 KiB per super-block and operand).
+ * gemm: 4 rows (one block_q8_Kx4 / block_q8_0x4) x the kernel's column group (8: one
+ * block_<type>x8 of a K-quant type; 4: block_iq4_nlx4, whose 256 k are 8 blocks of 32); gemv:
+ * 1 row.  Buffers are over-allocated (16 KiB per super-block and operand).
  *
  * Built with -DTILEGEN_KERNEL=<name> -DTILE_MR=<mr> -DTILE_NR=<nr> it calls that generated
  * tilegen kernel instead (the Q8 calling convention of tilegen.callconv: m, n, k, packed LHS,
@@ -20,23 +21,23 @@
 typedef void (*kernel_fn)(int n, float *s, size_t bs, const void *vx, const void *vy, int nr,
                           int nc);
 
-/* KERNELS(X): X(name, rows) of every ggml kernel the bench measures, given on the command line
- * by bench/vs_ggml.py (-D'KERNELS(X)=X(ggml_gemm_q4_K_8x8_q8_K,4) ...', from the registry's
- * K-quant families) */
+/* KERNELS(X): X(name, rows, cols) of every ggml kernel the bench measures, given on the command
+ * line by bench/vs_ggml.py (-D'KERNELS(X)=X(ggml_gemm_q4_K_8x8_q8_K,4,8) ...', from the
+ * registry's families) */
 #ifndef KERNELS
-#error "build with -D'KERNELS(X)=X(name,rows) ...' (bench/vs_ggml.py does)"
+#error "build with -D'KERNELS(X)=X(name,rows,cols) ...' (bench/vs_ggml.py does)"
 #endif
 
 #ifdef TILEGEN_KERNEL
 void TILEGEN_KERNEL(size_t m, size_t n, size_t k, const void *lhs, const void *rhs, float *dst,
                     size_t dst_stride_row, size_t dst_stride_col, float lo, float hi);
 #else
-#define DECLARE(name, rows) void name(int, float *, size_t, const void *, const void *, int, int);
+#define DECLARE(name, rows, cols) void name(int, float *, size_t, const void *, const void *, int, int);
 KERNELS(DECLARE)
 
 
-static const struct { const char *name; kernel_fn fn; int rows; } table[] = {
-#define ENTRY(name, rows) {#name, name, rows},
+static const struct { const char *name; kernel_fn fn; int rows, cols; } table[] = {
+#define ENTRY(name, rows, cols) {#name, name, rows, cols},
     KERNELS(ENTRY)
 };
 #endif
@@ -66,7 +67,7 @@ int main(int argc, char **argv) {
     float out[4 * 8];
     for (size_t i = 0; i < sizeof table / sizeof table[0]; i++) {
         if (strcmp(table[i].name, argv[1]) == 0) {
-            table[i].fn(256 * nb, out, 8, x, y, table[i].rows, 8);
+            table[i].fn(256 * nb, out, 8, x, y, table[i].rows, table[i].cols);
             printf("%g\n", (double)out[0]);
             return 0;
         }

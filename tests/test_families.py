@@ -90,7 +90,7 @@ def test_the_packing_protocol_refuses_what_the_family_cannot_take(kind):
     rng = np.random.default_rng(3)
     n, k = 8, 256
     w = (rng.standard_normal((n, k)) + 0.5).astype(np.float32)
-    if getattr(type(lay), "ggml_only", None) == kind:     # the K-quants: ggml blocks only
+    if lay.ggml_only:     # the formats that take ggml blocks only (K-quants, iq4_nl)
         with pytest.raises(LayoutError, match="only as ggml"):
             F.pack(fam, lay, kind, w, None, n, k, None, "nk")
         raw = F.plugin(fam).__dict__[f"random_{kind.lower()}"](n, k, 5)

@@ -1,4 +1,4 @@
-"""bench/vs_ggml.py: ggml's K-quant repack kernels, built from the llama.cpp sources of the
+"""bench/vs_ggml.py: ggml's repack kernels (K-quants, IQ4_NL), built from the llama.cpp sources of the
 llama-cpp-python sdist, cut to one 256-k super-block by two qemu traces and measured by llvm-mca."""
 import importlib.util
 import sys
@@ -52,16 +52,18 @@ def test_ggml_kernels_cut_to_one_super_block_and_measured(llama_cpp_src, cross_s
     assert {g[2] for g in vs.GGML} <= set(b.funcs)
     cpu = vs.QEMU_CPU["neoverse-v2"]
     for func, rows, mac in (("ggml_gemm_q4_K_8x8_q8_K", 4, "smmla"),
-                            ("ggml_gemv_q6_K_8x4_q8_K", 1, "sdot")):
+                            ("ggml_gemv_q6_K_8x4_q8_K", 1, "sdot"),
+                            ("ggml_gemm_iq4_nl_4x4_q8_0", 4, "sdot")):
         p = vs.ggml_path(b, func, rows, "neoverse-v2", cpu, tmp_path)
-        assert p["macs"] == rows * 8 * 256 and not p["sve"]
+        cols = vs.COLS[func]
+        assert p["macs"] == rows * cols * 256 and not p["sve"]
         assert sum(ln.startswith(mac + " ") for ln in p["lines"]) == \
-            rows * 8 * 256 // (32 if mac == "smmla" else 16)
+            rows * cols * 256 // (32 if mac == "smmla" else 16)
         assert not any(vs.BRANCH.match(ln.split()[0]) for ln in p["lines"])
         # steady state: one more super-block adds the same number of instructions again
         t = [len(vs.trace(b, func, nb, cpu, tmp_path)) for nb in (2, 3, 4)]
         assert t[2] - t[1] == t[1] - t[0] == p["insns"]
-        mpc = rows * 8 * 256 / vs.mca_block(p["lines"], "neoverse-v2")
+        mpc = rows * cols * 256 / vs.mca_block(p["lines"], "neoverse-v2")
         assert 1 < mpc < 128, mpc
     with pytest.raises(vs.GgmlError, match="dot-product MACs"):
         vs.ggml_path(b, "ggml_gemm_q4_K_8x8_q8_K", 2, "neoverse-v2", cpu, tmp_path)

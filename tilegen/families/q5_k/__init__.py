@@ -36,6 +36,8 @@ RECORDS = (FamilyInfo(name="q5_K", lhs="q8kp", rhs="q5kp",
                       kinds=("q5_K",), abi=Q8, quantized=True),)
 ALLOCATOR_MODULES = (f"{__name__}.regalloc",)
 GGML_TYPES = {"Q5_K": "q5_K"}
+#: issue #32's targets against ggml's repack (bench/vs_ggml.py: tilegen / ggml MAC per cycle)
+VS_GGML_TARGETS = {"gemm": 1.8, "gemv": 1.3}
 DEFAULT_KERNELS = tuple(f"q5_K:{t}" for t in ("i8mm:8x4", "i8mm:1x4", "dotprod:8x4", "dotprod:1x4",
                                               "neon:4x4", "neon:1x4"))
 #: the llama.cpp patch's (gemm, gemv) pairs: the K-quant ones this family has kernels for

@@ -7,7 +7,7 @@ from dataclasses import dataclass, field
 
 from ...records import SpecError
 from ..spec import KernelSpec
-from ..tile_layouts import check_packing
+from ..tile_layouts import check_packing, template_layouts
 from .pool import Z_LOW_FIRST, Frame, RegisterPool, VectorNeeds, first_fit, flatten, rows
 
 __all__ = ["Q4Regs", "Q4_STRATEGY_MACROS", "Q4_SCALARS", "Q4_CHART", "ALLOCATORS"]
@@ -44,6 +44,8 @@ class Q4Regs(Frame):
     saved_d: tuple[int, ...]
     needs: VectorNeeds
     mask: int | None = None                # NEON: 0xF0 in every byte (SVE: an immediate)
+    table: tuple[int, ...] = ()            # NEON: a table-decoded RHS's lookup table
+    #                                        (the layout's ``table_vectors``; iq4_nl's TBL)
     streamed: bool = False                 # LHS streamed per row block, block-end regs reused
     acc_mem: bool = False                  # f32 accumulators in the frame; facc = final regs
     fa: int | None = None                  # acc_mem: the accumulator vector being updated
@@ -162,6 +164,18 @@ def _q4_mode(spec: KernelSpec) -> str:
     raise SpecError(f"no q4 kernel for isa {spec.isa!r}")
 
 
+def _block_scaled_lhs(spec: KernelSpec) -> bool:
+    """Whether the kernel's LHS carries a scale per 32-block (``qsi8d32p``: the q4_0-style
+    families, whose block scales are products dr * dl), not per row (``qai8dxp``: q4_0_dx)."""
+    return spec.info.lhs == "qsi8d32p"
+
+
+def _table_vectors(spec: KernelSpec) -> int:
+    """Vector registers the RHS layout's decode holds a lookup table in (its class's
+    ``table_vectors``: table-decoded families such as iq4_nl; 0 for the offset int4 ones)."""
+    return getattr(template_layouts(spec)[0], "table_vectors", 0)
+
+
 def _q4_streamed(mode: str, P: int) -> bool:
     """Multi-row tiles (SDOT by lane over 4-row LHS blocks, SMMLA) stream the LHS: a segment's
     RHS registers are unpacked once, then each row block's LHS is loaded into the same few
@@ -170,13 +184,17 @@ def _q4_streamed(mode: str, P: int) -> bool:
     return mode == "mm" or (mode == "dot4" and P == 4)
 
 
-def _q4_neon_block(spec: KernelSpec, mode: str, mr_reg: int, narrow: bool = False):
+def _q4_neon_block(spec: KernelSpec, mode: str, mr_reg: int, narrow: bool = False,
+                   no_mask: bool = False):
     """Registers of one row block of ``mr_reg`` rows (NEON).  ``narrow`` (SMMLA, f32
     accumulators in registers): one LHS register pair (the low-nibble pair, then the high one,
-    renamed) and one row block's LHS scales at a time, so that more rows share an unpack."""
+    renamed) and one row block's LHS scales at a time, so that more rows share an unpack.
+    ``no_mask`` (table-decoded layouts only): no nibble-mask register (``mask`` None: the
+    decode clears the high nibbles by immediates), so that one more row block fits."""
     P, nv = spec.lhs_mr, spec.nr // 4
     G = mr_reg // P
-    n_dl = G if spec.family == "q4_0" else 0
+    n_dl = G if _block_scaled_lhs(spec) else 0
+    n_table = _table_vectors(spec)
     dl_regs = 1 if narrow and n_dl else n_dl
     streamed = _q4_streamed(mode, P)
     pool = RegisterPool(Q4_CHART)
@@ -189,7 +207,8 @@ def _q4_neon_block(spec: KernelSpec, mode: str, mr_reg: int, narrow: bool = Fals
         # LHS scales, in the LHS/RHS registers first
         rhs = v.take(spec.nr if mode == "mm" else 2 * nv, "RHS")
         lhs = v.take(2, "LHS")
-        mask = v.take(1, "nibble mask")[0]
+        mask = None if no_mask else v.take(1, "nibble mask")[0]
+        table = v.take(n_table, "nibble mask")
         epi = v.reuse(rhs + lhs, 3 + nv + (1 if n_dl else 0), _Q4_EXTRA)
         tmp = [epi[0], epi[1], epi[0]]
         fa = epi[2]
@@ -198,7 +217,8 @@ def _q4_neon_block(spec: KernelSpec, mode: str, mr_reg: int, narrow: bool = Fals
     elif streamed:
         rhs = v.take(spec.nr if mode == "mm" else 2 * nv, "RHS")
         lhs = v.take(4 if mode == "mm" and not narrow else 2, "LHS")
-        mask = v.take(1, "nibble mask")[0]
+        mask = None if no_mask else v.take(1, "nibble mask")[0]
+        table = v.take(n_table, "nibble mask")
         # block-end registers: the (dead) RHS then LHS registers, then spares; t1/t2 are RHS
         # registers so that the dx epilogue may hold lhs[0], lhs[1] at the same time
         # (mm: + the column-pair scale patterns and one row pattern register)
@@ -211,7 +231,8 @@ def _q4_neon_block(spec: KernelSpec, mode: str, mr_reg: int, narrow: bool = Fals
         col_pat, row_pat = tuple(pat[:2 * nv]), tuple(pat[2 * nv:])
     else:
         rhs = v.take(2, "RHS")
-        mask = v.take(1, "nibble mask")[0]
+        mask = None if no_mask else v.take(1, "nibble mask")[0]
+        table = v.take(n_table, "nibble mask")
         # i8mm q4_0: the FMLAL by element reads its LHS scale from v0-v15
         dl = v.take(n_dl, "LHS scales", within=16) if spec.isa == "i8mm" else []
         tmp = v.take(3, "scratch")
@@ -239,6 +260,7 @@ def _q4_neon_block(spec: KernelSpec, mode: str, mr_reg: int, narrow: bool = Fals
     hi = () if spec.acc_mem else tuple(pool.x.take(G, "LHS row pointers"))
     return pool, dict(
         mode=mode, facc=rows(fl, nv), iacc=iacc, lhs=tuple(lhs), rhs=tuple(rhs), mask=mask,
+        table=tuple(table),
         scale=tuple(scale), dl=tuple(dl), tmp=tuple(tmp), gpr=gpr, lo=lo, hi=hi,
         streamed=streamed, acc_mem=spec.acc_mem, fa=fa,
         interleaved=mode == "mm" and not spec.acc_mem, zero_loads=not spec.acc_mem,
@@ -257,6 +279,8 @@ def _allocate_q4_neon(spec: KernelSpec) -> Q4Regs:
         pool, regs = _q4_neon_block(spec, mode, mr_reg)
         if not pool.fits and mode == "mm" and not spec.acc_mem:
             pool, regs = _q4_neon_block(spec, mode, mr_reg, narrow=True)
+            if not pool.fits and _table_vectors(spec):
+                pool, regs = _q4_neon_block(spec, mode, mr_reg, narrow=True, no_mask=True)
         return pool, regs
     return Q4Regs(**first_fit(spec, attempt))
 
@@ -284,7 +308,7 @@ def _q4_sve_block(spec: KernelSpec, mode: str, mr_reg: int):
     G = mr_reg // P
     pool = RegisterPool(Q4_CHART, v_order=Z_LOW_FIRST)
     v = pool.v
-    dl = v.take(G if spec.family == "q4_0" else 0, "LHS scales", within=8)
+    dl = v.take(G if _block_scaled_lhs(spec) else 0, "LHS scales", within=8)
     if mode == "dot4":
         lhs = v.take(2 * G if P == 4 else 2, "LHS", within=8)
     else:
@@ -299,11 +323,13 @@ def _q4_sve_block(spec: KernelSpec, mode: str, mr_reg: int):
     else:                    # mm: [group][row pair][2*cv + h]
         iacc = rows(rows(v.take(G * 2 * 2 * nv, "int32 accumulators"), 2 * nv), 2)
     facc = rows(v.take(mr_reg * nv, "f32 accumulators"), nv)
+    table = v.take(_table_vectors(spec), "nibble mask")
     gpr = pool.scalars(Q4_SCALARS)
     lo, hi = tuple(pool.x.take(G, "LHS row pointers")), tuple(pool.x.take(G, "LHS row pointers"))
     return pool, dict(
         mode=mode, facc=facc, iacc=iacc, lhs=tuple(lhs), rhs=tuple(rhs), scale=tuple(scale),
-        dl=tuple(dl), tmp=tuple(tmp), gpr=gpr, lo=lo, hi=hi, pred=tuple(range(1, nv + 1)))
+        dl=tuple(dl), tmp=tuple(tmp), gpr=gpr, lo=lo, hi=hi, pred=tuple(range(1, nv + 1)),
+        table=tuple(table))
 
 
 def _allocate_q4_sve(spec: KernelSpec) -> Q4Regs:

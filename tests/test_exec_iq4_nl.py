@@ -1,0 +1,227 @@
+"""IQ4_NL (family iq4_nl): the ggml codec and the iq4nlp layout against gguf, and every NEON
+kernel strategy under emulation, bit-exact with the numpy reference of its arithmetic
+(tilegen.families.iq4_nl.matmul_qsi8d32p_iq4nlp) at edge shapes on every CPU model with its
+ISA; error against float64 beside ggml's own arithmetic (q8_0 activations, f32 sum per block)."""
+from __future__ import annotations
+
+from pathlib import Path
+
+import gguf
+import numpy as np
+import pytest
+
+import tilegen
+from tilegen.families.iq4_nl import (IQ4NLP, KVALUES_IQ4NL, dequantize_iq4_nl, join_iq4_nl,
+                                     matmul_qsi8d32p_iq4nlp, random_iq4_nl, split_iq4_nl)
+from tilegen.generator.validate import parse_spec
+from tilegen.layout import LayoutError
+from tilegen.layout.ggml import quantize_q8_0, split_q8_0
+from tilegen.layout.lhs_int8 import QSI8D32P
+from tilegen.records import SpecError
+
+from conftest import guest, refused_for_missing_features
+
+T = gguf.GGMLQuantizationType
+CPUS = ("cortex-a53", "neoverse-n1", "neoverse-v1", "neoverse-n2", "max")
+# (tile) per ISA: gemm and gemv of every strategy (SMULL, SDOT by lane, SDOT on pairs,
+# SMMLA; 12x4, 24x4: 12-row blocks without a mask register), tiles beside llama.cpp's, the f32
+# accumulators in the frame (":am")
+TILES = ("neon:4x4", "neon:1x4", "neon:8x4", "dotprod:1x4", "dotprod:1x8:k16:s2",
+         "dotprod:16x4", "dotprod:12x8", "dotprod:4x8", "dotprod:24x4:am", "i8mm:24x4",
+         "i8mm:16x4", "i8mm:8x4", "i8mm:12x4", "i8mm:4x8", "i8mm:1x4:k16:s2", "i8mm:1x12",
+         "i8mm:24x4:am")
+SPECS = [parse_spec(f"iq4_nl:{t}") for t in TILES]
+SENTINEL = np.float32(-4242.25)
+
+
+# -- codec and layout (host) --------------------------------------------------------------
+def test_codec_matches_gguf_bit_for_bit():
+    raw = random_iq4_nl(7, 5 * 32, 11)
+    assert raw.shape == (7, 5 * 18)
+    ref = gguf.quants.dequantize(raw, T.IQ4_NL).reshape(7, 160)
+    got = dequantize_iq4_nl(raw, 7, 160)
+    assert np.array_equal(got.view(np.uint32), ref.astype(np.float32).view(np.uint32))
+    i, d = split_iq4_nl(raw, 7, 160)
+    assert np.array_equal(join_iq4_nl(i, d), raw)
+    assert tuple(gguf.quants.IQ4_NL.kvalues) == KVALUES_IQ4NL
+    # any byte pattern with finite scales is a valid block (every index value occurs)
+    assert set(np.unique(i)) == set(range(16))
+
+
+@pytest.mark.parametrize("nr,kr", [(4, 16), (4, 8), (8, 8), (12, 16)])
+def test_layout_round_trip_and_get_rows(nr, kr):
+    n, k = 13, 96
+    raw = random_iq4_nl(n, k, nr * 100 + kr)
+    lay = IQ4NLP(nr, kr, 2, 32)
+    packed = lay.pack_from_ggml(raw, n, k)
+    assert packed.size == -(-n // nr) * lay.group_stride(k)
+    assert np.array_equal(lay.unpack(packed, n, k), raw)
+    rows = [12, 0, 5, 5]
+    ref = gguf.quants.dequantize(raw, T.IQ4_NL).reshape(n, k)[rows]
+    assert np.array_equal(lay.dequantize_rows(packed, n, k, rows).view(np.uint32),
+                          ref.astype(np.float32).view(np.uint32))
+    # the index bytes are copied as they are (no XOR): the first block's data of slot 0
+    d0 = lay.data_offset_in_block
+    assert np.array_equal(packed[d0:d0 + kr // 2], raw[0, 2:2 + kr // 2])
+    assert lay.name == f"iq4nlp{nr}x{kr // 2}"
+
+
+def test_layout_refusals():
+    lay = IQ4NLP(4, 16, 2, 32)
+    with pytest.raises(LayoutError, match="from_ggml="):
+        lay.pack_from_float(np.ones((4, 32), np.float32))
+    raw = random_iq4_nl(4, 64, 1)
+    bad = raw.copy()
+    bad[2, 18:20] = np.array([0x7c00], "<u2").view(np.uint8)          # +inf d
+    with pytest.raises(LayoutError, match="IQ4_NL"):
+        lay.pack_from_ggml(bad, 4, 64)
+    with pytest.raises(LayoutError, match="bias"):
+        lay.pack_from_ggml(raw, 4, 64, bias=np.zeros(4, np.float32))
+    with pytest.raises(LayoutError, match="bl=32"):
+        IQ4NLP(4, 16, 2, 64).pack_from_ggml(raw, 4, 64)
+
+
+def test_twelve_row_smmla_blocks_drop_the_mask_register():
+    """The table costs a register: the 12-row SMMLA block fits only without the nibble mask
+    (the decode then clears the high nibbles by BIC immediates); narrower tiles keep it."""
+    from tilegen.generator.regalloc import allocate
+    from tilegen.generator.render import render
+    r12 = allocate(parse_spec("iq4_nl:i8mm:12x4"))
+    assert r12.mr_reg == 12 and r12.mask is None and len(r12.table) == 1
+    text = render(parse_spec("iq4_nl:i8mm:12x4")).text
+    assert "bic v" in text and "movi v" not in text.split("m_loop:")[0].split("fmov d")[-1]
+    r8 = allocate(parse_spec("iq4_nl:i8mm:8x4"))
+    assert r8.mr_reg == 8 and r8.mask is not None
+    assert allocate(parse_spec("q4_0:i8mm:12x4")).table == ()
+
+
+def test_allocator_refusals_are_clear():
+    with pytest.raises(SpecError, match="kr/sr = 4"):
+        parse_spec("iq4_nl:neon:4x4:k16:s2")
+    with pytest.raises(SpecError, match="multiple of 4"):
+        parse_spec("iq4_nl:i8mm:6x4")
+    with pytest.raises(SpecError, match="32 exist"):
+        parse_spec("iq4_nl:neon:4x8")
+    with pytest.raises(SpecError, match="no template"):
+        parse_spec("iq4_nl:sme2:1vlx2vl")
+
+
+# -- kernels under emulation ---------------------------------------------------------------
+@pytest.fixture(scope="module")
+def iq4_lib(tmp_path_factory) -> Path:
+    out = tmp_path_factory.mktemp("iq4lib")
+    tilegen.build_library(SPECS, target="linux-aarch64-all", out_dir=out)
+    return out
+
+
+def _shapes(mr, nr, rng):
+    ms = [1, mr, mr + 1, 2 * mr + 3 if mr > 1 else 1, int(rng.integers(1, 3 * mr + 1))]
+    ns = [nr + 1, 3 * nr - 1, 1, int(rng.integers(1, 4 * nr)), nr]
+    return [(ms[i], ns[i], 32 * kb) for i, kb in enumerate((1, 2, 3, 5, 9))]
+
+
+def ggml_iq4_nl_q8_0(x, raw, n, k) -> np.ndarray:
+    """ggml's own arithmetic (generic ggml_vec_dot_iq4_nl_q8_0): x quantised to q8_0
+    (quantize_row_q8_0_ref), per block sumi = sum q8 * kvalues (int), then
+    sumf += f32(d_x) * f32(d_y) * sumi in f32, block after block."""
+    m = x.shape[0]
+    q8, dy = split_q8_0(quantize_q8_0(x), m, k)
+    i, dx = split_iq4_nl(raw, n, k)
+    v = np.array(KVALUES_IQ4NL, np.int64)[i]
+    B = k // 32
+    dyf = dy.view(np.float16).astype(np.float32)
+    dxf = dx.view(np.float16).astype(np.float32)
+    out = np.zeros((m, n), np.float32)
+    for b in range(B):
+        s = q8[:, 32 * b:32 * b + 32].astype(np.int64) @ v[:, 32 * b:32 * b + 32].T
+        out = (out + ((dxf[None, :, b] * dyf[:, None, b]).astype(np.float32)
+                      * s.astype(np.float32)).astype(np.float32)).astype(np.float32)
+    return out
+
+
+def _run(sess, lib, spec, vl_bytes=None, cpu=""):
+    """The shape sweep through kernel ``spec`` on guest ``sess`` (vectors of ``vl_bytes``),
+    bit-exact with the reference; the error vs float64 no worse than ggml's arithmetic."""
+    mr, nr = spec.mr_at(vl_bytes), spec.nr_at(vl_bytes)
+    P = spec.lhs_mr
+    rng = np.random.default_rng(sum(map(ord, spec.name + cpu)) + (vl_bytes or 0))
+    cases, refs = [], []
+    for i, (m, n, k) in enumerate(_shapes(mr, nr, rng)):
+        x = (rng.normal(size=(m, k)) * 3).astype(np.float32)
+        raw = random_iq4_nl(n, k, int(rng.integers(1 << 30)))
+        lhs = QSI8D32P(P, spec.kr, spec.sr, 32).pack(x)
+        rhs = IQ4NLP(nr, spec.kr, spec.sr, 32).pack_from_ggml(raw, n, k)
+        ref = lambda lo, hi: matmul_qsi8d32p_iq4nlp(lhs, rhs, m, n, k, 32, P, nr,  # noqa: E731
+                                                     spec.kr, spec.sr, lo, hi)
+        free = ref(-3.4e38, 3.4e38)
+        cmin, cmax = (-3.4e38, 3.4e38)
+        if i % 2 and free.size > 1:
+            lo, hi = np.quantile(free, [0.2, 0.8])
+            cmin, cmax = float(np.float32(lo)), float(np.float32(hi))
+        cases.append(dict(m=m, n=n, k=k, bl=32, lhs_packed=lhs, rhs_packed=rhs,
+                          clamp_min=cmin, clamp_max=cmax, sentinel=SENTINEL))
+        refs.append((ref(cmin, cmax), x, raw))
+    outs = sess.call("guest_calls:run_q4_cases", str(lib), spec.name, cases)
+    for c, (exact, x, raw), out in zip(cases, refs, outs):
+        m, n, k = c["m"], c["n"], c["k"]
+        assert (out[m:] == SENTINEL).all() and (out[:, n:] == SENTINEL).all(), "wrote outside dst"
+        got = out[:m, :n]
+        assert np.array_equal(got, exact), \
+            f"{spec.name} VL={vl_bytes} m={m} n={n} k={k}: {np.sum(got != exact)} differ"
+        if c["clamp_min"] < -1e38 and k >= 96:
+            # error vs float64 no worse than ggml's arithmetic on the same inputs (+ 5 %)
+            ref64 = x.astype(np.float64) @ dequantize_iq4_nl(raw, n, k).astype(np.float64).T
+            e_tg = np.linalg.norm(got - ref64) / np.linalg.norm(ref64)
+            e_gg = np.linalg.norm(ggml_iq4_nl_q8_0(x, raw, n, k) - ref64) / np.linalg.norm(ref64)
+            assert e_tg <= 1.05 * e_gg + 1e-7, (e_tg, e_gg)
+
+
+@pytest.mark.parametrize("cpu", CPUS)
+@pytest.mark.parametrize("spec", SPECS, ids=lambda s: s.name)
+def test_iq4_nl_kernel(spec, cpu, iq4_lib):
+    if refused_for_missing_features(cpu, iq4_lib, spec):
+        return
+    _run(guest(cpu), iq4_lib, spec, cpu=cpu)
+
+
+SVE_TILES = ("sve_dotprod:1x1vl", "sve_dotprod:1x2vl", "sve_dotprod:1x1vl:k16:s2",
+             "sve_dotprod:8x1vl", "sve_dotprod:4x2vl", "sve_i8mm:16x1vl", "sve_i8mm:8x1vl",
+             "sve_i8mm:4x2vl")
+SVE_SPECS = [parse_spec(f"iq4_nl:{t}") for t in SVE_TILES]
+# (cpu, SVE bits): max at several vector lengths, and the SVE models at their own
+SVE_RUNS = (("max", 128), ("max", 256), ("max", 512), ("max", 2048), ("neoverse-n2", None),
+            ("neoverse-v1", None))
+
+
+@pytest.fixture(scope="module")
+def iq4_sve_lib(tmp_path_factory) -> Path:
+    out = tmp_path_factory.mktemp("iq4sve")
+    tilegen.build_library(SVE_SPECS, target="linux-aarch64-all", out_dir=out)
+    return out
+
+
+@pytest.mark.parametrize("cpu,vl", SVE_RUNS, ids=[f"{c}-{v or 'default'}" for c, v in SVE_RUNS])
+def test_iq4_nl_sve_every_vl(cpu, vl, iq4_sve_lib):
+    from test_exec_scalable import SVE_NATIVE_VL
+    sess = guest(cpu, sve_vl=vl)
+    bits = vl or SVE_NATIVE_VL[cpu]
+    for spec in SVE_SPECS:
+        info = sess.call("guest_calls:vl_info", str(iq4_sve_lib), spec.name)
+        assert info["runnable"] and (info["mr"], info["nr"]) == (spec.mr_at(bits // 8),
+                                                                 spec.nr_at(bits // 8)), info
+        _run(sess, iq4_sve_lib, spec, bits // 8, cpu)
+
+
+def test_iq4_nl_sve_refused_without_sve(iq4_sve_lib):
+    for spec in SVE_SPECS:
+        assert refused_for_missing_features("neoverse-n1", iq4_sve_lib, spec)
+
+
+def test_llvm_mca_models_the_kernels():
+    """`tilegen analyze` (the hot loop through llvm-mca) reads the TBL decode: its operand list
+    once read as a branch target (`{ v6.16b }, v0.16b` matched the branch rewrite)."""
+    from tilegen.analysis.mca import analyze, per_k
+    for s in ("iq4_nl:i8mm:12x4", "iq4_nl:dotprod:1x4", "iq4_nl:sve_i8mm:16x1vl"):
+        r = analyze(s, "neoverse-v2")
+        assert r.cycles_per_iter > 0 and r.block32_macs_per_cycle > 0
+        assert per_k(parse_spec(s), "neoverse-v2", 256).macs_per_cycle > 0
