@@ -122,7 +122,7 @@ _BLOB_IDS: dict[str, tuple[str, dict[str, str]]] = {
     "kernels.h": ("1da8610", {
         "dc49c0e783c68225fd5e7ab5c63e51996eba6715999c4881efc7772fa4bfdae6": "f4d9692"}),
     "kleidiai.cpp": ("dbd1987", {
-        "faa98e98b896c35c3b5283e8f98301ef2b5fea533087fdd9945419eccb477470": "52389f7"}),
+        "acb67a5d41a0e37456357ab7c10bc600f22051f4b03a520adcff643a5fe0a261": "9a56309"}),
 }
 
 _HUNK = re.compile(r"^@@ -(\d+) @@(.*)$")
