@@ -75,7 +75,11 @@ KQUANTS_PATCH = "llama-kquants.patch"
 #: the families declare (``LLAMA_QUANTIZE``: Q4_K_M, ...), made from its F16 variant by
 #: llama.cpp's own llama-quantize (so the quantised bytes are ggml's).
 KQUANT_TYPES = tuple(LLAMA_QUANTIZE)
-TYPES = tuple(sg.TYPES) + KQUANT_TYPES
+#: The mixture-of-experts model (tilegen.gguf.synth.MOE_CONFIG: 4 experts, 2 used per token):
+#: "moe_<type>" is its <type> variant (Q4_K_M again by llama-quantize). Its expert weights are
+#: MUL_MAT_IDs, which the ON build's patch runs on tilegen's kernels (every one logged).
+MOE_TYPES = ("moe_q4_0", "moe_q8_0", "moe_q4_k_m")
+TYPES = tuple(sg.TYPES) + KQUANT_TYPES + MOE_TYPES
 #: ggml types whose MUL_MATs the ON build must run on tilegen's own kernels: the families the
 #: generated patch wires (``LLAMA_KERNELS``)
 KQUANT_GGML = tuple(LLAMA_KERNELS)
@@ -85,8 +89,18 @@ STEPS = 16
 #: cap below the thread count KleidiAI splits the batch between its SME and non-SME kernels
 #: (only for 128+ rows); F16 has no non-SME KleidiAI kernel to split with, and F16 arithmetic
 #: is slow under qemu (a 133-token F16 prompt takes ~25 s), so it keeps the short prompt.
+def base_type(wtype: str) -> str:
+    """The weight type of a model variant ("moe_q4_0" -> "q4_0")."""
+    return wtype[len("moe_"):] if wtype.startswith("moe_") else wtype
+
+
+def model_config(wtype: str) -> "sg.ModelConfig":
+    return sg.MOE_CONFIG if wtype in MOE_TYPES else sg.ModelConfig()
+
+
 LOGITS_PROMPT = {"q4_0": sg.LONG_PROMPT, "q8_0": sg.LONG_PROMPT, "f16": sg.PROMPT,
                  **{t: sg.LONG_PROMPT for t in KQUANT_TYPES}}
+LOGITS_PROMPT.update({t: LOGITS_PROMPT[base_type(t)] for t in MOE_TYPES})
 
 #: CPU models run (qemu -cpu), with the features KleidiAI's selection sees.
 CPUS = {
@@ -106,6 +120,7 @@ CPUS = {
 #: channel (qsi8cx). TOLERANCE bounds ON against OFF with the same numbers (the triangle
 #: inequality would allow their sum).
 REF_TOLERANCE = {"q4_0": 0.06, "q8_0": 0.08, "f16": 0.02, **LLAMA_QUANTIZE}
+REF_TOLERANCE.update({t: REF_TOLERANCE[base_type(t)] for t in MOE_TYPES})
 TOLERANCE = dict(REF_TOLERANCE)
 #: The float64 reference's greedy steps must be at least this far from a tie, so that any
 #: token difference is a failure (the model is built for margins of ~4).
@@ -425,6 +440,12 @@ class Run:
     #: {weight name: [count in llama-debug, count in llama-batched]}, and the kernels they ran on
     kq_calls: dict = dataclasses.field(default_factory=dict)
     kq_kernels: tuple = ()
+    #: MUL_MAT_IDs the KleidiAI backend logged (the patch's debug line) per expert weight:
+    #: {weight name: [count in llama-debug, count in llama-batched]}, their (type, kernel)
+    #: pairs and row counts (m) per tool
+    mmid_calls: dict = dataclasses.field(default_factory=dict)
+    mmid_kernels: tuple = ()
+    mmid_rows: tuple = ((), ())
 
 
 def is_sme_cpu(cpu: str) -> bool:
@@ -496,6 +517,48 @@ def kquant_matmuls(text: str) -> list[tuple[str, str, str]]:
     return out
 
 
+def mul_mat_ids(text: str) -> list[tuple[str, str, int, str]]:
+    """(weight, ggml type, rows m, kernels) of each MUL_MAT_ID the KleidiAI backend logged at
+    debug level (the patch's line "kleidiai: MUL_MAT_ID blk.0.ffn_up_exps.weight (q4_0) m=90
+    n=256 k=256 experts=4/4: I8MM gemm")."""
+    out = []
+    for line in text.splitlines():
+        if "kleidiai: MUL_MAT_ID " not in line:
+            continue
+        w = line.split("kleidiai: MUL_MAT_ID ", 1)[1].split()
+        if len(w) >= 8 and w[2].startswith("m="):
+            out.append((w[0], w[1].strip("()"), int(w[2][2:]), " ".join([w[1].strip("()")] + w[6:8])))
+    return out
+
+
+def check_mmid_calls(r: "Run", weights: dict[str, str]) -> list[str]:
+    """Problems with an ON run's MUL_MAT_IDs: every expert weight (``weights``: name -> ggml
+    type) logged on tilegen's kernels as often as the others within one tool's run, with its
+    file type; the prompt batch (llama-debug) ran gemms, the decode steps (llama-batched) gemvs."""
+    problems = []
+    if set(r.mmid_calls) != set(weights):
+        problems.append(f"MUL_MAT_IDs on the KleidiAI backend: missing "
+                        f"{sorted(set(weights) - set(r.mmid_calls))}, unexpected "
+                        f"{sorted(set(r.mmid_calls) - set(weights))}")
+    for i, tool in enumerate(("llama-debug", "llama-batched")):
+        counts = {c[i] for c in r.mmid_calls.values()}
+        if len(counts) > 1 or 0 in counts:
+            problems.append(f"{tool}: MUL_MAT_ID counts per weight differ: "
+                            + ", ".join(f"{n} {c[i]}" for n, c in sorted(r.mmid_calls.items())))
+    types = {k.split()[0] for k in r.mmid_kernels}
+    if types - set(weights.values()):
+        problems.append(f"MUL_MAT_IDs logged with types {sorted(types)}, the file has "
+                        f"{sorted(set(weights.values()))}")
+    kinds = " ".join(r.mmid_kernels)
+    if "gemm" not in kinds or "gemv" not in kinds:
+        problems.append(f"MUL_MAT_IDs ran {kinds or 'nothing'}: want both gemm (prompt) and "
+                        "gemv (decode)")
+    if r.mmid_rows[1] and min(r.mmid_rows[1]) != sg.MOE_CONFIG.n_expert_used:
+        problems.append(f"llama-batched's MUL_MAT_IDs: no decode step (m = n_expert_used), rows "
+                        f"{sorted(set(r.mmid_rows[1]))}")
+    return problems
+
+
 def check_kquant_calls(r: "Run", weights: dict[str, str]) -> list[str]:
     """Problems with an ON run's K-quant MUL_MATs: every Q4_K/Q6_K weight used by a MUL_MAT
     (``weights``: name -> ggml type; token_embd is a GET_ROWS) must be logged, each as often as
@@ -530,12 +593,13 @@ def one_run(tb, sysroot: Path, b: Build, cpu: str, sme: str, wtype: str, model: 
                 f"llama-debug {b.name} {cpu} sme={sme} {wtype}", log_file=out / "run.log")
         r.kernels = kleidiai_report(p.stdout + p.stderr)
         kq = [kquant_matmuls(p.stdout + p.stderr)]
+        mm = [mul_mat_ids(p.stdout + p.stderr)]
         binf = out / f"llamacpp-{model.stem}.bin"
         r.logits = np.fromfile(binf, dtype=np.float32)
-        if r.logits.shape != (sg.ModelConfig().n_vocab,) or not np.all(np.isfinite(r.logits)):
+        if r.logits.shape != (model_config(wtype).n_vocab,) or not np.all(np.isfinite(r.logits)):
             raise CheckError(f"{binf}: {r.logits.size} logits (finite: "
                              f"{bool(np.all(np.isfinite(r.logits)))}), expected "
-                             f"{sg.ModelConfig().n_vocab} finite values")
+                             f"{model_config(wtype).n_vocab} finite values")
         tokf = out / f"llamacpp-{model.stem}-tokens.bin"
         got = np.fromfile(tokf, dtype=np.int32).tolist()
         if got != sg.prompt_ids(prompt=LOGITS_PROMPT[wtype]):
@@ -546,10 +610,17 @@ def one_run(tb, sysroot: Path, b: Build, cpu: str, sme: str, wtype: str, model: 
         p = run(guest(tb, sysroot, cpu, [str(b.bin / "llama-batched"), "-m", str(model),
                                          "-p", sg.PROMPT, "-np", "1", "-t", str(THREADS),
                                          "-n", str(len(sg.prompt_ids()) + STEPS), "--temp", "0",
-                                         "-c", "128"] + (["-v"] if wtype in KQUANT_TYPES else []),
+                                         "-c", "128"]
+                                        + (["-v"] if wtype in KQUANT_TYPES + MOE_TYPES else []),
                       env),
                 f"llama-batched {b.name} {cpu} sme={sme} {wtype}", log_file=out / "run.log")
         kq.append(kquant_matmuls(p.stdout + p.stderr))
+        mm.append(mul_mat_ids(p.stdout + p.stderr))
+        for i, calls in enumerate(mm):
+            for name, _, _, _ in calls:
+                r.mmid_calls.setdefault(name, [0, 0])[i] += 1
+        r.mmid_kernels = tuple(sorted({kern for calls in mm for _, _, _, kern in calls}))
+        r.mmid_rows = tuple(tuple(m for _, _, m, _ in calls) for calls in mm)
         for i, calls in enumerate(kq):
             for name, _, kern in calls:
                 r.kq_calls.setdefault(name, [0, 0])[i] += 1
@@ -664,17 +735,17 @@ def quantized_model(tb, sysroot: Path, off: Build, wtype: str, work: Path,
     (OFF build, under qemu), its weights dequantised from the file by gguf.quants (float64, the
     reference's), and {weight: ggml type} of its Q4_K/Q6_K matrices that MUL_MATs use."""
     import gguf
-    f16 = sg.write_gguf(work / "synthetic-f16.gguf", "f16", cfg)
+    f16 = sg.write_gguf(work / f"synthetic-{'moe-' if cfg.n_expert else ''}f16.gguf", "f16", cfg)
     model = work / f"synthetic-{wtype}.gguf"
     run(guest(tb, sysroot, "n1", [str(off.bin / "llama-quantize"), str(f16), str(model),
-                                  wtype.upper(), str(THREADS)], {}),
+                                  base_type(wtype).upper(), str(THREADS)], {}),
         f"llama-quantize {wtype}", log_file=work / f"quantize-{wtype}.log")
     dq, kq = {}, {}
     for t in gguf.GGUFReader(str(model)).tensors:
         a = gguf.quants.dequantize(t.data, t.tensor_type)
         dq[t.name] = np.asarray(a, np.float64).reshape(weights[t.name].shape)
         kind = {k.upper(): k for k in KQUANT_GGML}.get(t.tensor_type.name)
-        if kind is not None and t.name != "token_embd.weight":
+        if kind is not None and t.name != "token_embd.weight" and "_exps." not in t.name:
             kq[t.name] = kind
     if set(dq) != set(weights):
         raise CheckError(f"{model.name}: tensors {sorted(set(dq) ^ set(weights))} differ from the model's")
@@ -684,6 +755,13 @@ def quantized_model(tb, sysroot: Path, off: Build, wtype: str, work: Path,
     log(f"{wtype}: llama-quantize wrote {', '.join(f'{v} {k}' for k, v in sorted(types.items()))} "
         "matrices used by MUL_MAT")
     return model, dq, kq
+
+
+def expert_weights(model: Path) -> dict[str, str]:
+    """{name: ggml type name} of the model file's 3-D expert weights (the MUL_MAT_IDs)."""
+    import gguf
+    return {t.name: t.tensor_type.name.lower().replace("_k", "_K")
+            for t in gguf.GGUFReader(str(model)).tensors if "_exps." in t.name}
 
 
 def rel(d: np.ndarray, ref: np.ndarray) -> float:
@@ -764,23 +842,33 @@ def main(argv: list[str] | None = None) -> int:
 
     work = a.work or Path(tempfile.mkdtemp(prefix="llama-check-"))
     work.mkdir(parents=True, exist_ok=True)
-    cfg = sg.ModelConfig()
-    ids = sg.prompt_ids(cfg)
-    weights = sg.make_weights(cfg)
     rows, pairs, failed = [], [], False
     for wtype in a.types:
-        plan = run_plan(builds, a.cpus, a.off_cpus, a.sme, wtype in KQUANT_TYPES)
+        cfg = model_config(wtype)
+        ids = sg.prompt_ids(cfg)
+        weights = sg.make_weights(cfg)
+        # the real KleidiAI has no K-quant kernel and no MUL_MAT_ID: only the export's ON build
+        plan = run_plan(builds, a.cpus, a.off_cpus, a.sme,
+                        wtype in KQUANT_TYPES or wtype in MOE_TYPES)
         kq_weights: dict[str, str] = {}
-        if wtype in KQUANT_TYPES:
+        if base_type(wtype) in KQUANT_TYPES:
             model, dq, kq_weights = quantized_model(tb, sysroot, builds[0], wtype, work, weights, cfg)
         else:
-            model = sg.write_gguf(work / f"synthetic-{wtype}.gguf", wtype, cfg)
-            dq = sg.dequantized(weights, wtype)
+            model = sg.write_gguf(work / f"synthetic-{wtype}.gguf", base_type(wtype), cfg)
+            dq = sg.dequantized(weights, base_type(wtype))
+        mmid_weights = expert_weights(model)
         ref_toks, margins, _ = sg.greedy_reference(dq, ids, STEPS, cfg)
         ref_logits = sg.reference_logits(dq, sg.prompt_ids(cfg, LOGITS_PROMPT[wtype]), cfg)[-1]
         if min(margins) < MIN_MARGIN:
             raise CheckError(f"the synthetic {wtype} model's greedy path has a near-tie "
                              f"(margin {min(margins):.3f} < {MIN_MARGIN}): change ModelConfig")
+        if cfg.n_expert:
+            route = min(sg.routing_margin(dq, ids + ref_toks, cfg),
+                        sg.routing_margin(dq, sg.prompt_ids(cfg, LOGITS_PROMPT[wtype]), cfg))
+            if route < sg.ROUTE_MARGIN:
+                raise CheckError(f"the synthetic {wtype} model routes a token with a near-tie "
+                                 f"(margin {route:.4f} < {sg.ROUTE_MARGIN}): change MOE_CONFIG")
+            log(f"{wtype}: float64 routing margin min {route:.3f} (of the largest router logit)")
         runs = []
         for b, cpu, sme in plan:
             r = one_run(tb, sysroot, b, cpu, sme, wtype, model, work)
@@ -796,6 +884,10 @@ def main(argv: list[str] | None = None) -> int:
                 row["kq"] = [sum(c[i] for c in r.kq_calls.values()) for i in (0, 1)]
                 row["kq_kernels"] = ", ".join(r.kq_kernels)
                 problems += check_kquant_calls(r, kq_weights)
+            if mmid_weights and r.build == "on" and not r.error:
+                row["mmid"] = [sum(c[i] for c in r.mmid_calls.values()) for i in (0, 1)]
+                row["mmid_kernels"] = ", ".join(r.mmid_kernels)
+                problems += check_mmid_calls(r, mmid_weights)
             if r.error:
                 problems.append(r.error)
             else:
@@ -852,12 +944,12 @@ def main(argv: list[str] | None = None) -> int:
 def print_table(rows: list[dict], builds: list[Build], t_build: float, t_run: float) -> None:
     def f(x, fmt):
         return format("-", ">" + fmt.split(".")[0]) if x is None else format(x, fmt)
-    hdr = (f"{'type':6} {'build':5} {'cpu':4} {'sme':3} {'kleidiai kernels':42} "
+    hdr = (f"{'type':10} {'build':5} {'cpu':4} {'sme':3} {'kleidiai kernels':42} "
            f"{'max|d|':>8} {'d/rms':>8} {'tok=':>4} {'d64/rms':>8} {'tok64':>5} {'s':>5}  result")
     print(hdr)
     print("-" * len(hdr))
     for r in rows:
-        print(f"{r['type']:6} {r['build']:5} {r['cpu']:4} {r['sme']:3} {r['kernels'][:42]:42} "
+        print(f"{r['type']:10} {r['build']:5} {r['cpu']:4} {r['sme']:3} {r['kernels'][:42]:42} "
               f"{f(r.get('max_abs'), '8.4f')} {f(r.get('d_ref'), '8.5f')} "
               f"{('yes' if r['tok_ref'] else 'NO') if 'tok_ref' in r else 'ref':>4} "
               f"{f(r.get('d_f64'), '8.5f')} "
@@ -866,6 +958,9 @@ def print_table(rows: list[dict], builds: list[Build], t_build: float, t_run: fl
         if "kq" in r:
             print(f"      K-quant MUL_MATs on tilegen's kernels: {r['kq'][0]} (llama-debug) + "
                   f"{r['kq'][1]} (llama-batched) = {sum(r['kq'])}, on {r['kq_kernels'] or '-'}")
+        if "mmid" in r:
+            print(f"      MUL_MAT_IDs on tilegen's kernels: {r['mmid'][0]} (llama-debug) + "
+                  f"{r['mmid'][1]} (llama-batched) = {sum(r['mmid'])}, on {r['mmid_kernels'] or '-'}")
         for pr in r["problems"]:
             print(f"      {pr.splitlines()[0]}")
     print()

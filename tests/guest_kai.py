@@ -81,18 +81,11 @@ def _fn(lib, name, restype=None):
     return f
 
 
-def llama_flow(path: str, kernel: str, kind: str, rhs_kernel: str, lhs_packer: str | None,
-               lhs_bl: bool, rhs_packer: str, rhs_kind: str, x, w) -> np.ndarray:
-    """What llama.cpp's kleidiai.cpp does for one matmul: RHS packed with the packer of the
-    table entry at the nr/kr/sr of ``rhs_kernel`` (the entry's gemm), LHS packed with the
-    entry's packer at the mr/kr/sr of ``kernel``, then ``kai_run_<kernel>``; returns dst."""
-    lib = _lib(path)
-    geo = {g: _fn(lib, f"kai_get_{g}_{kernel}", SZ)() for g in ("mr", "kr", "sr")}
+def _pack_rhs(lib, rhs_kernel: str, rhs_packer: str, rhs_kind: str, k: int, w) -> tuple[np.ndarray, int]:
+    """The RHS of a table entry packed as kleidiai.cpp's repack does (at the nr/kr/sr of
+    ``rhs_kernel``, the entry's gemm): (packed bytes, n)."""
     rgeo = {g: _fn(lib, f"kai_get_{g}_{rhs_kernel}", SZ)() for g in ("nr", "kr", "sr")}
-    x = np.ascontiguousarray(x, np.float32)
-    m, k = x.shape
     nr, rkr, rsr = rgeo["nr"], rgeo["kr"], rgeo["sr"]
-    # RHS
     if rhs_kind == "q4":
         raw, n = np.ascontiguousarray(w["raw"]), int(w["n"])
         size = _fn(lib, f"kai_get_rhs_packed_size_{rhs_packer}", SZ)(SZ(n), SZ(k), SZ(nr), SZ(rkr), SZ(32))
@@ -128,6 +121,25 @@ def llama_flow(path: str, kernel: str, kind: str, rhs_kernel: str, lhs_packer: s
                                           SZ(src.strides[0]), VP(src.ctypes.data),
                                           VP(bias.ctypes.data), VP(None), VP(rp.ctypes.data), SZ(0),
                                           VP(None))
+    return rp, n
+
+
+def pack_rhs(path: str, rhs_kernel: str, rhs_packer: str, rhs_kind: str, k: int, w) -> bytes:
+    """``_pack_rhs`` of the library at ``path`` (one expert's packed weights for the C harness
+    of the patch's MUL_MAT_ID)."""
+    return _pack_rhs(_lib(path), rhs_kernel, rhs_packer, rhs_kind, k, w)[0].tobytes()
+
+
+def llama_flow(path: str, kernel: str, kind: str, rhs_kernel: str, lhs_packer: str | None,
+               lhs_bl: bool, rhs_packer: str, rhs_kind: str, x, w) -> np.ndarray:
+    """What llama.cpp's kleidiai.cpp does for one matmul: RHS packed with the packer of the
+    table entry at the nr/kr/sr of ``rhs_kernel`` (the entry's gemm), LHS packed with the
+    entry's packer at the mr/kr/sr of ``kernel``, then ``kai_run_<kernel>``; returns dst."""
+    lib = _lib(path)
+    geo = {g: _fn(lib, f"kai_get_{g}_{kernel}", SZ)() for g in ("mr", "kr", "sr")}
+    x = np.ascontiguousarray(x, np.float32)
+    m, k = x.shape
+    rp, n = _pack_rhs(lib, rhs_kernel, rhs_packer, rhs_kind, k, w)
     # LHS
     if lhs_packer is None:
         lp = x

@@ -1122,3 +1122,100 @@ def test_export_refuses_a_foreign_directory(tmp_path, capsys):
     (tmp_path / "file").write_text("x")
     assert main(["export", "kleidiai", "-o", str(tmp_path / "file")]) == 2
     assert "exists and is not a directory" in capsys.readouterr().err
+
+
+# --------------------------------------------------------------------------------------------
+# MUL_MAT_ID (mixture of experts, issue #33): the patch's grouped steps (kleidiai_moe.cpp.j2's
+# core(), the very text the patch adds to kleidiai.cpp) in a C++ harness over the exported
+# table entries, under qemu, bit-exact with one llama_flow per expert on its gathered rows
+
+@pytest.fixture(scope="module")
+def mmid_harness(export_kai, llama_kai, cross_sysroot, tmp_path_factory):
+    import jinja2
+    from tilegen.generator.render import template_env
+    env = template_env().overlay(loader=jinja2.ChoiceLoader([
+        jinja2.FileSystemLoader(str(Path(__file__).parent / "data" / "templates")),
+        template_env().loader]))
+    out = tmp_path_factory.mktemp("mmid")
+    src = out / "mmid_harness.cpp"
+    src.write_text(env.get_template("mmid_harness.cpp.j2").render())
+    tc = export_kai["tc"]
+    lld = next(f for f in tc.link_flags if f.startswith("-fuse-ld="))
+    exe = out / "mmid_harness"
+    _run([*tc.driver, "--driver-mode=g++", *tc.target_flags, "-std=c++17", "-O1", "-Wall", "-Werror",
+          f"--sysroot={cross_sysroot}", f"-I{llama_kai.parents[2] / 'include'}", f"-I{llama_kai}",
+          src, "-o", exe, lld, "-static-libstdc++", "-static-libgcc", "-ldl"])
+    return exe
+
+
+def _mmid_weights(fam: str, n: int, k: int, rng):
+    """One expert's weights as the table entry's RHS packer takes them (llama_flow's kinds)."""
+    from tilegen.layout.ggml import quantize_q4_0
+    if fam == "q4":
+        return dict(raw=quantize_q4_0(rng.normal(size=(n, k)).astype(np.float32)), n=n), "q4"
+    if fam == "q8":
+        w = rng.normal(size=(n, k)).astype(np.float32)
+        s = (np.abs(w).max(axis=1) / 127).astype(np.float32)
+        return dict(q=np.clip(np.rint(w / s[:, None]), -127, 127).astype(np.int8), scale=s), "q8"
+    from tilegen.families import rhs_layout_class      # a K-quant family: its seeded blocks
+    return dict(raw=rhs_layout_class(fam).random_ggml(n, k, int(rng.integers(1 << 30))), n=n), "kq"
+
+
+#: (family, gemm, gemm LHS packer, gemv, gemv LHS packer, RHS packer): a table entry per
+#: family and ISA kind; the K-quant ones from the default export's table
+_MMID_ENTRIES = [e for e in LLAMA_TABLE if e[0] in ("q4", "q8") and ("_neon_i8mm" in e[1] or "sme2" in e[1])] + [
+    (e.family, e.gemm.name[len("matmul_clamp_f32_"):], "lhs_quant_pack_q8kp_f32",
+     e.gemv.name[len("matmul_clamp_f32_"):], "lhs_quant_pack_q8kp_f32", _kq_packer(e.gemm)[1])
+    for e in K.KQUANT_DEFAULT if e.isa in ("sme2", "dotprod") or e.family == "q6_K"]
+
+
+@pytest.mark.parametrize("entry", _MMID_ENTRIES, ids=lambda e: f"{e[0]}-{e[1]}")
+def test_patch_mul_mat_id_is_per_expert_matmuls(kai_so, mmid_harness, tmp_path, entry):
+    """The patch's MUL_MAT_ID steps (group, pack, compute; 1, 2 and 3 threads) over one table
+    entry give, for every (slot, token) row, exactly what the entry's kernel gives for the rows
+    routed to its expert gathered into one matmul (llama_flow: the gemv for an expert with one
+    row, else the gemm), bit for bit, and leave no dst row unwritten. Cases: a prompt batch
+    with an expert that gets no rows and one that gets one row (activations shared by the
+    slots, as gate/up), every row on one expert, a decode step (one token, activations per
+    slot, as down); n leaves a partial column chunk."""
+    from tilegen.emulate.runner import guest_command
+    fam, gemm, gemm_lhs, gemv, gemv_lhs, rhs_packer = entry
+    g = guest("max", None, SVL_BITS)
+    bl = fam == "q4"
+    block_args = {"q4": (32, 32, 32), "q8": (0, 0, 32)}.get(fam, (0, 0, 0))   # kleidiai_get_block_args
+    kind = "bl" if bl else "packed"
+    k = 256 if fam in ("q4", "q8") else 512
+    rng = np.random.default_rng(33)
+    ids_prompt = np.array([[2, 3], [4, 2], [3, 4], [2, 1], [4, 3], [3, 2], [2, 4]], np.int32)
+    cases = [(5, 53, ids_prompt, 1), (4, 37, np.full((6, 1), 2, np.int32), 1),
+             (4, 53, np.array([[3, 0]], np.int32), 2)]
+    for n_as, n, ids, src1_rows in cases:
+        n_tokens, n_ids = ids.shape
+        ws = [_mmid_weights(fam, n, k, rng) for _ in range(n_as)]
+        rhs = [g.call("guest_kai:pack_rhs", kai_so, "matmul_clamp_f32_" + gemm, rhs_packer, rk, k, w)
+               for w, rk in ws]
+        x = (rng.normal(size=(n_tokens, src1_rows, k)) * rng.uniform(0.5, 4.0, size=(n_tokens, 1, 1))).astype(np.float32)
+        blob = np.array([k, n, n_as, n_ids, n_tokens, src1_rows, *block_args], np.int64).tobytes() \
+            + ids.tobytes() + x.tobytes() + b"".join(np.int64(len(r)).tobytes() + r for r in rhs)
+        (tmp_path / "in.bin").write_bytes(blob)
+        cmd, env = guest_command([str(mmid_harness), kai_so, "1" if bl else "0",
+                                  "matmul_clamp_f32_" + gemm, gemm_lhs, "matmul_clamp_f32_" + gemv,
+                                  gemv_lhs, str(tmp_path / "in.bin"), str(tmp_path / "out.bin"),
+                                  "1", "2", "3"], "max", SVL_BITS, SVL_BITS)
+        _run(cmd, env=env)
+        outs = np.fromfile(tmp_path / "out.bin", np.float32).reshape(3, n_tokens, n_ids, n)
+        assert all(np.array_equal(o.view(np.uint32), outs[0].view(np.uint32)) for o in outs[1:])
+        got = outs[0]
+        assert not np.any(got == np.float32(-4242.25))
+        for e in range(n_as):
+            rows = [(s, t) for t in range(n_tokens) for s in range(n_ids) if ids[t, s] == e]
+            if not rows:
+                continue
+            xe = np.stack([x[t, s % src1_rows] for s, t in rows])
+            kern = gemv if len(rows) == 1 else gemm
+            lhs = gemv_lhs if len(rows) == 1 else gemm_lhs
+            want = g.call("guest_kai:llama_flow", kai_so, "matmul_clamp_f32_" + kern, kind,
+                          "matmul_clamp_f32_" + gemm, lhs, bl, rhs_packer, ws[e][1], xe, ws[e][0])
+            mine = np.stack([got[t, s] for s, t in rows])
+            assert np.array_equal(mine.view(np.uint32), np.asarray(want, np.float32).view(np.uint32)), \
+                (gemm, n, e, len(rows))

@@ -259,3 +259,59 @@ def test_the_patched_tree_keeps_ccache_paths(tmp_path, monkeypatch, llama_cpp_sr
     assert os.stat(dst / "README.md").st_ino == os.stat(src / "README.md").st_ino
     assert os.stat(dst / kai / "kernels.cpp").st_ino != os.stat(src / kai / "kernels.cpp").st_ino
     assert lc.patched_source(src, patch) == (dst, proot)
+
+
+# --------------------------------------------------------------------------------------------
+# mixture of experts (MUL_MAT_ID through llama-kquants.patch, issue #33)
+
+def test_moe_models_run_only_the_patched_build_with_their_base_type():
+    off, on, real = (lc.Build(n, Path(n), Path(n), 0.0, True) for n in ("off", "on", "real"))
+    assert set(lc.MOE_TYPES) == {"moe_q4_0", "moe_q8_0", "moe_q4_k_m"} and set(lc.MOE_TYPES) <= set(lc.TYPES)
+    for t in lc.MOE_TYPES:
+        assert lc.REF_TOLERANCE[t] == lc.REF_TOLERANCE[lc.base_type(t)] == lc.TOLERANCE[t]
+        assert lc.LOGITS_PROMPT[t] == lc.sg.LONG_PROMPT
+        assert lc.model_config(t).n_expert == 4 and lc.model_config(lc.base_type(t)).n_expert == 0
+    plan = lc.run_plan([off, on, real], list(lc.CPUS), ["n1"], ["1", "2"], kquant=True)
+    assert {b.name for b, _, _ in plan} == {"off", "on"}
+
+
+MOE_LOG = """\
+kleidiai: MUL_MAT blk.0.attn_q.weight (q4_0) m=45 n=256 k=256: I8MM gemm
+kleidiai: MUL_MAT_ID blk.0.ffn_up_exps.weight (q4_0) m=90 n=256 k=256 experts=4/4: I8MM gemm
+kleidiai: MUL_MAT_ID blk.0.ffn_down_exps.weight (q4_K) m=2 n=256 k=256 experts=2/4: SME2 gemv
+kleidiai: MUL_MAT_ID blk.1.ffn_gate_exps.weight (q6_K) m=6 n=256 k=256 experts=4/4: DOTPROD gemm+gemv
+"""
+
+
+def test_mul_mat_ids_are_read_from_the_debug_log():
+    assert lc.mul_mat_ids(MOE_LOG) == [
+        ("blk.0.ffn_up_exps.weight", "q4_0", 90, "q4_0 I8MM gemm"),
+        ("blk.0.ffn_down_exps.weight", "q4_K", 2, "q4_K SME2 gemv"),
+        ("blk.1.ffn_gate_exps.weight", "q6_K", 6, "q6_K DOTPROD gemm+gemv")]
+    assert lc.kquant_matmuls(MOE_LOG) == []            # the MUL_MAT line is q4_0, not a K-quant
+
+
+def test_every_expert_weight_must_reach_the_kernels_in_prompt_and_decode():
+    weights = {f"blk.{i}.ffn_{x}_exps.weight": "q4_0" for i in (0, 1) for x in ("gate", "up", "down")}
+    r = lc.Run("on", "n2", "0", "moe_q4_0")
+
+    def fill(counts=(1, 17), kernels=("q4_0 I8MM gemm", "q4_0 I8MM gemv"), rows=((133,), (90, 2))):
+        r.mmid_calls = {w: list(counts) for w in weights}
+        r.mmid_kernels, r.mmid_rows = kernels, rows
+    fill()
+    assert lc.check_mmid_calls(r, weights) == []
+    fill()
+    del r.mmid_calls["blk.1.ffn_down_exps.weight"]     # one expert weight left on ggml's path
+    assert "missing ['blk.1.ffn_down_exps.weight']" in lc.check_mmid_calls(r, weights)[0]
+    fill()
+    r.mmid_calls["blk.0.ffn_up_exps.weight"] = [1, 16]
+    assert lc.check_mmid_calls(r, weights) == [
+        "llama-batched: MUL_MAT_ID counts per weight differ: " + ", ".join(
+            f"{w} {16 if w == 'blk.0.ffn_up_exps.weight' else 17}" for w in sorted(weights))]
+    fill(kernels=("q4_0 I8MM gemm",))                    # the decode steps ran no gemv
+    assert lc.check_mmid_calls(r, weights) == [
+        "MUL_MAT_IDs ran q4_0 I8MM gemm: want both gemm (prompt) and gemv (decode)"]
+    fill(kernels=("q8_0 I8MM gemm", "q8_0 I8MM gemv"))
+    assert "with types ['q8_0']" in lc.check_mmid_calls(r, weights)[0]
+    fill(rows=((133,), (90, 4)))
+    assert "no decode step" in lc.check_mmid_calls(r, weights)[0]

@@ -66,3 +66,87 @@ def test_greedy_reference_has_clear_margins():
     assert len(toks) == 16 and min(margins) > 2.0
     assert all(t >= 4 for t in toks)  # never a special token
     assert int(np.argmax(last)) == toks[0]
+
+
+# ---------------------------------------------------------------------------------------------
+# the mixture-of-experts variant (issue #33)
+
+MOE_SMALL = sg.ModelConfig(n_vocab=128, n_embd=64, n_ff=256, n_layer=2, n_head=2, n_head_kv=1,
+                           n_expert=4, n_expert_used=2)
+
+
+def test_moe_file_has_routers_and_3d_experts(tmp_path):
+    path = sg.write_gguf(tmp_path / "moe-q4_0.gguf", "q4_0", MOE_SMALL)
+    r = gguf.GGUFReader(str(path))
+    assert int(r.fields["llama.expert_count"].parts[-1][0]) == 4
+    assert int(r.fields["llama.expert_used_count"].parts[-1][0]) == 2
+    T = gguf.GGMLQuantizationType
+    tensors = {t.name: t for t in r.tensors}
+    assert "blk.0.ffn_gate.weight" not in tensors
+    for i in range(MOE_SMALL.n_layer):
+        assert tensors[f"blk.{i}.ffn_gate_inp.weight"].tensor_type == T.F32
+        for x, shape in (("gate", (64, 256, 4)), ("up", (64, 256, 4)), ("down", (256, 64, 4))):
+            t = tensors[f"blk.{i}.ffn_{x}_exps.weight"]
+            assert t.tensor_type == T.Q4_0 and tuple(int(v) for v in t.shape) == shape
+    dq = sg.dequantized(sg.make_weights(MOE_SMALL), "q4_0")
+    got = gguf.quants.dequantize(tensors["blk.1.ffn_down_exps.weight"].data, T.Q4_0)
+    assert np.array_equal(got.reshape(4, 64, 256), dq["blk.1.ffn_down_exps.weight"])
+
+
+def _independent_moe_logits(w, ids, cfg):
+    """A one-layer MoE forward pass with the attention's output projection zeroed, written
+    without tilegen.gguf.synth's code: the routing as a dense (tokens x experts) gate matrix
+    (softmax, top-k by a sort of the probabilities, renormalised), every expert applied to
+    every token and the gate matrix mixing them."""
+    def rms(x, g):
+        return x / np.sqrt(np.mean(x * x, axis=-1, keepdims=True) + cfg.rms_eps) * g
+    x = w["token_embd.weight"][ids]
+    h = rms(x, w["blk.0.ffn_norm.weight"])
+    z = h @ w["blk.0.ffn_gate_inp.weight"].T
+    p = np.exp(z - z.max(axis=1, keepdims=True))
+    p = p / p.sum(axis=1, keepdims=True)
+    gates = np.zeros_like(p)
+    for t in range(len(ids)):
+        top = sorted(range(cfg.n_expert), key=lambda e: -p[t, e])[:cfg.n_expert_used]
+        gates[t, top] = p[t, top] / p[t, top].sum()
+    y = np.zeros_like(x)
+    for e in range(cfg.n_expert):
+        g = h @ w["blk.0.ffn_gate_exps.weight"][e].T
+        u = h @ w["blk.0.ffn_up_exps.weight"][e].T
+        y += gates[:, e:e + 1] * (((g / (1 + np.exp(-g))) * u) @ w["blk.0.ffn_down_exps.weight"][e].T)
+    return rms(x + y, w["output_norm.weight"]) @ w["output.weight"].T, gates
+
+
+def test_moe_reference_matches_an_independent_routing():
+    cfg = sg.ModelConfig(**{**MOE_SMALL.__dict__, "n_layer": 1})
+    w = sg.dequantized(sg.make_weights(cfg), "q8_0")
+    w["blk.0.attn_output.weight"][:] = 0.0     # the residual after attention is the embedding
+    ids = sg.prompt_ids(cfg, "abc def xyz")
+    want, gates = _independent_moe_logits(w, ids, cfg)
+    got = sg.reference_logits(w, ids, cfg)
+    assert np.allclose(got, want, rtol=1e-12, atol=1e-10)
+    # every expert gets some tokens, and no token puts all its weight on one expert
+    assert np.all(np.count_nonzero(gates, axis=0) > 0)
+    assert np.all(np.count_nonzero(gates, axis=1) == cfg.n_expert_used)
+    assert 0.05 < gates[gates > 0].min() and gates.max() < 0.95
+
+
+@pytest.mark.parametrize("wtype", ("q4_0", "q8_0"))
+def test_moe_model_has_routing_and_greedy_margins(wtype):
+    """The llama.cpp check's MoE model: over its prompts and the float64 greedy path, every
+    token's experts are picked with a margin a 1 % router-logit perturbation cannot close, and
+    the greedy steps are far from ties."""
+    cfg = sg.MOE_CONFIG
+    w = sg.dequantized(sg.make_weights(cfg), wtype)
+    toks, margins, _ = sg.greedy_reference(w, sg.prompt_ids(cfg), 16, cfg)
+    assert min(margins) > 2.0 and all(t >= 4 for t in toks)
+    assert sg.routing_margin(w, sg.prompt_ids(cfg) + toks, cfg) > sg.ROUTE_MARGIN
+    assert sg.routing_margin(w, sg.prompt_ids(cfg, sg.LONG_PROMPT), cfg) > sg.ROUTE_MARGIN
+
+
+def test_moe_routing_margin_detects_near_ties():
+    """Without the routing codes the router logits are small random numbers: the margin
+    measure reports near-ties (so the check's assertion can fail)."""
+    cfg = sg.ModelConfig(**{**MOE_SMALL.__dict__, "route_gain": 0.0})
+    w = sg.dequantized(sg.make_weights(cfg), "q8_0")
+    assert sg.routing_margin(w, sg.prompt_ids(cfg, sg.PROMPT), cfg) < sg.ROUTE_MARGIN

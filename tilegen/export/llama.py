@@ -122,7 +122,7 @@ _BLOB_IDS: dict[str, tuple[str, dict[str, str]]] = {
     "kernels.h": ("1da8610", {
         "dc49c0e783c68225fd5e7ab5c63e51996eba6715999c4881efc7772fa4bfdae6": "f4d9692"}),
     "kleidiai.cpp": ("dbd1987", {
-        "5174600dd79bc74550185ca84f69f800cc5394b742dc4a219f1c766299509185": "6c64b86"}),
+        "acb67a5d41a0e37456357ab7c10bc600f22051f4b03a520adcff643a5fe0a261": "9a56309"}),
 }
 
 _HUNK = re.compile(r"^@@ -(\d+) @@(.*)$")

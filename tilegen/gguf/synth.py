@@ -27,9 +27,9 @@ from pathlib import Path
 
 import numpy as np
 
-__all__ = ["ModelConfig", "TYPES", "PROMPT", "LONG_PROMPT", "vocabulary", "make_weights", "write_gguf",
-           "dequantized", "reference_logits", "greedy_reference", "detokenize_ids",
-           "prompt_ids"]
+__all__ = ["ModelConfig", "MOE_CONFIG", "TYPES", "PROMPT", "LONG_PROMPT", "ROUTE_MARGIN", "vocabulary",
+           "make_weights", "write_gguf", "dequantized", "reference_logits", "greedy_reference",
+           "routing_margin", "detokenize_ids", "prompt_ids"]
 
 #: Weight types of the three variants (matrices; norms are always F32).
 TYPES = ("q4_0", "q8_0", "f16")
@@ -61,11 +61,27 @@ class ModelConfig:
     noise_gain: float = 2.0
     #: rms of what each attention / feed-forward block adds to the residual stream
     block_gain: float = 0.5
+    #: mixture of experts (0: the dense feed-forward): ``n_expert`` experts of width ``n_ff``
+    #: per layer, ``n_expert_used`` picked per token by the router ``ffn_gate_inp``
+    n_expert: int = 0
+    n_expert_used: int = 2
+    #: amplitude of a token's routing code in its embedding (see :func:`make_weights`)
+    route_gain: float = 6.0
     extra: dict = field(default_factory=dict, compare=False)
 
     @property
     def head_dim(self) -> int:
         return self.n_embd // self.n_head
+
+
+#: The mixture-of-experts variant: 4 experts of width 256 per layer, 2 used per token.
+MOE_CONFIG = ModelConfig(n_ff=256, n_expert=4, n_expert_used=2)
+
+#: The smallest routing margin a MoE model may have: at every position and layer, the gap
+#: between the last picked and the first unpicked router logit, over the largest |router
+#: logit| of that position. Above 0.02, no perturbation of each router logit by up to 1 % of
+#: that scale can change which experts a token picks.
+ROUTE_MARGIN = 0.02
 
 
 def vocabulary(n_vocab: int = 512) -> list[str]:
@@ -113,6 +129,10 @@ def make_weights(cfg: ModelConfig = ModelConfig()) -> dict[str, np.ndarray]:
     w: dict[str, np.ndarray] = {}
     emb = rng.standard_normal((v, d)).astype(np.float32)
     w["token_embd.weight"] = emb
+    plain = emb
+    if cfg.n_expert:
+        plain, emb = _routing_codes(rng, emb, cfg)
+        w["token_embd.weight"] = emb
     for i in range(cfg.n_layer):
         p = f"blk.{i}."
         w[p + "attn_norm.weight"] = norm(d)
@@ -121,6 +141,17 @@ def make_weights(cfg: ModelConfig = ModelConfig()) -> dict[str, np.ndarray]:
         w[p + "attn_v.weight"] = lin(kvd, d)
         w[p + "attn_output.weight"] = lin(d, d, cfg.block_gain)
         w[p + "ffn_norm.weight"] = norm(d)
+        if cfg.n_expert:
+            e = cfg.n_expert
+            # the router reads layer i's code dimensions [i*e, (i+1)*e) (plus a little noise)
+            router = lin(e, d, 0.05)
+            router[np.arange(e), i * e + np.arange(e)] += 1.0
+            w[p + "ffn_gate_inp.weight"] = router
+            w[p + "ffn_gate_exps.weight"] = np.stack([lin(f, d) for _ in range(e)])
+            w[p + "ffn_up_exps.weight"] = np.stack([lin(f, d) for _ in range(e)])
+            w[p + "ffn_down_exps.weight"] = np.stack([lin(d, f, 2.0 * cfg.block_gain)
+                                                      for _ in range(e)])
+            continue
         w[p + "ffn_gate.weight"] = lin(f, d)
         w[p + "ffn_up.weight"] = lin(f, d)
         w[p + "ffn_down.weight"] = lin(d, f, 2.0 * cfg.block_gain)
@@ -130,10 +161,34 @@ def make_weights(cfg: ModelConfig = ModelConfig()) -> dict[str, np.ndarray]:
     # below the winners), so greedy decoding never emits <unk>, <s>, </s> or a newline.
     succ = rng.permutation(np.arange(_N_SPECIAL, v))
     out = lin(v, d, cfg.noise_gain)
-    out[succ] += emb[_N_SPECIAL:] * (cfg.copy_gain / d)
+    out[succ] += plain[_N_SPECIAL:] * (cfg.copy_gain / d)
     out[:_N_SPECIAL] = 0.0
     w["output.weight"] = out
     return w
+
+
+def _routing_codes(rng, emb: np.ndarray, cfg: ModelConfig) -> tuple[np.ndarray, np.ndarray]:
+    """(embedding without codes, embedding with codes) of a MoE model.
+
+    Each token gets, per layer i, ``n_expert_used`` distinct experts (random, fixed seed) and
+    its embedding ``route_gain`` on those experts' code dimensions ``i*n_expert + e`` (which it
+    otherwise has zeroed). Layer i's router reads these dimensions, so a token's router logits
+    are ~``route_gain`` (after the norm) for its experts and ~0 for the others: the picks are
+    far from ties whatever the attention and the earlier layers add. The copy signal of
+    output.weight uses the embedding without the codes, so tokens sharing experts do not
+    raise each other's successors.
+    """
+    e, used = cfg.n_expert, cfg.n_expert_used
+    if not 0 < used < e or cfg.n_layer * e > cfg.n_embd:
+        raise ValueError(f"MoE config: need 0 < n_expert_used < n_expert and "
+                         f"n_layer * n_expert <= n_embd, got {used}, {e}, {cfg.n_layer}, {cfg.n_embd}")
+    plain = emb.copy()
+    plain[:, :cfg.n_layer * e] = 0.0
+    coded = plain.copy()
+    for i in range(cfg.n_layer):
+        for t in range(cfg.n_vocab):
+            coded[t, i * e + rng.choice(e, used, replace=False)] = cfg.route_gain
+    return plain, coded
 
 
 def _qtype(gguf, name: str):
@@ -143,7 +198,7 @@ def _qtype(gguf, name: str):
 
 def _stored(gguf, name: str, a: np.ndarray, wtype: str):
     """(array to write, raw dtype or None) of tensor ``name`` in a ``wtype`` model."""
-    if a.ndim == 1:
+    if a.ndim == 1 or name.endswith("ffn_gate_inp.weight"):   # llama-quantize keeps routers F32
         return a.astype(np.float32), None
     if wtype == "f16":
         return a.astype(np.float16), None
@@ -172,7 +227,7 @@ def write_gguf(path: str | Path, wtype: str, cfg: ModelConfig = ModelConfig()) -
     path = Path(path)
     weights = make_weights(cfg)
     wr = gguf.GGUFWriter(str(path), "llama")
-    wr.add_name(f"tilegen-synthetic-{wtype}")
+    wr.add_name(f"tilegen-synthetic-{'moe-' if cfg.n_expert else ''}{wtype}")
     wr.add_context_length(cfg.n_ctx)
     wr.add_embedding_length(cfg.n_embd)
     wr.add_block_count(cfg.n_layer)
@@ -183,6 +238,9 @@ def write_gguf(path: str | Path, wtype: str, cfg: ModelConfig = ModelConfig()) -
     wr.add_rope_freq_base(cfg.rope_base)
     wr.add_layer_norm_rms_eps(cfg.rms_eps)
     wr.add_vocab_size(cfg.n_vocab)
+    if cfg.n_expert:
+        wr.add_expert_count(cfg.n_expert)
+        wr.add_expert_used_count(cfg.n_expert_used)
     wr.add_file_type({"q4_0": gguf.LlamaFileType.MOSTLY_Q4_0,
                       "q8_0": gguf.LlamaFileType.MOSTLY_Q8_0,
                       "f16": gguf.LlamaFileType.MOSTLY_F16}[wtype])
@@ -229,9 +287,35 @@ def _rope(x: np.ndarray, base: float) -> np.ndarray:
     return out
 
 
+def _silu(g: np.ndarray) -> np.ndarray:
+    return g / (1 + np.exp(-g))
+
+
+def _moe(w: dict[str, np.ndarray], p: str, h: np.ndarray, cfg: ModelConfig,
+         routes: list | None) -> np.ndarray:
+    """llama.cpp's build_moe_ffn for LLM_ARCH_LLAMA: softmax over the router logits, the top
+    ``n_expert_used`` experts, their probabilities normalised to sum 1 (clamped below at
+    6.103515625e-5), no scale; each picked expert's SwiGLU weighted and summed."""
+    logits = h @ w[p + "ffn_gate_inp.weight"].T                       # (n, n_expert)
+    if routes is not None:
+        routes.append(logits)
+    probs = np.exp(logits - logits.max(axis=1, keepdims=True))
+    probs /= probs.sum(axis=1, keepdims=True)
+    pick = np.argsort(-probs, axis=1, kind="stable")[:, :cfg.n_expert_used]
+    wts = np.take_along_axis(probs, pick, axis=1)
+    wts /= np.maximum(wts.sum(axis=1, keepdims=True), 6.103515625e-5)
+    out = np.zeros_like(h)
+    gate, up, down = (w[p + f"ffn_{x}_exps.weight"] for x in ("gate", "up", "down"))
+    for t in range(h.shape[0]):
+        for e, wt in zip(pick[t], wts[t]):
+            out[t] += wt * (down[e] @ (_silu(gate[e] @ h[t]) * (up[e] @ h[t])))
+    return out
+
+
 def reference_logits(w: dict[str, np.ndarray], ids: list[int],
-                     cfg: ModelConfig = ModelConfig()) -> np.ndarray:
-    """float64 logits (len(ids) x n_vocab) of the weights ``w`` (e.g. :func:`dequantized`)."""
+                     cfg: ModelConfig = ModelConfig(), routes: list | None = None) -> np.ndarray:
+    """float64 logits (len(ids) x n_vocab) of the weights ``w`` (e.g. :func:`dequantized`).
+    A MoE model appends each layer's router logits (len(ids) x n_expert) to ``routes``."""
     hd, nh, nkv = cfg.head_dim, cfg.n_head, cfg.n_head_kv
     n = len(ids)
     x = w["token_embd.weight"][ids].astype(np.float64)
@@ -250,6 +334,9 @@ def reference_logits(w: dict[str, np.ndarray], ids: list[int],
             att[:, hh] = (s / s.sum(axis=1, keepdims=True)) @ v[:, kv]
         x = x + att.reshape(n, nh * hd) @ w[p + "attn_output.weight"].T
         h = _rms(x, w[p + "ffn_norm.weight"], cfg.rms_eps)
+        if cfg.n_expert:
+            x = x + _moe(w, p, h, cfg, routes)
+            continue
         g = h @ w[p + "ffn_gate.weight"].T
         x = x + ((g / (1 + np.exp(-g))) * (h @ w[p + "ffn_up.weight"].T)) @ w[p + "ffn_down.weight"].T
     return _rms(x, w["output_norm.weight"], cfg.rms_eps) @ w["output.weight"].T
@@ -271,3 +358,17 @@ def greedy_reference(w: dict[str, np.ndarray], ids: list[int], steps: int,
         seq.append(int(top2[1]))
     assert last is not None
     return toks, margins, last
+
+
+def routing_margin(w: dict[str, np.ndarray], ids: list[int], cfg: ModelConfig) -> float:
+    """The smallest routing margin of a MoE model over every position of ``ids`` and every
+    layer: (last picked - first unpicked router logit) / max |router logit| of the position
+    (compare with :data:`ROUTE_MARGIN`)."""
+    routes: list[np.ndarray] = []
+    reference_logits(w, ids, cfg, routes)
+    k = cfg.n_expert_used
+    worst = math.inf
+    for lg in routes:
+        s = -np.sort(-lg, axis=1)
+        worst = min(worst, float(np.min((s[:, k - 1] - s[:, k]) / np.max(np.abs(lg), axis=1))))
+    return worst
