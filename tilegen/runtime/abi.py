@@ -50,8 +50,8 @@ def _exercise(obj, rng) -> None:
     dst = np.zeros((m, n), np.float32)
     rhs_lay = obj.rhs_layout(32)
     qk = getattr(rhs_lay, "qk", None)
-    if qk:      # K-quants: ggml blocks only (no float packer), k whole super-blocks; any bytes run
-        k = qk
+    if qk or rhs_lay.ggml_only:     # ggml blocks only (no float packer; K-quants: k whole
+        k = qk or k                 # super-blocks): any bytes run
         x = rng.normal(size=(m, k)).astype(np.float32)
         rhs = rng.integers(0, 256, rhs_lay.packed_size(n, k), dtype=np.uint8)
     else:
