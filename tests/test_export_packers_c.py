@@ -30,6 +30,7 @@ from tilegen.layout.f32 import F32PackedLHS, F32PackedRHS
 from tilegen.layout.ggml import quantize_q4_0
 from tilegen.families.q4_k import BLOCK_Q4_K_BYTES, Q4KP, random_q4_k
 from tilegen.families.q6_k import BLOCK_Q6_K_BYTES, Q6KP, random_q6_k
+from tilegen.families.iq4_xs import BLOCK_IQ4_XS_BYTES, IQ4XSP, random_iq4_xs
 from tilegen.layout.kquant import Q8KP
 from tilegen.layout.lhs_int8 import QAI8DXP, QSI8D32P, QSI8D32PScaleTail
 from tilegen.layout.rhs_int4 import QSI4C32PS1S0ScaleF16, QSI4C32PScaleF16
@@ -839,14 +840,18 @@ def _kq_rhs_cases(cls, random_blocks, block_bytes, tag, seed):
     return packs, rows
 
 
-@pytest.mark.parametrize("tag", ["q4kp_q4k", "q6kp_q6k"])
+KQ_RHS = {"q4kp_q4k": (Q4KP, random_q4_k, BLOCK_Q4_K_BYTES, 2502),
+          "q6kp_q6k": (Q6KP, random_q6_k, BLOCK_Q6_K_BYTES, 2503),
+          "iq4xsp_iq4xs": (IQ4XSP, random_iq4_xs, BLOCK_IQ4_XS_BYTES, 2504)}
+
+
+@pytest.mark.parametrize("tag", list(KQ_RHS))
 def test_kquant_rhs(lib, tag):
-    """The C repacks of ggml block_q4_K / block_q6_K rows write the layout object's bytes
-    (whole groups, padding columns zero; rows with a padded stride), and the row dequantisers
-    give gguf.quants' floats bit for bit."""
-    args = ((Q4KP, random_q4_k, BLOCK_Q4_K_BYTES, tag, 2502) if tag == "q4kp_q4k"
-            else (Q6KP, random_q6_k, BLOCK_Q6_K_BYTES, tag, 2503))
-    packs, rows = _kq_rhs_cases(*args)
+    """The C repacks of ggml block_q4_K / block_q6_K / block_iq4_xs rows write the layout
+    object's bytes (whole groups, padding columns zero; rows with a padded stride), and the row
+    dequantisers give gguf.quants' floats bit for bit."""
+    cls, rand, nbytes, seed = KQ_RHS[tag]
+    packs, rows = _kq_rhs_cases(cls, rand, nbytes, tag, seed)
     _batch(lib, packs)
     outs = _run(lib, [c for c, _, _ in rows])
     for (call, want, label), o in zip(rows, outs):
