@@ -1,4 +1,4 @@
-"""The runtime on K-quant weights (kinds "q4_K", "q6_K"), run in the emulated guest: ggml
+"""The runtime on K-quant weights (kinds "q4_K", "q6_K", "iq4_xs"), run in the emulated guest: ggml
 blocks through ``lib.pack_weights(from_ggml=)``, the kernel pick per m, ``matmul`` (1 and 3
 threads), ``plan``, ``pack_lhs`` (the generated q8kp packer), ``get_rows``, ``for_ops``, a
 packed-weights file, ``adopt`` from another nr/kr, and the refusals (float weights, k not a
@@ -22,6 +22,7 @@ from tilegen.generator.validate import parse_spec
 from tilegen.layout.api import layout_for
 from tilegen.families.q4_k import matmul_q8kp_q4kp, random_q4_k
 from tilegen.families.q6_k import matmul_q8kp_q6kp, random_q6_k
+from tilegen.families.iq4_xs import random_iq4_xs
 from tilegen.layout.base import rhs_layout_for
 from tilegen.layout.kquant import Q8KP
 from tilegen.families import FAMILIES
@@ -35,8 +36,11 @@ from test_kquant_weights import write_gguf
 T = gguf.GGMLQuantizationType
 # kind -> (RHS format, ggml type, random valid blocks, bytes per block)
 KQ = {"q4_K": ("q4kp", T.Q4_K, random_q4_k, 144),
-      "q6_K": ("q6kp", T.Q6_K, random_q6_k, 210)}
+      "q6_K": ("q6kp", T.Q6_K, random_q6_k, 210),
+      "iq4_xs": ("iq4xsp", T.IQ4_XS, random_iq4_xs, 136)}
 KINDS = tuple(KQ)
+# the kinds the presets carry tuned pairs of (iq4_xs: none yet, it has SME2 kernels only)
+TUNED_KINDS = ("q4_K", "q6_K")
 # tiles asked of the allocator per ISA (it decides): the gemm and gemv of each library
 GEMM_TILES = ("8x4", "4x8", "4x4", "8x1vl", "1vlx2vl")
 GEMV_TILES = ("1x4", "1x8", "1x1vl", "1x2vl")
@@ -144,7 +148,7 @@ def test_runtime_paths_bit_exact(kind, cpu, kq_lib):
         assert f"_{op}" in k, (r["kernels"], op)
 
 
-@pytest.mark.parametrize("kind", KINDS)
+@pytest.mark.parametrize("kind", TUNED_KINDS)
 def test_tuned_default_build(kind, v2_lib, tmp_path):
     """The neoverse-v2 preset: the tuned pair and, with for_ops, the best gemm and gemv of any
     layout (two packings where they differ); a GGUF tensor read with lib= is packed for the
@@ -164,6 +168,12 @@ def test_tuned_default_build(kind, v2_lib, tmp_path):
     write_gguf(path, {"blk.0.w": (KQ[kind][1], raw)})
     t = guest("max", 128).call("guest_kquant:gguf_tensor", v2_lib, str(path), "blk.0.w")
     assert (t["kind"], t["layout"]) == (kind, r["layout"]) and np.array_equal(t["data"], r["data"])
+
+
+def _max_guest(kind: str):
+    """qemu ``max`` for the refusal tests: SME off, unless the family's kernels are all SME."""
+    sme_only = all(ISAS[i].vl_kind == "sme" for i in FAMILIES[kind].impls)
+    return guest("max", env=SME_ON if sme_only else None)
 
 
 def _guest(cpu: str, sve_vl: int | None = None, sme_vl: int | None = None):
@@ -222,7 +232,7 @@ def test_pack_weights_refusals(kind, kq_lib, tmp_path):
     raw = rand(3, 512, 11)
     flat = raw.reshape(-1)
     nan_d = raw.reshape(3, 2, bb).copy()
-    off = 0 if kind == "q4_K" else 208
+    off = 208 if kind == "q6_K" else 0
     nan_d[1, 1, off:off + 2] = np.array([0x7E00], "<u2").view(np.uint8)
     src = dict(kind=kind, n=3, k=512)
     calls = [
@@ -245,14 +255,14 @@ def test_pack_weights_refusals(kind, kq_lib, tmp_path):
                                                      r"has a non-finite f16 dmin \(-Inf"))
     ok = [((), {**src, "from_ggml": flat.tobytes()}), ((), {**src, "from_ggml": flat}),
           ((), {**src, "from_ggml": bytearray(flat.tobytes())})]
-    got = guest("max").call("guest_weights:packs", kq_lib,
+    got = _max_guest(kind).call("guest_weights:packs", kq_lib,
                             [(a, kw) for a, kw, _ in calls] + ok)
     for (_, kw, pattern), r in zip(calls, got):
         assert isinstance(r, str) and r.startswith("ArgumentError: "), (kw.keys(), r)
         assert re.search(pattern, r), (pattern, r)
     path = tmp_path / "nan_d.gguf"
     write_gguf(path, {"blk.0.ffn_down.weight": (KQ[kind][1], nan_d.reshape(3, -1))})
-    r = guest("max").call("guest_weights:load", kq_lib, str(path), "blk.0.ffn_down.weight")
+    r = _max_guest(kind).call("guest_weights:load", kq_lib, str(path), "blk.0.ffn_down.weight")
     assert isinstance(r, str) and re.match(
         r"ArgumentError: tensor 'blk.0.ffn_down.weight': ggml \w+ block 3 \(row 1, block 1 of "
         r"the row\) has a non-finite f16 d \(NaN", r), r
@@ -270,7 +280,7 @@ def test_non_finite_activations_are_refused(kind, kq_lib):
         b = x.copy()
         b[1, 7] = v
         xs.append(b)
-    got = guest("max").call("guest_kquant:refusals", kq_lib, kind, raw, 5, 256, xs)
+    got = _max_guest(kind).call("guest_kquant:refusals", kq_lib, kind, raw, 5, 256, xs)
     for r in got:
         assert isinstance(r, str) and re.match(rf"ArgumentError: {kind} activations must be "
                                                rf"finite", r), r

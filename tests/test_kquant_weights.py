@@ -1,4 +1,4 @@
-"""K-quant weights (kinds "q4_K", "q6_K") on the host, no Arm code: GGUF Q4_K / Q6_K tensors
+"""K-quant weights (kinds "q4_K", "q6_K", "iq4_xs") on the host, no Arm code: GGUF Q4_K / Q6_K / IQ4_XS tensors
 through ``tilegen.gguf.load_tensor``, ``get_rows`` against ``gguf.quants.dequantize`` bit for
 bit, packed-weights files, the lossless repack between nr / kr that ``lib.adopt`` runs, and the
 refusals (k not a multiple of 256, truncated blocks, non-finite d / dmin, float weights).
@@ -14,13 +14,15 @@ from tilegen.layout import LayoutError
 from tilegen.layout.api import can_repack, layout_for, repack_rhs
 from tilegen.families.q4_k import random_q4_k
 from tilegen.families.q6_k import random_q6_k
+from tilegen.families.iq4_xs import random_iq4_xs
 from tilegen.runtime.errors import ArgumentError
 from tilegen.runtime.packed import dequantize_packed_rows
 
 T = gguf.GGMLQuantizationType
 
 # kind -> (packed RHS format, ggml type, random valid blocks, bytes per block)
-KQ = {"q4_K": ("q4kp", T.Q4_K, random_q4_k, 144), "q6_K": ("q6kp", T.Q6_K, random_q6_k, 210)}
+KQ = {"q4_K": ("q4kp", T.Q4_K, random_q4_k, 144), "q6_K": ("q6kp", T.Q6_K, random_q6_k, 210),
+      "iq4_xs": ("iq4xsp", T.IQ4_XS, random_iq4_xs, 136)}
 N, K = 13, 512          # n not a multiple of any nr: padding columns
 
 
@@ -112,8 +114,8 @@ def test_bad_blocks_are_clear_errors(kind, tmp_path):
         lay.pack_from_ggml(np.concatenate([raw.reshape(-1), raw.reshape(-1)[:bb]]), 3, 512)
     with pytest.raises(LayoutError, match="from_ggml="):
         lay.pack_from_float(np.ones((3, 512), np.float32))
-    # f16 fields: Q4_K d at byte 0 and dmin at 2; Q6_K d at 208
-    fields = [(0, "d"), (2, "dmin")] if kind == "q4_K" else [(208, "d")]
+    # f16 fields: Q4_K d at byte 0 and dmin at 2; Q6_K d at 208; IQ4_XS d at 0
+    fields = {"q4_K": [(0, "d"), (2, "dmin")], "q6_K": [(208, "d")], "iq4_xs": [(0, "d")]}[kind]
     for off, field in fields:
         for bits, name in ((0x7C00, r"\+Inf"), (0xFC00, "-Inf"), (0x7E01, "NaN")):
             bad = raw.reshape(3, 2, bb).copy()
