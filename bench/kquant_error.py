@@ -5,7 +5,10 @@ activations (tilegen.reference.kquant; numpy only, no build, no emulation).
     python bench/kquant_error.py                  # markdown table on stdout
     python bench/kquant_error.py --json out.json  # the figures as JSON too
 
-Weights: seeded random valid ggml blocks (tilegen.families.q4_k.random_q4_k / q6_k.random_q6_k).
+Weights: seeded random valid ggml blocks of every family reading the q8kp activations (the
+registry's; each RHS layout's ``random_ggml``).  ggml's arithmetic: the family plugin's own
+``matmul_ggml`` where it has one (iq4_xs: the Arm NEON ``vec_dot_iq4_xs_q8_K`` float order),
+else tilegen.reference.kquant.matmul_ggml (the generic K-quant lanes of Q4_K / Q6_K).
 Activations: seeded, two kinds per shape — ``normal`` (standard normal) and ``heavy``
 (Student t with 3 degrees of freedom: a few large values per row, as LLM activations have).
 Figures: ``rms`` = RMS(error) / RMS(float64 result), ``max`` = max |error| / max |float64 result|;
@@ -24,14 +27,19 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from tilegen.families import rhs_layout_class  # noqa: E402
-from tilegen.families.q4_k import random_q4_k  # noqa: E402
-from tilegen.families.q6_k import random_q6_k  # noqa: E402
+from tilegen.families import FAMILIES, plugin, rhs_layout_class  # noqa: E402
 from tilegen.reference.kquant import (error_summary, matmul_f64_kquant, matmul_ggml,  # noqa: E402
                                       matmul_tilegen)
 
 SHAPES = [(1, 256, 256), (1, 512, 4096), (8, 128, 1024), (16, 256, 4096), (32, 64, 2048)]
-RAND = {"q4_K": random_q4_k, "q6_K": random_q6_k}
+#: the K-quant families (those reading the q8kp activations), in registry order
+KQUANT = tuple(f for f, rec in FAMILIES.items() if rec.lhs == "q8kp")
+
+
+def ggml_product(wkind: str, x, raw, n: int) -> np.ndarray:
+    """ggml's arithmetic for family ``wkind``: the plugin's ``matmul_ggml`` or the shared one."""
+    own = getattr(plugin(wkind), "matmul_ggml", None)
+    return own(x, raw, n) if own else matmul_ggml(rhs_layout_class(wkind), x, raw, n)
 
 
 def activations(kind: str, m: int, k: int, seed: int) -> np.ndarray:
@@ -43,14 +51,14 @@ def activations(kind: str, m: int, k: int, seed: int) -> np.ndarray:
 
 def rows() -> list[dict]:
     out = []
-    for wkind in ("q4_K", "q6_K"):
+    for wkind in KQUANT:
         for i, (m, n, k) in enumerate(SHAPES):
-            raw = RAND[wkind](n, k, 100 + i)
+            raw = rhs_layout_class(wkind).random_ggml(n, k, 100 + i)
             for akind in ("normal", "heavy"):
                 x = activations(akind, m, k, 200 + i)
                 rhs = rhs_layout_class(wkind)
                 ref = matmul_f64_kquant(rhs, x, raw, n)
-                tg, gg = matmul_tilegen(rhs, x, raw, n), matmul_ggml(rhs, x, raw, n)
+                tg, gg = matmul_tilegen(rhs, x, raw, n), ggml_product(wkind, x, raw, n)
                 e_tg, e_gg = error_summary(tg, ref), error_summary(gg, ref)
                 out.append({"kind": wkind, "m": m, "n": n, "k": k, "x": akind,
                             "tilegen": e_tg, "ggml": e_gg,

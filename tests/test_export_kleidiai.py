@@ -674,8 +674,11 @@ def test_tuned_export_needs_a_tuned_file(target, flag, tmp_path, capsys):
 # K-quants: tilegen's own micro-kernels and packers, which llama-kquants.patch wires into
 # llama.cpp's KleidiAI backend
 
-def _kq_packer(gemm: str) -> tuple[str, str]:
-    return ("q4_K", "rhs_pack_nxk_q4kp_q4k") if "_q4kp" in gemm else ("q6_K", "rhs_pack_nxk_q6kp_q6k")
+def _kq_packer(spec) -> tuple[str, str]:
+    """(family, RHS packer name without ``kai_``) of a K-quant kernel spec, from its record."""
+    from tilegen.export.packers_c import KQUANT_PACKER_FOR
+    from tilegen.families import FAMILIES
+    return spec.family, KQUANT_PACKER_FOR[FAMILIES[spec.family].rhs][len("kai_"):]
 
 
 def _kquant_entry_bit_exact(g, so, gemm_kk, gemv_kk, seed: int):
@@ -686,11 +689,9 @@ def _kquant_entry_bit_exact(g, so, gemm_kk, gemv_kk, seed: int):
     (``matmul_blocks``: no packed bytes), bit for bit.  n leaves the last column group of nr
     partly filled, and twice its second half: for the SME2 gemm's 2-VL groups, the second
     vector partly filled (#30 item 8)."""
-    from tilegen.families.q4_k import random_q4_k
-    from tilegen.families.q6_k import random_q6_k
     from tilegen.families import rhs_layout_class
     from tilegen.reference.kquant import matmul_blocks
-    kind, packer = _kq_packer(gemm_kk.name)
+    kind, packer = _kq_packer(gemm_kk.kernel_spec)
     vl = SVL_BITS // 8
     rng = np.random.default_rng(seed)
     gspec = gemm_kk.kernel_spec
@@ -699,7 +700,7 @@ def _kquant_entry_bit_exact(g, so, gemm_kk, gemv_kk, seed: int):
     halves = (nr + nr // 2 + max(1, nr // 8), nr // 2 + max(1, nr // 4))
     assert all(nr // 2 < n % nr < nr for n in halves), (nr, halves)
     for n, k in ((37, 512), (8, 256), (2 * nr + 3, 256), (halves[0], 256), (halves[1], 512)):
-        raw = (random_q4_k if kind == "q4_K" else random_q6_k)(n, k, int(rng.integers(1 << 30)))
+        raw = rhs_layout_class(kind).random_ggml(n, k, int(rng.integers(1 << 30)))
         for kk, m in ((gemm_kk, 13), (gemv_kk, 1), (gemm_kk, 2 * vl + 1)):
             spec = kk.kernel_spec
             _getters_match(g, kk, so, vl if spec.vl_scaled else None)
@@ -879,7 +880,8 @@ def test_kquant_table_entries_match_their_types(target, tuned):
     (default and tuned exports)."""
     patch, specs, headers = _table_inputs(K.export_files(target, tuned))
     table = kquant_table(patch)
-    assert len(table) == len(K.KQUANT_DEFAULT) == 6
+    from tilegen.families import LLAMA_KERNELS
+    assert len(table) == len(K.KQUANT_DEFAULT) == sum(map(len, LLAMA_KERNELS.values()))
     assert kquant_table_errors(patch, specs, headers) == []
 
 
@@ -997,7 +999,10 @@ def test_generated_patch_applies_to_llama_cpp(llama_cpp_src, tmp_path):
         assert before[f].startswith(pre) and blob(f).startswith(post), (f, index[f])
     tuned = K.llama_patch("neoverse-v2", True)
     assert tuned != text
-    assert re.findall(r"^index .*", tuned, flags=re.M) == re.findall(r"^index .*", text, flags=re.M)[1:]
+    # the tuned table's kernels.cpp differs: no index line there; its other index lines are
+    # the default's (which has those of the files whose patched blob ids are known)
+    tidx = dict(re.findall(r"^diff --git a/(\S+) .*\nindex (\w+\.\.\w+) ", tuned, flags=re.M))
+    assert f"{rel}/kernels.cpp" not in tidx and tidx.items() <= index.items() and tidx
 
 
 def test_tuned_kquant_tiles_reach_names_getters_and_table():

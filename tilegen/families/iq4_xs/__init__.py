@@ -27,7 +27,8 @@ from ...layout.ggml import (QK_K, check_block_scales, check_superblocks, f16_bit
                            kquant_blocks, random_f16_scales)
 from ...layout.kquant import U16, KQuantRhs, KQuantTerms
 from ...records import FamilyInfo, kquant_sme2_impls
-from ...reference.kquant import matmul_kernel
+from ...reference.f32 import fma_f32
+from ...reference.kquant import matmul_kernel, quantize_q8_k
 
 # the plugin's declarations (tilegen.families): the SME2 realisation every K-quant family has
 # (the NEON and SVE kernels are not written yet: docs/specs.md#iq4_xs)
@@ -220,6 +221,40 @@ def c_packer(geo: list[dict]) -> dict:
                              qk=qk, nsb=nsb, sbk=sbk, kvalues=", ".join(map(str, KVALUES)),
                              bias=SCALE_BIAS, blk=BLOCK_IQ4_XS_BYTES, b_d=IQ4_XS_D,
                              b_sh=IQ4_XS_SCALES_H, b_sl=IQ4_XS_SCALES_L, b_qs=IQ4_XS_QS))
+
+
+def matmul_ggml(x, raw, n: int, *, generic: bool = False, contract: bool = False) -> np.ndarray:
+    """float32 (m, n): ggml's IQ4_XS x Q8_K dot product in numpy (the error table's ggml column,
+    bench/kquant_error.py): :func:`~tilegen.reference.kquant.quantize_q8_k` of ``x``, then per
+    output in ggml's float order.  The Arm NEON ``vec_dot_iq4_xs_q8_K`` (what llama.cpp runs on
+    Arm; ``generic`` False): per super-block the exact int S = sum_j (ls_j - 32) * dot_j, then
+    ``sumf += (f32(d) * d_a) * f32(S)``.  The generic C (``generic``): per sub-block
+    ``d_j = (f32(d) * d_a) * (ls_j - 32)`` and ``sumf += d_j * f32(dot_j)``.  Every step is one
+    f32 rounding (``contract``: the ``sumf +=`` fused, as compilers allowed to contract do)."""
+    x = np.asarray(x, dtype=np.float32)
+    m, k = x.shape
+    S = check_superblocks(k)
+    qa, da, _ = quantize_q8_k(x)
+    d, sc, idx = IQ4XSP.split_blocks(raw, n, k)
+    w = np.asarray(KVALUES, dtype=np.int64)[idx].reshape(n, S, 8, 32)
+    a = qa.astype(np.int64).reshape(m, S, 8, 32)
+    dots = np.einsum("msjt,nsjt->mnsj", a, w)                          # exact, (m, n, S, 8)
+    df = f16_bits_to_f32(d)                                            # (n, S)
+    sumf = np.zeros((m, n), np.float32)
+
+    def add(acc, f, v):
+        return fma_f32(f, v, acc) if contract else (acc + (f * v).astype(np.float32)).astype(np.float32)
+
+    for s in range(S):
+        fac = (df[None, :, s] * da[:, s:s + 1]).astype(np.float32)     # (m, n)
+        if generic:
+            for j in range(8):
+                dj = (fac * np.float32(sc[:, s, j])[None, :]).astype(np.float32)
+                sumf = add(sumf, dj, dots[:, :, s, j].astype(np.float32))
+        else:
+            tot = (dots[:, :, s, :] * sc[None, :, s, :].astype(np.int64)).sum(axis=-1)
+            sumf = add(sumf, fac, tot.astype(np.float32))
+    return sumf
 
 
 LAYOUTS = (IQ4XSP,)
