@@ -90,10 +90,13 @@ def test_pack_weights_refuses_unknown_layouts_and_mismatched_sources(lib):
                       rf"always n rows of k/32 {block[kind]} blocks.*'nk'"))
         cases.append(((w,), src, r"either w or from_ggml=, not both"))
         cases.append(((), dict(src, layout="bogus"), r"layout must be 'nk'"))
+    from tilegen.families import GGML_BLOCKS, GGML_KINDS as ALL_GGML
+    blocks = "/".join(dict.fromkeys(b for b, _ in GGML_BLOCKS.values()))
+    assert blocks.startswith("Q4_0/Q8_0/Q4_K/Q6_K") and ALL_GGML[:5] == ("q4_0", "q4_0_dx", "q8_0", "q4_K", "q6_K")
     for kind in ("f32", "f16", "bf16"):
         cases.append(((), dict(kind=kind, from_ggml=raw4, n=8, k=64),
-                      rf"takes ggml Q4_0/Q8_0/Q4_K/Q6_K blocks, for kinds q4_0, q4_0_dx, q8_0, "
-                      rf"q4_K, q6_K; kind '{kind}' has no ggml block form"))
+                      rf"takes ggml {blocks} blocks, for kinds {', '.join(ALL_GGML)}; "
+                      rf"kind '{kind}' has no ggml block form"))
     for kind in KINDS:
         cases.append(((), dict(kind=kind), r"no weights: pass w"))
     got = guest("max").call("guest_weights:packs", lib, [(a, kw) for a, kw, _ in cases])
@@ -311,4 +314,6 @@ def test_weights_doc_names_every_ggml_kind():
     for kind, blk in kinds.items():
         if blk is not None:
             assert f'`"{kind}"`' in rule, (kind, rule)
-            assert f"block_{blk[0][0].lower()}{blk[0][1:]}" in rule, (kind, blk, rule)
+            # ggml's struct names: lower case but for the K-quants' "_K" (block_q4_K, block_iq4_xs)
+            struct = re.sub(r"_k$", "_K", blk[0].lower())
+            assert f"block_{struct}" in rule, (kind, blk, rule)
