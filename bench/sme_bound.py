@@ -35,14 +35,14 @@ from tilegen.analysis.sme import (M4_UNITS, PR29219_GEMM, UnitMix, kleidiai_repo
 from tilegen.build.targets import TARGETS  # noqa: E402
 from tilegen.build.tuned import tuned_specs, tuned_targets  # noqa: E402
 from tilegen.export.kleidiai import KERNELS, kquant_entries, tuned_overrides  # noqa: E402
-from tilegen.families import DEFAULT_KERNELS  # noqa: E402
+from tilegen.families import DEFAULT_KERNELS, KQUANT_FAMILIES  # noqa: E402
 from tilegen.generator import parse_spec  # noqa: E402
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from sme_mix import header, kleidiai_option, trees  # noqa: E402
 
 SME_ISAS = ("sme", "sme2")
-KQUANT = ("q4_K", "q6_K")
+KQUANT = KQUANT_FAMILIES
 MARK = "†"
 
 

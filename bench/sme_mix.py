@@ -31,6 +31,8 @@ from tilegen.analysis.sme import (KAI_PACKERS, M4_UNITS, SME_HEADER, SME_LEGEND,
 from tilegen.generator import parse_spec  # noqa: E402
 from tilegen.generator.packers import packer_for, streaming_packer_for  # noqa: E402
 from tilegen.export.kleidiai import KERNELS  # noqa: E402
+from tilegen.analysis.tune import grid_specs  # noqa: E402
+from tilegen.families import KQUANT_FAMILIES  # noqa: E402
 
 SHARED = Path(__file__).resolve().parents[2] / "shared" / "thirdparty" / "kleidiai"
 DEFAULT_TARBALLS = ("kleidiai-v1.24.0.tar.gz", "kleidiai-v1.30.0.tar.gz")
@@ -51,12 +53,14 @@ REFERENCE = (
     ("SME2 q4 gemv, tilegen's other tiles", ["q4_0:sme2:1x2vl", "q4_0:sme2:1x4vl"], None),
     ("SME2 bf16 / f32 gemm, tilegen's other tiles",
      ["bf16:sme2:1vlx4vl", "bf16:sme2:4vlx1vl", "f32:sme2:1vlx4vl"], None),
-    ("SME2 q4_K (block: one 256-k super-block)",
-     ["q4_K:sme2:1vlx2vl", "q4_K:sme2:1vlx1vl", "q4_K:sme2:1x2vl", "q4_K:sme2:1x4vl"], None),
-    ("SME2 q6_K (block: one 256-k super-block)",
-     ["q6_K:sme2:1vlx4vl", "q6_K:sme2:1vlx2vl", "q6_K:sme2:1vlx1vl", "q6_K:sme2:1x2vl",
-      "q6_K:sme2:1x4vl"], None),
-)
+) + tuple(
+    # every K-quant family: the SME2 tiles the tuner's grid accepts, gemms by falling nr, then
+    # gemvs by rising nr
+    (f"SME2 {fam} (block: one 256-k super-block)",
+     [s for s, spec in sorted(grid_specs().items(), key=lambda kv: (
+         kv[1].is_gemv, kv[1].nr if kv[1].is_gemv else -kv[1].nr))
+      if spec.family == fam and spec.isa == "sme2"], None)
+    for fam in KQUANT_FAMILIES)
 
 
 def trees(args: list[str] | None) -> list[tuple[str, Path, str]]:

@@ -227,6 +227,7 @@ ALLOCATOR_MODULES = (__name__ + ".regalloc",)
 DEFAULT_KERNELS = ()
 pack = q8_0.pack
 C_PACKERS = {"kai_rhs_pack_nxk_pkg_test": q4_k.c_packer}     # (not rendered here)
+LLAMA_QUANTIZE = {"q8_0_pkg_m": 0.125}
 '''
 
 _PACKAGE_PLUGIN_REGALLOC = '''"""The test family's allocators: q8_0's under the names its record gives."""
@@ -247,6 +248,13 @@ assert KQUANT_PACKER_FOR[F.FAMILIES["q8_0_pkg"].rhs] == "kai_rhs_pack_nxk_pkg_te
 for tile in ("i8mm:8x4", "dotprod:1x4", "sme2:1vlx4vl"):
     a, b = parse_spec("q8_0_pkg:" + tile), parse_spec("q8_0:" + tile)
     assert render(a).text.replace("spec: q8_0_pkg:", "spec: q8_0:") == render(b).text, tile
+import sys
+sys.argv = ["llama_cpp_check"]
+sys.path.insert(0, "scripts")
+import llama_cpp_check as L      # the copy of the script next to the copied package
+assert L.REPO.resolve() == __import__("pathlib").Path.cwd().resolve()
+assert "q8_0_pkg_m" in L.KQUANT_TYPES and L.REF_TOLERANCE["q8_0_pkg_m"] == 0.125
+assert L.LOGITS_PROMPT["q8_0_pkg_m"] == L.sg.LONG_PROMPT
 print("OK")
 '''
 
@@ -255,8 +263,9 @@ def test_a_new_family_brings_its_allocators_in_its_plugin_package(tmp_path):
     """#31 item 4: a family plugin that is a package (tilegen/families/<fam>/) with its
     register allocators in its own submodule ``regalloc.py`` (named in its ALLOCATOR_MODULES
     by dotted path), and no other change to the package: the allocator registry finds them,
-    its kernels render, the export maps its RHS format to its C packer; the import test puts
-    such a submodule in the regalloc stage."""
+    its kernels render, the export maps its RHS format to its C packer, the llama.cpp check
+    runs its llama-quantize type (``LLAMA_QUANTIZE``); the import test puts such a submodule in
+    the regalloc stage."""
     import shutil
     import subprocess
     import sys
@@ -269,6 +278,8 @@ def test_a_new_family_brings_its_allocators_in_its_plugin_package(tmp_path):
     pkg.mkdir()
     (pkg / "__init__.py").write_text(_PACKAGE_PLUGIN)
     (pkg / "regalloc.py").write_text(_PACKAGE_PLUGIN_REGALLOC)
+    (tmp_path / "scripts").mkdir()
+    shutil.copy(src.parent / "scripts" / "llama_cpp_check.py", tmp_path / "scripts")
     r = subprocess.run([sys.executable, "-c", _PACKAGE_PLUGIN_CHECKS], cwd=tmp_path,
                        capture_output=True, text=True, timeout=300,
                        env={"PYTHONPATH": str(tmp_path), "PATH": "/usr/bin:/bin"})

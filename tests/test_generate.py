@@ -188,7 +188,7 @@ def test_q4k_override_points_with_parent_content_are_byte_identical(sve):
     planes) as {{ super() }} renders every accepted q4_K tile byte for byte as q4_K."""
     from tilegen.generator.render import template_context
     env = _test_env()
-    points = {"decode", "planes"} if sve else {"decode", "decode_setup"}
+    points = {"decode", "decode_setup", "planes"} if sve else {"decode", "decode_setup"}
     assert points <= set(env.get_template(f"q4k_{'sve' if sve else 'neon'}.S.j2").blocks)
     child = env.get_template(f"kquant_super_{'sve' if sve else 'neon'}.S.j2")
     assert set(child.blocks) == points
@@ -288,4 +288,51 @@ def test_q5k_like_override_is_small_and_assembles(tmp_path, sve):
         src.write_text(text)
         p = subprocess.run([CLANG, "--target=aarch64-linux-gnu", "-c", str(src), "-o", str(src) + ".o"],
                            capture_output=True, text=True)
+        assert p.returncode == 0, (spec, p.stderr[:2000])
+
+
+IQ4XS_SKETCH_LINES = 50     # an IQ4_XS-like family on the SVE skeleton (the file, comments included)
+
+
+def test_iq4xs_like_family_on_the_sve_skeleton_assembles(tmp_path):
+    """The SVE skeleton's hooks for an IQ4_XS-like family (kquant/sve.S.j2's header): block
+    setup loads a 16-byte int8 table once per call into an extra Z register (LD1RQB: replicated
+    per segment) from block data, the decode (weights) maps every nibble through it by TBL, the
+    scale widening is signed (LD1SB), no min term.  One tile per strategy renders, keeps the
+    table register untouched, and clang assembles it.  (Layout, registers and the table
+    register are a q4_K tile's stand-ins: no IQ4_XS allocator or layout exists.)"""
+    import re
+    from tilegen.generator.render import template_context
+    assert CLANG, "needs clang (scripts/setup.sh installs clang-19)"
+    name = "iq4xs_like_sve.S.j2"
+    assert len((TEST_TEMPLATES / name).read_text().splitlines()) <= IQ4XS_SKETCH_LINES
+    child = _test_env().get_template(name)
+    for mode, spec in _one_per_mode(True).items():
+        ctx = template_context(spec, "elf")
+        base = render(spec, "elf").text
+        kv = max(set(range(32)) - {int(r) for r in re.findall(r"\bz(\d+)", base)})
+        ctx["R"] = _With(ctx["R"], kv=kv)
+        text = child.render(**ctx)
+        head, loop, tail = _hot_loop(text)
+        # the table: loaded once per call, before the row loop, from the 16 bytes after the code
+        assert head.count(f"ld1rqb {{z{kv}.b}}") == 1, spec
+        assert head.index(f"ld1rqb {{z{kv}.b}}") < head.index(".Lm_loop:"), spec
+        assert re.search(r"\.Lkvalues:\n    \.byte (-?\d+, ){15}-?\d+\n", tail), spec
+        # every use of the table register is TBL's table operand
+        uses = [line for line in (head + loop + tail).splitlines() if f"z{kv}." in line]
+        assert all(line.split()[0] == "tbl" and f"{{z{kv}.b}}" in line for line in uses[1:]), spec
+        n_unpack = loop.count("lsr z")
+        assert n_unpack >= 16 and loop.count("tbl z") == 2 * n_unpack, (spec, mode)
+        # signed scale widening, no min term (no dmin FMLS, no bsum dot products, no mins)
+        assert loop.count("ld1sb") >= 8 and not re.search(r"ld1b \{z\d+\.s\}", loop), spec
+        assert "fmls" not in text and "min term" not in head + loop, spec
+        # the same dot products as q4_K's kernel, less its min term's (per epilogue unit: 2
+        # SMMLA, or 4 SDOT by lane)
+        s1 = len(ctx["R"].s1) // (2 if mode == "dot8" else 1)
+        dots = lambda t: t.count("smmla") + t.count("sdot")
+        assert dots(loop) == dots(_hot_loop(base)[1]) - (2 if mode == "mm" else 4) * s1, spec
+        src = tmp_path / f"{spec.name}.S"
+        src.write_text(text)
+        p = subprocess.run([CLANG, "--target=aarch64-linux-gnu", "-march=armv9-a+sve2+i8mm",
+                            "-c", str(src), "-o", str(src) + ".o"], capture_output=True, text=True)
         assert p.returncode == 0, (spec, p.stderr[:2000])

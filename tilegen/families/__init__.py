@@ -25,6 +25,9 @@ edit) and orders them by their ``ORDER``.  What a plugin holds (module attribute
 ``GGML_TYPES``         optional: GGUF tensor type name -> runtime kind
 ``LLAMA_KERNELS``      optional: (isa, gemm tile, gemv tile) the llama.cpp patch wires
 ``C_PACKERS``          optional: the export's C packers of the family (name -> builder)
+``LLAMA_QUANTIZE``     optional: llama-quantize types (ftype, lower case) whose files the
+                       llama.cpp check runs on the patched build, -> their logit tolerance
+                       (max|d| / rms, docs/llama_cpp_check.md), e.g. ``{"q4_k_m": 0.08}``
 =====================  ===================================================================
 
 Stage order: the plugins import the shared bases (records, callconv, layout bases,
@@ -40,8 +43,8 @@ from ..callconv import Abi
 from ..records import FamilyInfo
 
 __all__ = ["PLUGINS", "FAMILIES", "KIND_FAMILY", "KIND_FAMILIES", "FLOAT_KINDS", "GGML_KINDS", "GGML_BLOCKS",
-           "GGML_TYPES", "DEFAULT_KERNELS", "LAYOUTS", "ALLOCATOR_MODULES", "LLAMA_KERNELS",
-           "C_PACKERS", "plugin", "rhs_layout_class", "abi_for", "pack"]
+           "GGML_TYPES", "KQUANT_FAMILIES", "DEFAULT_KERNELS", "LAYOUTS", "ALLOCATOR_MODULES", "LLAMA_KERNELS",
+           "C_PACKERS", "LLAMA_QUANTIZE", "plugin", "rhs_layout_class", "abi_for", "pack"]
 
 
 def _discover() -> tuple:
@@ -84,6 +87,9 @@ ALLOCATOR_MODULES: tuple[str, ...] = tuple(dict.fromkeys(m for p in PLUGINS for 
 #: family -> (isa, gemm tile, gemv tile) of the llama.cpp patch
 LLAMA_KERNELS: dict[str, tuple] = {p.RECORDS[0].name: p.LLAMA_KERNELS for p in PLUGINS
                                    if hasattr(p, "LLAMA_KERNELS")}
+#: llama-quantize type (lower case) -> tolerance of the llama.cpp check, family by family
+LLAMA_QUANTIZE: dict[str, float] = {t: tol for p in PLUGINS
+                                    for t, tol in getattr(p, "LLAMA_QUANTIZE", {}).items()}
 #: export C packer name -> builder, family by family
 C_PACKERS: dict[str, object] = {n: b for p in PLUGINS for n, b in getattr(p, "C_PACKERS", {}).items()}
 
@@ -106,6 +112,9 @@ GGML_BLOCKS: dict[str, tuple[str, int]] = {
     kind: rhs_layout_class(f.name).ggml_block for f in FAMILIES.values() for kind in f.kinds
     if rhs_layout_class(f.name).ggml_block is not None}
 GGML_KINDS = tuple(GGML_BLOCKS)
+#: the K-quant families: those whose kernels read Q8_K-style activations (``q8kp``) by 256-k
+#: super-blocks (benches and reports that treat them apart read this, not a list of names)
+KQUANT_FAMILIES: tuple[str, ...] = tuple(f.name for f in FAMILIES.values() if f.lhs == "q8kp")
 
 
 def abi_for(family: str) -> Abi:

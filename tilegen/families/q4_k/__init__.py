@@ -34,6 +34,10 @@ ORDER = 30
 RECORDS, ALLOCATOR_MODULES, GGML_TYPES, DEFAULT_KERNELS, LLAMA_KERNELS = kquant_manifest(
     "q4_K", "q4kp", "q4k", __name__)
 
+#: llama-quantize's Q4_K_M of the check's synthetic model (Q4_K, Q6_K for some tensors) runs on
+#: the patched llama.cpp within this tolerance (docs/llama_cpp_check.md#k-quants derives it)
+LLAMA_QUANTIZE = {"q4_k_m": 0.08}
+
 BLOCK_Q4_K_BYTES = 144
 # byte offsets of the fields inside one block (the C packer of the export reads them too)
 Q4_K_D, Q4_K_DMIN, Q4_K_SCALES, Q4_K_QS = 0, 2, 4, 16

@@ -207,6 +207,26 @@ class Q4KSveRegs(KQuantSveArea, Frame):
     saved_d: tuple[int, ...] = ()
     needs: VectorNeeds = VectorNeeds(())
 
+    # what the SVE skeleton (templates/kquant/sve.S.j2) reads under its shared names
+    @property
+    def c(self) -> tuple[int, ...]:
+        """The units' cumulative sub-block sums (``t``)."""
+        return self.t
+
+    @property
+    def w(self) -> tuple[tuple[int, ...], ...]:
+        """Per weight vector (mm / dot8: half h; dot4: column vector cv) the two int8 vectors
+        one nibble vector unpacks into (low, high nibbles)."""
+        if self.mode == "dot4":
+            return tuple(self.rhs[i:i + 2] for i in range(0, len(self.rhs), 2))
+        return (self.rhs[:2],) * (2 * len(self.pred))
+
+    @property
+    def pass_rows(self) -> int:
+        return self.mr_reg
+
+    stream_w = False        # every column vector's weights of a chunk held at once (dot4)
+
 
 def _sve_ep_counts(mode: str, P: int, nv: int) -> dict[str, int]:
     """SB-epilogue operands besides the bsums: mm, the row-pair da patterns and per half the d /
@@ -243,6 +263,7 @@ def _sve_block(spec: KernelSpec, mode: str, mr_reg: int):
     for name, n in _sve_ep_counts(mode, P, nv).items():
         ep[name] = tuple(v.reuse(dead[i:], n, _SVE_EP))
         i += n
+    ep["fold"] = ep["s2"]       # dot8's fold of the column halves (the skeleton's name)
     out_flat = v.reuse(list(lhs) + list(rhs) + list(sst) + list(t), mr_reg * nv + 4, _SVE_EP)
     out = rows(out_flat[:mr_reg * nv], nv)
     ep["tmp"] = tuple(out_flat[mr_reg * nv:])

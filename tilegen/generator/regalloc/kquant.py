@@ -97,6 +97,26 @@ class KQuantSveArea:
         """Vectors of the f32 accumulator area (one per unit)."""
         return self.n_units
 
+    # One pass over the tile's rows unless the record says otherwise (q6_K's row passes, its
+    # ``pass_rows`` a field): what the SVE skeleton (templates/kquant/sve.S.j2) reads.
+    @property
+    def passes(self) -> int:
+        return 1
+
+    @property
+    def pass_groups(self) -> int:
+        return self.groups
+
+    @property
+    def w_vls(self) -> int:
+        """Vectors of staged weights above the accumulators (passes > 1)."""
+        return 0
+
+    @property
+    def area_vls(self) -> int:
+        """Vectors of the whole stack area (the accumulators, then what a record stages)."""
+        return self.acc_vls
+
 
 @dataclass(frozen=True, kw_only=True)
 class KQuantSme2Frame(Frame):
