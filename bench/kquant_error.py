@@ -5,10 +5,11 @@ activations (tilegen.reference.kquant; numpy only, no build, no emulation).
     python bench/kquant_error.py                  # markdown table on stdout
     python bench/kquant_error.py --json out.json  # the figures as JSON too
 
-Weights: seeded random valid ggml blocks of every family reading the q8kp activations (the
-registry's; each RHS layout's ``random_ggml``).  ggml's arithmetic: the family plugin's own
-``matmul_ggml`` where it has one (iq4_xs: the Arm NEON ``vec_dot_iq4_xs_q8_K`` float order),
-else tilegen.reference.kquant.matmul_ggml (the generic K-quant lanes of Q4_K / Q6_K).
+Weights: seeded random valid ggml blocks of every K-quant family of the registry (the RHS
+layouts that take only their ggml blocks: q4_K, q5_K, q6_K; each layout's ``random_ggml``).
+ggml's arithmetic: the family plugin's own ``matmul_ggml`` where it has one (iq4_xs: the Arm
+NEON ``vec_dot_iq4_xs_q8_K`` float order), else tilegen.reference.kquant.matmul_ggml (the
+generic K-quant lanes of Q4_K / Q5_K / Q6_K).
 Activations: seeded, two kinds per shape — ``normal`` (standard normal) and ``heavy``
 (Student t with 3 degrees of freedom: a few large values per row, as LLM activations have).
 Figures: ``rms`` = RMS(error) / RMS(float64 result), ``max`` = max |error| / max |float64 result|;
@@ -32,8 +33,9 @@ from tilegen.reference.kquant import (error_summary, matmul_f64_kquant, matmul_g
                                       matmul_tilegen)
 
 SHAPES = [(1, 256, 256), (1, 512, 4096), (8, 128, 1024), (16, 256, 4096), (32, 64, 2048)]
-#: the K-quant families (those reading the q8kp activations), in registry order
-KQUANT = tuple(f for f, rec in FAMILIES.items() if rec.lhs == "q8kp")
+#: the K-quant kinds (their layouts take only ggml blocks) -> seeded random valid blocks
+RAND = {f: rhs_layout_class(f).random_ggml for f in FAMILIES
+        if getattr(rhs_layout_class(f), "ggml_only", None) == f}
 
 
 def ggml_product(wkind: str, x, raw, n: int) -> np.ndarray:
@@ -51,7 +53,7 @@ def activations(kind: str, m: int, k: int, seed: int) -> np.ndarray:
 
 def rows() -> list[dict]:
     out = []
-    for wkind in KQUANT:
+    for wkind in RAND:
         for i, (m, n, k) in enumerate(SHAPES):
             raw = rhs_layout_class(wkind).random_ggml(n, k, 100 + i)
             for akind in ("normal", "heavy"):

@@ -5,7 +5,7 @@
  *
  *     vs_ggml_driver FUNCTION NB        (FUNCTION: one of the names below)
  *
- * gemm: 4 rows (one block_q8_Kx4) x 8 columns (one block_q4_Kx8 / block_q6_Kx8 group);
+ * gemm: 4 rows (one block_q8_Kx4) x 8 columns (one block_<type>x8 group of the K-quant type);
  * gemv: 1 row x 8 columns.  Buffers are over-allocated (16 KiB per super-block and operand).
  *
  * Built with -DTILEGEN_KERNEL=<name> -DTILE_MR=<mr> -DTILE_NR=<nr> it calls that generated
@@ -20,11 +20,12 @@
 typedef void (*kernel_fn)(int n, float *s, size_t bs, const void *vx, const void *vy, int nr,
                           int nc);
 
-#define KERNELS(X) \
-    X(ggml_gemm_q4_K_8x8_q8_K, 4) X(ggml_gemm_q4_K_8x4_q8_K, 4) \
-    X(ggml_gemm_q6_K_8x8_q8_K, 4) X(ggml_gemm_q6_K_8x4_q8_K, 4) \
-    X(ggml_gemv_q4_K_8x8_q8_K, 1) X(ggml_gemv_q4_K_8x4_q8_K, 1) \
-    X(ggml_gemv_q6_K_8x8_q8_K, 1) X(ggml_gemv_q6_K_8x4_q8_K, 1)
+/* KERNELS(X): X(name, rows) of every ggml kernel the bench measures, given on the command line
+ * by bench/vs_ggml.py (-D'KERNELS(X)=X(ggml_gemm_q4_K_8x8_q8_K,4) ...', from the registry's
+ * K-quant families) */
+#ifndef KERNELS
+#error "build with -D'KERNELS(X)=X(name,rows) ...' (bench/vs_ggml.py does)"
+#endif
 
 #ifdef TILEGEN_KERNEL
 void TILEGEN_KERNEL(size_t m, size_t n, size_t k, const void *lhs, const void *rhs, float *dst,

@@ -57,6 +57,8 @@ from tilegen.runtime.errors import ArgumentError
 from tilegen.runtime.packed import PackedLayouts, PackedWeights, dequantize_packed_rows
 from tilegen.runtime.select import kind_table
 
+from f64_bound import f64_bound
+
 KINDS = ("f32", "f16", "bf16", "q4_0", "q4_0_dx", "q8_0")
 GGML_KINDS = ("q4_0", "q4_0_dx", "q8_0")
 BLOCKED = ("q4_0", "q4_0_dx")           # k a multiple of 32
@@ -197,38 +199,9 @@ def _expected_rows(kind: str, w32: np.ndarray, wsrc, raw, fmt: str) -> np.ndarra
 
 
 def _check_f64(kern, rec, x, y, bias, clamp, what: str) -> None:
-    """y (from kernel ``kern``) against float64 x @ deq.T (+ biases, clamped), within
-    ``sum_j delta_j |w_j| + (k + 8) 2^-23 (sum_j (|x_j| + delta_j) |w_j| + |bias|)``, delta_j
-    a bound of the kernel's rounding of activation x_j: none (f32), 2^-8 |x_j| (bf16, nearest
-    even), 2^-11 |x_j| + 2^-25 (f16: the SME2 q4_0 gemm, which also rounds each weight to f16),
-    the quantisation step (q4_0: block max / 127; q4_0_dx, q8_0: per-row range / 255)."""
-    fam = kern.family
-    x64 = x.astype(np.float64)
-    w64 = rec.deq.astype(np.float64)
-    m, k = x64.shape
-    ax = np.abs(x64)
-    if fam == "bf16":
-        delta = ax * 2.0 ** -8
-    elif fam in ("q4_0", "q4_0_s1s0"):
-        blk = ax.reshape(m, -1, 32).max(axis=2) / 127
-        delta = np.repeat(blk, 32, axis=1)
-    elif fam == "q4_0_f16":      # x rounded to f16 (nearest even; 2^-25 in its subnormals)
-        delta = ax * 2.0 ** -11 + 2.0 ** -25
-    elif fam in ("q4_0_dx", "q8_0"):
-        rng = np.maximum(x64.max(axis=1), 0) - np.minimum(x64.min(axis=1), 0)
-        delta = np.repeat((rng / 255)[:, None], k, axis=1)
-    else:
-        delta = np.zeros_like(x64)
-    aw = np.abs(w64)
-    ref = x64 @ w64.T
-    mag = (ax + delta) @ aw.T
-    for b in (rec.bias, bias):
-        if b is not None:
-            ref = ref + b.astype(np.float64)
-            mag = mag + np.abs(b.astype(np.float64))
-    bound = delta @ aw.T + (k + 8) * 2.0 ** -23 * mag + 1e-35
-    if fam == "q4_0_f16":       # and each int4 x scale product rounded to f16 (2^-11, 2^-25)
-        bound = bound + (ax + delta) @ (aw * 2.0 ** -11 + 2.0 ** -25).T
+    """y (from kernel ``kern``) against float64 x @ deq.T (+ biases, clamped), within the
+    bound of :func:`f64_bound.f64_bound` for the kernel's family."""
+    ref, bound = f64_bound(kern.family, x, rec.deq, (rec.bias, bias))
     if clamp is not None:
         ref = np.clip(ref, clamp[0], clamp[1])
     err = np.abs(y.astype(np.float64) - ref)

@@ -1,4 +1,4 @@
-"""The runtime on K-quant weights (kinds "q4_K", "q6_K", "iq4_xs"), run in the emulated guest: ggml
+"""The runtime on K-quant weights (every K-quant kind of the registry), run in the emulated guest: ggml
 blocks through ``lib.pack_weights(from_ggml=)``, the kernel pick per m, ``matmul`` (1 and 3
 threads), ``plan``, ``pack_lhs`` (the generated q8kp packer), ``get_rows``, ``for_ops``, a
 packed-weights file, ``adopt`` from another nr/kr, and the refusals (float weights, k not a
@@ -18,11 +18,10 @@ import numpy as np
 import pytest
 
 import tilegen
+from tilegen.build import get_target
+from tilegen.build.tuned import read_tuned
 from tilegen.generator.validate import parse_spec
 from tilegen.layout.api import layout_for
-from tilegen.families.q4_k import matmul_q8kp_q4kp, random_q4_k
-from tilegen.families.q6_k import matmul_q8kp_q6kp, random_q6_k
-from tilegen.families.iq4_xs import random_iq4_xs
 from tilegen.layout.base import rhs_layout_for
 from tilegen.layout.kquant import Q8KP
 from tilegen.families import FAMILIES
@@ -31,23 +30,22 @@ from tilegen.families import rhs_layout_class
 from tilegen.reference.kquant import matmul_blocks
 
 from conftest import SME_ON, guest
-from test_kquant_weights import write_gguf
+from test_kquant_weights import KQ, write_gguf
 
 T = gguf.GGMLQuantizationType
-# kind -> (RHS format, ggml type, random valid blocks, bytes per block)
-KQ = {"q4_K": ("q4kp", T.Q4_K, random_q4_k, 144),
-      "q6_K": ("q6kp", T.Q6_K, random_q6_k, 210),
-      "iq4_xs": ("iq4xsp", T.IQ4_XS, random_iq4_xs, 136)}
+# KQ: kind -> (RHS format, ggml type, random valid blocks, bytes per block), from the registry
 KINDS = tuple(KQ)
-# the kinds the presets carry tuned pairs of (iq4_xs: none yet, it has SME2 kernels only)
-TUNED_KINDS = ("q4_K", "q6_K")
+SME2_KINDS = tuple(k for k in KINDS if "sme2" in FAMILIES[k].impls)
+# the kinds the neoverse-v2 preset carries tuned pairs of
+TUNED_KINDS = tuple(k for k in KINDS if k in read_tuned(get_target("neoverse-v2")).families)
 # tiles asked of the allocator per ISA (it decides): the gemm and gemv of each library
 GEMM_TILES = ("8x4", "4x8", "4x4", "8x1vl", "1vlx2vl")
 GEMV_TILES = ("1x4", "1x8", "1x1vl", "1x2vl")
-# CPU models and the ISA their K-quant kernels use (the best the model has); "max" with SME on
-# runs the SME2 kernels (LHS row blocks of SVL/32 rows: the VL-scaled q8kp packer)
-CPUS = {"max": "sme2", "neoverse-v1": "sve_i8mm", "neoverse-n2": "sve_i8mm",
-        "neoverse-n1": "dotprod", "cortex-a53": "neon"}
+# CPU models and the ISAs their K-quant kernels use (the best the model has first, then the
+# next a family without it falls back to); "max" with SME on runs the SME2 kernels (LHS row
+# blocks of SVL/32 rows: the VL-scaled q8kp packer), or SVE where a family has no SME2 ones
+CPUS = {"max": ("sme2", "sve_i8mm"), "neoverse-v1": ("sve_i8mm",), "neoverse-n2": ("sve_i8mm",),
+        "neoverse-n1": ("dotprod",), "cortex-a53": ("neon",)}
 N, K = 21, 768                  # n not a multiple of nr (padding columns), 3 super-blocks
 F = np.float32
 
@@ -132,10 +130,10 @@ def v2_lib(tmp_path_factory) -> str:
 @pytest.mark.parametrize("cpu", CPUS)
 @pytest.mark.parametrize("kind", KINDS)
 def test_runtime_paths_bit_exact(kind, cpu, kq_lib):
-    isa = CPUS[cpu]
+    isa = next((i for i in CPUS[cpu] if i in FAMILIES[kind].impls), None)
     rng = np.random.default_rng(sum(map(ord, kind + cpu)))
     raw = KQ[kind][2](N, K, int(rng.integers(1 << 30))).reshape(N, -1)
-    if isa not in FAMILIES[kind].impls:     # no kernel of the family runs here: a clear refusal
+    if isa is None:     # no kernel of the family runs here: a clear refusal
         r = _guest(cpu).call("guest_weights:pack", kq_lib, (),
                             dict(kind=kind, from_ggml=raw, n=N, k=K))
         assert isinstance(r, str) and re.match(rf"ArgumentError: no kernel for {kind} weights "
@@ -178,12 +176,12 @@ def _max_guest(kind: str):
 
 def _guest(cpu: str, sve_vl: int | None = None, sme_vl: int | None = None):
     """The guest of ``cpu`` (SME on where CPUS gives it an SME ISA)."""
-    sme = cpu in CPUS and ISAS[CPUS[cpu]].vl_kind == "sme"
+    sme = cpu in CPUS and ISAS[CPUS[cpu][0]].vl_kind == "sme"
     return guest(cpu, sve_vl, sme_vl, env=SME_ON if sme else None)
 
 
 @pytest.mark.parametrize("svl", (128, 2048))
-@pytest.mark.parametrize("kind", KINDS)
+@pytest.mark.parametrize("kind", SME2_KINDS)
 def test_sme2_row_blocks_follow_the_svl(kind, svl, kq_lib):
     """The SME2 gemm's LHS row block is SVL/32 rows (4 at SVL 128, 64 at 2048, the VL-scaled
     q8kp packer's bounds): every runtime path bit-exact there too."""
@@ -232,7 +230,9 @@ def test_pack_weights_refusals(kind, kq_lib, tmp_path):
     raw = rand(3, 512, 11)
     flat = raw.reshape(-1)
     nan_d = raw.reshape(3, 2, bb).copy()
-    off = 208 if kind == "q6_K" else 0
+    lay = layout_for(fmt, nr=4, kr=16)
+    # d first (with dmin; IQ4_XS's ggml_d_offset), or last (Q6_K)
+    off = 0 if hasattr(lay, "dmin_offset") else getattr(lay, "ggml_d_offset", bb - 2)
     nan_d[1, 1, off:off + 2] = np.array([0x7E00], "<u2").view(np.uint8)
     src = dict(kind=kind, n=3, k=512)
     calls = [
@@ -248,7 +248,7 @@ def test_pack_weights_refusals(kind, kq_lib, tmp_path):
          rf"always n rows of k/256 {kind.upper()} blocks \(ggml's \(n, k\) order\): layout must be 'nk'"),
         ((), {"kind": kind, "from_ggml": raw}, r"needs n and k"),
     ]
-    if kind == "q4_K":
+    if hasattr(lay, "dmin_offset"):
         bad = raw.reshape(3, 2, bb).copy()
         bad[2, 0, 2:4] = np.array([0xFC00], "<u2").view(np.uint8)
         calls.append(((), {**src, "from_ggml": bad}, r"block 4 \(row 2, block 0 of the row\) "

@@ -28,9 +28,6 @@ from tilegen.layout.bf16 import BF16PLhs2, BF16PRhs2B
 from tilegen.layout.f16 import F16PLhs2
 from tilegen.layout.f32 import F32PackedLHS, F32PackedRHS
 from tilegen.layout.ggml import quantize_q4_0
-from tilegen.families.q4_k import BLOCK_Q4_K_BYTES, Q4KP, random_q4_k
-from tilegen.families.q6_k import BLOCK_Q6_K_BYTES, Q6KP, random_q6_k
-from tilegen.families.iq4_xs import BLOCK_IQ4_XS_BYTES, IQ4XSP, random_iq4_xs
 from tilegen.layout.kquant import Q8KP
 from tilegen.layout.lhs_int8 import QAI8DXP, QSI8D32P, QSI8D32PScaleTail
 from tilegen.layout.rhs_int4 import QSI4C32PS1S0ScaleF16, QSI4C32PScaleF16
@@ -840,18 +837,28 @@ def _kq_rhs_cases(cls, random_blocks, block_bytes, tag, seed):
     return packs, rows
 
 
-KQ_RHS = {"q4kp_q4k": (Q4KP, random_q4_k, BLOCK_Q4_K_BYTES, 2502),
-          "q6kp_q6k": (Q6KP, random_q6_k, BLOCK_Q6_K_BYTES, 2503),
-          "iq4xsp_iq4xs": (IQ4XSP, random_iq4_xs, BLOCK_IQ4_XS_BYTES, 2504)}
+def _kq_rhs_packers() -> list[tuple]:
+    """(layout class, random blocks, block bytes, tag, seed) of every family's K-quant RHS
+    packer (the registry's C_PACKERS; block bytes from gguf's table)."""
+    import gguf
+    from tilegen.families import PLUGINS
+    out = []
+    for p in PLUGINS:
+        for name in getattr(p, "C_PACKERS", {}):
+            cls = next(c for c in p.LAYOUTS if c.role == "rhs")
+            blk = gguf.GGML_QUANT_SIZES[gguf.GGMLQuantizationType[cls.ggml_block[0]]][1]
+            out.append((cls, cls.random_ggml, blk, name[len("kai_rhs_pack_nxk_"):],
+                        2502 + len(out)))
+    return out
 
 
-@pytest.mark.parametrize("tag", list(KQ_RHS))
-def test_kquant_rhs(lib, tag):
-    """The C repacks of ggml block_q4_K / block_q6_K / block_iq4_xs rows write the layout
-    object's bytes (whole groups, padding columns zero; rows with a padded stride), and the row
-    dequantisers give gguf.quants' floats bit for bit."""
-    cls, rand, nbytes, seed = KQ_RHS[tag]
-    packs, rows = _kq_rhs_cases(cls, rand, nbytes, tag, seed)
+@pytest.mark.parametrize("args", _kq_rhs_packers(), ids=lambda a: a[3])
+def test_kquant_rhs(lib, args):
+    """The C repacks of every K-quant family's ggml blocks (block_q4_K, block_q5_K, block_q6_K)
+    write the layout object's bytes (whole groups, padding columns zero; rows with a padded
+    stride), and the row dequantisers give gguf.quants' floats bit for bit."""
+    tag = args[3]
+    packs, rows = _kq_rhs_cases(*args)
     _batch(lib, packs)
     outs = _run(lib, [c for c, _, _ in rows])
     for (call, want, label), o in zip(rows, outs):

@@ -133,19 +133,43 @@ def _kquant_templates():
 @pytest.mark.parametrize("template,strategy", _kquant_templates())
 def test_kquant_templates_fill_in_one_skeleton_per_strategy(template, strategy):
     """A K-quant family's kernel template is its part of one skeleton per strategy
-    (templates/kquant/): it extends that skeleton and writes nothing outside its blocks and
-    macros (text there would be dropped silently by Jinja2's inheritance)."""
+    (templates/kquant/): it extends that skeleton (or, a family built on another's kernels such
+    as q5_K on q4_K's, that family's template of the same strategy, which extends it) and
+    writes nothing outside its blocks and macros (text there would be dropped silently by
+    Jinja2's inheritance)."""
     from jinja2 import nodes
     from tilegen.generator.render import template_env
     env = template_env()
-    src = env.loader.get_source(env, f"{template}.S.j2")[0]
-    tree = env.parse(src)
-    ext = [n for n in tree.body if isinstance(n, nodes.Extends)]
-    assert [e.template.value for e in ext] == [f"kquant/{strategy}.S.j2"], template
-    stray = [n for n in tree.body if isinstance(n, nodes.Output)
-             and any(not isinstance(x, nodes.TemplateData) or x.data.strip() for x in n.nodes)]
-    assert not stray, f"{template}: output outside a block: {stray[0]}"
+    name, chain = f"{template}.S.j2", []
+    while not name.startswith("kquant/"):
+        tree = env.parse(env.loader.get_source(env, name)[0])
+        ext = [n for n in tree.body if isinstance(n, nodes.Extends)]
+        assert len(ext) == 1, (template, chain)
+        stray = [n for n in tree.body if isinstance(n, nodes.Output)
+                 and any(not isinstance(x, nodes.TemplateData) or x.data.strip() for x in n.nodes)]
+        assert not stray, f"{name}: output outside a block: {stray[0]}"
+        chain.append(name)
+        name = ext[0].template.value
+    assert name == f"kquant/{strategy}.S.j2" and len(chain) <= 2, (template, chain, name)
     assert len(_kquant_templates()) >= 8
+
+
+NEON_HOOKS = {"lead", "guards", "decode_setup", "decode", "scale_widen", "min_cols", "min_rows",
+              "min_unit", "min_apply", "planes", "decode_vector"}
+
+
+@pytest.mark.parametrize("template", ["q4k_neon", "q6k_neon"])
+def test_kquant_neon_family_templates_are_small_overrides(template):
+    """The K-quant NEON skeleton holds the strategies (dot products, scales, passes, epilogue,
+    stores); a family's NEON template re-defines only its override points (decode, scale
+    widening, min term, planes, guards) and stays well under 100 lines."""
+    from tilegen.generator.render import template_env
+    env = template_env()
+    src = env.loader.get_source(env, f"{template}.S.j2")[0]
+    assert len(src.splitlines()) < 100, (template, len(src.splitlines()))
+    blocks = set(env.get_template(f"{template}.S.j2").blocks)
+    assert blocks <= NEON_HOOKS, blocks - NEON_HOOKS
+    assert NEON_HOOKS <= set(env.get_template("kquant/neon.S.j2").blocks)
 
 
 # --- the override points of q4_K's NEON / SVE templates (what a Q5_K-like family overrides) ---
@@ -336,3 +360,71 @@ def test_iq4xs_like_family_on_the_sve_skeleton_assembles(tmp_path):
         p = subprocess.run([CLANG, "--target=aarch64-linux-gnu", "-march=armv9-a+sve2+i8mm",
                             "-c", str(src), "-o", str(src) + ".o"], capture_output=True, text=True)
         assert p.returncode == 0, (spec, p.stderr[:2000])
+
+
+IQ4XS_OVERRIDE_LINES = 40   # an IQ4_XS-like NEON template (TBL decode, signed scales, no min)
+
+
+def _dests(loop: str) -> set[int]:
+    """The V registers the loop's instructions write (first operand; not stores)."""
+    out = set()
+    for line in loop.splitlines():
+        m = re.match(r"\s+([a-z0-9.]+)\s+[vqsd](\d+)\b", line)
+        if m and not m.group(1).startswith("st"):
+            out.add(int(m.group(2)))
+    return out
+
+
+def test_iq4xs_like_override_is_small_and_assembles(tmp_path):
+    """An IQ4_XS-like template on the K-quant NEON skeleton (w = d*(ls-32)*kvalues[idx]):
+    its allocator asks for a table register by name (extra_v), its decode is q4_K's nibbles
+    then TBL into that register, its scale widening signed, its min term absent.  One tile
+    per strategy renders, differs from q4_K's (same registers) only in those points, and clang
+    assembles it."""
+    from tilegen.generator.regalloc.kquant import allocate_kquant_neon
+    from tilegen.generator.render import template_context
+    assert CLANG, "needs clang (scripts/setup.sh installs clang-19)"
+    name = "iq4xs_like_neon.S.j2"
+    assert len((TEST_TEMPLATES / name).read_text().splitlines()) <= IQ4XS_OVERRIDE_LINES
+    child = _test_env().get_template(name)
+    assert {"decode", "decode_setup", "scale_widen", "min_cols", "min_rows", "min_unit",
+            "min_apply"} == set(child.blocks)
+    for mode, spec in _one_per_mode(False).items():
+        ctx = template_context(spec, "elf")
+        R = allocate_kquant_neon(spec, "q4_K", extra_v=(("table", 1),))
+        tb = R.extra["table"][0]
+        assert R.mode == mode and R.mr_reg <= ctx["R"].mr_reg, spec   # (a full tile: fewer rows a pass)
+        # the table register is fresh: no other register of the record is it
+        others = set(R.t_flat) | set(R.s1) | set(R.lhs) | set(R.rhs) | set(R.sst) | {R.mask}
+        others |= {r for regs in R.ep.values() for r in regs} | {r for row in R.out for r in row}
+        assert tb not in others, (spec, tb)
+        ctx["R"] = R
+        text = child.render(**ctx)
+        bh, bl, bt = _hot_loop(_test_env().get_template("q4k_neon.S.j2").render(**ctx))
+        qh, ql, qt = _hot_loop(text)
+        n_unpack = bl.count("ushr v")
+        assert n_unpack >= 8 and ql.count("ushr v") == n_unpack, spec
+        assert ql.count(f"tbl v") == ql.count(f"{{v{tb}.16b}}") == 2 * n_unpack, spec
+        assert tb not in _dests(ql) and f"ldr q{tb}," in qh, spec     # loaded once, read-only
+        for u, s in (("usubl", "ssubl"), ("ushll", "sshll")):   # signed scale widening
+            assert bl.count(u) >= 1 and ql.count(u) == 0 and ql.count(s) == bl.count(u), (spec, u)
+        assert "fmls" in bl and "fmls" not in ql, spec           # no min term
+        assert ql.count("fmla") == bl.count("fmla") and ql.count("ldr") < bl.count("ldr"), spec
+        assert qt.replace("\n", "") and qt.count("str ") == bt.count("str "), spec
+        src = tmp_path / f"{spec.name}.S"
+        src.write_text(text)
+        p = subprocess.run([CLANG, "--target=aarch64-linux-gnu", "-c", str(src), "-o", str(src) + ".o"],
+                           capture_output=True, text=True)
+        assert p.returncode == 0, (spec, p.stderr[:2000])
+
+
+def test_kquant_neon_allocator_extra_registers_leave_q4k_unchanged():
+    """allocate_kquant_neon without extras is q4_K's allocation; with extras, every other
+    role keeps distinct registers and the extras are counted in the tile's budget."""
+    from tilegen.generator.regalloc.kquant import allocate_kquant_neon
+    for mode, spec in _one_per_mode(False).items():
+        assert allocate_kquant_neon(spec, "q4_K") == allocate(spec), spec
+        R = allocate_kquant_neon(spec, "q4_K", extra_v=(("table", 1), ("pair", 2)))
+        got = [*R.extra["table"], *R.extra["pair"]]
+        assert len(set(got)) == 3 and not set(got) & ({R.mask} | set(R.sst) | set(R.t_flat)), spec
+        assert dict(R.needs.parts)["decode extras"] == 3, (spec, R.needs)

@@ -1,4 +1,5 @@
-"""K-quant weights (kinds "q4_K", "q6_K", "iq4_xs") on the host, no Arm code: GGUF Q4_K / Q6_K / IQ4_XS tensors
+"""K-quant weights (every K-quant kind of the registry: "q4_K", "q5_K", "q6_K") on the host, no
+Arm code: GGUF K-quant tensors
 through ``tilegen.gguf.load_tensor``, ``get_rows`` against ``gguf.quants.dequantize`` bit for
 bit, packed-weights files, the lossless repack between nr / kr that ``lib.adopt`` runs, and the
 refusals (k not a multiple of 256, truncated blocks, non-finite d / dmin, float weights).
@@ -12,17 +13,17 @@ import pytest
 import tilegen
 from tilegen.layout import LayoutError
 from tilegen.layout.api import can_repack, layout_for, repack_rhs
-from tilegen.families.q4_k import random_q4_k
-from tilegen.families.q6_k import random_q6_k
-from tilegen.families.iq4_xs import random_iq4_xs
+from tilegen.families import LAYOUTS
 from tilegen.runtime.errors import ArgumentError
 from tilegen.runtime.packed import dequantize_packed_rows
 
 T = gguf.GGMLQuantizationType
 
-# kind -> (packed RHS format, ggml type, random valid blocks, bytes per block)
-KQ = {"q4_K": ("q4kp", T.Q4_K, random_q4_k, 144), "q6_K": ("q6kp", T.Q6_K, random_q6_k, 210),
-      "iq4_xs": ("iq4xsp", T.IQ4_XS, random_iq4_xs, 136)}
+# kind -> (packed RHS format, ggml type, random valid blocks, bytes per block): every layout of
+# the registry that takes only its family's ggml blocks (the K-quants)
+KQ = {c.ggml_only: (c.format, T[c.ggml_block[0]], c.random_ggml,
+                    gguf.GGML_QUANT_SIZES[T[c.ggml_block[0]]][1])
+      for c in LAYOUTS if getattr(c, "ggml_only", None)}
 N, K = 13, 512          # n not a multiple of any nr: padding columns
 
 
@@ -114,8 +115,9 @@ def test_bad_blocks_are_clear_errors(kind, tmp_path):
         lay.pack_from_ggml(np.concatenate([raw.reshape(-1), raw.reshape(-1)[:bb]]), 3, 512)
     with pytest.raises(LayoutError, match="from_ggml="):
         lay.pack_from_float(np.ones((3, 512), np.float32))
-    # f16 fields: Q4_K d at byte 0 and dmin at 2; Q6_K d at 208; IQ4_XS d at 0
-    fields = {"q4_K": [(0, "d"), (2, "dmin")], "q6_K": [(208, "d")], "iq4_xs": [(0, "d")]}[kind]
+    # f16 fields: with a min term (Q4_K, Q5_K) d at byte 0 and dmin at 2; Q6_K d last (208)
+    fields = [(0, "d"), (2, "dmin")] if hasattr(lay, "dmin_offset") else \
+        [(getattr(lay, "ggml_d_offset", bb - 2), "d")]        # (IQ4_XS: d first, no dmin)
     for off, field in fields:
         for bits, name in ((0x7C00, r"\+Inf"), (0xFC00, "-Inf"), (0x7E01, "NaN")):
             bad = raw.reshape(3, 2, bb).copy()

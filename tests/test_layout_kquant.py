@@ -13,7 +13,7 @@ from tilegen.reference import kquant as RK
 from tilegen.layout import LayoutError
 from tilegen.layout.api import can_repack, layout_for, pack_lhs, pack_rhs, repack_rhs
 from tilegen.layout.kquant import Q8KP
-from tilegen.families import q4_k, q6_k
+from tilegen.families import LAYOUTS, q4_k, q6_k
 from tilegen.families.q4_k import Q4KP
 from tilegen.families.q6_k import Q6KP
 from tilegen.reference.f32 import fma_f32
@@ -21,7 +21,8 @@ from tilegen.reference.f32 import fma_f32
 from q8kp_edges import KINDS as EDGE_KINDS, check_q8kp, edge_rows, expected_q8kp
 
 KS = (256, 512, 768)
-RHS = {"q4_K": Q4KP, "q6_K": Q6KP}       # kind -> its RHS layout class (the references' hooks)
+# kind -> its RHS layout class (the references' hooks): every K-quant family of the registry
+RHS = {c.ggml_only: c for c in LAYOUTS if getattr(c, "ggml_only", None)}
 GEOMS = [(4, 8), (4, 16), (8, 4), (3, 16), (1, 32), (12, 2)]
 
 
@@ -409,7 +410,7 @@ def test_refusals():
 # ----------------------------------------------------------------------------------------
 # reference arithmetic (tilegen.reference.kquant)
 # ----------------------------------------------------------------------------------------
-RAND = {"q4_K": q4_k.random_q4_k, "q6_K": q6_k.random_q6_k}
+RAND = {kind: cls.random_ggml for kind, cls in RHS.items()}
 
 
 def _loop_tilegen(kind, x, raw, n, k):
@@ -423,8 +424,8 @@ def _loop_tilegen(kind, x, raw, n, k):
         for c in range(n):
             acc = np.float32(0)
             for s in range(k // 256):
-                if kind == "q4_K":
-                    d, dmin, sc, mins, q = q4_k.split_q4_k(raw, n, k)
+                if hasattr(RHS[kind], "dmin_offset"):      # Q4_K, Q5_K: a min term
+                    d, dmin, sc, mins, q = RHS[kind].split_blocks(raw, n, k)
                     S1 = sum(int(sc[c, s, j]) * sum(int(q[c, 256 * s + t]) * int(qa[r, 256 * s + t])
                                                     for t in range(32 * j, 32 * j + 32)) for j in range(8))
                     S2 = 128 * sum(int(mins[c, s, j]) * int(hi[r, s, j]) for j in range(8)) + \
@@ -509,7 +510,7 @@ def test_ggml_q8_k_quantisation():
         == [-(1 << 22), -(1 << 22), 0, 2, -2, 4]
 
 
-@pytest.mark.parametrize("kind", ("q4_K", "q6_K"))
+@pytest.mark.parametrize("kind", tuple(RHS))
 def test_blocks_reference_is_the_packed_reference_and_sees_the_packer(kind):
     """matmul_blocks (from x and the ggml blocks) equals the packed-buffer references bit for
     bit; with two sub-block scales swapped in the packed RHS (a packer/kernel byte-order
@@ -519,7 +520,7 @@ def test_blocks_reference_is_the_packed_reference_and_sees_the_packer(kind):
     m, n, k = 5, 9, 512
     x = (rng.standard_normal((m, k)) * rng.uniform(0.1, 8, (m, 1))).astype(np.float32)
     raw = RAND[kind](n, k, 32)
-    cls = Q4KP if kind == "q4_K" else Q6KP
+    cls = RHS[kind]
     want = RK.matmul_blocks(cls, x, raw, n)
     for mr, nr, kr in ((4, 4, 16), (1, 8, 8), (3, 12, 4)):
         assert RK.matmul_tilegen(cls, x, raw, n, mr=mr, nr=nr, kr=kr).tobytes() == want.tobytes()
@@ -528,7 +529,7 @@ def test_blocks_reference_is_the_packed_reference_and_sees_the_packer(kind):
                           np.clip(want, np.float32(lo), np.float32(hi)))
     lay = cls(4, 16)
     vals = list(lay.packed_values(lay.pack_from_ggml(raw, n, k), n, k))
-    i = 2 if kind == "q4_K" else 1                   # (d, dmin, sc, m, q) / (d, sc, q)
+    i = 2 if hasattr(cls, "dmin_offset") else 1     # (d, dmin, sc, m, q) / (d, sc, q)
     sc = vals[i].copy()                              # (n, S, sub-blocks): swap sub-blocks 0, 1
     sc[:, :, [0, 1]] = sc[:, :, [1, 0]]
     assert (sc != vals[i]).any()

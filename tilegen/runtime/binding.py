@@ -139,6 +139,9 @@ class Kernel(_Routine):
         columns (and k, if given), or raw bytes (k, bl: None)."""
         if not isinstance(rhs_packed, PackedWeights):
             return rhs_packed, k, None
+        if rhs_packed.experts is not None:
+            raise ArgumentError(f"packed weights are an expert stack ({rhs_packed.experts} "
+                                f"experts): pass one expert, weights.expert(e)")
         if not self.rhs_matches(rhs_packed):
             lay, want = rhs_packed.layout, self.rhs_layout(rhs_packed.bl or 32)
             raise ArgumentError(f"packed weights are {lay.name} (kr={lay.kr}, sr={getattr(lay, 'sr', 1)}); "

@@ -4,7 +4,8 @@ methods of the public API, forwarded to the modules that own them.
 The pieces live in their own modules: :mod:`.integrity` (image and manifest-entry checks),
 :mod:`.binding` (Kernel, Packer), :mod:`.table` (KernelTable: selection, routes, adopt),
 :mod:`.packing` (weights and activations), :mod:`.packed` (PackedWeights and its file format),
-:mod:`.abi` (the ABI probe harness), :mod:`.ops` (matmul, workspace), :mod:`.request` (the
+:mod:`.abi` (the ABI probe harness), :mod:`.ops` (matmul, workspace), :mod:`.experts`
+(mixture-of-experts matmuls), :mod:`.request` (the
 checked arguments of matmul and plan), :mod:`.plan` (prepared matmuls on the native driver,
 :mod:`.driver`), :mod:`.checks` (argument rules), :mod:`.errors`."""
 from __future__ import annotations
@@ -26,6 +27,7 @@ from .binding import Kernel, Packer
 from .cpu import CpuInfo, detect
 from .driver import Driver
 from .errors import ArgumentError, LoadError
+from .experts import ExpertsPlan, matmul_experts
 from .integrity import check_entries, check_image
 from .ops import matmul, workspace_size
 from .packed import PackedLayouts, PackedWeights, dequantize_packed_rows
@@ -335,6 +337,12 @@ class Library:
         ``nr``: pack for the preferred kernel with that nr instead (:meth:`set_table` chooses
         any kernel).
 
+        Expert stacks (mixture-of-experts, :meth:`matmul_experts`): ``w`` of shape (E, n, k)
+        (layout "kn": (E, k, n)), or ``from_ggml=`` a uint8 array (E, n, row bytes) with n and
+        k, for every kind: one PackedWeights with ``experts`` = E, each expert packed as one
+        matrix is, in one buffer (``.expert(e)``: one expert's packing); ``bias`` then float32
+        (E, n); not with ``for_ops``.
+
         ``for_ops=("gemm", "gemv")``: PackedLayouts instead, the weights packed once per
         distinct layout the best gemm and the best gemv (:meth:`best_kernels`) read -- two
         packings, twice the memory, when their layouts differ; matmul then runs the gemm on
@@ -396,8 +404,32 @@ class Library:
         plan.close()         # the library closed while the plan was made: refused
         raise self._closed_error()
 
+    def matmul_experts(self, x: np.ndarray, experts: PackedWeights, ids: np.ndarray,
+                       weights: np.ndarray | None = None,
+                       threads: int | None = None) -> np.ndarray:
+        """What ggml's MUL_MAT_ID computes, on an expert stack (``pack_weights`` of (E, n, k)
+        weights or ggml blocks (E, n, row bytes)).
+
+        x float32 (tokens, k), or (tokens, slots, k) with slots dividing n_used (pick u reads
+        slot u % slots); ids integer (tokens, n_used): the experts each token picked, distinct
+        within a token.  Returns float32 (tokens, n_used, n), row (t, u) =
+        x[t, u % slots] @ W[ids[t, u]].T; with ``weights`` float32 (tokens, n_used) the
+        weighted sum over the picks instead, (tokens, n) (float32, products first, added in
+        slot order).  Bit-identical to ``lib.matmul`` per expert on the rows gathered for it
+        (:mod:`tilegen.runtime.experts`), for every thread count."""
+        return matmul_experts(self, x, experts, ids, weights, threads)
+
+    def plan_experts(self, experts: PackedWeights, tokens: int, n_used: int,
+                     slots: int | None = None, threads: int | None = None) -> ExpertsPlan:
+        """A prepared :meth:`matmul_experts` for x of shape (tokens, k) (``slots=None``) or
+        (tokens, slots, k) and ids (tokens, n_used): ``plan(x, ids)`` or
+        ``plan(x, ids, weights)``, bit-identical to :meth:`matmul_experts`.  Checks of the
+        stack, ``adopt`` and the kernel choice are done here, once."""
+        return ExpertsPlan(self, experts, tokens, n_used, slots, threads)
+
     def get_rows(self, packed: PackedWeights, rows) -> np.ndarray:
-        """Dequantise rows of packed weights (get_rows: an embedding lookup)."""
+        """Dequantise rows of packed weights (get_rows: an embedding lookup).  An expert stack
+        takes (expert, row) pairs, ``rows`` of shape (r, 2)."""
         return dequantize_packed_rows(packed, rows)
 
 

@@ -36,7 +36,12 @@ class PackedWeights:
     """Weights packed once in a KleidiAI layout, ready for the kernels that read it.
 
     ``layout`` is the RHS layout object (:mod:`tilegen.layout`) the bytes are in; format,
-    nr, kr, sr and bl are its geometry."""
+    nr, kr, sr and bl are its geometry.
+
+    ``experts``: None for one weight matrix; E for a stack of E expert matrices of one shape
+    (``pack_weights`` of (E, n, k) weights, for ``lib.matmul_experts``): expert e's packing is
+    ``data[e * expert_stride:][:layout.packed_size(n, k)]`` (:meth:`expert`), each starting on
+    a 64-byte boundary."""
 
     layout: object
     n: int
@@ -44,6 +49,10 @@ class PackedWeights:
     data: np.ndarray = field(repr=False)
     has_bias: bool = False
     kind: str = "f32"
+    experts: int | None = None
+
+    #: alignment of each expert's packing in a stack
+    EXPERT_ALIGN = 64
 
     format = property(lambda self: self.layout.format)
     nr = property(lambda self: self.layout.nr)
@@ -54,6 +63,64 @@ class PackedWeights:
     @property
     def nbytes(self) -> int:
         return int(self.data.nbytes)
+
+    # -- expert stacks ----------------------------------------------------------------
+    @property
+    def expert_stride(self) -> int:
+        """Bytes from one expert's packing to the next in a stack: the layout's packed size
+        of one (n, k) matrix, rounded up to :attr:`EXPERT_ALIGN`."""
+        a = self.EXPERT_ALIGN
+        return -(-self.layout.packed_size(self.n, self.k) // a) * a
+
+    def expert(self, e: int) -> "PackedWeights":
+        """Expert ``e`` of a stack as PackedWeights of one matrix (a view of its bytes, no
+        copy): what ``lib.matmul`` takes."""
+        if self.experts is None:
+            raise ArgumentError("these weights are one matrix, not an expert stack (pack (E, n, "
+                                "k) weights for one)")
+        if isinstance(e, bool) or not isinstance(e, (int, np.integer)) or not 0 <= e < self.experts:
+            raise ArgumentError(f"expert must be an int in 0..{self.experts - 1}, got {e!r}")
+        off = int(e) * self.expert_stride
+        size = self.layout.packed_size(self.n, self.k)
+        return PackedWeights(self.layout, self.n, self.k, self.data[off:off + size],
+                             self.has_bias, self.kind)
+
+    @classmethod
+    def stack(cls, parts) -> "PackedWeights":
+        """One expert stack from the packings of E matrices of one layout, shape, kind and
+        bias presence (each copied into one buffer, at :attr:`expert_stride` apart)."""
+        parts = list(parts)
+        if not parts:
+            raise ArgumentError("an expert stack needs at least one expert")
+        first = parts[0]
+        for i, p in enumerate(parts):
+            if not isinstance(p, PackedWeights) or p.experts is not None:
+                raise ArgumentError(f"expert {i} must be PackedWeights of one matrix, got "
+                                    f"{p!r:.80}")
+            if (p.layout, p.n, p.k, p.kind, p.has_bias) != (first.layout, first.n, first.k,
+                                                            first.kind, first.has_bias):
+                raise ArgumentError(f"expert {i} is {p.kind} {p.layout.name} (kr={p.kr}, sr="
+                                    f"{p.sr}) n={p.n} k={p.k}, expert 0 {first.kind} "
+                                    f"{first.layout.name} (kr={first.kr}, sr={first.sr}) "
+                                    f"n={first.n} k={first.k}: an expert stack holds one layout "
+                                    f"and shape")
+        st = cls(first.layout, first.n, first.k, np.zeros(0, np.uint8), first.has_bias,
+                 first.kind, len(parts))
+        stride, size = st.expert_stride, first.layout.packed_size(first.n, first.k)
+        data = np.zeros(stride * len(parts), np.uint8)
+        for e, p in enumerate(parts):
+            if p.data.nbytes != size:
+                raise ArgumentError(f"expert {e} holds {p.data.nbytes} bytes, its layout "
+                                    f"{size}")
+            data[e * stride:e * stride + size] = p.data
+        return cls(first.layout, first.n, first.k, data, first.has_bias, first.kind, len(parts))
+
+    @property
+    def packed_size(self) -> int:
+        """The bytes ``data`` must hold: one matrix's packed size, or E expert strides."""
+        if self.experts is None:
+            return self.layout.packed_size(self.n, self.k)
+        return self.experts * self.expert_stride
 
     @classmethod
     def from_q4_0(cls, raw, n: int, k: int, nr: int = 4, kr: int = 16, sr: int = 2) -> "PackedWeights":
@@ -72,9 +139,12 @@ class PackedWeights:
     VERSION = 2       # version 1 files have no header checksum
 
     def _meta(self) -> dict:
-        return {"format": self.format, "n": self.n, "k": self.k, "nr": self.nr, "kr": self.kr,
+        meta = {"format": self.format, "n": self.n, "k": self.k, "nr": self.nr, "kr": self.kr,
                 "sr": self.sr, "bl": self.bl, "has_bias": self.has_bias, "kind": self.kind,
                 "nbytes": self.nbytes, "sha256": _sha256(self.data).hexdigest()}
+        if self.experts is not None:        # an expert stack (one matrix: no key)
+            meta["experts"] = self.experts
+        return meta
 
     def save(self, path: str | os.PathLike) -> None:
         """Write ``MAGIC, u32 version, u32 header length, JSON header, sha256 of all the bytes
@@ -146,12 +216,16 @@ class PackedWeights:
             from ..layout.api import layout_for
             lay = layout_for(meta["format"], nr=meta["nr"], kr=meta["kr"], sr=meta["sr"],
                              bl=meta["bl"] or 32)
-            pw = cls(lay, meta["n"], meta["k"], data, meta["has_bias"], meta["kind"])
-            need = lay.packed_size(pw.n, pw.k)
+            experts = meta.get("experts")
+            if experts is not None and (type(experts) is not int or experts < 1):
+                raise ValueError(f"experts must be a positive int, got {experts!r}")
+            pw = cls(lay, meta["n"], meta["k"], data, meta["has_bias"], meta["kind"], experts)
+            need = pw.packed_size
         except (ValueError, KeyError, TypeError) as e:
             raise LoadError(f"{path}: bad packed-weights header ({e})") from None
         if need != data.nbytes:
-            raise LoadError(f"{path}: {data.nbytes} bytes but {pw.format} n={pw.n} k={pw.k} needs "
+            stack = "" if pw.experts is None else f" x {pw.experts} experts"
+            raise LoadError(f"{path}: {data.nbytes} bytes but {pw.format} n={pw.n} k={pw.k}{stack} needs "
                             f"{need}")
         return pw
 
@@ -182,6 +256,9 @@ class PackedLayouts:
             if not isinstance(pw, PackedWeights):
                 raise ArgumentError(f"the {op} packing must be PackedWeights, got "
                                     f"{type(pw).__name__}")
+            if pw.experts is not None:
+                raise ArgumentError(f"the {op} packing is an expert stack ({pw.experts} experts)"
+                                    f": PackedLayouts holds one matrix")
             if first is None:
                 first = pw
             elif (pw.n, pw.k, pw.kind, pw.has_bias) != (first.n, first.k, first.kind, first.has_bias):
@@ -229,9 +306,12 @@ class PackedLayouts:
 
 
 def dequantize_packed_rows(packed, rows) -> np.ndarray:
-    """float32 (len(rows), k): the exact weights rows of ``packed`` represent (get_rows)."""
+    """float32 (len(rows), k): the exact weights rows of ``packed`` represent (get_rows).
+    An expert stack takes (expert, row) pairs: ``rows`` of shape (r, 2)."""
     if isinstance(packed, PackedLayouts):
         packed = packed.for_op("gemm")
+    if packed.experts is not None:
+        return _expert_rows(packed, rows)
     idx = np.asarray(rows)
     if idx.size == 0 and idx.ndim == 1:      # [] and () come out as float64
         idx = idx.astype(np.int64)
@@ -241,3 +321,25 @@ def dequantize_packed_rows(packed, rows) -> np.ndarray:
         raise ArgumentError(f"row index out of range 0..{packed.n - 1}: "
                             f"{int(idx.min())}..{int(idx.max())}")
     return packed.layout.dequantize_rows(packed.data, packed.n, packed.k, idx)
+
+
+def _expert_rows(packed: PackedWeights, rows) -> np.ndarray:
+    """get_rows of an expert stack: ``rows`` (r, 2) integer (expert, row) pairs."""
+    pairs = np.asarray(rows)
+    if pairs.size == 0 and pairs.ndim <= 2 and pairs.shape[-1:] in ((0,), (2,)):
+        pairs = np.zeros((0, 2), np.int64)
+    if pairs.dtype.kind not in "iu" or pairs.ndim != 2 or pairs.shape[1] != 2:
+        raise ArgumentError(f"rows of an expert stack ({packed.experts} experts) must be an "
+                            f"integer array of (expert, row) pairs, shape (r, 2); got "
+                            f"{pairs.dtype} {pairs.shape}")
+    out = np.empty((pairs.shape[0], packed.k), np.float32)
+    for col, what, top in ((0, "expert", packed.experts), (1, "row", packed.n)):
+        v = pairs[:, col]
+        if v.size and (v.min() < 0 or v.max() >= top):
+            raise ArgumentError(f"{what} index out of range 0..{top - 1}: "
+                                f"{int(v.min())}..{int(v.max())}")
+    for e in np.unique(pairs[:, 0]):
+        sel = pairs[:, 0] == e
+        one = packed.expert(int(e))
+        out[sel] = one.layout.dequantize_rows(one.data, one.n, one.k, pairs[sel, 1])
+    return out

@@ -16,12 +16,20 @@ from .errors import ArgumentError
 from .packed import OPS, PackedLayouts, PackedWeights
 from .table import KernelTable
 
-__all__ = ["pack_weights", "pack_for", "find_packer", "lhs_packer", "pack_lhs", "check_ops"]
+__all__ = ["pack_weights", "pack_for", "pack_experts", "expert_count", "find_packer", "lhs_packer", "pack_lhs", "check_ops"]
 
 
 def pack_weights(table: KernelTable, w, kind: str, bias, layout: str, nr: int | None,
                  from_ggml, n, k, for_ops) -> PackedWeights | PackedLayouts:
     """See :meth:`tilegen.runtime.library.Library.pack_weights`."""
+    experts = expert_count(w, from_ggml)
+    if experts is not None:
+        if for_ops is not None:
+            raise ArgumentError("for_ops= does not take an expert stack (E, n, k): a stack is "
+                                "packed once, for the default pair (gemm and gemv share its "
+                                "layout)")
+        return pack_experts(table.pairs(kind, nr)[0].gemm, w, kind, bias, layout, from_ggml,
+                            n, k, experts)
     if for_ops is not None:
         ops = check_ops(for_ops)
         if nr is not None:
@@ -61,6 +69,41 @@ def pack_for(kern: Kernel, w, kind: str, bias, layout: str, from_ggml, n, k) -> 
     except LayoutError as e:
         raise ArgumentError(str(e)) from None
     return PackedWeights(lay, int(n), int(k), data, bias is not None, kind)
+
+
+def expert_count(w, from_ggml) -> int | None:
+    """E when the weight source is a stack of E expert matrices: float weights of shape
+    (E, n, k) (or (E, k, n) with layout "kn"), or ggml blocks as a uint8 array (E, n, row
+    bytes); None for one matrix."""
+    src = w if from_ggml is None else from_ggml
+    if src is None or isinstance(src, (bytes, bytearray, memoryview)):
+        return None
+    shape = np.shape(src)
+    return shape[0] if len(shape) == 3 else None
+
+
+def pack_experts(kern: Kernel, w, kind: str, bias, layout: str, from_ggml, n, k,
+                 experts: int) -> PackedWeights:
+    """A stack of E expert matrices, each packed as :func:`pack_for` packs one, into one
+    buffer (:meth:`PackedWeights.stack`); ``bias`` None or float32 (E, n)."""
+    if experts < 1:
+        raise ArgumentError(f"an expert stack needs at least one expert, got shape "
+                            f"{np.shape(w if from_ggml is None else from_ggml)}")
+    if bias is not None:
+        b = np.asarray(bias)
+        if b.ndim != 2 or b.shape[0] != experts:
+            raise ArgumentError(f"the bias of {experts} experts must have shape ({experts}, n), "
+                                f"got {b.shape}")
+    src = np.asarray(w if from_ggml is None else from_ggml)
+    parts = []
+    for e in range(experts):
+        one = (src[e], None) if from_ggml is None else (None, src[e])
+        try:
+            parts.append(pack_for(kern, one[0], kind, None if bias is None else bias[e],
+                                  layout, one[1], n, k))
+        except ArgumentError as err:
+            raise ArgumentError(f"expert {e} of {experts}: {err}") from None
+    return PackedWeights.stack(parts)
 
 
 def find_packer(packers: dict[str, Packer], fmt: str, mr: int, kr: int, sr: int,

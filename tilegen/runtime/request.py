@@ -25,6 +25,9 @@ def check_weights(weights) -> None:
     if not isinstance(weights, (PackedWeights, PackedLayouts)):
         raise ArgumentError(f"weights must be PackedWeights or PackedLayouts (see lib.pack_weights), "
                             f"got {type(weights).__name__}")
+    if isinstance(weights, PackedWeights) and weights.experts is not None:
+        raise ArgumentError(f"weights are an expert stack ({weights.experts} experts): use "
+                            f"lib.matmul_experts, or one expert, weights.expert(e)")
 
 
 class Request:

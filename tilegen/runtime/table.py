@@ -169,7 +169,8 @@ class KernelTable:
         pack_weights call.
 
         PackedLayouts are returned as they are when a runnable kernel reads each packing
-        (ArgumentError otherwise: pack them again with this library)."""
+        (ArgumentError otherwise: pack them again with this library).  An expert stack is
+        returned as it is, or each expert repacked into a new stack."""
         if isinstance(packed, PackedLayouts):
             for op in OPS:
                 self.kernel_for(packed.for_op(op), op)
@@ -185,6 +186,9 @@ class KernelTable:
         pairs = self.pairs(kind, nr)
         if any(p.gemm.rhs_matches(packed) for p in pairs):
             return packed
+        if packed.experts is not None:      # an expert stack: each expert repacked
+            return PackedWeights.stack(self.adopt(packed.expert(e), nr)
+                                       for e in range(packed.experts))
         bl = packed.bl or 32
         kern = next((p.gemm for p in pairs if can_repack(packed.layout, p.gemm.rhs_layout(bl))),
                     pairs[0].gemm)

@@ -126,6 +126,7 @@ class IQ4XSP(KQuantRhs):
     random_ggml = staticmethod(random_iq4_xs)   # seeded random valid block_iq4_xs rows
     label_prefix = "iq4xsp"
     kvalues = KVALUES           # the decode table (the kernels' LUTI4 / TBL table)
+    ggml_d_offset = IQ4_XS_D    # where a block_iq4_xs holds its f16 d (the scale checks' field)
 
     def __post_init__(self) -> None:
         self.check_kquant(nr=self.nr)

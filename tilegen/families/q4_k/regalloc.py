@@ -11,7 +11,8 @@ unrolled.  Per accumulator unit (a register of int32 sums):
     the f32 accumulators live in the stack frame (one 16-byte slot per unit, loaded and stored
     once per SB by the float epilogue: x = f32(S1)*d; x -= dmin*f32(S2); acc += da*x).
 
-Strategies (``Q4KRegs.mode``), by ISA and interleave:
+Strategies (``Q4KRegs.mode``), by ISA and interleave (the NEON allocation is the shared
+:func:`tilegen.generator.regalloc.kquant.allocate_kquant_neon`, ``Q4KRegs`` its record):
 
 ``mm``    i8mm, kr = 16, mr a multiple of 4: SMMLA of (2 rows x 8 k) by (2 columns x 8 k); a
           unit is (row block g, row pair rp, column pair p) in SMMLA's 2x2 order; the
@@ -40,130 +41,21 @@ from dataclasses import dataclass, field
 
 from ...generator.spec import KernelSpec
 from ...generator.tile_layouts import check_packing
-from ...generator.regalloc.kquant import (KQuantSveArea, check_neon_tile, check_sve_mm_rows,
+from ...generator.regalloc.kquant import (KQUANT_NEON_SCALARS, KQuantNeonRegs, KQuantSveArea,
+                                          allocate_kquant_neon, check_sve_mm_rows,
                                           check_sve_tile, kquant_mode)
-from ...generator.regalloc.pool import (Z_LOW_FIRST, Frame, RegisterPool, VectorNeeds, first_fit, flatten,
+from ...generator.regalloc.pool import (Z_LOW_FIRST, Frame, RegisterPool, VectorNeeds, first_fit,
                                         rows)
 
-__all__ = ["Q4KRegs", "Q4KSveRegs", "Q4K_SCALARS", "Q4K_SVE_SCALARS", "Q4K_CHART",
-           "ALLOCATORS"]
+__all__ = ["Q4KRegs", "Q4KSveRegs", "allocate_sve", "Q4K_SCALARS", "Q4K_SVE_SCALARS", "ALLOCATORS"]
 
-Q4K_SCALARS = ("n_rem", "rhs_ptr", "dst_tile", "dst_row", "sb_cnt", "nsb", "lhs_rbs",
-               "lhs_blk_stride", "dst_blk_stride", "tmp")
-_EP = "epilogue beyond the dead registers"
-Q4K_CHART = ("int32 sub-block sums", "int32 scaled sums", "LHS", "RHS", "nibble mask",
-             "scale scratch", _EP)
-_MAX_NR = 64
-
-
-@dataclass(frozen=True)
-class Q4KRegs(Frame):
-    """Registers of the q4_K NEON kernels (numbers; templates add the prefix).
-
-    ``t[u]`` / ``s1[u]``: unit u's cumulative sub-block sums (neon: two vectors per unit) and
-    scaled sums; units are ``[g][rp][p]`` flattened (mm), ``[row][cv]`` (dot4, neon) or
-    ``[p]`` (dot8).  ``ep`` names the SB epilogue's operand registers (dead hot-loop registers
-    first).  ``out[row][cv]``: the registers the f32 results are loaded into for the store."""
-
-    mode: str
-    mr_reg: int
-    lhs_mr: int
-    groups: int
-    t: tuple
-    s1: tuple[int, ...]
-    lhs: tuple[int, ...]
-    rhs: tuple[int, ...]
-    mask: int
-    sst: tuple[int, ...]                 # scale scratch: the scale bytes of sub-blocks j and
-    #                                      j+1 (their int16 difference in the first), the int32
-    #                                      differences of 4 columns, (mm, dot8) their pattern
-    ep: dict = field(hash=False)
-    out: tuple[tuple[int, ...], ...]
-    gpr: dict[str, int] = field(hash=False)
-    lo: tuple[int, ...]                  # one pointer per LHS row block
-    saved_x: tuple[int, ...] = ()
-    saved_d: tuple[int, ...] = ()
-    needs: VectorNeeds = VectorNeeds(())
-
-    @property
-    def t_flat(self) -> tuple[int, ...]:
-        """Every register of ``t`` (zeroed at each SB's start)."""
-        return tuple(flatten(self.t))
-
-    @property
-    def n_units(self) -> int:
-        return len(self.s1)
-
-    @property
-    def n_vec(self) -> int:
-        return len(self.out[0])
-
-    @property
-    def acc_offset(self) -> int:
-        """sp offset of the f32 accumulators (16 bytes per unit, above the clamp values)."""
-        return (self.clamp_offset + 16 + 15) // 16 * 16
-
-    @property
-    def frame_bytes(self) -> int:
-        return self.acc_offset + 16 * self.n_units
-
-
-def _units(mode: str, mr_reg: int, nr: int) -> int:
-    return {"mm": mr_reg * nr // 4, "dot4": mr_reg * nr // 4, "neon": mr_reg * nr // 4,
-            "dot8": nr // 2}[mode]
-
-
-def _ep_counts(mode: str, P: int, nr: int) -> dict[str, int]:
-    """SB-epilogue operands: bsums (hi, lo) of one row block, its d (and the row-pair
-    patterns), per column pair / vector d, dmin and the mins, scratch."""
-    nv = nr // 4
-    if mode == "mm":
-        return {"bh": 2, "bl": 2, "da": 1, "dap": 2, "d": nr // 2, "dm": nr // 2,
-                "mins": nr // 2, "f16": 1, "s2": 1, "fa": 1}
-    bs = 4 if P == 4 else 1                  # bsum_hi, bsum_lo of the row block
-    if mode == "neon":      # SMULL/SMLAL2 of int16 bsums by each column's 8 mins, ADDP
-        return {"bs": bs, "da": 1, "d": nv, "dm": nv, "mins": 4 * nv, "f16": 2, "s2": 1,
-                "fa": 1, "b16": 1, "v": 4}
-    # dot4 / dot8: by-lane SDOT of the mins (UZP1/UZP2: j 0-3, 4-7 of 4 columns)
-    return {"bs": bs, "da": 1, "d": nv, "dm": nv, "mins": 2 * nv, "f16": 2, "s2": 1, "fa": 1}
-
-
-def _block(spec: KernelSpec, mode: str, mr_reg: int):
-    nr, P = spec.nr, spec.lhs_mr
-    G, U, nv = mr_reg // P, _units(mode, mr_reg, nr), nr // 4
-    pool = RegisterPool(Q4K_CHART)
-    v = pool.v
-    t_flat = v.take(U * (2 if mode == "neon" else 1), "int32 sub-block sums")
-    t = tuple(rows(t_flat, 2)) if mode == "neon" else tuple(t_flat)
-    s1 = tuple(v.take(U, "int32 scaled sums"))
-    n_lhs = {"mm": mr_reg // 2, "dot4": 2, "dot8": 4, "neon": 3}[mode]
-    lhs = tuple(v.take(n_lhs, "LHS"))
-    # mm: the unpacked (low, high) nibbles of every column pair; dot4: of every column vector;
-    # dot8: one column pair's; neon: one column vector's and two int16 product vectors
-    n_rhs = {"mm": nr, "dot4": 2 * nv, "dot8": 2, "neon": 4}[mode]
-    rhs = tuple(v.take(n_rhs, "RHS"))
-    mask = v.take(1, "nibble mask")[0]
-    sst = tuple(v.take(4 if mode in ("mm", "dot8") else 3, "scale scratch"))
-    dead = list(t_flat) + list(lhs) + list(rhs) + list(sst)
-    ep, i = {}, 0
-    for name, n in _ep_counts(mode, P, nr).items():
-        got = v.reuse(dead[i:], n, _EP)
-        i += n
-        ep[name] = tuple(got)
-    out_flat = v.reuse(dead, mr_reg * nv + 4, _EP)     # + two loads, clamp min and max
-    out = rows(out_flat[:mr_reg * nv], nv)
-    ep["tmp"] = tuple(out_flat[mr_reg * nv:])
-    gpr = pool.scalars(Q4K_SCALARS)
-    lo = tuple(pool.x.take(G, "LHS row pointers"))
-    return pool, dict(mode=mode, t=t, s1=s1, lhs=lhs, rhs=rhs, mask=mask, sst=sst,
-                      ep=ep, out=out, gpr=gpr, lo=lo)
+Q4K_SCALARS = KQUANT_NEON_SCALARS
+#: the NEON register record of q4_K (the shared 32-k sub-block one)
+Q4KRegs = KQuantNeonRegs
 
 
 def _allocate_q4k_neon(spec: KernelSpec) -> Q4KRegs:
-    check_neon_tile(spec, "q4_K", _MAX_NR)
-    mode = kquant_mode(spec, "q4_K", "NEON")
-    check_packing(spec)
-    return Q4KRegs(**first_fit(spec, lambda mr_reg: _block(spec, mode, mr_reg)))
+    return allocate_kquant_neon(spec, "q4_K")
 
 
 # ---------------------------------------------------------------------------------------------
@@ -206,6 +98,7 @@ class Q4KSveRegs(KQuantSveArea, Frame):
     saved_x: tuple[int, ...] = ()
     saved_d: tuple[int, ...] = ()
     needs: VectorNeeds = VectorNeeds(())
+    xv: dict = field(default_factory=dict, hash=False)   # a family's extra registers (name -> reg)
 
     # what the SVE skeleton (templates/kquant/sve.S.j2) reads under its shared names
     @property
@@ -236,11 +129,12 @@ def _sve_ep_counts(mode: str, P: int, nv: int) -> dict[str, int]:
     return {"da": 1, "d": nv, "dm": nv, "mins": 2 * nv, "f16": 2, "s2": 1, "fa": 1}
 
 
-def _sve_block(spec: KernelSpec, mode: str, mr_reg: int):
+def _sve_block(spec: KernelSpec, mode: str, mr_reg: int, extra: tuple = (),
+               extra_x: tuple = ()):
     nv, P = spec.nr, spec.lhs_mr
     G = mr_reg // P
     U = {"mm": mr_reg * nv, "dot4": mr_reg * nv, "dot8": 2 * nv}[mode]
-    pool = RegisterPool(Q4K_SVE_CHART, v_order=Z_LOW_FIRST)
+    pool = RegisterPool(Q4K_SVE_CHART + tuple(role for _, role in extra), v_order=Z_LOW_FIRST)
     v = pool.v
     if mode == "dot4":
         lhs = v.take(4 if P == 4 else 2, "LHS", within=8,
@@ -251,6 +145,7 @@ def _sve_block(spec: KernelSpec, mode: str, mr_reg: int):
     sst = v.take(3, "scale scratch")
     t = v.take(U, "int32 sub-block sums")
     s1 = v.take(U, "int32 scaled sums")
+    xv = {name: v.take(1, role)[0] for name, role in extra}
     # the bsums: mm, (hi, lo) x row pair; dot4/dot8 P = 4: hi rows 0-1, 2-3, lo rows 0-1, 2-3
     # (by-lane SDOT operands: the z0-z7 LHS registers); gemv: hi and lo of the row in one
     nbs = 4 if P == 4 else 1
@@ -267,21 +162,25 @@ def _sve_block(spec: KernelSpec, mode: str, mr_reg: int):
     out_flat = v.reuse(list(lhs) + list(rhs) + list(sst) + list(t), mr_reg * nv + 4, _SVE_EP)
     out = rows(out_flat[:mr_reg * nv], nv)
     ep["tmp"] = tuple(out_flat[mr_reg * nv:])
-    gpr = pool.scalars(Q4K_SVE_SCALARS)
+    gpr = pool.scalars(Q4K_SVE_SCALARS + tuple(extra_x))
     lo = tuple(pool.x.take(G, "LHS row pointers"))
-    return pool, dict(mode=mode, t=tuple(t), s1=tuple(s1), lhs=tuple(lhs), rhs=tuple(rhs),
-                      sst=tuple(sst), ep=ep, out=out, gpr=gpr, lo=lo,
-                      pred=tuple(range(1, nv + 1)))
+    fields = dict(mode=mode, t=tuple(t), s1=tuple(s1), lhs=tuple(lhs), rhs=tuple(rhs),
+                  sst=tuple(sst), ep=ep, out=out, gpr=gpr, lo=lo, pred=tuple(range(1, nv + 1)))
+    return pool, (dict(fields, xv=xv) if extra else fields)
 
 
-def _allocate_q4k_sve(spec: KernelSpec) -> Q4KSveRegs:
-    check_sve_tile(spec, "q4_K", _SVE_MAX_NV, "the dmin vectors at [rhs, #(nv + cv), mul vl]")
-    mode = kquant_mode(spec, "q4_K", "SVE")
-    check_sve_mm_rows(spec, "q4_K", mode)
+def allocate_sve(spec: KernelSpec, family: str = "q4_K", extra: tuple = (),
+                 extra_x: tuple = ()) -> Q4KSveRegs:
+    """The SVE registers of a q4_K-shaped kernel of ``family``: ``extra`` ((name, role), ...)
+    one more Z register each, taken after the scaled sums (``xv[name]``), ``extra_x`` more
+    named GPRs (``gpr``)."""
+    check_sve_tile(spec, family, _SVE_MAX_NV, "the dmin vectors at [rhs, #(nv + cv), mul vl]")
+    mode = kquant_mode(spec, family, "SVE")
+    check_sve_mm_rows(spec, family, mode)
     check_packing(spec)
-    return Q4KSveRegs(**first_fit(spec, lambda mr_reg: _sve_block(spec, mode, mr_reg),
+    return Q4KSveRegs(**first_fit(spec, lambda mr_reg: _sve_block(spec, mode, mr_reg, extra, extra_x),
                                   " (indexed SDOT operands in z0-z7)" if mode == "dot4" else ""))
 
 
 # allocator name (``IsaImpl.allocator`` of the family records) -> function
-ALLOCATORS = {"q4k_neon": _allocate_q4k_neon, "q4k_sve": _allocate_q4k_sve}
+ALLOCATORS = {"q4k_neon": _allocate_q4k_neon, "q4k_sve": allocate_sve}

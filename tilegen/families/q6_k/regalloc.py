@@ -126,6 +126,10 @@ class Q6KRegs(_RowPasses, Frame):
     saved_d: tuple[int, ...] = ()
     needs: VectorNeeds = VectorNeeds(())
 
+    #: the skeleton's sub-block shape (templates/kquant/neon.S.j2): R.w[v], one column vector's
+    #: unpacked weights per sub-block, staged in the frame for row passes
+    shape = "column_vectors"
+
     @property
     def n_units(self) -> int:
         """Units of one pass (the accumulators have n_units * passes slots)."""

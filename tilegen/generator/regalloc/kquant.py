@@ -16,9 +16,9 @@ from dataclasses import dataclass, field
 from ...records import SpecError
 from ..spec import KernelSpec
 from ..tile_layouts import check_packing
-from .pool import Frame, VectorNeeds
+from .pool import Frame, RegisterPool, VectorNeeds, first_fit, flatten, rows
 
-__all__ = ["KQUANT_KR", "kquant_mode", "check_neon_tile", "check_sve_tile", "check_sve_mm_rows",
+__all__ = ["KQUANT_KR", "KQUANT_NEON_SCALARS", "KQuantNeonRegs", "allocate_kquant_neon", "kquant_mode", "check_neon_tile", "check_sve_tile", "check_sve_mm_rows",
            "check_sme2_interleave", "check_sme2_gemv_tile", "KQuantSveArea", "KQuantSme2Frame"]
 
 #: the interleave (kr) of each NEON / SVE strategy's layout
@@ -50,6 +50,142 @@ def check_neon_tile(spec: KernelSpec, family: str, max_nr: int) -> None:
         raise SpecError(f"{family} NEON tiles need nr a multiple of 4 (one int32x4 vector per 4 "
                         f"columns) and at most {max_nr}, got nr={spec.nr}")
 
+
+
+# ---------------------------------------------------------------------------------------------
+# NEON: the strategy of 8 sub-blocks of 32 k (q4_K and the families like it)
+# ---------------------------------------------------------------------------------------------
+KQUANT_NEON_SCALARS = ("n_rem", "rhs_ptr", "dst_tile", "dst_row", "sb_cnt", "nsb", "lhs_rbs",
+                       "lhs_blk_stride", "dst_blk_stride", "tmp")
+_EP = "epilogue beyond the dead registers"
+_NEON_CHART = ("int32 sub-block sums", "int32 scaled sums", "LHS", "RHS", "nibble mask",
+               "decode extras", "scale scratch", _EP)
+_NEON_MAX_NR = 64
+
+
+@dataclass(frozen=True)
+class KQuantNeonRegs(Frame):
+    """Registers of the K-quant NEON kernels of 8 sub-blocks of 32 k (q4_K; numbers, templates
+    add the prefix; templates/kquant/neon.S.j2).
+
+    ``t[u]`` / ``s1[u]``: unit u's cumulative sub-block sums (neon: two vectors per unit) and
+    scaled sums; units are ``[g][rp][p]`` flattened (mm), ``[row][cv]`` (dot4, neon) or
+    ``[p]`` (dot8).  ``ep`` names the SB epilogue's operand registers (dead hot-loop registers
+    first).  ``out[row][cv]``: the registers the f32 results are loaded into for the store.
+    ``extra[name]``: the vector registers a family's decode asked for by name (``extra_v`` of
+    :func:`allocate_kquant_neon`, e.g. an IQ4_XS table register), live through the kernel."""
+
+    mode: str
+    mr_reg: int
+    lhs_mr: int
+    groups: int
+    t: tuple
+    s1: tuple[int, ...]
+    lhs: tuple[int, ...]
+    rhs: tuple[int, ...]
+    mask: int
+    sst: tuple[int, ...]                 # scale scratch: the scale bytes of sub-blocks j and
+    #                                      j+1 (their int16 difference in the first), the int32
+    #                                      differences of 4 columns, (mm, dot8) their pattern
+    ep: dict = field(hash=False)
+    out: tuple[tuple[int, ...], ...]
+    gpr: dict[str, int] = field(hash=False)
+    lo: tuple[int, ...]                  # one pointer per LHS row block
+    saved_x: tuple[int, ...] = ()
+    saved_d: tuple[int, ...] = ()
+    needs: VectorNeeds = VectorNeeds(())
+    extra: dict = field(default_factory=dict, hash=False)
+
+    #: the skeleton's sub-block shape (templates/kquant/neon.S.j2): two int8 vectors per chunk
+    shape = "chunk_pairs"
+
+    @property
+    def t_flat(self) -> tuple[int, ...]:
+        """Every register of ``t`` (zeroed at each SB's start)."""
+        return tuple(flatten(self.t))
+
+    @property
+    def n_units(self) -> int:
+        return len(self.s1)
+
+    @property
+    def n_vec(self) -> int:
+        return len(self.out[0])
+
+    @property
+    def acc_offset(self) -> int:
+        """sp offset of the f32 accumulators (16 bytes per unit, above the clamp values)."""
+        return (self.clamp_offset + 16 + 15) // 16 * 16
+
+    @property
+    def frame_bytes(self) -> int:
+        return self.acc_offset + 16 * self.n_units
+
+
+def _units(mode: str, mr_reg: int, nr: int) -> int:
+    return {"mm": mr_reg * nr // 4, "dot4": mr_reg * nr // 4, "neon": mr_reg * nr // 4,
+            "dot8": nr // 2}[mode]
+
+
+def _ep_counts(mode: str, P: int, nr: int) -> dict[str, int]:
+    """SB-epilogue operands: bsums (hi, lo) of one row block, its d (and the row-pair
+    patterns), per column pair / vector d, dmin and the mins, scratch."""
+    nv = nr // 4
+    if mode == "mm":
+        return {"bh": 2, "bl": 2, "da": 1, "dap": 2, "d": nr // 2, "dm": nr // 2,
+                "mins": nr // 2, "f16": 1, "s2": 1, "fa": 1}
+    bs = 4 if P == 4 else 1                  # bsum_hi, bsum_lo of the row block
+    if mode == "neon":      # SMULL/SMLAL2 of int16 bsums by each column's 8 mins, ADDP
+        return {"bs": bs, "da": 1, "d": nv, "dm": nv, "mins": 4 * nv, "f16": 2, "s2": 1,
+                "fa": 1, "b16": 1, "v": 4}
+    # dot4 / dot8: by-lane SDOT of the mins (UZP1/UZP2: j 0-3, 4-7 of 4 columns)
+    return {"bs": bs, "da": 1, "d": nv, "dm": nv, "mins": 2 * nv, "f16": 2, "s2": 1, "fa": 1}
+
+
+def _neon_block(spec: KernelSpec, mode: str, mr_reg: int, extra_v):
+    nr, P = spec.nr, spec.lhs_mr
+    G, U, nv = mr_reg // P, _units(mode, mr_reg, nr), nr // 4
+    pool = RegisterPool(_NEON_CHART)
+    v = pool.v
+    t_flat = v.take(U * (2 if mode == "neon" else 1), "int32 sub-block sums")
+    t = tuple(rows(t_flat, 2)) if mode == "neon" else tuple(t_flat)
+    s1 = tuple(v.take(U, "int32 scaled sums"))
+    n_lhs = {"mm": mr_reg // 2, "dot4": 2, "dot8": 4, "neon": 3}[mode]
+    lhs = tuple(v.take(n_lhs, "LHS"))
+    # mm: the unpacked (low, high) nibbles of every column pair; dot4: of every column vector;
+    # dot8: one column pair's; neon: one column vector's and two int16 product vectors
+    n_rhs = {"mm": nr, "dot4": 2 * nv, "dot8": 2, "neon": 4}[mode]
+    rhs = tuple(v.take(n_rhs, "RHS"))
+    mask = v.take(1, "nibble mask")[0]
+    extra = {name: tuple(v.take(n, "decode extras")) for name, n in extra_v}
+    sst = tuple(v.take(4 if mode in ("mm", "dot8") else 3, "scale scratch"))
+    dead = list(t_flat) + list(lhs) + list(rhs) + list(sst)
+    ep, i = {}, 0
+    for name, n in _ep_counts(mode, P, nr).items():
+        got = v.reuse(dead[i:], n, _EP)
+        i += n
+        ep[name] = tuple(got)
+    out_flat = v.reuse(dead, mr_reg * nv + 4, _EP)     # + two loads, clamp min and max
+    out = rows(out_flat[:mr_reg * nv], nv)
+    ep["tmp"] = tuple(out_flat[mr_reg * nv:])
+    gpr = pool.scalars(KQUANT_NEON_SCALARS)
+    lo = tuple(pool.x.take(G, "LHS row pointers"))
+    return pool, dict(mode=mode, t=t, s1=s1, lhs=lhs, rhs=rhs, mask=mask, sst=sst,
+                      ep=ep, out=out, gpr=gpr, lo=lo, extra=extra)
+
+
+def allocate_kquant_neon(spec: KernelSpec, family: str,
+                         extra_v: tuple[tuple[str, int], ...] = ()) -> KQuantNeonRegs:
+    """The registers of a ``family`` NEON tile on the shared 32-k sub-block strategy
+    (templates/kquant/neon.S.j2).  ``extra_v``: (name, count) of the vector registers the
+    family's decode needs beyond the nibble mask (taken after it, live through the kernel, in
+    ``R.extra[name]``; e.g. ``(("table", 1),)`` for a TBL decode's 16-byte table); they count in
+    the tile's register budget, so a family with extras may accept smaller tiles."""
+    check_neon_tile(spec, family, _NEON_MAX_NR)
+    mode = kquant_mode(spec, family, "NEON")
+    check_packing(spec)
+    return KQuantNeonRegs(**first_fit(spec, lambda mr_reg: _neon_block(spec, mode, mr_reg,
+                                                                       tuple(extra_v))))
 
 def check_sve_tile(spec: KernelSpec, family: str, max_nv: int, reach: str) -> None:
     """SVE tiles: a fixed row count, nr in VL units up to ``max_nv`` (``reach``: the load
