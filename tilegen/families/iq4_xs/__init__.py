@@ -1,12 +1,12 @@
 """The ``iq4_xs`` family: ggml's IQ4_XS weights (issue #32) against Q8_K-style activations.
 
-Everything that is IQ4_XS's own: its record (SME2 realisations on the K-quant SME2 skeletons,
-templates ``iq4xs_sme2*``), its ggml block codec (``block_iq4_xs``: split / join / dequantise,
+Everything that is IQ4_XS's own: its record (NEON, SVE and SME2 realisations on the K-quant
+skeletons: templates ``iq4xs_neon`` (on q4_K's), ``iq4xs_sve``, ``iq4xs_sme2*``), its ggml block codec (``block_iq4_xs``: split / join / dequantise,
 the scale check, seeded random valid blocks), its packed RHS layout ``iq4xsp``
 (:class:`IQ4XSP` on the shared :class:`~tilegen.layout.kquant.KQuantRhs`, with the hooks the
 references read), its C packer, its llama.cpp mapping, its default kernels and the packing
-protocol; and, as this package's submodule (the regalloc stage: only the allocator registry
-imports it), its SME2 register allocator :mod:`.regalloc_sme2`.
+protocol; and, as this package's submodules (the regalloc stage: only the allocator registry
+imports them), its register allocators :mod:`.regalloc` (NEON, SVE) and :mod:`.regalloc_sme2`.
 
 block_iq4_xs (136 bytes):  f16 d | u16 scales_h | 4 bytes scales_l | 128 bytes of 4-bit
 indices.  Sub-block j < 8 of 32 values: ls_j = (scales_l[j // 2] >> 4 * (j % 2)) & 15 |
@@ -26,19 +26,25 @@ from ...layout.base import checked_c_expr
 from ...layout.ggml import (QK_K, check_block_scales, check_superblocks, f16_bits_to_f32,
                            kquant_blocks, random_f16_scales)
 from ...layout.kquant import U16, KQuantRhs, KQuantTerms
-from ...records import FamilyInfo, kquant_sme2_impls
+from ...records import (KQUANT_LLAMA_KERNELS, FamilyInfo, kquant_default_kernels, kquant_impls,
+                         kquant_sme2_impls, kquant_sve_impls)
 from ...reference.f32 import fma_f32
 from ...reference.kquant import matmul_kernel, quantize_q8_k
 
-# the plugin's declarations (tilegen.families): the SME2 realisation every K-quant family has
-# (the NEON and SVE kernels are not written yet: docs/specs.md#iq4_xs)
+# the plugin's declarations (tilegen.families): the NEON, SVE and SME2 realisations every
+# K-quant family has, its default kernels and the llama.cpp patch's tiles
 ORDER = 45
-RECORDS = (FamilyInfo(name="iq4_xs", lhs="q8kp", rhs="iq4xsp", impls=kquant_sme2_impls("iq4xs"),
+RECORDS = (FamilyInfo(name="iq4_xs", lhs="q8kp", rhs="iq4xsp",
+                      impls={**kquant_impls("iq4xs"), **kquant_sve_impls("iq4xs"),
+                             **kquant_sme2_impls("iq4xs")},
                       kinds=("iq4_xs",), abi=Q8, quantized=True),)
-ALLOCATOR_MODULES = (f"{__name__}.regalloc_sme2",)
+ALLOCATOR_MODULES = (f"{__name__}.regalloc", f"{__name__}.regalloc_sme2")
 GGML_TYPES = {"IQ4_XS": "iq4_xs"}
-DEFAULT_KERNELS = ("iq4_xs:sme2:1vlx2vl", "iq4_xs:sme2:1x2vl")
-LLAMA_KERNELS = (("sme2", "1vlx2vl", "1x2vl", "int16 SMOPA", "ZA-array SDOT"),)
+DEFAULT_KERNELS = kquant_default_kernels("iq4_xs")
+LLAMA_KERNELS = KQUANT_LLAMA_KERNELS
+#: llama-quantize's IQ4_XS of the check's synthetic model runs on the patched llama.cpp within
+#: this tolerance (docs/llama_cpp_check.md: Q4_K_M's derivation, the same Q8_K activations)
+LLAMA_QUANTIZE = {"iq4_xs": 0.08}
 
 BLOCK_IQ4_XS_BYTES = 136
 # byte offsets of the fields inside one block (the C packer of the export reads them too)
