@@ -104,8 +104,7 @@ def test_kquant_sme2_refusals():
                         ("iq4_xs:sme2:1vlx3vl", "1vlx1vl, 1vlx2vl or 1vlx4vl"),
                         ("iq4_xs:sme2:2vlx1vl", "1vlx1vl, 1vlx2vl or 1vlx4vl"),
                         ("iq4_xs:sme2:1x1vl", "1x2vl or 1x4vl"),
-                        ("iq4_xs:sme2:1vlx2vl:k8:s2", "kr = 4"),
-                        ("iq4_xs:i8mm:8x4", "iq4_xs")):
+                        ("iq4_xs:sme2:1vlx2vl:k8:s2", "kr = 4")):
         with pytest.raises(tilegen.SpecError, match=words):
             tilegen.parse_spec(text)
 
