@@ -7,6 +7,9 @@ activations (tilegen.reference.kquant; numpy only, no build, no emulation).
 
 Weights: seeded random valid ggml blocks of every K-quant family of the registry (the RHS
 layouts that take only their ggml blocks: q4_K, q5_K, q6_K; each layout's ``random_ggml``).
+ggml's arithmetic: the family plugin's own ``matmul_ggml`` where it has one (iq4_xs: the Arm
+NEON ``vec_dot_iq4_xs_q8_K`` float order), else tilegen.reference.kquant.matmul_ggml (the
+generic K-quant lanes of Q4_K / Q5_K / Q6_K).
 Activations: seeded, two kinds per shape — ``normal`` (standard normal) and ``heavy``
 (Student t with 3 degrees of freedom: a few large values per row, as LLM activations have).
 Figures: ``rms`` = RMS(error) / RMS(float64 result), ``max`` = max |error| / max |float64 result|;
@@ -25,7 +28,7 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from tilegen.families import FAMILIES, rhs_layout_class  # noqa: E402
+from tilegen.families import FAMILIES, plugin, rhs_layout_class  # noqa: E402
 from tilegen.reference.kquant import (error_summary, matmul_f64_kquant, matmul_ggml,  # noqa: E402
                                       matmul_tilegen)
 
@@ -33,6 +36,12 @@ SHAPES = [(1, 256, 256), (1, 512, 4096), (8, 128, 1024), (16, 256, 4096), (32, 6
 #: the K-quant kinds (their layouts take only ggml blocks) -> seeded random valid blocks
 RAND = {f: rhs_layout_class(f).random_ggml for f in FAMILIES
         if getattr(rhs_layout_class(f), "ggml_only", None) == f}
+
+
+def ggml_product(wkind: str, x, raw, n: int) -> np.ndarray:
+    """ggml's arithmetic for family ``wkind``: the plugin's ``matmul_ggml`` or the shared one."""
+    own = getattr(plugin(wkind), "matmul_ggml", None)
+    return own(x, raw, n) if own else matmul_ggml(rhs_layout_class(wkind), x, raw, n)
 
 
 def activations(kind: str, m: int, k: int, seed: int) -> np.ndarray:
@@ -46,12 +55,12 @@ def rows() -> list[dict]:
     out = []
     for wkind in RAND:
         for i, (m, n, k) in enumerate(SHAPES):
-            raw = RAND[wkind](n, k, 100 + i)
+            raw = rhs_layout_class(wkind).random_ggml(n, k, 100 + i)
             for akind in ("normal", "heavy"):
                 x = activations(akind, m, k, 200 + i)
                 rhs = rhs_layout_class(wkind)
                 ref = matmul_f64_kquant(rhs, x, raw, n)
-                tg, gg = matmul_tilegen(rhs, x, raw, n), matmul_ggml(rhs, x, raw, n)
+                tg, gg = matmul_tilegen(rhs, x, raw, n), ggml_product(wkind, x, raw, n)
                 e_tg, e_gg = error_summary(tg, ref), error_summary(gg, ref)
                 out.append({"kind": wkind, "m": m, "n": n, "k": k, "x": akind,
                             "tilegen": e_tg, "ggml": e_gg,

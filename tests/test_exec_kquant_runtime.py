@@ -168,6 +168,12 @@ def test_tuned_default_build(kind, v2_lib, tmp_path):
     assert (t["kind"], t["layout"]) == (kind, r["layout"]) and np.array_equal(t["data"], r["data"])
 
 
+def _max_guest(kind: str):
+    """qemu ``max`` for the refusal tests: SME off, unless the family's kernels are all SME."""
+    sme_only = all(ISAS[i].vl_kind == "sme" for i in FAMILIES[kind].impls)
+    return guest("max", env=SME_ON if sme_only else None)
+
+
 def _guest(cpu: str, sve_vl: int | None = None, sme_vl: int | None = None):
     """The guest of ``cpu`` (SME on where CPUS gives it an SME ISA)."""
     sme = cpu in CPUS and ISAS[CPUS[cpu][0]].vl_kind == "sme"
@@ -225,7 +231,8 @@ def test_pack_weights_refusals(kind, kq_lib, tmp_path):
     flat = raw.reshape(-1)
     nan_d = raw.reshape(3, 2, bb).copy()
     lay = layout_for(fmt, nr=4, kr=16)
-    off = 0 if hasattr(lay, "dmin_offset") else bb - 2     # d first (with dmin), or last (Q6_K)
+    # d first (with dmin; IQ4_XS's ggml_d_offset), or last (Q6_K)
+    off = 0 if hasattr(lay, "dmin_offset") else getattr(lay, "ggml_d_offset", bb - 2)
     nan_d[1, 1, off:off + 2] = np.array([0x7E00], "<u2").view(np.uint8)
     src = dict(kind=kind, n=3, k=512)
     calls = [
@@ -234,7 +241,8 @@ def test_pack_weights_refusals(kind, kq_lib, tmp_path):
         ((), {**src, "from_ggml": raw, "k": 300}, r"multiple of 256"),
         ((), {**src, "from_ggml": flat[:-7]}, r"truncated"),
         ((), {**src, "from_ggml": np.concatenate([flat, flat[:bb]])}, r"must hold"),
-        ((), {**src, "from_ggml": nan_d}, r"block 3 \(row 1, block 1 of the row\) has a "
+        # (n, row bytes): a 3-D from_ggml is an expert stack since #33
+        ((), {**src, "from_ggml": nan_d.reshape(3, -1)}, r"block 3 \(row 1, block 1 of the row\) has a "
                                           r"non-finite f16 d \(NaN"),
         ((), {**src, "from_ggml": raw, "bias": np.zeros(3, F)}, r"no bias.*matmul\(bias=\)"),
         ((), {**src, "from_ggml": raw, "layout": "kn"},
@@ -244,18 +252,18 @@ def test_pack_weights_refusals(kind, kq_lib, tmp_path):
     if hasattr(lay, "dmin_offset"):
         bad = raw.reshape(3, 2, bb).copy()
         bad[2, 0, 2:4] = np.array([0xFC00], "<u2").view(np.uint8)
-        calls.append(((), {**src, "from_ggml": bad}, r"block 4 \(row 2, block 0 of the row\) "
+        calls.append(((), {**src, "from_ggml": bad.reshape(3, -1)}, r"block 4 \(row 2, block 0 of the row\) "
                                                      r"has a non-finite f16 dmin \(-Inf"))
     ok = [((), {**src, "from_ggml": flat.tobytes()}), ((), {**src, "from_ggml": flat}),
           ((), {**src, "from_ggml": bytearray(flat.tobytes())})]
-    got = guest("max").call("guest_weights:packs", kq_lib,
+    got = _max_guest(kind).call("guest_weights:packs", kq_lib,
                             [(a, kw) for a, kw, _ in calls] + ok)
     for (_, kw, pattern), r in zip(calls, got):
         assert isinstance(r, str) and r.startswith("ArgumentError: "), (kw.keys(), r)
         assert re.search(pattern, r), (pattern, r)
     path = tmp_path / "nan_d.gguf"
     write_gguf(path, {"blk.0.ffn_down.weight": (KQ[kind][1], nan_d.reshape(3, -1))})
-    r = guest("max").call("guest_weights:load", kq_lib, str(path), "blk.0.ffn_down.weight")
+    r = _max_guest(kind).call("guest_weights:load", kq_lib, str(path), "blk.0.ffn_down.weight")
     assert isinstance(r, str) and re.match(
         r"ArgumentError: tensor 'blk.0.ffn_down.weight': ggml \w+ block 3 \(row 1, block 1 of "
         r"the row\) has a non-finite f16 d \(NaN", r), r
@@ -273,7 +281,7 @@ def test_non_finite_activations_are_refused(kind, kq_lib):
         b = x.copy()
         b[1, 7] = v
         xs.append(b)
-    got = guest("max").call("guest_kquant:refusals", kq_lib, kind, raw, 5, 256, xs)
+    got = _max_guest(kind).call("guest_kquant:refusals", kq_lib, kind, raw, 5, 256, xs)
     for r in got:
         assert isinstance(r, str) and re.match(rf"ArgumentError: {kind} activations must be "
                                                rf"finite", r), r

@@ -1,4 +1,4 @@
-"""K-quant SME2 kernels (q4_K: q8kp x q4kp, q6_K: q8kp x q6kp, both at kr = 4; the int16-SMOPA
+"""K-quant SME2 kernels (q4_K: q8kp x q4kp, q6_K: q8kp x q6kp, iq4_xs: q8kp x iq4xsp, all at kr = 4; the int16-SMOPA
 gemms and the ZA-array SDOT gemvs) under emulation at SVL 128 / 256 / 512 / 2048 (qemu
 ``max``): bit-exact against tilegen.reference.kquant (``matmul_blocks``: from the activations
 and the ggml blocks, not the packed bytes) on random valid ggml blocks, m and n not
@@ -14,6 +14,7 @@ import pytest
 import tilegen
 from tilegen.families.q4_k import Q4KP, matmul_q8kp_q4kp, random_q4_k
 from tilegen.families.q6_k import Q6KP, matmul_q8kp_q6kp, random_q6_k
+from tilegen.families.iq4_xs import IQ4XSP, random_iq4_xs
 from tilegen.layout.kquant import Q8KP
 from tilegen.families import rhs_layout_class
 from tilegen.reference.kquant import matmul_blocks
@@ -24,9 +25,12 @@ GEMMS = ("q4_K:sme2:1vlx2vl", "q4_K:sme2:1vlx1vl")
 GEMVS = ("q4_K:sme2:1x2vl", "q4_K:sme2:1x4vl")
 Q6_SPECS = ("q6_K:sme2:1vlx1vl", "q6_K:sme2:1vlx2vl", "q6_K:sme2:1vlx4vl", "q6_K:sme2:1x2vl",
             "q6_K:sme2:1x4vl")
-ALL_SPECS = [tilegen.parse_spec(s) for s in GEMMS + GEMVS + Q6_SPECS]
+IQ4XS_SPECS = ("iq4_xs:sme2:1vlx1vl", "iq4_xs:sme2:1vlx2vl", "iq4_xs:sme2:1vlx4vl",
+               "iq4_xs:sme2:1x2vl", "iq4_xs:sme2:1x4vl")
+ALL_SPECS = [tilegen.parse_spec(s) for s in GEMMS + GEMVS + Q6_SPECS + IQ4XS_SPECS]
 # family -> (random ggml blocks, RHS layout)
-KINDS = {"q4_K": (random_q4_k, Q4KP), "q6_K": (random_q6_k, Q6KP)}
+KINDS = {"q4_K": (random_q4_k, Q4KP), "q6_K": (random_q6_k, Q6KP),
+         "iq4_xs": (random_iq4_xs, IQ4XSP)}
 SENTINEL = np.float32(-4242.25)
 FMAX = 3.4028234663852886e38
 SVLS = (128, 256, 512, 2048)
@@ -96,7 +100,11 @@ def test_kquant_sme2_refusals():
                         ("q4_K:sme2:1vlx2vl:k8:s2", "kr = 4"),
                         ("q6_K:sme2:1vlx3vl", "1vlx1vl, 1vlx2vl or 1vlx4vl"),
                         ("q6_K:sme2:1x1vl", "1x2vl or 1x4vl"),
-                        ("q6_K:sme2:1vlx2vl:k16:s2", "kr = 4")):
+                        ("q6_K:sme2:1vlx2vl:k16:s2", "kr = 4"),
+                        ("iq4_xs:sme2:1vlx3vl", "1vlx1vl, 1vlx2vl or 1vlx4vl"),
+                        ("iq4_xs:sme2:2vlx1vl", "1vlx1vl, 1vlx2vl or 1vlx4vl"),
+                        ("iq4_xs:sme2:1x1vl", "1x2vl or 1x4vl"),
+                        ("iq4_xs:sme2:1vlx2vl:k8:s2", "kr = 4")):
         with pytest.raises(tilegen.SpecError, match=words):
             tilegen.parse_spec(text)
 

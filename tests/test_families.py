@@ -83,10 +83,11 @@ def test_the_packing_protocol_refuses_what_the_family_cannot_take(kind):
     """Every kind goes through its family's one ``pack``; the quantised families' refusals come
     back as LayoutError (the runtime turns them into ArgumentError)."""
     fam = F.KIND_FAMILY[kind]
-    spec = next(parse_spec(s) for s in F.DEFAULT_KERNELS
-                if parse_spec(s).family == fam and not parse_spec(s).vl_scaled)
+    # a fixed-width default kernel where the family has one (its layout at VL 32 otherwise)
+    spec = min((parse_spec(s) for s in F.DEFAULT_KERNELS if parse_spec(s).family == fam),
+               key=lambda sp: sp.vl_scaled)
     from tilegen.layout.base import rhs_layout_for
-    lay = rhs_layout_for(spec, 32)
+    lay = rhs_layout_for(spec, 32, vl=32)
     rng = np.random.default_rng(3)
     n, k = 8, 256
     w = (rng.standard_normal((n, k)) + 0.5).astype(np.float32)

@@ -116,7 +116,8 @@ def test_bad_blocks_are_clear_errors(kind, tmp_path):
     with pytest.raises(LayoutError, match="from_ggml="):
         lay.pack_from_float(np.ones((3, 512), np.float32))
     # f16 fields: with a min term (Q4_K, Q5_K) d at byte 0 and dmin at 2; Q6_K d last (208)
-    fields = [(0, "d"), (2, "dmin")] if hasattr(lay, "dmin_offset") else [(bb - 2, "d")]
+    fields = [(0, "d"), (2, "dmin")] if hasattr(lay, "dmin_offset") else \
+        [(getattr(lay, "ggml_d_offset", bb - 2), "d")]        # (IQ4_XS: d first, no dmin)
     for off, field in fields:
         for bits, name in ((0x7C00, r"\+Inf"), (0xFC00, "-Inf"), (0x7E01, "NaN")):
             bad = raw.reshape(3, 2, bb).copy()
