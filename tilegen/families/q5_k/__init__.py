@@ -24,22 +24,14 @@ import numpy as np
 from ...layout.base import checked_c_expr
 from ...layout.ggml import QK_K, check_block_scales, check_superblocks, kquant_blocks, random_f16_scales
 from ...layout.kquant import KQuantRhs, KQuantTerms
-from ...records import FamilyInfo, kquant_impls, kquant_sve_impls, KQUANT_LLAMA_KERNELS
-from ...callconv import Q8
+from ...records import kquant_manifest
 from ...reference.kquant import matmul_kernel
 from ..q4_k import Q4KP, join_q4_k, q4_k_values, split_q4_k
 
 ORDER = 31
-#: NEON and SVE realisations (the SME2 kernels are not written yet: no sme2 entry)
-RECORDS = (FamilyInfo(name="q5_K", lhs="q8kp", rhs="q5kp",
-                      impls={**kquant_impls("q5k"), **kquant_sve_impls("q5k")},
-                      kinds=("q5_K",), abi=Q8, quantized=True),)
-ALLOCATOR_MODULES = (f"{__name__}.regalloc",)
-GGML_TYPES = {"Q5_K": "q5_K"}
-DEFAULT_KERNELS = tuple(f"q5_K:{t}" for t in ("i8mm:8x4", "i8mm:1x4", "dotprod:8x4", "dotprod:1x4",
-                                              "neon:4x4", "neon:1x4"))
-#: the llama.cpp patch's (gemm, gemv) pairs: the K-quant ones this family has kernels for
-LLAMA_KERNELS = tuple(e for e in KQUANT_LLAMA_KERNELS if e[0] in RECORDS[0].impls)
+RECORDS, ALLOCATOR_MODULES, GGML_TYPES, DEFAULT_KERNELS, LLAMA_KERNELS = kquant_manifest(
+    "q5_K", "q5kp", "q5k", __name__,
+    isas=("neon", "dotprod", "i8mm", "sve_dotprod", "sve_i8mm"))
 #: llama-quantize's Q5_K_M of the check's synthetic model (Q5_K, Q6_K for some tensors) runs on
 #: the patched llama.cpp within this tolerance (docs/llama_cpp_check.md: Q4_K_M's derivation)
 LLAMA_QUANTIZE = {"q5_k_m": 0.08}
