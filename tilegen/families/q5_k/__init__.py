@@ -30,8 +30,7 @@ from ..q4_k import Q4KP, join_q4_k, q4_k_values, split_q4_k
 
 ORDER = 31
 RECORDS, ALLOCATOR_MODULES, GGML_TYPES, DEFAULT_KERNELS, LLAMA_KERNELS = kquant_manifest(
-    "q5_K", "q5kp", "q5k", __name__,
-    isas=("neon", "dotprod", "i8mm", "sve_dotprod", "sve_i8mm"))
+    "q5_K", "q5kp", "q5k", __name__)
 #: llama-quantize's Q5_K_M of the check's synthetic model (Q5_K, Q6_K for some tensors) runs on
 #: the patched llama.cpp within this tolerance (docs/llama_cpp_check.md: Q4_K_M's derivation)
 LLAMA_QUANTIZE = {"q5_k_m": 0.08}
