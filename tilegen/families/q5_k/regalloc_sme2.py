@@ -26,56 +26,29 @@ from dataclasses import dataclass
 
 from ...records import SpecError
 from ...generator.spec import KernelSpec
-from ...generator.regalloc.kquant import (KQuantSme2Frame, check_sme2_gemv_tile,
-                                          check_sme2_interleave)
+from ...generator.regalloc.kquant import check_sme2_gemv_tile, check_sme2_interleave
 from ...generator.regalloc.pool import SME_X_ORDER, RegisterPool
-from ..q4_k.regalloc_sme2 import Q4KSme2GemvRegs
+from ..q4_k.regalloc_sme2 import Q4KSme2GemvRegs, Q4KSme2Regs
 
 __all__ = ["Q5KSme2Regs", "Q5KSme2GemvRegs", "ALLOCATORS"]
 
 
 @dataclass(frozen=True, kw_only=True)
-class Q5KSme2Regs(KQuantSme2Frame):
-    """The 1vl x nu vl int16-SMOPA gemm.  Hot loop: ``lhs_b`` (the k pairs of two 4-k chunks,
-    bytes), ``lhs`` (widened: low pair, high pair of each chunk), ``rhs_b`` (two vectors of
-    packed nibbles), ``qh`` (the two qh vectors at the same offsets, then shifted by ``sh``),
-    ``lres`` / ``hres`` (the low / high five-bit values, bytes), ``tmp`` (scratch), ``qlo`` /
-    ``qhi`` (widened, one vector per column vector and chunk; then scaled), ``sc`` (per column
-    vector the sub-block scale of each column, twice), ``sc_raw`` (the scale bytes),
-    ``c0f`` / ``c10`` (0x0f / 0x10 in every byte), ``sh`` (the quarter's bit pair 2s in every
-    byte).  SB end, fold and clamp: q4_K's registers (``bsb``, ``lob``, ``wide``, ``wlo``,
-    ``bs``, ``mins_b``, ``mins``, ``sums``, ``d``, ``dm``, ``da``, ``acc``, ``clamp``; see
-    :class:`tilegen.families.q4_k.regalloc_sme2.Q4KSme2Regs`), on the hot loop's dead
-    registers."""
+class Q5KSme2Regs(Q4KSme2Regs):
+    """q4_K's gemm registers (:class:`~tilegen.families.q4_k.regalloc_sme2.Q4KSme2Regs`: the
+    LHS, scales, SB end, fold and clamp alike) with the hot loop's own: ``raw`` / ``hi`` the
+    widened low / high five-bit values (four vectors each: one per column vector and chunk;
+    then scaled), ``c16`` 0x10 in every byte (BSL's mask); and ``qh`` (the two qh vectors at
+    the nibbles' offsets, then shifted by ``sh``), ``lres`` / ``hres`` (the low / high values,
+    bytes), ``tmp`` (scratch), ``c0f`` (0x0f in every byte), ``sh`` (the quarter's bit pair 2s
+    in every byte)."""
 
-    nu: int
-    lhs_b: tuple[int, ...]
-    lhs: tuple[int, ...]
-    rhs_b: tuple[int, ...]
     qh: tuple[int, ...]
     lres: tuple[int, ...]
     hres: tuple[int, ...]
     tmp: int
-    qlo: tuple[int, ...]
-    qhi: tuple[int, ...]
-    sc: tuple[int, ...]
-    sc_raw: int
     c0f: int
-    c10: int
     sh: int
-    bsb: tuple[int, ...]
-    lob: tuple[int, ...]
-    wide: tuple[int, ...]
-    wlo: tuple[int, ...]
-    bs: tuple[int, ...]
-    mins_b: tuple[int, ...]
-    mins: tuple[int, ...]
-    sums: tuple[int, ...]
-    d: tuple[int, ...]
-    dm: tuple[int, ...]
-    da: int
-    acc: tuple[int, ...]
-    clamp: tuple[int, int]
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -109,29 +82,23 @@ def _allocate_gemm(spec: KernelSpec) -> Q5KSme2Regs:
     check_sme2_interleave(spec, "q5_K")
     pool = RegisterPool(_CHART, x_order=SME_X_ORDER, streaming=True)
     v = pool.v
-    # multi-vector groups start at a multiple of their length
-    lhs_b = v.claim((0, 1), "LHS")
-    rhs_b = v.claim((2, 3), "RHS")
-    lhs = v.claim(range(4, 8), "LHS")
-    qlo = v.claim(range(8, 12), "RHS")
-    qhi = v.claim(range(12, 16), "RHS")
-    sc = v.claim((16, 17)[:nu], "column scales")
-    sc_raw = v.claim((18,), "column scales")[0]
-    qh = v.claim((20, 21), "high-bit plane")
-    lres = v.claim((22, 23), "RHS")
-    hres = v.claim((24, 25), "RHS")
-    tmp = v.claim((26,), "RHS")[0]
-    c0f, c10, sh = v.claim((27, 28, 29), "constants")
+    # the hot loop's registers (multi-vector groups start at a multiple of their length)
+    r = {name: v.claim(regs, role) for name, regs, role in (
+        ("lhs_b", (0, 1), "LHS"), ("rhs_b", (2, 3), "RHS"), ("lhs", range(4, 8), "LHS"),
+        ("raw", range(8, 12), "RHS"), ("hi", range(12, 16), "RHS"),
+        ("sc", (16, 17)[:nu], "column scales"), ("sc_raw", (18,), "column scales"),
+        ("qh", (20, 21), "high-bit plane"), ("lres", (22, 23), "RHS"), ("hres", (24, 25), "RHS"),
+        ("tmp", (26,), "RHS"), ("c0f", (27,), "constants"), ("c16", (28,), "constants"),
+        ("sh", (29,), "constants"))}
+    r.update({k: r[k][0] for k in ("sc_raw", "tmp", "c0f", "c16", "sh")})
     gpr = pool.scalars(_GEMM_SCALARS)
     pool.settle(f"q5_K sme2 gemm {spec.mr_str}x{spec.nr_str}")
     # the SB end, the fold and the clamp pass: q4_K's registers, all dead in the hot loop
     bsb, lob = (16, 17), (18, 19)
     wide, wlo, bs = tuple(range(20, 24)), tuple(range(24, 28)), tuple(range(28, 32))
-    return Q5KSme2Regs(nu=nu, lhs_b=lhs_b, lhs=lhs, rhs_b=rhs_b, qh=qh, lres=lres, hres=hres,
-                       tmp=tmp, qlo=qlo, qhi=qhi, sc=sc, sc_raw=sc_raw, c0f=c0f, c10=c10, sh=sh,
-                       bsb=bsb, lob=lob, wide=wide, wlo=wlo, bs=bs, mins_b=bsb, mins=wlo,
-                       sums=wide[:2 * nu], d=bsb[:nu], dm=lob[:nu], da=lhs_b[0],
-                       acc=wlo[2:2 + nu], clamp=rhs_b, gpr=gpr, **pool.frame())
+    return Q5KSme2Regs(nu=nu, **r, bsb=bsb, lob=lob, wide=wide, wlo=wlo, bs=bs, mins_b=bsb,
+                       mins=wlo, sums=wide[:2 * nu], d=bsb[:nu], dm=lob[:nu], da=r["lhs_b"][0],
+                       acc=wlo[2:2 + nu], clamp=r["rhs_b"], gpr=gpr, **pool.frame())
 
 
 _GEMV_SCALARS = ("n_rem", "rec", "rp", "qp", "qd", "shv", "sinc", "scp", "lp", "lhs_row",
