@@ -2,13 +2,14 @@
 
 Q5_K is Q4_K plus one high-bit plane: the same f16 d and dmin, the same 12 bytes of 6-bit
 scales and mins, 32 bytes ``qh`` of fifth bits and 128 bytes of low nibbles; q in 0..31 and
-w = (f32(d)*sc)*q - f32(dmin)*m.  Everything that is Q5_K's own lives here: its record (NEON
-and SVE realisations on the templates ``q5k_*``, which extend q4_K's on their decode override
-points), its codec (``block_q5_K``: split / join / dequantise, scale checks, seeded random
+w = (f32(d)*sc)*q - f32(dmin)*m.  Everything that is Q5_K's own lives here: its record (NEON,
+SVE and SME2 realisations, from ``kquant_manifest``, on the templates ``q5k_*``, which extend
+q4_K's), its codec (``block_q5_K``: split / join / dequantise, scale checks, seeded random
 valid blocks), its packed RHS layout ``q5kp`` (:class:`Q5KP`: q4kp's record with the high-bit
 plane before the nibbles, docs/layouts.md#q5kp), the references' hooks, its C packer, its
 llama.cpp mapping, default kernels and the packing protocol; and its allocators in the
-submodule :mod:`.regalloc` (NEON, SVE: q4_K's with the decode's extra registers).
+submodules :mod:`.regalloc` (NEON, SVE: q4_K's with the decode's extra registers) and
+:mod:`.regalloc_sme2` (the SME2 gemm and gemv).
 
 block_q5_K (176 bytes):  f16 d | f16 dmin | 12 bytes of scales and mins (as block_q4_K) |
 32 bytes qh | 128 bytes of nibbles.  Weight t: low 4 bits from nibble byte 32(t//64) + t%32
