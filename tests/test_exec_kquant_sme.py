@@ -1,9 +1,9 @@
-"""K-quant SME2 kernels (q4_K: q8kp x q4kp, q6_K: q8kp x q6kp, iq4_xs: q8kp x iq4xsp, all at kr = 4; the int16-SMOPA
+"""K-quant SME2 kernels (q4_K: q8kp x q4kp, q5_K: q8kp x q5kp, q6_K: q8kp x q6kp, iq4_xs: q8kp x iq4xsp, all at kr = 4; the int16-SMOPA
 gemms and the ZA-array SDOT gemvs) under emulation at SVL 128 / 256 / 512 / 2048 (qemu
 ``max``): bit-exact against tilegen.reference.kquant (``matmul_blocks``: from the activations
 and the ggml blocks, not the packed bytes) on random valid ggml blocks, m and n not
-multiples of the tile, k of 1, 2 and 3 super-blocks, sentinels around dst untouched, SVCR clear
-after the call; guard pages around every buffer at SVL 512."""
+multiples of the tile, k of 1, 2 and 3 super-blocks (q5_K: and 4, at SVL 1024 too), sentinels
+around dst untouched, SVCR clear after the call; guard pages around every buffer at SVL 512."""
 from __future__ import annotations
 
 from pathlib import Path
@@ -13,6 +13,7 @@ import pytest
 
 import tilegen
 from tilegen.families.q4_k import Q4KP, matmul_q8kp_q4kp, random_q4_k
+from tilegen.families.q5_k import Q5KP, random_q5_k
 from tilegen.families.q6_k import Q6KP, matmul_q8kp_q6kp, random_q6_k
 from tilegen.families.iq4_xs import IQ4XSP, random_iq4_xs
 from tilegen.layout.kquant import Q8KP
@@ -27,13 +28,15 @@ Q6_SPECS = ("q6_K:sme2:1vlx1vl", "q6_K:sme2:1vlx2vl", "q6_K:sme2:1vlx4vl", "q6_K
             "q6_K:sme2:1x4vl")
 IQ4XS_SPECS = ("iq4_xs:sme2:1vlx1vl", "iq4_xs:sme2:1vlx2vl", "iq4_xs:sme2:1vlx4vl",
                "iq4_xs:sme2:1x2vl", "iq4_xs:sme2:1x4vl")
-ALL_SPECS = [tilegen.parse_spec(s) for s in GEMMS + GEMVS + Q6_SPECS + IQ4XS_SPECS]
+Q5_SPECS = ("q5_K:sme2:1vlx1vl", "q5_K:sme2:1vlx2vl", "q5_K:sme2:1x2vl", "q5_K:sme2:1x4vl")
+ALL_SPECS = [tilegen.parse_spec(s) for s in GEMMS + GEMVS + Q6_SPECS + IQ4XS_SPECS + Q5_SPECS]
 # family -> (random ggml blocks, RHS layout)
-KINDS = {"q4_K": (random_q4_k, Q4KP), "q6_K": (random_q6_k, Q6KP),
+KINDS = {"q4_K": (random_q4_k, Q4KP), "q5_K": (random_q5_k, Q5KP), "q6_K": (random_q6_k, Q6KP),
          "iq4_xs": (random_iq4_xs, IQ4XSP)}
 SENTINEL = np.float32(-4242.25)
 FMAX = 3.4028234663852886e38
 SVLS = (128, 256, 512, 2048)
+Q5_SVLS = (128, 256, 512, 1024, 2048)
 
 
 @pytest.fixture(scope="module")
@@ -43,11 +46,10 @@ def kq_sme_lib(tmp_path_factory) -> Path:
     return out
 
 
-def _shapes(mr: int, nr: int, gemv: bool) -> list[tuple[int, int, int]]:
-    """m, n off the tile (and past one tile), k = 256, 512, 768."""
+def _shapes(mr: int, nr: int, gemv: bool, ks=(256, 512, 256, 768, 512)) -> list[tuple[int, int, int]]:
+    """m, n off the tile (and past one tile), k = 256, 512, 768 (or ``ks``)."""
     ms = (1, 1, 2, 1, 3) if gemv else (1, mr, mr + 1, 2 * mr + 3, mr - 1 or 1)
     ns = (1, nr, nr + 3, 2 * nr - 1, 2 * nr + 5)
-    ks = (256, 512, 256, 768, 512)
     return list(zip(ms, ns, ks))
 
 
@@ -71,16 +73,14 @@ def _cases(family: str, mr: int, nr: int, shapes, seed: int):
     return cases, refs
 
 
-@pytest.mark.parametrize("vl", SVLS)
-@pytest.mark.parametrize("spec", ALL_SPECS, ids=lambda s: s.spec_string)
-def test_kquant_sme2_kernel(spec, vl, kq_sme_lib):
+def _check_kernel(spec, vl, lib, ks=(256, 512, 256, 768, 512)):
     sess = guest("max", None, vl, SME_ON)
-    info = sess.call("guest_calls:vl_info", str(kq_sme_lib), spec.name)
+    info = sess.call("guest_calls:vl_info", str(lib), spec.name)
     assert info["runnable"], info
     mr, nr = info["mr"], info["nr"]
     assert nr == spec.nr * vl // 32 and mr == (1 if spec.is_gemv else vl // 32)
-    cases, refs = _cases(spec.family, mr, nr, _shapes(mr, nr, spec.is_gemv), vl + spec.nr)
-    outs = sess.call("guest_calls:run_q4_cases", str(kq_sme_lib), spec.name, cases)
+    cases, refs = _cases(spec.family, mr, nr, _shapes(mr, nr, spec.is_gemv, ks), vl + spec.nr)
+    outs = sess.call("guest_calls:run_q4_cases", str(lib), spec.name, cases)
     for c, exact, out in zip(cases, refs, outs):
         m, n, k = c["m"], c["n"], c["k"]
         where = f"{spec.name} svl={vl} m={m} n={n} k={k}"
@@ -88,7 +88,20 @@ def test_kquant_sme2_kernel(spec, vl, kq_sme_lib):
             f"{where}: wrote outside dst"
         np.testing.assert_array_equal(out[:m, :n].view(np.uint32), exact.view(np.uint32),
                                       err_msg=where)
-    assert sess.call("guest_calls:svcr_now", str(kq_sme_lib)) == 0
+    assert sess.call("guest_calls:svcr_now", str(lib)) == 0
+
+
+@pytest.mark.parametrize("vl", SVLS)
+@pytest.mark.parametrize("spec", ALL_SPECS[:-len(Q5_SPECS)], ids=lambda s: s.spec_string)
+def test_kquant_sme2_kernel(spec, vl, kq_sme_lib):
+    _check_kernel(spec, vl, kq_sme_lib)
+
+
+@pytest.mark.parametrize("vl", Q5_SVLS)
+@pytest.mark.parametrize("spec", ALL_SPECS[-len(Q5_SPECS):], ids=lambda s: s.spec_string)
+def test_q5k_sme2_kernel(spec, vl, kq_sme_lib):
+    """q5_K's SME2 kernels at SVL 128-2048, k up to 4 super-blocks (4 quarters each)."""
+    _check_kernel(spec, vl, kq_sme_lib, ks=(256, 512, 768, 1024, 512))
 
 
 def test_kquant_sme2_refusals():
@@ -105,6 +118,11 @@ def test_kquant_sme2_refusals():
                         ("iq4_xs:sme2:2vlx1vl", "1vlx1vl, 1vlx2vl or 1vlx4vl"),
                         ("iq4_xs:sme2:1x1vl", "1x2vl or 1x4vl"),
                         ("iq4_xs:sme2:1vlx2vl:k8:s2", "kr = 4")):
+                        ("q5_K:sme2:1vlx4vl", "1vlx1vl or 1vlx2vl"),
+                        ("q5_K:sme2:2vlx1vl", "1vlx1vl or 1vlx2vl"),
+                        ("q5_K:sme2:1x1vl", "1x2vl or 1x4vl"),
+                        ("q5_K:sme2:4x2vl", "1 x nu vl"),
+                        ("q5_K:sme2:1vlx2vl:k8:s2", "kr = 4")):
         with pytest.raises(tilegen.SpecError, match=words):
             tilegen.parse_spec(text)
 

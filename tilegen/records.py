@@ -146,27 +146,37 @@ def kquant_sve_impls(stem: str) -> dict[str, IsaImpl]:
     return {"sve_dotprod": kq("sve_dotprod", 8), "sve_i8mm": kq("sve_i8mm", 16)}
 
 
-def kquant_record(name: str, rhs: str, stem: str) -> FamilyInfo:
+def kquant_record(name: str, rhs: str, stem: str, isas: tuple[str, ...] | None = None) -> FamilyInfo:
     """The record of a K-quant family: Q8_K-style activations (``q8kp``: int8 per row per
     256-k super-block, f32 d, sub-block sums) against the family's lossless repack ``rhs`` of
     its ggml blocks, on the NEON, SVE and SME2 K-quant templates and allocators of ``stem``
     (docs/layouts.md#q8kp; arithmetic: tilegen.reference.kquant); weight kind ``name``, the Q8
-    calling convention."""
-    return FamilyInfo(name=name, lhs="q8kp", rhs=rhs,
-                      impls={**kquant_impls(stem), **kquant_sve_impls(stem),
-                             **kquant_sme2_impls(stem)},
-                      kinds=(name,), abi=Q8, quantized=True)
+    calling convention.  ``isas``: the ISAs the family realises (default: all of them)."""
+    impls = {**kquant_impls(stem), **kquant_sve_impls(stem), **kquant_sme2_impls(stem)}
+    if isas is not None:
+        unknown = set(isas) - set(impls)
+        if unknown:
+            raise SpecError(f"{name}: no K-quant realisation for {sorted(unknown)}")
+        impls = {isa: impl for isa, impl in impls.items() if isa in isas}
+    return FamilyInfo(name=name, lhs="q8kp", rhs=rhs, impls=impls, kinds=(name,), abi=Q8,
+                      quantized=True)
 
 
-def kquant_manifest(name: str, rhs: str, stem: str, package: str) -> tuple:
+def kquant_manifest(name: str, rhs: str, stem: str, package: str,
+                    isas: tuple[str, ...] | None = None) -> tuple:
     """What a K-quant family plugin declares about itself, from its kind ``name``, its RHS
-    format ``rhs``, its template/allocator stem and its plugin package ``package``: (RECORDS,
-    ALLOCATOR_MODULES, GGML_TYPES, DEFAULT_KERNELS, LLAMA_KERNELS) — the plugin's own allocator
-    submodules ``<package>.regalloc`` (NEON, SVE) and ``<package>.regalloc_sme2``, the GGUF
-    type of the same name in capitals, :func:`kquant_default_kernels` and the llama.cpp
-    patch's tiles :data:`KQUANT_LLAMA_KERNELS`."""
-    return ((kquant_record(name, rhs, stem),), (f"{package}.regalloc", f"{package}.regalloc_sme2"),
-            {name.upper(): name}, kquant_default_kernels(name), KQUANT_LLAMA_KERNELS)
+    format ``rhs``, its template/allocator stem, its plugin package ``package`` and the ISAs it
+    realises ``isas`` (default: every K-quant ISA): (RECORDS, ALLOCATOR_MODULES, GGML_TYPES,
+    DEFAULT_KERNELS, LLAMA_KERNELS) — the plugin's own allocator submodules
+    ``<package>.regalloc`` (NEON, SVE) and ``<package>.regalloc_sme2`` (when it realises
+    sme2), the GGUF type of the same name in capitals, :func:`kquant_default_kernels` and the
+    llama.cpp patch's tiles :data:`KQUANT_LLAMA_KERNELS`, each restricted to those ISAs."""
+    record = kquant_record(name, rhs, stem, isas)
+    have = record.impls
+    modules = (f"{package}.regalloc",) + ((f"{package}.regalloc_sme2",) if "sme2" in have else ())
+    defaults = tuple(s for s in kquant_default_kernels(name) if s.split(":")[1] in have)
+    llama = tuple(e for e in KQUANT_LLAMA_KERNELS if e[0] in have)
+    return (record,), modules, {name.upper(): name}, defaults, llama
 
 
 def kquant_default_kernels(name: str) -> tuple[str, ...]:

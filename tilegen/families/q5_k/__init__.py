@@ -2,13 +2,14 @@
 
 Q5_K is Q4_K plus one high-bit plane: the same f16 d and dmin, the same 12 bytes of 6-bit
 scales and mins, 32 bytes ``qh`` of fifth bits and 128 bytes of low nibbles; q in 0..31 and
-w = (f32(d)*sc)*q - f32(dmin)*m.  Everything that is Q5_K's own lives here: its record (NEON
-and SVE realisations on the templates ``q5k_*``, which extend q4_K's on their decode override
-points), its codec (``block_q5_K``: split / join / dequantise, scale checks, seeded random
+w = (f32(d)*sc)*q - f32(dmin)*m.  Everything that is Q5_K's own lives here: its record (NEON,
+SVE and SME2 realisations, from ``kquant_manifest``, on the templates ``q5k_*``, which extend
+q4_K's), its codec (``block_q5_K``: split / join / dequantise, scale checks, seeded random
 valid blocks), its packed RHS layout ``q5kp`` (:class:`Q5KP`: q4kp's record with the high-bit
 plane before the nibbles, docs/layouts.md#q5kp), the references' hooks, its C packer, its
 llama.cpp mapping, default kernels and the packing protocol; and its allocators in the
-submodule :mod:`.regalloc` (NEON, SVE: q4_K's with the decode's extra registers).
+submodules :mod:`.regalloc` (NEON, SVE: q4_K's with the decode's extra registers) and
+:mod:`.regalloc_sme2` (the SME2 gemm and gemv).
 
 block_q5_K (176 bytes):  f16 d | f16 dmin | 12 bytes of scales and mins (as block_q4_K) |
 32 bytes qh | 128 bytes of nibbles.  Weight t: low 4 bits from nibble byte 32(t//64) + t%32
@@ -24,24 +25,15 @@ import numpy as np
 from ...layout.base import checked_c_expr
 from ...layout.ggml import QK_K, check_block_scales, check_superblocks, kquant_blocks, random_f16_scales
 from ...layout.kquant import KQuantRhs, KQuantTerms
-from ...records import FamilyInfo, kquant_impls, kquant_sve_impls, KQUANT_LLAMA_KERNELS
-from ...callconv import Q8
+from ...records import kquant_manifest
 from ...reference.kquant import matmul_kernel
 from ..q4_k import Q4KP, join_q4_k, q4_k_values, split_q4_k
 
 ORDER = 31
-#: NEON and SVE realisations (the SME2 kernels are not written yet: no sme2 entry)
-RECORDS = (FamilyInfo(name="q5_K", lhs="q8kp", rhs="q5kp",
-                      impls={**kquant_impls("q5k"), **kquant_sve_impls("q5k")},
-                      kinds=("q5_K",), abi=Q8, quantized=True),)
-ALLOCATOR_MODULES = (f"{__name__}.regalloc",)
-GGML_TYPES = {"Q5_K": "q5_K"}
+RECORDS, ALLOCATOR_MODULES, GGML_TYPES, DEFAULT_KERNELS, LLAMA_KERNELS = kquant_manifest(
+    "q5_K", "q5kp", "q5k", __name__)
 #: issue #32's targets against ggml's repack (bench/vs_ggml.py: tilegen / ggml MAC per cycle)
 VS_GGML_TARGETS = {"gemm": 1.8, "gemv": 1.3}
-DEFAULT_KERNELS = tuple(f"q5_K:{t}" for t in ("i8mm:8x4", "i8mm:1x4", "dotprod:8x4", "dotprod:1x4",
-                                              "neon:4x4", "neon:1x4"))
-#: the llama.cpp patch's (gemm, gemv) pairs: the K-quant ones this family has kernels for
-LLAMA_KERNELS = tuple(e for e in KQUANT_LLAMA_KERNELS if e[0] in RECORDS[0].impls)
 #: llama-quantize's Q5_K_M of the check's synthetic model (Q5_K, Q6_K for some tensors) runs on
 #: the patched llama.cpp within this tolerance (docs/llama_cpp_check.md: Q4_K_M's derivation)
 LLAMA_QUANTIZE = {"q5_k_m": 0.08}
