@@ -838,7 +838,8 @@ def kquant_table_errors(patch: str, specs: dict[str, str], packer_headers: dict[
             pnames = {m[1] for m in pk if m}
             cls = spec.lhs_layout_class
             if (None in pk or len(pnames) != 1 or len(lhs_fns) != 4
-                    or f"({cls.__module__}.{cls.__name__})" not in packer_headers.get(pnames.pop(), "")):
+                    or not re.search(rf"\({cls.__module__}\.{cls.__name__}[,)]",
+                                     packer_headers.get(pnames.pop(), ""))):
                 errors.append(f"{where}: {role} LHS info {lhs_fns} does not pack {cls.__name__}")
         if len(kspecs) == 2:
             g, v = kspecs
@@ -921,10 +922,11 @@ def test_patch_refuses_tables_it_cannot_write():
     es = [K.llama_entry(e) for e in K.KQUANT_DEFAULT]
     with pytest.raises(llama.PatchError, match="no kernel entries"):
         llama.patch_text([])
+    q4k_i8mm = next(e for e in es if (e.family, e.isa) == ("q4_K", "i8mm"))
     with pytest.raises(llama.PatchError, match="a second q4_K i8mm entry"):
-        llama.patch_text(es + [es[1]])
+        llama.patch_text(es + [q4k_i8mm])
     with pytest.raises(llama.PatchError, match="no llama.cpp mapping for q4_K on sve_i8mm"):
-        llama.patch_text([replace(es[1], isa="sve_i8mm")])
+        llama.patch_text([replace(q4k_i8mm, isa="sve_i8mm")])
 
 
 def test_llama_entry_renders_the_descriptor(monkeypatch):
