@@ -231,7 +231,7 @@ def _getters_match(g, kk, kai_so, vl):
     spec = kk.kernel_spec
     lhs = lhs_layout_for(spec, 32, vl if spec.vl_scaled else None)
     rhs = rhs_layout_for(spec, 32, vl if spec.vl_scaled else None)
-    k, bl = 256, [32] if kk.abi == K._Q4 else []
+    k, bl = 256, [32] if K.ABIS[kk.abi].rhs_params.endswith("size_t bl") else []
     lhs_args = [2 * lhs.mr, k] + bl if lhs is not None else [3, 1000]
     got = g.call("guest_kai:getters", kai_so, kk.name,
                  "get_lhs_offset" if lhs is None else "get_lhs_packed_offset", lhs_args,
@@ -692,8 +692,8 @@ def _kquant_entry_bit_exact(g, so, gemm_kk, gemv_kk, seed: int):
     partly filled, and twice its second half: for the SME2 gemm's 2-VL groups, the second
     vector partly filled (#30 item 8)."""
     from tilegen.families import rhs_layout_class
-    from tilegen.reference.kquant import matmul_blocks
     kind, packer = _kq_packer(gemm_kk)
+    le = K.llama_entry(K.KQuantEntry(kind, gemm_kk.kernel_spec.isa, gemm_kk, gemv_kk))
     vl = SVL_BITS // 8
     rng = np.random.default_rng(seed)
     gspec = gemm_kk.kernel_spec
@@ -707,11 +707,32 @@ def _kquant_entry_bit_exact(g, so, gemm_kk, gemv_kk, seed: int):
             spec = kk.kernel_spec
             _getters_match(g, kk, so, vl if spec.vl_scaled else None)
             x = (rng.normal(size=(m, k)) * rng.uniform(0.1, 10.0, size=(m, 1))).astype(np.float32)
-            got = g.call("guest_kai:llama_flow", so, kk.name, "packed", gemm_kk.name,
-                         "lhs_quant_pack_q8kp_f32", False, packer, "kq", x, dict(raw=raw, n=n))
-            want = matmul_blocks(rhs_layout_class(kind), x, raw, n)
+            got = g.call("guest_kai:llama_flow", so, kk.name, "bl" if le.kernel_bl else "packed",
+                         gemm_kk.name, le.lhs_packer, le.kernel_bl, packer, "kq", x,
+                         dict(raw=raw, n=n))
+            want = _entry_reference(kind, spec, rlay, x, raw, n)
             assert np.array_equal(np.asarray(got, np.float32).view(np.uint32),
                                   want.astype(np.float32).view(np.uint32)), (kk.name, m, n, k)
+
+
+def _entry_reference(family: str, spec, rlay, x, raw, n):
+    """dst of a table entry's kernel ``spec`` from the activations and the ggml blocks: a
+    K-quant family (q8kp activations) by tilegen.reference.kquant.matmul_blocks (no packed
+    bytes); a block-32 family (qsi8d32p, KleidiAI's generic quantiser: rounding away) by its
+    plugin's ``matmul_<lhs>_<rhs>`` on the layouts' packed bytes (RHS as the gemm packs it)."""
+    from tilegen.families import FAMILIES, plugin, rhs_layout_class
+    from tilegen.layout.lhs_int8 import QSI8D32P
+    from tilegen.reference.kquant import matmul_blocks
+    rec = FAMILIES[family]
+    if rec.lhs == "q8kp":
+        return matmul_blocks(rhs_layout_class(family), x, raw, n)
+    assert rec.lhs == "qsi8d32p", rec
+    m, k = x.shape
+    ll = lhs_layout_for(spec)
+    lp = QSI8D32P(ll.mr, ll.kr, ll.sr, 32, "away").pack(x)
+    ref = getattr(plugin(family), f"matmul_{rec.lhs}_{rec.rhs}")
+    return ref(lp, rlay.pack_from_ggml(raw, n, k), m, n, k, 32, ll.mr, rlay.nr, rlay.kr, rlay.sr,
+               -FMAX, FMAX)
 
 
 @pytest.mark.parametrize("entry", K.KQUANT_DEFAULT, ids=lambda e: e.gemm.name)
@@ -838,7 +859,8 @@ def kquant_table_errors(patch: str, specs: dict[str, str], packer_headers: dict[
             pnames = {m[1] for m in pk if m}
             cls = spec.lhs_layout_class
             if (None in pk or len(pnames) != 1 or len(lhs_fns) != 4
-                    or f"({cls.__module__}.{cls.__name__})" not in packer_headers.get(pnames.pop(), "")):
+                    or not re.search(rf"\({cls.__module__}\.{cls.__name__}[,)]",
+                                     packer_headers.get(pnames.pop(), ""))):
                 errors.append(f"{where}: {role} LHS info {lhs_fns} does not pack {cls.__name__}")
         if len(kspecs) == 2:
             g, v = kspecs
@@ -921,10 +943,11 @@ def test_patch_refuses_tables_it_cannot_write():
     es = [K.llama_entry(e) for e in K.KQUANT_DEFAULT]
     with pytest.raises(llama.PatchError, match="no kernel entries"):
         llama.patch_text([])
+    q4k_i8mm = next(e for e in es if (e.family, e.isa) == ("q4_K", "i8mm"))
     with pytest.raises(llama.PatchError, match="a second q4_K i8mm entry"):
-        llama.patch_text(es + [es[1]])
+        llama.patch_text(es + [q4k_i8mm])
     with pytest.raises(llama.PatchError, match="no llama.cpp mapping for q4_K on sve_i8mm"):
-        llama.patch_text([replace(es[1], isa="sve_i8mm")])
+        llama.patch_text([replace(q4k_i8mm, isa="sve_i8mm")])
 
 
 def test_llama_entry_renders_the_descriptor(monkeypatch):
@@ -1162,10 +1185,10 @@ def _mmid_weights(fam: str, n: int, k: int, rng):
 
 
 #: (family, gemm, gemm LHS packer, gemv, gemv LHS packer, RHS packer): a table entry per
-#: family and ISA kind; the K-quant ones from the default export's table
+#: family and ISA kind; tilegen's families' ones from the default export's table
 _MMID_ENTRIES = [e for e in LLAMA_TABLE if e[0] in ("q4", "q8") and ("_neon_i8mm" in e[1] or "sme2" in e[1])] + [
-    (e.family, e.gemm.name[len("matmul_clamp_f32_"):], "lhs_quant_pack_q8kp_f32",
-     e.gemv.name[len("matmul_clamp_f32_"):], "lhs_quant_pack_q8kp_f32", _kq_packer(e.gemm)[1])
+    (e.family, e.gemm.name[len("matmul_clamp_f32_"):], K.llama_entry(e).lhs_packer,
+     e.gemv.name[len("matmul_clamp_f32_"):], K.llama_entry(e).lhs_packer, _kq_packer(e.gemm)[1])
     for e in K.KQUANT_DEFAULT if e.isa in ("sme2", "dotprod") or e.family == "q6_K"]
 
 
@@ -1181,8 +1204,11 @@ def test_patch_mul_mat_id_is_per_expert_matmuls(kai_so, mmid_harness, tmp_path, 
     from tilegen.emulate.runner import guest_command
     fam, gemm, gemm_lhs, gemv, gemv_lhs, rhs_packer = entry
     g = guest("max", None, SVL_BITS)
-    bl = fam == "q4"
-    block_args = {"q4": (32, 32, 32), "q8": (0, 0, 32)}.get(fam, (0, 0, 0))   # kleidiai_get_block_args
+    from tilegen.export.llama import LLAMA_FAMILIES
+    tg = LLAMA_FAMILIES.get(fam)                        # a tilegen family of the patch
+    bl = fam == "q4" or (tg is not None and tg.kernel_bl)
+    block_args = ({"q4": (32, 32, 32), "q8": (0, 0, 32)}[fam] if tg is None   # kleidiai_get_block_args
+                  else (tg.block_len,) * 3 if bl else (0, 0, 0))
     kind = "bl" if bl else "packed"
     k = 256 if fam in ("q4", "q8") else 512
     rng = np.random.default_rng(33)

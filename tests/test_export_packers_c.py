@@ -24,6 +24,7 @@ from tilegen.build.toolchain import discover
 from tilegen.export.files import ExportFile
 from tilegen.export.packers_c import (ALL_PACKERS, KQUANT_PACKERS, PACK_DIR, PACKERS, PARAMS_HEADER,
                                      SME_PACKERS, packer_sources)
+from tilegen.layout.base import LayoutError
 from tilegen.layout.bf16 import BF16PLhs2, BF16PRhs2B
 from tilegen.layout.f16 import F16PLhs2
 from tilegen.layout.f32 import F32PackedLHS, F32PackedRHS
@@ -811,13 +812,20 @@ def _kq_rhs_cases(cls, random_blocks, block_bytes, tag, seed):
     name = f"kai_run_rhs_pack_nxk_{tag}"
     n4 = name[8:]
     packs, rows = [], []
+    import gguf
+    qk = cls.ggml_block[1]                      # k per ggml block: 256 (K-quants), 32 (IQ4_NL)
+    qtype = gguf.GGMLQuantizationType[cls.ggml_block[0]]
     for nr, kr in KQ_TILES:
-        lay = cls(nr, kr)
-        for k in (256, 768):
+        try:
+            lay = cls(nr, kr)
+        except LayoutError:                     # a tile the layout refuses (iq4nlp: kr > 16)
+            assert qk != 256, (cls, nr, kr)
+            continue
+        for k in sorted({256, 768, qk, 3 * qk}):
             n = int(rng.integers(1, 3 * nr + 2))
             raw = random_blocks(n, k, int(rng.integers(1 << 30))).reshape(n, -1)
             pad = int(rng.choice([0, 16]))
-            stride = k // 256 * block_bytes + pad
+            stride = k // qk * block_bytes + pad
             src = np.zeros((n, stride), np.uint8)
             src[:, :raw.shape[1]] = raw
             exp = lay.pack_from_ggml(raw, n, k)
@@ -829,7 +837,9 @@ def _kq_rhs_cases(cls, random_blocks, block_bytes, tag, seed):
             packs.append(_getter(f"kai_get_rhs_packed_offset_{n4}", (nr, k, nr, kr, 2),
                                  lay.packed_offset(nr, k), "offset"))
             for row in sorted({0, n - 1, int(rng.integers(n))}):
-                want = lay.dequantize_rows(exp, n, k, [row])[0]
+                want = gguf.quants.dequantize(raw[row], qtype).reshape(-1)
+                assert np.array_equal(lay.dequantize_rows(exp, n, k, [row])[0].view(np.uint32),
+                                      want.astype(np.float32).view(np.uint32))
                 rows.append(((f"kai_run_dequant_row_{n4}", [U(row), U(k), U(nr), U(kr), IN(exp),
                                                              OUT(4 * k)], False),
                              want, f"{tag} dequant {nr}x{kr} n={n} k={k} row={row}"))
@@ -854,9 +864,11 @@ def _kq_rhs_packers() -> list[tuple]:
 
 @pytest.mark.parametrize("args", _kq_rhs_packers(), ids=lambda a: a[3])
 def test_kquant_rhs(lib, args):
-    """The C repacks of every K-quant family's ggml blocks (block_q4_K, block_q5_K, block_q6_K)
-    write the layout object's bytes (whole groups, padding columns zero; rows with a padded
-    stride), and the row dequantisers give gguf.quants' floats bit for bit."""
+    """The C repacks of every family's ggml blocks (block_q4_K, block_q5_K, block_q6_K,
+    block_iq4_nl) write the layout object's bytes (whole groups, padding columns as the layout
+    fills them; rows with a padded stride), and the row dequantisers give the layout's
+    dequantize_rows floats, which are gguf.quants.dequantize's of the source row, bit for
+    bit."""
     tag = args[3]
     packs, rows = _kq_rhs_cases(*args)
     _batch(lib, packs)

@@ -103,6 +103,19 @@ _Q4_RUN = callconv.Q4.spelled(dst="float*")
 _F32P_RUN = tuple(replace(p, name="lhs_packed") if p.role == "lhs" else p
                   for p in callconv.F32.params if p.role != "lhs_stride")
 
+def _llama_abi(fam: str) -> Abi:
+    key = f"{FAMILIES[fam].lhs}_{FAMILIES[fam].rhs}"
+    if FAMILIES[fam].abi is callconv.Q4:
+        return Abi(key, f"matmul_clamp_f32_{key}", f"matmul_clamp_f32_{key}",
+                   "get_lhs_packed_offset", "size_t m_idx, size_t k, size_t bl",
+                   "size_t n_idx, size_t k, size_t bl", _Q4_RUN, callconv.Q4)
+    if FAMILIES[fam].abi is not callconv.Q8:
+        raise TypeError(f"{fam}: no KleidiAI interface shape for its calling convention")
+    return Abi(key, f"matmul_clamp_f32_{key}", f"matmul_clamp_f32_{key}",
+               "get_lhs_packed_offset", "size_t m_idx, size_t k", "size_t n_idx, size_t k",
+               callconv.Q8.spelled(dst="float*"), callconv.Q8)
+
+
 ABIS: dict[str, Abi] = {a.key: a for a in (
     Abi("qsi8d32p_qsi4c32p", "matmul_clamp_f32_qsi8d32p_qsi4c32p",
         "matmul_clamp_f32_qsi8d32p_qsi4c32p", "get_lhs_packed_offset",
@@ -123,12 +136,10 @@ ABIS: dict[str, Abi] = {a.key: a for a in (
     Abi("f32_f32p", "matmul_clamp_f32_f32_f32p", "matmul_clamp_f32_f32_f32p", "get_lhs_offset",
         "size_t m_idx, size_t stride", "size_t n_idx, size_t k", callconv.F32.params,
         callconv.F32),
-    # tilegen's K-quant kernels (no KleidiAI counterpart), one per family with a llama.cpp
-    # mapping (the plugins' LLAMA_KERNELS): KleidiAI's qai8dxp_qsi8cxp shape
-    *(Abi(key, f"matmul_clamp_f32_{key}", f"matmul_clamp_f32_{key}",
-          "get_lhs_packed_offset", "size_t m_idx, size_t k", "size_t n_idx, size_t k",
-          callconv.Q8.spelled(dst="float*"), callconv.Q8)
-      for key in (f"{FAMILIES[fam].lhs}_{FAMILIES[fam].rhs}" for fam in LLAMA_KERNELS)),
+    # tilegen's own kernels (no KleidiAI counterpart), one per family with a llama.cpp
+    # mapping (the plugins' LLAMA_KERNELS): KleidiAI's qai8dxp_qsi8cxp shape for the Q8
+    # convention (K-quants), its qsi8d32p_qsi4c32p shape (bl) for the Q4 one (IQ4_NL)
+    *(_llama_abi(fam) for fam in LLAMA_KERNELS),
 )}
 
 
@@ -528,6 +539,13 @@ def _kq_tuned(kk: KaiKernel, spec: KernelSpec) -> KaiKernel:
     return _kq(kk.abi, spec.spec_string, f"tuned: {spec.spec_string} (default {kk.spec})")
 
 
+#: the LHS packer of each activation format the patch's families read: tilegen's q8kp
+#: quantiser (K-quants), KleidiAI's generic qsi8d32p quantiser (block-32 families: llama.cpp's
+#: Q4_0 table packs with it too)
+LLAMA_LHS_PACKER_FOR: dict[str, str] = {**packers_c.KQUANT_PACKER_FOR,
+                                        "qsi8d32p": "kai_lhs_quant_pack_qsi8d32p_f32"}
+
+
 def llama_entry(e: KQuantEntry) -> llama.LlamaEntry:
     """The patch's data for one entry (:class:`tilegen.export.llama.LlamaEntry`), rendered
     from its kernels' descriptors (:func:`tilegen.generator.descriptor.descriptor`, as the
@@ -547,7 +565,7 @@ def llama_entry(e: KQuantEntry) -> llama.LlamaEntry:
         raise ExportError(f"{gemm.name} and {gemv.name}: one entry needs one family, ISA, "
                           f"LHS and RHS format")
     return llama.LlamaEntry(dg.family, dg.isa, gemm, gemv,
-                            packers_c.KQUANT_PACKER_FOR[dg.lhs_layout_format][len("kai_"):],
+                            LLAMA_LHS_PACKER_FOR[dg.lhs_layout_format][len("kai_"):],
                             packers_c.KQUANT_PACKER_FOR[dg.rhs_layout_format][len("kai_"):],
                             dg.lhs_layout_format)
 

@@ -22,7 +22,7 @@ import re
 from dataclasses import dataclass
 from typing import Mapping, Sequence
 
-from ..families import LLAMA_KERNELS
+from ..families import FAMILIES, GGML_BLOCKS, LLAMA_KERNELS
 from ..generator.render import render_template
 
 __all__ = ["PATCH_NAME", "LLAMA_FAMILIES", "LLAMA_ISAS", "LlamaFamily", "LlamaKernel",
@@ -45,6 +45,16 @@ class LlamaFamily:
 
     name: str                   # tilegen family, e.g. "q4_K" (also the start-up log's name)
     ggml: str                   # ggml type suffix, e.g. "Q4_K"
+    block_len: int              # k values of its ggml block (QK_K = 256, IQ4_NL's 32)
+    kernel_bl: bool             # its kernels take the block length (KleidiAI's q4_0 shape)
+
+    @classmethod
+    def of(cls, name: str) -> "LlamaFamily":
+        """The mapping of family ``name`` from its record: the ggml type of its kind's blocks
+        (tilegen.families.GGML_BLOCKS), and whether its kernels' convention has a ``bl``."""
+        rec = FAMILIES[name]
+        ggml, block_len = GGML_BLOCKS[rec.kinds[0]]
+        return cls(name, ggml, block_len, any(p.role == "bl" for p in rec.abi.params))
 
     @property
     def block(self) -> str:
@@ -55,10 +65,11 @@ class LlamaFamily:
         return f"kernels_{self.name.lower()}"
 
 
-#: the families with a llama.cpp mapping, in the table's order.  All are ggml K-quants (QK_K
-#: super-blocks): the fixed hunks treat every patched type with QK_K (kleidiai_is_kquant).
-LLAMA_FAMILIES: dict[str, LlamaFamily] = {name: LlamaFamily(name, name.upper())
-                                          for name in LLAMA_KERNELS}
+#: the families with a llama.cpp mapping (the plugins' LLAMA_KERNELS), in the table's order:
+#: K-quants (QK_K super-blocks, kernels without bl, q8kp activations) and block-32 families
+#: (IQ4_NL: q4_0's kernel shape with bl, qsi8d32p activations) alike; the fixed hunks take every
+#: patched type (kleidiai_is_kquant) with its block length and block arguments from here.
+LLAMA_FAMILIES: dict[str, LlamaFamily] = {name: LlamaFamily.of(name) for name in LLAMA_KERNELS}
 
 #: the table's ISA slots, in its order (SME2 first, as llama.cpp's Q4_0 table): tilegen ISA ->
 #: (label of the entry's comments, the ggml CPU features the entry requires).  No SVE slot: the
@@ -106,6 +117,11 @@ class LlamaEntry:
     def ggml_type(self) -> str:
         return LLAMA_FAMILIES[self.family].ggml
 
+    @property
+    def kernel_bl(self) -> bool:
+        """The kernels and the LHS packer take bl (llama.cpp's q4_0 wrappers), else not."""
+        return LLAMA_FAMILIES[self.family].kernel_bl
+
 
 # the patched files, in the patch's order (templates/export/llama/<name>.diff.j2)
 _FILES = ("kernels.cpp", "kernels.h", "kleidiai.cpp")
@@ -118,11 +134,11 @@ _FILES = ("kernels.cpp", "kernels.h", "kleidiai.cpp")
 # family adds nothing to this table.
 _BLOB_IDS: dict[str, tuple[str, dict[str, str]]] = {
     "kernels.cpp": ("d455129", {
-        "5c702f5159c88f07c31d9ff7abf3251b25cb1f3322d698311d3b01beed5dc108": "ff0b63b"}),
+        "8f308e441c131ccaf817eb78e283e210609ed1bb731c69e7e81f06e5546d9d1a": "8a794c8"}),
     "kernels.h": ("1da8610", {
         "dc49c0e783c68225fd5e7ab5c63e51996eba6715999c4881efc7772fa4bfdae6": "f4d9692"}),
     "kleidiai.cpp": ("dbd1987", {
-        "acb67a5d41a0e37456357ab7c10bc600f22051f4b03a520adcff643a5fe0a261": "9a56309"}),
+        "a14d13f0015c3453a8a4c37e7f96125ee05b13c3ad7fc68db9e1e73aafa0d688": "cde5bb1"}),
 }
 
 _HUNK = re.compile(r"^@@ -(\d+) @@(.*)$")

@@ -31,7 +31,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from ..callconv import Q4
-from ..layout.base import LayoutError
+from ..layout.base import LayoutError, checked_c_expr
 from ..layout.ggml import (as_bytes, check_block_scales, f16_bits_to_f32, join_q4_0,
                            random_f16_scales, split_q4_0)
 from ..layout.lhs_int8 import QSI8D32P
@@ -42,7 +42,7 @@ from ..records import FamilyInfo, IsaImpl
 __all__ = ["ORDER", "RECORDS", "LAYOUTS", "ALLOCATOR_MODULES", "DEFAULT_KERNELS", "GGML_TYPES",
            "KVALUES_IQ4NL", "QK_IQ4NL", "IQ4NL_BLOCK_BYTES", "split_iq4_nl", "join_iq4_nl",
            "dequantize_iq4_nl", "random_iq4_nl", "IQ4NLP", "matmul_qsi8d32p_iq4nlp",
-           "gguf_layout", "pack"]
+           "gguf_layout", "pack", "c_packer", "C_PACKERS"]
 
 ORDER = 25
 
@@ -232,3 +232,66 @@ def pack(lay, kind: str, w, from_ggml, n: int, k: int, bias, layout: str):
     if from_ggml is not None:
         return lay.pack_from_ggml(from_ggml, n, k, bias=bias)
     return lay.pack_from_float(w, bias=bias)
+
+
+# ----------------------------------------------------------------------------------------
+# the export's C packer (tilegen.export.packers_c): block_iq4_nl rows -> iq4nlp, and the row
+# dequantiser of llama.cpp's GET_ROWS, on the RHS packer skeleton export/pack/kquant_rhs.c.j2
+# ----------------------------------------------------------------------------------------
+def _byte_position(nr: int, kr: int, c: int, q: int) -> int:
+    """Where IQ4NLP(nr, kr) puts index byte q of column c of a 32-k block: found by packing a
+    block whose only non-zero index byte is that one (the layout object's own packer)."""
+    lay = IQ4NLP(nr, kr)
+    raw = np.zeros((nr, IQ4NL_BLOCK_BYTES), np.uint8)
+    raw[:, 1] = 0x3c                                    # d = 1.0 (f16 0x3c00)
+    raw[c, 2 + q] = 0xa5
+    packed = lay.pack(raw, nr, QK_IQ4NL)
+    where = np.flatnonzero(packed == 0xa5)
+    assert where.size == 1, (nr, kr, c, q)
+    return int(where[0])
+
+
+def _layout_takes(nr: int, kr: int) -> bool:
+    try:
+        IQ4NLP(nr, kr)
+    except LayoutError:
+        return False
+    return True
+
+
+def c_packer(geo: list[dict]) -> dict:
+    """The export's C packer of iq4nlp (template ``export/pack/iq4nlp.c.j2``): its layout banner
+    and the expressions the template fills in, each checked against :class:`IQ4NLP` at the
+    geometries ``geo`` (dicts of nr, kr, k) the export gives, but those the layout refuses
+    (kr > 16).  A record is one 32-k block (its nr f16 d, then the index bytes)."""
+    ref = IQ4NLP(4, 16)
+    sb, qk = ref.scale_bytes, QK_IQ4NL
+    geo = [g for g in geo if g["k"] % qk == 0 and _layout_takes(g["nr"], g["kr"])]
+    lay = lambda nr, kr, **_: IQ4NLP(nr, kr)  # noqa: E731
+    rec = checked_c_expr(f"nr * ({sb} + {qk} // 2)", lambda k, **g: lay(**g).block_stride, geo)
+    stride = checked_c_expr(f"(k // {qk}) * nr * ({sb} + {qk} // 2)",
+                            lambda k, **g: lay(**g).group_stride(k), geo)
+    cgeo = [dict(g, c=c) for g in geo for c in (0, g["nr"] - 1)]
+    d_f = checked_c_expr(f"c * {sb}", lambda c, **g: lay(**g).scale_offset(0) + c * sb, cgeo)
+    qgeo = [dict(g, c=c, q=q) for g in geo if g["k"] == geo[0]["k"]
+            for c in sorted({0, g["nr"] // 2, g["nr"] - 1}) for q in (0, 1, 5, 8, 15)]
+    byte_f = checked_c_expr(f"nr * {sb} + (q // (kr // 2)) * (nr * kr // 2) + c * (kr // 2) + "
+                            f"q % (kr // 2)", lambda c, q, nr, kr, **_: _byte_position(nr, kr, c, q),
+                            qgeo)
+    return dict(layout=f"iq4nlp<nr>x<kr/2> ({IQ4NLP.__module__}.{IQ4NLP.__name__})",
+                anchor="iq4nlp", template="iq4nlp.c.j2",
+                context=dict(stride=stride, rec=rec, d_f=d_f, byte_f=byte_f, qk=qk,
+                             blk=IQ4NL_BLOCK_BYTES, b_d=0, b_qs=sb, table=list(KVALUES_IQ4NL)))
+
+
+C_PACKERS = {"kai_rhs_pack_nxk_iq4nlp_iq4nl": c_packer}   # the export's (tilegen.export.packers_c)
+
+#: the (gemm, gemv) pairs the llama.cpp patch wires for IQ4_NL, per ISA slot (isa, gemm tile,
+#: gemv tile, how each multiplies): the i8mm and dotprod gemms of DEFAULT_KERNELS, each with the
+#: gemv of its own ISA on its packing (the table's entry is one ISA); no SME2 kernels
+LLAMA_KERNELS = (("i8mm", "12x4", "1x4", "SMMLA", "SMMLA"),
+                 ("dotprod", "16x4", "1x4", "SDOT by lane", "SDOT by lane"))
+#: llama-quantize's IQ4_NL files run on the patched build, tolerance as Q4_0's (0.06 of the logit
+#: rms, docs/llama_cpp_check.md#tolerances): the activations are q8_0-like int8 32-blocks with an
+#: f16 scale (qsi8d32p), the weights exact table values (no second rounding)
+LLAMA_QUANTIZE = {"iq4_nl": 0.06}
