@@ -260,6 +260,12 @@ RECORDS = (FamilyInfo(
 LAYOUTS = (MXFP4P,)
 ALLOCATOR_MODULES = ("q4",)
 GGML_TYPES = {"MXFP4": "mxfp4"}
+#: ggml's repack kernels for MXFP4 on Arm (bench/vs_ggml.py measures tilegen's against them):
+#: (regime, function, instruction it multiplies with, columns of its group), on q8_0 blocks
+GGML_REPACK = (("gemm", "ggml_gemm_mxfp4_4x4_q8_0", "sdot", 4),
+               ("gemv", "ggml_gemv_mxfp4_4x4_q8_0", "sdot", 4))
+#: issue #32's targets against ggml's best (tilegen / ggml MAC per cycle)
+VS_GGML_TARGETS = {"gemm": 1.8, "gemv": 1.3}
 # SDOT by lane 16x4 kr8 with its 1x4 gemv (dotprod), plain NEON (SMULL) 4x4 / 1x4 last
 DEFAULT_KERNELS = ("mxfp4:dotprod:16x4", "mxfp4:dotprod:1x4", "mxfp4:neon:4x4", "mxfp4:neon:1x4")
 
