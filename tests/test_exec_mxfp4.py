@@ -1,6 +1,7 @@
 """MXFP4 (family mxfp4): the ggml codec and the mxfp4p layout against gguf (every E8M0 byte,
-subnormal scales included), and the NEON kernels (iq4_nl's table decode on the q4 skeleton,
-bf16 column scales widened by SHLL) under emulation, bit-exact with the numpy reference of
+subnormal scales included), and the NEON and SVE kernels (iq4_nl's table decode on the q4
+skeletons, bf16 column scales widened by SHLL / LSL #16) under emulation (SVE at several
+vector lengths), bit-exact with the numpy reference of
 their arithmetic (tilegen.families.mxfp4.matmul_qsi8d32p_mxfp4p) at edge shapes on every CPU
 model with their ISA; error against float64 beside ggml's own arithmetic (q8_0 activations,
 f32 sum per block)."""
@@ -109,7 +110,7 @@ def test_isas_without_a_bf16_scale_path_are_refused():
     with pytest.raises(SpecError, match="no template"):
         parse_spec("mxfp4:i8mm:12x4")
     with pytest.raises(SpecError, match="no template"):
-        parse_spec("mxfp4:sve_dotprod:1x1vl")
+        parse_spec("mxfp4:sme2:1vlx2vl")
 
 
 # -- kernels under emulation ---------------------------------------------------------------
@@ -192,3 +193,36 @@ def test_mxfp4_kernel(spec, cpu, mx_lib):
     if refused_for_missing_features(cpu, mx_lib, spec):
         return
     _run(guest(cpu), mx_lib, spec, cpu=cpu)
+
+
+SVE_TILES = ("sve_dotprod:1x1vl", "sve_dotprod:1x2vl", "sve_dotprod:1x1vl:k16:s2",
+             "sve_dotprod:8x1vl", "sve_dotprod:4x2vl", "sve_i8mm:16x1vl", "sve_i8mm:8x1vl",
+             "sve_i8mm:4x2vl")
+SVE_SPECS = [parse_spec(f"mxfp4:{t}") for t in SVE_TILES]
+# (cpu, SVE bits): max at several vector lengths, and the SVE models at their own
+SVE_RUNS = (("max", 128), ("max", 256), ("max", 512), ("max", 2048), ("neoverse-n2", None),
+            ("neoverse-v1", None))
+
+
+@pytest.fixture(scope="module")
+def mx_sve_lib(tmp_path_factory) -> Path:
+    out = tmp_path_factory.mktemp("mxsve")
+    tilegen.build_library(SVE_SPECS, target="linux-aarch64-all", out_dir=out)
+    return out
+
+
+@pytest.mark.parametrize("cpu,vl", SVE_RUNS, ids=[f"{c}-{v or 'default'}" for c, v in SVE_RUNS])
+def test_mxfp4_sve_every_vl(cpu, vl, mx_sve_lib):
+    from test_exec_scalable import SVE_NATIVE_VL
+    sess = guest(cpu, sve_vl=vl)
+    bits = vl or SVE_NATIVE_VL[cpu]
+    for spec in SVE_SPECS:
+        info = sess.call("guest_calls:vl_info", str(mx_sve_lib), spec.name)
+        assert info["runnable"] and (info["mr"], info["nr"]) == (spec.mr_at(bits // 8),
+                                                                 spec.nr_at(bits // 8)), info
+        _run(sess, mx_sve_lib, spec, bits // 8, cpu)
+
+
+def test_mxfp4_sve_refused_without_sve(mx_sve_lib):
+    for spec in SVE_SPECS:
+        assert refused_for_missing_features("neoverse-n1", mx_sve_lib, spec)

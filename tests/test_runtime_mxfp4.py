@@ -25,10 +25,11 @@ from test_kquant_weights import write_gguf
 T = gguf.GGMLQuantizationType
 F = np.float32
 N, K = 21, 160                  # n not a multiple of nr (padding columns), 5 blocks
-# CPU model -> the ops of the picked gemm and gemv (mxfp4 has NEON neon/dotprod kernels only:
-# the SVE models run the dotprod pair)
+# CPU model -> the ops of the picked gemm and gemv (the best the model has; no NEON i8mm or
+# SME kernels: the SVE models run the SVE pair)
 CPUS = {"cortex-a53": ("neon", "neon"), "neoverse-n1": ("neon_dotprod", "neon_dotprod"),
-        "neoverse-v1": ("neon_dotprod", "neon_dotprod"), "max": ("neon_dotprod", "neon_dotprod")}
+        "neoverse-v1": ("sve_i8mm", "sve_dotprod"), "neoverse-n2": ("sve_i8mm", "sve_dotprod"),
+        "max": ("sve_i8mm", "sve_dotprod")}
 
 
 @pytest.fixture(scope="module")

@@ -246,17 +246,19 @@ def matmul_qsi8d32p_mxfp4p(lhs_packed, rhs_packed, m: int, n: int, k: int, bl: i
     return np.minimum(a, np.float32(clamp_max))
 
 
-def _impl(op: str, kr: int) -> IsaImpl:
+def _impl(op: str, kr: int, sve: bool = False) -> IsaImpl:
     """q4_0's realisation on the ISA (allocator, kr, sr) with iq4_nl's table-decode template
     (it reads the table from the layout; the bf16 scale widening follows the layout's
-    ``scale_format`` in the q4 skeleton)."""
-    return IsaImpl(op, "iq4nl_neon", "q4_neon", kr=kr, sr=2)
+    ``scale_format`` in the q4 skeletons)."""
+    return IsaImpl(op, "iq4nl_sve" if sve else "iq4nl_neon", "q4_sve" if sve else "q4_neon",
+                   kr=kr, sr=2)
 
 
 RECORDS = (FamilyInfo(
     name="mxfp4", lhs="qsi8d32p", rhs="mxfp4p", kinds=("mxfp4",), abi=Q4, quantized=True,
     acc_mem=True,
-    impls={"neon": _impl("neon", 8), "dotprod": _impl("neon_dotprod", 8)}),)
+    impls={"neon": _impl("neon", 8), "dotprod": _impl("neon_dotprod", 8),
+           "sve_dotprod": _impl("sve_dotprod", 8, True), "sve_i8mm": _impl("sve_i8mm", 16, True)}),)
 LAYOUTS = (MXFP4P,)
 ALLOCATOR_MODULES = ("q4",)
 GGML_TYPES = {"MXFP4": "mxfp4"}
@@ -266,8 +268,12 @@ GGML_REPACK = (("gemm", "ggml_gemm_mxfp4_4x4_q8_0", "sdot", 4),
                ("gemv", "ggml_gemv_mxfp4_4x4_q8_0", "sdot", 4))
 #: issue #32's targets against ggml's best (tilegen / ggml MAC per cycle)
 VS_GGML_TARGETS = {"gemm": 1.8, "gemv": 1.3}
-# SDOT by lane 16x4 kr8 with its 1x4 gemv (dotprod), plain NEON (SMULL) 4x4 / 1x4 last
-DEFAULT_KERNELS = ("mxfp4:dotprod:16x4", "mxfp4:dotprod:1x4", "mxfp4:neon:4x4", "mxfp4:neon:1x4")
+# gemm + the gemv on its packing: SVE (VL units) first, SMMLA 16x1vl kr16 with the SDOT gemv
+# kr16, SDOT by lane 8x1vl with 1x1vl; then dotprod SDOT by lane 16x4 kr8 with its 1x4 gemv,
+# plain NEON (SMULL) 4x4 / 1x4 last (no NEON i8mm: its FMLAL scale products need f16 scales)
+DEFAULT_KERNELS = ("mxfp4:sve_i8mm:16x1vl", "mxfp4:sve_dotprod:1x1vl:k16:s2",
+                   "mxfp4:sve_dotprod:8x1vl", "mxfp4:sve_dotprod:1x1vl",
+                   "mxfp4:dotprod:16x4", "mxfp4:dotprod:1x4", "mxfp4:neon:4x4", "mxfp4:neon:1x4")
 
 
 def gguf_layout(kind: str, nr: int | None):
