@@ -1,6 +1,6 @@
-"""Guest-side helper of test_runtime_iq4_nl (inside the emulated aarch64 Python): one IQ4_NL
-weight matrix through every runtime path (pack_weights(from_ggml=), the kernel pick per m,
-matmul at 1 and 3 threads, plan, bias, get_rows, for_ops, a packed-weights file, adopt, the
+"""Guest-side helper of test_runtime_iq4_nl and test_runtime_mxfp4 (inside the emulated
+aarch64 Python): one IQ4_NL (or MXFP4: ``kind``) weight matrix through every runtime path
+(pack_weights(from_ggml=), the kernel pick per m, matmul at 1 and 3 threads, plan, bias, get_rows, for_ops, a packed-weights file, adopt, the
 generated LHS packer, load_tensor from a GGUF file) and the refusals.  Warnings are errors."""
 from __future__ import annotations
 
@@ -29,16 +29,16 @@ def _runs(lib, x, w, clamp) -> dict:
 
 
 def scenario(libdir: str, raw, n: int, k: int, x, rows, clamp, foreign, gguf_path: str,
-             tensor: str) -> dict:
+             tensor: str, kind: str = "iq4_nl") -> dict:
     lib = _lib(libdir)
 
     def go():
         from tilegen.gguf import load_tensor
-        pw = lib.pack_weights(kind="iq4_nl", from_ggml=raw, n=n, k=k)
+        pw = lib.pack_weights(kind=kind, from_ggml=raw, n=n, k=k)
         out = {"kind": pw.kind, "layout": pw.layout.name, "data": pw.data,
                "rows": lib.get_rows(pw, rows), "runs": _runs(lib, x, pw, clamp),
                "bias_y": lib.matmul(x, pw, bias=np.arange(n, dtype=np.float32), clamp=clamp)}
-        pl = lib.pack_weights(kind="iq4_nl", from_ggml=raw, n=n, k=k, for_ops=("gemm", "gemv"))
+        pl = lib.pack_weights(kind=kind, from_ggml=raw, n=n, k=k, for_ops=("gemm", "gemv"))
         out["for_ops"] = _runs(lib, x, pl, clamp)
         fd, path = tempfile.mkstemp(suffix=".tgpw")
         os.close(fd)

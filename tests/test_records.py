@@ -43,7 +43,8 @@ def test_isa_ranks_are_a_total_order_and_features_cover_the_name():
         assert i.features and (i.scalable == (i.vl_kind in ("sve", "sme")))
     assert KIND_FAMILY == {"f32": "f32", "f16": "f32", "q4_0": "q4_0", "q4_0_dx": "q4_0_dx",
                            "q8_0": "q8_0", "bf16": "bf16", "q4_K": "q4_K", "q5_K": "q5_K",
-                           "q6_K": "q6_K", "iq4_nl": "iq4_nl", "iq4_xs": "iq4_xs"}
+                           "q6_K": "q6_K", "iq4_nl": "iq4_nl", "iq4_xs": "iq4_xs",
+                           "mxfp4": "mxfp4"}
 
 
 def test_acc_mem_follows_the_isa_record():

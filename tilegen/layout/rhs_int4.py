@@ -347,6 +347,9 @@ class QSI4C32PScaleF16(RhsGroups):
         return self.num_blocks(k) * self.src_block_bytes
 
     scale_bytes = 2  # bytes of one column's scale per k-block (f16)
+    #: the block scales' 2-byte format, "f16" or "bf16" (a subclass's, e.g. mxfp4p): the
+    #: NEON/SVE q4 skeletons widen them to f32 by it (FCVTL / a 16-bit shift)
+    scale_format = "f16"
     scale_offset_in_block = 0  # the block's nr f16 scales start it 
     data_xor = 0x88  # each data byte XOR this: u4 (zero point 8) -> s4, both nibbles
 

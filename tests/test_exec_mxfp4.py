@@ -1,0 +1,228 @@
+"""MXFP4 (family mxfp4): the ggml codec and the mxfp4p layout against gguf (every E8M0 byte,
+subnormal scales included), and the NEON and SVE kernels (iq4_nl's table decode on the q4
+skeletons, bf16 column scales widened by SHLL / LSL #16) under emulation (SVE at several
+vector lengths), bit-exact with the numpy reference of
+their arithmetic (tilegen.families.mxfp4.matmul_qsi8d32p_mxfp4p) at edge shapes on every CPU
+model with their ISA; error against float64 beside ggml's own arithmetic (q8_0 activations,
+f32 sum per block)."""
+from __future__ import annotations
+
+from pathlib import Path
+
+import gguf
+import numpy as np
+import pytest
+
+import tilegen
+from tilegen.families.mxfp4 import (E8M0_HALF_BF16, KVALUES_MXFP4, MXFP4P, dequantize_mxfp4,
+                                    join_mxfp4, matmul_qsi8d32p_mxfp4p, random_mxfp4,
+                                    split_mxfp4)
+from tilegen.generator.validate import parse_spec
+from tilegen.layout import LayoutError
+from tilegen.layout.ggml import quantize_q8_0, split_q8_0
+from tilegen.layout.lhs_int8 import QSI8D32P
+from tilegen.records import SpecError
+
+from conftest import guest, refused_for_missing_features
+
+T = gguf.GGMLQuantizationType
+CPUS = ("cortex-a53", "neoverse-n1", "neoverse-v1", "neoverse-n2", "max")
+# gemm and gemv of the SMULL and SDOT-by-lane / SDOT-pair strategies, the f32 accumulators
+# in the frame (":am"), tiles beside ggml's 4x4
+TILES = ("neon:4x4", "neon:1x4", "neon:8x4", "dotprod:1x4", "dotprod:1x8:k16:s2",
+         "dotprod:16x4", "dotprod:12x8", "dotprod:4x8", "dotprod:24x4:am", "dotprod:4x4")
+SPECS = [parse_spec(f"mxfp4:{t}") for t in TILES]
+SENTINEL = np.float32(-4242.25)
+
+
+# -- codec and layout (host) --------------------------------------------------------------
+def test_worked_example_by_hand():
+    """One block written out from the format: e = 128 -> scale 2^0 = 1 (half of 2^1), so the
+    weights are the table itself; e = 0 -> 2^-128 (an f32 subnormal, bf16 bits 0x0020);
+    e = 255 -> 2^127.  Byte j holds code j (low nibble) and code j + 16 (high nibble)."""
+    codes = np.array([list(range(16)) + list(range(15, -1, -1))], np.uint8)
+    raw = join_mxfp4(codes, np.array([[128]], np.uint8))
+    assert raw[0, 0] == 128 and raw[0, 1] == 0xF0 and raw[0, 16] == 0x0F
+    want = np.array([0, 1, 2, 3, 4, 6, 8, 12, 0, -1, -2, -3, -4, -6, -8, -12], np.float32)
+    assert np.array_equal(dequantize_mxfp4(raw, 1, 32)[0], np.concatenate([want, want[::-1]]))
+    raw0 = join_mxfp4(codes, np.array([[0]], np.uint8))
+    assert dequantize_mxfp4(raw0, 1, 32)[0, 1] == np.float32(2.0 ** -128)
+    assert E8M0_HALF_BF16[0] == 0x0020 and E8M0_HALF_BF16[128] == 0x3F80
+    assert E8M0_HALF_BF16[255] == 0x7F00
+    assert tuple(gguf.quants.MXFP4.kvalues) == KVALUES_MXFP4
+
+
+def test_codec_matches_gguf_bit_for_bit():
+    raw = random_mxfp4(9, 5 * 32, 11, e_range=(0, 255))
+    assert raw.shape == (9, 5 * 17)
+    ref = gguf.quants.dequantize(raw, T.MXFP4).reshape(9, 160)
+    got = dequantize_mxfp4(raw, 9, 160)
+    assert np.array_equal(got.view(np.uint32), ref.astype(np.float32).view(np.uint32))
+    c, e = split_mxfp4(raw, 9, 160)
+    assert np.array_equal(join_mxfp4(c, e), raw)
+    assert set(np.unique(c)) == set(range(16))
+    # every E8M0 byte: gguf's scale and the bf16 one agree bit for bit
+    every = np.arange(256, dtype=np.uint8)[:, None]
+    blocks = join_mxfp4(np.full((256, 32), 1, np.uint8), every)           # value 1 * scale
+    d = gguf.quants.dequantize(blocks, T.MXFP4).reshape(256, 32)[:, 0].astype(np.float32)
+    assert np.array_equal(d.view(np.uint32), E8M0_HALF_BF16.astype(np.uint32) << 16)
+
+
+@pytest.mark.parametrize("nr,kr", [(4, 16), (4, 8), (8, 8), (12, 16)])
+def test_layout_round_trip_and_get_rows(nr, kr):
+    n, k = 13, 96
+    raw = random_mxfp4(n, k, nr * 100 + kr, e_range=(0, 255))
+    lay = MXFP4P(nr, kr, 2, 32)
+    packed = lay.pack_from_ggml(raw, n, k)
+    assert packed.size == -(-n // nr) * lay.group_stride(k)
+    assert np.array_equal(lay.unpack(packed, n, k), raw)
+    rows = [12, 0, 5, 5]
+    ref = gguf.quants.dequantize(raw, T.MXFP4).reshape(n, k)[rows]
+    assert np.array_equal(lay.dequantize_rows(packed, n, k, rows).view(np.uint32),
+                          ref.astype(np.float32).view(np.uint32))
+    # the block starts with the nr bf16 scales (slot 0 first), then the code bytes unchanged
+    assert packed[:2].view("<u2")[0] == E8M0_HALF_BF16[raw[0, 0]]
+    d0 = lay.data_offset_in_block
+    assert d0 == 2 * nr
+    assert np.array_equal(packed[d0:d0 + kr // 2], raw[0, 1:1 + kr // 2])
+    assert lay.name == f"mxfp4p{nr}x{kr // 2}"
+    assert lay.scale_format == "bf16" and MXFP4P.__mro__[1].scale_format == "f16"
+
+
+def test_layout_refusals():
+    lay = MXFP4P(4, 16, 2, 32)
+    with pytest.raises(LayoutError, match="from_ggml="):
+        lay.pack_from_float(np.ones((4, 32), np.float32))
+    raw = random_mxfp4(4, 64, 1)
+    with pytest.raises(LayoutError, match="bias"):
+        lay.pack_from_ggml(raw, 4, 64, bias=np.zeros(4, np.float32))
+    with pytest.raises(LayoutError, match="bl=32"):
+        MXFP4P(4, 16, 2, 64).pack_from_ggml(raw, 4, 64)
+    with pytest.raises(LayoutError, match="must hold"):
+        lay.pack_from_ggml(raw[:, :-1], 4, 64)
+    packed = lay.pack_from_ggml(raw, 4, 64)
+    packed[0] ^= 1                                   # a scale no E8M0 byte gives
+    with pytest.raises(LayoutError, match="powers of two"):
+        lay.unpack(packed, 4, 64)
+
+
+def test_isas_without_a_bf16_scale_path_are_refused():
+    with pytest.raises(SpecError, match="no template"):
+        parse_spec("mxfp4:i8mm:12x4")
+    with pytest.raises(SpecError, match="no template"):
+        parse_spec("mxfp4:sme2:1vlx2vl")
+
+
+# -- kernels under emulation ---------------------------------------------------------------
+@pytest.fixture(scope="module")
+def mx_lib(tmp_path_factory) -> Path:
+    out = tmp_path_factory.mktemp("mxlib")
+    tilegen.build_library(SPECS, target="linux-aarch64-all", out_dir=out)
+    return out
+
+
+def _shapes(mr, nr, rng):
+    ms = [1, mr, mr + 1, 2 * mr + 3 if mr > 1 else 1, int(rng.integers(1, 3 * mr + 1))]
+    ns = [nr + 1, 3 * nr - 1, 1, int(rng.integers(1, 4 * nr)), nr]
+    return [(ms[i], ns[i], 32 * kb) for i, kb in enumerate((1, 2, 3, 5, 9))]
+
+
+def ggml_mxfp4_q8_0(x, raw, n, k) -> np.ndarray:
+    """ggml's own arithmetic (generic ggml_vec_dot_mxfp4_q8_0): x quantised to q8_0, per block
+    sumi = sum q8 * kvalues (int), then sumf += (f32(d_y) * 2^(e-128)) * f32(sumi) in f32,
+    block after block."""
+    m = x.shape[0]
+    q8, dy = split_q8_0(quantize_q8_0(x), m, k)
+    c, e = split_mxfp4(raw, n, k)
+    v = np.array(KVALUES_MXFP4, np.int64)[c]
+    dyf = dy.view(np.float16).astype(np.float32)
+    dxf = (E8M0_HALF_BF16[e].astype(np.uint32) << 16).view(np.float32)
+    out = np.zeros((m, n), np.float32)
+    with np.errstate(under="ignore"):
+        for b in range(k // 32):
+            s = q8[:, 32 * b:32 * b + 32].astype(np.int64) @ v[:, 32 * b:32 * b + 32].T
+            out = (out + ((dyf[:, None, b] * dxf[None, :, b]).astype(np.float32)
+                          * s.astype(np.float32)).astype(np.float32)).astype(np.float32)
+    return out
+
+
+ERRORS: dict = {}
+
+
+def _run(sess, lib, spec, vl_bytes=None, cpu=""):
+    mr, nr = spec.mr_at(vl_bytes), spec.nr_at(vl_bytes)
+    P = spec.lhs_mr
+    rng = np.random.default_rng(sum(map(ord, spec.name + cpu)) + (vl_bytes or 0) + 7)
+    cases, refs = [], []
+    for i, (m, n, k) in enumerate(_shapes(mr, nr, rng)):
+        x = (rng.normal(size=(m, k)) * 3).astype(np.float32)
+        # scales around 1, and (case 2) the far ends: subnormal 2^-128 .. 2^-100 and large
+        er = ((0, 30) if i == 2 else (118, 134))
+        raw = random_mxfp4(n, k, int(rng.integers(1 << 30)), e_range=er)
+        lhs = QSI8D32P(P, spec.kr, spec.sr, 32).pack(x)
+        rhs = MXFP4P(nr, spec.kr, spec.sr, 32).pack_from_ggml(raw, n, k)
+        ref = lambda lo, hi: matmul_qsi8d32p_mxfp4p(lhs, rhs, m, n, k, 32, P, nr,  # noqa: E731
+                                                     spec.kr, spec.sr, lo, hi)
+        free = ref(-3.4e38, 3.4e38)
+        cmin, cmax = (-3.4e38, 3.4e38)
+        if i % 2 and free.size > 1:
+            lo, hi = np.quantile(free, [0.2, 0.8])
+            cmin, cmax = float(np.float32(lo)), float(np.float32(hi))
+        cases.append(dict(m=m, n=n, k=k, bl=32, lhs_packed=lhs, rhs_packed=rhs,
+                          clamp_min=cmin, clamp_max=cmax, sentinel=SENTINEL))
+        refs.append((ref(cmin, cmax), x, raw, i))
+    outs = sess.call("guest_calls:run_q4_cases", str(lib), spec.name, cases)
+    for c, (exact, x, raw, i), out in zip(cases, refs, outs):
+        m, n, k = c["m"], c["n"], c["k"]
+        assert (out[m:] == SENTINEL).all() and (out[:, n:] == SENTINEL).all(), "wrote outside dst"
+        got = out[:m, :n]
+        assert np.array_equal(got.view(np.uint32), exact.view(np.uint32)), \
+            f"{spec.name} VL={vl_bytes} m={m} n={n} k={k}: {np.sum(got != exact)} differ"
+        if c["clamp_min"] < -1e38 and k >= 96 and i != 2:
+            # error vs float64 no worse than ggml's arithmetic on the same inputs (+ 5 %)
+            ref64 = x.astype(np.float64) @ dequantize_mxfp4(raw, n, k).astype(np.float64).T
+            e_tg = np.linalg.norm(got - ref64) / np.linalg.norm(ref64)
+            e_gg = np.linalg.norm(ggml_mxfp4_q8_0(x, raw, n, k) - ref64) / np.linalg.norm(ref64)
+            ERRORS[(spec.name, cpu, m, n, k)] = (e_tg, e_gg)
+            assert e_tg <= 1.05 * e_gg + 1e-7, (e_tg, e_gg)
+
+
+@pytest.mark.parametrize("cpu", CPUS)
+@pytest.mark.parametrize("spec", SPECS, ids=lambda s: s.name)
+def test_mxfp4_kernel(spec, cpu, mx_lib):
+    if refused_for_missing_features(cpu, mx_lib, spec):
+        return
+    _run(guest(cpu), mx_lib, spec, cpu=cpu)
+
+
+SVE_TILES = ("sve_dotprod:1x1vl", "sve_dotprod:1x2vl", "sve_dotprod:1x1vl:k16:s2",
+             "sve_dotprod:8x1vl", "sve_dotprod:4x2vl", "sve_i8mm:16x1vl", "sve_i8mm:8x1vl",
+             "sve_i8mm:4x2vl")
+SVE_SPECS = [parse_spec(f"mxfp4:{t}") for t in SVE_TILES]
+# (cpu, SVE bits): max at several vector lengths, and the SVE models at their own
+SVE_RUNS = (("max", 128), ("max", 256), ("max", 512), ("max", 2048), ("neoverse-n2", None),
+            ("neoverse-v1", None))
+
+
+@pytest.fixture(scope="module")
+def mx_sve_lib(tmp_path_factory) -> Path:
+    out = tmp_path_factory.mktemp("mxsve")
+    tilegen.build_library(SVE_SPECS, target="linux-aarch64-all", out_dir=out)
+    return out
+
+
+@pytest.mark.parametrize("cpu,vl", SVE_RUNS, ids=[f"{c}-{v or 'default'}" for c, v in SVE_RUNS])
+def test_mxfp4_sve_every_vl(cpu, vl, mx_sve_lib):
+    from test_exec_scalable import SVE_NATIVE_VL
+    sess = guest(cpu, sve_vl=vl)
+    bits = vl or SVE_NATIVE_VL[cpu]
+    for spec in SVE_SPECS:
+        info = sess.call("guest_calls:vl_info", str(mx_sve_lib), spec.name)
+        assert info["runnable"] and (info["mr"], info["nr"]) == (spec.mr_at(bits // 8),
+                                                                 spec.nr_at(bits // 8)), info
+        _run(sess, mx_sve_lib, spec, bits // 8, cpu)
+
+
+def test_mxfp4_sve_refused_without_sve(mx_sve_lib):
+    for spec in SVE_SPECS:
+        assert refused_for_missing_features("neoverse-n1", mx_sve_lib, spec)
