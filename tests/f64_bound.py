@@ -5,6 +5,11 @@ from __future__ import annotations
 import numpy as np
 
 
+def _lhs(fam: str) -> str:
+    from tilegen.families import FAMILIES
+    return FAMILIES[fam].lhs
+
+
 def f64_bound(fam: str, x: np.ndarray, deq: np.ndarray, biases=()) -> tuple[np.ndarray, np.ndarray]:
     """(ref, bound), float64 (m, n): ref = x @ deq.T (+ the biases that are not None), and
     ``sum_j delta_j |w_j| + (k + 8) 2^-23 (sum_j (|x_j| + delta_j) |w_j| + |bias|)``, delta_j
@@ -19,7 +24,7 @@ def f64_bound(fam: str, x: np.ndarray, deq: np.ndarray, biases=()) -> tuple[np.n
     ax = np.abs(x64)
     if fam == "bf16":
         delta = ax * 2.0 ** -8
-    elif fam in ("q4_0", "q4_0_s1s0"):
+    elif fam in ("q4_0", "q4_0_s1s0") or _lhs(fam) == "qsi8d32p":   # int8 per 32-block
         blk = ax.reshape(m, -1, 32).max(axis=2) / 127
         delta = np.repeat(blk, 32, axis=1)
     elif fam == "q4_0_f16":      # x rounded to f16 (nearest even; 2^-25 in its subnormals)

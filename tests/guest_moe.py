@@ -8,7 +8,7 @@ import tempfile
 import numpy as np
 
 import tilegen
-from tilegen.families import KIND_FAMILY, rhs_layout_class
+from tilegen.families import KIND_FAMILY, KQUANT_FAMILIES, rhs_layout_class
 from tilegen.layout.api import layout_for, pack_rhs
 from tilegen.reference.kquant import error_bound
 from tilegen.runtime.errors import ArgumentError, LoadError
@@ -79,7 +79,7 @@ def _ids(case: str, T: int, U: int, E: int, rng) -> np.ndarray:
 def _f64_check(kind, kern, xg, yg, deq, raw_e, n) -> float:
     """yg within the kernel family's bound of float64 xg @ deq.T; returns the worst
     err / bound."""
-    if rhs_layout_class(KIND_FAMILY[kind]).ggml_only:
+    if KIND_FAMILY[kind] in KQUANT_FAMILIES:        # the K-quants' bound needs the blocks
         ref = xg.astype(np.float64) @ deq.astype(np.float64).T
         bound = error_bound(rhs_layout_class(KIND_FAMILY[kind]), xg, raw_e, n)
     else:

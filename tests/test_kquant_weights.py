@@ -14,16 +14,18 @@ import tilegen
 from tilegen.layout import LayoutError
 from tilegen.layout.api import can_repack, layout_for, repack_rhs
 from tilegen.families import LAYOUTS
+from tilegen.layout.kquant import KQuantRhs
 from tilegen.runtime.errors import ArgumentError
 from tilegen.runtime.packed import dequantize_packed_rows
 
 T = gguf.GGMLQuantizationType
 
 # kind -> (packed RHS format, ggml type, random valid blocks, bytes per block): every layout of
-# the registry that takes only its family's ggml blocks (the K-quants)
+# the registry that is a K-quant (KQuantRhs: 256-k super-blocks; the block-32 formats iq4_nl
+# and mxfp4 have their own tests)
 KQ = {c.ggml_only: (c.format, T[c.ggml_block[0]], c.random_ggml,
                     gguf.GGML_QUANT_SIZES[T[c.ggml_block[0]]][1])
-      for c in LAYOUTS if getattr(c, "ggml_only", None)}
+      for c in LAYOUTS if issubclass(c, KQuantRhs)}
 N, K = 13, 512          # n not a multiple of any nr: padding columns
 
 

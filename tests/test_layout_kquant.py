@@ -12,7 +12,7 @@ from gguf.quants import dequantize
 from tilegen.reference import kquant as RK
 from tilegen.layout import LayoutError
 from tilegen.layout.api import can_repack, layout_for, pack_lhs, pack_rhs, repack_rhs
-from tilegen.layout.kquant import Q8KP
+from tilegen.layout.kquant import KQuantRhs, Q8KP
 from tilegen.families import LAYOUTS, q4_k, q6_k
 from tilegen.families.q4_k import Q4KP
 from tilegen.families.q6_k import Q6KP
@@ -22,7 +22,7 @@ from q8kp_edges import KINDS as EDGE_KINDS, check_q8kp, edge_rows, expected_q8kp
 
 KS = (256, 512, 768)
 # kind -> its RHS layout class (the references' hooks): every K-quant family of the registry
-RHS = {c.ggml_only: c for c in LAYOUTS if getattr(c, "ggml_only", None)}
+RHS = {c.ggml_only: c for c in LAYOUTS if issubclass(c, KQuantRhs)}
 GEOMS = [(4, 8), (4, 16), (8, 4), (3, 16), (1, 32), (12, 2)]
 
 
@@ -432,11 +432,12 @@ def _loop_tilegen(kind, x, raw, n, k):
                         sum(int(mins[c, s, j]) * int(lo[r, s, j]) for j in range(8))
                     xv = np.float32(np.float32(S1) * np.float32(np.uint16(d[c, s]).view(np.float16)))
                     xv = fma_f32(-np.float32(np.uint16(dmin[c, s]).view(np.float16)), np.float32(S2), xv)
-                else:
-                    d, sc, q = q6_k.split_q6_k(raw, n, k)
-                    S1 = sum(int(sc[c, s, j]) * sum((int(q[c, 256 * s + t]) - 32) * int(qa[r, 256 * s + t])
-                                                    for t in range(16 * j, 16 * j + 16)) for j in range(16))
-                    xv = np.float32(np.float32(S1) * np.float32(np.uint16(d[c, s]).view(np.float16)))
+                else:                       # Q6_K, IQ4_XS: no min term, the family's terms
+                    t = RHS[kind].terms(*RHS[kind].split_blocks(raw, n, k))
+                    S1 = sum(int(t.sc[c, s, j]) * sum(int(t.w[c, 256 * s + u]) * int(qa[r, 256 * s + u])
+                                                      for u in range(t.sub * j, t.sub * j + t.sub))
+                             for j in range(256 // t.sub))
+                    xv = np.float32(np.float32(S1) * np.float32(np.uint16(t.d[c, s]).view(np.float16)))
                 acc = fma_f32(da[r, s], xv, acc)
             out[r, c] = acc
     return out
