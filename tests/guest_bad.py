@@ -83,7 +83,7 @@ def _cases(lib, libdir, tmp):
         "pack_weights q4_0 k not multiple of 32": (lambda: lib.pack_weights(np.ones((4, 40), f), kind="q4_0"), "ArgumentError", "32"),
         "pack_weights q4_0 with bias (its layout has none)": (lambda: lib.pack_weights(np.ones((4, 64), f), kind="q4_0", bias=np.ones(4, f)), "ArgumentError", "no bias"),
         "pack_weights q4_0 ggml with bias": (lambda: lib.pack_weights(kind="q4_0", from_ggml=np.zeros(4 * 2 * 18, np.uint8), n=4, k=64, bias=np.ones(4, f)), "ArgumentError", "no bias"),
-        "pack_weights 3-D weights": (lambda: lib.pack_weights(np.ones((2, 8, 16), f)), "ArgumentError", "2-D"),
+        "pack_weights 4-D weights": (lambda: lib.pack_weights(np.ones((2, 2, 8, 16), f)), "ArgumentError", "2-D"),
         "get_rows index out of range": (lambda: lib.get_rows(pw, [8]), "ArgumentError", "out of range"),
         "get_rows negative index": (lambda: lib.get_rows(pw, [-1]), "ArgumentError", "out of range"),
         "get_rows float indices": (lambda: lib.get_rows(pw, [1.5]), "ArgumentError", "integer"),
