@@ -117,7 +117,7 @@ def test_kquant_sme2_refusals():
                         ("iq4_xs:sme2:1vlx3vl", "1vlx1vl, 1vlx2vl or 1vlx4vl"),
                         ("iq4_xs:sme2:2vlx1vl", "1vlx1vl, 1vlx2vl or 1vlx4vl"),
                         ("iq4_xs:sme2:1x1vl", "1x2vl or 1x4vl"),
-                        ("iq4_xs:sme2:1vlx2vl:k8:s2", "kr = 4")):
+                        ("iq4_xs:sme2:1vlx2vl:k8:s2", "kr = 4"),
                         ("q5_K:sme2:1vlx4vl", "1vlx1vl or 1vlx2vl"),
                         ("q5_K:sme2:2vlx1vl", "1vlx1vl or 1vlx2vl"),
                         ("q5_K:sme2:1x1vl", "1x2vl or 1x4vl"),
