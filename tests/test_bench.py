@@ -458,8 +458,15 @@ def test_ctrl_c_prints_the_rows_measured_and_one_line(n1_lib):
     # a CI no run reaches: every measurement runs to its 1 s budget, so the rows after the
     # first take seconds and the signal lands while they run (with 0.2 s and the default CI an
     # idle machine finished all 12 before the signal reached the guest)
+    # SIGINT delivered and at its default action in the child, as a terminal's shell starts a
+    # command: an ignored or blocked SIGINT is inherited (a run started in the background
+    # without job control ignores it, and Python installs no KeyboardInterrupt handler then)
+    def _sigint_default():
+        signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGINT})
+        signal.signal(signal.SIGINT, signal.SIG_DFL)
+
     p = subprocess.Popen(argv, cwd=root, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                         start_new_session=True)
+                         start_new_session=True, preexec_fn=_sigint_default)
     err = b""
     try:
         while b"tilegen bench: [2/" not in err:         # until the first row is measured
