@@ -98,9 +98,10 @@ def test_q5k_sve_refused_without_the_isa(kq5_lib):
 @pytest.mark.parametrize("text,words", sve_refusals("q5_K") + [
     ("q5_K:i8mm:8x4:k8:s2", "kr=16"), ("q5_K:dotprod:4x4:k16:s2", "kr=8"),
     ("q5_K:i8mm:4x6", "multiple of 4"), ("q5_K:dotprod:4x4:k8:s1", "sr must be 2"),
-    ("q5_K:i8mm:4x8", "vector registers"), ("q5_K:sme2:1vlx2vl", "q5_K")])
+    ("q5_K:i8mm:4x8", "vector registers"), ("q5_K:sme2:1vlx4vl", "1vlx1vl or 1vlx2vl")])
 def test_q5k_refusals(text, words):
-    """Tiles the strategies cannot serve are refused with the rule (SME2: no q5_K kernels)."""
+    """Tiles the strategies cannot serve are refused with the rule (SME2: tests/test_exec_kquant_sme.py
+    has the rest)."""
     with pytest.raises(tilegen.SpecError, match=words):
         tilegen.parse_spec(text)
 
