@@ -40,6 +40,9 @@ RECORDS = (FamilyInfo(name="iq4_xs", lhs="q8kp", rhs="iq4xsp",
                       kinds=("iq4_xs",), abi=Q8, quantized=True),)
 ALLOCATOR_MODULES = (f"{__name__}.regalloc", f"{__name__}.regalloc_sme2")
 GGML_TYPES = {"IQ4_XS": "iq4_xs"}
+#: ggml's Arm repack has no IQ4_XS kernels (bench/vs_ggml.py: none to measure against; IQ4_XS is
+#: held to tilegen's own Q4_K instead, issue #32)
+GGML_REPACK = ()
 DEFAULT_KERNELS = kquant_default_kernels("iq4_xs")
 LLAMA_KERNELS = KQUANT_LLAMA_KERNELS
 #: llama-quantize's IQ4_XS of the check's synthetic model runs on the patched llama.cpp within
