@@ -22,7 +22,7 @@ from tilegen.reference.kquant import matmul_blocks
 
 from conftest import SME_ON, guest
 
-GEMMS = ("q4_K:sme2:1vlx2vl", "q4_K:sme2:1vlx1vl")
+GEMMS = ("q4_K:sme2:1vlx2vl", "q4_K:sme2:1vlx1vl", "q4_K:sme2:4vlx1vl")
 GEMVS = ("q4_K:sme2:1x2vl", "q4_K:sme2:1x4vl")
 Q6_SPECS = ("q6_K:sme2:1vlx1vl", "q6_K:sme2:1vlx2vl", "q6_K:sme2:1vlx4vl", "q6_K:sme2:1x2vl",
             "q6_K:sme2:1x4vl")
@@ -78,7 +78,7 @@ def _check_kernel(spec, vl, lib, ks=(256, 512, 256, 768, 512)):
     info = sess.call("guest_calls:vl_info", str(lib), spec.name)
     assert info["runnable"], info
     mr, nr = info["mr"], info["nr"]
-    assert nr == spec.nr * vl // 32 and mr == (1 if spec.is_gemv else vl // 32)
+    assert nr == spec.nr * vl // 32 and mr == (1 if spec.is_gemv else spec.mr * vl // 32)
     cases, refs = _cases(spec.family, mr, nr, _shapes(mr, nr, spec.is_gemv, ks), vl + spec.nr)
     outs = sess.call("guest_calls:run_q4_cases", str(lib), spec.name, cases)
     for c, exact, out in zip(cases, refs, outs):
