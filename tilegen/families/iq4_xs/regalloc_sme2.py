@@ -7,7 +7,8 @@ vectors in nibble order (each column's k (0, 2) then (1, 3)), UZP gathers each c
 pairs into one lane of two vectors, MUL by the column's signed sub-block scale (|sc*kv| <=
 4064) and two 2-way int16 SMOPA into ZA tile ``za<cv>.s`` (S1 of the whole super-block); the
 LHS k pairs are transposed alike (TRN1 / TRN2) once per chunk.  No min term: the fold reads
-one ZA row of the nu tiles per row.
+one ZA row of the nu tiles per row.  ``gemm`` 4vl x 1vl: q4_K's row groups
+(:func:`tilegen.generator.regalloc.kquant.allocate_kquant_sme2_rows`).
 
 ``gemv`` (tile 1 x nu vl, nu = 2 or 4; template iq4xs_sme2_gemv.S.j2): LUTI4 (the int8
 kvalues) expands the indices, each column's 4 k values in a word in the order (0, 2, 1, 3);
@@ -20,8 +21,8 @@ from dataclasses import dataclass
 
 from ...records import SpecError
 from ...generator.spec import KernelSpec
-from ...generator.regalloc.kquant import (KQuantSme2Frame, check_sme2_gemv_tile,
-                                          check_sme2_interleave)
+from ...generator.regalloc.kquant import (KQuantSme2Frame, allocate_kquant_sme2_rows,
+                                          check_sme2_gemv_tile, check_sme2_interleave)
 from ...generator.regalloc.pool import SME_X_ORDER, RegisterPool
 
 __all__ = ["IQ4XSSme2Regs", "IQ4XSSme2GemvRegs", "ALLOCATORS"]
@@ -133,6 +134,8 @@ def _allocate_iq4xs_sme2(spec: KernelSpec):
     if not spec.mr_vl:
         raise SpecError(f"iq4_xs sme2 tiles are 1 x nu vl (gemv) or 1vl x nu vl (gemm), got "
                         f"{spec.mr_str}x{spec.nr_str}")
+    if (spec.mr, spec.nr) == (4, 1):
+        return allocate_kquant_sme2_rows(spec, "iq4_xs")
     return _allocate_gemm(spec)
 
 

@@ -8,7 +8,8 @@ ZA tile ``za<cv>.s``, which so holds S1 = sum_j sc_j * dot_j of the whole super-
 min term S2 = sum_j m_j*bsum_j goes to tile ``za<nu+cv>.s`` by four int16 SMOPA per SB (bsum =
 128*hi + lo rebuilt with SLI, mins widened with UUNPK; UZP of four vectors gathers each k pair).
 The f32 epilogue reads one ZA row of all four tiles per row (one MOVA), the f32 sums live in dst
-between SBs.
+between SBs.  ``gemm`` 4vl x 1vl: the shared row-group allocation
+(:func:`tilegen.generator.regalloc.kquant.allocate_kquant_sme2_rows`).
 
 ``gemv`` (tile 1 x nu vl, nu = 2 or 4; template q4k_sme2_gemv.S.j2): LUTI4 (identity table in
 ZT0) expands the nibbles, each column's 4 k values in a word in the order (0, 2, 1, 3); the
@@ -22,11 +23,11 @@ from dataclasses import dataclass
 
 from ...records import SpecError
 from ...generator.spec import KernelSpec
-from ...generator.regalloc.kquant import (KQuantSme2Frame, check_sme2_gemv_tile,
-                                          check_sme2_interleave)
+from ...generator.regalloc.kquant import (KQuantSme2Frame, allocate_kquant_sme2_rows,
+                                          check_sme2_gemv_tile, check_sme2_interleave)
 from ...generator.regalloc.pool import SME_X_ORDER, RegisterPool
 
-__all__ = ["Q4KSme2Regs", "Q4KSme2RowsRegs", "Q4KSme2GemvRegs", "ALLOCATORS"]
+__all__ = ["Q4KSme2Regs", "Q4KSme2GemvRegs", "ALLOCATORS"]
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -96,49 +97,6 @@ class Q4KSme2GemvRegs(KQuantSme2Frame):
     clamp: tuple[int, int]
 
 
-@dataclass(frozen=True, kw_only=True)
-class Q4KSme2RowsRegs(KQuantSme2Frame):
-    """The mu vl x 1vl int16-SMOPA gemm (mu = 4: the four int32 ZA tiles hold S1 of four groups
-    of SVL/32 rows, all multiplied by the same decoded weights).  Hot loop: ``lhs`` (two sets
-    of 2*mu: per 4-k chunk the low and the high k pair of each row group, widened by LD1SB .h),
-    ``rhs_b`` (one vector of nibbles: two chunks), ``w`` (LUTI4's four int16 vectors), ``p``
-    (two pairs: per chunk the low and the high k pairs of the columns after UZP, then scaled),
-    ``sc`` (the sub-block scale of each column, twice), ``sc_raw``, ``table`` (the LUTI4
-    table's source at entry).  SB end: ``mins`` (the mins' k pairs), per row group ``bsb`` / ``lob``
-    (bsum bytes), ``wide`` / ``wlo`` (widened), ``bs`` (the group's bsum k pairs); per batch of
-    4 rows of a tile: ``zero`` (4 zero vectors), ``s1`` / ``s2`` (S1 and S2 of the 4 rows),
-    ``d``, ``dm``, ``da``, ``acc``, ``clamp``; predicates ``p_lo`` / ``p_hi`` / ``p_rows``
-    (the batch's rows)."""
-
-    mu: int
-    nu: int
-    lhs: tuple[tuple[int, ...], ...]
-    rhs_b: int
-    w: tuple[int, ...]
-    p: tuple[tuple[int, int], tuple[int, int]]
-    sc: tuple[int]
-    sc_raw: int
-    table: int
-    mins_b: tuple[int, int]
-    mins: tuple[int, ...]
-    bsb: tuple[int, int]
-    lob: tuple[int, int]
-    wide: tuple[int, ...]
-    wlo: tuple[int, ...]
-    bs: tuple[int, ...]
-    zero: tuple[int, ...]
-    s1: tuple[int, ...]
-    s2: tuple[int, ...]
-    d: tuple[int]
-    dm: tuple[int]
-    da: int
-    acc: tuple[int]
-    clamp: tuple[int, int]
-    p_lo: int = 2
-    p_hi: int = 3
-    p_rows: int = 4
-
-
 _CHART = ("LHS", "RHS", "column scales", "SB-end operands", "f32 epilogue", "clamp")
 _GEMM_SCALARS = ("n_rem", "rec", "rp", "scp", "lp", "lhs_rb", "lhs_rbs", "dst_tile", "dst_row",
                  "dap", "sb_cnt", "nsb", "sub_cnt", "rows", "tmp")
@@ -181,35 +139,6 @@ def _allocate_gemm(spec: KernelSpec) -> Q4KSme2Regs:
                        **pool.frame())
 
 
-_ROWS_SCALARS = _GEMM_SCALARS + ("left", "rpt", "pt")
-
-
-def _allocate_rows(spec: KernelSpec) -> Q4KSme2RowsRegs:
-    """mu vl x 1vl (mu = 4): one decode of the weights for four ZA tiles."""
-    mu = spec.mr
-    check_sme2_interleave(spec, "q4_K")
-    pool = RegisterPool(_CHART, x_order=SME_X_ORDER, streaming=True)
-    v = pool.v
-    lhs = (v.claim(range(0, 2 * mu), "LHS"), v.claim(range(2 * mu, 4 * mu), "LHS"))
-    w = v.claim(range(16, 20), "RHS")
-    p = (v.claim((20, 21), "RHS"), v.claim((22, 23), "RHS"))
-    rhs_b, sc, sc_raw, table = v.claim(range(24, 28), "column scales")
-    bs = v.claim(range(28, 32), "SB-end operands")
-    # SB end (multi-vector groups start at a multiple of their length): the hot loop's
-    # registers are dead; mins live over the fold, the rest per row group / batch
-    mins = (rhs_b, sc, sc_raw, table)
-    clamp = p[1]
-    gpr = pool.scalars(_ROWS_SCALARS)
-    pool.settle(f"q4_K sme2 gemm {spec.mr_str}x{spec.nr_str}")
-    return Q4KSme2RowsRegs(mu=mu, nu=1, lhs=lhs, rhs_b=rhs_b, w=w, p=p, sc=(sc,),
-                           sc_raw=sc_raw, table=table,
-                           mins_b=(0, 1), mins=mins, bsb=(0, 1), lob=(2, 3),
-                           wide=tuple(range(4, 8)), wlo=tuple(range(8, 12)), bs=bs,
-                           zero=tuple(range(12, 16)), s1=tuple(range(4, 8)),
-                           s2=tuple(range(8, 12)), d=(16,), dm=(17,), da=18, acc=(19,),
-                           clamp=clamp, gpr=gpr, **pool.frame())
-
-
 def _allocate_gemv(spec: KernelSpec) -> Q4KSme2GemvRegs:
     nu = spec.nr
     check_sme2_gemv_tile(spec, "q4_K")
@@ -240,7 +169,7 @@ def _allocate_q4k_sme2(spec: KernelSpec):
         raise SpecError(f"q4_K sme2 tiles are 1 x nu vl (gemv) or 1vl x nu vl (gemm), got "
                         f"{spec.mr_str}x{spec.nr_str}")
     if (spec.mr, spec.nr) == (4, 1):
-        return _allocate_rows(spec)
+        return allocate_kquant_sme2_rows(spec, "q4_K")
     return _allocate_gemm(spec)
 
 

@@ -16,10 +16,11 @@ from dataclasses import dataclass, field
 from ...records import SpecError
 from ..spec import KernelSpec
 from ..tile_layouts import check_packing
-from .pool import Frame, RegisterPool, VectorNeeds, first_fit, flatten, rows
+from .pool import SME_X_ORDER, Frame, RegisterPool, VectorNeeds, first_fit, flatten, rows
 
 __all__ = ["KQUANT_KR", "KQUANT_NEON_SCALARS", "KQuantNeonRegs", "allocate_kquant_neon", "kquant_mode", "check_neon_tile", "check_sve_tile", "check_sve_mm_rows",
-           "check_sme2_interleave", "check_sme2_gemv_tile", "KQuantSveArea", "KQuantSme2Frame"]
+           "check_sme2_interleave", "check_sme2_gemv_tile", "KQuantSveArea", "KQuantSme2Frame",
+           "KQuantSme2RowsRegs", "allocate_kquant_sme2_rows"]
 
 #: the interleave (kr) of each NEON / SVE strategy's layout
 KQUANT_KR = {"i8mm": 16, "dotprod": 8, "neon": 8, "sve_i8mm": 16, "sve_dotprod": 8}
@@ -264,3 +265,79 @@ class KQuantSme2Frame(Frame):
     saved_d: tuple[int, ...] = ()
     needs: VectorNeeds = VectorNeeds(())
     counter_pred: int = 8
+
+
+@dataclass(frozen=True, kw_only=True)
+class KQuantSme2RowsRegs(KQuantSme2Frame):
+    """The mu vl x 1vl int16-SMOPA gemm of the 4-bit K-quant layouts (q4_K, iq4_xs; mu = 4: the
+    four int32 ZA tiles hold S1 of four groups of SVL/32 rows, all multiplied by the same
+    decoded weights; templates/kquant/sme2_gemm_rows.S.j2).  Hot loop: ``lhs`` (two sets
+    of 2*mu: per 4-k chunk the low and the high k pair of each row group, widened by LD1SB .h),
+    ``rhs_b`` (one vector of nibbles: two chunks), ``w`` (LUTI4's four int16 vectors), ``p``
+    (two pairs: per chunk the low and the high k pairs of the columns after UZP, then scaled),
+    ``sc`` (the sub-block scale of each column, twice), ``sc_raw``, ``table`` (the LUTI4
+    table's source at entry).  SB end: ``mins`` (the mins' k pairs), per row group ``bsb`` / ``lob``
+    (bsum bytes), ``wide`` / ``wlo`` (widened), ``bs`` (the group's bsum k pairs); per batch of
+    4 rows of a tile: ``zero`` (4 zero vectors), ``s1`` / ``s2`` (S1 and S2 of the 4 rows),
+    ``d``, ``dm``, ``da``, ``acc``, ``clamp``; predicates ``p_lo`` / ``p_hi`` / ``p_rows``
+    (the batch's rows)."""
+
+    mu: int
+    nu: int
+    lhs: tuple[tuple[int, ...], ...]
+    rhs_b: int
+    w: tuple[int, ...]
+    p: tuple[tuple[int, int], tuple[int, int]]
+    sc: tuple[int]
+    sc_raw: int
+    table: int
+    mins_b: tuple[int, int]
+    mins: tuple[int, ...]
+    bsb: tuple[int, int]
+    lob: tuple[int, int]
+    wide: tuple[int, ...]
+    wlo: tuple[int, ...]
+    bs: tuple[int, ...]
+    zero: tuple[int, ...]
+    s1: tuple[int, ...]
+    s2: tuple[int, ...]
+    d: tuple[int]
+    dm: tuple[int]
+    da: int
+    acc: tuple[int]
+    clamp: tuple[int, int]
+    p_lo: int = 2
+    p_hi: int = 3
+    p_rows: int = 4
+
+
+_ROWS_SCALARS = ("n_rem", "rec", "rp", "scp", "lp", "lhs_rb", "lhs_rbs", "dst_tile", "dst_row",
+                 "dap", "sb_cnt", "nsb", "sub_cnt", "rows", "tmp", "left", "rpt", "pt")
+_ROWS_CHART = ("LHS", "RHS", "column scales", "SB-end operands", "f32 epilogue", "clamp")
+
+
+def allocate_kquant_sme2_rows(spec: KernelSpec, family: str) -> KQuantSme2RowsRegs:
+    """The 4vl x 1vl SME2 gemm of a 4-bit K-quant layout: one decode of the weights for the
+    four ZA tiles."""
+    mu = spec.mr
+    check_sme2_interleave(spec, family)
+    pool = RegisterPool(_ROWS_CHART, x_order=SME_X_ORDER, streaming=True)
+    v = pool.v
+    lhs = (v.claim(range(0, 2 * mu), "LHS"), v.claim(range(2 * mu, 4 * mu), "LHS"))
+    w = v.claim(range(16, 20), "RHS")
+    p = (v.claim((20, 21), "RHS"), v.claim((22, 23), "RHS"))
+    rhs_b, sc, sc_raw, table = v.claim(range(24, 28), "column scales")
+    bs = v.claim(range(28, 32), "SB-end operands")
+    # SB end (multi-vector groups start at a multiple of their length): the hot loop's
+    # registers are dead; mins live over the fold, the rest per row group / batch
+    mins = (rhs_b, sc, sc_raw, table)
+    clamp = p[1]
+    gpr = pool.scalars(_ROWS_SCALARS)
+    pool.settle(f"{family} sme2 gemm {spec.mr_str}x{spec.nr_str}")
+    return KQuantSme2RowsRegs(mu=mu, nu=1, lhs=lhs, rhs_b=rhs_b, w=w, p=p, sc=(sc,),
+                           sc_raw=sc_raw, table=table,
+                           mins_b=(0, 1), mins=mins, bsb=(0, 1), lob=(2, 3),
+                           wide=tuple(range(4, 8)), wlo=tuple(range(8, 12)), bs=bs,
+                           zero=tuple(range(12, 16)), s1=tuple(range(4, 8)),
+                           s2=tuple(range(8, 12)), d=(16,), dm=(17,), da=18, acc=(19,),
+                           clamp=clamp, gpr=gpr, **pool.frame())
