@@ -143,3 +143,18 @@ def test_kquant_sme2_guard_pages(spec, kq_sme_lib):
     outs = sess.call("guest_pack:guarded_q4_cases", str(kq_sme_lib), spec.name, cases,
                      PLACEMENTS)
     _check_guarded(spec.name, cases, refs, outs)
+
+
+@pytest.mark.parametrize("spec", ("q4_K:sme2:4vlx1vl", "iq4_xs:sme2:4vlx1vl"))
+def test_kquant_sme2_rows_gemm_is_bound_by_outer_products(spec):
+    """Issue #34 item 3 on the M4 model (tilegen.analysis.sme, SVL 512): the 4vl x 1vl gemms
+    decode the weights once for four ZA tiles, so their int16 SMOPA bind, within 1.3x of the
+    floor (the hot loop's SMOPA over the super-block at the table's cycles), at over 3x the
+    MACs per cycle of the 1vl x 2vl gemm."""
+    from tilegen.analysis.sme import M4_UNITS, sme_report
+    r = sme_report(spec, block_svl=512)
+    floor = 8 * r.loop.mac_insns * M4_UNITS["mopa.i16"].cycles
+    assert r.unit.binding == "mopa.i16", r.unit.binding
+    assert r.unit.bound <= 1.3 * floor, (r.unit.bound, floor)
+    old = sme_report(spec.replace("4vlx1vl", "1vlx2vl"), block_svl=512)
+    assert r.block_macs_at_svl / r.unit.bound > 3 * old.block_macs_at_svl / old.unit.bound
