@@ -28,7 +28,8 @@ Q6_SPECS = ("q6_K:sme2:1vlx1vl", "q6_K:sme2:1vlx2vl", "q6_K:sme2:1vlx4vl", "q6_K
             "q6_K:sme2:1x4vl")
 IQ4XS_SPECS = ("iq4_xs:sme2:1vlx1vl", "iq4_xs:sme2:1vlx2vl", "iq4_xs:sme2:1vlx4vl",
                "iq4_xs:sme2:4vlx1vl", "iq4_xs:sme2:1x2vl", "iq4_xs:sme2:1x4vl")
-Q5_SPECS = ("q5_K:sme2:1vlx1vl", "q5_K:sme2:1vlx2vl", "q5_K:sme2:1x2vl", "q5_K:sme2:1x4vl")
+Q5_SPECS = ("q5_K:sme2:1vlx1vl", "q5_K:sme2:1vlx2vl", "q5_K:sme2:4vlx1vl", "q5_K:sme2:1x2vl",
+            "q5_K:sme2:1x4vl")
 ALL_SPECS = [tilegen.parse_spec(s) for s in GEMMS + GEMVS + Q6_SPECS + IQ4XS_SPECS + Q5_SPECS]
 # family -> (random ggml blocks, RHS layout)
 KINDS = {"q4_K": (random_q4_k, Q4KP), "q5_K": (random_q5_k, Q5KP), "q6_K": (random_q6_k, Q6KP),

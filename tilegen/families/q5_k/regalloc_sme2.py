@@ -26,7 +26,8 @@ from dataclasses import dataclass
 
 from ...records import SpecError
 from ...generator.spec import KernelSpec
-from ...generator.regalloc.kquant import check_sme2_gemv_tile, check_sme2_interleave
+from ...generator.regalloc.kquant import (allocate_kquant_sme2_rows, check_sme2_gemv_tile,
+                                          check_sme2_interleave)
 from ...generator.regalloc.pool import SME_X_ORDER, RegisterPool
 from ..q4_k.regalloc_sme2 import Q4KSme2GemvRegs, Q4KSme2Regs
 
@@ -130,12 +131,23 @@ def _allocate_gemv(spec: KernelSpec) -> Q5KSme2GemvRegs:
                            c10=clamp[1], gpr=gpr, **pool.frame())
 
 
+#: the 4vl x 1vl gemm's own hot-loop vectors (q4_K's row groups otherwise): the widened five-bit
+#: values (low, high pairs of two chunks), a vector of nibbles, its qh vector, a temporary,
+#: the five-bit bytes, the masks 0x0f / 0x10 and the qh shift
+_ROWS_EXTRA = (("raw", 2), ("hi", 2), ("rhs_b", 1), ("qh", 1), ("tmp", 1), ("lres", 1),
+               ("hres", 1), ("c0f", 1), ("c16", 1), ("sh", 1))
+
+
 def _allocate_q5k_sme2(spec: KernelSpec):
     if spec.is_gemv:
         return _allocate_gemv(spec)
     if not spec.mr_vl:
         raise SpecError(f"q5_K sme2 tiles are 1 x nu vl (gemv) or 1vl x nu vl (gemm), got "
                         f"{spec.mr_str}x{spec.nr_str}")
+    if (spec.mr, spec.nr) == (4, 1):
+        R = allocate_kquant_sme2_rows(spec, "q5_K", _ROWS_EXTRA)
+        R.gpr["qp"] = R.gpr["pt"]      # the qh plane's pointer: hot loop only, pt: fold only
+        return R
     return _allocate_gemm(spec)
 
 

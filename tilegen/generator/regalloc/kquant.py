@@ -274,7 +274,8 @@ class KQuantSme2RowsRegs(KQuantSme2Frame):
     decoded weights; templates/kquant/sme2_gemm_rows.S.j2).  Hot loop: ``lhs`` (two sets
     of 2*mu: per 4-k chunk the low and the high k pair of each row group, widened by LD1SB .h),
     ``rhs_b`` (one vector of nibbles: two chunks), ``w`` (LUTI4's four int16 vectors), ``p``
-    (two pairs: per chunk the low and the high k pairs of the columns after UZP, then scaled),
+    (two pairs: per chunk the low and the high k pairs of the columns after UZP, then scaled;
+    a family with its own decode: ``extra``, its named vectors),
     ``sc`` (the sub-block scale of each column, twice), ``sc_raw``, ``table`` (the LUTI4
     table's source at entry).  SB end: ``mins`` (the mins' k pairs), per row group ``bsb`` / ``lob``
     (bsum bytes), ``wide`` / ``wlo`` (widened), ``bs`` (the group's bsum k pairs); per batch of
@@ -306,6 +307,7 @@ class KQuantSme2RowsRegs(KQuantSme2Frame):
     da: int
     acc: tuple[int]
     clamp: tuple[int, int]
+    extra: dict[str, tuple[int, ...]] = field(default_factory=dict, hash=False)
     p_lo: int = 2
     p_hi: int = 3
     p_rows: int = 4
@@ -316,22 +318,37 @@ _ROWS_SCALARS = ("n_rem", "rec", "rp", "scp", "lp", "lhs_rb", "lhs_rbs", "dst_ti
 _ROWS_CHART = ("LHS", "RHS", "column scales", "SB-end operands", "f32 epilogue", "clamp")
 
 
-def allocate_kquant_sme2_rows(spec: KernelSpec, family: str) -> KQuantSme2RowsRegs:
-    """The 4vl x 1vl SME2 gemm of a 4-bit K-quant layout: one decode of the weights for the
-    four ZA tiles."""
+def allocate_kquant_sme2_rows(spec: KernelSpec, family: str,
+                              extra: tuple[tuple[str, int], ...] = ()) -> KQuantSme2RowsRegs:
+    """The 4vl x 1vl SME2 gemm of a K-quant layout: one decode of the weights for the four ZA
+    tiles.  Without ``extra``, the 4-bit layouts' LUTI4 decode (``w``, ``p``, ``rhs_b``,
+    ``table``); a family with a decode of its own names its hot-loop vectors in ``extra``
+    ((name, count): ``R.extra[name]``, each group at a multiple of its count from z16 on,
+    then ``sc``, ``sc_raw``).  GPR ``pt`` (the fold's predicate bounds) is free in the hot
+    loop: a family may give it a second name there."""
     mu = spec.mr
     check_sme2_interleave(spec, family)
     pool = RegisterPool(_ROWS_CHART, x_order=SME_X_ORDER, streaming=True)
     v = pool.v
     lhs = (v.claim(range(0, 2 * mu), "LHS"), v.claim(range(2 * mu, 4 * mu), "LHS"))
-    w = v.claim(range(16, 20), "RHS")
-    p = (v.claim((20, 21), "RHS"), v.claim((22, 23), "RHS"))
-    rhs_b, sc, sc_raw, table = v.claim(range(24, 28), "column scales")
-    bs = v.claim(range(28, 32), "SB-end operands")
+    ex: dict[str, tuple[int, ...]] = {}
+    if not extra:
+        w = v.claim(range(16, 20), "RHS")
+        p = (v.claim((20, 21), "RHS"), v.claim((22, 23), "RHS"))
+        rhs_b, sc, sc_raw, table = v.claim(range(24, 28), "column scales")
+        bs = v.claim(range(28, 32), "SB-end operands")
+    else:
+        w, p, rhs_b, table, at = (), (), -1, -1, 16
+        for name, n in extra:
+            at = -(-at // n) * n
+            ex[name] = v.claim(range(at, at + n), "RHS")
+            at += n
+        sc, sc_raw = v.claim((at, at + 1), "column scales")
+        bs = tuple(range(28, 32))
     # SB end (multi-vector groups start at a multiple of their length): the hot loop's
     # registers are dead; mins live over the fold, the rest per row group / batch
-    mins = (rhs_b, sc, sc_raw, table)
-    clamp = p[1]
+    mins = tuple(range(24, 28))
+    clamp = (22, 23)
     gpr = pool.scalars(_ROWS_SCALARS)
     pool.settle(f"{family} sme2 gemm {spec.mr_str}x{spec.nr_str}")
     return KQuantSme2RowsRegs(mu=mu, nu=1, lhs=lhs, rhs_b=rhs_b, w=w, p=p, sc=(sc,),
@@ -340,4 +357,4 @@ def allocate_kquant_sme2_rows(spec: KernelSpec, family: str) -> KQuantSme2RowsRe
                            wide=tuple(range(4, 8)), wlo=tuple(range(8, 12)), bs=bs,
                            zero=tuple(range(12, 16)), s1=tuple(range(4, 8)),
                            s2=tuple(range(8, 12)), d=(16,), dm=(17,), da=18, acc=(19,),
-                           clamp=clamp, gpr=gpr, **pool.frame())
+                           clamp=clamp, extra=ex, gpr=gpr, **pool.frame())
