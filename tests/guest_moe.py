@@ -268,3 +268,20 @@ def moe_errors(libdir: str) -> dict:
     rec("plan after close", lambda: p2(x, ids))
     rec("matmul_experts after close", lambda: lib2.matmul_experts(x, st, ids))
     return out
+
+
+def grouped_call(libdir: str, kind: str, gemm: str, gemv: str, raw, n: int, k: int, x, ids,
+                 thread_counts) -> dict:
+    """lib.matmul_experts on ggml blocks ``raw`` (E, n, row bytes) with the ``kind`` table set
+    to one pair (the spec strings ``gemm``, ``gemv``: the kernels of a llama.cpp table entry),
+    x (tokens, slots, k), for each thread count: {"y": [results], "kernels": [the gemv and
+    the gemm the stack's groups run]}."""
+    from tilegen.runtime.select import KernelPair
+    lib = _lib(libdir)
+    by_spec = {kern.spec.spec_string: kern for kern in lib.kernels.values()}
+    lib.set_table(kind, [KernelPair(by_spec[gemm], by_spec[gemv])])
+    st = lib.pack_weights(kind=kind, from_ggml=np.ascontiguousarray(raw), n=n, k=k)
+    one = st.expert(0)
+    return {"y": [lib.matmul_experts(x, st, ids, threads=t) for t in thread_counts],
+            "kernels": [lib.select(one, 1).spec.spec_string,
+                        lib.select(one, lib.gemv_threshold + 1).spec.spec_string]}
