@@ -285,3 +285,30 @@ def grouped_call(libdir: str, kind: str, gemm: str, gemv: str, raw, n: int, k: i
     return {"y": [lib.matmul_experts(x, st, ids, threads=t) for t in thread_counts],
             "kernels": [lib.select(one, 1).spec.spec_string,
                         lib.select(one, lib.gemv_threshold + 1).spec.spec_string]}
+
+
+def load_stacks(libdir: str, tensors) -> dict:
+    """Per (path, slices path, name, E): load_tensor(path, name, lib) against the 2-D slices'
+    load_tensor(lib=) (bytes per expert) and lib.matmul_experts on it against lib.matmul per
+    expert on the slices (bit for bit)."""
+    from tilegen.gguf import load_tensor
+    lib = _lib(libdir)
+    rng = np.random.default_rng(6)
+    bad, checked = [], 0
+    for path, sl, name, E in tensors:
+        st = load_tensor(path, name, lib=lib)
+        parts = [load_tensor(sl, f"e{e}", lib=lib) for e in range(E)]
+        if st.experts != E or any(not np.array_equal(st.expert(e).data, parts[e].data)
+                                  for e in range(E)):
+            bad.append((name, "bytes"))
+            continue
+        T = 5
+        x = rng.normal(size=(T, st.k)).astype(np.float32)
+        ids = np.stack([rng.permutation(E)[:2] for _ in range(T)]).astype(np.int32)
+        y = lib.matmul_experts(x, st, ids)
+        for e in range(E):
+            t_, u_ = np.nonzero(ids == e)
+            if t_.size and not _same(y[t_, u_], lib.matmul(x[t_], parts[e], threads=1)):
+                bad.append((name, f"expert {e}"))
+        checked += 1
+    return {"bad": bad, "checked": checked}
