@@ -1152,6 +1152,11 @@ def test_export_refuses_a_foreign_directory(tmp_path, capsys):
 # core(), the very text the patch adds to kleidiai.cpp) in a C++ harness over the exported
 # table entries, under qemu, bit-exact with one llama_flow per expert on its gathered rows
 
+#: the harness's routed rows per chunk (the patch's default is larger): the cases below run
+#: several chunks, and an expert whose rows span two chunks
+MMID_CHUNK_ROWS = 5
+
+
 @pytest.fixture(scope="module")
 def mmid_harness(export_kai, llama_kai, cross_sysroot, tmp_path_factory):
     import jinja2
@@ -1161,7 +1166,7 @@ def mmid_harness(export_kai, llama_kai, cross_sysroot, tmp_path_factory):
         template_env().loader]))
     out = tmp_path_factory.mktemp("mmid")
     src = out / "mmid_harness.cpp"
-    src.write_text(env.get_template("mmid_harness.cpp.j2").render())
+    src.write_text(env.get_template("mmid_harness.cpp.j2").render(chunk_rows=MMID_CHUNK_ROWS))
     tc = export_kai["tc"]
     lld = next(f for f in tc.link_flags if f.startswith("-fuse-ld="))
     exe = out / "mmid_harness"
@@ -1200,7 +1205,8 @@ _MMID_ENTRIES = [e for e in LLAMA_TABLE if e[0] in ("q4", "q8") and ("_neon_i8mm
 #: the MUL_MAT_ID cases (n_as, n, ids, src1_rows): a prompt batch with an expert that gets no
 #: rows and one that gets one row (activations shared by the slots, as gate/up), every row on
 #: one expert, a decode step (one token, activations per slot, as down); n leaves a partial
-#: column chunk
+#: column chunk; with MMID_CHUNK_ROWS = 5 the first runs 4 chunks, the second 2 (its expert's 6 rows
+#: cut 5 + 1: the 1-row piece runs the gemm), the third 1
 _MMID_CASES = [(5, 53, np.array([[2, 3], [4, 2], [3, 4], [2, 1], [4, 3], [3, 2], [2, 4]], np.int32), 1),
                (4, 37, np.full((6, 1), 2, np.int32), 1),
                (4, 53, np.array([[3, 0]], np.int32), 2)]
@@ -1235,9 +1241,20 @@ def _mmid_harness_run(g, kai_so, harness, tmp_path, entry, cpu, sme_vl, case, rn
                               gemv_lhs, str(tmp_path / "in.bin"), str(tmp_path / "out.bin"),
                               *threads], cpu, sme_vl, sme_vl)
     _run(cmd, env=env)
-    outs = np.fromfile(tmp_path / "out.bin", np.float32).reshape(len(threads), n_tokens, n_ids, n)
+    raw_out = np.fromfile(tmp_path / "out.bin", np.uint8).reshape(len(threads), -1)
+    chunks = raw_out[:, :8].copy().view(np.int64)[:, 0]
+    outs = raw_out[:, 8:].copy().view(np.float32).reshape(len(threads), n_tokens, n_ids, n)
     assert all(np.array_equal(o.view(np.uint32), outs[0].view(np.uint32)) for o in outs[1:])
     assert not np.any(outs[0] == np.float32(-4242.25))
+    # the chunks: each expert's rows cut into pieces of MMID_CHUNK_ROWS, whole pieces per chunk
+    counts = np.bincount(ids.reshape(-1), minlength=n_as)
+    pieces = [min(MMID_CHUNK_ROWS, c - r) for c in counts for r in range(0, c, MMID_CHUNK_ROWS)]
+    want, used = 0, MMID_CHUNK_ROWS
+    for m in pieces:
+        if used + m > MMID_CHUNK_ROWS:
+            want, used = want + 1, 0
+        used += m
+    assert list(chunks) == [want] * len(threads), (chunks, want, counts)
     return outs[0], x, ws, bl
 
 
