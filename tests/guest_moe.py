@@ -268,3 +268,47 @@ def moe_errors(libdir: str) -> dict:
     rec("plan after close", lambda: p2(x, ids))
     rec("matmul_experts after close", lambda: lib2.matmul_experts(x, st, ids))
     return out
+
+
+def grouped_call(libdir: str, kind: str, gemm: str, gemv: str, raw, n: int, k: int, x, ids,
+                 thread_counts) -> dict:
+    """lib.matmul_experts on ggml blocks ``raw`` (E, n, row bytes) with the ``kind`` table set
+    to one pair (the spec strings ``gemm``, ``gemv``: the kernels of a llama.cpp table entry),
+    x (tokens, slots, k), for each thread count: {"y": [results], "kernels": [the gemv and
+    the gemm the stack's groups run]}."""
+    from tilegen.runtime.select import KernelPair
+    lib = _lib(libdir)
+    by_spec = {kern.spec.spec_string: kern for kern in lib.kernels.values()}
+    lib.set_table(kind, [KernelPair(by_spec[gemm], by_spec[gemv])])
+    st = lib.pack_weights(kind=kind, from_ggml=np.ascontiguousarray(raw), n=n, k=k)
+    one = st.expert(0)
+    return {"y": [lib.matmul_experts(x, st, ids, threads=t) for t in thread_counts],
+            "kernels": [lib.select(one, 1).spec.spec_string,
+                        lib.select(one, lib.gemv_threshold + 1).spec.spec_string]}
+
+
+def load_stacks(libdir: str, tensors) -> dict:
+    """Per (path, slices path, name, E): load_tensor(path, name, lib) against the 2-D slices'
+    load_tensor(lib=) (bytes per expert) and lib.matmul_experts on it against lib.matmul per
+    expert on the slices (bit for bit)."""
+    from tilegen.gguf import load_tensor
+    lib = _lib(libdir)
+    rng = np.random.default_rng(6)
+    bad, checked = [], 0
+    for path, sl, name, E in tensors:
+        st = load_tensor(path, name, lib=lib)
+        parts = [load_tensor(sl, f"e{e}", lib=lib) for e in range(E)]
+        if st.experts != E or any(not np.array_equal(st.expert(e).data, parts[e].data)
+                                  for e in range(E)):
+            bad.append((name, "bytes"))
+            continue
+        T = 5
+        x = rng.normal(size=(T, st.k)).astype(np.float32)
+        ids = np.stack([rng.permutation(E)[:2] for _ in range(T)]).astype(np.int32)
+        y = lib.matmul_experts(x, st, ids)
+        for e in range(E):
+            t_, u_ = np.nonzero(ids == e)
+            if t_.size and not _same(y[t_, u_], lib.matmul(x[t_], parts[e], threads=1)):
+                bad.append((name, f"expert {e}"))
+        checked += 1
+    return {"bad": bad, "checked": checked}

@@ -1152,6 +1152,11 @@ def test_export_refuses_a_foreign_directory(tmp_path, capsys):
 # core(), the very text the patch adds to kleidiai.cpp) in a C++ harness over the exported
 # table entries, under qemu, bit-exact with one llama_flow per expert on its gathered rows
 
+#: the harness's routed rows per chunk (the patch's default is larger): the cases below run
+#: several chunks, and an expert whose rows span two chunks
+MMID_CHUNK_ROWS = 5
+
+
 @pytest.fixture(scope="module")
 def mmid_harness(export_kai, llama_kai, cross_sysroot, tmp_path_factory):
     import jinja2
@@ -1161,7 +1166,7 @@ def mmid_harness(export_kai, llama_kai, cross_sysroot, tmp_path_factory):
         template_env().loader]))
     out = tmp_path_factory.mktemp("mmid")
     src = out / "mmid_harness.cpp"
-    src.write_text(env.get_template("mmid_harness.cpp.j2").render())
+    src.write_text(env.get_template("mmid_harness.cpp.j2").render(chunk_rows=MMID_CHUNK_ROWS))
     tc = export_kai["tc"]
     lld = next(f for f in tc.link_flags if f.startswith("-fuse-ld="))
     exe = out / "mmid_harness"
@@ -1172,24 +1177,85 @@ def mmid_harness(export_kai, llama_kai, cross_sysroot, tmp_path_factory):
 
 
 def _mmid_weights(fam: str, n: int, k: int, rng):
-    """One expert's weights as the table entry's RHS packer takes them (llama_flow's kinds)."""
-    from tilegen.layout.ggml import quantize_q4_0
+    """One expert's weights as the table entry's RHS packer takes them (llama_flow's kinds),
+    and the ggml blocks they come from (what lib.pack_weights takes as from_ggml=): Q8_0 is
+    requantised per channel as llama.cpp's repack does."""
+    from tilegen.layout.ggml import quantize_q4_0, quantize_q8_0
+    from tilegen.layout.rhs_int8 import requantize_q8_0
     if fam == "q4":
-        return dict(raw=quantize_q4_0(rng.normal(size=(n, k)).astype(np.float32)), n=n), "q4"
+        raw = quantize_q4_0(rng.normal(size=(n, k)).astype(np.float32))
+        return dict(raw=raw, n=n), "q4", raw
     if fam == "q8":
-        w = rng.normal(size=(n, k)).astype(np.float32)
-        s = (np.abs(w).max(axis=1) / 127).astype(np.float32)
-        return dict(q=np.clip(np.rint(w / s[:, None]), -127, 127).astype(np.int8), scale=s), "q8"
+        raw = quantize_q8_0(rng.normal(size=(n, k)).astype(np.float32))
+        q, s = requantize_q8_0(raw, n, k)
+        return dict(q=q, scale=s), "q8", raw
     from tilegen.families import rhs_layout_class      # a K-quant family: its seeded blocks
-    return dict(raw=rhs_layout_class(fam).random_ggml(n, k, int(rng.integers(1 << 30))), n=n), "kq"
+    raw = rhs_layout_class(fam).random_ggml(n, k, int(rng.integers(1 << 30)))
+    return dict(raw=raw, n=n), "kq", raw
 
 
 #: (family, gemm, gemm LHS packer, gemv, gemv LHS packer, RHS packer): a table entry per
 #: family and ISA kind; tilegen's families' ones from the default export's table
+_KQ_ENTRIES = [(e.family, e.gemm.name[len("matmul_clamp_f32_"):], K.llama_entry(e).lhs_packer,
+                e.gemv.name[len("matmul_clamp_f32_"):], K.llama_entry(e).lhs_packer,
+                _kq_packer(e.gemm)[1]) for e in K.KQUANT_DEFAULT]
 _MMID_ENTRIES = [e for e in LLAMA_TABLE if e[0] in ("q4", "q8") and ("_neon_i8mm" in e[1] or "sme2" in e[1])] + [
-    (e.family, e.gemm.name[len("matmul_clamp_f32_"):], K.llama_entry(e).lhs_packer,
-     e.gemv.name[len("matmul_clamp_f32_"):], K.llama_entry(e).lhs_packer, _kq_packer(e.gemm)[1])
-    for e in K.KQUANT_DEFAULT if e.isa in ("sme2", "dotprod") or e.family == "q6_K"]
+    e for e in _KQ_ENTRIES if "sme2" in e[1] or "dotprod" in e[1] or e[0] == "q6_K"]
+
+#: the MUL_MAT_ID cases (n_as, n, ids, src1_rows): a prompt batch with an expert that gets no
+#: rows and one that gets one row (activations shared by the slots, as gate/up), every row on
+#: one expert, a decode step (one token, activations per slot, as down); n leaves a partial
+#: column chunk; with MMID_CHUNK_ROWS = 5 the first runs 4 chunks, the second 2 (its expert's 6 rows
+#: cut 5 + 1: the 1-row piece runs the gemm), the third 1
+_MMID_CASES = [(5, 53, np.array([[2, 3], [4, 2], [3, 4], [2, 1], [4, 3], [3, 2], [2, 4]], np.int32), 1),
+               (4, 37, np.full((6, 1), 2, np.int32), 1),
+               (4, 53, np.array([[3, 0]], np.int32), 2)]
+
+
+def _mmid_harness_run(g, kai_so, harness, tmp_path, entry, cpu, sme_vl, case, rng,
+                      threads=("1", "2", "3")):
+    """One MUL_MAT_ID case through the C harness over table entry ``entry`` on qemu model
+    ``cpu``: the experts' weights packed by the entry's exported RHS packer (in guest ``g``),
+    the harness run for each thread count (the results must agree bit for bit);
+    returns (dst of shape (n_tokens, n_ids, n), x, per expert (weights, RHS kind, ggml
+    blocks), bl)."""
+    from tilegen.emulate.runner import guest_command
+    from tilegen.export.llama import LLAMA_FAMILIES
+    fam, gemm, gemm_lhs, gemv, gemv_lhs, rhs_packer = entry
+    tg = LLAMA_FAMILIES.get(fam)                        # a tilegen family of the patch
+    bl = fam == "q4" or (tg is not None and tg.kernel_bl)
+    block_args = ({"q4": (32, 32, 32), "q8": (0, 0, 32)}[fam] if tg is None   # kleidiai_get_block_args
+                  else (tg.block_len,) * 3 if bl else (0, 0, 0))
+    k = 256 if fam in ("q4", "q8") else 512
+    n_as, n, ids, src1_rows = case
+    n_tokens, n_ids = ids.shape
+    ws = [_mmid_weights(fam, n, k, rng) for _ in range(n_as)]
+    rhs = [g.call("guest_kai:pack_rhs", kai_so, "matmul_clamp_f32_" + gemm, rhs_packer, rk, k, w)
+           for w, rk, _ in ws]
+    x = (rng.normal(size=(n_tokens, src1_rows, k)) * rng.uniform(0.5, 4.0, size=(n_tokens, 1, 1))).astype(np.float32)
+    blob = np.array([k, n, n_as, n_ids, n_tokens, src1_rows, *block_args], np.int64).tobytes() \
+        + ids.tobytes() + x.tobytes() + b"".join(np.int64(len(r)).tobytes() + r for r in rhs)
+    (tmp_path / "in.bin").write_bytes(blob)
+    cmd, env = guest_command([str(harness), kai_so, "1" if bl else "0",
+                              "matmul_clamp_f32_" + gemm, gemm_lhs, "matmul_clamp_f32_" + gemv,
+                              gemv_lhs, str(tmp_path / "in.bin"), str(tmp_path / "out.bin"),
+                              *threads], cpu, sme_vl, sme_vl)
+    _run(cmd, env=env)
+    raw_out = np.fromfile(tmp_path / "out.bin", np.uint8).reshape(len(threads), -1)
+    chunks = raw_out[:, :8].copy().view(np.int64)[:, 0]
+    outs = raw_out[:, 8:].copy().view(np.float32).reshape(len(threads), n_tokens, n_ids, n)
+    assert all(np.array_equal(o.view(np.uint32), outs[0].view(np.uint32)) for o in outs[1:])
+    assert not np.any(outs[0] == np.float32(-4242.25))
+    # the chunks: each expert's rows cut into pieces of MMID_CHUNK_ROWS, whole pieces per chunk
+    counts = np.bincount(ids.reshape(-1), minlength=n_as)
+    pieces = [min(MMID_CHUNK_ROWS, c - r) for c in counts for r in range(0, c, MMID_CHUNK_ROWS)]
+    want, used = 0, MMID_CHUNK_ROWS
+    for m in pieces:
+        if used + m > MMID_CHUNK_ROWS:
+            want, used = want + 1, 0
+        used += m
+    assert list(chunks) == [want] * len(threads), (chunks, want, counts)
+    return outs[0], x, ws, bl
 
 
 @pytest.mark.parametrize("entry", _MMID_ENTRIES, ids=lambda e: f"{e[0]}-{e[1]}")
@@ -1197,42 +1263,18 @@ def test_patch_mul_mat_id_is_per_expert_matmuls(kai_so, mmid_harness, tmp_path, 
     """The patch's MUL_MAT_ID steps (group, pack, compute; 1, 2 and 3 threads) over one table
     entry give, for every (slot, token) row, exactly what the entry's kernel gives for the rows
     routed to its expert gathered into one matmul (llama_flow: the gemv for an expert with one
-    row, else the gemm), bit for bit, and leave no dst row unwritten. Cases: a prompt batch
-    with an expert that gets no rows and one that gets one row (activations shared by the
-    slots, as gate/up), every row on one expert, a decode step (one token, activations per
-    slot, as down); n leaves a partial column chunk."""
-    from tilegen.emulate.runner import guest_command
+    row, else the gemm), bit for bit, and leave no dst row unwritten (the cases of
+    ``_MMID_CASES``)."""
     fam, gemm, gemm_lhs, gemv, gemv_lhs, rhs_packer = entry
     g = guest("max", None, SVL_BITS)
-    from tilegen.export.llama import LLAMA_FAMILIES
-    tg = LLAMA_FAMILIES.get(fam)                        # a tilegen family of the patch
-    bl = fam == "q4" or (tg is not None and tg.kernel_bl)
-    block_args = ({"q4": (32, 32, 32), "q8": (0, 0, 32)}[fam] if tg is None   # kleidiai_get_block_args
-                  else (tg.block_len,) * 3 if bl else (0, 0, 0))
-    kind = "bl" if bl else "packed"
-    k = 256 if fam in ("q4", "q8") else 512
+    kind = "bl" if fam == "q4" else None
     rng = np.random.default_rng(33)
-    ids_prompt = np.array([[2, 3], [4, 2], [3, 4], [2, 1], [4, 3], [3, 2], [2, 4]], np.int32)
-    cases = [(5, 53, ids_prompt, 1), (4, 37, np.full((6, 1), 2, np.int32), 1),
-             (4, 53, np.array([[3, 0]], np.int32), 2)]
-    for n_as, n, ids, src1_rows in cases:
+    for case in _MMID_CASES:
+        got, x, ws, bl = _mmid_harness_run(g, kai_so, mmid_harness, tmp_path, entry, "max", SVL_BITS,
+                                           case, rng)
+        kind = "bl" if bl else "packed"
+        n_as, n, ids, src1_rows = case
         n_tokens, n_ids = ids.shape
-        ws = [_mmid_weights(fam, n, k, rng) for _ in range(n_as)]
-        rhs = [g.call("guest_kai:pack_rhs", kai_so, "matmul_clamp_f32_" + gemm, rhs_packer, rk, k, w)
-               for w, rk in ws]
-        x = (rng.normal(size=(n_tokens, src1_rows, k)) * rng.uniform(0.5, 4.0, size=(n_tokens, 1, 1))).astype(np.float32)
-        blob = np.array([k, n, n_as, n_ids, n_tokens, src1_rows, *block_args], np.int64).tobytes() \
-            + ids.tobytes() + x.tobytes() + b"".join(np.int64(len(r)).tobytes() + r for r in rhs)
-        (tmp_path / "in.bin").write_bytes(blob)
-        cmd, env = guest_command([str(mmid_harness), kai_so, "1" if bl else "0",
-                                  "matmul_clamp_f32_" + gemm, gemm_lhs, "matmul_clamp_f32_" + gemv,
-                                  gemv_lhs, str(tmp_path / "in.bin"), str(tmp_path / "out.bin"),
-                                  "1", "2", "3"], "max", SVL_BITS, SVL_BITS)
-        _run(cmd, env=env)
-        outs = np.fromfile(tmp_path / "out.bin", np.float32).reshape(3, n_tokens, n_ids, n)
-        assert all(np.array_equal(o.view(np.uint32), outs[0].view(np.uint32)) for o in outs[1:])
-        got = outs[0]
-        assert not np.any(got == np.float32(-4242.25))
         for e in range(n_as):
             rows = [(s, t) for t in range(n_tokens) for s in range(n_ids) if ids[t, s] == e]
             if not rows:
@@ -1245,3 +1287,83 @@ def test_patch_mul_mat_id_is_per_expert_matmuls(kai_so, mmid_harness, tmp_path, 
             mine = np.stack([got[t, s] for s, t in rows])
             assert np.array_equal(mine.view(np.uint32), np.asarray(want, np.float32).view(np.uint32)), \
                 (gemm, n, e, len(rows))
+
+
+def _kai_spec(name: str) -> str:
+    """The tilegen spec string of an exported kernel (KleidiAI's names and tilegen's own)."""
+    full = "matmul_clamp_f32_" + name
+    for kk in K.KERNELS:
+        if kk.name == full:
+            return kk.kernel_spec.spec_string
+    for e in K.KQUANT_DEFAULT:
+        for kk in (e.gemm, e.gemv):
+            if kk.name == full:
+                return kk.kernel_spec.spec_string
+    raise KeyError(name)
+
+
+def _py_entry(fam: str, cpu: str):
+    """The table entry of type ``fam`` that llama.cpp's chain runs on qemu model ``cpu`` (the
+    best ISA the model has): neoverse-n1 dotprod, neoverse-v1 i8mm (Q4_0: its SVE-named
+    entry), max the SME2 entry where the type has one Python can pair (Q4_0's SME2 entry packs
+    its gemm and gemv in two layouts, which a KernelPair cannot: its i8mm entry there)."""
+    table = [e for e in LLAMA_TABLE if e[0] == fam] if fam in ("q4", "q8") else \
+        [e for e in _KQ_ENTRIES if e[0] == fam]
+    want = {"neoverse-n1": ("dotprod",), "neoverse-v1": ("sve_i8mm", "i8mm"),
+            "max": ("sme2", "neon_i8mm", "i8mm")}[cpu]
+    for isa in want:
+        for e in table:
+            if e[1].endswith("_" + isa) if isa != "sme2" else "_sme2_" in e[1] and fam != "q4":
+                return e
+    raise KeyError((fam, cpu))
+
+
+#: (type, qemu model): each patched MUL_MAT_ID type on each model, one shape set each
+_PY_CASES = [(fam, cpu) for fam in ("q4", "q8", "q4_K", "q5_K", "q6_K", "iq4_xs", "iq4_nl")
+             for cpu in ("neoverse-n1", "neoverse-v1", "max")]
+_PY_KIND = {"q4": "q4_0", "q8": "q8_0"}
+
+
+@pytest.fixture(scope="module")
+def mmid_py_lib(tmp_path_factory) -> Path:
+    """A tilegen library with the gemm and gemv of every entry ``_PY_CASES`` runs."""
+    specs = sorted({_kai_spec(name) for fam, cpu in _PY_CASES
+                    for name in (_py_entry(fam, cpu)[1], _py_entry(fam, cpu)[3])})
+    out = tmp_path_factory.mktemp("mmidpy")
+    tilegen.build_library(specs, target="linux-aarch64-all", out_dir=out)
+    return out
+
+
+@pytest.mark.parametrize("fam,cpu", _PY_CASES, ids=lambda v: v)
+def test_patch_mul_mat_id_is_the_python_grouped_call(kai_so, mmid_harness, mmid_py_lib, tmp_path, fam, cpu):
+    """The patch's MUL_MAT_ID (C harness, 1 and 3 threads) equals ``lib.matmul_experts`` bit
+    for bit on the same inputs (the same ggml blocks of each expert, activations and ids), on
+    the qemu model ``cpu`` with the entry llama.cpp runs there, Python's table set to that
+    entry's gemm and gemv (1 and 3 threads; max at SVL 512 with SME on): experts with no
+    rows, one row (the gemv), all rows, activations broadcast over slots."""
+    from conftest import SME_ON
+    from tilegen.families import KQUANT_FAMILIES
+    entry = _py_entry(fam, cpu)
+    sme = cpu == "max"
+    g = guest("max", None, SVL_BITS)
+    py = guest(cpu, None, SVL_BITS if sme else None, SME_ON if sme else None)
+    kind = _PY_KIND.get(fam, fam)
+    assert fam in _PY_KIND or fam in KQUANT_FAMILIES or fam == "iq4_nl", fam
+    rng = np.random.default_rng(34)
+    seen = set()
+    for case in _MMID_CASES:
+        got, x, ws, _ = _mmid_harness_run(g, kai_so, mmid_harness, tmp_path, entry, cpu,
+                                          SVL_BITS if sme else None, case, rng, threads=("1", "3"))
+        n_as, n, ids, src1_rows = case
+        raw = np.stack([w[2] for w in ws])
+        r = py.call("guest_moe:grouped_call", str(mmid_py_lib), kind, _kai_spec(entry[1]),
+                    _kai_spec(entry[3]), raw, n, x.shape[-1], x, ids, (1, 3))
+        assert r["kernels"] == [_kai_spec(entry[3]), _kai_spec(entry[1])], r["kernels"]
+        for y in r["y"]:
+            assert y.shape == got.shape
+            bad = np.argwhere(y.view(np.uint32) != got.view(np.uint32))
+            assert bad.size == 0, (entry[1], case[1], bad[:5].tolist())
+        counts = np.bincount(ids.reshape(-1), minlength=n_as)
+        seen |= {"none" if c == 0 else "one" if c == 1 else "all" if c == ids.shape[0] else "some"
+                 for c in counts}
+    assert seen == {"none", "one", "all", "some"}, seen

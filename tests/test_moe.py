@@ -147,3 +147,122 @@ def test_stack_files_on_the_host(tmp_path):
         PackedWeights.stack([])
     with pytest.raises(ArgumentError, match="expert 0 must be PackedWeights of one matrix"):
         PackedWeights.stack([st])
+
+
+# --------------------------------------------------------------------------------------------
+# tilegen.gguf.load_tensor of 3-D expert tensors (ffn_*_exps: k x n x E) as expert stacks
+
+def _expert_files(tmp_path):
+    """[(path, {3-D expert tensor name: its ggml type name})]: the synthetic MoE model
+    (tilegen.gguf.synth, MOE_CONFIG) in each of its weight types, and a file with one 3-D
+    tensor of every other ggml type the families read (random valid blocks; F32 floats)."""
+    import gguf
+    import numpy as np
+    from tilegen.families import GGML_TYPES, rhs_layout_class
+    from tilegen.gguf import synth
+    out = []
+    for wtype in synth.TYPES:
+        path = synth.write_gguf(tmp_path / f"moe-{wtype}.gguf", wtype, synth.MOE_CONFIG)
+        r = gguf.GGUFReader(str(path))
+        exps = {t.name: t.tensor_type.name for t in r.tensors if "_exps" in t.name}
+        assert len(exps) == 3 * synth.MOE_CONFIG.n_layer, exps
+        assert {ty for ty in exps.values()} == {wtype.upper()}
+        out.append((path, exps))
+    done = {wtype.upper() for wtype in synth.TYPES}
+    T = gguf.GGMLQuantizationType
+    rng = np.random.default_rng(5)
+    E, n, k = 3, 13, 512
+    wr = gguf.GGUFWriter(str(tmp_path / "exps.gguf"), "llama")
+    others = {}
+    for ty, kind in GGML_TYPES.items():
+        if ty in done:
+            continue
+        name = f"blk.0.ffn_up_exps.{ty.lower()}"
+        if ty == "F32":
+            wr.add_tensor(name, rng.normal(size=(E, n, k)).astype(np.float32))
+        else:
+            from tilegen.families import KIND_FAMILY
+            lay = rhs_layout_class(KIND_FAMILY[kind])
+            raw = np.stack([lay.random_ggml(n, k, int(rng.integers(1 << 30))).reshape(n, -1)
+                            for _ in range(E)])
+            wr.add_tensor(name, raw, raw_dtype=T[ty])
+        others[name] = ty
+    wr.write_header_to_file()
+    wr.write_kv_data_to_file()
+    wr.write_tensors_to_file()
+    wr.close()
+    assert set(others.values()) | done == set(GGML_TYPES)
+    out.append((tmp_path / "exps.gguf", others))
+    return out
+
+
+def _slices_file(path, name, out):
+    """Each expert slice of 3-D tensor ``name`` of ``path`` written as a 2-D tensor of its
+    type into the GGUF file ``out`` (names e0, e1, ...); returns E."""
+    import gguf
+    import numpy as np
+    t = next(t for t in gguf.GGUFReader(str(path)).tensors if t.name == name)
+    k, n, E = (int(d) for d in t.shape)
+    data = np.asarray(t.data)
+    wr = gguf.GGUFWriter(str(out), "llama")
+    for e in range(E):
+        if t.tensor_type.name in ("F32", "F16"):
+            wr.add_tensor(f"e{e}", np.ascontiguousarray(data.reshape(E, n, k)[e]))
+        else:
+            wr.add_tensor(f"e{e}", np.ascontiguousarray(data.view(np.uint8).reshape(E, n, -1)[e]),
+                          raw_dtype=t.tensor_type)
+    wr.write_header_to_file()
+    wr.write_kv_data_to_file()
+    wr.write_tensors_to_file()
+    wr.close()
+    return E
+
+
+@pytest.fixture(scope="module")
+def expert_files(tmp_path_factory):
+    """[(path, slices path, {name: ggml type}, {name: E})]: _expert_files, each expert
+    tensor's slices in a second file (the 2-D path the stack must equal)."""
+    base = tmp_path_factory.mktemp("exps")
+    out = []
+    for path, names in _expert_files(base):
+        for i, name in enumerate(names):
+            sl = base / f"{path.stem}-{i}.gguf"
+            out.append((str(path), str(sl), name, names[name], _slices_file(path, name, sl)))
+    return out
+
+
+def test_load_tensor_reads_expert_tensors_as_stacks(expert_files):
+    """load_tensor of a 3-D expert tensor (the synthetic MoE model's ffn_*_exps in Q4_0, Q8_0
+    and F16; one of every other ggml type of the families) is an expert stack whose every
+    expert is, byte for byte, load_tensor of that expert's 2-D slice (llama.cpp's default
+    layouts, no library); a 1-D tensor is refused, naming what is supported."""
+    import numpy as np
+    from tilegen.families import GGML_TYPES
+    from tilegen.gguf import load_tensor
+    seen = set()
+    for path, sl, name, ty, E in expert_files:
+        st = load_tensor(path, name)
+        parts = [load_tensor(sl, f"e{e}") for e in range(E)]
+        assert (st.experts, st.kind, st.n, st.k, st.layout) == (
+            E, GGML_TYPES[ty], parts[0].n, parts[0].k, parts[0].layout), (name, ty)
+        for e in range(E):
+            assert np.array_equal(st.expert(e).data, parts[e].data), (name, ty, e)
+        assert np.array_equal(st.data, PackedWeights.stack(parts).data), (name, ty)
+        p8 = load_tensor(path, name, nr=8)
+        assert p8.nr == 8 and np.array_equal(p8.expert(E - 1).data, load_tensor(sl, f"e{E - 1}", nr=8).data)
+        seen.add(ty)
+    assert seen == set(GGML_TYPES)
+    with pytest.raises(ArgumentError, match=r"tensor 'blk.0.attn_norm.weight' has shape \[\d+\]; only "
+                                            r"2-D weights and 3-D expert tensors"):
+        load_tensor(expert_files[0][0], "blk.0.attn_norm.weight")
+
+
+def test_load_tensor_expert_stacks_with_a_library(moe_lib, expert_files):
+    """load_tensor(lib=) of every expert tensor of expert_files (in the guest, max with SME on:
+    the library's preferred layouts) equals lib.pack_weights of each expert's 2-D slice
+    (load_tensor(lib=) of the slices), byte for byte, and lib.matmul_experts on it equals
+    lib.matmul per expert on the slices."""
+    r = guest("max", env=SME_ON).call("guest_moe:load_stacks", str(moe_lib),
+                                      [(p, sl, name, E) for p, sl, name, _, E in expert_files])
+    assert r["bad"] == [], r["bad"]
+    assert r["checked"] == len(expert_files)
