@@ -295,3 +295,5 @@ LLAMA_KERNELS = (("i8mm", "12x4", "1x4", "SMMLA", "SMMLA"),
 #: rms, docs/llama_cpp_check.md#tolerances): the activations are q8_0-like int8 32-blocks with an
 #: f16 scale (qsi8d32p), the weights exact table values (no second rounding)
 LLAMA_QUANTIZE = {"iq4_nl": 0.06}
+#: and llama-quantize's IQ4_NL of the MoE model (moe_iq4_nl), with the same tolerance
+LLAMA_MOE = {"iq4_nl": None}

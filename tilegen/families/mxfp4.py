@@ -347,3 +347,14 @@ C_PACKERS = {"kai_rhs_pack_nxk_mxfp4p_mxfp4": c_packer}   # the export's (tilege
 #: packing (the patch's slots are SME2, I8MM and DOTPROD, and MXFP4 has kernels only in the
 #: last: an I8MM CPU takes the DOTPROD entry)
 LLAMA_KERNELS = (("dotprod", "16x4", "1x4", "SDOT by lane", "SDOT by lane"),)
+#: the llama.cpp check's dense MXFP4 model (docs/llama_cpp_check.md#mxfp4): llama-quantize has no
+#: MXFP4 ftype for a dense model, so every weight matrix is overridden to MXFP4 on a Q8_0 base
+#: (token_embd too: GET_ROWS through the C packer's row dequantiser); tolerance Q4_0's (0.06 of
+#: the logit rms): ggml and the patch both quantise the activations per 32-block to int8 with an
+#: f16 scale (q8_0 / qsi8d32p), the weights are the file's values exactly (no second rounding)
+LLAMA_QUANTIZE = {"mxfp4": 0.06}
+LLAMA_QUANTIZE_ARGS = {"mxfp4": ("Q8_0", ("--tensor-type", "weight=mxfp4"))}
+#: and llama-quantize's MXFP4_MOE of the MoE model (moe_mxfp4_moe: MXFP4 experts, every other
+#: matrix Q8_0): tolerance Q8_0's (0.08), as most of its MUL_MATs take KleidiAI's Q8_0 path
+#: (activations per row, weights requantised per channel)
+LLAMA_MOE = {"mxfp4_moe": 0.08}
