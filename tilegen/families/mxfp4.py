@@ -30,7 +30,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from ..callconv import Q4
-from ..layout.base import LayoutError, checked_c_expr
+from ..layout.base import LayoutError
 from ..layout.ggml import as_bytes, f16_bits_to_f32
 from ..layout.lhs_int8 import QSI8D32P
 from ..layout.rhs_int4 import QSI4C32PScaleF16
@@ -295,48 +295,26 @@ def pack(lay, kind: str, w, from_ggml, n: int, k: int, bias, layout: str):
 # -> mxfp4p, and the row dequantiser of llama.cpp's GET_ROWS, on the RHS packer skeleton
 # export/pack/kquant_rhs.c.j2 (its pack_d / read_d blocks carry the E8M0 -> bf16 scale)
 # ----------------------------------------------------------------------------------------
-def _code_byte_position(nr: int, kr: int, c: int, q: int) -> int:
-    """Where MXFP4P(nr, kr) puts code byte q of column c of a 32-k block: found by packing a
-    block whose only non-zero code byte is that one (the layout object's own packer)."""
+def _marked_block(nr: int, c: int, q: int) -> np.ndarray:
+    """nr block_mxfp4 rows of one block (e = 127: bf16 0x3f00, no 0xa5 byte) whose only 0xa5
+    byte is code byte q of column c (MXFP4P.c_repack_exprs finds where the layout puts it)."""
     raw = np.zeros((nr, MXFP4_BLOCK_BYTES), np.uint8)
-    raw[:, 0] = 127                                     # e = 127: bf16 0x3f00, no 0xa5 byte
+    raw[:, 0] = 127
     raw[c, 1 + q] = 0xa5
-    where = np.flatnonzero(MXFP4P(nr, kr).pack(raw, nr, QK_MXFP4) == 0xa5)
-    assert where.size == 1, (nr, kr, c, q)
-    return int(where[0])
-
-
-def _takes(nr: int, kr: int) -> bool:
-    try:
-        MXFP4P(nr, kr)
-    except LayoutError:
-        return False
-    return True
+    return raw
 
 
 def c_packer(geo: list[dict]) -> dict:
     """The export's C packer of mxfp4p (template ``export/pack/mxfp4p.c.j2``): its layout banner
     and the expressions the template fills in, each checked against :class:`MXFP4P` at the
     geometries ``geo`` (dicts of nr, kr, k) the export gives, but those the layout refuses
-    (kr > 16); the E8M0 -> bf16 scale table is :data:`E8M0_HALF_BF16`.  A record is one 32-k
-    block (its nr bf16 scales, then the code bytes)."""
-    sb, qk = MXFP4P(4, 8).scale_bytes, QK_MXFP4
-    geo = [g for g in geo if g["k"] % qk == 0 and _takes(g["nr"], g["kr"])]
-    lay = lambda nr, kr, **_: MXFP4P(nr, kr)  # noqa: E731
-    rec = checked_c_expr(f"nr * ({sb} + {qk} // 2)", lambda k, **g: lay(**g).block_stride, geo)
-    stride = checked_c_expr(f"(k // {qk}) * nr * ({sb} + {qk} // 2)",
-                            lambda k, **g: lay(**g).group_stride(k), geo)
-    d_f = checked_c_expr(f"c * {sb}", lambda c, **g: lay(**g).scale_offset(0) + c * sb,
-                         [dict(g, c=c) for g in geo for c in (0, g["nr"] - 1)])
-    byte_f = checked_c_expr(
-        f"nr * {sb} + (q // (kr // 2)) * (nr * kr // 2) + c * (kr // 2) + q % (kr // 2)",
-        lambda c, q, nr, kr, **_: _code_byte_position(nr, kr, c, q),
-        [dict(g, c=c, q=q) for g in geo if g["k"] == geo[0]["k"]
-         for c in sorted({0, g["nr"] // 2, g["nr"] - 1}) for q in (0, 1, 5, 8, 15)])
+    (kr > 16; the shared base's ``c_repack_exprs``), and the E8M0 -> bf16 scale table
+    :data:`E8M0_HALF_BF16`.  A record is one 32-k block (its nr bf16 scales, then the code
+    bytes)."""
     return dict(layout=f"mxfp4p<nr>x<kr/2> ({MXFP4P.__module__}.{MXFP4P.__name__})",
                 anchor="mxfp4p", template="mxfp4p.c.j2",
-                context=dict(stride=stride, rec=rec, d_f=d_f, byte_f=byte_f, qk=qk,
-                             blk=MXFP4_BLOCK_BYTES, b_d=0, b_qs=1, table=list(KVALUES_MXFP4),
+                context=dict(MXFP4P.c_repack_exprs(geo, _marked_block), blk=MXFP4_BLOCK_BYTES,
+                             b_d=0, b_qs=1, table=list(KVALUES_MXFP4),
                              scales=[f"0x{int(v):04x}" for v in E8M0_HALF_BF16]))
 
 
