@@ -768,7 +768,8 @@ def quantized_model(tb, sysroot: Path, off: Build, wtype: str, work: Path,
     types = {}
     for n, ty in kq.items():
         types[ty] = types.get(ty, 0) + 1
-    log(f"{wtype}: llama-quantize wrote {', '.join(f'{v} {k}' for k, v in sorted(types.items()))} "
+    log(f"{wtype}: llama-quantize wrote "
+        f"{', '.join(f'{v} {k}' for k, v in sorted(types.items())) or 'no tilegen-family'} "
         "matrices used by MUL_MAT")
     return model, dq, kq
 
