@@ -53,7 +53,7 @@ sys.path.insert(0, str(REPO))
 
 from tilegen.gguf import synth as sg  # noqa: E402
 from tilegen.emulate import provision  # noqa: E402
-from tilegen.families import LLAMA_KERNELS, LLAMA_QUANTIZE  # noqa: E402
+from tilegen.families import LLAMA_KERNELS, LLAMA_MOE, LLAMA_QUANTIZE, LLAMA_QUANTIZE_ARGS  # noqa: E402
 
 LLAMA_CPP_PYTHON_VERSION = provision.LLAMA_CPP_PYTHON_VERSION
 #: Baseline ISA of the ggml CPU backend: Armv8.2-A + dotprod + fp16, what every tested model
@@ -73,12 +73,15 @@ TARGETS = ("llama-debug", "llama-batched", "llama-quantize")
 KQUANTS_PATCH = "llama-kquants.patch"
 #: Weight types: the synthetic model's own (tilegen.gguf.synth) and the llama-quantize types
 #: the families declare (``LLAMA_QUANTIZE``: Q4_K_M, ...), made from its F16 variant by
-#: llama.cpp's own llama-quantize (so the quantised bytes are ggml's).
+#: llama.cpp's own llama-quantize (so the quantised bytes are ggml's): the type as its ftype, or
+#: the ftype and options a family gives (``LLAMA_QUANTIZE_ARGS``: MXFP4's overrides).
 KQUANT_TYPES = tuple(LLAMA_QUANTIZE)
 #: The mixture-of-experts model (tilegen.gguf.synth.MOE_CONFIG: 4 experts, 2 used per token):
-#: "moe_<type>" is its <type> variant (Q4_K_M again by llama-quantize). Its expert weights are
-#: MUL_MAT_IDs, which the ON build's patch runs on tilegen's kernels (every one logged).
-MOE_TYPES = ("moe_q4_0", "moe_q8_0", "moe_q4_k_m")
+#: "moe_<type>" is its <type> variant, for the types the families declare (``LLAMA_MOE``: the
+#: synthetic model's own Q4_0/Q8_0, else llama-quantize's ftype <type>, e.g. Q4_K_M or
+#: MXFP4_MOE). Its expert weights are MUL_MAT_IDs, which the ON build's patch runs on tilegen's
+#: kernels (every one logged).
+MOE_TYPES = tuple(f"moe_{t}" for t in LLAMA_MOE)
 TYPES = tuple(sg.TYPES) + KQUANT_TYPES + MOE_TYPES
 #: ggml types whose MUL_MATs the ON build must run on tilegen's own kernels: the families the
 #: generated patch wires (``LLAMA_KERNELS``)
@@ -98,9 +101,20 @@ def model_config(wtype: str) -> "sg.ModelConfig":
     return sg.MOE_CONFIG if wtype in MOE_TYPES else sg.ModelConfig()
 
 
+def quantized(wtype: str) -> bool:
+    """Whether llama-quantize makes the model (else the synthetic model writes it: q4_0, ...)."""
+    return base_type(wtype) not in sg.TYPES
+
+
+def quantize_args(wtype: str) -> tuple[str, tuple[str, ...]]:
+    """llama-quantize's (ftype, options before the file names) for a quantised model type."""
+    t = base_type(wtype)
+    return LLAMA_QUANTIZE_ARGS.get(t, (t.upper(), ()))
+
+
 LOGITS_PROMPT = {"q4_0": sg.LONG_PROMPT, "q8_0": sg.LONG_PROMPT, "f16": sg.PROMPT,
                  **{t: sg.LONG_PROMPT for t in KQUANT_TYPES}}
-LOGITS_PROMPT.update({t: LOGITS_PROMPT[base_type(t)] for t in MOE_TYPES})
+LOGITS_PROMPT.update({t: LOGITS_PROMPT.get(base_type(t), sg.LONG_PROMPT) for t in MOE_TYPES})
 
 #: CPU models run (qemu -cpu), with the features KleidiAI's selection sees.
 CPUS = {
@@ -120,7 +134,8 @@ CPUS = {
 #: channel (qsi8cx). TOLERANCE bounds ON against OFF with the same numbers (the triangle
 #: inequality would allow their sum).
 REF_TOLERANCE = {"q4_0": 0.06, "q8_0": 0.08, "f16": 0.02, **LLAMA_QUANTIZE}
-REF_TOLERANCE.update({t: REF_TOLERANCE[base_type(t)] for t in MOE_TYPES})
+REF_TOLERANCE.update({f"moe_{t}": REF_TOLERANCE[t] if tol is None else tol
+                      for t, tol in LLAMA_MOE.items()})
 TOLERANCE = dict(REF_TOLERANCE)
 #: The float64 reference's greedy steps must be at least this far from a tie, so that any
 #: token difference is a failure (the model is built for margins of ~4).
@@ -737,8 +752,9 @@ def quantized_model(tb, sysroot: Path, off: Build, wtype: str, work: Path,
     import gguf
     f16 = sg.write_gguf(work / f"synthetic-{'moe-' if cfg.n_expert else ''}f16.gguf", "f16", cfg)
     model = work / f"synthetic-{wtype}.gguf"
-    run(guest(tb, sysroot, "n1", [str(off.bin / "llama-quantize"), str(f16), str(model),
-                                  base_type(wtype).upper(), str(THREADS)], {}),
+    ftype, options = quantize_args(wtype)
+    run(guest(tb, sysroot, "n1", [str(off.bin / "llama-quantize"), *options, str(f16), str(model),
+                                  ftype, str(THREADS)], {}),
         f"llama-quantize {wtype}", log_file=work / f"quantize-{wtype}.log")
     dq, kq = {}, {}
     for t in gguf.GGUFReader(str(model)).tensors:
@@ -752,7 +768,8 @@ def quantized_model(tb, sysroot: Path, off: Build, wtype: str, work: Path,
     types = {}
     for n, ty in kq.items():
         types[ty] = types.get(ty, 0) + 1
-    log(f"{wtype}: llama-quantize wrote {', '.join(f'{v} {k}' for k, v in sorted(types.items()))} "
+    log(f"{wtype}: llama-quantize wrote "
+        f"{', '.join(f'{v} {k}' for k, v in sorted(types.items())) or 'no tilegen-family'} "
         "matrices used by MUL_MAT")
     return model, dq, kq
 
@@ -851,7 +868,7 @@ def main(argv: list[str] | None = None) -> int:
         plan = run_plan(builds, a.cpus, a.off_cpus, a.sme,
                         wtype in KQUANT_TYPES or wtype in MOE_TYPES)
         kq_weights: dict[str, str] = {}
-        if base_type(wtype) in KQUANT_TYPES:
+        if quantized(wtype):
             model, dq, kq_weights = quantized_model(tb, sysroot, builds[0], wtype, work, weights, cfg)
         else:
             model = sg.write_gguf(work / f"synthetic-{wtype}.gguf", base_type(wtype), cfg)
@@ -944,12 +961,12 @@ def main(argv: list[str] | None = None) -> int:
 def print_table(rows: list[dict], builds: list[Build], t_build: float, t_run: float) -> None:
     def f(x, fmt):
         return format("-", ">" + fmt.split(".")[0]) if x is None else format(x, fmt)
-    hdr = (f"{'type':10} {'build':5} {'cpu':4} {'sme':3} {'kleidiai kernels':42} "
+    hdr = (f"{'type':13} {'build':5} {'cpu':4} {'sme':3} {'kleidiai kernels':42} "
            f"{'max|d|':>8} {'d/rms':>8} {'tok=':>4} {'d64/rms':>8} {'tok64':>5} {'s':>5}  result")
     print(hdr)
     print("-" * len(hdr))
     for r in rows:
-        print(f"{r['type']:10} {r['build']:5} {r['cpu']:4} {r['sme']:3} {r['kernels'][:42]:42} "
+        print(f"{r['type']:13} {r['build']:5} {r['cpu']:4} {r['sme']:3} {r['kernels'][:42]:42} "
               f"{f(r.get('max_abs'), '8.4f')} {f(r.get('d_ref'), '8.5f')} "
               f"{('yes' if r['tok_ref'] else 'NO') if 'tok_ref' in r else 'ref':>4} "
               f"{f(r.get('d_f64'), '8.5f')} "

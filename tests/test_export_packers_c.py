@@ -882,3 +882,20 @@ def test_kquant_rhs(lib, args):
 
 def test_kquant_packers_listed():
     assert set(KQUANT_PACKERS) <= set(ALL_PACKERS) and not set(KQUANT_PACKERS) & set(PACKERS)
+
+
+def test_mxfp4_rhs_every_scale(lib):
+    """The C repack of block_mxfp4 over every E8M0 byte 0..255 (the random blocks of
+    test_kquant_rhs draw e from 118..130): the table lookup to the bf16 scale 2^(e - 128) for
+    the subnormal scales (e < 2), the smallest and largest normal ones and those whose products
+    overflow (12 * 2^127 is inf, as in ggml), packed as the layout object packs them and
+    dequantised as gguf.quants.dequantize does, bit for bit."""
+    from tilegen.families.mxfp4 import MXFP4_BLOCK_BYTES, MXFP4P, random_mxfp4
+    blocks = lambda n, k, seed: random_mxfp4(n, k, seed, e_range=(0, 255))  # noqa: E731
+    packs, rows = _kq_rhs_cases(MXFP4P, blocks, MXFP4_BLOCK_BYTES, "mxfp4p_mxfp4", 2609)
+    _batch(lib, packs)
+    outs = _run(lib, [c for c, _, _ in rows])
+    for (call, want, label), o in zip(rows, outs):
+        got, written = _split(o, label)
+        assert written.all(), label
+        assert np.array_equal(got.view(np.uint32), want.astype(np.float32).view(np.uint32)), label

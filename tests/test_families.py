@@ -228,6 +228,8 @@ DEFAULT_KERNELS = ()
 pack = q8_0.pack
 C_PACKERS = {"kai_rhs_pack_nxk_pkg_test": q4_k.c_packer}     # (not rendered here)
 LLAMA_QUANTIZE = {"q8_0_pkg_m": 0.125}
+LLAMA_QUANTIZE_ARGS = {"q8_0_pkg_m": ("Q8_0", ("--tensor-type", "weight=q8_0_pkg"))}
+LLAMA_MOE = {"q8_0_pkg_m": None, "q8_0_pkg_moe": 0.25}
 '''
 
 _PACKAGE_PLUGIN_REGALLOC = '''"""The test family's allocators: q8_0's under the names its record gives."""
@@ -255,6 +257,11 @@ import llama_cpp_check as L      # the copy of the script next to the copied pac
 assert L.REPO.resolve() == __import__("pathlib").Path.cwd().resolve()
 assert "q8_0_pkg_m" in L.KQUANT_TYPES and L.REF_TOLERANCE["q8_0_pkg_m"] == 0.125
 assert L.LOGITS_PROMPT["q8_0_pkg_m"] == L.sg.LONG_PROMPT
+assert L.quantize_args("q8_0_pkg_m") == ("Q8_0", ("--tensor-type", "weight=q8_0_pkg"))
+assert L.MOE_TYPES[-2:] == ("moe_q8_0_pkg_m", "moe_q8_0_pkg_moe") and L.MOE_TYPES[-2] in L.TYPES
+assert L.REF_TOLERANCE["moe_q8_0_pkg_m"] == 0.125 and L.TOLERANCE["moe_q8_0_pkg_moe"] == 0.25
+assert L.quantize_args("moe_q8_0_pkg_moe") == ("Q8_0_PKG_MOE", ()) and L.quantized("moe_q8_0_pkg_moe")
+assert L.LOGITS_PROMPT["moe_q8_0_pkg_moe"] == L.sg.LONG_PROMPT
 print("OK")
 '''
 
@@ -264,7 +271,8 @@ def test_a_new_family_brings_its_allocators_in_its_plugin_package(tmp_path):
     register allocators in its own submodule ``regalloc.py`` (named in its ALLOCATOR_MODULES
     by dotted path), and no other change to the package: the allocator registry finds them,
     its kernels render, the export maps its RHS format to its C packer, the llama.cpp check
-    runs its llama-quantize type (``LLAMA_QUANTIZE``); the import test puts such a submodule in
+    runs its llama-quantize types (``LLAMA_QUANTIZE``, with its ``LLAMA_QUANTIZE_ARGS``) and its
+    mixture-of-experts variants (``LLAMA_MOE``); the import test puts such a submodule in
     the regalloc stage."""
     import shutil
     import subprocess

@@ -266,13 +266,35 @@ def test_the_patched_tree_keeps_ccache_paths(tmp_path, monkeypatch, llama_cpp_sr
 
 def test_moe_models_run_only_the_patched_build_with_their_base_type():
     off, on, real = (lc.Build(n, Path(n), Path(n), 0.0, True) for n in ("off", "on", "real"))
-    assert set(lc.MOE_TYPES) == {"moe_q4_0", "moe_q8_0", "moe_q4_k_m"} and set(lc.MOE_TYPES) <= set(lc.TYPES)
+    from tilegen.families import LLAMA_MOE
+    assert lc.MOE_TYPES == tuple(f"moe_{t}" for t in LLAMA_MOE)     # the plugins' declarations
+    assert {"moe_q4_0", "moe_q8_0", "moe_q4_k_m", "moe_q5_k_m", "moe_iq4_xs", "moe_iq4_nl",
+            "moe_mxfp4_moe"} <= set(lc.MOE_TYPES) and set(lc.MOE_TYPES) <= set(lc.TYPES)
     for t in lc.MOE_TYPES:
-        assert lc.REF_TOLERANCE[t] == lc.REF_TOLERANCE[lc.base_type(t)] == lc.TOLERANCE[t]
+        dense = lc.REF_TOLERANCE.get(lc.base_type(t))
+        assert lc.REF_TOLERANCE[t] == lc.TOLERANCE[t] == (
+            dense if LLAMA_MOE[lc.base_type(t)] is None else LLAMA_MOE[lc.base_type(t)])
         assert lc.LOGITS_PROMPT[t] == lc.sg.LONG_PROMPT
         assert lc.model_config(t).n_expert == 4 and lc.model_config(lc.base_type(t)).n_expert == 0
+    # MXFP4_MOE has no dense counterpart: its own tolerance, Q8_0's (its non-expert matrices)
+    assert "mxfp4_moe" not in lc.TYPES and lc.REF_TOLERANCE["moe_mxfp4_moe"] == lc.REF_TOLERANCE["q8_0"]
     plan = lc.run_plan([off, on, real], list(lc.CPUS), ["n1"], ["1", "2"], kquant=True)
     assert {b.name for b, _, _ in plan} == {"off", "on"}
+
+
+def test_quantised_models_take_their_family_s_llama_quantize_arguments():
+    """Which models llama-quantize makes, and its ftype and options: the type as its ftype
+    (Q4_K_M, IQ4_NL, the MoE model's MXFP4_MOE), MXFP4's dense model through its plugin's
+    overrides (every weight matrix MXFP4 on a Q8_0 base), the synthetic model's own types
+    written directly."""
+    assert [t for t in lc.TYPES if not lc.quantized(t)] == ["q4_0", "q8_0", "f16", "moe_q4_0",
+                                                            "moe_q8_0"]
+    assert lc.quantize_args("q4_k_m") == ("Q4_K_M", ())
+    assert lc.quantize_args("moe_iq4_nl") == ("IQ4_NL", ())
+    assert lc.quantize_args("moe_mxfp4_moe") == ("MXFP4_MOE", ())
+    assert lc.quantize_args("mxfp4") == ("Q8_0", ("--tensor-type", "weight=mxfp4"))
+    assert lc.REF_TOLERANCE["mxfp4"] == lc.REF_TOLERANCE["q4_0"] == lc.TOLERANCE["mxfp4"]
+    assert "mxfp4" in lc.KQUANT_GGML                   # its MUL_MATs are counted on tilegen's
 
 
 MOE_LOG = """\

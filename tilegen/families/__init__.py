@@ -28,6 +28,15 @@ edit) and orders them by their ``ORDER``.  What a plugin holds (module attribute
 ``LLAMA_QUANTIZE``     optional: llama-quantize types (ftype, lower case) whose files the
                        llama.cpp check runs on the patched build, -> their logit tolerance
                        (max|d| / rms, docs/llama_cpp_check.md), e.g. ``{"q4_k_m": 0.08}``
+``LLAMA_QUANTIZE_ARGS`` optional: how llama-quantize makes a type of ``LLAMA_QUANTIZE`` that
+                       is no ftype of its own: type -> (ftype, options before the file names),
+                       e.g. ``{"mxfp4": ("Q8_0", ("--tensor-type", "weight=mxfp4"))}``
+                       (default: the type upper-cased, no options)
+``LLAMA_MOE``          optional: the types whose variant of the mixture-of-experts model the
+                       llama.cpp check runs (``moe_<type>``: the synthetic model's own
+                       q4_0/q8_0, else llama-quantize's ftype ``<type>`` upper-cased) -> their
+                       tolerance, None: that of the dense type (``LLAMA_QUANTIZE``, or the
+                       check's own for q4_0/q8_0), e.g. ``{"q4_k_m": None}``
 =====================  ===================================================================
 
 Stage order: the plugins import the shared bases (records, callconv, layout bases,
@@ -44,7 +53,7 @@ from ..records import FamilyInfo
 
 __all__ = ["PLUGINS", "FAMILIES", "KIND_FAMILY", "KIND_FAMILIES", "FLOAT_KINDS", "GGML_KINDS", "GGML_BLOCKS",
            "GGML_TYPES", "KQUANT_FAMILIES", "DEFAULT_KERNELS", "LAYOUTS", "ALLOCATOR_MODULES", "LLAMA_KERNELS",
-           "C_PACKERS", "LLAMA_QUANTIZE", "plugin", "rhs_layout_class", "abi_for", "pack"]
+           "C_PACKERS", "LLAMA_QUANTIZE", "LLAMA_QUANTIZE_ARGS", "LLAMA_MOE", "plugin", "rhs_layout_class", "abi_for", "pack"]
 
 
 def _discover() -> tuple:
@@ -90,6 +99,13 @@ LLAMA_KERNELS: dict[str, tuple] = {p.RECORDS[0].name: p.LLAMA_KERNELS for p in P
 #: llama-quantize type (lower case) -> tolerance of the llama.cpp check, family by family
 LLAMA_QUANTIZE: dict[str, float] = {t: tol for p in PLUGINS
                                     for t, tol in getattr(p, "LLAMA_QUANTIZE", {}).items()}
+#: llama-quantize type -> (ftype, options) for the types that are no ftype of their own
+LLAMA_QUANTIZE_ARGS: dict[str, tuple[str, tuple[str, ...]]] = {
+    t: args for p in PLUGINS for t, args in getattr(p, "LLAMA_QUANTIZE_ARGS", {}).items()}
+#: type -> tolerance (None: the dense type's) of the mixture-of-experts variants the llama.cpp
+#: check runs ("moe_<type>"), family by family
+LLAMA_MOE: dict[str, float | None] = {t: tol for p in PLUGINS
+                                      for t, tol in getattr(p, "LLAMA_MOE", {}).items()}
 #: export C packer name -> builder, family by family
 C_PACKERS: dict[str, object] = {n: b for p in PLUGINS for n, b in getattr(p, "C_PACKERS", {}).items()}
 

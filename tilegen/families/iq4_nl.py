@@ -31,7 +31,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from ..callconv import Q4
-from ..layout.base import LayoutError, checked_c_expr
+from ..layout.base import LayoutError
 from ..layout.ggml import (as_bytes, check_block_scales, f16_bits_to_f32, join_q4_0,
                            random_f16_scales, split_q4_0)
 from ..layout.lhs_int8 import QSI8D32P
@@ -238,50 +238,25 @@ def pack(lay, kind: str, w, from_ggml, n: int, k: int, bias, layout: str):
 # the export's C packer (tilegen.export.packers_c): block_iq4_nl rows -> iq4nlp, and the row
 # dequantiser of llama.cpp's GET_ROWS, on the RHS packer skeleton export/pack/kquant_rhs.c.j2
 # ----------------------------------------------------------------------------------------
-def _byte_position(nr: int, kr: int, c: int, q: int) -> int:
-    """Where IQ4NLP(nr, kr) puts index byte q of column c of a 32-k block: found by packing a
-    block whose only non-zero index byte is that one (the layout object's own packer)."""
-    lay = IQ4NLP(nr, kr)
+def _marked_block(nr: int, c: int, q: int) -> np.ndarray:
+    """nr block_iq4_nl rows of one block (d = 1.0, f16 0x3c00) whose only 0xa5 byte is index
+    byte q of column c (IQ4NLP.c_repack_exprs finds where the layout's packer puts it)."""
     raw = np.zeros((nr, IQ4NL_BLOCK_BYTES), np.uint8)
-    raw[:, 1] = 0x3c                                    # d = 1.0 (f16 0x3c00)
+    raw[:, 1] = 0x3c
     raw[c, 2 + q] = 0xa5
-    packed = lay.pack(raw, nr, QK_IQ4NL)
-    where = np.flatnonzero(packed == 0xa5)
-    assert where.size == 1, (nr, kr, c, q)
-    return int(where[0])
-
-
-def _layout_takes(nr: int, kr: int) -> bool:
-    try:
-        IQ4NLP(nr, kr)
-    except LayoutError:
-        return False
-    return True
+    return raw
 
 
 def c_packer(geo: list[dict]) -> dict:
     """The export's C packer of iq4nlp (template ``export/pack/iq4nlp.c.j2``): its layout banner
     and the expressions the template fills in, each checked against :class:`IQ4NLP` at the
     geometries ``geo`` (dicts of nr, kr, k) the export gives, but those the layout refuses
-    (kr > 16).  A record is one 32-k block (its nr f16 d, then the index bytes)."""
-    ref = IQ4NLP(4, 16)
-    sb, qk = ref.scale_bytes, QK_IQ4NL
-    geo = [g for g in geo if g["k"] % qk == 0 and _layout_takes(g["nr"], g["kr"])]
-    lay = lambda nr, kr, **_: IQ4NLP(nr, kr)  # noqa: E731
-    rec = checked_c_expr(f"nr * ({sb} + {qk} // 2)", lambda k, **g: lay(**g).block_stride, geo)
-    stride = checked_c_expr(f"(k // {qk}) * nr * ({sb} + {qk} // 2)",
-                            lambda k, **g: lay(**g).group_stride(k), geo)
-    cgeo = [dict(g, c=c) for g in geo for c in (0, g["nr"] - 1)]
-    d_f = checked_c_expr(f"c * {sb}", lambda c, **g: lay(**g).scale_offset(0) + c * sb, cgeo)
-    qgeo = [dict(g, c=c, q=q) for g in geo if g["k"] == geo[0]["k"]
-            for c in sorted({0, g["nr"] // 2, g["nr"] - 1}) for q in (0, 1, 5, 8, 15)]
-    byte_f = checked_c_expr(f"nr * {sb} + (q // (kr // 2)) * (nr * kr // 2) + c * (kr // 2) + "
-                            f"q % (kr // 2)", lambda c, q, nr, kr, **_: _byte_position(nr, kr, c, q),
-                            qgeo)
+    (kr > 16; the shared base's ``c_repack_exprs``).  A record is one 32-k block (its nr f16 d,
+    then the index bytes)."""
     return dict(layout=f"iq4nlp<nr>x<kr/2> ({IQ4NLP.__module__}.{IQ4NLP.__name__})",
                 anchor="iq4nlp", template="iq4nlp.c.j2",
-                context=dict(stride=stride, rec=rec, d_f=d_f, byte_f=byte_f, qk=qk,
-                             blk=IQ4NL_BLOCK_BYTES, b_d=0, b_qs=sb, table=list(KVALUES_IQ4NL)))
+                context=dict(IQ4NLP.c_repack_exprs(geo, _marked_block), blk=IQ4NL_BLOCK_BYTES,
+                             b_d=0, b_qs=IQ4NLP(4, 16).scale_bytes, table=list(KVALUES_IQ4NL)))
 
 
 C_PACKERS = {"kai_rhs_pack_nxk_iq4nlp_iq4nl": c_packer}   # the export's (tilegen.export.packers_c)
@@ -295,3 +270,5 @@ LLAMA_KERNELS = (("i8mm", "12x4", "1x4", "SMMLA", "SMMLA"),
 #: rms, docs/llama_cpp_check.md#tolerances): the activations are q8_0-like int8 32-blocks with an
 #: f16 scale (qsi8d32p), the weights exact table values (no second rounding)
 LLAMA_QUANTIZE = {"iq4_nl": 0.06}
+#: and llama-quantize's IQ4_NL of the MoE model (moe_iq4_nl), with the same tolerance
+LLAMA_MOE = {"iq4_nl": None}

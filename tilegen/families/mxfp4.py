@@ -40,7 +40,7 @@ from ..records import FamilyInfo, IsaImpl
 __all__ = ["ORDER", "RECORDS", "LAYOUTS", "ALLOCATOR_MODULES", "DEFAULT_KERNELS", "GGML_TYPES",
            "KVALUES_MXFP4", "QK_MXFP4", "MXFP4_BLOCK_BYTES", "E8M0_HALF_BF16", "split_mxfp4",
            "join_mxfp4", "dequantize_mxfp4", "random_mxfp4", "MXFP4P",
-           "matmul_qsi8d32p_mxfp4p", "gguf_layout", "pack"]
+           "matmul_qsi8d32p_mxfp4p", "gguf_layout", "pack", "c_packer", "C_PACKERS"]
 
 ORDER = 26
 
@@ -288,3 +288,51 @@ def pack(lay, kind: str, w, from_ggml, n: int, k: int, bias, layout: str):
     if from_ggml is not None:
         return lay.pack_from_ggml(from_ggml, n, k, bias=bias)
     return lay.pack_from_float(w, bias=bias)
+
+
+# ----------------------------------------------------------------------------------------
+# the export's C packer (tilegen.export.packers_c) and the llama.cpp mapping: block_mxfp4 rows
+# -> mxfp4p, and the row dequantiser of llama.cpp's GET_ROWS, on the RHS packer skeleton
+# export/pack/kquant_rhs.c.j2 (its pack_d / read_d blocks carry the E8M0 -> bf16 scale)
+# ----------------------------------------------------------------------------------------
+def _marked_block(nr: int, c: int, q: int) -> np.ndarray:
+    """nr block_mxfp4 rows of one block (e = 127: bf16 0x3f00, no 0xa5 byte) whose only 0xa5
+    byte is code byte q of column c (MXFP4P.c_repack_exprs finds where the layout puts it)."""
+    raw = np.zeros((nr, MXFP4_BLOCK_BYTES), np.uint8)
+    raw[:, 0] = 127
+    raw[c, 1 + q] = 0xa5
+    return raw
+
+
+def c_packer(geo: list[dict]) -> dict:
+    """The export's C packer of mxfp4p (template ``export/pack/mxfp4p.c.j2``): its layout banner
+    and the expressions the template fills in, each checked against :class:`MXFP4P` at the
+    geometries ``geo`` (dicts of nr, kr, k) the export gives, but those the layout refuses
+    (kr > 16; the shared base's ``c_repack_exprs``), and the E8M0 -> bf16 scale table
+    :data:`E8M0_HALF_BF16`.  A record is one 32-k block (its nr bf16 scales, then the code
+    bytes)."""
+    return dict(layout=f"mxfp4p<nr>x<kr/2> ({MXFP4P.__module__}.{MXFP4P.__name__})",
+                anchor="mxfp4p", template="mxfp4p.c.j2",
+                context=dict(MXFP4P.c_repack_exprs(geo, _marked_block), blk=MXFP4_BLOCK_BYTES,
+                             b_d=0, b_qs=1, table=list(KVALUES_MXFP4),
+                             scales=[f"0x{int(v):04x}" for v in E8M0_HALF_BF16]))
+
+
+C_PACKERS = {"kai_rhs_pack_nxk_mxfp4p_mxfp4": c_packer}   # the export's (tilegen.export.packers_c)
+
+#: the (gemm, gemv) pairs the llama.cpp patch wires for MXFP4, per ISA slot (isa, gemm tile,
+#: gemv tile, how each multiplies): the dotprod gemm of DEFAULT_KERNELS with its gemv on its
+#: packing (the patch's slots are SME2, I8MM and DOTPROD, and MXFP4 has kernels only in the
+#: last: an I8MM CPU takes the DOTPROD entry)
+LLAMA_KERNELS = (("dotprod", "16x4", "1x4", "SDOT by lane", "SDOT by lane"),)
+#: the llama.cpp check's dense MXFP4 model (docs/llama_cpp_check.md#mxfp4): llama-quantize has no
+#: MXFP4 ftype for a dense model, so every weight matrix is overridden to MXFP4 on a Q8_0 base
+#: (token_embd too: GET_ROWS through the C packer's row dequantiser); tolerance Q4_0's (0.06 of
+#: the logit rms): ggml and the patch both quantise the activations per 32-block to int8 with an
+#: f16 scale (q8_0 / qsi8d32p), the weights are the file's values exactly (no second rounding)
+LLAMA_QUANTIZE = {"mxfp4": 0.06}
+LLAMA_QUANTIZE_ARGS = {"mxfp4": ("Q8_0", ("--tensor-type", "weight=mxfp4"))}
+#: and llama-quantize's MXFP4_MOE of the MoE model (moe_mxfp4_moe: MXFP4 experts, every other
+#: matrix Q8_0): tolerance Q8_0's (0.08), as most of its MUL_MATs take KleidiAI's Q8_0 path
+#: (activations per row, weights requantised per channel)
+LLAMA_MOE = {"mxfp4_moe": 0.08}

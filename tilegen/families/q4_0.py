@@ -74,6 +74,8 @@ ALLOCATOR_MODULES = ("q4", "q4_sme", "q4_luti4", "q4_f16")
 # the int8 kernels of q4_0 elsewhere
 SERVES_FIRST = {"q4_0": ("q4_0_f16",)}
 GGML_TYPES = {"Q4_0": "q4_0"}
+#: the llama.cpp check runs the MoE model in Q4_0 (the synthetic model writes it; tolerance Q4_0's)
+LLAMA_MOE = {"q4_0": None}
 
 # q4 gemm kernels come with the gemv partner that reads the same packed weights (llama.cpp's
 # pairs: i8mm 16x4 kr16 + dotprod 1x4 kr16; dotprod 16x4 kr8 + 1x4 kr8), NEON fallback last.

@@ -42,6 +42,8 @@ RECORDS = (
 LAYOUTS = (QSI8CXP, QAI8DXP)
 ALLOCATOR_MODULES = ("q8", "q8_sme")
 GGML_TYPES = {"Q8_0": "q8_0"}
+#: the llama.cpp check runs the MoE model in Q8_0 (the synthetic model writes it; tolerance Q8_0's)
+LLAMA_MOE = {"q8_0": None}
 
 DEFAULT_KERNELS = (
     # q8_0 on SVE (VL units; at 128 bits the layouts of KleidiAI's 16x4 i8mm / dotprod pairs)

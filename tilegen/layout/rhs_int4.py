@@ -26,7 +26,7 @@ import numpy as np
 
 from ..reference.f32 import fma_f32
 from .base import (ColumnGroups, LayoutError, PackedLayout, RhsGroups, ScaleBlocks, check_pos,
-                   eval_expr, rows_index)
+                   checked_c_expr, eval_expr, rows_index)
 from .bf16 import bf16_to_f32, f32_to_bf16_rne
 from .ggml import (QK4_0, as_bytes, check_block_scales, dequantize_q4_0, f16_bits_to_f32,
                    quantize_q4_0, split_q4_0)
@@ -505,6 +505,48 @@ class QSI4C32PScaleF16(RhsGroups):
         Q4_0 dequantisation of the same rows."""
         src = self.unpack(packed, n, k, rows)
         return dequantize_q4_0(src, src.shape[0], k, bl=self.bl)
+
+    @classmethod
+    def c_repack_exprs(cls, geo: list[dict], marked_block) -> dict[str, str]:
+        """The C expressions of a repack of ggml's 32-k blocks into this geometry, one block per
+        record (the export's RHS packer skeleton export/pack/kquant_rhs.c.j2, for a family on
+        this base: iq4nlp, mxfp4p), each checked against the layout class ``cls`` at the
+        geometries ``geo`` (dicts of nr, kr, k; those whose k is no multiple of the block or
+        whose tile ``cls`` refuses are left out): ``rec`` (a record: nr scales, then the code
+        bytes), ``stride`` (a group), ``d_f`` (column c's scale in a record) and ``byte_f``
+        (source code byte q of column c in a record), found by packing ``marked_block(nr, c,
+        q)`` -- nr source rows of one block whose only 0xa5 byte is that one -- with the class's
+        own packer."""
+        def takes(nr, kr):
+            try:
+                cls(nr, kr)
+            except LayoutError:
+                return False
+            return True
+
+        def byte_position(nr, kr, c, q):
+            packed = cls(nr, kr).pack(marked_block(nr, c, q), nr, qk)
+            where = np.flatnonzero(packed == 0xa5)
+            assert where.size == 1, (cls.__name__, nr, kr, c, q)
+            return int(where[0])
+
+        ref = cls(4, 8)
+        sb, qk = ref.scale_bytes, ref.bl
+        geo = [g for g in geo if g["k"] % qk == 0 and takes(g["nr"], g["kr"])]
+        lay = lambda nr, kr, **_: cls(nr, kr)  # noqa: E731
+        rec = checked_c_expr(f"nr * ({sb} + {qk} // 2)", lambda k, **g: lay(**g).block_stride, geo)
+        stride = checked_c_expr(f"(k // {qk}) * nr * ({sb} + {qk} // 2)",
+                                lambda k, **g: lay(**g).group_stride(k), geo)
+        d_f = checked_c_expr(f"c * {sb}", lambda c, **g: lay(**g).scale_offset(0) + c * sb,
+                             [dict(g, c=c) for g in geo for c in (0, g["nr"] - 1)])
+        byte_f = checked_c_expr(
+            f"nr * {sb} + (q // (kr // 2)) * (nr * kr // 2) + c * (kr // 2) + q % (kr // 2)",
+            lambda c, q, nr, kr, **_: byte_position(nr, kr, c, q),
+            [dict(g, c=c, q=q) for g in geo if g["k"] == geo[0]["k"]
+             for c in sorted({0, g["nr"] // 2, g["nr"] - 1}) for q in (0, 1, 5, 8, 15)])
+        return dict(stride=stride, rec=rec, d_f=d_f, byte_f=byte_f, qk=qk)
+
+
 # ----------------------------------------------------------------------------------------
 # RHS: qsi4c32ps1s0scalef16 (q4_0-style rows -> s1s0 nibble order, f16 scales at the end)
 # ----------------------------------------------------------------------------------------

@@ -48,6 +48,8 @@ LLAMA_KERNELS = KQUANT_LLAMA_KERNELS
 #: llama-quantize's IQ4_XS of the check's synthetic model runs on the patched llama.cpp within
 #: this tolerance (docs/llama_cpp_check.md: Q4_K_M's derivation, the same Q8_K activations)
 LLAMA_QUANTIZE = {"iq4_xs": 0.08}
+#: and llama-quantize's IQ4_XS of the MoE model (moe_iq4_xs), with the same tolerance
+LLAMA_MOE = {"iq4_xs": None}
 
 BLOCK_IQ4_XS_BYTES = 136
 # byte offsets of the fields inside one block (the C packer of the export reads them too)

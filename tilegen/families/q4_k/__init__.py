@@ -37,6 +37,8 @@ RECORDS, ALLOCATOR_MODULES, GGML_TYPES, DEFAULT_KERNELS, LLAMA_KERNELS = kquant_
 #: llama-quantize's Q4_K_M of the check's synthetic model (Q4_K, Q6_K for some tensors) runs on
 #: the patched llama.cpp within this tolerance (docs/llama_cpp_check.md#k-quants derives it)
 LLAMA_QUANTIZE = {"q4_k_m": 0.08}
+#: and llama-quantize's Q4_K_M of the MoE model (moe_q4_k_m), with the same tolerance
+LLAMA_MOE = {"q4_k_m": None}
 
 BLOCK_Q4_K_BYTES = 144
 # byte offsets of the fields inside one block (the C packer of the export reads them too)

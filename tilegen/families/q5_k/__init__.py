@@ -37,6 +37,8 @@ VS_GGML_TARGETS = {"gemm": 1.8, "gemv": 1.3}
 #: llama-quantize's Q5_K_M of the check's synthetic model (Q5_K, Q6_K for some tensors) runs on
 #: the patched llama.cpp within this tolerance (docs/llama_cpp_check.md: Q4_K_M's derivation)
 LLAMA_QUANTIZE = {"q5_k_m": 0.08}
+#: and llama-quantize's Q5_K_M of the MoE model (moe_q5_k_m), with the same tolerance
+LLAMA_MOE = {"q5_k_m": None}
 
 BLOCK_Q5_K_BYTES = 176
 # byte offsets of the fields inside one block (the C packer of the export reads them too)
