@@ -160,11 +160,18 @@ def q4_ops(libdir: str, kind: str, w, x, raw=None, threads=(1, 2, 3), rows=None)
     return res
 
 
-def picks(libdir: str) -> dict:
-    """Which gemm/gemv kernel each weight kind selects on this CPU (tilegen info's view)."""
+def picks(libdir: str, kinds=None) -> dict:
+    """Which gemm/gemv kernel each weight kind selects on this CPU (tilegen info's view);
+    ``kinds``: these kinds (default: f32, f16, q4_0, q4_0_dx and the K-quants q4_K / q6_K the
+    library has)."""
     lib = _lib(libdir)
     out = {}
     families = {k.family for k in lib.kernels.values()}
+    if kinds is not None:
+        for kind in kinds:
+            p = lib.kernel_table.pairs(kind)[0]
+            out[kind] = (p.gemm.name, (p.gemv or p.gemm).name)
+        return out
     for kind in ("f32", "f16", "q4_0", "q4_0_dx", "q4_K", "q6_K"):
         if kind in ("q4_K", "q6_K") and kind not in families:     # libraries without K-quants
             continue

@@ -23,6 +23,7 @@ KQ_CPUS = ("cortex-a53", "neoverse-n1", "neoverse-v1", "neoverse-n2", "max")
 # the CPU each ISA gets the full shape sweep on (the other CPUs run a shorter random set)
 SWEEP_CPU = {"neon": "cortex-a53", "dotprod": "neoverse-n1", "i8mm": "neoverse-v1"}
 SPECS = ("iq4_xs:i8mm:8x4", "iq4_xs:i8mm:4x8", "iq4_xs:i8mm:12x4", "iq4_xs:i8mm:1x4",
+         "iq4_xs:i8mm:1x8", "iq4_xs:i8mm:1x12",
          "iq4_xs:dotprod:8x4", "iq4_xs:dotprod:4x8", "iq4_xs:dotprod:1x4",
          "iq4_xs:neon:4x4", "iq4_xs:neon:1x8")
 SVE_SPECS = ("iq4_xs:sve_i8mm:8x1vl", "iq4_xs:sve_i8mm:4x2vl", "iq4_xs:sve_i8mm:12x1vl",

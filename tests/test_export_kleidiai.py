@@ -505,6 +505,22 @@ _KIND = {"qsi8d32p_qsi4c32p": "bl", "f16p_qsi4c32p": "bl", "qai8dxp_qsi8cxp": "p
          "bf16p_bf16p": "packed", "f32p_f32p": "packed", "f32_f32p": "rows"}
 
 
+def _table_weights(fam: str, w: np.ndarray):
+    """The weights a kernels.cpp table entry of family ``fam`` packs, from float ``w`` (n, k):
+    (what guest_kai:llama_flow packs, the float weights they stand for, its RHS kind, the
+    relative tolerance of the product)."""
+    from tilegen.layout.ggml import dequantize_q4_0, quantize_q4_0
+    n, k = w.shape
+    if fam == "q4":
+        raw = quantize_q4_0(w)
+        return dict(raw=raw, n=n), dequantize_q4_0(raw, n, k), "q4", 0.02
+    if fam == "q8":
+        s = (np.abs(w).max(axis=1) / 127).astype(np.float32)
+        q = np.clip(np.rint(w / s[:, None]), -127, 127).astype(np.int8)
+        return dict(q=q, scale=s), q.astype(np.float32) * s[:, None], "q8", 0.02
+    return (dict(w=w), w, "kxn" if fam == "bf16" else "nxk", 0.01 if fam == "bf16" else 1e-5)
+
+
 @pytest.mark.parametrize("entry", LLAMA_TABLE, ids=lambda e: e[1])
 def test_llama_table_entry_end_to_end(kai_so, entry):
     """One kernels.cpp table entry as kleidiai.cpp drives it, with the exported packers and
@@ -512,24 +528,13 @@ def test_llama_table_entry_end_to_end(kai_so, entry):
     quantisation error of the float product.  n = 37, and for the SME names also 53, whose
     last column group (2 x 16 columns at SVL 512) has its second vector partly filled
     (#30 item 8)."""
-    from tilegen.layout.ggml import dequantize_q4_0, quantize_q4_0
     fam, gemm, gemm_lhs, gemv, gemv_lhs, rhs_packer = entry
     g = guest("max", None, SVL_BITS)
     rng = np.random.default_rng(17)
     k = 128
     for n in ((37, 53) if "_sme" in gemm else (37,)):
         w = rng.normal(size=(n, k)).astype(np.float32)
-        if fam == "q4":
-            raw = quantize_q4_0(w)
-            wdat, wref, rkind, tol = dict(raw=raw, n=n), dequantize_q4_0(raw, n, k), "q4", 0.02
-        elif fam == "q8":
-            s = (np.abs(w).max(axis=1) / 127).astype(np.float32)
-            q = np.clip(np.rint(w / s[:, None]), -127, 127).astype(np.int8)
-            wdat, wref, rkind, tol = dict(q=q, scale=s), q.astype(np.float32) * s[:, None], "q8", 0.02
-        else:
-            wdat, wref = dict(w=w), w
-            rkind = "kxn" if fam == "bf16" else "nxk"
-            tol = 0.01 if fam == "bf16" else 1e-5
+        wdat, wref, rkind, tol = _table_weights(fam, w)
         byname = {kk.name: kk for kk in K.KERNELS}
         for kern, lhs_packer, m in ((gemm, gemm_lhs, 7), (gemv, gemv_lhs, 1)):
             if kern is None:
@@ -546,10 +551,10 @@ def test_llama_table_entry_end_to_end(kai_so, entry):
 
 
 def test_tuned_pairs_end_to_end(tmp_path_factory):
-    """--tuned-pairs for a preset whose tuned q4_0 pair has nr 12: the replaced table entries
-    still compute the product (RHS packed at the tuned gemm's nr, read by the tuned gemv); its
-    tuned K-quant entries are bit-exact (_kquant_entry_bit_exact)."""
-    from tilegen.layout.ggml import dequantize_q4_0, quantize_q4_0
+    """--tuned-pairs for a preset whose tuned q4_0 pair has nr 8 and q8_0 pair nr 20: the
+    replaced table entries still compute the product (RHS packed at the tuned gemm's nr, read
+    by the tuned gemv; each entry with its family's weights: the q8_0 entries once got q4_0
+    blocks and crashed); its tuned K-quant entries are bit-exact (_kquant_entry_bit_exact)."""
     over = K.tuned_pair_overrides("neoverse-v2")
     entries = [e for e in LLAMA_TABLE if "matmul_clamp_f32_" + e[1] in over]
     assert entries, "the committed neoverse-v2 tuned file pairs no kernels.cpp entry: pick a preset that does"
@@ -565,13 +570,13 @@ def test_tuned_pairs_end_to_end(tmp_path_factory):
     so = base / "libkai_tuned.so"
     _run(tc.link_cmd(["-Wl,--whole-archive", base / "build" / "libkleidiai.a",
                       "-Wl,--no-whole-archive"], so))
+    assert {e[0] for e in entries} == {"q4", "q8"}
     g = guest("max")
     rng = np.random.default_rng(18)
     n, k = 29, 96
-    raw = quantize_q4_0(rng.normal(size=(n, k)).astype(np.float32))
-    wref = dequantize_q4_0(raw, n, k).astype(np.float64)
     byname = {kk.name: kk for kk in K.KERNELS}
     for fam, gemm, gemm_lhs, gemv, gemv_lhs, rhs_packer in entries:
+        wdat, wref, rkind, tol = _table_weights(fam, rng.normal(size=(n, k)).astype(np.float32))
         got_nr = g.call("guest_kai:getters", str(so), "matmul_clamp_f32_" + gemm,
                         "get_lhs_packed_offset", [0, k, 32], [0, k, 32])["nr"]
         assert got_nr == parse_nr(over["matmul_clamp_f32_" + gemm])
@@ -579,10 +584,11 @@ def test_tuned_pairs_end_to_end(tmp_path_factory):
             name = "matmul_clamp_f32_" + kern
             x = rng.normal(size=(m, k)).astype(np.float32)
             got = g.call("guest_kai:llama_flow", str(so), name, _KIND[byname[name].abi],
-                         "matmul_clamp_f32_" + gemm, lhs_packer, True, rhs_packer, "q4",
-                         x, dict(raw=raw, n=n))
-            ref = x.astype(np.float64) @ wref.T
-            assert np.abs(got - ref).max() / np.abs(ref).max() < 0.02, (kern, m)
+                         "matmul_clamp_f32_" + gemm, lhs_packer,
+                         byname[name].abi in ("qsi8d32p_qsi4c32p", "f16p_qsi4c32p"), rhs_packer,
+                         rkind, x, wdat)
+            ref = x.astype(np.float64) @ wref.astype(np.float64).T
+            assert np.abs(got - ref).max() / np.abs(ref).max() < tol, (kern, m)
     # the tree's K-quant entries with tuned tiles (q6_K i8mm 32x4 on neoverse-v2), as its
     # llama-kquants.patch wires them: getters, C packers and run functions bit-exact
     kq = [e for e, d in zip(K.kquant_entries("neoverse-v2", "pairs"), K.KQUANT_DEFAULT) if e != d]

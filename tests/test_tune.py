@@ -397,3 +397,33 @@ def test_measure_shape_errors_name_measure_shape(monkeypatch, capsys):
         err = capsys.readouterr().err
         assert rc == 2 and err.startswith(f"tilegen tune: error: --measure-shape {bad!r}: "), err
         assert err.count("\n") == 1 and "--shape" not in err.replace("--measure-shape", ""), err
+
+
+def test_tunable_families_are_every_modelled_family_the_target_runs():
+    """tune --write (scripts/tune_presets.sh) pairs every family with a NEON or SVE kernel the
+    target runs: the new formats of issue #32 (q5_K, iq4_xs, iq4_nl, mxfp4) and q8_0 / bf16
+    (missing from the presets only because they came after them), not the SME-only ones."""
+    from tilegen.analysis.tune import tunable_families
+    v2 = tunable_families(V2)
+    assert {"f32", "q4_0", "q4_0_dx", "q8_0", "q4_K", "q5_K", "q6_K", "iq4_xs", "iq4_nl", "mxfp4",
+            "bf16"} == set(v2)
+    assert [f for f in FAMILIES if f in v2] == v2          # registry order
+    assert "bf16" not in tunable_families(get_target("neoverse-n1"))     # no BF16 on n1
+    assert "q4_0_s1s0" not in tunable_families(get_target("apple-m4"))   # SME only: not modelled
+
+
+@pytest.mark.parametrize("family", ["q5_K", "iq4_xs", "iq4_nl", "mxfp4"])
+def test_new_formats_are_ranked_and_paired(family):
+    """The formats of issue #32: candidates on every NEON/SVE ISA the target has, both regimes
+    ranked by the model (narrowed to one ISA and nr 4 here) and a gemm / gemv pair on one
+    packed RHS."""
+    isas = set(tunable_isas(V2, family))
+    assert isas == {i for i in FAMILIES[family].isas if i != "sme2"}, isas
+    assert {c.spec.isa for c in candidates(V2, family, "gemm", mrs=(4, 8), nrs=(4,))} == isas
+    isa = "i8mm" if "i8mm" in isas else "dotprod"
+    gemm = tune(V2, family, "gemm", isa=isa, mrs=(4,), nrs=(4,), jobs=2)
+    gemv = tune(V2, family, "gemv", isa=isa, mrs=(1,), nrs=(4,), jobs=2)
+    assert gemm.scores and gemv.scores and not gemm.not_modelled and not gemv.not_modelled
+    assert all(s.value > 0 for s in gemm.scores + gemv.scores)
+    pair = pick_pair(gemm, gemv)
+    assert pair.shared_rhs and pair.gemv.spec.mr == 1 and pair.gemm.spec.mr > 1

@@ -1,5 +1,7 @@
-"""The tuned presets shipped in tilegen/build/tuned/ (written by `tilegen tune --write`): every
-kernel they add to a default build runs bit-exact in emulation, and the runtime picks them."""
+"""The tuned presets shipped in tilegen/build/tuned/ (written by `tilegen tune --write`,
+scripts/tune_presets.sh): each carries a tuned pair of every family tune models on its target,
+every kernel they add to a default build runs bit-exact in emulation, and the runtime picks
+them."""
 from __future__ import annotations
 
 import numpy as np
@@ -7,30 +9,47 @@ import pytest
 
 import tilegen
 from tilegen.build import get_target
+from tilegen.analysis.tune import tunable_families
 from tilegen.build.tuned import read_tuned, tuned_dir
+from tilegen.families import FAMILIES, rhs_layout_class
 from tilegen.layout import F32PackedRHS
 from tilegen.layout.api import layout_for
-from tilegen.families.q4_k import matmul_q8kp_q4kp, random_q4_k
-from tilegen.families.q6_k import matmul_q8kp_q6kp, random_q6_k
-from tilegen.layout.kquant import Q8KP
+from tilegen.layout.kquant import Q8KP, KQuantRhs
+from tilegen.layout.lhs_int8 import QAI8DXP
+from tilegen.layout.rhs_int8 import QSI8CXP
 from tilegen.reference.f32 import matmul_f32
 from tilegen.reference.kquant import matmul_blocks
-from tilegen.families import rhs_layout_class
+from tilegen.reference.q8 import matmul_qai8dxp_qsi8cxp
 
 from conftest import guest
 from test_exec_q4 import SENTINEL, _pack, _shapes
+import test_exec_bf16
+import test_exec_iq4_nl
+import test_exec_mxfp4
 
 PRESETS = sorted(p.stem for p in tuned_dir().glob("*.json"))
-# K-quant families: RHS format, random valid ggml blocks (the bit-exact reference:
-# matmul_blocks, from the activations and the blocks, not the packed bytes)
-KQUANT = {"q4_K": ("q4kp", random_q4_k), "q6_K": ("q6kp", random_q6_k)}
+# the block-32 table families: their exec tests' shape sweep, bit-exact reference and error
+# check against ggml's arithmetic (guest, library, spec, vector bytes)
+TABLE32 = {"iq4_nl": test_exec_iq4_nl._run, "mxfp4": test_exec_mxfp4._run}
+
+
+def _kquant(family: str) -> bool:
+    """A K-quant family (super-blocks of ggml blocks: q4_K, q5_K, q6_K, iq4_xs): its RHS layout
+    is a KQuantRhs with seeded random valid blocks (the bit-exact reference: matmul_blocks, from
+    the activations and the blocks, not the packed bytes)."""
+    return issubclass(rhs_layout_class(family), KQuantRhs)
 
 
 def test_presets_are_shipped_and_valid():
+    """Each preset carries a tuned pair of every family tune models on its target (bf16 only
+    where the CPU has BF16: not n1)."""
     assert {"neoverse-n1", "neoverse-n2", "neoverse-v1", "neoverse-v2"} <= set(PRESETS)
     for name in PRESETS:
-        tf = read_tuned(get_target(name))
-        assert tf is not None and set(tf.families) == {"f32", "q4_0", "q4_0_dx", "q4_K", "q6_K"}
+        tgt = get_target(name)
+        tf = read_tuned(tgt)
+        assert tf is not None and set(tf.families) == set(tunable_families(tgt)), name
+    assert {"q5_K", "iq4_xs", "iq4_nl", "mxfp4", "q8_0", "bf16"} <= set(
+        read_tuned(get_target("neoverse-v2")).families)
 
 
 def _tuned_specs():
@@ -74,18 +93,44 @@ def test_tuned_kernel_bit_exact(spec, cpu, tuned_lib):
                               clamp_min=-3.4e38, clamp_max=3.4e38))
             refs.append(matmul_f32(lhs[:, :k], w, b, -3.4e38, 3.4e38))
         outs = g.call("guest_calls:run_f32_cases", str(tuned_lib), spec.name, cases)
-    elif spec.family in KQUANT:         # q8kp x q4kp / q6kp: ggml blocks, reference_kquant
-        fmt, rand = KQUANT[spec.family]
+    elif _kquant(spec.family):          # q8kp x a K-quant layout: ggml blocks, reference.kquant
+        cls = rhs_layout_class(spec.family)
         cases, refs = [], []
         for i, (m, n, k) in enumerate([(1, 1, 256), (mr, nr, 512), (mr + 1, nr + 1, 256),
                                        (2 * mr + 3, 2 * nr - 1, 768)]):
             x = (rng.normal(size=(m, k)) * 4).astype(np.float32)
             lhs = Q8KP(spec.lhs_mr, spec.kr).pack(x)
-            raw = rand(n, k, i)
-            rhs = layout_for(fmt, nr=nr, kr=spec.kr).pack_from_ggml(raw, n, k)
+            raw = cls.random_ggml(n, k, i)
+            rhs = layout_for(cls.format, nr=nr, kr=spec.kr).pack_from_ggml(raw, n, k)
             cases.append(dict(m=m, n=n, k=k, bl=32, lhs_packed=lhs, rhs_packed=rhs,
                               clamp_min=-3.4e38, clamp_max=3.4e38, sentinel=SENTINEL))
-            refs.append(matmul_blocks(rhs_layout_class(spec.family), x, raw, n, -3.4e38, 3.4e38))
+            refs.append(matmul_blocks(cls, x, raw, n, -3.4e38, 3.4e38))
+        outs = g.call("guest_calls:run_q4_cases", str(tuned_lib), spec.name, cases)
+    elif spec.family in TABLE32:        # qsi8d32p x iq4nlp / mxfp4p: the exec tests' sweep
+        vl = info["vl_bytes"][spec.isa_info.vl_kind] if spec.vl_scaled else None
+        TABLE32[spec.family](g, tuned_lib, spec, vl, cpu)
+        return
+    elif spec.family == "q8_0":         # qai8dxp x qsi8cxp, per-channel int8 weights
+        cases, refs = [], []
+        for m, n, k in [(1, 1, 1), (mr, nr, 32), (mr + 1, nr + 1, 31), (2 * mr + 3, 2 * nr - 1, 100)]:
+            x = (rng.normal(size=(m, k)) * 3).astype(np.float32)
+            lhs = QAI8DXP(spec.lhs_mr, spec.kr, spec.sr).pack(x)
+            rhs = QSI8CXP(nr, spec.kr).pack(rng.integers(-128, 128, (n, k), dtype=np.int8),
+                                            rng.uniform(0.001, 0.01, n).astype(np.float32),
+                                            rng.normal(size=n).astype(np.float32))
+            cases.append(dict(m=m, n=n, k=k, bl=32, lhs_packed=lhs, rhs_packed=rhs,
+                              clamp_min=-3.4e38, clamp_max=3.4e38, sentinel=SENTINEL))
+            refs.append(matmul_qai8dxp_qsi8cxp(lhs, rhs, m, n, k, spec.lhs_mr, nr, spec.kr,
+                                               spec.sr, -3.4e38, 3.4e38))
+        outs = g.call("guest_calls:run_q4_cases", str(tuned_lib), spec.name, cases)
+    elif spec.family == "bf16":         # bf16p x bf16p (fixed NEON tiles)
+        assert not spec.vl_scaled
+        cases, refs = [], []
+        for i, (m, n, k) in enumerate([(1, 1, 1), (mr, nr, 8), (mr + 1, nr + 1, 5),
+                                       (2 * mr + 3, 2 * nr - 1, 17)]):
+            c, r = test_exec_bf16._case(spec, rng, m, n, k, clamped=bool(i % 2))
+            cases.append(c)
+            refs.append(r)
         outs = g.call("guest_calls:run_q4_cases", str(tuned_lib), spec.name, cases)
     else:
         cases, refs = [], []
@@ -104,9 +149,11 @@ def test_tuned_kernel_bit_exact(spec, cpu, tuned_lib):
 def test_runtime_picks_the_tuned_pair(tmp_path):
     tf = read_tuned(get_target("neoverse-v2"))
     tilegen.build_library(None, target="neoverse-v2", out_dir=tmp_path)
-    picks = guest("max", sve_vl=256).call("guest_calls:picks", str(tmp_path))
-    for kind in ("f32", "q4_0", "q4_0_dx", "q4_K", "q6_K"):
-        fam = tf.families[kind]
+    kinds = [FAMILIES[f].kinds[0] for f in tf.families]
+    assert len(kinds) == len(tunable_families(get_target("neoverse-v2")))
+    picks = guest("max", sve_vl=256).call("guest_calls:picks", str(tmp_path), kinds)
+    for fam_name, kind in zip(tf.families, kinds):
+        fam = tf.families[fam_name]
         assert picks[kind] == (fam.gemm.name, fam.gemv.name), (kind, picks[kind])
     # the default build also has the best gemm and gemv of any layout, marked for for_ops
     import json

@@ -32,6 +32,7 @@ from ..families import FAMILIES
 from ..records import ISAS, SpecError
 
 __all__ = ["TuneError", "Candidate", "Score", "Ranking", "Pair", "REGIMES", "tunable_isas",
+           "tunable_families",
            "candidates", "distinct", "score", "rank", "rank_key", "tune", "pick_pair", "best_of", "tuned_entry", "clear_cache",
            "Measured", "measured_ranking"]
 
@@ -175,6 +176,16 @@ def tunable_isas(target: Target, family: str, isa: str | None = None) -> list[st
     if not isas:
         raise TuneError(f"target {target.name} runs none of {family}'s ISAs ({', '.join(fam.isas)})")
     return isas
+
+
+def tunable_families(target: Target) -> list[str]:
+    """The families ``tune`` ranks and ``tune --write`` pairs on ``target`` (registry order): those
+    with an ISA the target runs that llvm-mca models, i.e. not SME (the SME-only families,
+    ``q4_0_s1s0`` and ``q4_0_f16``, are ranked by ``tune --measure`` timings alone).  The
+    shipped presets carry a tuned pair for each (``scripts/tune_presets.sh``)."""
+    return [name for name, fam in FAMILIES.items()
+            if any(ISAS[i].vl_kind != "sme" and set(ISAS[i].features) <= target.features
+                   for i in fam.isas)]
 
 
 def _candidate(spec: KernelSpec) -> Candidate | None:
