@@ -258,7 +258,7 @@ RECORDS = (FamilyInfo(
     name="mxfp4", lhs="qsi8d32p", rhs="mxfp4p", kinds=("mxfp4",), abi=Q4, quantized=True,
     acc_mem=True,
     impls={"neon": _impl("neon", 8), "dotprod": _impl("neon_dotprod", 8),
-           "sve_dotprod": _impl("sve_dotprod", 8, True), "sve_i8mm": _impl("sve_i8mm", 16, True)}),)
+           "i8mm": _impl("neon_i8mm", 16), "sve_dotprod": _impl("sve_dotprod", 8, True), "sve_i8mm": _impl("sve_i8mm", 16, True)}),)
 LAYOUTS = (MXFP4P,)
 ALLOCATOR_MODULES = ("q4",)
 GGML_TYPES = {"MXFP4": "mxfp4"}
@@ -270,7 +270,7 @@ GGML_REPACK = (("gemm", "ggml_gemm_mxfp4_4x4_q8_0", "sdot", 4),
 VS_GGML_TARGETS = {"gemm": 1.8, "gemv": 1.3}
 # gemm + the gemv on its packing: SVE (VL units) first, SMMLA 16x1vl kr16 with the SDOT gemv
 # kr16, SDOT by lane 8x1vl with 1x1vl; then dotprod SDOT by lane 16x4 kr8 with its 1x4 gemv,
-# plain NEON (SMULL) 4x4 / 1x4 last (no NEON i8mm: its FMLAL scale products need f16 scales)
+# plain NEON (SMULL) 4x4 / 1x4 last (the NEON i8mm kernels are built on request, not defaults)
 DEFAULT_KERNELS = ("mxfp4:sve_i8mm:16x1vl", "mxfp4:sve_dotprod:1x1vl:k16:s2",
                    "mxfp4:sve_dotprod:8x1vl", "mxfp4:sve_dotprod:1x1vl",
                    "mxfp4:dotprod:16x4", "mxfp4:dotprod:1x4", "mxfp4:neon:4x4", "mxfp4:neon:1x4")
