@@ -194,14 +194,18 @@ MAGIC_LIMIT = 1 << 22
 def _magic_sums(spec: KernelSpec, mode: str, streamed: bool) -> bool:
     """Whether the kernel converts its block sums by the magic number (``Q4Regs.magic``):
     NEON with the f32 accumulators in registers, the SMMLA strategy or a gemv (SDOT by lane,
-    column pairs: their third scratch vector holds M), and a table-decoded layout whose
-    block sums are bounded below 2^22 (|S| <= max |table| * 128 * bl).  Offset-int4 layouts
-    (q4_0: 16 S) keep SCVTF."""
+    column pairs: their third scratch vector holds M); SVE (the third scratch vector holds M
+    for the whole kernel) SDOT by lane and SMMLA (no lane pairs added: dot8 keeps SCVTF);
+    and a table-decoded layout whose block sums are bounded below 2^22
+    (|S| <= max |table| * 128 * bl).  Offset-int4 layouts (q4_0: 16 S) keep SCVTF."""
     lay = template_layouts(spec)[0]
     table = getattr(lay, "table", None)
     if not _table_vectors(spec) or not table or spec.acc_mem:
         return False
-    if not (mode == "mm" or (mode in ("dot4", "dot8") and not streamed)):
+    sve = spec.isa.startswith("sve")
+    if sve and mode not in ("dot4", "mm"):
+        return False
+    if not sve and not (mode == "mm" or (mode in ("dot4", "dot8") and not streamed)):
         return False
     return max(abs(int(v)) for v in table) * 128 * lay.bl < MAGIC_LIMIT
 
@@ -360,7 +364,7 @@ def _q4_sve_block(spec: KernelSpec, mode: str, mr_reg: int):
     return pool, dict(
         mode=mode, facc=facc, iacc=iacc, lhs=tuple(lhs), rhs=tuple(rhs), scale=tuple(scale),
         dl=tuple(dl), tmp=tuple(tmp), gpr=gpr, lo=lo, hi=hi, pred=tuple(range(1, nv + 1)),
-        table=tuple(table))
+        table=tuple(table), magic=_magic_sums(spec, mode, False))
 
 
 def _allocate_q4_sve(spec: KernelSpec) -> Q4Regs:
