@@ -268,11 +268,14 @@ GGML_REPACK = (("gemm", "ggml_gemm_mxfp4_4x4_q8_0", "sdot", 4),
                ("gemv", "ggml_gemv_mxfp4_4x4_q8_0", "sdot", 4))
 #: issue #32's targets against ggml's best (tilegen / ggml MAC per cycle)
 VS_GGML_TARGETS = {"gemm": 1.8, "gemv": 1.3}
-# gemm + the gemv on its packing: SVE (VL units) first, SMMLA 16x1vl kr16 with the SDOT gemv
-# kr16, SDOT by lane 8x1vl with 1x1vl; then dotprod SDOT by lane 16x4 kr8 with its 1x4 gemv,
-# plain NEON (SMULL) 4x4 / 1x4 last (the NEON i8mm kernels are built on request, not defaults)
+# gemm + the gemv on its packing, as iq4_nl's pairs: SVE (VL units) first, SMMLA 16x1vl kr16
+# with the SDOT gemv kr16, SDOT by lane 8x1vl with 1x1vl; then i8mm SMMLA 12x4 kr16 (12-row
+# register blocks, bf16 scale products by FMUL, magic-number sums: llvm-mca's best on
+# neoverse-v2/-n2/-v1) with the SDOT gemv 1x4 kr16; dotprod SDOT by lane 16x4 kr8 with its 1x4
+# gemv, plain NEON (SMULL) 4x4 / 1x4 last
 DEFAULT_KERNELS = ("mxfp4:sve_i8mm:16x1vl", "mxfp4:sve_dotprod:1x1vl:k16:s2",
                    "mxfp4:sve_dotprod:8x1vl", "mxfp4:sve_dotprod:1x1vl",
+                   "mxfp4:i8mm:12x4", "mxfp4:dotprod:1x4:k16:s2",
                    "mxfp4:dotprod:16x4", "mxfp4:dotprod:1x4", "mxfp4:neon:4x4", "mxfp4:neon:1x4")
 
 
