@@ -64,10 +64,11 @@ class Q4Regs(Frame):
     dl_shared: bool = False
     col_pat: tuple[int, ...] = ()
     row_pat: tuple[int, ...] = ()
-    # NEON, a table-decoded layout whose block sums fit 22 bits (:func:`_magic_sums`): the
-    # int32 accumulators start at the bits of M = 1.5 * 2^23 (loads of the frame's magic
-    # bytes), so that M + S read as f32 is exact and one FSUB of M gives f32(S) (SCVTF: two
-    # vector-pipe uops on the Neoverse models); dot8 (pairs added by ADDP) starts at (M, 0)
+    # a table-decoded layout whose block sums fit 22 bits (:func:`_magic_sums`): the int32
+    # accumulators start at the bits of M = 1.5 * 2^23 (NEON: loads of the frame's magic
+    # bytes, dot8 (pairs added by ADDP) at (M, 0); SVE: moves from M in the third scratch
+    # vector), so that M + S read as f32 is exact and one FSUB of M gives f32(S) (SCVTF: two
+    # vector-pipe uops on the Neoverse models)
     magic: bool = False
 
     @property
