@@ -332,7 +332,7 @@ def tilegen_specs(model: str, families=TILEGEN_FAMILIES) -> list[str]:
     target = get_target(model)
     defaults = [s for s in default_specs(target)
                 if s.family in families and s.isa_info.vl_kind != "sme"]
-    out, names = [s.name for s in defaults], {s.name for s in defaults}
+    out, names = [s.spec_string for s in defaults], {s.name for s in defaults}
     for fam in families:
         for isa in (i for i in GRID_ISAS if i in FAMILIES[fam].isas if fam in FAMILIES):
             grid = GRID_SVE if isa.startswith("sve") else GRID

@@ -184,6 +184,50 @@ def test_iq4_nl_kernel(spec, cpu, iq4_lib):
     _run(guest(cpu), iq4_lib, spec, cpu=cpu)
 
 
+def _extreme_cases(spec, vl_bytes=None):
+    """Block sums at the bound of the magic-number conversion: every LHS value +-127 (rows of
+    one sign), the weights the table's ends (index 0: -127, 15: 113) and its middle, so
+    |S| = 32 * 127 * 127 = 516128 with both signs (|S| < 2^22 holds; M = 2^23 instead of
+    1.5 * 2^23 would break on the negative sums)."""
+    mr, nr = spec.mr_at(vl_bytes), spec.nr_at(vl_bytes)
+    P = spec.lhs_mr
+    m, n, k = min(mr, 3) if mr > 1 else 1, nr + 1, 96
+    x = np.ones((m, k), np.float32) * np.array([1, -1, 0.5][:m], np.float32)[:, None]
+    x[:, 64:] *= np.float32(-3)                        # block 2: the other sign, other scale
+    idx = np.zeros((n, k), np.uint8)
+    idx[1::2] = 15
+    idx[2::3, 32:64] = np.arange(32) % 16               # block 1: every index
+    raw = join_iq4_nl(idx, np.full((n, k // 32), 0x3C00, np.uint16))       # d = 1
+    lhs = QSI8D32P(P, spec.kr, spec.sr, 32).pack(x)
+    rhs = IQ4NLP(nr, spec.kr, spec.sr, 32).pack_from_ggml(raw, n, k)
+    ref = matmul_qsi8d32p_iq4nlp(lhs, rhs, m, n, k, 32, P, nr, spec.kr, spec.sr, -3.4e38, 3.4e38)
+    q, _ = QSI8D32P(P, spec.kr, spec.sr, 32).unpack(lhs, m, k)
+    assert np.abs(q[:, :k]).min() == 127 and np.abs(ref).max() > 0
+    return [dict(m=m, n=n, k=k, bl=32, lhs_packed=lhs, rhs_packed=rhs, clamp_min=-3.4e38,
+                 clamp_max=3.4e38, sentinel=SENTINEL)], [ref]
+
+
+def _run_extreme(sess, lib, specs, vl_bytes=None):
+    from tilegen.generator.regalloc import allocate
+    modes = set()
+    for spec in specs:
+        R = allocate(spec)
+        if not R.magic:
+            continue
+        modes.add(R.mode)
+        cases, refs = _extreme_cases(spec, vl_bytes)
+        outs = sess.call("guest_calls:run_q4_cases", str(lib), spec.name, cases)
+        for c, ref, out in zip(cases, refs, outs):
+            assert np.array_equal(out[:c["m"], :c["n"]], ref), (spec.name, vl_bytes)
+    return modes
+
+
+def test_magic_sums_at_their_bound(iq4_lib):
+    """The NEON kernels that convert by the magic number (SMMLA, SDOT by lane and on pairs),
+    bit-exact at the largest block sums the format gives."""
+    assert _run_extreme(guest("neoverse-n2"), iq4_lib, SPECS) == {"mm", "dot4", "dot8"}
+
+
 SVE_TILES = ("sve_dotprod:1x1vl", "sve_dotprod:1x2vl", "sve_dotprod:1x1vl:k16:s2",
              "sve_dotprod:8x1vl", "sve_dotprod:4x2vl", "sve_i8mm:16x1vl", "sve_i8mm:8x1vl",
              "sve_i8mm:4x2vl")
@@ -210,6 +254,11 @@ def test_iq4_nl_sve_every_vl(cpu, vl, iq4_sve_lib):
         assert info["runnable"] and (info["mr"], info["nr"]) == (spec.mr_at(bits // 8),
                                                                  spec.nr_at(bits // 8)), info
         _run(sess, iq4_sve_lib, spec, bits // 8, cpu)
+
+
+def test_magic_sums_at_their_bound_sve(iq4_sve_lib):
+    """The same on SVE (SDOT by lane and SMMLA convert by the magic number; dot8 does not)."""
+    assert _run_extreme(guest("max", sve_vl=256), iq4_sve_lib, SVE_SPECS, 32) == {"mm", "dot4"}
 
 
 def test_iq4_nl_sve_refused_without_sve(iq4_sve_lib):

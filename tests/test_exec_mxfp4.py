@@ -28,9 +28,13 @@ from conftest import guest, refused_for_missing_features
 T = gguf.GGMLQuantizationType
 CPUS = ("cortex-a53", "neoverse-n1", "neoverse-v1", "neoverse-n2", "max")
 # gemm and gemv of the SMULL and SDOT-by-lane / SDOT-pair strategies, the f32 accumulators
-# in the frame (":am"), tiles beside ggml's 4x4
+# in the frame (":am"), tiles beside ggml's 4x4; i8mm: SMMLA with the f32 accumulators in
+# registers (12x4: one LHS pair, row scales per row block, no mask register; 8x8: two LHS
+# pairs, mask), in the frame (24x4:am), and the SDOT gemvs (1x4 kr16: column pairs; 1x8 kr8:
+# by lane), bf16 column scales widened (no FMLAL)
 TILES = ("neon:4x4", "neon:1x4", "neon:8x4", "dotprod:1x4", "dotprod:1x8:k16:s2",
-         "dotprod:16x4", "dotprod:12x8", "dotprod:4x8", "dotprod:24x4:am", "dotprod:4x4")
+         "dotprod:16x4", "dotprod:12x8", "dotprod:4x8", "dotprod:24x4:am", "dotprod:4x4",
+         "i8mm:12x4", "i8mm:8x8", "i8mm:24x4:am", "i8mm:1x4", "i8mm:1x8:k8:s2")
 SPECS = [parse_spec(f"mxfp4:{t}") for t in TILES]
 SENTINEL = np.float32(-4242.25)
 
@@ -106,11 +110,18 @@ def test_layout_refusals():
         lay.unpack(packed, 4, 64)
 
 
-def test_isas_without_a_bf16_scale_path_are_refused():
-    with pytest.raises(SpecError, match="no template"):
-        parse_spec("mxfp4:i8mm:12x4")
+def test_refusals():
+    """SME2 has no mxfp4 template; i8mm refuses the tiles its allocator cannot serve."""
     with pytest.raises(SpecError, match="no template"):
         parse_spec("mxfp4:sme2:1vlx2vl")
+    with pytest.raises(SpecError, match="multiple of 4"):
+        parse_spec("mxfp4:i8mm:6x4")
+    with pytest.raises(SpecError, match="kr/sr = 8"):
+        parse_spec("mxfp4:i8mm:8x4:k8:s2")
+    with pytest.raises(SpecError, match="32 exist"):
+        parse_spec("mxfp4:i8mm:4x12")
+    with pytest.raises(SpecError, match="multiple of 4"):
+        parse_spec("mxfp4:i8mm:8x6")
 
 
 # -- kernels under emulation ---------------------------------------------------------------

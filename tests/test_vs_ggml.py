@@ -38,6 +38,21 @@ def test_one_super_block_is_the_extra_stretch(monkeypatch):
     assert two == x + y
 
 
+def test_tilegen_specs_are_spec_strings():
+    """The default run (no --tilegen) measures the families' default kernels and the grid:
+    every entry is a spec string the bench parses (the defaults were once kernel names, and
+    ``python bench/vs_ggml.py`` failed on the first one)."""
+    from tilegen.build.defaults import default_specs
+    from tilegen.build.targets import get_target
+    from tilegen.generator.validate import as_spec
+    specs = vs.tilegen_specs("neoverse-v2", ("iq4_nl", "mxfp4"))
+    names = [as_spec(s).name for s in specs]
+    assert len(set(names)) == len(names)
+    want = {s.name for s in default_specs(get_target("neoverse-v2"))
+            if s.family in ("iq4_nl", "mxfp4") and s.isa_info.vl_kind != "sme"}
+    assert want and want <= set(names)
+
+
 def test_dot_macs():
     assert vs.dot_macs("smmla", "v0.4s, v1.16b, v2.16b", 128) == 32
     assert vs.dot_macs("sdot", "v0.4s, v1.16b, v2.4b[3]", 128) == 16

@@ -258,7 +258,7 @@ RECORDS = (FamilyInfo(
     name="mxfp4", lhs="qsi8d32p", rhs="mxfp4p", kinds=("mxfp4",), abi=Q4, quantized=True,
     acc_mem=True,
     impls={"neon": _impl("neon", 8), "dotprod": _impl("neon_dotprod", 8),
-           "sve_dotprod": _impl("sve_dotprod", 8, True), "sve_i8mm": _impl("sve_i8mm", 16, True)}),)
+           "i8mm": _impl("neon_i8mm", 16), "sve_dotprod": _impl("sve_dotprod", 8, True), "sve_i8mm": _impl("sve_i8mm", 16, True)}),)
 LAYOUTS = (MXFP4P,)
 ALLOCATOR_MODULES = ("q4",)
 GGML_TYPES = {"MXFP4": "mxfp4"}
@@ -268,11 +268,14 @@ GGML_REPACK = (("gemm", "ggml_gemm_mxfp4_4x4_q8_0", "sdot", 4),
                ("gemv", "ggml_gemv_mxfp4_4x4_q8_0", "sdot", 4))
 #: issue #32's targets against ggml's best (tilegen / ggml MAC per cycle)
 VS_GGML_TARGETS = {"gemm": 1.8, "gemv": 1.3}
-# gemm + the gemv on its packing: SVE (VL units) first, SMMLA 16x1vl kr16 with the SDOT gemv
-# kr16, SDOT by lane 8x1vl with 1x1vl; then dotprod SDOT by lane 16x4 kr8 with its 1x4 gemv,
-# plain NEON (SMULL) 4x4 / 1x4 last (no NEON i8mm: its FMLAL scale products need f16 scales)
+# gemm + the gemv on its packing, as iq4_nl's pairs: SVE (VL units) first, SMMLA 16x1vl kr16
+# with the SDOT gemv kr16, SDOT by lane 8x1vl with 1x1vl; then i8mm SMMLA 12x4 kr16 (12-row
+# register blocks, bf16 scale products by FMUL, magic-number sums: llvm-mca's best on
+# neoverse-v2/-n2/-v1) with the SDOT gemv 1x4 kr16; dotprod SDOT by lane 16x4 kr8 with its 1x4
+# gemv, plain NEON (SMULL) 4x4 / 1x4 last
 DEFAULT_KERNELS = ("mxfp4:sve_i8mm:16x1vl", "mxfp4:sve_dotprod:1x1vl:k16:s2",
                    "mxfp4:sve_dotprod:8x1vl", "mxfp4:sve_dotprod:1x1vl",
+                   "mxfp4:i8mm:12x4", "mxfp4:dotprod:1x4:k16:s2",
                    "mxfp4:dotprod:16x4", "mxfp4:dotprod:1x4", "mxfp4:neon:4x4", "mxfp4:neon:1x4")
 
 
@@ -321,10 +324,11 @@ def c_packer(geo: list[dict]) -> dict:
 C_PACKERS = {"kai_rhs_pack_nxk_mxfp4p_mxfp4": c_packer}   # the export's (tilegen.export.packers_c)
 
 #: the (gemm, gemv) pairs the llama.cpp patch wires for MXFP4, per ISA slot (isa, gemm tile,
-#: gemv tile, how each multiplies): the dotprod gemm of DEFAULT_KERNELS with its gemv on its
-#: packing (the patch's slots are SME2, I8MM and DOTPROD, and MXFP4 has kernels only in the
-#: last: an I8MM CPU takes the DOTPROD entry)
-LLAMA_KERNELS = (("dotprod", "16x4", "1x4", "SDOT by lane", "SDOT by lane"),)
+#: gemv tile, how each multiplies), each gemv on its gemm's packing (iq4_nl's pairs: the I8MM
+#: SMMLA 12x4 with the SDOT-on-pairs 1x4, the DOTPROD 16x4 with its 1x4; the patch's SME2
+#: slot has no MXFP4 entry, so an SME2 CPU takes the I8MM one)
+LLAMA_KERNELS = (("i8mm", "12x4", "1x4", "SMMLA", "SMMLA"),
+                 ("dotprod", "16x4", "1x4", "SDOT by lane", "SDOT by lane"))
 #: the llama.cpp check's dense MXFP4 model (docs/llama_cpp_check.md#mxfp4): llama-quantize has no
 #: MXFP4 ftype for a dense model, so every weight matrix is overridden to MXFP4 on a Q8_0 base
 #: (token_embd too: GET_ROWS through the C packer's row dequantiser); tolerance Q4_0's (0.06 of

@@ -64,6 +64,12 @@ class Q4Regs(Frame):
     dl_shared: bool = False
     col_pat: tuple[int, ...] = ()
     row_pat: tuple[int, ...] = ()
+    # a table-decoded layout whose block sums fit 22 bits (:func:`_magic_sums`): the int32
+    # accumulators start at the bits of M = 1.5 * 2^23 (NEON: loads of the frame's magic
+    # bytes, dot8 (pairs added by ADDP) at (M, 0); SVE: moves from M in the third scratch
+    # vector), so that M + S read as f32 is exact and one FSUB of M gives f32(S) (SCVTF: two
+    # vector-pipe uops on the Neoverse models)
+    magic: bool = False
 
     @property
     def n_vec(self) -> int:
@@ -119,9 +125,15 @@ class Q4Regs(Frame):
         return self.acc_offset
 
     @property
+    def magic_offset(self) -> int:
+        """magic: sp offset of the 32 bytes the int32 accumulators start from (M, or (M, 0)
+        pairs for dot8), after the zero bytes."""
+        return self.zero_offset + 32
+
+    @property
     def frame_bytes(self) -> int:
         if self.zero_loads:
-            return self.zero_offset + 32
+            return self.zero_offset + (64 if self.magic else 32)
         if not self.acc_mem:
             return super().frame_bytes
         return self.acc_offset + self.acc_bytes
@@ -174,6 +186,29 @@ def _table_vectors(spec: KernelSpec) -> int:
     """Vector registers the RHS layout's decode holds a lookup table in (its class's
     ``table_vectors``: table-decoded families such as iq4_nl; 0 for the offset int4 ones)."""
     return getattr(template_layouts(spec)[0], "table_vectors", 0)
+
+
+#: 1.5 * 2^23: f32 bits 0x4B400000; M + S as an int32 is f32 M + S exactly for |S| < 2^22
+MAGIC_LIMIT = 1 << 22
+
+
+def _magic_sums(spec: KernelSpec, mode: str, streamed: bool) -> bool:
+    """Whether the kernel converts its block sums by the magic number (``Q4Regs.magic``):
+    NEON with the f32 accumulators in registers, the SMMLA strategy or a gemv (SDOT by lane,
+    column pairs: their third scratch vector holds M); SVE (the third scratch vector holds M
+    for the whole kernel) SDOT by lane and SMMLA (no lane pairs added: dot8 keeps SCVTF);
+    and a table-decoded layout whose block sums are bounded below 2^22
+    (|S| <= max |table| * 128 * bl).  Offset-int4 layouts (q4_0: 16 S) keep SCVTF."""
+    lay = template_layouts(spec)[0]
+    table = getattr(lay, "table", None)
+    if not _table_vectors(spec) or not table or spec.acc_mem:
+        return False
+    sve = spec.isa.startswith("sve")
+    if sve and mode not in ("dot4", "mm"):
+        return False
+    if not sve and not (mode == "mm" or (mode in ("dot4", "dot8") and not streamed)):
+        return False
+    return max(abs(int(v)) for v in table) * 128 * lay.bl < MAGIC_LIMIT
 
 
 def _q4_streamed(mode: str, P: int) -> bool:
@@ -264,7 +299,8 @@ def _q4_neon_block(spec: KernelSpec, mode: str, mr_reg: int, narrow: bool = Fals
         scale=tuple(scale), dl=tuple(dl), tmp=tuple(tmp), gpr=gpr, lo=lo, hi=hi,
         streamed=streamed, acc_mem=spec.acc_mem, fa=fa,
         interleaved=mode == "mm" and not spec.acc_mem, zero_loads=not spec.acc_mem,
-        dl_shared=narrow and bool(n_dl), col_pat=col_pat, row_pat=row_pat)
+        dl_shared=narrow and bool(n_dl), col_pat=col_pat, row_pat=row_pat,
+        magic=_magic_sums(spec, mode, streamed))
 
 
 def _allocate_q4_neon(spec: KernelSpec) -> Q4Regs:
@@ -329,7 +365,7 @@ def _q4_sve_block(spec: KernelSpec, mode: str, mr_reg: int):
     return pool, dict(
         mode=mode, facc=facc, iacc=iacc, lhs=tuple(lhs), rhs=tuple(rhs), scale=tuple(scale),
         dl=tuple(dl), tmp=tuple(tmp), gpr=gpr, lo=lo, hi=hi, pred=tuple(range(1, nv + 1)),
-        table=tuple(table))
+        table=tuple(table), magic=_magic_sums(spec, mode, False))
 
 
 def _allocate_q4_sve(spec: KernelSpec) -> Q4Regs:
