@@ -53,14 +53,18 @@ REFERENCE = (
     ("SME2 q4 gemv, tilegen's other tiles", ["q4_0:sme2:1x2vl", "q4_0:sme2:1x4vl"], None),
     ("SME2 bf16 / f32 gemm, tilegen's other tiles",
      ["bf16:sme2:1vlx4vl", "bf16:sme2:4vlx1vl", "f32:sme2:1vlx4vl"], None),
-) + tuple(
-    # every K-quant family: the SME2 tiles the tuner's grid accepts, gemms by falling nr, then
-    # gemvs by rising nr
-    (f"SME2 {fam} (block: one 256-k super-block)",
-     [s for s, spec in sorted(grid_specs().items(), key=lambda kv: (
-         kv[1].is_gemv, kv[1].nr if kv[1].is_gemv else -kv[1].nr))
-      if spec.family == fam and spec.isa == "sme2"], None)
-    for fam in KQUANT_FAMILIES)
+)
+
+
+def reference_rows() -> tuple:
+    """:data:`REFERENCE`, then every K-quant family: the SME2 tiles the tuner's grid accepts,
+    gemms by falling nr, then gemvs by rising nr."""
+    grid = sorted(grid_specs(KQUANT_FAMILIES).items(), key=lambda kv: (
+        kv[1].is_gemv, kv[1].nr if kv[1].is_gemv else -kv[1].nr))
+    return REFERENCE + tuple(
+        (f"SME2 {fam} (block: one 256-k super-block)",
+         [s for s, spec in grid if spec.family == fam and spec.isa == "sme2"], None)
+        for fam in KQUANT_FAMILIES)
 
 
 def trees(args: list[str] | None) -> list[tuple[str, Path, str]]:
@@ -88,7 +92,7 @@ def collect(kai: list[tuple[str, Path, str]]) -> list[dict]:
         rows.append({"group": "exported", "name": k.name, "spec": spec,
                      "exported": k.spec is not None, "note": note, "tilegen": _tilegen(spec),
                      "kleidiai": {v: kleidiai_report(t, k.name).as_dict() for v, t, _ in kai}})
-    for row, specs, kname in REFERENCE:
+    for row, specs, kname in reference_rows():
         for s in specs:
             rows.append({"group": "reference", "row": row, "name": kname, "spec": s,
                          "tilegen": _tilegen(s),

@@ -1,4 +1,4 @@
-"""Guest-side helper of test_runtime_iq4_nl and test_runtime_mxfp4 (inside the emulated
+"""Guest-side helper of test_runtime_table32 (inside the emulated
 aarch64 Python): one IQ4_NL (or MXFP4: ``kind``) weight matrix through every runtime path
 (pack_weights(from_ggml=), the kernel pick per m, matmul at 1 and 3 threads, plan, bias, get_rows, for_ops, a packed-weights file, adopt, the
 generated LHS packer, load_tensor from a GGUF file) and the refusals.  Warnings are errors."""

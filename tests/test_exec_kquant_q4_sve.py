@@ -16,7 +16,7 @@ from tilegen.families import rhs_layout_class
 from tilegen.reference.kquant import matmul_blocks
 
 from conftest import guest
-from test_exec_kquant_q4 import FMAX, SENTINEL, _check
+from kquant_exec import FMAX, SENTINEL, check_outputs
 
 KQ_SVE = ("q4_K:sve_i8mm:8x1vl", "q4_K:sve_i8mm:4x2vl", "q4_K:sve_i8mm:12x1vl",
           "q4_K:sve_i8mm:1x1vl", "q4_K:sve_i8mm:1x3vl", "q4_K:sve_i8mm:1x4vl",
@@ -71,7 +71,7 @@ def run_sve_cases(sess, lib, spec, vl_bits, rhs_format, pack_rhs, random_blocks)
                           clamp_min=cmin, clamp_max=cmax, sentinel=SENTINEL))
         refs.append(ref(cmin, cmax))
     outs = sess.call("guest_calls:run_q4_cases", str(lib), spec.name, cases)
-    _check(f"{spec.name} VL={vl_bits}", cases, refs, outs)
+    check_outputs(f"{spec.name} VL={vl_bits}", cases, refs, outs)
 
 
 def _run(sess, lib, spec, vl_bits):

@@ -8,17 +8,13 @@ from __future__ import annotations
 
 from pathlib import Path
 
-import numpy as np
 import pytest
 
 import tilegen
-from tilegen.families import rhs_layout_class
 from tilegen.families.q5_k import Q5KP, random_q5_k
-from tilegen.layout.kquant import Q8KP
-from tilegen.reference.kquant import matmul_blocks
 
-from conftest import guest, refused_for_missing_features
-from test_exec_kquant_q4 import FMAX, KQ_CPUS, SENTINEL, SWEEP, SWEEP_CPU, _check
+from conftest import guest
+from kquant_exec import KQ_CPUS, run_neon_kernel
 from test_exec_kquant_q4_sve import (NATIVE_VL, RUNS, assert_gemv_pairs_share_the_packed_rhs,
                                      assert_refused_without_the_isa, run_sve_cases, sve_refusals)
 
@@ -42,44 +38,10 @@ def kq5_lib(tmp_path_factory) -> Path:
     return out
 
 
-def _case(spec, rng, m, n, k, clamped, seed):
-    x = (rng.normal(size=(m, k)) * rng.uniform(0.1, 8.0, size=(m, 1))).astype(np.float32)
-    raw = random_q5_k(n, k, seed)
-    lhs = Q8KP(spec.lhs_mr, spec.kr).pack(x)
-    rhs = Q5KP(spec.nr, spec.kr).pack_from_ggml(raw, n, k)
-
-    def ref(cmin, cmax):
-        return matmul_blocks(rhs_layout_class("q5_K"), x, raw, n, cmin, cmax)
-    cmin, cmax = -FMAX, FMAX
-    if clamped:
-        free = ref(-FMAX, FMAX)
-        lo, hi = np.quantile(free, [0.2, 0.8]) if free.size > 1 else (free.min() - 1, free.max() + 1)
-        cmin, cmax = float(np.float32(lo)), float(np.float32(hi))
-    case = dict(m=m, n=n, k=k, bl=32, lhs_packed=lhs, rhs_packed=rhs, clamp_min=cmin,
-                clamp_max=cmax, sentinel=SENTINEL)
-    return case, ref(cmin, cmax)
-
-
 @pytest.mark.parametrize("cpu", KQ_CPUS)
 @pytest.mark.parametrize("spec", NEON_SPECS, ids=lambda s: s.spec_string)
 def test_q5k_kernel(spec, cpu, kq5_lib):
-    g = guest(cpu)
-    if refused_for_missing_features(cpu, kq5_lib, spec):
-        return
-    seed = sum(map(ord, spec.name + cpu))
-    rng = np.random.default_rng(seed)
-    if SWEEP_CPU[spec.isa] == cpu:
-        shapes = SWEEP
-    else:
-        shapes = [(int(rng.integers(1, 3 * spec.mr + 2)), int(rng.integers(1, 4 * spec.nr)),
-                   256 * int(rng.choice([1, 2, 4]))) for _ in range(3)]
-    cases, refs = [], []
-    for i, (m, n, k) in enumerate(shapes):
-        c, r = _case(spec, rng, m, n, k, clamped=bool(i % 2), seed=seed + i)
-        cases.append(c)
-        refs.append(r)
-    outs = g.call("guest_calls:run_q4_cases", str(kq5_lib), spec.name, cases)
-    _check(spec.name, cases, refs, outs)
+    run_neon_kernel(spec, cpu, kq5_lib)
 
 
 @pytest.mark.parametrize("cpu,vl", RUNS, ids=[f"{c}-{v or 'native'}" for c, v in RUNS])

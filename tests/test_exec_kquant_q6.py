@@ -16,8 +16,8 @@ from tilegen.layout.kquant import Q8KP
 from tilegen.families import rhs_layout_class
 from tilegen.reference.kquant import matmul_blocks
 
-from conftest import guest
-from test_exec_kquant_q4 import CPU_FEATURES, FMAX, KQ_CPUS, SENTINEL, SWEEP_CPU, _check
+from conftest import CPU_FEATURES, guest
+from kquant_exec import FMAX, KQ_CPUS, SENTINEL, SWEEP_CPU, check_outputs
 
 Q6_SPECS = ("q6_K:i8mm:8x4", "q6_K:i8mm:4x8", "q6_K:i8mm:4x4", "q6_K:i8mm:12x4",
             # taller than the register block: passes over weights staged in the frame
@@ -89,7 +89,7 @@ def test_q6k_kernel(spec, cpu, q6_lib):
         shapes = [(int(rng.integers(1, 3 * spec.mr + 2)), int(rng.integers(1, 4 * spec.nr)),
                    int(rng.choice([256, 512, 1024]))) for _ in range(3)]
     cases, refs = _cases(spec, shapes, seed)
-    _check(spec.name, cases, refs, g.call("guest_calls:run_q4_cases", str(q6_lib), spec.name,
+    check_outputs(spec.name, cases, refs, g.call("guest_calls:run_q4_cases", str(q6_lib), spec.name,
                                           cases))
 
 
@@ -140,5 +140,5 @@ def test_q6k_large_shapes(text, q6_lib):
     cpu = {"neon": "cortex-a53", "dotprod": "neoverse-n1"}.get(spec.isa, "neoverse-v1")
     cases, refs = _cases(spec, [(37, 45, 4096), (2, 129, 2560), (21, 7, 6144)],
                          sum(map(ord, "large" + text)))
-    _check(spec.name, cases, refs, guest(cpu).call("guest_calls:run_q4_cases", str(q6_lib),
+    check_outputs(spec.name, cases, refs, guest(cpu).call("guest_calls:run_q4_cases", str(q6_lib),
                                                    spec.name, cases))

@@ -94,11 +94,11 @@ def test_q6k_sve_large_shapes(text, kq6_sve_lib):
     """Long k (many super-blocks), many column groups and row tiles at VL 512."""
     from types import SimpleNamespace
 
-    from test_exec_kquant_q4 import _check
+    from kquant_exec import check_outputs
     from test_exec_kquant_q6 import _cases
     spec, vl = tilegen.parse_spec(text), 512
     tile = SimpleNamespace(lhs_mr=spec.lhs_mr, nr=spec.nr_at(vl // 8), kr=spec.kr)
     cases, refs = _cases(tile, [(37, 45, 4096), (2, 129, 2560), (70, 7, 1536)],
                          sum(map(ord, "large" + text)))
-    _check(spec.name, cases, refs, guest("max", sve_vl=vl).call(
+    check_outputs(spec.name, cases, refs, guest("max", sve_vl=vl).call(
         "guest_calls:run_q4_cases", str(kq6_sve_lib), spec.name, cases))

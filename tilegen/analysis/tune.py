@@ -17,6 +17,7 @@ import os
 import threading
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field, replace
+from functools import lru_cache
 from typing import Iterable, Sequence
 
 from .mca import MODEL_SVE_VL, AnalyzeError, LoopReport, analyze, mca_tool
@@ -188,6 +189,7 @@ def tunable_families(target: Target) -> list[str]:
                    for i in fam.isas)]
 
 
+@lru_cache(maxsize=None)     # specs are immutable; every target's grid asks for the same tiles
 def _candidate(spec: KernelSpec) -> Candidate | None:
     try:
         regs = allocate(validate(spec))
@@ -208,35 +210,45 @@ def candidates(target: Target, family: str, regime: str, isa: str | None = None,
     "gemm": mr > 1, and mr <= m if ``m`` is given).  ``mrs``/``nrs`` narrow the grid."""
     if regime not in REGIMES:
         raise TuneError(f"unknown regime {regime!r}; known: {', '.join(REGIMES)}")
-    isas = tunable_isas(target, family, isa)
+    out: list[Candidate] = []
+    for i in tunable_isas(target, family, isa):
+        out += _isa_candidates(family, regime, i, m, None if mrs is None else tuple(mrs),
+                               None if nrs is None else tuple(nrs))
+    return out
+
+
+@lru_cache(maxsize=None)     # the grid of one ISA is the same on every target that runs it
+def _isa_candidates(family: str, regime: str, i: str, m: int | None,
+                    mrs: tuple[int, ...] | None, nrs: tuple[int, ...] | None
+                    ) -> tuple[Candidate, ...]:
+    """:func:`candidates` of one of the family's ISAs."""
     quant = FAMILIES[family].quantized
     grid_mr = mrs if mrs is not None else (Q4_MR if quant else F32_MR)
     grid_nr = nrs if nrs is not None else NR
     krsr: Iterable[tuple[int | None, int | None]] = Q4_KR_SR if quant else ((None, None),)
     out: list[Candidate] = []
     seen: set[KernelSpec] = set()
-    for i in isas:
-        scalable = ISAS[i].scalable
-        rows = [(mr, False) for mr in grid_mr]
-        if ISAS[i].vl_kind == "sme" and regime == "gemm":     # ZA tiles: rows in VL units too
-            rows += [(mu, True) for mu in (1, 2, 4)]
-        for mr, mr_vl in rows:
-            if not mr_vl and ((regime == "gemv") != (mr == 1)
-                              or (m is not None and regime == "gemm" and mr > m)):
-                continue
-            for nr in (VL_UNITS if scalable else grid_nr):    # nrs narrows fixed widths
-                for (kr, sr), am in ((ks, a) for ks in krsr
-                                     for a in (Q4_ACC_MEM if quant else (False,))):
-                    try:
-                        spec = KernelSpec(family, i, mr, nr, kr=kr, sr=sr, nr_vl=scalable,
-                                          mr_vl=mr_vl, acc_mem=am)
-                    except SpecError:
-                        continue
-                    c = _candidate(spec) if spec not in seen else None
-                    seen.add(spec)
-                    if c is not None:
-                        out.append(c)
-    return out
+    scalable = ISAS[i].scalable
+    rows = [(mr, False) for mr in grid_mr]
+    if ISAS[i].vl_kind == "sme" and regime == "gemm":     # ZA tiles: rows in VL units too
+        rows += [(mu, True) for mu in (1, 2, 4)]
+    for mr, mr_vl in rows:
+        if not mr_vl and ((regime == "gemv") != (mr == 1)
+                          or (m is not None and regime == "gemm" and mr > m)):
+            continue
+        for nr in (VL_UNITS if scalable else grid_nr):    # nrs narrows fixed widths
+            for (kr, sr), am in ((ks, a) for ks in krsr
+                                 for a in (Q4_ACC_MEM if quant else (False,))):
+                try:
+                    spec = KernelSpec(family, i, mr, nr, kr=kr, sr=sr, nr_vl=scalable,
+                                      mr_vl=mr_vl, acc_mem=am)
+                except SpecError:
+                    continue
+                c = _candidate(spec) if spec not in seen else None
+                seen.add(spec)
+                if c is not None:
+                    out.append(c)
+    return tuple(out)
 
 
 def _canonical_key(spec: KernelSpec) -> tuple:
@@ -412,14 +424,22 @@ def tuned_entry(family: str, pair: Pair) -> TunedFamily:
                        bg.spec, bv.spec)
 
 
-def grid_specs() -> dict[str, KernelSpec]:
+def grid_specs(families: Sequence[str] | None = None) -> dict[str, KernelSpec]:
     """Spec string -> spec of every kernel any preset can build: each target's default
-    kernels and every tile of the tuning grid the allocator accepts for it (gemm and gemv)."""
+    kernels and every tile of the tuning grid the allocator accepts for it (gemm and gemv);
+    ``families``: only those families' kernels (in the same order as in the whole grid).  A
+    new dict per call over one computation per process (the grid is fixed by the registries)."""
+    return {s: spec for s, spec in _grid_specs(None if families is None else tuple(families))}
+
+
+@lru_cache(maxsize=16)
+def _grid_specs(families: tuple[str, ...] | None) -> tuple[tuple[str, KernelSpec], ...]:
     out: dict[str, KernelSpec] = {}
     for tgt in dict.fromkeys(TARGETS.values()):
         for s in default_specs(tgt):
-            out.setdefault(s.spec_string, s)
-        for fam in FAMILIES:
+            if families is None or s.family in families:
+                out.setdefault(s.spec_string, s)
+        for fam in (FAMILIES if families is None else [f for f in FAMILIES if f in families]):
             for regime in REGIMES:
                 try:
                     cands = candidates(tgt, fam, regime)
@@ -427,4 +447,4 @@ def grid_specs() -> dict[str, KernelSpec]:
                     continue
                 for c in cands:
                     out.setdefault(c.spec.spec_string, c.spec)
-    return out
+    return tuple(out.items())

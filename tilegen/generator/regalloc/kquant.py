@@ -16,9 +16,10 @@ from dataclasses import dataclass, field
 from ...records import SpecError
 from ..spec import KernelSpec
 from ..tile_layouts import check_packing
-from .pool import SME_X_ORDER, Frame, RegisterPool, VectorNeeds, first_fit, flatten, rows
+from .pool import SME_X_ORDER, Z_LOW_FIRST, Frame, RegisterPool, VectorNeeds, first_fit, flatten, rows
 
-__all__ = ["KQUANT_KR", "KQUANT_NEON_SCALARS", "KQuantNeonRegs", "allocate_kquant_neon", "kquant_mode", "check_neon_tile", "check_sve_tile", "check_sve_mm_rows",
+__all__ = ["KQUANT_KR", "KQUANT_NEON_SCALARS", "KQuantNeonRegs", "allocate_kquant_neon",
+           "KQUANT_SVE_SCALARS", "KQuantSveRegs", "allocate_kquant_sve", "kquant_mode", "check_neon_tile", "check_sve_tile", "check_sve_mm_rows",
            "check_sme2_interleave", "check_sme2_gemv_tile", "KQuantSveArea", "KQuantSme2Frame",
            "KQuantSme2RowsRegs", "allocate_kquant_sme2_rows"]
 
@@ -253,6 +254,132 @@ class KQuantSveArea:
     def area_vls(self) -> int:
         """Vectors of the whole stack area (the accumulators, then what a record stages)."""
         return self.acc_vls
+
+
+# ---------------------------------------------------------------------------------------------
+# SVE: the vector-length agnostic strategy of 8 sub-blocks of 32 k (templates/kquant/sve.S.j2)
+# ---------------------------------------------------------------------------------------------
+KQUANT_SVE_SCALARS = KQUANT_NEON_SCALARS + ("sc_ptr", "nb_ptr")
+_SVE_MAX_NV = 4         # dmin at [rhs, #(nv + cv), mul vl] (ld1h immediates reach 7)
+_SVE_EP = "epilogue beyond the dead registers"
+_SVE_CHART = ("int32 sub-block sums", "int32 scaled sums", "LHS", "RHS", "scale scratch",
+                 _SVE_EP)
+
+
+@dataclass(frozen=True)
+class KQuantSveRegs(KQuantSveArea, Frame):
+    """Registers of the K-quant SVE kernels of 8 sub-blocks of 32 k (q4_K and the families
+    built on it: q5_K, iq4_xs; numbers, templates add the prefix; templates/kquant/sve.S.j2).
+
+    ``t[u]`` / ``s1[u]``: unit u's cumulative sub-block sums and scaled sums; units are
+    ``[g][rp][h]`` flattened (mm: h = half of column vector h // 2, VL/64 column pairs),
+    ``[row][cv]`` (dot4) or ``[h]`` (dot8).  ``slot[u]``: the unit's f32 accumulator in the
+    VL-sized stack area (``acc_vls`` vectors below the fixed frame).  ``lhs``: mm, 4 per row
+    block (both 8-k halves of a 16-k chunk, both row pairs); dot4, two sets of (low, high)
+    4-k chunks in z0-z7 (gemv: the row's 32 k in two); dot8, the two 8-k broadcasts.  ``ep``
+    names the SB epilogue's operands; ``bs`` (bsums) are z0-z7 for the by-lane SDOT.
+    ``out[row][cv]`` receive the f32 results at the tile's end."""
+
+    mode: str
+    mr_reg: int
+    lhs_mr: int
+    groups: int
+    t: tuple[int, ...]
+    s1: tuple[int, ...]
+    lhs: tuple[int, ...]
+    rhs: tuple[int, ...]
+    sst: tuple[int, ...]                 # sc_j, sc_{j+1} (then their difference), pattern
+    ep: dict = field(hash=False)
+    out: tuple[tuple[int, ...], ...]
+    gpr: dict[str, int] = field(hash=False)
+    lo: tuple[int, ...]
+    pred: tuple[int, ...] = ()
+    saved_x: tuple[int, ...] = ()
+    saved_d: tuple[int, ...] = ()
+    needs: VectorNeeds = VectorNeeds(())
+    xv: dict = field(default_factory=dict, hash=False)   # a family's extra registers (name -> reg)
+
+    # what the SVE skeleton (templates/kquant/sve.S.j2) reads under its shared names
+    @property
+    def c(self) -> tuple[int, ...]:
+        """The units' cumulative sub-block sums (``t``)."""
+        return self.t
+
+    @property
+    def w(self) -> tuple[tuple[int, ...], ...]:
+        """Per weight vector (mm / dot8: half h; dot4: column vector cv) the two int8 vectors
+        one nibble vector unpacks into (low, high nibbles)."""
+        if self.mode == "dot4":
+            return tuple(self.rhs[i:i + 2] for i in range(0, len(self.rhs), 2))
+        return (self.rhs[:2],) * (2 * len(self.pred))
+
+    @property
+    def pass_rows(self) -> int:
+        return self.mr_reg
+
+    stream_w = False        # every column vector's weights of a chunk held at once (dot4)
+
+
+def _sve_ep_counts(mode: str, P: int, nv: int) -> dict[str, int]:
+    """SB-epilogue operands besides the bsums: mm, the row-pair da patterns and per half the d /
+    dmin patterns and mins; dot4/dot8, per column vector d, dmin and the two UZP'd mins."""
+    if mode == "mm":
+        return {"dap": 2, "d": 2 * nv, "dm": 2 * nv, "mins": 2 * nv, "f16": 1, "s2": 1, "fa": 1}
+    return {"da": 1, "d": nv, "dm": nv, "mins": 2 * nv, "f16": 2, "s2": 1, "fa": 1}
+
+
+def _sve_block(spec: KernelSpec, mode: str, mr_reg: int, extra: tuple = (),
+               extra_x: tuple = ()):
+    nv, P = spec.nr, spec.lhs_mr
+    G = mr_reg // P
+    U = {"mm": mr_reg * nv, "dot4": mr_reg * nv, "dot8": 2 * nv}[mode]
+    pool = RegisterPool(_SVE_CHART + tuple(role for _, role in extra), v_order=Z_LOW_FIRST)
+    v = pool.v
+    if mode == "dot4":
+        lhs = v.take(4 if P == 4 else 2, "LHS", within=8,
+                     rule="indexed SDOT operands (the LHS registers) must be z0-z7")
+    else:
+        lhs = v.take(4 * G if mode == "mm" else 2, "LHS")
+    rhs = v.take(2 * nv if mode == "dot4" else 2, "RHS")
+    sst = v.take(3, "scale scratch")
+    t = v.take(U, "int32 sub-block sums")
+    s1 = v.take(U, "int32 scaled sums")
+    xv = {name: v.take(1, role)[0] for name, role in extra}
+    # the bsums: mm, (hi, lo) x row pair; dot4/dot8 P = 4: hi rows 0-1, 2-3, lo rows 0-1, 2-3
+    # (by-lane SDOT operands: the z0-z7 LHS registers); gemv: hi and lo of the row in one
+    nbs = 4 if P == 4 else 1
+    if mode == "mm":
+        bs = lhs[:4]
+    else:
+        bs = lhs[:nbs] + v.take(max(0, nbs - len(lhs)), _SVE_EP)
+    dead = [r for r in list(lhs) + list(rhs) + list(sst) + list(t) if r not in bs]
+    ep, i = {"bs": tuple(bs)}, 0
+    for name, n in _sve_ep_counts(mode, P, nv).items():
+        ep[name] = tuple(v.reuse(dead[i:], n, _SVE_EP))
+        i += n
+    ep["fold"] = ep["s2"]       # dot8's fold of the column halves (the skeleton's name)
+    out_flat = v.reuse(list(lhs) + list(rhs) + list(sst) + list(t), mr_reg * nv + 4, _SVE_EP)
+    out = rows(out_flat[:mr_reg * nv], nv)
+    ep["tmp"] = tuple(out_flat[mr_reg * nv:])
+    gpr = pool.scalars(KQUANT_SVE_SCALARS + tuple(extra_x))
+    lo = tuple(pool.x.take(G, "LHS row pointers"))
+    fields = dict(mode=mode, t=tuple(t), s1=tuple(s1), lhs=tuple(lhs), rhs=tuple(rhs),
+                  sst=tuple(sst), ep=ep, out=out, gpr=gpr, lo=lo, pred=tuple(range(1, nv + 1)))
+    return pool, (dict(fields, xv=xv) if extra else fields)
+
+
+def allocate_kquant_sve(spec: KernelSpec, family: str, extra: tuple = (),
+                        extra_x: tuple = ()) -> KQuantSveRegs:
+    """The SVE registers of a q4_K-shaped kernel of ``family``: ``extra`` ((name, role), ...)
+    one more Z register each, taken after the scaled sums (``xv[name]``), ``extra_x`` more
+    named GPRs (``gpr``)."""
+    check_sve_tile(spec, family, _SVE_MAX_NV, "the dmin vectors at [rhs, #(nv + cv), mul vl]")
+    mode = kquant_mode(spec, family, "SVE")
+    check_sve_mm_rows(spec, family, mode)
+    check_packing(spec)
+    return KQuantSveRegs(**first_fit(spec, lambda mr_reg: _sve_block(spec, mode, mr_reg, extra, extra_x),
+                                  " (indexed SDOT operands in z0-z7)" if mode == "dot4" else ""))
+
 
 
 @dataclass(frozen=True, kw_only=True)
