@@ -174,8 +174,8 @@ class _Packer:
 
 # The static helpers of packer.c.j2, in file order; a .c carries the ones its body calls
 # (-Wunused-function).
-HELPERS = ("kai_tg_f32", "kai_tg_i32", "kai_tg_load_f32", "kai_tg_store_f16", "kai_tg_svl_bytes",
-           "kai_tg_bf16")
+HELPERS = ("kai_tg_f32", "kai_tg_i32", "kai_tg_load_f32", "kai_tg_store_f16", "kai_tg_amax",
+           "kai_tg_put_chunks", "kai_tg_svl_bytes", "kai_tg_bf16")
 
 
 def _lhs_getters(name: str, lhs_type: str, *, bl: bool, bl_in_stride: bool, m_step: str):
@@ -240,12 +240,20 @@ def _qsi8d32p(name: str, rounding: str):
     egeo = [dict(g, x=x, e=e) for g in geo[::7] for x in (0, g["mr"] - 1) for e in (0, 9, 31)]
     elem = _check(f"mr * {sb} + (e // (kr // sr)) * (mr * (kr // sr)) + x * (kr // sr) + e % (kr // sr)",
                   lambda x, e, **g: lay(**g).element_offset(x, e), egeo)
+    # the template stores chunks: element e of slot x at first + (e // run) * cstep + e % run
+    first_py, run_py, cstep_py = f"mr * {sb} + x * (kr // sr)", "kr // sr", "mr * (kr // sr)"
+    first = _check(first_py, lambda x, **g: lay(**g).element_offset(x, 0), egeo)
+    run = _check(run_py, lambda **g: lay(**g).L, geo)
+    cstep = _check(cstep_py, lambda **g: lay(**g).chunk_bytes, geo)
+    _check(f"{first_py} + (e // ({run_py})) * ({cstep_py}) + e % ({run_py})",
+           lambda x, e, **g: lay(**g).element_offset(x, e), egeo)
     protos, getters = _lhs_getters(name, 'const float*', bl=True, bl_in_stride=True, m_step='mr')
     del doff
     label = "qsi8d32p<mr>x<kr/sr> (tilegen.layout.lhs_int8.QSI8D32P, rounding=" + rounding + ")"
     return _Packer(name, protos, label, "qsi8d32p", "qsi8d32p.c.j2",
-                   dict(getters, stride=stride, bstride=bstride, sb=sb, elem=elem,
-                        rounding=rounding))
+                   dict(getters, stride=stride, bstride=bstride, sb=sb, elem=elem, first=first, run=run,
+                        cstep=cstep, rounding=rounding,
+                        cvt="vcvtaq_s32_f32" if rounding == "away" else "vcvtnq_s32_f32"))
 
 
 # ----------------------------------------------------------------------------------------
@@ -520,11 +528,20 @@ def _q8kp():
     elem = _check(f"(t // {qk}) * mr * ({qk} + {db} + 2 * {nb}) + (t % {qk}) // (kr // 2) * "
                   "(mr * (kr // 2)) + x * (kr // 2) + (t % (kr // 2))",
                   lambda x, t, **g: lay(**g).element_offset(x, t), egeo)
+    # the template stores chunks: value t of slot x in super-block s at
+    # s * rec + first + (t % qk // run) * cstep + t % run
+    first_py, run_py, cstep_py = "x * (kr // 2)", "kr // 2", "mr * (kr // 2)"
+    first = _check(first_py, lambda x, **g: lay(**g).element_offset(x, 0), egeo)
+    run = _check(run_py, lambda **g: lay(**g).L, geo)
+    cstep = _check(cstep_py, lambda **g: lay(**g).chunk_bytes, geo)
+    _check(f"(t // {qk}) * mr * ({qk} + {db} + 2 * {nb}) + {first_py} + (t % {qk} // ({run_py})) * "
+           f"({cstep_py}) + t % ({run_py})", lambda x, t, **g: lay(**g).element_offset(x, t), egeo)
+    del elem
     protos, getters = _lhs_getters(name, "const float*", bl=False, bl_in_stride=False, m_step="mr")
     return _Packer(name, protos, "q8kp<mr>x<kr/2> (tilegen.layout.kquant.Q8KP)", "q8kp",
                    "q8kp.c.j2",
                    dict(getters, stride=stride, rec=rec, d_off=d_off, hi_off=hi_off, lo_off=lo_off,
-                        elem=elem.replace("x *", "slot *"), qk=qk, db=db, nb=nb,
+                        first=first.replace("x *", "slot *"), run=run, cstep=cstep, qk=qk, db=db, nb=nb,
                         sub=ref.sub_k, bsum_shift=ref.bsum_hi_shift))
 
 
