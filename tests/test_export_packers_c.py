@@ -75,8 +75,8 @@ def lib(tmp_path_factory) -> str:
 
 
 #: the LHS quantisers with a NEON path (the MoE path's packers), and their scalar loops
-NEON_QUANTISERS = ("kai_lhs_quant_pack_qsi8d32p_f32", "kai_lhs_quant_pack_qsi8d32p4x8sb_f32_neon",
-                   "kai_lhs_quant_pack_q8kp_f32")
+NEON_QUANTISERS = ("kai_lhs_quant_pack_qai8dxp_f32", "kai_lhs_quant_pack_qsi8d32p_f32",
+                   "kai_lhs_quant_pack_qsi8d32p4x8sb_f32_neon", "kai_lhs_quant_pack_q8kp_f32")
 
 
 @pytest.fixture(scope="session")
@@ -838,7 +838,7 @@ def _special_rows(rng, m, k):
     for i in range(m):
         kind = int(rng.integers(0, 5))
         if kind in (1, 2):
-            at = rng.choice(k, size=int(rng.integers(1, 4)), replace=False)
+            at = rng.choice(k, size=min(k, int(rng.integers(1, 4))), replace=False)
             bits[i, at] = rng.choice(SPECIAL_BITS, size=at.size)
         elif kind == 3:
             bits[i] = rng.integers(0, 0x00100000, size=k, dtype=np.uint32) | (
@@ -846,6 +846,11 @@ def _special_rows(rng, m, k):
         elif kind == 4:
             bits[i] = rng.choice(SPECIAL_BITS)
     return x
+
+
+def test_qai8dxp_scalar_loop(lib_scalar):
+    """Built without NEON (-U__ARM_NEON) the qai8dxp quantiser writes the layout's bytes too."""
+    test_qai8dxp(lib_scalar)
 
 
 @pytest.mark.parametrize("rounding", ["away", "even"])
@@ -861,10 +866,11 @@ def test_q8kp_scalar_loop(lib_scalar):
 
 
 def test_neon_quantisers_are_their_scalar_loops(lib, lib_scalar):
-    """The NEON paths of the LHS quantisers (unsigned |x| max, FCVTAS/FCVTNS, narrowing,
-    chunked stores) write exactly the bytes of the scalar loops, on rows with NaNs (quiet,
+    """The NEON paths of the LHS quantisers (unsigned |x| max, FMAX/FMIN, FCVTAS/FCVTNS,
+    narrowing, chunked stores) write exactly the bytes of the scalar loops, on rows with NaNs (quiet,
     signalling), infinities, subnormals, all-tiny and all-special rows, for chunk lengths 1 to
-    32, blocks of 32 (unrolled), 64, 128 and 512 (value by value), several super-blocks."""
+    32, blocks of 32 (unrolled), 64, 128 and 512 (value by value), several super-blocks, qai8dxp
+    rows of any k (padding past k)."""
     rng = np.random.default_rng(3301)
     calls, labels = [], []
     for rounding in ("away", "even"):
@@ -882,6 +888,16 @@ def test_neon_quantisers_are_their_scalar_loops(lib, lib_scalar):
                 calls.append((name, [U(m), U(k), U(bl), U(mr), U(kr), U(sr), U(ms),
                                      IN(_rows_bytes(x, stride)), U(stride), OUT(size)], False))
                 labels.append(f"{name} {mr}x{kr}/{sr} bl={bl} m={m} k={k} ms={ms}")
+    name = "kai_run_lhs_quant_pack_qai8dxp_f32"
+    for mr, kr, sr in QAI8DXP_TILES + [(3, 32, 1), (2, 2, 1)]:
+        for k in (1, 15, 32, 33, 100, 256, 300, 544):
+            m, ms = int(rng.integers(1, 2 * mr + 2)), int(rng.integers(0, mr + 2))
+            stride = 4 * k + int(rng.choice([0, 4]))
+            x = _special_rows(rng, m, k)
+            size = QAI8DXP(mr, kr, sr).region_size(m, k, ms)
+            calls.append((name, [U(m), U(k), U(mr), U(kr), U(sr), U(ms), IN(_rows_bytes(x, stride)),
+                                 U(stride), OUT(size)], False))
+            labels.append(f"{name} {mr}x{kr}/{sr} m={m} k={k} ms={ms}")
     name = "kai_run_lhs_quant_pack_q8kp_f32"
     for mr, kr in KQ_TILES:
         lay = Q8KP(mr, kr)

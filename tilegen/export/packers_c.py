@@ -217,10 +217,21 @@ def _qai8dxp():
     egeo = [dict(g, x=x, t=t) for g in geo[:40] for x in (0, g["mr"] - 1) for t in (0, 5, 31, 63)]
     elem = _check("(t // (kr // sr)) * (mr * (kr // sr)) + x * (kr // sr) + t % (kr // sr)",
                   lambda x, t, **g: lay(**g).element_offset(x, t), egeo)
+    # the template stores chunks: value t of slot x at first + (t // run) * cstep + t % run
+    # (run divides 32, the layout's k multiple, so a padded row is whole chunks)
+    first_py, run_py, cstep_py = "x * (kr // sr)", "kr // sr", "mr * (kr // sr)"
+    first = _check(first_py, lambda x, **g: lay(**g).element_offset(x, 0), egeo)
+    run = _check(run_py, lambda **g: lay(**g).L, geo)
+    cstep = _check(cstep_py, lambda **g: lay(**g).chunk_bytes, geo)
+    _check(f"{first_py} + (t // ({run_py})) * ({cstep_py}) + t % ({run_py})",
+           lambda x, t, **g: lay(**g).element_offset(x, t), egeo)
+    _check(f"{km} % ({run_py})", lambda **g: 0, geo)
+    del elem
     protos, getters = _lhs_getters(name, 'const float*', bl=False, bl_in_stride=False, m_step='mr')
     return _Packer(name, protos, "qai8dxp<mr>x<kr/sr> (tilegen.layout.lhs_int8.QAI8DXP)", "qai8dxp",
                    "qai8dxp.c.j2",
-                   dict(getters, stride=stride, kpad=kpad, elem=elem.replace("x *", "slot *"),
+                   dict(getters, stride=stride, kpad=kpad, first=first.replace("x *", "slot *"),
+                        run=run, cstep=cstep,
                         off_f=off_f, rs_f=rs_f, ob=ref.offset_bytes, rb=ref.rscale_bytes))
 
 
