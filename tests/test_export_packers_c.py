@@ -45,26 +45,44 @@ SVLS = (16, 64)          # bytes: 128 and 512 bits
 # --------------------------------------------------------------------------------------------
 # build
 
-@pytest.fixture(scope="session")
-def lib(tmp_path_factory) -> str:
+def _build(root: Path, *flags: str, names=None) -> str:
+    """The generated packers (``names``: only those) compiled with clang for aarch64 into one
+    shared library under ``root``; ``flags`` go to every compile."""
     tc = discover("elf")
     assert tc.kind in ("clang", "custom-clang", "custom"), f"needs clang, found {tc.kind}"
-    root = tmp_path_factory.mktemp("kai_export")
     for f in packer_sources():
         p = root / f.path
         p.parent.mkdir(parents=True, exist_ok=True)
         p.write_text(f.text)
     objs = []
     for c in sorted((root / PACK_DIR).glob("*.c")):
+        if names is not None and c.stem not in names:
+            continue
         obj = c.with_suffix(".o")
         r = subprocess.run(tc.assemble_cmd(c, obj, "-ffreestanding", "-std=c11", "-O2", "-Wall",
-                                           "-Wextra", "-Werror", "-fPIC", f"-I{root}"),
+                                           "-Wextra", "-Werror", "-fPIC", f"-I{root}", *flags),
                            capture_output=True, text=True)
         assert r.returncode == 0, f"{c.name}:\n{r.stderr}"
         objs.append(obj)
     so = root / "libkai_packers.so"
     subprocess.run(tc.link_cmd(objs, so), check=True, capture_output=True)
     return str(so)
+
+
+@pytest.fixture(scope="session")
+def lib(tmp_path_factory) -> str:
+    return _build(tmp_path_factory.mktemp("kai_export"))
+
+
+#: the LHS quantisers with a NEON path (the MoE path's packers), and their scalar loops
+NEON_QUANTISERS = ("kai_lhs_quant_pack_qai8dxp_f32", "kai_lhs_quant_pack_qsi8d32p_f32",
+                   "kai_lhs_quant_pack_qsi8d32p4x8sb_f32_neon", "kai_lhs_quant_pack_q8kp_f32")
+
+
+@pytest.fixture(scope="session")
+def lib_scalar(tmp_path_factory) -> str:
+    """NEON_QUANTISERS built without their NEON paths (-U__ARM_NEON): the scalar loops."""
+    return _build(tmp_path_factory.mktemp("kai_scalar"), "-U__ARM_NEON", names=NEON_QUANTISERS)
 
 
 def _declared() -> dict[str, list[str]]:
@@ -804,6 +822,96 @@ def test_q8kp_edges_are_ggml_q8_k(lib):
             failed.append(str(e))
     assert not failed, f"{len(failed)} of {len(refs)} packs differ:\n" + "\n".join(failed)
 
+
+
+#: f32 bit patterns the quantisers' fast paths must treat as their scalar loops do: quiet and
+#: signalling NaN (either sign), +-inf, subnormals, the largest finite, -0
+SPECIAL_BITS = (0x7FC00000, 0xFFC00001, 0x7F800001, 0x7F800000, 0xFF800000, 0x00000001, 0x000B5E61,
+                0x80400000, 0x7F7FFFFF, 0xFF7FFFFF, 0x80000000)
+
+
+def _special_rows(rng, m, k):
+    """_lhs_rows with, per row, one of: clean, a few specials, a tiny (subnormal-scale) row,
+    a row of one special."""
+    x = _lhs_rows(rng, m, k)
+    bits = x.view(np.uint32)
+    for i in range(m):
+        kind = int(rng.integers(0, 5))
+        if kind in (1, 2):
+            at = rng.choice(k, size=min(k, int(rng.integers(1, 4))), replace=False)
+            bits[i, at] = rng.choice(SPECIAL_BITS, size=at.size)
+        elif kind == 3:
+            bits[i] = rng.integers(0, 0x00100000, size=k, dtype=np.uint32) | (
+                rng.integers(0, 2, size=k, dtype=np.uint32) << 31)
+        elif kind == 4:
+            bits[i] = rng.choice(SPECIAL_BITS)
+    return x
+
+
+def test_qai8dxp_scalar_loop(lib_scalar):
+    """Built without NEON (-U__ARM_NEON) the qai8dxp quantiser writes the layout's bytes too."""
+    test_qai8dxp(lib_scalar)
+
+
+@pytest.mark.parametrize("rounding", ["away", "even"])
+def test_qsi8d32p_scalar_loop(lib_scalar, rounding):
+    """Built without NEON (-U__ARM_NEON) the qsi8d32p quantisers write the layout's bytes too."""
+    test_qsi8d32p(lib_scalar, rounding)
+
+
+def test_q8kp_scalar_loop(lib_scalar):
+    """Built without NEON the q8kp quantiser writes the layout's bytes and ggml's Q8_K edges."""
+    test_q8kp(lib_scalar)
+    test_q8kp_edges_are_ggml_q8_k(lib_scalar)
+
+
+def test_neon_quantisers_are_their_scalar_loops(lib, lib_scalar):
+    """The NEON paths of the LHS quantisers (unsigned |x| max, FMAX/FMIN, FCVTAS/FCVTNS,
+    narrowing, chunked stores) write exactly the bytes of the scalar loops, on rows with NaNs (quiet,
+    signalling), infinities, subnormals, all-tiny and all-special rows, for chunk lengths 1 to
+    32, blocks of 32 (unrolled), 64, 128 and 512 (value by value), several super-blocks, qai8dxp
+    rows of any k (padding past k)."""
+    rng = np.random.default_rng(3301)
+    calls, labels = [], []
+    for rounding in ("away", "even"):
+        name = _qsi8d32p_name(rounding)
+        for mr, kr, sr in [(1, 4, 1), (4, 8, 2), (3, 16, 1), (8, 32, 1), (4, 64, 2), (2, 4, 2),
+                           (4, 16, 2)]:
+            for bl in (32, 64, 128, 512):
+                if bl % (kr // sr):
+                    continue
+                k = bl * int(rng.integers(1, 4))
+                m, ms = int(rng.integers(1, 2 * mr + 2)), int(rng.integers(0, mr + 2))
+                stride = 4 * k + int(rng.choice([0, 4]))
+                x = _special_rows(rng, ms + m, k)
+                size = QSI8D32P(mr, kr, sr, bl, rounding).region_size(m, k, ms)
+                calls.append((name, [U(m), U(k), U(bl), U(mr), U(kr), U(sr), U(ms),
+                                     IN(_rows_bytes(x, stride)), U(stride), OUT(size)], False))
+                labels.append(f"{name} {mr}x{kr}/{sr} bl={bl} m={m} k={k} ms={ms}")
+    name = "kai_run_lhs_quant_pack_qai8dxp_f32"
+    for mr, kr, sr in QAI8DXP_TILES + [(3, 32, 1), (2, 2, 1)]:
+        for k in (1, 15, 32, 33, 100, 256, 300, 544):
+            m, ms = int(rng.integers(1, 2 * mr + 2)), int(rng.integers(0, mr + 2))
+            stride = 4 * k + int(rng.choice([0, 4]))
+            x = _special_rows(rng, m, k)
+            size = QAI8DXP(mr, kr, sr).region_size(m, k, ms)
+            calls.append((name, [U(m), U(k), U(mr), U(kr), U(sr), U(ms), IN(_rows_bytes(x, stride)),
+                                 U(stride), OUT(size)], False))
+            labels.append(f"{name} {mr}x{kr}/{sr} m={m} k={k} ms={ms}")
+    name = "kai_run_lhs_quant_pack_q8kp_f32"
+    for mr, kr in KQ_TILES:
+        lay = Q8KP(mr, kr)
+        for k in (256, 768):
+            m, ms = int(rng.integers(1, 2 * mr + 3)), int(rng.integers(0, mr + 2))
+            stride = 4 * k + int(rng.choice([0, 4]))
+            x = _special_rows(rng, m, k)
+            calls.append((name, [U(m), U(k), U(mr), U(kr), U(2), U(ms), IN(_rows_bytes(x, stride)),
+                                 U(stride), OUT(lay.region_size(m, k, ms))], False))
+            labels.append(f"q8kp {mr}x{kr} m={m} k={k} ms={ms}")
+    got, want = _run(lib, calls), _run(lib_scalar, calls)
+    bad = [label for label, g, w in zip(labels, got, want)
+           if not all(np.array_equal(a, b) for a, b in zip(g, w))]
+    assert not bad, f"{len(bad)} of {len(calls)} calls differ from the scalar loops: {bad[:6]}"
 
 def _kq_rhs_cases(cls, random_blocks, block_bytes, tag, seed):
     """Pack calls (checked against the layout's pack_from_ggml) and row dequantiser calls
