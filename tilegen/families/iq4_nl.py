@@ -17,7 +17,11 @@ q4_0's int4 x int8 kernels with the weight decode replaced:
   vector register the allocator gives, ``Q4Regs.table``, because the layout asks for one:
   :attr:`IQ4NLP.table_vectors`), ``decode`` (USHR #4 / AND for the two nibbles, two TBL
   lookups: the int8 weight values themselves, not 16 x v as q4_0's SHL/AND), and
-  ``SCVTF_FRAC`` (the integer sums are S, not 16 S, so no fixed-point SCVTF);
+  ``SCVTF_FRAC`` (the integer sums are S, not 16 S, so no fixed-point SCVTF); on SVE
+  ``templates/iq4nl_sve.S.j2`` alike; on SME2 q4_0's SMOPA gemm (``iq4nl_sme2.S.j2`` extends
+  ``q4_sme.S.j2``) and ZA-array SDOT gemv (``iq4nl_sme2_gemv.S.j2`` extends ``q4_sve.S.j2``),
+  the table in ZT0: LUTI4 turns a vector of index bytes into two int8 vectors in nibble order
+  and UZP splits them into the low and high nibbles' values (q4_0's two operand vectors);
 * **arithmetic** (:func:`matmul_qsi8d32p_iq4nlp`): per block S = sum q_lhs * kvalues[i]
   exactly in int32; a = fma(f32(S), f32(dr) * f32(dl), a); clamp.  The same order as q4_0's.
 
