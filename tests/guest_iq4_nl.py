@@ -59,3 +59,11 @@ def scenario(libdir: str, raw, n: int, k: int, x, rows, clamp, foreign, gguf_pat
                        "nolib": (t0.kind, t0.layout.name, t0.data)}
         return out
     return _outcome(go)
+
+
+def sme2_pick(libdir: str, raw, n: int, k: int, x, clamp, kind: str = "iq4_nl") -> dict:
+    """pack_weights(from_ggml=) where the CPU runs the SME2 kernels: the gemm and gemv picked
+    per m (their LHS layouts), matmul at 1 and 3 threads and plan (test_exec_iq4_nl)."""
+    lib = _lib(libdir)
+    pw = lib.pack_weights(kind=kind, from_ggml=raw, n=n, k=k)
+    return {"layout": pw.layout.name, "runs": _runs(lib, x, pw, clamp)}

@@ -19,7 +19,7 @@ from tilegen.layout.ggml import quantize_q8_0, split_q8_0
 from tilegen.layout.lhs_int8 import QSI8D32P
 from tilegen.records import SpecError
 
-from conftest import guest, refused_for_missing_features
+from conftest import SME_ON, guest, refused_for_missing_features
 
 T = gguf.GGMLQuantizationType
 CPUS = ("cortex-a53", "neoverse-n1", "neoverse-v1", "neoverse-n2", "max")
@@ -103,7 +103,15 @@ def test_allocator_refusals_are_clear():
     with pytest.raises(SpecError, match="32 exist"):
         parse_spec("iq4_nl:neon:4x8")
     with pytest.raises(SpecError, match="no template"):
-        parse_spec("iq4_nl:sme2:1vlx2vl")
+        parse_spec("iq4_nl:sme:1vlx2vl")
+    with pytest.raises(SpecError, match="1vlx1vl or 1vlx2vl"):
+        parse_spec("iq4_nl:sme2:1vlx4vl")
+    with pytest.raises(SpecError, match="1vlx1vl or 1vlx2vl"):
+        parse_spec("iq4_nl:sme2:2vlx2vl")
+    with pytest.raises(SpecError, match="2vl or 4vl"):
+        parse_spec("iq4_nl:sme2:1x1vl")
+    with pytest.raises(SpecError, match="4-byte groups"):
+        parse_spec("iq4_nl:sme2:1vlx2vl:k16:s2")
 
 
 # -- kernels under emulation ---------------------------------------------------------------
@@ -143,7 +151,7 @@ def _run(sess, lib, spec, vl_bytes=None, cpu=""):
     """The shape sweep through kernel ``spec`` on guest ``sess`` (vectors of ``vl_bytes``),
     bit-exact with the reference; the error vs float64 no worse than ggml's arithmetic."""
     mr, nr = spec.mr_at(vl_bytes), spec.nr_at(vl_bytes)
-    P = spec.lhs_mr
+    P = spec.lhs_mr_at(vl_bytes)
     rng = np.random.default_rng(sum(map(ord, spec.name + cpu)) + (vl_bytes or 0))
     cases, refs = [], []
     for i, (m, n, k) in enumerate(_shapes(mr, nr, rng)):
@@ -274,3 +282,83 @@ def test_llvm_mca_models_the_kernels():
         r = analyze(s, "neoverse-v2")
         assert r.cycles_per_iter > 0 and r.block32_macs_per_cycle > 0
         assert per_k(parse_spec(s), "neoverse-v2", 256).macs_per_cycle > 0
+
+
+# -- SME2 (LUTI4 through ZT0) -----------------------------------------------------------------
+# the gemm and the gemv of the runtime's pair (one packing) at every SVL; the other tiles
+# (1vlx1vl, 1x4vl) at SVL 512
+SME2_PAIR = [parse_spec("iq4_nl:sme2:1vlx2vl"), parse_spec("iq4_nl:sme2:1x2vl")]
+SME2_MORE = [parse_spec("iq4_nl:sme2:1vlx1vl"), parse_spec("iq4_nl:sme2:1x4vl")]
+SME2_SVLS = (128, 256, 512, 2048)
+
+
+@pytest.fixture(scope="module")
+def iq4_sme2_lib(tmp_path_factory) -> Path:
+    out = tmp_path_factory.mktemp("iq4sme2")
+    tilegen.build_library(SME2_PAIR + SME2_MORE, target="linux-aarch64-all", out_dir=out)
+    return out
+
+
+def test_iq4_nl_sme2_decodes_by_luti4():
+    """The SME2 kernels look the indices up in ZT0 (LUTI4 + UZP), not by shifts or TBL; the
+    gemm and the gemv read one packing; q4_0's SME kernels keep their shift decode."""
+    from tilegen.generator.render import render
+    from tilegen.layout.base import same_rhs
+    for spec in SME2_PAIR + SME2_MORE:
+        text = render(spec).text
+        hot = text.split("hot-loop-begin")[1].split("hot-loop-end")[0]
+        assert "ldr zt0, [sp]" in text and "luti4 {" in hot and "uzp" in hot, spec
+        assert "lsl z" not in hot and "tbl" not in hot and "asr z" not in text, spec
+    assert same_rhs(*(s for s in SME2_PAIR))
+    assert "luti4" not in render(parse_spec("q4_0:sme:1vlx2vl")).text
+
+
+@pytest.mark.parametrize("svl", SME2_SVLS)
+def test_iq4_nl_sme2_every_svl(svl, iq4_sme2_lib):
+    sess = guest("max", None, svl, SME_ON)
+    for spec in SME2_PAIR + (SME2_MORE if svl == 512 else []):
+        info = sess.call("guest_calls:vl_info", str(iq4_sme2_lib), spec.name)
+        assert info["runnable"] and (info["mr"], info["nr"]) == (spec.mr_at(svl // 8),
+                                                                 spec.nr_at(svl // 8)), info
+        _run(sess, iq4_sme2_lib, spec, svl // 8, f"max-{svl}")
+    assert sess.call("guest_calls:svcr_now", str(iq4_sme2_lib)) == 0
+
+
+def test_iq4_nl_sme2_refused_without_sme2(iq4_sme2_lib):
+    for spec in SME2_PAIR:
+        assert refused_for_missing_features("neoverse-v1", iq4_sme2_lib, spec)
+
+
+@pytest.fixture(scope="module")
+def iq4_default_lib(tmp_path_factory) -> Path:
+    """The family's default kernels (its SME2 pair among them)."""
+    from tilegen.families import plugin
+    out = tmp_path_factory.mktemp("iq4def")
+    tilegen.build_library(list(plugin("iq4_nl").DEFAULT_KERNELS), target="linux-aarch64-all",
+                          out_dir=out)
+    return out
+
+
+def test_iq4_nl_runtime_picks_the_sme2_pair(iq4_default_lib):
+    """On an SME2 CPU with SME on (TILEGEN_SME=1, SVL 512) pack_weights(kind="iq4_nl") packs for
+    the SME2 pair of the defaults (as q4_0's SME pair: opt-in, the best ISA first): the SMOPA
+    gemm for m > 1, the ZA-array gemv for m = 1, bit-exact with the reference at 1 and 3
+    threads and through plan; with SME off the same CPU keeps the SVE pair."""
+    n, k, clamp = 37, 160, (-3.4e38, 3.4e38)
+    rng = np.random.default_rng(32)
+    raw = random_iq4_nl(n, k, 3)
+    x = (rng.normal(size=(21, k)) * 3).astype(np.float32)
+    out = guest("max", None, 512, SME_ON).call("guest_iq4_nl:sme2_pick", str(iq4_default_lib),
+                                              raw, n, k, x, clamp)
+    assert out["layout"] == "iq4nlp32x4", out["layout"]          # 2vl at SVL 512, kr 8
+    for m, run in out["runs"].items():
+        assert run["kernel"].endswith("_sme2_sdot" if m == 1 else "_sme2_mopa"), run["kernel"]
+        lhs = QSI8D32P(run["mr"], run["kr"], run["sr"], 32).pack(x[:m])
+        assert np.array_equal(run["lhs"], lhs)
+        want = matmul_qsi8d32p_iq4nlp(lhs, run["data"], m, n, k, 32, run["mr"], run["nr"],
+                                      run["kr"], run["sr"], *clamp)
+        for key in ("y", "y1", "plan"):
+            assert np.array_equal(run[key].view(np.uint32), want.view(np.uint32)), (m, key)
+    off = guest("max", None, 512).call("guest_iq4_nl:sme2_pick", str(iq4_default_lib),
+                                       raw, n, k, x[:2], clamp)
+    assert all("_sve_" in r["kernel"] for r in off["runs"].values()), off

@@ -23,7 +23,7 @@ from tilegen.layout.ggml import quantize_q8_0, split_q8_0
 from tilegen.layout.lhs_int8 import QSI8D32P
 from tilegen.records import SpecError
 
-from conftest import guest, refused_for_missing_features
+from conftest import SME_ON, guest, refused_for_missing_features
 
 T = gguf.GGMLQuantizationType
 CPUS = ("cortex-a53", "neoverse-n1", "neoverse-v1", "neoverse-n2", "max")
@@ -111,9 +111,14 @@ def test_layout_refusals():
 
 
 def test_refusals():
-    """SME2 has no mxfp4 template; i8mm refuses the tiles its allocator cannot serve."""
+    """SME (without 2) has no mxfp4 template; SME2 and i8mm refuse the tiles their allocators
+    cannot serve."""
     with pytest.raises(SpecError, match="no template"):
-        parse_spec("mxfp4:sme2:1vlx2vl")
+        parse_spec("mxfp4:sme:1vlx2vl")
+    with pytest.raises(SpecError, match="1vlx1vl or 1vlx2vl"):
+        parse_spec("mxfp4:sme2:1vlx4vl")
+    with pytest.raises(SpecError, match="2vl or 4vl"):
+        parse_spec("mxfp4:sme2:1x1vl")
     with pytest.raises(SpecError, match="multiple of 4"):
         parse_spec("mxfp4:i8mm:6x4")
     with pytest.raises(SpecError, match="kr/sr = 8"):
@@ -162,7 +167,7 @@ ERRORS: dict = {}
 
 def _run(sess, lib, spec, vl_bytes=None, cpu=""):
     mr, nr = spec.mr_at(vl_bytes), spec.nr_at(vl_bytes)
-    P = spec.lhs_mr
+    P = spec.lhs_mr_at(vl_bytes)
     rng = np.random.default_rng(sum(map(ord, spec.name + cpu)) + (vl_bytes or 0) + 7)
     cases, refs = [], []
     for i, (m, n, k) in enumerate(_shapes(mr, nr, rng)):
@@ -237,3 +242,68 @@ def test_mxfp4_sve_every_vl(cpu, vl, mx_sve_lib):
 def test_mxfp4_sve_refused_without_sve(mx_sve_lib):
     for spec in SVE_SPECS:
         assert refused_for_missing_features("neoverse-n1", mx_sve_lib, spec)
+
+
+# -- SME2 (iq4_nl's templates: LUTI4 through ZT0; the bf16 scales widened by LSL #16) --------
+SME2_PAIR = [parse_spec("mxfp4:sme2:1vlx2vl"), parse_spec("mxfp4:sme2:1x2vl")]
+SME2_MORE = [parse_spec("mxfp4:sme2:1vlx1vl"), parse_spec("mxfp4:sme2:1x4vl")]
+SME2_SVLS = (128, 256, 512, 2048)
+
+
+@pytest.fixture(scope="module")
+def mx_sme2_lib(tmp_path_factory) -> Path:
+    out = tmp_path_factory.mktemp("mxsme2")
+    tilegen.build_library(SME2_PAIR + SME2_MORE, target="linux-aarch64-all", out_dir=out)
+    return out
+
+
+def test_mxfp4_sme2_widens_bf16_scales():
+    """The SME2 kernels load the layout's table into ZT0 and widen the bf16 column scales by a
+    16-bit shift of the zero-extended halfwords (exact), never by FCVT from f16."""
+    from tilegen.generator.render import render
+    for spec in SME2_PAIR + SME2_MORE:
+        text = render(spec).text
+        block = text.split("block-begin")[1].split("hot-loop-begin")[0]
+        assert "ldr zt0, [sp]" in text and "#-12\n" in text, spec          # the table's -12
+        assert block.count(".s, #16\n") == spec.nr and block.count(".h\n") <= 1, spec
+
+
+@pytest.mark.parametrize("svl", SME2_SVLS)
+def test_mxfp4_sme2_every_svl(svl, mx_sme2_lib):
+    """Bit-exact with matmul_qsi8d32p_mxfp4p at edge shapes (scales around 1 and, in one case,
+    down to the subnormal 2^-128), the error vs float64 no worse than ggml's arithmetic."""
+    sess = guest("max", None, svl, SME_ON)
+    for spec in SME2_PAIR + (SME2_MORE if svl == 512 else []):
+        info = sess.call("guest_calls:vl_info", str(mx_sme2_lib), spec.name)
+        assert info["runnable"] and (info["mr"], info["nr"]) == (spec.mr_at(svl // 8),
+                                                                 spec.nr_at(svl // 8)), info
+        _run(sess, mx_sme2_lib, spec, svl // 8, f"max-{svl}")
+    assert sess.call("guest_calls:svcr_now", str(mx_sme2_lib)) == 0
+
+
+def test_mxfp4_sme2_refused_without_sme2(mx_sme2_lib):
+    for spec in SME2_PAIR:
+        assert refused_for_missing_features("neoverse-v1", mx_sme2_lib, spec)
+
+
+def test_mxfp4_runtime_picks_the_sme2_pair(tmp_path):
+    """pack_weights(kind="mxfp4") on an SME2 CPU with SME on packs for the defaults' SME2 pair
+    (gemm for m > 1, gemv for m = 1), bit-exact with the reference."""
+    from tilegen.families import plugin
+    tilegen.build_library(list(plugin("mxfp4").DEFAULT_KERNELS), target="linux-aarch64-all",
+                          out_dir=tmp_path)
+    n, k, clamp = 37, 160, (-3.4e38, 3.4e38)
+    rng = np.random.default_rng(4)
+    raw = random_mxfp4(n, k, 5)
+    x = (rng.normal(size=(19, k)) * 3).astype(np.float32)
+    out = guest("max", None, 256, SME_ON).call("guest_iq4_nl:sme2_pick", str(tmp_path), raw, n,
+                                              k, x, clamp, "mxfp4")
+    assert out["layout"] == "mxfp4p16x4", out["layout"]          # 2vl at SVL 256, kr 8
+    for m, run in out["runs"].items():
+        assert run["kernel"].endswith("_sme2_sdot" if m == 1 else "_sme2_mopa"), run["kernel"]
+        lhs = QSI8D32P(run["mr"], run["kr"], run["sr"], 32).pack(x[:m])
+        assert np.array_equal(run["lhs"], lhs)
+        want = matmul_qsi8d32p_mxfp4p(lhs, run["data"], m, n, k, 32, run["mr"], run["nr"],
+                                      run["kr"], run["sr"], *clamp)
+        for key in ("y", "y1", "plan"):
+            assert np.array_equal(run[key].view(np.uint32), want.view(np.uint32)), (m, key)

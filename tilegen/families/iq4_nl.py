@@ -17,7 +17,11 @@ q4_0's int4 x int8 kernels with the weight decode replaced:
   vector register the allocator gives, ``Q4Regs.table``, because the layout asks for one:
   :attr:`IQ4NLP.table_vectors`), ``decode`` (USHR #4 / AND for the two nibbles, two TBL
   lookups: the int8 weight values themselves, not 16 x v as q4_0's SHL/AND), and
-  ``SCVTF_FRAC`` (the integer sums are S, not 16 S, so no fixed-point SCVTF);
+  ``SCVTF_FRAC`` (the integer sums are S, not 16 S, so no fixed-point SCVTF); on SVE
+  ``templates/iq4nl_sve.S.j2`` alike; on SME2 q4_0's SMOPA gemm (``iq4nl_sme2.S.j2`` extends
+  ``q4_sme.S.j2``) and ZA-array SDOT gemv (``iq4nl_sme2_gemv.S.j2`` extends ``q4_sve.S.j2``),
+  the table in ZT0: LUTI4 turns a vector of index bytes into two int8 vectors in nibble order
+  and UZP splits them into the low and high nibbles' values (q4_0's two operand vectors);
 * **arithmetic** (:func:`matmul_qsi8d32p_iq4nlp`): per block S = sum q_lhs * kvalues[i]
   exactly in int32; a = fma(f32(S), f32(dr) * f32(dl), a); clamp.  The same order as q4_0's.
 
@@ -195,14 +199,24 @@ def _impl(op: str, kr: int, sve: bool = False) -> IsaImpl:
                    kr=kr, sr=2)
 
 
+#: SME2: the SMOPA gemm (``iq4nl_sme2``, on q4_0's SME skeleton) and the ZA-array SDOT gemv
+#: (``iq4nl_sme2_gemv``, on q4_0's za4 strategy) under one record, one packing (kr 8, sr 2: q4_0's
+#: sme / sme2 interleave), this family's templates: the indices decoded by LUTI4 through the
+#: layout's table in ZT0 (allocator ``q4_sme2_pair``)
+_SME2 = IsaImpl("sme2_mopa", "iq4nl_sme2", "q4_sme2_pair", kr=8, sr=2, gemv_op="sme2_sdot",
+                gemv_template="iq4nl_sme2_gemv",
+                fixed_L="SMOPA and SDOT by lane read 4-byte groups")
+
+
 RECORDS = (FamilyInfo(
     name="iq4_nl", lhs="qsi8d32p", rhs="iq4nlp", kinds=("iq4_nl",), abi=Q4, quantized=True,
     acc_mem=True,
     impls={"neon": _impl("neon", 8), "dotprod": _impl("neon_dotprod", 8),
            "i8mm": _impl("neon_i8mm", 16), "sve_dotprod": _impl("sve_dotprod", 8, True),
-           "sve_i8mm": _impl("sve_i8mm", 16, True)}),)
+           "sve_i8mm": _impl("sve_i8mm", 16, True),
+           "sme2": _SME2}),)
 LAYOUTS = (IQ4NLP,)
-ALLOCATOR_MODULES = ("q4",)
+ALLOCATOR_MODULES = ("q4", "q4_sme")
 GGML_TYPES = {"IQ4_NL": "iq4_nl"}
 #: ggml's repack kernels for IQ4_NL on Arm (bench/vs_ggml.py measures tilegen's against them):
 #: (regime, function, instruction it multiplies with, columns of its group), on q8_0 blocks
@@ -210,11 +224,14 @@ GGML_REPACK = (("gemm", "ggml_gemm_iq4_nl_4x4_q8_0", "sdot", 4),
                ("gemv", "ggml_gemv_iq4_nl_4x4_q8_0", "sdot", 4))
 #: issue #32's targets against ggml's best (tilegen / ggml MAC per cycle)
 VS_GGML_TARGETS = {"gemm": 1.8, "gemv": 1.3}
-# gemm + the gemv on its packing, as q4_0's pairs: SVE (VL units) first, then i8mm SMMLA 12x4
+# gemm + the gemv on its packing, as q4_0's pairs: SVE (VL units) first; the SME2 pair (LUTI4
+# through ZT0: SMOPA gemm 1vlx2vl + ZA-array SDOT gemv 1x2vl, one packing; opt-in at run time
+# with TILEGEN_SME, as q4_0's SME pair); then i8mm SMMLA 12x4
 # kr16 (12-row register blocks, no mask register: llvm-mca's best on neoverse-v2/-n2/-v1)
 # with the SDOT gemv 1x4 kr16; dotprod SDOT by lane 16x4 kr8 with 1x4; plain NEON (SMULL) last
 DEFAULT_KERNELS = ("iq4_nl:sve_i8mm:16x1vl", "iq4_nl:sve_dotprod:1x1vl:k16:s2",
                    "iq4_nl:sve_dotprod:8x1vl", "iq4_nl:sve_dotprod:1x1vl",
+                   "iq4_nl:sme2:1vlx2vl", "iq4_nl:sme2:1x2vl",
                    "iq4_nl:i8mm:12x4", "iq4_nl:dotprod:1x4:k16:s2",
                    "iq4_nl:dotprod:16x4", "iq4_nl:dotprod:1x4",
                    "iq4_nl:neon:4x4", "iq4_nl:neon:1x4")

@@ -15,6 +15,9 @@ with another table and another scale format:
   e = 0..255, subnormals included, is a float32 whose low 16 bits are zero, so bf16 holds it
   exactly (``scale_format = "bf16"`` on the shared base, which the kernels read); the table
   :data:`KVALUES_MXFP4` is a layout fact as iq4_nl's;
+* **kernels**: iq4_nl's templates (NEON, SVE and the SME2 pair: TBL, or LUTI4 through ZT0,
+  reading :attr:`MXFP4P.table`), the bf16 column scales widened by the q4 skeletons from
+  ``scale_format`` (SHLL / LSL #16 of the halfword: exact);
 * **arithmetic** (:func:`matmul_qsi8d32p_mxfp4p`): per block S = sum q_lhs * kvalues[code]
   exactly in int32; a = fma(f32(S), f32(dr) * f32(dl), a) (dr the bf16 scale, dl the f16 LHS
   scale; the product is exact unless it falls below the f32 normal range, where it rounds
@@ -254,13 +257,23 @@ def _impl(op: str, kr: int, sve: bool = False) -> IsaImpl:
                    kr=kr, sr=2)
 
 
+#: SME2: the SMOPA gemm (``iq4nl_sme2``, on q4_0's SME skeleton) and the ZA-array SDOT gemv
+#: (``iq4nl_sme2_gemv``, on q4_0's za4 strategy) under one record, one packing (kr 8, sr 2: q4_0's
+#: sme / sme2 interleave), iq4_nl's templates: the indices decoded by LUTI4 through the
+#: layout's table in ZT0 (allocator ``q4_sme2_pair``)
+_SME2 = IsaImpl("sme2_mopa", "iq4nl_sme2", "q4_sme2_pair", kr=8, sr=2, gemv_op="sme2_sdot",
+                gemv_template="iq4nl_sme2_gemv",
+                fixed_L="SMOPA and SDOT by lane read 4-byte groups")
+
+
 RECORDS = (FamilyInfo(
     name="mxfp4", lhs="qsi8d32p", rhs="mxfp4p", kinds=("mxfp4",), abi=Q4, quantized=True,
     acc_mem=True,
     impls={"neon": _impl("neon", 8), "dotprod": _impl("neon_dotprod", 8),
-           "i8mm": _impl("neon_i8mm", 16), "sve_dotprod": _impl("sve_dotprod", 8, True), "sve_i8mm": _impl("sve_i8mm", 16, True)}),)
+           "i8mm": _impl("neon_i8mm", 16), "sve_dotprod": _impl("sve_dotprod", 8, True), "sve_i8mm": _impl("sve_i8mm", 16, True),
+           "sme2": _SME2}),)
 LAYOUTS = (MXFP4P,)
-ALLOCATOR_MODULES = ("q4",)
+ALLOCATOR_MODULES = ("q4", "q4_sme")
 GGML_TYPES = {"MXFP4": "mxfp4"}
 #: ggml's repack kernels for MXFP4 on Arm (bench/vs_ggml.py measures tilegen's against them):
 #: (regime, function, instruction it multiplies with, columns of its group), on q8_0 blocks
@@ -269,12 +282,14 @@ GGML_REPACK = (("gemm", "ggml_gemm_mxfp4_4x4_q8_0", "sdot", 4),
 #: issue #32's targets against ggml's best (tilegen / ggml MAC per cycle)
 VS_GGML_TARGETS = {"gemm": 1.8, "gemv": 1.3}
 # gemm + the gemv on its packing, as iq4_nl's pairs: SVE (VL units) first, SMMLA 16x1vl kr16
-# with the SDOT gemv kr16, SDOT by lane 8x1vl with 1x1vl; then i8mm SMMLA 12x4 kr16 (12-row
-# register blocks, bf16 scale products by FMUL, magic-number sums: llvm-mca's best on
-# neoverse-v2/-n2/-v1) with the SDOT gemv 1x4 kr16; dotprod SDOT by lane 16x4 kr8 with its 1x4
-# gemv, plain NEON (SMULL) 4x4 / 1x4 last
+# with the SDOT gemv kr16, SDOT by lane 8x1vl with 1x1vl; the SME2 pair (iq4_nl's: LUTI4 through
+# ZT0, SMOPA gemm 1vlx2vl + ZA-array SDOT gemv 1x2vl, opt-in with TILEGEN_SME as q4_0's); then
+# i8mm SMMLA 12x4 kr16 (12-row register blocks, bf16 scale products by FMUL, magic-number sums:
+# llvm-mca's best on neoverse-v2/-n2/-v1) with the SDOT gemv 1x4 kr16; dotprod SDOT by lane 16x4
+# kr8 with its 1x4 gemv, plain NEON (SMULL) 4x4 / 1x4 last
 DEFAULT_KERNELS = ("mxfp4:sve_i8mm:16x1vl", "mxfp4:sve_dotprod:1x1vl:k16:s2",
                    "mxfp4:sve_dotprod:8x1vl", "mxfp4:sve_dotprod:1x1vl",
+                   "mxfp4:sme2:1vlx2vl", "mxfp4:sme2:1x2vl",
                    "mxfp4:i8mm:12x4", "mxfp4:dotprod:1x4:k16:s2",
                    "mxfp4:dotprod:16x4", "mxfp4:dotprod:1x4", "mxfp4:neon:4x4", "mxfp4:neon:1x4")
 

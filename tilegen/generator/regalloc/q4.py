@@ -45,7 +45,8 @@ class Q4Regs(Frame):
     needs: VectorNeeds
     mask: int | None = None                # NEON: 0xF0 in every byte (SVE: an immediate)
     table: tuple[int, ...] = ()            # NEON: a table-decoded RHS's lookup table
-    #                                        (the layout's ``table_vectors``; iq4_nl's TBL)
+    #                                        (the layout's ``table_vectors``; iq4_nl's TBL);
+    #                                        SME2 gemv (table in ZT0): LUTI4's aligned pair
     streamed: bool = False                 # LHS streamed per row block, block-end regs reused
     acc_mem: bool = False                  # f32 accumulators in the frame; facc = final regs
     fa: int | None = None                  # acc_mem: the accumulator vector being updated

@@ -1,5 +1,7 @@
 """Register allocation of the int4 x int8 kernels in streaming mode: the SME SMOPA gemm (ZA
-tiles for the int32 sums and the f32 accumulators) and the SME2 ZA-array SDOT gemv."""
+tiles for the int32 sums and the f32 accumulators) and the SME2 ZA-array SDOT gemv; and the
+pair of both under one ``sme2`` record for the table-decoded layouts (iq4_nl, mxfp4: LUTI4
+through ZT0)."""
 from __future__ import annotations
 
 from dataclasses import dataclass, field
@@ -32,14 +34,24 @@ def _allocate_q4_sme2(spec: KernelSpec) -> Q4Regs:
     hi_grp = v.claim(range(12, 12 + nv), "unpacked RHS")
     scale = v.claim(range(16, 16 + nv), "column scales")
     # z2 has never been in this kernel's reported demand (the tuner's vregs key): kept so
-    dl = v.claim((2,), "LHS scales", counted=False) if spec.family == "q4_0" else ()
+    dl = v.claim((2,), "LHS scales", counted=False) if spec.info.lhs == "qsi8d32p" else ()
     tmp = v.claim((3, 5, 6), "scratch")
+    # a table-decoded layout (its ``table``, in ZT0): LUTI4 writes a k step's vector into an
+    # aligned pair, which UZP1 / UZP2 split into lo_grp / hi_grp
+    lut = v.claim((24, 25), "unpacked RHS") if _has_table(spec) else ()
     gpr = pool.scalars(Q4_SCALARS)
     lo, hi = tuple(pool.x.take(1, "LHS row pointers")), tuple(pool.x.take(1, "LHS row pointers"))
     pool.settle(f"sme2 q4 gemv 1x{spec.nr_str}")
     return Q4Regs(mode="za4", mr_reg=1, lhs_mr=1, groups=1, facc=facc, iacc=(), lhs=lhs, rhs=(),
                   scale=scale, dl=dl, tmp=tmp, gpr=gpr, lo=lo, hi=hi,
-                  pred=tuple(range(1, nv + 1)), lo_grp=lo_grp, hi_grp=hi_grp, **pool.frame())
+                  pred=tuple(range(1, nv + 1)), lo_grp=lo_grp, hi_grp=hi_grp, table=lut,
+                  **pool.frame())
+
+
+def _has_table(spec: KernelSpec) -> bool:
+    """Whether the RHS layout decodes its 4-bit values through a table (its ``table``: the
+    int8 values an index selects; iq4_nl, mxfp4), which the SME2 kernels hold in ZT0."""
+    return getattr(spec.rhs_layout_class, "table", None) is not None
 
 
 @dataclass(frozen=True)
@@ -91,5 +103,16 @@ def _allocate_q4_sme(spec: KernelSpec) -> Q4SmeRegs:
 
 
 
+def _allocate_q4_sme2_pair(spec: KernelSpec) -> Q4SmeRegs | Q4Regs:
+    """One ``sme2`` ISA record serving both regimes on one packing (kr/sr = 4): the SMOPA
+    gemm's registers for 1vl x nu vl tiles, the ZA-array SDOT gemv's for 1 x nu vl (the
+    table-decoded q4-layout families: their LUTI4 pair and ZT0 table from the layout)."""
+    if not _has_table(spec):
+        raise SpecError(f"the sme2 gemm + gemv pair of a q4 layout decodes through a table in "
+                        f"ZT0: {spec.info.rhs} has none")
+    return _allocate_q4_sme2(spec) if spec.is_gemv else _allocate_q4_sme(spec)
+
+
 # allocator name (``IsaImpl.allocator`` of the family records) -> function
-ALLOCATORS = {"q4_sme": _allocate_q4_sme, "q4_sme2": _allocate_q4_sme2}
+ALLOCATORS = {"q4_sme": _allocate_q4_sme, "q4_sme2": _allocate_q4_sme2,
+              "q4_sme2_pair": _allocate_q4_sme2_pair}
