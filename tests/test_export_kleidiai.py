@@ -620,7 +620,7 @@ def test_llama_flow_q4_bit_exact(kai_so, gemm, lhs_packer, m, rounding):
     x = rng.normal(size=(m, k)).astype(np.float32)
     got = guest("max").call("guest_kai:llama_flow", kai_so, name, "bl", name, lhs_packer, True,
                             _Q4P, "q4", x, dict(raw=raw, n=n))
-    ll = lhs_layout_for(spec)
+    ll = lhs_layout_for(spec, 32, vl)
     lp = QSI8D32P(ll.mr, ll.kr, ll.sr, 32, rounding).pack(x)
     rp = pack_rhs("qsi4c32pscalef16", ggml=raw, n=n, k=k, nr=spec.nr, kr=spec.kr, sr=spec.sr, bl=32)
     want = ref_q4(lp, rp, m, n, k, 32, ll.mr, spec.nr, spec.kr, spec.sr, -FMAX, FMAX)
@@ -716,16 +716,17 @@ def _kquant_entry_bit_exact(g, so, gemm_kk, gemv_kk, seed: int):
             got = g.call("guest_kai:llama_flow", so, kk.name, "bl" if le.kernel_bl else "packed",
                          gemm_kk.name, le.lhs_packer, le.kernel_bl, packer, "kq", x,
                          dict(raw=raw, n=n))
-            want = _entry_reference(kind, spec, rlay, x, raw, n)
+            want = _entry_reference(kind, spec, rlay, x, raw, n, vl if spec.vl_scaled else None)
             assert np.array_equal(np.asarray(got, np.float32).view(np.uint32),
                                   want.astype(np.float32).view(np.uint32)), (kk.name, m, n, k)
 
 
-def _entry_reference(family: str, spec, rlay, x, raw, n):
+def _entry_reference(family: str, spec, rlay, x, raw, n, vl: int | None = None):
     """dst of a table entry's kernel ``spec`` from the activations and the ggml blocks: a
     K-quant family (q8kp activations) by tilegen.reference.kquant.matmul_blocks (no packed
     bytes); a block-32 family (qsi8d32p, KleidiAI's generic quantiser: rounding away) by its
-    plugin's ``matmul_<lhs>_<rhs>`` on the layouts' packed bytes (RHS as the gemm packs it)."""
+    plugin's ``matmul_<lhs>_<rhs>`` on the layouts' packed bytes (RHS as the gemm packs it; ``vl``:
+    the vector length in bytes a VL-scaled kernel's LHS layout is taken at)."""
     from tilegen.families import FAMILIES, plugin, rhs_layout_class
     from tilegen.layout.lhs_int8 import QSI8D32P
     from tilegen.reference.kquant import matmul_blocks
@@ -734,7 +735,7 @@ def _entry_reference(family: str, spec, rlay, x, raw, n):
         return matmul_blocks(rhs_layout_class(family), x, raw, n)
     assert rec.lhs == "qsi8d32p", rec
     m, k = x.shape
-    ll = lhs_layout_for(spec)
+    ll = lhs_layout_for(spec, 32, vl)
     lp = QSI8D32P(ll.mr, ll.kr, ll.sr, 32, "away").pack(x)
     ref = getattr(plugin(family), f"matmul_{rec.lhs}_{rec.rhs}")
     return ref(lp, rlay.pack_from_ggml(raw, n, k), m, n, k, 32, ll.mr, rlay.nr, rlay.kr, rlay.sr,

@@ -279,9 +279,10 @@ def c_packer(geo: list[dict]) -> dict:
 C_PACKERS = {"kai_rhs_pack_nxk_iq4nlp_iq4nl": c_packer}   # the export's (tilegen.export.packers_c)
 
 #: the (gemm, gemv) pairs the llama.cpp patch wires for IQ4_NL, per ISA slot (isa, gemm tile,
-#: gemv tile, how each multiplies): the i8mm and dotprod gemms of DEFAULT_KERNELS, each with the
-#: gemv of its own ISA on its packing (the table's entry is one ISA); no SME2 kernels
-LLAMA_KERNELS = (("i8mm", "12x4", "1x4", "SMMLA", "SMMLA"),
+#: gemv tile, how each multiplies): the sme2, i8mm and dotprod gemms of DEFAULT_KERNELS, each with
+#: the gemv of its own ISA on its packing (the table's entry is one ISA)
+LLAMA_KERNELS = (("sme2", "1vlx2vl", "1x2vl", "SMOPA", "SDOT"),
+                 ("i8mm", "12x4", "1x4", "SMMLA", "SMMLA"),
                  ("dotprod", "16x4", "1x4", "SDOT by lane", "SDOT by lane"))
 #: llama-quantize's IQ4_NL files run on the patched build, tolerance as Q4_0's (0.06 of the logit
 #: rms, docs/llama_cpp_check.md#tolerances): the activations are q8_0-like int8 32-blocks with an

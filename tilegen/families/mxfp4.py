@@ -339,10 +339,11 @@ def c_packer(geo: list[dict]) -> dict:
 C_PACKERS = {"kai_rhs_pack_nxk_mxfp4p_mxfp4": c_packer}   # the export's (tilegen.export.packers_c)
 
 #: the (gemm, gemv) pairs the llama.cpp patch wires for MXFP4, per ISA slot (isa, gemm tile,
-#: gemv tile, how each multiplies), each gemv on its gemm's packing (iq4_nl's pairs: the I8MM
-#: SMMLA 12x4 with the SDOT-on-pairs 1x4, the DOTPROD 16x4 with its 1x4; the patch's SME2
-#: slot has no MXFP4 entry, so an SME2 CPU takes the I8MM one)
-LLAMA_KERNELS = (("i8mm", "12x4", "1x4", "SMMLA", "SMMLA"),
+#: gemv tile, how each multiplies), each gemv on its gemm's packing (iq4_nl's pairs: the SME2
+#: SMOPA 1vlx2vl with the ZA-array SDOT 1x2vl, the I8MM SMMLA 12x4 with the SDOT-on-pairs 1x4,
+#: the DOTPROD 16x4 with its 1x4)
+LLAMA_KERNELS = (("sme2", "1vlx2vl", "1x2vl", "SMOPA", "SDOT"),
+                 ("i8mm", "12x4", "1x4", "SMMLA", "SMMLA"),
                  ("dotprod", "16x4", "1x4", "SDOT by lane", "SDOT by lane"))
 #: the llama.cpp check's dense MXFP4 model (docs/llama_cpp_check.md#mxfp4): llama-quantize has no
 #: MXFP4 ftype for a dense model, so every weight matrix is overridden to MXFP4 on a Q8_0 base
