@@ -16,7 +16,8 @@ from .callconv import Q8, Abi
 __all__ = ["__version__", "SpecError", "VL_GRANULE", "TILE_MR_MAX", "TILE_NR_MAX",
            "TILE_VL_MAX", "KR_MAX", "Isa", "ISAS", "IsaImpl", "FamilyInfo", "kquant_impls",
            "kquant_sve_impls", "kquant_sme2_impls", "kquant_record", "kquant_manifest", "kquant_default_kernels",
-           "KQUANT_LLAMA_KERNELS"]
+           "KQUANT_LLAMA_KERNELS", "table32_impls", "table32_default_kernels",
+           "TABLE32_LLAMA_KERNELS"]
 
 __version__ = "0.1.0"      # tilegen.__version__; generated files carry it
 
@@ -204,3 +205,44 @@ def kquant_sme2_impls(stem: str) -> dict[str, IsaImpl]:
                             gemv_op="sme2_sdot", gemv_template=f"{stem}_sme2_gemv",
                             fixed_kr=f"the {stem} sme2 kernels read k pairs of 4-k chunks "
                                      f"(kr = 4, sr = 2)")}
+
+
+def table32_impls() -> dict[str, IsaImpl]:
+    """The realisations of a block-32 table-decoded family (iq4_nl, mxfp4: 4-bit indices into
+    the layout's int8 table, q4_0's packing): q4_0's NEON / SVE allocators (kr by the
+    instruction, sr 2) with iq4_nl's table-decode templates (``iq4nl_neon``, ``iq4nl_sve``: the
+    table and the scale widening come from the layout), and SME2: the SMOPA gemm
+    (``iq4nl_sme2``, on q4_0's SME skeleton) and the ZA-array SDOT gemv (``iq4nl_sme2_gemv``,
+    on q4_0's za4 strategy) under one record and one packing (kr 8, sr 2), the indices decoded
+    by LUTI4 through the layout's table in ZT0 (allocator ``q4_sme2_pair``)."""
+    def impl(op: str, kr: int, sve: bool = False) -> IsaImpl:
+        return IsaImpl(op, "iq4nl_sve" if sve else "iq4nl_neon", "q4_sve" if sve else "q4_neon",
+                       kr=kr, sr=2)
+    return {"neon": impl("neon", 8), "dotprod": impl("neon_dotprod", 8),
+            "i8mm": impl("neon_i8mm", 16), "sve_dotprod": impl("sve_dotprod", 8, True),
+            "sve_i8mm": impl("sve_i8mm", 16, True),
+            "sme2": IsaImpl("sme2_mopa", "iq4nl_sme2", "q4_sme2_pair", kr=8, sr=2,
+                            gemv_op="sme2_sdot", gemv_template="iq4nl_sme2_gemv",
+                            fixed_L="SMOPA and SDOT by lane read 4-byte groups")}
+
+
+def table32_default_kernels(name: str) -> tuple[str, ...]:
+    """A block-32 table family's default kernels, gemm + the gemv on its packing, as q4_0's
+    pairs: SVE (VL units) first, SMMLA 16x1vl kr16 with the SDOT gemv kr16, SDOT by lane 8x1vl
+    with 1x1vl; the SME2 pair (SMOPA gemm 1vlx2vl + ZA-array SDOT gemv 1x2vl, one packing;
+    opt-in at run time with TILEGEN_SME, as q4_0's SME pair); then i8mm SMMLA 12x4 kr16 (12-row
+    register blocks: llvm-mca's best on neoverse-v2/-n2/-v1) with the SDOT gemv 1x4 kr16;
+    dotprod SDOT by lane 16x4 kr8 with 1x4; plain NEON (SMULL) 4x4 / 1x4 last."""
+    return tuple(f"{name}:{t}" for t in (
+        "sve_i8mm:16x1vl", "sve_dotprod:1x1vl:k16:s2", "sve_dotprod:8x1vl", "sve_dotprod:1x1vl",
+        "sme2:1vlx2vl", "sme2:1x2vl", "i8mm:12x4", "dotprod:1x4:k16:s2", "dotprod:16x4",
+        "dotprod:1x4", "neon:4x4", "neon:1x4"))
+
+
+#: the (gemm, gemv) pairs the llama.cpp patch wires for a block-32 table family, per ISA slot
+#: (isa, gemm tile, gemv tile, how each multiplies), each gemv on its gemm's packing: the SME2
+#: SMOPA 1vlx2vl with the ZA-array SDOT 1x2vl, the I8MM SMMLA 12x4 with the SDOT-on-pairs 1x4,
+#: the DOTPROD 16x4 with its 1x4
+TABLE32_LLAMA_KERNELS = (("sme2", "1vlx2vl", "1x2vl", "SMOPA", "SDOT"),
+                         ("i8mm", "12x4", "1x4", "SMMLA", "SMMLA"),
+                         ("dotprod", "16x4", "1x4", "SDOT by lane", "SDOT by lane"))

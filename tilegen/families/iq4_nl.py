@@ -41,7 +41,7 @@ from ..layout.ggml import (as_bytes, check_block_scales, f16_bits_to_f32, join_q
 from ..layout.lhs_int8 import QSI8D32P
 from ..layout.rhs_int4 import QSI4C32PScaleF16
 from ..reference.f32 import fma_f32
-from ..records import FamilyInfo, IsaImpl
+from ..records import TABLE32_LLAMA_KERNELS, FamilyInfo, table32_default_kernels, table32_impls
 
 __all__ = ["ORDER", "RECORDS", "LAYOUTS", "ALLOCATOR_MODULES", "DEFAULT_KERNELS", "GGML_TYPES",
            "KVALUES_IQ4NL", "QK_IQ4NL", "IQ4NL_BLOCK_BYTES", "split_iq4_nl", "join_iq4_nl",
@@ -193,28 +193,10 @@ def matmul_qsi8d32p_iq4nlp(lhs_packed, rhs_packed, m: int, n: int, k: int, bl: i
     return np.minimum(a, np.float32(clamp_max))
 
 
-def _impl(op: str, kr: int, sve: bool = False) -> IsaImpl:
-    """q4_0's realisation on the ISA (allocator, kr, sr) with this family's template."""
-    return IsaImpl(op, "iq4nl_sve" if sve else "iq4nl_neon", "q4_sve" if sve else "q4_neon",
-                   kr=kr, sr=2)
-
-
-#: SME2: the SMOPA gemm (``iq4nl_sme2``, on q4_0's SME skeleton) and the ZA-array SDOT gemv
-#: (``iq4nl_sme2_gemv``, on q4_0's za4 strategy) under one record, one packing (kr 8, sr 2: q4_0's
-#: sme / sme2 interleave), this family's templates: the indices decoded by LUTI4 through the
-#: layout's table in ZT0 (allocator ``q4_sme2_pair``)
-_SME2 = IsaImpl("sme2_mopa", "iq4nl_sme2", "q4_sme2_pair", kr=8, sr=2, gemv_op="sme2_sdot",
-                gemv_template="iq4nl_sme2_gemv",
-                fixed_L="SMOPA and SDOT by lane read 4-byte groups")
-
-
 RECORDS = (FamilyInfo(
     name="iq4_nl", lhs="qsi8d32p", rhs="iq4nlp", kinds=("iq4_nl",), abi=Q4, quantized=True,
     acc_mem=True,
-    impls={"neon": _impl("neon", 8), "dotprod": _impl("neon_dotprod", 8),
-           "i8mm": _impl("neon_i8mm", 16), "sve_dotprod": _impl("sve_dotprod", 8, True),
-           "sve_i8mm": _impl("sve_i8mm", 16, True),
-           "sme2": _SME2}),)
+    impls=table32_impls()),)
 LAYOUTS = (IQ4NLP,)
 ALLOCATOR_MODULES = ("q4", "q4_sme")
 GGML_TYPES = {"IQ4_NL": "iq4_nl"}
@@ -224,17 +206,7 @@ GGML_REPACK = (("gemm", "ggml_gemm_iq4_nl_4x4_q8_0", "sdot", 4),
                ("gemv", "ggml_gemv_iq4_nl_4x4_q8_0", "sdot", 4))
 #: issue #32's targets against ggml's best (tilegen / ggml MAC per cycle)
 VS_GGML_TARGETS = {"gemm": 1.8, "gemv": 1.3}
-# gemm + the gemv on its packing, as q4_0's pairs: SVE (VL units) first; the SME2 pair (LUTI4
-# through ZT0: SMOPA gemm 1vlx2vl + ZA-array SDOT gemv 1x2vl, one packing; opt-in at run time
-# with TILEGEN_SME, as q4_0's SME pair); then i8mm SMMLA 12x4
-# kr16 (12-row register blocks, no mask register: llvm-mca's best on neoverse-v2/-n2/-v1)
-# with the SDOT gemv 1x4 kr16; dotprod SDOT by lane 16x4 kr8 with 1x4; plain NEON (SMULL) last
-DEFAULT_KERNELS = ("iq4_nl:sve_i8mm:16x1vl", "iq4_nl:sve_dotprod:1x1vl:k16:s2",
-                   "iq4_nl:sve_dotprod:8x1vl", "iq4_nl:sve_dotprod:1x1vl",
-                   "iq4_nl:sme2:1vlx2vl", "iq4_nl:sme2:1x2vl",
-                   "iq4_nl:i8mm:12x4", "iq4_nl:dotprod:1x4:k16:s2",
-                   "iq4_nl:dotprod:16x4", "iq4_nl:dotprod:1x4",
-                   "iq4_nl:neon:4x4", "iq4_nl:neon:1x4")
+DEFAULT_KERNELS = table32_default_kernels("iq4_nl")   # records.table32_default_kernels
 
 
 def gguf_layout(kind: str, nr: int | None):
@@ -281,9 +253,7 @@ C_PACKERS = {"kai_rhs_pack_nxk_iq4nlp_iq4nl": c_packer}   # the export's (tilege
 #: the (gemm, gemv) pairs the llama.cpp patch wires for IQ4_NL, per ISA slot (isa, gemm tile,
 #: gemv tile, how each multiplies): the sme2, i8mm and dotprod gemms of DEFAULT_KERNELS, each with
 #: the gemv of its own ISA on its packing (the table's entry is one ISA)
-LLAMA_KERNELS = (("sme2", "1vlx2vl", "1x2vl", "SMOPA", "SDOT"),
-                 ("i8mm", "12x4", "1x4", "SMMLA", "SMMLA"),
-                 ("dotprod", "16x4", "1x4", "SDOT by lane", "SDOT by lane"))
+LLAMA_KERNELS = TABLE32_LLAMA_KERNELS
 #: llama-quantize's IQ4_NL files run on the patched build, tolerance as Q4_0's (0.06 of the logit
 #: rms, docs/llama_cpp_check.md#tolerances): the activations are q8_0-like int8 32-blocks with an
 #: f16 scale (qsi8d32p), the weights exact table values (no second rounding)

@@ -38,7 +38,7 @@ from ..layout.ggml import as_bytes, f16_bits_to_f32
 from ..layout.lhs_int8 import QSI8D32P
 from ..layout.rhs_int4 import QSI4C32PScaleF16
 from ..reference.f32 import fma_f32
-from ..records import FamilyInfo, IsaImpl
+from ..records import TABLE32_LLAMA_KERNELS, FamilyInfo, table32_default_kernels, table32_impls
 
 __all__ = ["ORDER", "RECORDS", "LAYOUTS", "ALLOCATOR_MODULES", "DEFAULT_KERNELS", "GGML_TYPES",
            "KVALUES_MXFP4", "QK_MXFP4", "MXFP4_BLOCK_BYTES", "E8M0_HALF_BF16", "split_mxfp4",
@@ -249,29 +249,10 @@ def matmul_qsi8d32p_mxfp4p(lhs_packed, rhs_packed, m: int, n: int, k: int, bl: i
     return np.minimum(a, np.float32(clamp_max))
 
 
-def _impl(op: str, kr: int, sve: bool = False) -> IsaImpl:
-    """q4_0's realisation on the ISA (allocator, kr, sr) with iq4_nl's table-decode template
-    (it reads the table from the layout; the bf16 scale widening follows the layout's
-    ``scale_format`` in the q4 skeletons)."""
-    return IsaImpl(op, "iq4nl_sve" if sve else "iq4nl_neon", "q4_sve" if sve else "q4_neon",
-                   kr=kr, sr=2)
-
-
-#: SME2: the SMOPA gemm (``iq4nl_sme2``, on q4_0's SME skeleton) and the ZA-array SDOT gemv
-#: (``iq4nl_sme2_gemv``, on q4_0's za4 strategy) under one record, one packing (kr 8, sr 2: q4_0's
-#: sme / sme2 interleave), iq4_nl's templates: the indices decoded by LUTI4 through the
-#: layout's table in ZT0 (allocator ``q4_sme2_pair``)
-_SME2 = IsaImpl("sme2_mopa", "iq4nl_sme2", "q4_sme2_pair", kr=8, sr=2, gemv_op="sme2_sdot",
-                gemv_template="iq4nl_sme2_gemv",
-                fixed_L="SMOPA and SDOT by lane read 4-byte groups")
-
-
 RECORDS = (FamilyInfo(
     name="mxfp4", lhs="qsi8d32p", rhs="mxfp4p", kinds=("mxfp4",), abi=Q4, quantized=True,
     acc_mem=True,
-    impls={"neon": _impl("neon", 8), "dotprod": _impl("neon_dotprod", 8),
-           "i8mm": _impl("neon_i8mm", 16), "sve_dotprod": _impl("sve_dotprod", 8, True), "sve_i8mm": _impl("sve_i8mm", 16, True),
-           "sme2": _SME2}),)
+    impls=table32_impls()),)
 LAYOUTS = (MXFP4P,)
 ALLOCATOR_MODULES = ("q4", "q4_sme")
 GGML_TYPES = {"MXFP4": "mxfp4"}
@@ -281,17 +262,7 @@ GGML_REPACK = (("gemm", "ggml_gemm_mxfp4_4x4_q8_0", "sdot", 4),
                ("gemv", "ggml_gemv_mxfp4_4x4_q8_0", "sdot", 4))
 #: issue #32's targets against ggml's best (tilegen / ggml MAC per cycle)
 VS_GGML_TARGETS = {"gemm": 1.8, "gemv": 1.3}
-# gemm + the gemv on its packing, as iq4_nl's pairs: SVE (VL units) first, SMMLA 16x1vl kr16
-# with the SDOT gemv kr16, SDOT by lane 8x1vl with 1x1vl; the SME2 pair (iq4_nl's: LUTI4 through
-# ZT0, SMOPA gemm 1vlx2vl + ZA-array SDOT gemv 1x2vl, opt-in with TILEGEN_SME as q4_0's); then
-# i8mm SMMLA 12x4 kr16 (12-row register blocks, bf16 scale products by FMUL, magic-number sums:
-# llvm-mca's best on neoverse-v2/-n2/-v1) with the SDOT gemv 1x4 kr16; dotprod SDOT by lane 16x4
-# kr8 with its 1x4 gemv, plain NEON (SMULL) 4x4 / 1x4 last
-DEFAULT_KERNELS = ("mxfp4:sve_i8mm:16x1vl", "mxfp4:sve_dotprod:1x1vl:k16:s2",
-                   "mxfp4:sve_dotprod:8x1vl", "mxfp4:sve_dotprod:1x1vl",
-                   "mxfp4:sme2:1vlx2vl", "mxfp4:sme2:1x2vl",
-                   "mxfp4:i8mm:12x4", "mxfp4:dotprod:1x4:k16:s2",
-                   "mxfp4:dotprod:16x4", "mxfp4:dotprod:1x4", "mxfp4:neon:4x4", "mxfp4:neon:1x4")
+DEFAULT_KERNELS = table32_default_kernels("mxfp4")   # records.table32_default_kernels
 
 
 def gguf_layout(kind: str, nr: int | None):
@@ -342,9 +313,7 @@ C_PACKERS = {"kai_rhs_pack_nxk_mxfp4p_mxfp4": c_packer}   # the export's (tilege
 #: gemv tile, how each multiplies), each gemv on its gemm's packing (iq4_nl's pairs: the SME2
 #: SMOPA 1vlx2vl with the ZA-array SDOT 1x2vl, the I8MM SMMLA 12x4 with the SDOT-on-pairs 1x4,
 #: the DOTPROD 16x4 with its 1x4)
-LLAMA_KERNELS = (("sme2", "1vlx2vl", "1x2vl", "SMOPA", "SDOT"),
-                 ("i8mm", "12x4", "1x4", "SMMLA", "SMMLA"),
-                 ("dotprod", "16x4", "1x4", "SDOT by lane", "SDOT by lane"))
+LLAMA_KERNELS = TABLE32_LLAMA_KERNELS
 #: the llama.cpp check's dense MXFP4 model (docs/llama_cpp_check.md#mxfp4): llama-quantize has no
 #: MXFP4 ftype for a dense model, so every weight matrix is overridden to MXFP4 on a Q8_0 base
 #: (token_embd too: GET_ROWS through the C packer's row dequantiser); tolerance Q4_0's (0.06 of
