@@ -919,7 +919,8 @@ def test_kquant_table_entries_match_their_types(target, tuned):
 def test_kquant_table_check_catches_miswiring():
     """The table check fails on each wiring mistake a unit test used to miss: the Q4_K and
     Q6_K gemv swapped (#30 item 8(b)), a gemm and a gemv swapped, two entries' CPU features
-    swapped, two entries' RHS packers swapped, one getter of another kernel."""
+    swapped, two entries' RHS packers swapped, one getter of another kernel (the swapped lines:
+    the first entry's and the next entry's that differ from it, whatever the table's order)."""
     patch, specs, headers = _table_inputs(K.export_files())
     by = {(e.family, e.isa): e for e in K.KQUANT_DEFAULT}
 
@@ -933,8 +934,8 @@ def test_kquant_table_check_catches_miswiring():
     mutants = {
         "gemv Q4_K <-> Q6_K": swap(patch, q4.gemv.name, q6.gemv.name),
         "gemm <-> gemv": swap(patch, q4.gemm.name, q4.gemv.name),
-        "required_cpu": "\n".join(swap_lines(lines, cpu[0], cpu[2])),
-        "to_float": "\n".join(swap_lines(lines, rhs[0], rhs[3])),
+        "required_cpu": "\n".join(swap_lines(lines, cpu[0], next(i for i in cpu if lines[i] != lines[cpu[0]]))),
+        "to_float": "\n".join(swap_lines(lines, rhs[0], next(i for i in rhs if lines[i] != lines[rhs[0]]))),
         "one getter": patch.replace(f"kai_get_kr_{q4.gemm.name},", f"kai_get_kr_{by['q4_K', 'dotprod'].gemm.name},"),
     }
     for what, text in mutants.items():
@@ -1047,7 +1048,9 @@ def test_tuned_kquant_tiles_reach_names_getters_and_table():
     from tilegen.build.targets import get_target
     want = {"neoverse-v2": {("q6_K", "i8mm"): ("q6_K:i8mm:32x4", "q6_K:i8mm:1x4")},
             "neoverse-n1": {("q4_K", "dotprod"): ("q4_K:dotprod:12x4", "q4_K:dotprod:1x4"),
-                            ("q6_K", "dotprod"): ("q6_K:dotprod:32x4", "q6_K:dotprod:1x4")}}
+                            ("q6_K", "dotprod"): ("q6_K:dotprod:32x4", "q6_K:dotprod:1x4"),
+                            ("iq4_nl", "dotprod"): ("iq4_nl:dotprod:12x4", "iq4_nl:dotprod:1x4"),
+                            ("mxfp4", "dotprod"): ("mxfp4:dotprod:12x4", "mxfp4:dotprod:1x4")}}
     for target, changed in want.items():
         tf = read_tuned(get_target(target))
         for (fam, isa), pair in changed.items():      # the committed tuned file's pair
