@@ -620,7 +620,7 @@ def test_llama_flow_q4_bit_exact(kai_so, gemm, lhs_packer, m, rounding):
     x = rng.normal(size=(m, k)).astype(np.float32)
     got = guest("max").call("guest_kai:llama_flow", kai_so, name, "bl", name, lhs_packer, True,
                             _Q4P, "q4", x, dict(raw=raw, n=n))
-    ll = lhs_layout_for(spec, 32, vl)
+    ll = lhs_layout_for(spec)
     lp = QSI8D32P(ll.mr, ll.kr, ll.sr, 32, rounding).pack(x)
     rp = pack_rhs("qsi4c32pscalef16", ggml=raw, n=n, k=k, nr=spec.nr, kr=spec.kr, sr=spec.sr, bl=32)
     want = ref_q4(lp, rp, m, n, k, 32, ll.mr, spec.nr, spec.kr, spec.sr, -FMAX, FMAX)
