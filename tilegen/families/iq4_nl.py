@@ -38,9 +38,8 @@ from ..callconv import Q4
 from ..layout.base import LayoutError
 from ..layout.ggml import (as_bytes, check_block_scales, f16_bits_to_f32, join_q4_0,
                            random_f16_scales, split_q4_0)
-from ..layout.lhs_int8 import QSI8D32P
 from ..layout.rhs_int4 import QSI4C32PScaleF16
-from ..reference.f32 import fma_f32
+from ..reference.q4 import matmul_qsi8d32p_qsi4c32pscalef16
 from ..records import TABLE32_LLAMA_KERNELS, FamilyInfo, table32_default_kernels, table32_impls
 
 __all__ = ["ORDER", "RECORDS", "LAYOUTS", "ALLOCATOR_MODULES", "DEFAULT_KERNELS", "GGML_TYPES",
@@ -177,20 +176,8 @@ def matmul_qsi8d32p_iq4nlp(lhs_packed, rhs_packed, m: int, n: int, k: int, bl: i
     """dst float32 (m, n) of the iq4_nl kernels, bit for bit: per 32-block b,
     S = sum q[i, t] * kvalues[idx[j, t]] (exact int32); a = fma(f32(S), f32(dr) * f32(dl), a)
     from a = +0 in block order; then a = min(max(a, clamp_min), clamp_max)."""
-    q, dl_bits = QSI8D32P(mr, kr, sr, bl).unpack(lhs_packed, m, k)
-    v, dr_bits = IQ4NLP(nr, kr, sr, bl).unpack_values(rhs_packed, n, k)
-    B = k // bl
-    qb = q[:, :k].astype(np.int64).reshape(m, B, bl).transpose(1, 0, 2)
-    vb = v[:, :k].astype(np.int64).reshape(n, B, bl).transpose(1, 2, 0)
-    S = np.matmul(qb, vb).transpose(1, 2, 0)                          # (m, n, B)
-    dl, dr = f16_bits_to_f32(dl_bits), f16_bits_to_f32(dr_bits)
-    a = np.zeros((m, n), np.float32)
-    with np.errstate(invalid="ignore", over="ignore"):
-        for b in range(B):
-            s = (dr[None, :, b] * dl[:, None, b]).astype(np.float32)
-            a = fma_f32(S[:, :, b].astype(np.float32), s, a)
-    a = np.maximum(a, np.float32(clamp_min))
-    return np.minimum(a, np.float32(clamp_max))
+    return matmul_qsi8d32p_qsi4c32pscalef16(lhs_packed, rhs_packed, m, n, k, bl, mr, nr, kr, sr,
+                                            clamp_min, clamp_max, rhs_layout=IQ4NLP)
 
 
 RECORDS = (FamilyInfo(

@@ -34,10 +34,9 @@ import numpy as np
 
 from ..callconv import Q4
 from ..layout.base import LayoutError
-from ..layout.ggml import as_bytes, f16_bits_to_f32
-from ..layout.lhs_int8 import QSI8D32P
+from ..layout.ggml import as_bytes
 from ..layout.rhs_int4 import QSI4C32PScaleF16
-from ..reference.f32 import fma_f32
+from ..reference.q4 import matmul_qsi8d32p_qsi4c32pscalef16
 from ..records import TABLE32_LLAMA_KERNELS, FamilyInfo, table32_default_kernels, table32_impls
 
 __all__ = ["ORDER", "RECORDS", "LAYOUTS", "ALLOCATOR_MODULES", "DEFAULT_KERNELS", "GGML_TYPES",
@@ -73,10 +72,6 @@ def _bf16_to_e8m0(bits: np.ndarray) -> np.ndarray:
     if not np.array_equal(E8M0_HALF_BF16[e], bits):
         raise LayoutError("mxfp4p scales must be bf16 powers of two 2^(e-128), e = 0..255")
     return e.astype(np.uint8)
-
-
-def _bf16_bits_to_f32(bits: np.ndarray) -> np.ndarray:
-    return (np.asarray(bits, np.uint32) << np.uint32(16)).view(np.float32)
 
 
 # ----------------------------------------------------------------------------------------
@@ -233,20 +228,8 @@ def matmul_qsi8d32p_mxfp4p(lhs_packed, rhs_packed, m: int, n: int, k: int, bl: i
     """dst float32 (m, n) of the mxfp4 kernels, bit for bit: per 32-block b,
     S = sum q[i, t] * kvalues[code[j, t]] (exact int32); a = fma(f32(S), f32(dr) * f32(dl), a)
     from a = +0 in block order (dr bf16, dl f16); then a = min(max(a, clamp_min), clamp_max)."""
-    q, dl_bits = QSI8D32P(mr, kr, sr, bl).unpack(lhs_packed, m, k)
-    v, dr_bits = MXFP4P(nr, kr, sr, bl).unpack_values(rhs_packed, n, k)
-    B = k // bl
-    qb = q[:, :k].astype(np.int64).reshape(m, B, bl).transpose(1, 0, 2)
-    vb = v[:, :k].astype(np.int64).reshape(n, B, bl).transpose(1, 2, 0)
-    S = np.matmul(qb, vb).transpose(1, 2, 0)                          # (m, n, B)
-    dl, dr = f16_bits_to_f32(dl_bits), _bf16_bits_to_f32(dr_bits)
-    a = np.zeros((m, n), np.float32)
-    with np.errstate(invalid="ignore", over="ignore", under="ignore"):
-        for b in range(B):
-            s = (dr[None, :, b] * dl[:, None, b]).astype(np.float32)
-            a = fma_f32(S[:, :, b].astype(np.float32), s, a)
-    a = np.maximum(a, np.float32(clamp_min))
-    return np.minimum(a, np.float32(clamp_max))
+    return matmul_qsi8d32p_qsi4c32pscalef16(lhs_packed, rhs_packed, m, n, k, bl, mr, nr, kr, sr,
+                                            clamp_min, clamp_max, rhs_layout=MXFP4P)
 
 
 RECORDS = (FamilyInfo(

@@ -55,21 +55,29 @@ def matmul_qai8dxp_qsi4c32p(lhs_packed, rhs_packed, m: int, n: int, k: int, bl: 
     return np.minimum(a, np.float32(clamp_max))
 
 
+#: the column-scale decoders of the QSI4C32PScaleF16 family of layouts, by ``scale_format``
+_SCALE_TO_F32 = {"f16": f16_bits_to_f32, "bf16": bf16_to_f32}
+
+
 def matmul_qsi8d32p_qsi4c32pscalef16(lhs_packed, rhs_packed, m: int, n: int, k: int, bl: int,
                                      mr: int, nr: int, kr: int, sr: int,
-                                     clamp_min: float, clamp_max: float) -> np.ndarray:
+                                     clamp_min: float, clamp_max: float,
+                                     rhs_layout: type = QSI4C32PScaleF16) -> np.ndarray:
     """dst float32 (m, n) of ``kai_run_matmul_clamp_f32_qsi8d32p<mr>x.._qsi4c32p<nr>x..``.
 
     a = +0; per block b: a = fma(f32(S_b), f32(dr_jb) * f32(dl_ib), a);
     a = max(a, clamp_min); a = min(a, clamp_max).  No bias, no zero point.
+    ``rhs_layout``: the packed RHS's layout class, QSI4C32PScaleF16 or one on it (the table
+    families': its ``unpack_values`` gives the weights' int8 values, its ``scale_format`` how
+    dr is widened, f16 or bf16 — the same arithmetic after that).
     """
     q, dl_bits = QSI8D32P(mr, kr, sr, bl).unpack(lhs_packed, m, k)
-    v, dr_bits = QSI4C32PScaleF16(nr, kr, sr, bl).unpack_values(rhs_packed, n, k)
+    v, dr_bits = rhs_layout(nr, kr, sr, bl).unpack_values(rhs_packed, n, k)
     S = _block_dots(q, v, k, bl)
     dl = f16_bits_to_f32(dl_bits)                                             # (m, B)
-    dr = f16_bits_to_f32(dr_bits)                                             # (n, B)
+    dr = _SCALE_TO_F32[rhs_layout.scale_format](dr_bits)                      # (n, B)
     a = np.zeros((m, n), np.float32)
-    with np.errstate(invalid="ignore", over="ignore"):
+    with np.errstate(invalid="ignore", over="ignore", under="ignore"):
         for b in range(k // bl):
             s = (dr[None, :, b] * dl[:, None, b]).astype(np.float32)
             a = fma_f32(S[:, :, b].astype(np.float32), s, a)
