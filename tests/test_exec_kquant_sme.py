@@ -24,8 +24,8 @@ from conftest import SME_ON, guest
 
 GEMMS = ("q4_K:sme2:1vlx2vl", "q4_K:sme2:1vlx1vl", "q4_K:sme2:4vlx1vl")
 GEMVS = ("q4_K:sme2:1x2vl", "q4_K:sme2:1x4vl")
-Q6_SPECS = ("q6_K:sme2:1vlx1vl", "q6_K:sme2:1vlx2vl", "q6_K:sme2:1vlx4vl", "q6_K:sme2:1x2vl",
-            "q6_K:sme2:1x4vl")
+Q6_SPECS = ("q6_K:sme2:1vlx1vl", "q6_K:sme2:1vlx2vl", "q6_K:sme2:1vlx4vl", "q6_K:sme2:4vlx1vl",
+            "q6_K:sme2:1x2vl", "q6_K:sme2:1x4vl")
 IQ4XS_SPECS = ("iq4_xs:sme2:1vlx1vl", "iq4_xs:sme2:1vlx2vl", "iq4_xs:sme2:1vlx4vl",
                "iq4_xs:sme2:4vlx1vl", "iq4_xs:sme2:1x2vl", "iq4_xs:sme2:1x4vl")
 Q5_SPECS = ("q5_K:sme2:1vlx1vl", "q5_K:sme2:1vlx2vl", "q5_K:sme2:4vlx1vl", "q5_K:sme2:1x2vl",

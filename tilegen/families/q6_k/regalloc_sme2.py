@@ -21,8 +21,8 @@ from dataclasses import dataclass
 from ...records import SpecError
 from ...generator.spec import KernelSpec
 from ...generator.regalloc.pool import SME_X_ORDER, RegisterPool
-from ...generator.regalloc.kquant import (KQuantSme2Frame, check_sme2_gemv_tile,
-                                          check_sme2_interleave)
+from ...generator.regalloc.kquant import (KQuantSme2Frame, allocate_kquant_sme2_rows,
+                                          check_sme2_gemv_tile, check_sme2_interleave)
 
 __all__ = ["Q6KSme2Regs", "Q6KSme2GemvRegs", "ALLOCATORS"]
 
@@ -101,6 +101,16 @@ def _allocate_gemv(spec: KernelSpec) -> Q6KSme2GemvRegs:
                            s1=s1, acc=acc, d=low[0][0], da=low[0][1], clamp=low[1], gpr=gpr,
                            **pool.frame())
 
+# the 4vl x 1vl gemm (the shared row-group allocation, templates/kquant/sme2_gemm_rows.S.j2):
+# its decode's vectors (R.extra: ``wide`` the widened values of one low-plane vector, ``high``
+# the two high-plane vectors of a trip, ``low_a`` / ``low_b`` two low-plane vectors of half A /
+# B, ``v8`` the int8 values of one low-plane vector, ``mask`` 0xf0) and pointers, second names
+# of scalars it leaves free: half B's low plane ``rpb`` (hot loop only), the high plane ``hp``
+# (the next record after the fold) and half B's LHS ``lpb`` (the rows' d at the fold, the next
+# SB's LHS after it)
+_ROWS_EXTRA = (("wide", 4), ("high", 2), ("low_a", 2), ("low_b", 2), ("v8", 2), ("mask", 1))
+_ROWS_X = (("rpb", "rpt"), ("hp", "pt"), ("lpb", "tmp"))
+
 _SCALARS = ("n_rem", "rec", "rpa", "rpb", "hp", "sca", "scb", "lpa", "lpb", "lhs_rb", "lhs_rbs",
             "dst_tile", "dst_row", "sb_cnt", "nsb", "it_cnt", "rows", "tmp")
 
@@ -110,9 +120,12 @@ def _allocate_q6k_sme2(spec: KernelSpec) -> Q6KSme2Regs | Q6KSme2GemvRegs:
     check_sme2_interleave(spec, "q6_K")
     if spec.is_gemv:
         return _allocate_gemv(spec)
+    if spec.mr_vl and (spec.mr, nu) == (4, 1):
+        return allocate_kquant_sme2_rows(spec, "q6_K", extra=_ROWS_EXTRA, extra_x=_ROWS_X)
     if not spec.mr_vl or spec.mr != 1 or nu not in (1, 2, 4):
         raise SpecError(f"q6_K sme2 gemm tiles are 1vlx1vl, 1vlx2vl or 1vlx4vl (one int32 ZA "
-                        f"tile per column vector), got {spec.mr_str}x{spec.nr_str}")
+                        f"tile per column vector) or 4vlx1vl (S1 of four row groups), got "
+                        f"{spec.mr_str}x{spec.nr_str}")
     pool = RegisterPool(_CHART, x_order=SME_X_ORDER, streaming=True)
     v = pool.v
     lhs_b = v.claim((0, 1), "LHS")

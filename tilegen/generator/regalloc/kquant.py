@@ -446,13 +446,17 @@ _ROWS_CHART = ("LHS", "RHS", "column scales", "SB-end operands", "f32 epilogue",
 
 
 def allocate_kquant_sme2_rows(spec: KernelSpec, family: str,
-                              extra: tuple[tuple[str, int], ...] = ()) -> KQuantSme2RowsRegs:
+                              extra: tuple[tuple[str, int], ...] = (),
+                              extra_x: tuple[tuple[str, str], ...] = ()) -> KQuantSme2RowsRegs:
     """The 4vl x 1vl SME2 gemm of a K-quant layout: one decode of the weights for the four ZA
     tiles.  Without ``extra``, the 4-bit layouts' LUTI4 decode (``w``, ``p``, ``rhs_b``,
     ``table``); a family with a decode of its own names its hot-loop vectors in ``extra``
     ((name, count): ``R.extra[name]``, each group at a multiple of its count from z16 on,
     then ``sc``, ``sc_raw``).  GPR ``pt`` (the fold's predicate bounds) is free in the hot
-    loop: a family may give it a second name there."""
+    loop: a family may give it a second name there.  ``extra_x``: second names of GPRs for a family's
+    own pointers ((name, scalar): ``R.gpr[name]`` is that scalar's register; free in the hot
+    loop: ``dap``, ``left``, ``rpt``, ``pt``; ``pt`` and ``tmp`` across the fold too, where the
+    family's fold blocks do not use them)."""
     mu = spec.mr
     check_sme2_interleave(spec, family)
     pool = RegisterPool(_ROWS_CHART, x_order=SME_X_ORDER, streaming=True)
@@ -477,6 +481,7 @@ def allocate_kquant_sme2_rows(spec: KernelSpec, family: str,
     mins = tuple(range(24, 28))
     clamp = (22, 23)
     gpr = pool.scalars(_ROWS_SCALARS)
+    gpr.update({name: gpr[of] for name, of in extra_x})
     pool.settle(f"{family} sme2 gemm {spec.mr_str}x{spec.nr_str}")
     return KQuantSme2RowsRegs(mu=mu, nu=1, lhs=lhs, rhs_b=rhs_b, w=w, p=p, sc=(sc,),
                            sc_raw=sc_raw, table=table,
