@@ -144,6 +144,12 @@ class Q6KP(KQuantRhs):
         0-1 and 2-3 come from byte p, fields 4-5 and 6-7 from byte p + high_pair_distance)."""
         return self.high_plane_bytes
 
+    @property
+    def high_table(self) -> tuple[int, ...]:
+        """What each stored 2-bit field h' (0-3) adds to its value's low nibble, 16*(signed
+        q >> 4 - 2) = 16*((h' ^ h_xor) - 2): the SME2 4vl x 1vl gemm's LUTI2 table."""
+        return tuple(16 * ((h ^ self.h_xor) - 2) for h in range(4))
+
     def low_offset(self, c: int, t: int) -> tuple[int, int]:
         """(low-plane byte index p, 0 low / 1 high nibble) of column slot c, value t < 256."""
         i, r = divmod(t, self.kr)

@@ -108,7 +108,7 @@ def _allocate_gemv(spec: KernelSpec) -> Q6KSme2GemvRegs:
 # of scalars it leaves free: half B's low plane ``rpb`` (hot loop only), the high plane ``hp``
 # (the next record after the fold) and half B's LHS ``lpb`` (the rows' d at the fold, the next
 # SB's LHS after it)
-_ROWS_EXTRA = (("wide", 4), ("high", 2), ("low_a", 2), ("low_b", 2), ("v8", 2), ("mask", 1))
+_ROWS_EXTRA = (("wide", 4), ("hs0", 4), ("hs1", 4), ("hl", 1), ("mask", 1))
 _ROWS_X = (("rpb", "rpt"), ("hp", "pt"), ("lpb", "tmp"))
 
 _SCALARS = ("n_rem", "rec", "rpa", "rpb", "hp", "sca", "scb", "lpa", "lpb", "lhs_rb", "lhs_rbs",
