@@ -146,7 +146,7 @@ def test_kquant_sme2_guard_pages(spec, kq_sme_lib):
     _check_guarded(spec.name, cases, refs, outs)
 
 
-@pytest.mark.parametrize("spec", ("q4_K:sme2:4vlx1vl", "iq4_xs:sme2:4vlx1vl"))
+@pytest.mark.parametrize("spec", ("q4_K:sme2:4vlx1vl", "iq4_xs:sme2:4vlx1vl", "q6_K:sme2:4vlx1vl"))
 def test_kquant_sme2_rows_gemm_is_bound_by_outer_products(spec):
     """Issue #34 item 3 on the M4 model (tilegen.analysis.sme, SVL 512): the 4vl x 1vl gemms
     decode the weights once for four ZA tiles, so their int16 SMOPA bind, within 1.3x of the
