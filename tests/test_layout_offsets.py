@@ -141,7 +141,7 @@ def _grid() -> list:
         variant = (s.template, s.isa, s.family, getattr(R, "mode", None),
                    getattr(R, "streamed", None), getattr(R, "acc_mem", None),
                    getattr(R, "lhs_mr", None), s.kr, s.sr, s.vl_scaled,
-                   getattr(R, "groups", 1) > 1)
+                   getattr(R, "groups", 1) > 1, getattr(R, "mu", 1))
         reps.setdefault(variant, s)
     return list(reps.values())
 

@@ -8,6 +8,9 @@ are built in int8 (the high field shifted to bits 6-7, ASR #2, then BSL / SRI in
 nibble), widened to int16 (SUNPK) and multiplied by the column's sub-block scale (|sc*v| <=
 4096); a 2-way int16 SMOPA adds them into ZA tile ``za<cv>.s``, which so holds S1 of the whole
 super-block.  The f32 fold reads one ZA row of the nu tiles per row; the f32 sums live in dst.
+Tile 4vl x 1vl: four row groups in the four tiles, the weights decoded once for all four (the
+shared row-group allocation, :func:`tilegen.generator.regalloc.kquant.allocate_kquant_sme2_rows`,
+with the decode's vectors and pointers below).
 
 Gemv 1 x nu vl (nu = 2 or 4; template q6k_sme2_gemv.S.j2), on the gemm's weights: the same int8
 values, ZIP of the k pairs into each column's 4-k word, one ZA-array SDOT (vgx<nu>, by lane of
