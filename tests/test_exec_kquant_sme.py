@@ -113,6 +113,8 @@ def test_kquant_sme2_refusals():
                         ("q4_K:sme2:4x2vl", "1 x nu vl"),
                         ("q4_K:sme2:1vlx2vl:k8:s2", "kr = 4"),
                         ("q6_K:sme2:1vlx3vl", "1vlx1vl, 1vlx2vl or 1vlx4vl"),
+                        ("q6_K:sme2:2vlx1vl", "or 4vlx1vl"),
+                        ("q6_K:sme2:4vlx2vl", "or 4vlx1vl"),
                         ("q6_K:sme2:1x1vl", "1x2vl or 1x4vl"),
                         ("q6_K:sme2:1vlx2vl:k16:s2", "kr = 4"),
                         ("iq4_xs:sme2:1vlx3vl", "1vlx1vl, 1vlx2vl or 1vlx4vl"),
