@@ -105,12 +105,13 @@ def _allocate_gemv(spec: KernelSpec) -> Q6KSme2GemvRegs:
                            **pool.frame())
 
 # the 4vl x 1vl gemm (the shared row-group allocation, templates/kquant/sme2_gemm_rows.S.j2):
-# its decode's vectors (R.extra: ``wide`` the widened values of one low-plane vector, ``high``
-# the two high-plane vectors of a trip, ``low_a`` / ``low_b`` two low-plane vectors of half A /
-# B, ``v8`` the int8 values of one low-plane vector, ``mask`` 0xf0) and pointers, second names
-# of scalars it leaves free: half B's low plane ``rpb`` (hot loop only), the high plane ``hp``
-# (the next record after the fold) and half B's LHS ``lpb`` (the rows' d at the fold, the next
-# SB's LHS after it)
+# its decode's vectors (R.extra: ``wide`` LUTI2's four byte vectors of a high-plane vector's
+# fields, then the widened values of one low-plane vector; ``hs0`` / ``hs1`` the 16*(signed h')
+# bytes of the trip's two high-plane vectors after UZP: half A's low / high nibbles', half B's;
+# ``hl`` one high- or low-plane vector; ``mask`` 0xf0) and pointers, second names of scalars
+# it leaves free: half B's low plane ``rpb`` (hot loop only), the high plane ``hp`` (the next
+# record after the fold) and half B's LHS ``lpb`` (the rows' d at the fold, the next SB's LHS
+# after it)
 _ROWS_EXTRA = (("wide", 4), ("hs0", 4), ("hs1", 4), ("hl", 1), ("mask", 1))
 _ROWS_X = (("rpb", "rpt"), ("hp", "pt"), ("lpb", "tmp"))
 
