@@ -561,3 +561,13 @@ def test_sb_record_parts_derive_every_offset():
                 assert getattr(lay, f"{name}_offset") + per * n == end, (cls, name, n)
             assert lay.sb_record_bytes == total * n
     assert Q6KP(nr=4, kr=8).high_plane_bytes == 64 * 4 and Q8KP(mr=4, kr=8).values_bytes == 1024
+
+
+def test_q6kp_high_table_rebuilds_every_value():
+    """Q6KP.high_table (the SME2 4vl x 1vl gemm's LUTI2 table) added to the low nibble gives
+    q - 32 for every 6-bit q, from the stored field h' = (q >> 4) ^ h_xor; a padding column's
+    h' = 0 adds 0."""
+    lay = Q6KP(4, 4)
+    for q in range(64):
+        assert lay.high_table[((q >> 4) ^ lay.h_xor) & 3] + (q & 15) == q - 32, q
+    assert lay.high_table[0] == 0
