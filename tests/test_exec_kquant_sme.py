@@ -217,6 +217,9 @@ def test_i16_gemm_meets_both_targets(text):
     binding class), which the target misses."""
     from tilegen.analysis.sme import M4_UNITS, sme_report
     spec = tilegen.parse_spec(text)
+    assert spec.lhs_i16 and spec.spec_string == text and tilegen.parse_spec(spec.spec_string) == spec
+    assert spec.lhs_format == "q8ki16p4vlx2" and spec.name != tilegen.parse_spec(
+        text.replace(":i16", "")).name
     neon = tilegen.parse_spec(f"{spec.family}:i8mm:8x4")
     neon_rate = neon.mr * neon.nr * 256 / sme_report(neon, block_svl=128).block.insns
     assert sme_report(spec, block_svl=128).block_macs_per_insn >= neon_rate
