@@ -904,16 +904,18 @@ def test_neon_quantisers_are_their_scalar_loops(lib, lib_scalar):
             calls.append((name, [U(m), U(k), U(mr), U(kr), U(sr), U(ms), IN(_rows_bytes(x, stride)),
                                  U(stride), OUT(size)], False))
             labels.append(f"{name} {mr}x{kr}/{sr} m={m} k={k} ms={ms}")
-    name = "kai_run_lhs_quant_pack_q8kp_f32"
-    for mr, kr in KQ_TILES:
-        lay = Q8KP(mr, kr)
-        for k in (256, 768):
-            m, ms = int(rng.integers(1, 2 * mr + 3)), int(rng.integers(0, mr + 2))
-            stride = 4 * k + int(rng.choice([0, 4]))
-            x = _special_rows(rng, m, k)
-            calls.append((name, [U(m), U(k), U(mr), U(kr), U(2), U(ms), IN(_rows_bytes(x, stride)),
-                                 U(stride), OUT(lay.region_size(m, k, ms))], False))
-            labels.append(f"q8kp {mr}x{kr} m={m} k={k} ms={ms}")
+    for cls in (Q8KP, Q8KPI16):
+        name = f"kai_run_lhs_quant_pack_{cls.format}_f32"
+        for mr, kr in KQ_TILES:
+            lay = cls(mr, kr)
+            for k in (256, 768):
+                m, ms = int(rng.integers(1, 2 * mr + 3)), int(rng.integers(0, mr + 2))
+                stride = 4 * k + int(rng.choice([0, 4]))
+                x = _special_rows(rng, m, k)
+                calls.append((name, [U(m), U(k), U(mr), U(kr), U(2), U(ms),
+                                     IN(_rows_bytes(x, stride)), U(stride),
+                                     OUT(lay.region_size(m, k, ms))], False))
+                labels.append(f"{cls.format} {mr}x{kr} m={m} k={k} ms={ms}")
     got, want = _run(lib, calls), _run(lib_scalar, calls)
     bad = [label for label, g, w in zip(labels, got, want)
            if not all(np.array_equal(a, b) for a, b in zip(g, w))]
