@@ -76,3 +76,20 @@ def refusals(libdir: str, kind: str, raw, n: int, k: int, xs: list) -> list:
         out.append(_outcome(lambda: lib.matmul(x, pw)))
         out.append(_outcome(lambda: lib.plan(pw, x.shape[0])(x)))
     return out
+
+
+def runtime_only(libdir: str, kind: str, raw, n: int, k: int, x, clamp) -> dict:
+    """A library whose one ``kind`` kernel is a gemm (no gemv): the kernel every m routes to,
+    its LHS layout, and lib.matmul (1 and 3 threads) and a plan of each leading row count
+    (the runtime packs the LHS through the kernel's layout object)."""
+    lib = _lib(libdir)
+    pw = lib.pack_weights(kind=kind, from_ggml=raw, n=n, k=k)
+    out = {}
+    for m in sorted({1, 2, x.shape[0] // 2, x.shape[0]}):
+        xm = np.ascontiguousarray(x[:m])
+        kern = lib.select(pw, m)
+        out[m] = {"kernel": kern.name, "lhs": kern.lhs_layout().name,
+                  "y": lib.matmul(xm, pw, clamp=clamp, threads=3),
+                  "y1": lib.matmul(xm, pw, clamp=clamp, threads=1),
+                  "plan": _outcome(lambda: lib.plan(pw, m, clamp=clamp, threads=2)(xm))}
+    return out

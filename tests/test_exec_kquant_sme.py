@@ -22,13 +22,15 @@ from tilegen.reference.kquant import matmul_blocks
 
 from conftest import SME_ON, guest
 
-GEMMS = ("q4_K:sme2:1vlx2vl", "q4_K:sme2:1vlx1vl", "q4_K:sme2:4vlx1vl")
+GEMMS = ("q4_K:sme2:1vlx2vl", "q4_K:sme2:1vlx1vl", "q4_K:sme2:4vlx1vl", "q4_K:sme2:4vlx1vl:i16")
 GEMVS = ("q4_K:sme2:1x2vl", "q4_K:sme2:1x4vl")
 Q6_SPECS = ("q6_K:sme2:1vlx1vl", "q6_K:sme2:1vlx2vl", "q6_K:sme2:1vlx4vl", "q6_K:sme2:4vlx1vl",
             "q6_K:sme2:1x2vl", "q6_K:sme2:1x4vl")
 IQ4XS_SPECS = ("iq4_xs:sme2:1vlx1vl", "iq4_xs:sme2:1vlx2vl", "iq4_xs:sme2:1vlx4vl",
-               "iq4_xs:sme2:4vlx1vl", "iq4_xs:sme2:1x2vl", "iq4_xs:sme2:1x4vl")
-Q5_SPECS = ("q5_K:sme2:1vlx1vl", "q5_K:sme2:1vlx2vl", "q5_K:sme2:4vlx1vl", "q5_K:sme2:1x2vl",
+               "iq4_xs:sme2:4vlx1vl", "iq4_xs:sme2:4vlx1vl:i16", "iq4_xs:sme2:1x2vl",
+               "iq4_xs:sme2:1x4vl")
+Q5_SPECS = ("q5_K:sme2:1vlx1vl", "q5_K:sme2:1vlx2vl", "q5_K:sme2:4vlx1vl",
+            "q5_K:sme2:4vlx1vl:i16", "q5_K:sme2:1x2vl",
             "q5_K:sme2:1x4vl")
 ALL_SPECS = [tilegen.parse_spec(s) for s in GEMMS + GEMVS + Q6_SPECS + IQ4XS_SPECS + Q5_SPECS]
 # family -> (random ggml blocks, RHS layout)
@@ -54,7 +56,7 @@ def _shapes(mr: int, nr: int, gemv: bool, ks=(256, 512, 256, 768, 512)) -> list[
     return list(zip(ms, ns, ks))
 
 
-def _cases(family: str, mr: int, nr: int, shapes, seed: int):
+def _cases(family: str, mr: int, nr: int, shapes, seed: int, lhs_layout=Q8KP):
     rand, rhs_layout = KINDS[family]
     rng = np.random.default_rng(seed)
     cases, refs = [], []
@@ -62,7 +64,7 @@ def _cases(family: str, mr: int, nr: int, shapes, seed: int):
         # activations of mixed magnitudes per row (each SB has its own d)
         x = (rng.normal(size=(m, k)) * rng.uniform(0.1, 8.0, size=(m, 1))).astype(np.float32)
         raw = rand(n, k, seed + i)
-        lhs = Q8KP(mr, 4).pack(x)
+        lhs = lhs_layout(mr, 4).pack(x)
         rhs = rhs_layout(nr, 4).pack_from_ggml(raw, n, k)
         free = matmul_blocks(rhs_layout_class(family), x, raw, n, -FMAX, FMAX)
         lo, hi = -FMAX, FMAX
@@ -80,7 +82,8 @@ def _check_kernel(spec, vl, lib, ks=(256, 512, 256, 768, 512)):
     assert info["runnable"], info
     mr, nr = info["mr"], info["nr"]
     assert nr == spec.nr * vl // 32 and mr == (1 if spec.is_gemv else spec.mr * vl // 32)
-    cases, refs = _cases(spec.family, mr, nr, _shapes(mr, nr, spec.is_gemv, ks), vl + spec.nr)
+    cases, refs = _cases(spec.family, mr, nr, _shapes(mr, nr, spec.is_gemv, ks), vl + spec.nr,
+                         spec.lhs_layout_class)
     outs = sess.call("guest_calls:run_q4_cases", str(lib), spec.name, cases)
     for c, exact, out in zip(cases, refs, outs):
         m, n, k = c["m"], c["n"], c["k"]
@@ -125,7 +128,11 @@ def test_kquant_sme2_refusals():
                         ("q5_K:sme2:2vlx1vl", "1vlx1vl or 1vlx2vl"),
                         ("q5_K:sme2:1x1vl", "1x2vl or 1x4vl"),
                         ("q5_K:sme2:4x2vl", "1 x nu vl"),
-                        ("q5_K:sme2:1vlx2vl:k8:s2", "kr = 4")):
+                        ("q5_K:sme2:1vlx2vl:k8:s2", "kr = 4"),
+                        ("q4_K:sme2:1vlx2vl:i16", "tiles 4vlx1vl, not 1vlx2vl"),
+                        ("q4_K:sme2:1x2vl:i16", "tiles 4vlx1vl, not 1x2vl"),
+                        ("q6_K:sme2:1vlx2vl:i16", "no q6_K sme2 kernel"),
+                        ("q4_K:i8mm:8x4:i16", "no q4_K i8mm kernel")):
         with pytest.raises(tilegen.SpecError, match=words):
             tilegen.parse_spec(text)
 
@@ -140,12 +147,51 @@ def test_kquant_sme2_guard_pages(spec, kq_sme_lib):
     info = sess.call("guest_calls:vl_info", str(kq_sme_lib), spec.name)
     mr, nr = info["mr"], info["nr"]
     shapes = [(1, 1, 256), (mr, nr, 512), (mr + 1, nr + 3, 256), (3, 2 * nr - 1, 256)]
-    cases, refs = _cases(spec.family, mr, nr, shapes, 7 + spec.nr)
+    cases, refs = _cases(spec.family, mr, nr, shapes, 7 + spec.nr, spec.lhs_layout_class)
     for i, c in enumerate(cases):
         c.update(sentinel=GUARD_SENTINEL, dst_stride=c["n"] + i % 3)
     outs = sess.call("guest_pack:guarded_q4_cases", str(kq_sme_lib), spec.name, cases,
                      PLACEMENTS)
     _check_guarded(spec.name, cases, refs, outs)
+
+
+I16_GEMMS = ("q4_K:sme2:4vlx1vl:i16", "iq4_xs:sme2:4vlx1vl:i16", "q5_K:sme2:4vlx1vl:i16")
+
+
+@pytest.fixture(scope="module")
+def kq_i16_lib(tmp_path_factory) -> Path:
+    """The :i16 gemms alone: the runtime's only kernels of their kinds."""
+    out = tmp_path_factory.mktemp("kqi16")
+    tilegen.build_library(list(I16_GEMMS), target="linux-aarch64-all", out_dir=out)
+    return out
+
+
+@pytest.mark.parametrize("vl", (128, 512))
+@pytest.mark.parametrize("text", I16_GEMMS)
+def test_i16_gemm_end_to_end(text, vl, kq_i16_lib):
+    """Issue #34 item 3: lib.matmul on an :i16 gemm packs its LHS through its layout object
+    (q8ki16p, numpy: no generated packer) and runs it, for every m (no gemv in the library),
+    bit-exact with the family's reference at 1 and 3 threads, and a plan of it likewise."""
+    spec = tilegen.parse_spec(text)
+    rand, _ = KINDS[spec.family]
+    rng = np.random.default_rng(vl)
+    mr = 4 * vl // 32
+    n, k = vl // 32 * 3 + 5, 512
+    x = (rng.normal(size=(2 * mr + 3, k)) * rng.uniform(0.1, 8.0, size=(2 * mr + 3, 1))
+         ).astype(np.float32)
+    raw = rand(n, k, vl)
+    free = matmul_blocks(rhs_layout_class(spec.family), x, raw, n, -FMAX, FMAX)
+    lo, hi = (float(np.float32(q)) for q in np.quantile(free, [0.1, 0.9]))
+    out = guest("max", None, vl, SME_ON).call("guest_kquant:runtime_only", str(kq_i16_lib),
+                                               spec.family, raw, n, k, x, (lo, hi))
+    assert len(out) == 4
+    for m, r in out.items():
+        want = matmul_blocks(rhs_layout_class(spec.family), x[:m], raw, n, lo, hi)
+        assert r["kernel"] == spec.name and r["lhs"] == f"q8ki16p{mr}x2", (m, r["kernel"], r["lhs"])
+        for key in ("y", "y1", "plan"):
+            assert not isinstance(r[key], str), (m, key, r[key])
+            np.testing.assert_array_equal(r[key].view(np.uint32), want.view(np.uint32),
+                                          err_msg=f"{spec.name} svl={vl} m={m} {key}")
 
 
 @pytest.mark.parametrize("spec", ("q4_K:sme2:4vlx1vl", "iq4_xs:sme2:4vlx1vl", "q6_K:sme2:4vlx1vl"))
@@ -161,3 +207,30 @@ def test_kquant_sme2_rows_gemm_is_bound_by_outer_products(spec):
     assert r.unit.bound <= 1.3 * floor, (r.unit.bound, floor)
     old = sme_report(spec.replace("4vlx1vl", "1vlx2vl"), block_svl=512)
     assert r.block_macs_at_svl / r.unit.bound > 3 * old.block_macs_at_svl / old.unit.bound
+
+
+@pytest.mark.parametrize("text", I16_GEMMS)
+def test_i16_gemm_meets_both_targets(text):
+    """Issue #34 item 3 on the static count and the M4 model: the :i16 gemm (LHS by LD1H {4
+    vectors}, no LD1SB) gives at least the MACs per instruction of the family's NEON i8mm gemm
+    (8x4) per super-block at SVL 128, where the q8kp 4vl x 1vl does not, and (q4_K, iq4_xs)
+    stays bound by its int16 SMOPA within 1.3x of their floor at SVL 512.  q5_K's is bound by
+    its decode's Z-register ops (1.86x, as its q8kp 4vl x 1vl: the LHS loads were not its
+    binding class), which the target misses."""
+    from tilegen.analysis.sme import M4_UNITS, sme_report
+    spec = tilegen.parse_spec(text)
+    assert spec.lhs_i16 and spec.spec_string == text and tilegen.parse_spec(spec.spec_string) == spec
+    assert spec.lhs_format == "q8ki16p4vlx2" and spec.name != tilegen.parse_spec(
+        text.replace(":i16", "")).name
+    neon = tilegen.parse_spec(f"{spec.family}:i8mm:8x4")
+    neon_rate = neon.mr * neon.nr * 256 / sme_report(neon, block_svl=128).block.insns
+    assert sme_report(spec, block_svl=128).block_macs_per_insn >= neon_rate
+    old = text.replace(":i16", "")
+    assert sme_report(old, block_svl=128).block_macs_per_insn < neon_rate
+    r = sme_report(spec, block_svl=512)
+    floor = 256 // r.k_per_iter * r.loop.mac_insns * M4_UNITS["mopa.i16"].cycles
+    if spec.family == "q5_K":
+        assert r.unit.bound == sme_report(old, block_svl=512).unit.bound
+        return
+    assert r.unit.binding == "mopa.i16" and r.unit.bound <= 1.3 * floor, (r.unit.binding,
+                                                                          r.unit.bound, floor)

@@ -29,7 +29,7 @@ from tilegen.layout.bf16 import BF16PLhs2, BF16PRhs2B
 from tilegen.layout.f16 import F16PLhs2
 from tilegen.layout.f32 import F32PackedLHS, F32PackedRHS
 from tilegen.layout.ggml import quantize_q4_0
-from tilegen.layout.kquant import Q8KP
+from tilegen.layout.kquant import Q8KP, Q8KPI16
 from tilegen.layout.lhs_int8 import QAI8DXP, QSI8D32P, QSI8D32PScaleTail
 from tilegen.layout.rhs_int4 import QSI4C32PS1S0ScaleF16, QSI4C32PScaleF16
 from tilegen.layout.rhs_int8 import QSI8CXP
@@ -76,7 +76,8 @@ def lib(tmp_path_factory) -> str:
 
 #: the LHS quantisers with a NEON path (the MoE path's packers), and their scalar loops
 NEON_QUANTISERS = ("kai_lhs_quant_pack_qai8dxp_f32", "kai_lhs_quant_pack_qsi8d32p_f32",
-                   "kai_lhs_quant_pack_qsi8d32p4x8sb_f32_neon", "kai_lhs_quant_pack_q8kp_f32")
+                   "kai_lhs_quant_pack_qsi8d32p4x8sb_f32_neon", "kai_lhs_quant_pack_q8kp_f32",
+                   "kai_lhs_quant_pack_q8ki16p_f32")
 
 
 @pytest.fixture(scope="session")
@@ -769,14 +770,19 @@ KQ_TILES = ((1, 8), (1, 16), (4, 8), (4, 16), (8, 16), (16, 4), (3, 32), (2, 2))
 
 
 def test_q8kp(lib):
-    """The C quantiser writes Q8KP.pack's bytes: rows m off mr, m_idx_start > 0 (the slots
-    before it untouched), padded row strides, the slots after the last row zeroed."""
-    rng = np.random.default_rng(2501)
-    name = "kai_run_lhs_quant_pack_q8kp_f32"
+    """The C quantisers write Q8KP.pack's and Q8KPI16.pack's bytes: rows m off mr,
+    m_idx_start > 0 (the slots before it untouched), padded row strides, the slots after the
+    last row zeroed."""
+    _check_q8kp(lib, Q8KP, "kai_run_lhs_quant_pack_q8kp_f32", 2501)
+    _check_q8kp(lib, Q8KPI16, "kai_run_lhs_quant_pack_q8ki16p_f32", 2502)
+
+
+def _check_q8kp(lib, cls, name, seed):
+    rng = np.random.default_rng(seed)
     n4 = name[8:]
     cases = []
     for mr, kr in KQ_TILES:
-        lay = Q8KP(mr, kr)
+        lay = cls(mr, kr)
         for k in (256, 512, 768):
             m, ms = int(rng.integers(1, 2 * mr + 3)), int(rng.integers(0, mr + 2))
             stride = 4 * k + int(rng.choice([0, 4, 12]))
@@ -787,7 +793,7 @@ def test_q8kp(lib):
                            U(stride), OUT(size)], False)
             skipped = (ms % mr) * lay.row_block_stride(k) // mr
             cases.append((call, dict(expected=exp, unwritten=skipped),
-                          f"q8kp {mr}x{kr} m={m} k={k} ms={ms} stride={stride}"))
+                          f"{cls.format} {mr}x{kr} m={m} k={k} ms={ms} stride={stride}"))
             cases.append(_getter(f"kai_get_lhs_packed_size_{n4}", (m, k, mr, kr, 2),
                                  lay.packed_size(m, k), "size"))
             cases.append(_getter(f"kai_get_lhs_packed_offset_{n4}", (ms, k, mr, kr, 2),
@@ -898,16 +904,18 @@ def test_neon_quantisers_are_their_scalar_loops(lib, lib_scalar):
             calls.append((name, [U(m), U(k), U(mr), U(kr), U(sr), U(ms), IN(_rows_bytes(x, stride)),
                                  U(stride), OUT(size)], False))
             labels.append(f"{name} {mr}x{kr}/{sr} m={m} k={k} ms={ms}")
-    name = "kai_run_lhs_quant_pack_q8kp_f32"
-    for mr, kr in KQ_TILES:
-        lay = Q8KP(mr, kr)
-        for k in (256, 768):
-            m, ms = int(rng.integers(1, 2 * mr + 3)), int(rng.integers(0, mr + 2))
-            stride = 4 * k + int(rng.choice([0, 4]))
-            x = _special_rows(rng, m, k)
-            calls.append((name, [U(m), U(k), U(mr), U(kr), U(2), U(ms), IN(_rows_bytes(x, stride)),
-                                 U(stride), OUT(lay.region_size(m, k, ms))], False))
-            labels.append(f"q8kp {mr}x{kr} m={m} k={k} ms={ms}")
+    for cls in (Q8KP, Q8KPI16):
+        name = f"kai_run_lhs_quant_pack_{cls.format}_f32"
+        for mr, kr in KQ_TILES:
+            lay = cls(mr, kr)
+            for k in (256, 768):
+                m, ms = int(rng.integers(1, 2 * mr + 3)), int(rng.integers(0, mr + 2))
+                stride = 4 * k + int(rng.choice([0, 4]))
+                x = _special_rows(rng, m, k)
+                calls.append((name, [U(m), U(k), U(mr), U(kr), U(2), U(ms),
+                                     IN(_rows_bytes(x, stride)), U(stride),
+                                     OUT(lay.region_size(m, k, ms))], False))
+                labels.append(f"{cls.format} {mr}x{kr} m={m} k={k} ms={ms}")
     got, want = _run(lib, calls), _run(lib_scalar, calls)
     bad = [label for label, g, w in zip(labels, got, want)
            if not all(np.array_equal(a, b) for a, b in zip(g, w))]

@@ -12,7 +12,7 @@ from gguf.quants import dequantize
 from tilegen.reference import kquant as RK
 from tilegen.layout import LayoutError
 from tilegen.layout.api import can_repack, layout_for, pack_lhs, pack_rhs, repack_rhs
-from tilegen.layout.kquant import KQuantRhs, Q8KP
+from tilegen.layout.kquant import KQuantRhs, Q8KP, Q8KPI16
 from tilegen.families import LAYOUTS, q4_k, q6_k
 from tilegen.families.q4_k import Q4KP
 from tilegen.families.q6_k import Q6KP
@@ -186,6 +186,52 @@ def test_q8kp_worked_example_mr4_kr8():
     assert p[1040:1041].view(np.int8)[0] == -5 and p[1072] == 48
     assert lay.element_offset(1, 5) == 16 + 4 + 1
     assert lay.d_offset == 1024 and lay.bsum_hi_offset == 1040 and lay.bsum_lo_offset == 1072
+
+
+def test_q8ki16p_worked_example_mr4_kr4():
+    """docs/layouts.md#q8ki16p: q8kp's values in the same order as int16, then q8kp's d and
+    bsum bytes (the record 532*mr bytes)."""
+    t = np.arange(256)
+    x = np.stack([(((7 * t + r) % 255) - 127) * 0.5 for r in range(3)]).astype(np.float32)
+    lay = Q8KPI16(4, 4)
+    p = lay.pack(x)
+    assert lay.label == "q8ki16p4x2" and p.size == 532 * 4
+    assert p[0:8].view("<i2").tolist() == [-127, -120, -126, -119]       # rows 0, 1: k 0, 1
+    assert p[16:20].view("<i2").tolist() == [-113, -106]                 # chunk 1, row 0: k 2, 3
+    assert lay.element_offset(1, 3) == 16 + 4 + 2
+    assert lay.d_offset == 2048 and lay.bsum_hi_offset == 2064 and lay.bsum_lo_offset == 2096
+    assert p[2048:2052].tolist() == [0x00, 0x00, 0x00, 0x3F]             # d[0] = 0.5
+    assert p[2064:2065].view(np.int8)[0] == -5 and p[2096] == 48         # bsum of row 0, sub 0
+
+
+@pytest.mark.parametrize("mr,start", [(4, 0), (4, 3), (16, 5), (64, 1)])
+def test_q8ki16p_is_q8kp_widened(mr, start):
+    """Every value of q8ki16p is q8kp's int8 value at the same element, sign-extended, at twice
+    the offset within the values; d and the bsums are q8kp's bytes; unpack reads them back,
+    from a region packed at m_idx_start too."""
+    rng = np.random.default_rng(mr + start)
+    m, k = 2 * mr + 3, 512
+    x = (rng.standard_normal((m, k)) * rng.uniform(0.1, 8, (m, 1))).astype(np.float32)
+    x[1, :256] = 0                                      # a flushed super-block
+    w, n = Q8KPI16(mr, 4), Q8KP(mr, 4)
+    pw, pn = w.pack(x), n.pack(x)
+    assert pw.size == w.packed_size(m, k) and w.row_block_stride(k) == 2 * 532 * mr
+    for b in range(pw.size // w.row_block_stride(k)):
+        for s in range(2):
+            rw = pw.reshape(-1, 2, w.sb_record_bytes)[b, s]
+            rn = pn.reshape(-1, 2, n.sb_record_bytes)[b, s]
+            assert (rw[:w.d_offset].view("<i2") == rn[:n.d_offset].view(np.int8)).all()
+            assert (rw[w.d_offset:] == rn[n.d_offset:]).all()
+    for r, t in ((0, 0), (1, 5), (mr - 1, 255), (2, 300)):
+        assert w.element_offset(r, t) == (n.element_offset(r, t) % n.sb_record_bytes) * 2 + \
+            (t // 256) * w.sb_record_bytes
+    got, want = w.unpack(pw, m, k), n.unpack(pn, m, k)
+    for a, b in zip(got, want):
+        assert a.dtype == b.dtype and (a == b).all()
+    region = w.pack(x[start:], start)
+    assert region.size == w.region_size(m - start, k, start)
+    for a, b in zip(w.unpack(region, m - start, k, start), n.unpack(pn, m, k)):
+        assert (a == b[start:]).all()
 
 
 # ----------------------------------------------------------------------------------------

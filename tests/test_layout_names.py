@@ -41,7 +41,7 @@ def test_registry_keys_are_the_classes_formats():
                                 "bf16px2b", "qsi4c32ps1s0scalef16", "q4kp", "q5kp", "q6kp", "iq4nlp",
                                 "iq4xsp", "mxfp4p"}
     assert set(LHS_LAYOUTS) == {"f32p", "qai8dxp", "qsi8d32p", "bf16px4", "bf16px2",
-                                "qsi8d32pscaletail", "f16px2", "q8kp"}
+                                "qsi8d32pscaletail", "f16px2", "q8kp", "q8ki16p"}
 
 
 @pytest.mark.parametrize("role,cls", ALL, ids=lambda x: getattr(x, "__name__", x))

@@ -21,6 +21,7 @@ import pytest
 
 from tilegen.generator import packers
 from tilegen.generator.regalloc import allocate
+from tilegen.generator.spec import parse_unchecked
 from tilegen.generator.validate import validate
 from tilegen.records import SpecError
 from tilegen.analysis.tune import grid_specs
@@ -146,7 +147,10 @@ def _grid() -> list:
     return list(reps.values())
 
 
-GRID = _grid()
+# plus the tiles grid_specs leaves out: the K-quant SME2 row-group gemms, on q8kp and on its
+# int16 widening q8ki16p
+GRID = _grid() + [validate(parse_unchecked(t)) for t in ("q4_K:sme2:4vlx1vl",
+                                                          "q4_K:sme2:4vlx1vl:i16")]
 
 
 def _packer_grid() -> list:

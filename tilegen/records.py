@@ -94,6 +94,10 @@ class IsaImpl:
     gemv_template: str | None = None
     lhs: str | None = None           # layout formats of this ISA when not the family's
     rhs: str | None = None
+    # the ``:i16`` variant (KernelSpec.lhs_i16): the LHS format its kernels read instead (the
+    # values widened to int16 at pack time) and the tiles that have it; none: no such variant
+    lhs_i16: str | None = None
+    lhs_i16_tiles: tuple[str, ...] = ()
     # Interleave the instructions fix (the validator refuses others, with this reason):
     # ``fixed_kr``: kr and sr are the defaults above; ``fixed_L``: kr/sr is theirs.  None:
     # the layouts and the allocator judge kr and sr.
@@ -147,13 +151,15 @@ def kquant_sve_impls(stem: str) -> dict[str, IsaImpl]:
     return {"sve_dotprod": kq("sve_dotprod", 8), "sve_i8mm": kq("sve_i8mm", 16)}
 
 
-def kquant_record(name: str, rhs: str, stem: str, isas: tuple[str, ...] | None = None) -> FamilyInfo:
+def kquant_record(name: str, rhs: str, stem: str, isas: tuple[str, ...] | None = None,
+                  i16_tiles: tuple[str, ...] = ()) -> FamilyInfo:
     """The record of a K-quant family: Q8_K-style activations (``q8kp``: int8 per row per
     256-k super-block, f32 d, sub-block sums) against the family's lossless repack ``rhs`` of
     its ggml blocks, on the NEON, SVE and SME2 K-quant templates and allocators of ``stem``
     (docs/layouts.md#q8kp; arithmetic: tilegen.reference.kquant); weight kind ``name``, the Q8
-    calling convention.  ``isas``: the ISAs the family realises (default: all of them)."""
-    impls = {**kquant_impls(stem), **kquant_sve_impls(stem), **kquant_sme2_impls(stem)}
+    calling convention.  ``isas``: the ISAs the family realises (default: all of them);
+    ``i16_tiles``: its SME2 gemm tiles with an ``:i16`` variant (:func:`kquant_sme2_impls`)."""
+    impls = {**kquant_impls(stem), **kquant_sve_impls(stem), **kquant_sme2_impls(stem, i16_tiles)}
     if isas is not None:
         unknown = set(isas) - set(impls)
         if unknown:
@@ -164,15 +170,17 @@ def kquant_record(name: str, rhs: str, stem: str, isas: tuple[str, ...] | None =
 
 
 def kquant_manifest(name: str, rhs: str, stem: str, package: str,
-                    isas: tuple[str, ...] | None = None) -> tuple:
+                    isas: tuple[str, ...] | None = None,
+                    i16_tiles: tuple[str, ...] = ()) -> tuple:
     """What a K-quant family plugin declares about itself, from its kind ``name``, its RHS
     format ``rhs``, its template/allocator stem, its plugin package ``package`` and the ISAs it
     realises ``isas`` (default: every K-quant ISA): (RECORDS, ALLOCATOR_MODULES, GGML_TYPES,
     DEFAULT_KERNELS, LLAMA_KERNELS) — the plugin's own allocator submodules
     ``<package>.regalloc`` (NEON, SVE) and ``<package>.regalloc_sme2`` (when it realises
     sme2), the GGUF type of the same name in capitals, :func:`kquant_default_kernels` and the
-    llama.cpp patch's tiles :data:`KQUANT_LLAMA_KERNELS`, each restricted to those ISAs."""
-    record = kquant_record(name, rhs, stem, isas)
+    llama.cpp patch's tiles :data:`KQUANT_LLAMA_KERNELS`, each restricted to those ISAs;
+    ``i16_tiles``: the SME2 gemm tiles with an ``:i16`` variant (LHS ``q8ki16p``)."""
+    record = kquant_record(name, rhs, stem, isas, i16_tiles)
     have = record.impls
     modules = (f"{package}.regalloc",) + ((f"{package}.regalloc_sme2",) if "sme2" in have else ())
     defaults = tuple(s for s in kquant_default_kernels(name) if s.split(":")[1] in have)
@@ -196,13 +204,17 @@ KQUANT_LLAMA_KERNELS = (("sme2", "1vlx2vl", "1x2vl", "int16 SMOPA", "ZA-array SD
                         ("dotprod", "8x4", "1x4", "SDOT by lane", "SDOT by lane"))
 
 
-def kquant_sme2_impls(stem: str) -> dict[str, IsaImpl]:
+def kquant_sme2_impls(stem: str, i16_tiles: tuple[str, ...] = ()) -> dict[str, IsaImpl]:
     """The SME2 realisation of a K-quant family: the gemm (``templates/<stem>_sme2.S.j2``,
     int16 SMOPA of the scaled weights into ZA) and the gemv (``<stem>_sme2_gemv.S.j2``,
     ZA-array SDOT) on one RHS layout, allocator ``<stem>_sme2`` (the plugin's ``regalloc_sme2``).  kr = 4 (L = 2):
-    a column's two bytes of a 4-k chunk are the k pairs the 2-way int16 SMOPA reads."""
+    a column's two bytes of a 4-k chunk are the k pairs the 2-way int16 SMOPA reads.  The gemm
+    tiles ``i16_tiles`` have an ``:i16`` variant reading the activations widened to int16 at
+    pack time (``q8ki16p``, docs/layouts.md#q8ki16p)."""
     return {"sme2": IsaImpl("sme2_mopa", f"{stem}_sme2", f"{stem}_sme2", kr=4, sr=2,
                             gemv_op="sme2_sdot", gemv_template=f"{stem}_sme2_gemv",
+                            lhs_i16="q8ki16p" if i16_tiles else None,
+                            lhs_i16_tiles=tuple(i16_tiles),
                             fixed_kr=f"the {stem} sme2 kernels read k pairs of 4-k chunks "
                                      f"(kr = 4, sr = 2)")}
 

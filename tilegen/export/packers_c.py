@@ -78,7 +78,7 @@ from ..layout.bf16 import BF16PLhs2, BF16PRhs2B
 from ..layout.f16 import F16PLhs2
 from ..layout.f32 import F32PackedLHS, F32PackedRHS
 from ..families import C_PACKERS, PLUGINS
-from ..layout.kquant import Q8KP
+from ..layout.kquant import Q8KP, Q8KPI16
 from ..layout.lhs_int8 import QAI8DXP, QSI8D32P, QSI8D32PScaleTail
 from ..layout.rhs_int4 import QSI4C32PS1S0ScaleF16, QSI4C32PScaleF16
 from ..layout.rhs_int8 import QSI8CXP
@@ -106,17 +106,18 @@ PACKERS = (
 )
 SME_PACKERS = tuple(p for p in PACKERS if p.endswith("_sme"))
 #: tilegen's own packers for the K-quant kernels (no KleidiAI counterpart; llama.cpp calls them
-#: with the export's llama-kquants.patch): the q8kp activations, and the family plugins'
+#: with the export's llama-kquants.patch): the q8kp activations (and their int16 widening
+#: q8ki16p, which the :i16 SME2 gemms read; no patch entry reads it yet), and the family plugins'
 #: lossless repacks of their ggml blocks (block_q4_K, block_q6_K) with a row dequantiser each
 #: (llama.cpp's GET_ROWS; ``C_PACKERS`` of tilegen.families).
-KQUANT_PACKERS = ("kai_lhs_quant_pack_q8kp_f32",) + tuple(C_PACKERS)
+KQUANT_PACKERS = ("kai_lhs_quant_pack_q8kp_f32", "kai_lhs_quant_pack_q8ki16p_f32") + tuple(C_PACKERS)
 ALL_PACKERS = PACKERS + KQUANT_PACKERS
 
 
 def _kquant_packer_for() -> dict[str, str]:
     """The K-quant packer of each K-quant layout format: q8kp's, and per plugin with a C packer
     (one each) the RHS format of its records -> that packer."""
-    out = {"q8kp": "kai_lhs_quant_pack_q8kp_f32"}
+    out = {"q8kp": "kai_lhs_quant_pack_q8kp_f32", "q8ki16p": "kai_lhs_quant_pack_q8ki16p_f32"}
     for p in PLUGINS:
         names = tuple(getattr(p, "C_PACKERS", {}))
         if len(names) > 1:
@@ -529,38 +530,40 @@ def _f32p2vlx1biasf32():
 _KQ_KRS = (2, 4, 8, 16, 32)
 
 
-def _q8kp():
-    name = "kai_lhs_quant_pack_q8kp_f32"
-    ref = Q8KP(1, 8)
-    qk, db, nb = ref.qk, ref.d_bytes, ref.bsum_count
+def _q8kp(cls=Q8KP, name: str = "kai_lhs_quant_pack_q8kp_f32"):
+    """The Q8_K-style activation quantiser of ``cls``: q8kp (int8 values), or q8ki16p (the same
+    values widened to int16: ``value_bytes`` 2, each value's bytes twice as far)."""
+    ref = cls(1, 8)
+    qk, db, nb, vb = ref.qk, ref.d_bytes, ref.bsum_count, ref.value_bytes
+    w = "" if vb == 1 else f" * {vb}"           # a value's bytes (q8kp's expressions as before)
     geo = list(_grid(mr=(1, 2, 4, 8, 16), kr=_KQ_KRS, k=(256, 512, 1024)))
-    lay = lambda mr, kr, **_: Q8KP(mr, kr)  # noqa: E731
-    rec = _check(f"mr * ({qk} + {db} + 2 * {nb})", lambda k, **g: lay(**g).sb_record_bytes, geo)
-    stride = _check(f"(k // {qk}) * mr * ({qk} + {db} + 2 * {nb})",
+    lay = lambda mr, kr, **_: cls(mr, kr)  # noqa: E731
+    rec = _check(f"mr * ({qk * vb} + {db} + 2 * {nb})", lambda k, **g: lay(**g).sb_record_bytes, geo)
+    stride = _check(f"(k // {qk}) * mr * ({qk * vb} + {db} + 2 * {nb})",
                     lambda k, **g: lay(**g).row_block_stride(k), geo)
-    d_off = _check(f"mr * {qk}", lambda k, **g: lay(**g).d_offset, geo)
-    hi_off = _check(f"mr * ({qk} + {db})", lambda k, **g: lay(**g).bsum_hi_offset, geo)
-    lo_off = _check(f"mr * ({qk} + {db} + {nb})", lambda k, **g: lay(**g).bsum_lo_offset, geo)
+    d_off = _check(f"mr * {qk * vb}", lambda k, **g: lay(**g).d_offset, geo)
+    hi_off = _check(f"mr * ({qk * vb} + {db})", lambda k, **g: lay(**g).bsum_hi_offset, geo)
+    lo_off = _check(f"mr * ({qk * vb} + {db} + {nb})", lambda k, **g: lay(**g).bsum_lo_offset, geo)
     egeo = [dict(g, x=x, t=t) for g in geo[::3] for x in (0, g["mr"] - 1) for t in (0, 5, 37, 300)
             if t < g["k"]]
-    elem = _check(f"(t // {qk}) * mr * ({qk} + {db} + 2 * {nb}) + (t % {qk}) // (kr // 2) * "
-                  "(mr * (kr // 2)) + x * (kr // 2) + (t % (kr // 2))",
+    elem = _check(f"(t // {qk}) * mr * ({qk * vb} + {db} + 2 * {nb}) + ((t % {qk}) // (kr // 2) * "
+                  f"(mr * (kr // 2)) + x * (kr // 2) + (t % (kr // 2))){w}",
                   lambda x, t, **g: lay(**g).element_offset(x, t), egeo)
     # the template stores chunks: value t of slot x in super-block s at
-    # s * rec + first + (t % qk // run) * cstep + t % run
-    first_py, run_py, cstep_py = "x * (kr // 2)", "kr // 2", "mr * (kr // 2)"
+    # s * rec + first + (t % qk // L) * cstep + (t % L) * vb, run = L * vb bytes at a time
+    first_py, run_py, cstep_py = f"x * (kr // 2){w}", f"kr // 2{w}", f"mr * (kr // 2){w}"
     first = _check(first_py, lambda x, **g: lay(**g).element_offset(x, 0), egeo)
-    run = _check(run_py, lambda **g: lay(**g).L, geo)
+    run = _check(run_py, lambda **g: lay(**g).L * vb, geo)
     cstep = _check(cstep_py, lambda **g: lay(**g).chunk_bytes, geo)
-    _check(f"(t // {qk}) * mr * ({qk} + {db} + 2 * {nb}) + {first_py} + (t % {qk} // ({run_py})) * "
-           f"({cstep_py}) + t % ({run_py})", lambda x, t, **g: lay(**g).element_offset(x, t), egeo)
+    _check(f"(t // {qk}) * mr * ({qk * vb} + {db} + 2 * {nb}) + {first_py} + (t % {qk} // (kr // 2)) * "
+           f"({cstep_py}) + t % (kr // 2){w}", lambda x, t, **g: lay(**g).element_offset(x, t), egeo)
     del elem
     protos, getters = _lhs_getters(name, "const float*", bl=False, bl_in_stride=False, m_step="mr")
-    return _Packer(name, protos, "q8kp<mr>x<kr/2> (tilegen.layout.kquant.Q8KP)", "q8kp",
-                   "q8kp.c.j2",
+    return _Packer(name, protos, f"{cls.format}<mr>x<kr/2> (tilegen.layout.kquant.{cls.__name__})",
+                   cls.format, "q8kp.c.j2",
                    dict(getters, stride=stride, rec=rec, d_off=d_off, hi_off=hi_off, lo_off=lo_off,
                         first=first.replace("x *", "slot *"), run=run, cstep=cstep, qk=qk, db=db, nb=nb,
-                        sub=ref.sub_k, bsum_shift=ref.bsum_hi_shift))
+                        vb=vb, sub=ref.sub_k, bsum_shift=ref.bsum_hi_shift))
 
 
 _KQ_RUN = ("void kai_run_{n4}(size_t num_groups, size_t n, size_t k, size_t nr, size_t kr, "
@@ -612,6 +615,7 @@ def _builders():
         "kai_rhs_pack_kxn_bf16p2vlx2b_f32_x32_sme": _bf16p2vlx2b,
         "kai_rhs_pack_nxk_f32p2vlx1biasf32_f32_f32_sme": _f32p2vlx1biasf32,
         "kai_lhs_quant_pack_q8kp_f32": _q8kp,
+        "kai_lhs_quant_pack_q8ki16p_f32": lambda: _q8kp(Q8KPI16, "kai_lhs_quant_pack_q8ki16p_f32"),
         **{name: (lambda name=name, b=b: _kq_rhs(name, b)) for name, b in C_PACKERS.items()},
     }
 

@@ -296,7 +296,7 @@ def packer_for(spec) -> PackerSpec | None:
     VL-scaled packer (mr taken at run time)."""
     if not spec.packs_lhs:
         return None
-    fmt = spec.impl.lhs or spec.info.lhs
+    fmt = spec.lhs_stem
     if fmt not in PACKER_FORMATS:
         return None
     if spec.mr_vl:

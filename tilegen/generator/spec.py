@@ -46,6 +46,9 @@ class KernelSpec:
     # and one store per output vector and k-block), so that more rows fit the registers at once
     # (spec suffix ``:am``, name suffix ``_am``).  Default off: the KleidiAI register tiles.
     acc_mem: bool = False
+    # the LHS variant widened to int16 at pack time (spec suffix ``:i16``; the family's
+    # ``IsaImpl.lhs_i16`` format, on the tiles of ``IsaImpl.lhs_i16_tiles``)
+    lhs_i16: bool = False
 
     def __post_init__(self) -> None:
         fam = FAMILIES.get(self.family)
@@ -67,7 +70,7 @@ class KernelSpec:
                 raise SpecError(f"{field} must be an int, got {v!r}")
             if v < 1:
                 raise SpecError(f"{field} must be >= 1, got {field}={v}")
-        for field in ("mr_vl", "nr_vl", "acc_mem"):
+        for field in ("mr_vl", "nr_vl", "acc_mem", "lhs_i16"):
             if not isinstance(getattr(self, field), bool):
                 raise SpecError(f"{field} must be a bool, got {getattr(self, field)!r}")
         for field, vl in (("mr", self.mr_vl), ("nr", self.nr_vl), ("kr", False), ("sr", False)):
@@ -191,11 +194,19 @@ class KernelSpec:
         return self.info.quantized or self.info.packs_lhs or self.packs_f32_lhs
 
     @property
+    def lhs_stem(self) -> str:
+        """The packed-LHS format (registry stem): the ``:i16`` variant's, the ISA's or the
+        family's ``lhs``."""
+        if self.lhs_i16:
+            return self.impl.lhs_i16
+        return self.impl.lhs or self.info.lhs
+
+    @property
     def lhs_layout_class(self):
-        """The packed-LHS layout class (the family's ``lhs`` format), None for f32 rows."""
+        """The packed-LHS layout class (:attr:`lhs_stem`), None for f32 rows."""
         if not self.packs_lhs:
             return None
-        return layout_class("lhs", self.impl.lhs or self.info.lhs)
+        return layout_class("lhs", self.lhs_stem)
 
     @property
     def rhs_layout_class(self):
@@ -229,6 +240,8 @@ class KernelSpec:
         s = f"{self.family}:{self.isa}:{self.mr_str}x{self.nr_str}"
         if self.kr != self.impl.kr or self.sr != self.impl.sr:
             s += f":k{self.kr}:s{self.sr}"
+        if self.lhs_i16:
+            s += ":i16"
         if self.acc_mem:
             s += ":am"
         return s
@@ -251,7 +264,7 @@ _TILE = r"(?P<mr>\d+)(?P<mrvl>vl)?x(?P<nr>\d+)(?P<nrvl>vl)?"
 _TILE_RE = re.compile(f"^{_TILE}$")
 _SPEC_RE = re.compile(
     rf"^(?P<family>[A-Za-z0-9_]+):(?P<isa>[a-z0-9_]+):{_TILE}"
-    r"(?::k(?P<kr>\d+))?(?::s(?P<sr>\d+))?(?P<am>:am)?$")
+    r"(?::k(?P<kr>\d+))?(?::s(?P<sr>\d+))?(?P<i16>:i16)?(?P<am>:am)?$")
 
 
 def _num(m: re.Match, field: str, vl: bool = False) -> int:
@@ -279,18 +292,19 @@ def parse_tile(text: str) -> tuple[int, bool, int, bool]:
 
 
 def parse_unchecked(text: str) -> KernelSpec:
-    """Parse ``FAMILY:ISA:MRxNR[:kKR][:sSR][:am]`` (e.g. ``f32:neon:6x16``, ``f32:sve:6x4vl``,
-    ``q4_0:i8mm:24x4:am``) into a spec record, not yet validated (``tilegen.parse_spec`` is
-    this followed by :func:`tilegen.generator.validate.validate`); ``vl`` after mr or nr counts
-    in vector-length units, ``:am`` keeps a q4 tile's f32 accumulators in memory
-    (KernelSpec.acc_mem)."""
+    """Parse ``FAMILY:ISA:MRxNR[:kKR][:sSR][:i16][:am]`` (e.g. ``f32:neon:6x16``,
+    ``f32:sve:6x4vl``, ``q4_0:i8mm:24x4:am``, ``q4_K:sme2:4vlx1vl:i16``) into a spec record, not
+    yet validated (``tilegen.parse_spec`` is this followed by
+    :func:`tilegen.generator.validate.validate`); ``vl`` after mr or nr counts in vector-length
+    units, ``:i16`` reads the LHS widened to int16 (KernelSpec.lhs_i16), ``:am`` keeps a q4
+    tile's f32 accumulators in memory (KernelSpec.acc_mem)."""
     m = _SPEC_RE.match(text.strip())
     if not m:
         raise SpecError(
-            f"cannot parse kernel spec {text!r}; expected FAMILY:ISA:MRxNR[:kKR][:sSR][:am], "
+            f"cannot parse kernel spec {text!r}; expected FAMILY:ISA:MRxNR[:kKR][:sSR][:i16][:am], "
             f"e.g. f32:neon:6x16")
     kr = _num(m, "kr") if m["kr"] else None
     sr = _num(m, "sr") if m["sr"] else None
     mr, mr_vl, nr, nr_vl = _tile(m)
     return KernelSpec(m["family"], m["isa"], mr, nr, kr=kr, sr=sr, mr_vl=mr_vl, nr_vl=nr_vl,
-                      acc_mem=bool(m["am"]))
+                      acc_mem=bool(m["am"]), lhs_i16=bool(m["i16"]))

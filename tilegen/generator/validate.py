@@ -17,7 +17,8 @@ __all__ = ["check_records", "validate", "parse_spec", "as_spec"]
 
 def check_records(spec: KernelSpec) -> None:
     """Raise :class:`SpecError` unless the ISA and family records allow the spec's options:
-    ``:am`` (``Isa.acc_mem`` and ``FamilyInfo.acc_mem``) and the interleave the instructions
+    ``:am`` (``Isa.acc_mem`` and ``FamilyInfo.acc_mem``), ``:i16`` (``IsaImpl.lhs_i16_tiles``)
+    and the interleave the instructions
     fix (``IsaImpl.fixed_kr``: kr and sr; ``IsaImpl.fixed_L``: kr/sr)."""
     impl = spec.impl
     if spec.acc_mem and not spec.isa_info.acc_mem:
@@ -26,6 +27,12 @@ def check_records(spec: KernelSpec) -> None:
     if spec.acc_mem and not spec.info.acc_mem:
         raise SpecError(f"acc_mem (f32 accumulators in memory) exists for the q4 families, "
                         f"not {spec.family!r}")
+    if spec.lhs_i16 and f"{spec.mr_str}x{spec.nr_str}" not in impl.lhs_i16_tiles:
+        have = ", ".join(impl.lhs_i16_tiles)
+        raise SpecError(f":i16 (the LHS widened to int16) exists for {spec.family} {spec.isa} "
+                        f"tiles {have}, not {spec.mr_str}x{spec.nr_str}" if have else
+                        f":i16 (the LHS widened to int16) exists for no {spec.family} "
+                        f"{spec.isa} kernel")
     if impl.fixed_kr and (spec.kr, spec.sr) != (impl.kr, impl.sr):
         need = (f"kr and sr must be {impl.kr}" if impl.kr == impl.sr else
                 f"kr must be {impl.kr} and sr {impl.sr}")
@@ -46,7 +53,7 @@ def validate(spec: KernelSpec) -> KernelSpec:
 
 
 def parse_spec(text: str) -> KernelSpec:
-    """Parse ``FAMILY:ISA:MRxNR[:kKR][:sSR][:am]`` (e.g. ``f32:neon:6x16``, ``f32:sve:6x4vl``,
+    """Parse ``FAMILY:ISA:MRxNR[:kKR][:sSR][:i16][:am]`` (e.g. ``f32:neon:6x16``, ``f32:sve:6x4vl``,
     ``q4_0:i8mm:24x4:am``) into a validated spec; ``vl`` after mr or nr counts in vector-length
     units, ``:am`` keeps a q4 tile's f32 accumulators in memory (KernelSpec.acc_mem)."""
     return validate(parse_unchecked(text))

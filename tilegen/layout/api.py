@@ -23,6 +23,7 @@ format                      layout class                                        
 ``"q4kp"``                  :class:`~tilegen.families.q4_k.Q4KP`                    q4_K kernels (RHS)
 ``"q6kp"``                  :class:`~tilegen.families.q6_k.Q6KP`                    q6_K kernels (RHS)
 ``"q8kp"``                  :class:`~tilegen.layout.kquant.Q8KP`                    LHS of q4_K / q6_K kernels
+``"q8ki16p"``               :class:`~tilegen.layout.kquant.Q8KPI16`                 LHS of the K-quant ``:i16`` SME2 gemms
 ==========================  ======================================================  ============================
 
 ``"f32p"`` names a layout of either role: :func:`layout_for` takes the LHS one when given

@@ -26,7 +26,7 @@ from .base import (Interleaved, LayoutError, RhsGroups, RowBlocks, check_m_idx_s
                    f32_to_i32_sat, flat_u8, rows_f32, rows_index)
 from .ggml import QK_K, check_superblocks, refuse_float_kquant
 
-__all__ = ["Q8KP", "KQuantRhs", "KQuantTerms", "KQuantInterleave", "U16"]
+__all__ = ["Q8KP", "Q8KPI16", "KQuantRhs", "KQuantTerms", "KQuantInterleave", "U16"]
 
 F32 = np.dtype("<f4")
 U16 = np.dtype("<u2")
@@ -144,6 +144,8 @@ class Q8KP(RowBlocks, KQuantInterleave):
         self.check_kquant(mr=self.mr)
 
     # -- geometry (generator) ------------------------------------------------------------
+    value_bytes = 1             # bytes of one stored value (Q8KPI16: 2, widened to int16)
+    value_dtype = np.dtype("i1")
     d_bytes = 4                 # one row's f32 d per SB
     bsum_count = 8              # sub-block sums per row per SB (sub-blocks of 32)
     bsum_hi_shift = 7           # bsum = (bsum_hi << 7) + bsum_lo, bsum_lo in [0, 127]
@@ -151,18 +153,23 @@ class Q8KP(RowBlocks, KQuantInterleave):
     # ([r][j] each); values_offset (0), d_offset, bsum_hi_offset, bsum_lo_offset,
     # values_bytes and sb_record_bytes (276*mr) derive from it
     sb_slots = "mr"
-    sb_parts = (("values", QK_K), ("d", "d_bytes"), ("bsum_hi", "bsum_count"),
+    sb_parts = (("values", "row_values_bytes"), ("d", "d_bytes"), ("bsum_hi", "bsum_count"),
                 ("bsum_lo", "bsum_count"))
+
+    @property
+    def row_values_bytes(self) -> int:
+        """Bytes of one row's 256 values of an SB record."""
+        return QK_K * self.value_bytes
 
     @property
     def chunk_bytes(self) -> int:
         """Bytes of one interleave chunk of values (mr rows x L)."""
-        return self.mr * self.L
+        return self.mr * self.L * self.value_bytes
 
     def k_span_bytes(self, n: int) -> int:
         """Bytes that ``n`` consecutive k values (a multiple of L, within one SB) of the row
         block's mr rows occupy: the distance the kernels advance their LHS pointer."""
-        return n * self.mr
+        return n * self.mr * self.value_bytes
 
     def row_block_stride(self, k: int) -> int:
         return self.num_superblocks(k) * self.sb_record_bytes
@@ -170,7 +177,8 @@ class Q8KP(RowBlocks, KQuantInterleave):
     def element_offset(self, r: int, t: int) -> int:
         """Offset of (row slot r, value t of the row) inside a row block."""
         s, u = divmod(t, self.qk)
-        return s * self.sb_record_bytes + (u // self.L) * self.chunk_bytes + r * self.L + u % self.L
+        return (s * self.sb_record_bytes + (u // self.L) * self.chunk_bytes
+                + (r * self.L + u % self.L) * self.value_bytes)
 
     # -- quantisation --------------------------------------------------------------------
     @property
@@ -222,7 +230,7 @@ class Q8KP(RowBlocks, KQuantInterleave):
         nblk, rb, slot = self.placement(m, m_idx_start)
         q, d, bsum = self.quantize_rows(x)
         hi, lo = self.split_bsum(bsum)
-        vals = np.zeros((nblk, S, QK_K // L, mr, L), np.int8)
+        vals = np.zeros((nblk, S, QK_K // L, mr, L), self.value_dtype)
         vals[rb, :, :, slot, :] = q.reshape(m, S, QK_K // L, L)
         dd = np.zeros((nblk, S, mr), F32)
         dd[rb, :, slot] = d
@@ -252,8 +260,8 @@ class Q8KP(RowBlocks, KQuantInterleave):
                     np.zeros((0, S, 8), np.int8), np.zeros((0, S, 8), np.int8))
         nblk = need // self.row_block_stride(k)
         rec = b[:need].reshape(nblk, S, self.sb_record_bytes)
-        vals = np.ascontiguousarray(rec[..., :self.d_offset]).view(np.int8)
-        vals = vals.reshape(nblk, S, QK_K // L, mr, L)
+        vals = np.ascontiguousarray(rec[..., :self.d_offset]).view(self.value_dtype)
+        vals = vals.reshape(nblk, S, QK_K // L, mr, L).astype(np.int8)
         d = np.ascontiguousarray(rec[..., self.d_offset:self.bsum_hi_offset]).view(F32)
         hi = np.ascontiguousarray(rec[..., self.bsum_hi_offset:self.bsum_lo_offset]).view(np.int8)
         lo = np.ascontiguousarray(rec[..., self.bsum_lo_offset:]).view(np.int8)
@@ -261,6 +269,31 @@ class Q8KP(RowBlocks, KQuantInterleave):
         q = vals[rb, :, :, slot, :].reshape(m, k)
         return (q, d.reshape(nblk, S, mr)[rb, :, slot].astype(np.float32),
                 hi.reshape(nblk, S, mr, 8)[rb, :, slot], lo.reshape(nblk, S, mr, 8)[rb, :, slot])
+
+
+@dataclass(frozen=True)
+class Q8KPI16(Q8KP):
+    """``q8ki16p<mr>x<kr>``: :class:`Q8KP` with its values widened to int16 at pack time
+    (docs/layouts.md#q8ki16p), for the SME2 gemms whose 2-way int16 SMOPA read k pairs of
+    rows: one multi-vector ``LD1H`` loads four vectors of them, no widening load or SUNPK in
+    the hot loop.  Everything else is q8kp's: the same quantisation (``quantize_rows``), the
+    same order of values (chunk i, row r, value b at i*mr*L + r*L + b, now in int16 units), then
+    the same f32 d and bsum hi/lo bytes.  Row block of ``mr`` rows = k/256 SB records of
+    ``532*mr`` bytes::
+
+        +0        int16 values: 256/L chunks of mr*L int16; chunk i, row r, value b at byte
+                  2*(i*mr*L + r*L + b) holds q[r][256s + L*i + b] (sign-extended int8)
+        +512*mr   mr x f32 d
+        +516*mr   bsum_hi: mr x 8 int8
+        +524*mr   bsum_lo: mr x 8 int8
+
+    No generated packer: the runtime packs it with :meth:`pack` (numpy)."""
+
+    format = "q8ki16p"
+    label_prefix = "q8ki16p"
+    packer_template = None
+    value_bytes = 2
+    value_dtype = np.dtype("<i2")
 
 
 # ----------------------------------------------------------------------------------------

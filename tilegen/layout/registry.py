@@ -9,13 +9,14 @@ from __future__ import annotations
 
 from ..families import LAYOUTS as FAMILY_LAYOUTS
 from .base import LayoutError
-from .kquant import Q8KP
+from .kquant import Q8KP, Q8KPI16
 
 __all__ = ["RHS_LAYOUTS", "LHS_LAYOUTS", "LAYOUTS", "layout_class"]
 
 # every family's layouts, in registry order (a layout two families read is listed once), then
-# those of layout/ that no one family owns (the K-quant activations every K-quant reads)
-_CLASSES = tuple(dict.fromkeys(FAMILY_LAYOUTS + (Q8KP,)))
+# those of layout/ that no one family owns (the K-quant activations every K-quant reads, and
+# their int16 widening the SME2 row-group gemms read)
+_CLASSES = tuple(dict.fromkeys(FAMILY_LAYOUTS + (Q8KP, Q8KPI16)))
 
 
 def _registry(role: str) -> dict[str, type]:

@@ -36,7 +36,7 @@ from ...reference.kquant import matmul_kernel, quantize_q8_k
 ORDER = 45
 RECORDS = (FamilyInfo(name="iq4_xs", lhs="q8kp", rhs="iq4xsp",
                       impls={**kquant_impls("iq4xs"), **kquant_sve_impls("iq4xs"),
-                             **kquant_sme2_impls("iq4xs")},
+                             **kquant_sme2_impls("iq4xs", ("4vlx1vl",))},
                       kinds=("iq4_xs",), abi=Q8, quantized=True),)
 ALLOCATOR_MODULES = (f"{__name__}.regalloc", f"{__name__}.regalloc_sme2")
 GGML_TYPES = {"IQ4_XS": "iq4_xs"}

@@ -438,6 +438,10 @@ class KQuantSme2RowsRegs(KQuantSme2Frame):
     p_lo: int = 2
     p_hi: int = 3
     p_rows: int = 4
+    # the :i16 variant (LHS q8ki16p, int16 values): each set of ``lhs`` is ordered so that the
+    # low pairs of the four row groups (lhs[2g]) and the high pairs (lhs[2g + 1]) are four
+    # consecutive registers from a multiple of 4, the targets of one LD1H {4 vectors}
+    lhs16: bool = False
 
 
 _ROWS_SCALARS = ("n_rem", "rec", "rp", "scp", "lp", "lhs_rb", "lhs_rbs", "dst_tile", "dst_row",
@@ -462,6 +466,8 @@ def allocate_kquant_sme2_rows(spec: KernelSpec, family: str,
     pool = RegisterPool(_ROWS_CHART, x_order=SME_X_ORDER, streaming=True)
     v = pool.v
     lhs = (v.claim(range(0, 2 * mu), "LHS"), v.claim(range(2 * mu, 4 * mu), "LHS"))
+    if spec.lhs_i16:        # lhs[2g + h] = base + mu*h + g (mu = 4: z0-z3 low, z4-z7 high pairs)
+        lhs = tuple(tuple(s[mu * h + g] for g in range(mu) for h in range(2)) for s in lhs)
     ex: dict[str, tuple[int, ...]] = {}
     if not extra:
         w = v.claim(range(16, 20), "RHS")
@@ -489,4 +495,4 @@ def allocate_kquant_sme2_rows(spec: KernelSpec, family: str,
                            wide=tuple(range(4, 8)), wlo=tuple(range(8, 12)), bs=bs,
                            zero=tuple(range(12, 16)), s1=tuple(range(4, 8)),
                            s2=tuple(range(8, 12)), d=(16,), dm=(17,), da=18, acc=(19,),
-                           clamp=clamp, extra=ex, gpr=gpr, **pool.frame())
+                           clamp=clamp, extra=ex, gpr=gpr, lhs16=spec.lhs_i16, **pool.frame())
