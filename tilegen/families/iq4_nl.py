@@ -122,6 +122,9 @@ class IQ4NLP(QSI4C32PScaleF16):
     table = KVALUES_IQ4NL
     #: vector registers the kernels' decode holds the table in (the q4 allocator reads it)
     table_vectors = 1
+    #: NEON gemvs: every 2nd RHS vector's nibbles split on the integer pipes, not the vector
+    #: pipes (regalloc.q4._gpr_split; the split is this family's decode (templates/iq4nl_neon.S.j2))
+    gpr_split_every = 2
 
     def pack(self, raw, n: int | None = None, k: int | None = None, *,
              finite_scales: bool = True) -> np.ndarray:

@@ -163,6 +163,9 @@ class MXFP4P(QSI4C32PScaleF16):
     table = KVALUES_MXFP4
     #: vector registers the kernels' decode holds the table in (the q4 allocator reads it)
     table_vectors = 1
+    #: NEON gemvs: every 2nd RHS vector's nibbles split on the integer pipes, not the vector
+    #: pipes (regalloc.q4._gpr_split; the split is iq4_nl's decode template, which this family uses)
+    gpr_split_every = 2
 
     def _check_bl32(self) -> None:
         if self.bl != QK_MXFP4:

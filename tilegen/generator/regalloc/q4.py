@@ -71,6 +71,16 @@ class Q4Regs(Frame):
     # vector), so that M + S read as f32 is exact and one FSUB of M gives f32(S) (SCVTF: two
     # vector-pipe uops on the Neoverse models)
     magic: bool = False
+    # a table-decoded NEON gemv whose layout asks for it (``gpr_split_every`` > 0,
+    # :func:`_gpr_split`): every ``split_every``-th RHS vector has its nibbles split on the
+    # integer pipes (LDP of the 16 index bytes into two GPRs, AND with 0x0f.. and AND of the
+    # value >> 4 with the mask GPR, STP of both planes to a frame slot, two LDR q back), not
+    # by USHR/AND on the vector pipes; ``split`` = the GPRs (a, b, c, d, mask), () = off
+    split: tuple[int, ...] = ()
+    split_every: int = 0
+
+    #: frame slots (32 bytes: the low-nibble plane, then the high one) the split rotates over
+    SPLIT_SLOTS = 4
 
     @property
     def n_vec(self) -> int:
@@ -132,9 +142,15 @@ class Q4Regs(Frame):
         return self.zero_offset + 32
 
     @property
+    def split_offset(self) -> int:
+        """split: sp offset of the :attr:`SPLIT_SLOTS` 32-byte slots the integer-pipe nibble
+        split stores its two planes to (after the zero and magic bytes)."""
+        return self.zero_offset + (64 if self.magic else 32)
+
+    @property
     def frame_bytes(self) -> int:
         if self.zero_loads:
-            return self.zero_offset + (64 if self.magic else 32)
+            return self.split_offset + (32 * self.SPLIT_SLOTS if self.split else 0)
         if not self.acc_mem:
             return super().frame_bytes
         return self.acc_offset + self.acc_bytes
@@ -210,6 +226,19 @@ def _magic_sums(spec: KernelSpec, mode: str, streamed: bool) -> bool:
     if not sve and not (mode == "mm" or (mode in ("dot4", "dot8") and not streamed)):
         return False
     return max(abs(int(v)) for v in table) * 128 * lay.bl < MAGIC_LIMIT
+
+
+def _gpr_split(spec: KernelSpec, mode: str) -> int:
+    """Every how many RHS vectors a NEON gemv (mr = 1, SDOT by lane or on column pairs,
+    f32 accumulators in registers) splits the index nibbles on the integer pipes instead of
+    the vector pipes (``Q4Regs.split_every``; 0: never): the RHS layout's
+    ``gpr_split_every`` (table-decoded layouts whose decode template implements the split:
+    iq4_nl's, used by mxfp4).  The vector pipes bind these gemvs (USHR, AND, 2 TBL, 2 SDOT
+    per 16 index bytes); the split moves USHR and AND to loads, integer ALUs and stores."""
+    every = getattr(template_layouts(spec)[0], "gpr_split_every", 0)
+    if not every or spec.isa.startswith("sve") or spec.acc_mem or spec.mr != 1:
+        return 0
+    return every if mode in ("dot4", "dot8") else 0
 
 
 def _q4_streamed(mode: str, P: int) -> bool:
@@ -294,6 +323,8 @@ def _q4_neon_block(spec: KernelSpec, mode: str, mr_reg: int, narrow: bool = Fals
     lo = tuple(pool.x.take(G, "LHS row pointers"))
     # acc_mem tiles address both LHS halves from one pointer per row block
     hi = () if spec.acc_mem else tuple(pool.x.take(G, "LHS row pointers"))
+    split_every = 0 if streamed else _gpr_split(spec, mode)
+    split = tuple(pool.x.take(4, "scalars")) if split_every else ()
     return pool, dict(
         mode=mode, facc=rows(fl, nv), iacc=iacc, lhs=tuple(lhs), rhs=tuple(rhs), mask=mask,
         table=tuple(table),
@@ -301,7 +332,7 @@ def _q4_neon_block(spec: KernelSpec, mode: str, mr_reg: int, narrow: bool = Fals
         streamed=streamed, acc_mem=spec.acc_mem, fa=fa,
         interleaved=mode == "mm" and not spec.acc_mem, zero_loads=not spec.acc_mem,
         dl_shared=narrow and bool(n_dl), col_pat=col_pat, row_pat=row_pat,
-        magic=_magic_sums(spec, mode, streamed))
+        magic=_magic_sums(spec, mode, streamed), split=split, split_every=split_every)
 
 
 def _allocate_q4_neon(spec: KernelSpec) -> Q4Regs:
