@@ -197,7 +197,7 @@ def kquant_default_kernels(name: str, large: bool = False) -> tuple[str, ...]:
     tiles are `tilegen tune`'s best on neoverse-v2 / -n1, llvm-mca); SME2: the int16 SMOPA gemm
     and the ZA-array SDOT gemv on one 2vlx2 packing; with ``large``, also the SME2 entry on the
     1vl packing: :data:`KQUANT_LARGE_PARTNER` with the large-m gemm :data:`KQUANT_LARGE_GEMM`
-    (no gemv reads that packing: the entry comes after the 2vl pair, docs/sve-sme.md)."""
+    (no gemv reads that packing: the entry comes after the 2vl pair, docs/tuning.md)."""
     extra = (f"sme2:{KQUANT_LARGE_PARTNER}", f"sme2:{KQUANT_LARGE_GEMM}") if large else ()
     return tuple(f"{name}:{t}" for t in ("i8mm:8x4", "i8mm:1x4", "dotprod:8x4", "dotprod:1x4",
                                           "neon:4x4", "neon:1x4", "sme2:1vlx2vl", "sme2:1x2vl")
