@@ -91,3 +91,52 @@ def test_large_m_gemm_by_rows(family, svl, large_lib):
                                           want_y.view(np.uint32), err_msg=f"{where} {what}")
     assert res["mixed"].startswith("ArgumentError: large ") and "does not read" in res["mixed"], \
         res["mixed"]
+
+
+def _fake(spec: str, mr: int):
+    """A stand-in for a runtime Kernel: what build_table and KernelPair read (no library)."""
+    from types import SimpleNamespace
+    s = tilegen.parse_spec(spec)
+    return SimpleNamespace(spec=s, family=s.family, name=s.name, entry={}, mr=mr,
+                           features=frozenset(s.features))
+
+
+def test_table_attaches_the_record_large_gemm(monkeypatch):
+    """On the host: build_table gives the 1vl gemm the large-m gemm its ISA record names (and
+    drops the large gemm's own entry), none to the 2vl pair (another packing); without the
+    record's large_gemm nothing is attached (the record is the rule's one source)."""
+    import dataclasses
+    from tilegen.runtime.select import build_table
+    ks = [_fake(f"q4_K:sme2:{t}", mr) for t, mr in (("1vlx2vl", 16), ("1x2vl", 1),
+                                                    ("1vlx1vl", 16), ("4vlx1vl", 64))]
+    table = build_table(ks, "q4_K")
+    got = [(p.gemm.spec.spec_string, p.gemv and p.gemv.spec.spec_string,
+            p.large and p.large.spec.spec_string) for p in table]
+    assert got == [("q4_K:sme2:1vlx2vl", "q4_K:sme2:1x2vl", None),
+                   ("q4_K:sme2:1vlx1vl", None, "q4_K:sme2:4vlx1vl")], got
+    assert table[1].large_from == FAMILIES["q4_K"].impls["sme2"].large_after * 16 + 1
+    impl = FAMILIES["q4_K"].impls["sme2"]
+    monkeypatch.setitem(FAMILIES["q4_K"].impls, "sme2", dataclasses.replace(impl, large_gemm=None))
+    assert all(p.large is None for p in build_table(ks, "q4_K"))
+    assert len(build_table(ks, "q4_K")) == 3       # 4vlx1vl heads its own entry again
+
+
+@pytest.mark.parametrize("after", (0, 1, 2))
+def test_pair_rule_by_rows(after):
+    """KernelPair.op: the gemv up to the gemv threshold (it wins over the large-m gemm), the
+    large-m gemm from large_after x mr + 1 rows, the gemm between; no large-m gemm: gemv/gemm."""
+    from tilegen.runtime.select import KernelPair
+    g, v, big = (_fake(s, mr) for s, mr in (("q4_K:sme2:1vlx1vl", 4), ("q4_K:sme2:1x2vl", 1),
+                                              ("q4_K:sme2:4vlx1vl", 16)))
+    p = KernelPair(g, None, big, after)
+    t = after * 4 + 1
+    assert p.large_from == t
+    for m in range(1, 40):
+        assert p.op(m, 0) == ("large" if m >= t else "gemm"), m
+        assert p.pick(m, 0) is (big if m >= t else g)
+    q = KernelPair(g, v, big, after)
+    for gt in (1, 8):
+        for m in range(1, 40):
+            want = "gemv" if m <= gt else "large" if m >= t else "gemm"
+            assert q.op(m, gt) == want, (m, gt)
+    assert KernelPair(g, v).op(39, 1) == "gemm" and KernelPair(g, None).op(1, 1) == "gemm"
