@@ -93,3 +93,49 @@ def runtime_only(libdir: str, kind: str, raw, n: int, k: int, x, clamp) -> dict:
                   "y1": lib.matmul(xm, pw, clamp=clamp, threads=1),
                   "plan": _outcome(lambda: lib.plan(pw, m, clamp=clamp, threads=2)(xm))}
     return out
+
+
+def large_m(libdir: str, kind: str, raw, n: int, k: int, x, ms, clamp, nr: int) -> dict:
+    """The large-m gemm rule on ``kind`` weights (issue #34): the default packing's entry, then
+    the weights packed for the entry of gemm nr ``nr`` (the large-m gemm's packing); per m of
+    ``ms``: the kernel picked, matmul at 3 threads and 1, a plan for max(ms) rows called with
+    m rows (one plan, every row class), matmul_experts with every token on one expert; and
+    set_table's refusal of a large-m gemm on another packing."""
+    from tilegen.runtime.select import KernelPair
+    lib = _lib(libdir)
+
+    def go():
+        dflt = lib.pack_weights(kind=kind, from_ggml=raw, n=n, k=k)
+        e0 = lib.kernel_table.entry(dflt)
+        out = {"default": {"layout": dflt.layout.name, "gemm": e0.gemm.name,
+                           "gemv": e0.gemv.name if e0.gemv else None,
+                           "large": e0.large.name if e0.large else None,
+                           "big": lib.select(dflt, max(ms)).name}}
+        pw = lib.pack_weights(kind=kind, from_ggml=raw, n=n, k=k, nr=nr)
+        e = lib.kernel_table.entry(pw)
+        out["entry"] = {"layout": pw.layout.name, "gemm": e.gemm.name, "gemm_mr": e.gemm.mr,
+                        "gemv": e.gemv.name if e.gemv else None,
+                        "large": e.large.name if e.large else None,
+                        "large_from": e.large_from, "large_after": e.large_after,
+                        "table": [repr(p) for p in lib.kernel_table.table(kind)]}
+        plan = lib.plan(pw, max(ms), clamp=clamp, threads=3)
+        stack = type(pw).stack([pw, pw])
+        runs = {}
+        for m in ms:
+            xm = np.ascontiguousarray(x[:m])
+            ids = np.ones((m, 1), np.int32)     # every token on expert 1
+            runs[m] = {"kernel": lib.select(pw, m).name, "row_class": lib.kernel_table.row_class(pw, m),
+                       "plan_kernel": plan.route(m)[1].name,
+                       "y": lib.matmul(xm, pw, clamp=clamp, threads=3),
+                       "y1": lib.matmul(xm, pw, clamp=clamp, threads=1),
+                       "plan": plan(xm),
+                       "experts": lib.matmul_experts(xm, stack, ids, threads=2)[:, 0]}
+        out["runs"] = runs
+        try:
+            lib.set_table(kind, [KernelPair(e0.gemm, e0.gemv, e.large)])
+            out["mixed"] = "accepted"
+            lib.kernel_table._tables.pop(kind)    # back to the default table
+        except Exception as err:  # noqa: BLE001 - the message is the result
+            out["mixed"] = f"{type(err).__name__}: {err}"
+        return out
+    return _outcome(go)

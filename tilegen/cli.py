@@ -101,7 +101,9 @@ def _cmd_info(a: argparse.Namespace) -> int:
                 print(f"{kind}: {e}")
                 continue
             gemv = pair.gemv.name if pair.gemv else pair.gemm.name
-            print(f"{kind}: gemm {pair.gemm.name}; gemv (m <= {lib.gemv_threshold}) {gemv}")
+            large = (f"; large-m gemm (m >= {pair.large_from}) {pair.large.name}"
+                     if pair.large is not None else "")
+            print(f"{kind}: gemm {pair.gemm.name}; gemv (m <= {lib.gemv_threshold}) {gemv}{large}")
     return 0
 
 

@@ -16,7 +16,8 @@ from .callconv import Q8, Abi
 __all__ = ["__version__", "SpecError", "VL_GRANULE", "TILE_MR_MAX", "TILE_NR_MAX",
            "TILE_VL_MAX", "KR_MAX", "Isa", "ISAS", "IsaImpl", "FamilyInfo", "kquant_impls",
            "kquant_sve_impls", "kquant_sme2_impls", "kquant_record", "kquant_manifest", "kquant_default_kernels",
-           "KQUANT_LLAMA_KERNELS", "table32_impls", "table32_default_kernels",
+           "KQUANT_LLAMA_KERNELS", "KQUANT_LARGE_GEMM", "KQUANT_LARGE_PARTNER", "KQUANT_LARGE_AFTER",
+           "table32_impls", "table32_default_kernels",
            "TABLE32_LLAMA_KERNELS"]
 
 __version__ = "0.1.0"      # tilegen.__version__; generated files carry it
@@ -103,6 +104,12 @@ class IsaImpl:
     # the layouts and the allocator judge kr and sr.
     fixed_kr: str | None = None
     fixed_L: str | None = None
+    # The large-m gemm of this ISA's table entries (issue #34): a gemm tile of more rows that
+    # reads the same packed RHS as an entry's gemm (and gemv), run instead of the entry's gemm
+    # once m exceeds ``large_after`` tiles of the entry's gemm (rows at the CPU's vector length:
+    # tilegen.runtime.select.KernelPair.large_from).  The one place the rule's threshold lives.
+    large_gemm: str | None = None
+    large_after: int = 1
 
 
 @dataclass(frozen=True)
@@ -152,14 +159,16 @@ def kquant_sve_impls(stem: str) -> dict[str, IsaImpl]:
 
 
 def kquant_record(name: str, rhs: str, stem: str, isas: tuple[str, ...] | None = None,
-                  i16_tiles: tuple[str, ...] = ()) -> FamilyInfo:
+                  i16_tiles: tuple[str, ...] = (), large: bool = False) -> FamilyInfo:
     """The record of a K-quant family: Q8_K-style activations (``q8kp``: int8 per row per
     256-k super-block, f32 d, sub-block sums) against the family's lossless repack ``rhs`` of
     its ggml blocks, on the NEON, SVE and SME2 K-quant templates and allocators of ``stem``
     (docs/layouts.md#q8kp; arithmetic: tilegen.reference.kquant); weight kind ``name``, the Q8
     calling convention.  ``isas``: the ISAs the family realises (default: all of them);
-    ``i16_tiles``: its SME2 gemm tiles with an ``:i16`` variant (:func:`kquant_sme2_impls`)."""
-    impls = {**kquant_impls(stem), **kquant_sve_impls(stem), **kquant_sme2_impls(stem, i16_tiles)}
+    ``i16_tiles``: its SME2 gemm tiles with an ``:i16`` variant (:func:`kquant_sme2_impls`);
+    ``large``: the family has the SME2 large-m gemm :data:`KQUANT_LARGE_GEMM`."""
+    impls = {**kquant_impls(stem), **kquant_sve_impls(stem),
+             **kquant_sme2_impls(stem, i16_tiles, large)}
     if isas is not None:
         unknown = set(isas) - set(impls)
         if unknown:
@@ -171,7 +180,7 @@ def kquant_record(name: str, rhs: str, stem: str, isas: tuple[str, ...] | None =
 
 def kquant_manifest(name: str, rhs: str, stem: str, package: str,
                     isas: tuple[str, ...] | None = None,
-                    i16_tiles: tuple[str, ...] = ()) -> tuple:
+                    i16_tiles: tuple[str, ...] = (), large: bool = False) -> tuple:
     """What a K-quant family plugin declares about itself, from its kind ``name``, its RHS
     format ``rhs``, its template/allocator stem, its plugin package ``package`` and the ISAs it
     realises ``isas`` (default: every K-quant ISA): (RECORDS, ALLOCATOR_MODULES, GGML_TYPES,
@@ -179,22 +188,37 @@ def kquant_manifest(name: str, rhs: str, stem: str, package: str,
     ``<package>.regalloc`` (NEON, SVE) and ``<package>.regalloc_sme2`` (when it realises
     sme2), the GGUF type of the same name in capitals, :func:`kquant_default_kernels` and the
     llama.cpp patch's tiles :data:`KQUANT_LLAMA_KERNELS`, each restricted to those ISAs;
-    ``i16_tiles``: the SME2 gemm tiles with an ``:i16`` variant (LHS ``q8ki16p``)."""
-    record = kquant_record(name, rhs, stem, isas, i16_tiles)
+    ``i16_tiles``: the SME2 gemm tiles with an ``:i16`` variant (LHS ``q8ki16p``);
+    ``large``: the family has the SME2 large-m gemm (:data:`KQUANT_LARGE_GEMM`: in its record
+    and, with the gemm on the same RHS, in its default kernels)."""
+    record = kquant_record(name, rhs, stem, isas, i16_tiles, large)
     have = record.impls
     modules = (f"{package}.regalloc",) + ((f"{package}.regalloc_sme2",) if "sme2" in have else ())
-    defaults = tuple(s for s in kquant_default_kernels(name) if s.split(":")[1] in have)
+    defaults = tuple(s for s in kquant_default_kernels(name, large) if s.split(":")[1] in have)
     llama = tuple(e for e in KQUANT_LLAMA_KERNELS if e[0] in have)
     return (record,), modules, {name.upper(): name}, defaults, llama
 
 
-def kquant_default_kernels(name: str) -> tuple[str, ...]:
+def kquant_default_kernels(name: str, large: bool = False) -> tuple[str, ...]:
     """A K-quant family's default kernels: per ISA a gemm and the gemv on its packed RHS, i8mm
     (SMMLA gemm, kr16) first, then dotprod (SDOT by lane, kr8), plain NEON (SMULL) last (the
     tiles are `tilegen tune`'s best on neoverse-v2 / -n1, llvm-mca); SME2: the int16 SMOPA gemm
-    and the ZA-array SDOT gemv on one 2vlx2 packing."""
+    and the ZA-array SDOT gemv on one 2vlx2 packing; with ``large``, also the SME2 entry on the
+    1vl packing: :data:`KQUANT_LARGE_PARTNER` with the large-m gemm :data:`KQUANT_LARGE_GEMM`
+    (no gemv reads that packing: the entry comes after the 2vl pair, docs/tuning.md)."""
+    extra = (f"sme2:{KQUANT_LARGE_PARTNER}", f"sme2:{KQUANT_LARGE_GEMM}") if large else ()
     return tuple(f"{name}:{t}" for t in ("i8mm:8x4", "i8mm:1x4", "dotprod:8x4", "dotprod:1x4",
-                                          "neon:4x4", "neon:1x4", "sme2:1vlx2vl", "sme2:1x2vl"))
+                                          "neon:4x4", "neon:1x4", "sme2:1vlx2vl", "sme2:1x2vl")
+                 + extra)
+
+
+#: the K-quant SME2 large-m gemm (four ZA tiles of LHS rows sharing decoded weights, issue #34)
+#: and the gemm on its packing (nr = 1vl) it takes over from; it runs once m exceeds
+#: ``KQUANT_LARGE_AFTER`` tiles of that gemm (SVL/32 rows each): the M4 model's crossover at
+#: SVL 512 (docs/tuning.md#the-large-m-gemm)
+KQUANT_LARGE_GEMM = "4vlx1vl"
+KQUANT_LARGE_PARTNER = "1vlx1vl"
+KQUANT_LARGE_AFTER = 1
 
 
 #: the (gemm, gemv) pairs the llama.cpp patch wires for a K-quant family, per ISA: (isa, gemm
@@ -204,19 +228,24 @@ KQUANT_LLAMA_KERNELS = (("sme2", "1vlx2vl", "1x2vl", "int16 SMOPA", "ZA-array SD
                         ("dotprod", "8x4", "1x4", "SDOT by lane", "SDOT by lane"))
 
 
-def kquant_sme2_impls(stem: str, i16_tiles: tuple[str, ...] = ()) -> dict[str, IsaImpl]:
+def kquant_sme2_impls(stem: str, i16_tiles: tuple[str, ...] = (),
+                      large: bool = False) -> dict[str, IsaImpl]:
     """The SME2 realisation of a K-quant family: the gemm (``templates/<stem>_sme2.S.j2``,
     int16 SMOPA of the scaled weights into ZA) and the gemv (``<stem>_sme2_gemv.S.j2``,
     ZA-array SDOT) on one RHS layout, allocator ``<stem>_sme2`` (the plugin's ``regalloc_sme2``).  kr = 4 (L = 2):
     a column's two bytes of a 4-k chunk are the k pairs the 2-way int16 SMOPA reads.  The gemm
     tiles ``i16_tiles`` have an ``:i16`` variant reading the activations widened to int16 at
-    pack time (``q8ki16p``, docs/layouts.md#q8ki16p)."""
+    pack time (``q8ki16p``, docs/layouts.md#q8ki16p).  ``large``: the family has the large-m
+    gemm :data:`KQUANT_LARGE_GEMM` (its entries switch to it past ``KQUANT_LARGE_AFTER`` tiles
+    of rows)."""
     return {"sme2": IsaImpl("sme2_mopa", f"{stem}_sme2", f"{stem}_sme2", kr=4, sr=2,
                             gemv_op="sme2_sdot", gemv_template=f"{stem}_sme2_gemv",
                             lhs_i16="q8ki16p" if i16_tiles else None,
                             lhs_i16_tiles=tuple(i16_tiles),
                             fixed_kr=f"the {stem} sme2 kernels read k pairs of 4-k chunks "
-                                     f"(kr = 4, sr = 2)")}
+                                     f"(kr = 4, sr = 2)",
+                            large_gemm=KQUANT_LARGE_GEMM if large else None,
+                            large_after=KQUANT_LARGE_AFTER)}
 
 
 def table32_impls() -> dict[str, IsaImpl]:

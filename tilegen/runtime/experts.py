@@ -12,7 +12,8 @@ order (u = 0, 1, ...), as llama.cpp's MoE FFN multiplies then adds the expert vi
 
 How: the (token, slot) rows routed to each expert are gathered (token order), each group's
 activations quantised and packed once, the expert's kernel (the gemv for a group of at most
-``gemv_threshold`` rows, else the gemm: the kernel ``lib.matmul`` picks for that many rows)
+``gemv_threshold`` rows, else the gemm, or its entry's large-m gemm past ``large_from`` rows:
+the kernel ``lib.matmul`` picks for that many rows)
 run on its slice of the stack, and the rows scattered back.  Work is split over threads as
 tasks of experts x chunks of m_step rows (packing) and experts x chunks of n_step columns
 (kernels), each expert cut into chunks in proportion to its rows, so one busy expert does not
@@ -85,6 +86,10 @@ class ExpertsPlan:
         one = self.experts.expert(0)
         self.gemv = lib.select(one, 1)
         self.gemm = lib.select(one, self.gemv_threshold + 1)
+        # the large-m gemm of the entry (issue #34) from its large_from rows on, as lib.matmul
+        self.large_from = lib.kernel_table.large_from(one)
+        self.large = None if self.large_from is None else lib.select(
+            one, max(self.large_from, self.gemv_threshold + 1))
         self.x_shape = ((self.tokens, self.k) if slots is None
                         else (self.tokens, slots, self.k))
         # a group of one row or of ``tokens`` rows (every token picked the expert) that is one
@@ -100,8 +105,11 @@ class ExpertsPlan:
                 f"k={self.k} x{self.x_shape} n_used={self.n_used} threads={self.threads}>")
 
     def kernel(self, rows: int):
-        """The kernel a group of ``rows`` rows runs: gemv up to the gemv threshold."""
-        return self.gemv if rows <= self.gemv_threshold else self.gemm
+        """The kernel a group of ``rows`` rows runs: gemv up to the gemv threshold, the
+        large-m gemm from its ``large_from`` rows on."""
+        if rows <= self.gemv_threshold:
+            return self.gemv
+        return self.large if self.large_from is not None and rows >= self.large_from else self.gemm
 
     def __call__(self, x, ids, weights=None) -> np.ndarray:
         self.lib.ensure_open()

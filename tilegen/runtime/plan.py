@@ -200,13 +200,15 @@ class Plan:
         # once: a repack when no kernel reads them
         self.weights = req.weights = lib.adopt(weights)
         self.n, self.k = self.weights.n, self.weights.k
-        # the routes (packing, kernel) of both row classes, from the tables as they are now
+        # the routes (packing, kernel) of every row class up to m (gemv, gemm, the large-m
+        # gemm: tilegen.runtime.select.KernelPair.op), from the tables as they are now
         self.gemv_threshold = lib.gemv_threshold
-        self._routes = {}
-        for op, rows in (("gemv", 1), ("gemm", self.gemv_threshold + 1)):
-            if op == "gemv" and self.gemv_threshold < 1 or op == "gemm" and self.m <= self.gemv_threshold:
-                continue
-            self._routes[op] = lib.route(self.weights, rows)
+        table = lib.kernel_table
+        self._classes = {rows: table.row_class(self.weights, rows)
+                         for rows in {1, self.gemv_threshold + 1, table.large_from(self.weights)}
+                         if rows is not None and 0 < rows <= self.m}
+        self.large_from = table.large_from(self.weights)
+        self._routes = {op: lib.route(self.weights, rows) for rows, op in self._classes.items()}
         self.drv = lib.driver
         self._variants: dict[int, _Variant] = {}
         self._build = threading.Lock()
@@ -248,7 +250,11 @@ class Plan:
     def route(self, rows: int):
         """(packing, kernel) for ``rows`` rows, as the library's tables chose them when the
         plan was made."""
-        return self._routes["gemv" if rows <= self.gemv_threshold else "gemm"]
+        if rows <= self.gemv_threshold and "gemv" in self._routes:
+            return self._routes["gemv"]
+        if self.large_from is not None and rows >= self.large_from:
+            return self._routes["large"]
+        return self._routes["gemm"]
 
     def _variant(self, rows: int) -> _Variant:
         v = self._variants.get(rows)

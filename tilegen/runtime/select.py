@@ -4,6 +4,12 @@ Each entry pairs a gemm kernel with the gemv kernel that reads the same packed R
 (equal layout objects, :func:`tilegen.layout.base.same_rhs`), so weights packed once serve both.  The first entry whose
 kernels the CPU can run wins; m <= gemv_threshold uses the gemv kernel.  Order: tuned
 kernels (``tilegen tune --write``), then best ISA, pairs with a gemv, the biggest tile.
+
+An entry may also carry a large-m gemm (issue #34): the tile its ISA record names
+(``IsaImpl.large_gemm``, e.g. the K-quants' SME2 ``4vlx1vl``), of the same family and ISA and
+reading the same packed RHS as the entry's gemm and gemv; it runs instead of the gemm once m
+exceeds ``IsaImpl.large_after`` tiles of the gemm's rows (:attr:`KernelPair.large_from`).  A
+gemm that serves as some entry's large gemm heads no entry of its own.
 """
 from __future__ import annotations
 
@@ -12,9 +18,10 @@ from typing import Iterable
 
 from ..layout.base import same_rhs
 from ..families import FAMILIES, KIND_FAMILIES, KIND_FAMILY
+from ..generator.spec import parse_tile
 from ..records import ISAS
 
-__all__ = ["KernelPair", "build_table", "KIND_FAMILY", "KIND_FAMILIES", "kind_table",
+__all__ = ["KernelPair", "build_table", "large_gemm_of", "KIND_FAMILY", "KIND_FAMILIES", "kind_table",
            "gemv_families"]
 
 # KIND_FAMILY: weight kind -> the family that consumes it; KIND_FAMILIES: the families whose
@@ -27,19 +34,57 @@ __all__ = ["KernelPair", "build_table", "KIND_FAMILY", "KIND_FAMILIES", "kind_ta
 class KernelPair:
     gemm: object          # runtime Kernel
     gemv: object | None   # runtime Kernel with mr == 1 reading the same RHS, if any
+    large: object | None = None   # runtime Kernel: the large-m gemm on the same RHS, if any
+    large_after: int = 1  # ``large`` runs once m exceeds this many tiles of ``gemm``'s rows
+
+    @property
+    def kernels(self) -> tuple:
+        """The entry's kernels: gemm, then gemv and large-m gemm where it has them."""
+        return tuple(k for k in (self.gemm, self.gemv, self.large) if k is not None)
 
     @property
     def features(self) -> frozenset[str]:
-        f = set(self.gemm.features)
-        if self.gemv is not None:
-            f |= self.gemv.features
-        return frozenset(f)
+        return frozenset(f for k in self.kernels for f in k.features)
+
+    @property
+    def large_from(self) -> int | None:
+        """The fewest rows the large-m gemm runs (``large_after`` x the gemm's mr at this CPU's
+        vector length, plus one), None without one."""
+        return None if self.large is None else self.large_after * self.gemm.mr + 1
+
+    def op(self, m: int, gemv_threshold: int = 1) -> str:
+        """Which kernel m rows run: "gemv" (m <= gemv_threshold, when the entry has a gemv),
+        "large" (m >= large_from), else "gemm"."""
+        if m <= gemv_threshold and self.gemv is not None:
+            return "gemv"
+        if self.large is not None and m >= self.large_from:
+            return "large"
+        return "gemm"
 
     def pick(self, m: int, gemv_threshold: int = 1):
-        return self.gemv if (m <= gemv_threshold and self.gemv is not None) else self.gemm
+        return getattr(self, self.op(m, gemv_threshold))
 
     def __repr__(self) -> str:
-        return f"KernelPair(gemm={self.gemm.name}, gemv={self.gemv.name if self.gemv else None})"
+        large = f", large={self.large.name} (m >= {self.large_from})" if self.large else ""
+        return (f"KernelPair(gemm={self.gemm.name}, "
+                f"gemv={self.gemv.name if self.gemv else None}{large})")
+
+
+def large_gemm_of(kernels: Iterable, gemm, gemv=None):
+    """(the large-m gemm among ``kernels`` for an entry of ``gemm`` and ``gemv``, large_after):
+    the tile ``gemm``'s ISA record names (``IsaImpl.large_gemm``), of its family and ISA, that
+    reads the same packed RHS as ``gemm`` and ``gemv``; (None, 1) without one."""
+    impl = FAMILIES[gemm.family].impls.get(gemm.spec.isa)
+    if impl is None or impl.large_gemm is None or gemm.spec.is_gemv:
+        return None, 1
+    mr, mr_vl, nr, nr_vl = parse_tile(impl.large_gemm)
+    for k in kernels:
+        s = k.spec
+        if (k.family == gemm.family and s.isa == gemm.spec.isa and k is not gemm
+                and (s.mr, s.mr_vl, s.nr, s.nr_vl) == (mr, mr_vl, nr, nr_vl)
+                and same_rhs(s, gemm.spec) and (gemv is None or same_rhs(s, gemv.spec))):
+            return k, impl.large_after
+    return None, 1
 
 
 def gemv_families(family: str) -> tuple[str, ...]:
@@ -62,7 +107,11 @@ def build_table(kernels: Iterable, family: str) -> list[KernelPair]:
         gemvs = [v for v in partners if v.spec.is_gemv and same_rhs(v.spec, g.spec)]
         # prefer a gemv of the gemm's own ISA, then any the CPU may run
         gemvs.sort(key=lambda v: (v.spec.isa != g.spec.isa, ISAS[v.spec.isa].rank))
-        table.append(KernelPair(g, gemvs[0] if gemvs else (g if g.spec.is_gemv else None)))
+        gemv = gemvs[0] if gemvs else (g if g.spec.is_gemv else None)
+        table.append(KernelPair(g, gemv, *large_gemm_of(ks, g, gemv)))
+    # a large-m gemm runs inside the entries that carry it, never as an entry's gemm at every m
+    larges = {id(p.large) for p in table if p.large is not None}
+    table = [p for p in table if id(p.gemm) not in larges]
 
     def size(k):   # lanes of a 128-bit vector per VL unit, to compare fixed and scaled tiles
         s = k.spec

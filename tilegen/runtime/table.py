@@ -73,9 +73,7 @@ class KernelTable:
         for p in pairs:
             if not isinstance(p, KernelPair):
                 raise ArgumentError(f"table entries must be KernelPair, got {type(p).__name__}")
-            for kern in (p.gemm, p.gemv):
-                if kern is None:
-                    continue
+            for kern in p.kernels:
                 if id(kern) not in mine:
                     raise ArgumentError(f"{kern!r} is not a kernel of {self.name}")
                 ok = (kern.family in fams or kern is p.gemv and p.gemm.family in fams
@@ -83,15 +81,23 @@ class KernelTable:
                 if not ok:
                     raise ArgumentError(f"{kern.name} is not a {' or '.join(fams)} kernel "
                                         f"({kind} weights need the {' or '.join(fams)} family)")
-            if p.gemv is not None and not same_rhs(p.gemm.spec, p.gemv.spec):
-                raise ArgumentError(f"gemv {p.gemv.name} does not read the packed weights of "
-                                    f"gemm {p.gemm.name}")
+            for role in ("gemv", "large"):
+                kern = getattr(p, role)
+                if kern is not None and not same_rhs(p.gemm.spec, kern.spec):
+                    raise ArgumentError(f"{role} {kern.name} does not read the packed weights "
+                                        f"of gemm {p.gemm.name}")
+            if p.large is not None and (p.large.spec.is_gemv or p.large.family != p.gemm.family):
+                raise ArgumentError(f"large-m gemm {p.large.name} must be a gemm of "
+                                    f"{p.gemm.name}'s family")
+            if isinstance(p.large_after, bool) or not isinstance(p.large_after, int) \
+                    or p.large_after < 0:
+                raise ArgumentError(f"large_after must be an int >= 0, got {p.large_after!r}")
         self._tables[kind] = pairs
 
     def pairs(self, kind: str, nr: int | None = None) -> list[KernelPair]:
         """Runnable table entries for ``kind`` (with ``nr``: those whose gemm has that nr)."""
         pairs = [p for p in self.table(kind) if p.features <= self.cpu.features
-                 and all(self.runnable(k) for k in (p.gemm, p.gemv) if k is not None)]
+                 and all(self.runnable(k) for k in p.kernels)]
         if not pairs:
             raise ArgumentError(f"no kernel for {kind} weights in {self.name} runs on this "
                                 f"CPU (features: {', '.join(sorted(self.cpu.features))})")
@@ -143,18 +149,37 @@ class KernelTable:
             return pw, self.kernel_for(pw, op)
         return packed, self.select(packed, m)
 
-    def select(self, packed: PackedWeights, m: int) -> Kernel:
-        """Kernel for an (m x k) @ packed matmul: first runnable table entry that reads the
-        packed layout; its gemv kernel when m <= gemv_threshold.  (PackedLayouts: see
-        :meth:`route`.)"""
-        if isinstance(packed, PackedLayouts):
-            return self.route(packed, m)[1]
+    def entry(self, packed: PackedWeights) -> KernelPair:
+        """The first runnable table entry whose gemm reads ``packed`` (PackedWeights)."""
         for p in self.pairs(packed.kind):
             if p.gemm.rhs_matches(packed):
-                return p.pick(m, self.gemv_threshold)
+                return p
         raise ArgumentError(f"no runnable kernel reads {packed.layout.name} nr={packed.nr} "
                             f"kr={packed.kr} sr={packed.sr}; lib.adopt(weights) repacks them "
                             f"for this library")
+
+    def row_class(self, packed, m: int) -> str:
+        """Which kernel of its entry m rows on ``packed`` run ("gemv", "gemm" or "large",
+        :meth:`KernelPair.op`); PackedLayouts: "gemv" or "gemm" by the gemv threshold."""
+        if isinstance(packed, PackedLayouts):
+            return "gemv" if m <= self.gemv_threshold else "gemm"
+        return self.entry(packed).op(m, self.gemv_threshold)
+
+    def large_from(self, packed) -> int | None:
+        """The fewest rows that run the large-m gemm on ``packed`` (None: its entry has none;
+        PackedLayouts: None)."""
+        if isinstance(packed, PackedLayouts):
+            return None
+        return self.entry(packed).large_from
+
+    def select(self, packed: PackedWeights, m: int) -> Kernel:
+        """Kernel for an (m x k) @ packed matmul: first runnable table entry that reads the
+        packed layout; its gemv kernel when m <= gemv_threshold, its large-m gemm from the
+        entry's ``large_from`` rows on (:meth:`KernelPair.op`).  (PackedLayouts: see
+        :meth:`route`.)"""
+        if isinstance(packed, PackedLayouts):
+            return self.route(packed, m)[1]
+        return self.entry(packed).pick(m, self.gemv_threshold)
 
     def adopt(self, packed: PackedWeights, nr: int | None = None) -> PackedWeights:
         """``packed`` in a layout a kernel of this library reads on this CPU.

@@ -36,14 +36,14 @@ from ...reference.kquant import matmul_kernel, quantize_q8_k
 ORDER = 45
 RECORDS = (FamilyInfo(name="iq4_xs", lhs="q8kp", rhs="iq4xsp",
                       impls={**kquant_impls("iq4xs"), **kquant_sve_impls("iq4xs"),
-                             **kquant_sme2_impls("iq4xs", ("4vlx1vl",))},
+                             **kquant_sme2_impls("iq4xs", ("4vlx1vl",), large=True)},
                       kinds=("iq4_xs",), abi=Q8, quantized=True),)
 ALLOCATOR_MODULES = (f"{__name__}.regalloc", f"{__name__}.regalloc_sme2")
 GGML_TYPES = {"IQ4_XS": "iq4_xs"}
 #: ggml's Arm repack has no IQ4_XS kernels (bench/vs_ggml.py: none to measure against; IQ4_XS is
 #: held to tilegen's own Q4_K instead, issue #32)
 GGML_REPACK = ()
-DEFAULT_KERNELS = kquant_default_kernels("iq4_xs")
+DEFAULT_KERNELS = kquant_default_kernels("iq4_xs", large=True)
 LLAMA_KERNELS = KQUANT_LLAMA_KERNELS
 #: llama-quantize's IQ4_XS of the check's synthetic model runs on the patched llama.cpp within
 #: this tolerance (docs/llama_cpp_check.md: Q4_K_M's derivation, the same Q8_K activations)

@@ -32,7 +32,7 @@ from ...records import kquant_manifest
 # default kernels and the llama.cpp patch's tiles are those every K-quant family has
 ORDER = 30
 RECORDS, ALLOCATOR_MODULES, GGML_TYPES, DEFAULT_KERNELS, LLAMA_KERNELS = kquant_manifest(
-    "q4_K", "q4kp", "q4k", __name__, i16_tiles=("4vlx1vl",))
+    "q4_K", "q4kp", "q4k", __name__, i16_tiles=("4vlx1vl",), large=True)
 
 #: llama-quantize's Q4_K_M of the check's synthetic model (Q4_K, Q6_K for some tensors) runs on
 #: the patched llama.cpp within this tolerance (docs/llama_cpp_check.md#k-quants derives it)

@@ -31,7 +31,7 @@ from ..q4_k import Q4KP, join_q4_k, q4_k_values, split_q4_k
 
 ORDER = 31
 RECORDS, ALLOCATOR_MODULES, GGML_TYPES, DEFAULT_KERNELS, LLAMA_KERNELS = kquant_manifest(
-    "q5_K", "q5kp", "q5k", __name__, i16_tiles=("4vlx1vl",))
+    "q5_K", "q5kp", "q5k", __name__, i16_tiles=("4vlx1vl",), large=True)
 #: issue #32's targets against ggml's repack (bench/vs_ggml.py: tilegen / ggml MAC per cycle)
 VS_GGML_TARGETS = {"gemm": 1.8, "gemv": 1.3}
 #: llama-quantize's Q5_K_M of the check's synthetic model (Q5_K, Q6_K for some tensors) runs on
