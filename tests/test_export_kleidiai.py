@@ -1329,7 +1329,7 @@ def _py_entry(fam: str, cpu: str):
 
 
 #: (type, qemu model): each patched MUL_MAT_ID type on each model, one shape set each
-_PY_CASES = [(fam, cpu) for fam in ("q4", "q8", "q4_K", "q5_K", "q6_K", "iq4_xs", "iq4_nl")
+_PY_CASES = [(fam, cpu) for fam in ("q4", "q8", "q4_K", "q5_K", "q6_K", "iq4_xs", "iq4_nl", "mxfp4")
              for cpu in ("neoverse-n1", "neoverse-v1", "max")]
 _PY_KIND = {"q4": "q4_0", "q8": "q8_0"}
 
@@ -1358,7 +1358,7 @@ def test_patch_mul_mat_id_is_the_python_grouped_call(kai_so, mmid_harness, mmid_
     g = guest("max", None, SVL_BITS)
     py = guest(cpu, None, SVL_BITS if sme else None, SME_ON if sme else None)
     kind = _PY_KIND.get(fam, fam)
-    assert fam in _PY_KIND or fam in KQUANT_FAMILIES or fam == "iq4_nl", fam
+    assert fam in _PY_KIND or fam in KQUANT_FAMILIES or fam in ("iq4_nl", "mxfp4"), fam
     rng = np.random.default_rng(34)
     seen = set()
     for case in _MMID_CASES:

@@ -802,6 +802,39 @@ def _check_q8kp(lib, cls, name, seed):
     _batch(lib, cases)
 
 
+def test_q8kp_row_blocks(lib, lib_scalar):
+    """q8kp's NEON path for whole row blocks (mr 4, kr 8 or 16: the 4 slots quantised, then
+    their values stored together by ST4), including blocks ending in zero slots past m and
+    blocks after a partial first one (m_idx_start off mr): the layout's bytes on random rows,
+    the scalar loop's bytes on rows with NaNs, infinities and subnormals."""
+    rng = np.random.default_rng(2503)
+    name = "kai_run_lhs_quant_pack_q8kp_f32"
+    calls, labels, exps = [], [], []
+    for kr in (8, 16):
+        lay = Q8KP(4, kr)
+        for m, ms, k in ((4, 0, 256), (8, 0, 512), (7, 0, 256), (1, 0, 256), (9, 2, 768),
+                         (6, 4, 256), (3, 1, 512), (13, 3, 256)):
+            stride = 4 * k + 4 * int(rng.integers(0, 3))
+            for special in (False, True):
+                x = _special_rows(rng, m, k) if special else _lhs_rows(rng, m, k)
+                calls.append((name, [U(m), U(k), U(4), U(kr), U(2), U(ms), IN(_rows_bytes(x, stride)),
+                                     U(stride), OUT(lay.region_size(m, k, ms))], False))
+                labels.append(f"q8kp 4x{kr} m={m} k={k} ms={ms} special={special}")
+                exps.append(None if special else
+                            (lay.pack(x, m_idx_start=ms), (ms % 4) * lay.row_block_stride(k) // 4))
+    got, want = _run(lib, calls), _run(lib_scalar, calls)
+    bad = []
+    for label, exp, g, w in zip(labels, exps, got, want):
+        if not all(np.array_equal(a, b) for a, b in zip(g, w)):
+            bad.append(f"{label}: not the scalar loop's bytes")
+        elif exp is not None:
+            try:
+                _check(g, exp[0], label, unwritten=exp[1])
+            except AssertionError as e:
+                bad.append(f"{label}: not the layout's bytes ({e})")
+    assert len(calls) == 32 and not bad, bad
+
+
 def test_q8kp_edges_are_ggml_q8_k(lib):
     """Issue #30 items 2 and 9, the C quantiser llama.cpp runs: 1e-38, subnormal and zero
     super-blocks are flushed (d = 0, every q = 0; they were +-127), both sides of the flush

@@ -56,9 +56,12 @@ Behaviour (docs/layouts.md has the byte maps):
   and ``q8kp``) quantise with NEON under ``#if defined(__ARM_NEON)`` (the |x| max as an
   unsigned max over the float bits, or FMAX/FMIN, with a NaN falling back to the scalar loop;
   FCVTAS/FCVTNS, which convert as ``kai_tg_i32`` of the rounded product; narrowing) into a
-  buffer stored chunk by chunk (``first``/``run``/``cstep``: checked expressions); the scalar
-  loops stay for other targets and give the same bytes (the tests build both). About 650-990
-  instructions per 256-value row at -O3 instead of 6.3k-9.3k (docs/llama_cpp_check.md).
+  buffer stored chunk by chunk (``first``/``run``/``cstep``: checked expressions); ``q8kp``
+  sums a sub-block in int16 lanes (SADALP, SADDLV) and, for mr 4 with kr 8 or 16 (the DOTPROD
+  and I8MM gemms' LHS), quantises a row block's 4 slots and stores their values together
+  (ST4 interleaves the slots' 4- or 8-byte chunks); the scalar loops stay for other targets
+  and give the same bytes (the tests build both). About 630-990 instructions per 256-value row
+  at -O3 instead of 6.3k-9.3k (docs/llama_cpp_check.md).
 * SME packers read the streaming vector length with ``RDSVL`` (encoded with ``.inst``, so the
   files build without ``+sme``); their tile size is ``units * SVL / 4`` f32 lanes, their
   ``mr``/``nr`` arguments are not used for the layout (KleidiAI asserts they equal it).  Getters
