@@ -54,8 +54,10 @@ def _shapes(mr: int, nr: int, gemv: bool, ks=(256, 512, 256, 768, 512)) -> list[
     return list(zip(ms, ns, ks))
 
 
-def _cases(family: str, mr: int, nr: int, shapes, seed: int):
-    rand, rhs_layout = KINDS[family]
+def _cases(family: str, mr: int, nr: int, shapes, seed: int, rhs_layout=None):
+    """The cases on ``rhs_layout`` (the spec's RHS layout class; default the family's)."""
+    rand, family_layout = KINDS[family]
+    rhs_layout = rhs_layout or family_layout
     rng = np.random.default_rng(seed)
     cases, refs = [], []
     for i, (m, n, k) in enumerate(shapes):
@@ -80,7 +82,8 @@ def _check_kernel(spec, vl, lib, ks=(256, 512, 256, 768, 512)):
     assert info["runnable"], info
     mr, nr = info["mr"], info["nr"]
     assert nr == spec.nr * vl // 32 and mr == (1 if spec.is_gemv else spec.mr * vl // 32)
-    cases, refs = _cases(spec.family, mr, nr, _shapes(mr, nr, spec.is_gemv, ks), vl + spec.nr)
+    cases, refs = _cases(spec.family, mr, nr, _shapes(mr, nr, spec.is_gemv, ks), vl + spec.nr,
+                         spec.rhs_layout_class)
     outs = sess.call("guest_calls:run_q4_cases", str(lib), spec.name, cases)
     for c, exact, out in zip(cases, refs, outs):
         m, n, k = c["m"], c["n"], c["k"]
@@ -138,7 +141,7 @@ def test_kquant_sme2_guard_pages(spec, kq_sme_lib):
     info = sess.call("guest_calls:vl_info", str(kq_sme_lib), spec.name)
     mr, nr = info["mr"], info["nr"]
     shapes = [(1, 1, 256), (mr, nr, 512), (mr + 1, nr + 3, 256), (3, 2 * nr - 1, 256)]
-    cases, refs = _cases(spec.family, mr, nr, shapes, 7 + spec.nr)
+    cases, refs = _cases(spec.family, mr, nr, shapes, 7 + spec.nr, spec.rhs_layout_class)
     for i, c in enumerate(cases):
         c.update(sentinel=GUARD_SENTINEL, dst_stride=c["n"] + i % 3)
     outs = sess.call("guest_pack:guarded_q4_cases", str(kq_sme_lib), spec.name, cases,
@@ -146,12 +149,13 @@ def test_kquant_sme2_guard_pages(spec, kq_sme_lib):
     _check_guarded(spec.name, cases, refs, outs)
 
 
-@pytest.mark.parametrize("spec", ("q4_K:sme2:4vlx1vl", "iq4_xs:sme2:4vlx1vl"))
+@pytest.mark.parametrize("spec", ("q4_K:sme2:4vlx1vl", "iq4_xs:sme2:4vlx1vl", "q5_K:sme2:4vlx1vl"))
 def test_kquant_sme2_rows_gemm_is_bound_by_outer_products(spec):
     """Issue #34 item 3 on the M4 model (tilegen.analysis.sme, SVL 512): the 4vl x 1vl gemms
     decode the weights once for four ZA tiles, so their int16 SMOPA bind, within 1.3x of the
     floor (the hot loop's SMOPA over the super-block at the table's cycles), at over 3x the
-    MACs per cycle of the 1vl x 2vl gemm."""
+    MACs per cycle of the 1vl x 2vl gemm.  (q5_K on q5kp's byte decode: z.int bound, 1.86x the
+    floor; on q5kps, LUTI4 + predicated ADD + one SQDMULH: 1.13x.)"""
     from tilegen.analysis.sme import M4_UNITS, sme_report
     r = sme_report(spec, block_svl=512)
     floor = 8 * r.loop.mac_insns * M4_UNITS["mopa.i16"].cycles

@@ -94,6 +94,9 @@ class IsaImpl:
     gemv_template: str | None = None
     lhs: str | None = None           # layout formats of this ISA when not the family's
     rhs: str | None = None
+    # RHS formats of single tiles of this ISA when not the ISA's: ((tile "<mr>x<nr>", format),
+    # ...), e.g. q5_K's sme2 4vl x 1vl gemm on its own variant (KernelSpec.rhs_layout_class)
+    rhs_tiles: tuple[tuple[str, str], ...] = ()
     # Interleave the instructions fix (the validator refuses others, with this reason):
     # ``fixed_kr``: kr and sr are the defaults above; ``fixed_L``: kr/sr is theirs.  None:
     # the layouts and the allocator judge kr and sr.

@@ -22,12 +22,12 @@ negated each trip) and are shifted by 2*(j // 2) (``sh``, from the GPR ``shv``, 
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
 
 from ...records import SpecError
 from ...generator.spec import KernelSpec
-from ...generator.regalloc.kquant import (allocate_kquant_sme2_rows, check_sme2_gemv_tile,
-                                          check_sme2_interleave)
+from ...generator.regalloc.kquant import (KQuantSme2RowsRegs, allocate_kquant_sme2_rows,
+                                          check_sme2_gemv_tile, check_sme2_interleave)
 from ...generator.regalloc.pool import SME_X_ORDER, RegisterPool
 from ..q4_k.regalloc_sme2 import Q4KSme2GemvRegs, Q4KSme2Regs
 
@@ -131,11 +131,22 @@ def _allocate_gemv(spec: KernelSpec) -> Q5KSme2GemvRegs:
                            c10=clamp[1], gpr=gpr, **pool.frame())
 
 
-#: the 4vl x 1vl gemm's own hot-loop vectors (q4_K's row groups otherwise): the widened five-bit
-#: values (low, high pairs of two chunks), a vector of nibbles, its qh vector, a temporary,
-#: the five-bit bytes, the masks 0x0f / 0x10 and the qh shift
-_ROWS_EXTRA = (("raw", 2), ("hi", 2), ("rhs_b", 1), ("qh", 1), ("tmp", 1), ("lres", 1),
-               ("hres", 1), ("c0f", 1), ("c16", 1), ("sh", 1))
+#: the 4vl x 1vl gemm's own hot-loop vectors (q4_K's row groups otherwise; RHS q5kps): LUTI4's
+#: four int16 operand vectors of an 8-k group, the scales << 5 four times (SQDMULH's
+#: multi-vector operand: its single-vector form takes z0-z15 only, the LHS's), the group's
+#: vector of nibbles (also the ZT0 table's source at entry) and 16 << 10 in every halfword
+_ROWS_EXTRA = (("w", 4), ("sc4", 4), ("rhs_b", 1), ("c16", 1))
+
+
+@dataclass(frozen=True, kw_only=True)
+class Q5KSme2RowsRegs(KQuantSme2RowsRegs):
+    """The shared 4vl x 1vl registers (:class:`~tilegen.generator.regalloc.kquant.KQuantSme2RowsRegs`,
+    ``extra``: :data:`_ROWS_EXTRA`) and the hot loop's predicates: ``p_bits`` (an 8-k group's
+    fifth bits, loaded) and ``p_half`` (their halves unpacked to .h lanes; governing
+    predicates, so in p0-p7: three, the first reused for the fourth vector)."""
+
+    p_bits: tuple[int, int] = (10, 11)
+    p_half: tuple[int, int, int] = (5, 6, 7)
 
 
 def _allocate_q5k_sme2(spec: KernelSpec):
@@ -146,8 +157,8 @@ def _allocate_q5k_sme2(spec: KernelSpec):
                         f"{spec.mr_str}x{spec.nr_str}")
     if (spec.mr, spec.nr) == (4, 1):
         R = allocate_kquant_sme2_rows(spec, "q5_K", _ROWS_EXTRA)
-        R.gpr["qp"] = R.gpr["pt"]      # the qh plane's pointer: hot loop only, pt: fold only
-        return R
+        R.gpr["qp"] = R.gpr["pt"]      # the fifth bits' pointer: hot loop only, pt: fold only
+        return Q5KSme2RowsRegs(**{f.name: getattr(R, f.name) for f in fields(R)})
     return _allocate_gemm(spec)
 
 
