@@ -13,9 +13,12 @@ does not fit int16 with a fifth bit (63*(31 + 16*31) > 32767), so the LHS pairs 
 are (no MLS).  The min term, the fold and the clamp pass are q4_K's, on the same registers.
 
 ``gemv`` (tile 1 x nu vl, nu = 2 or 4; template q5k_sme2_gemv.S.j2, an override of q4_K's
-q4k_sme2_gemv.S.j2): the same five-bit bytes per vector of nibbles (no LUTI4), ZIP'd by
-halfwords into each column's word of k (0, 1, 2, 3), so the row's LHS quads need no
-permutation; one ZA-array SDOT (vgx2 / vgx4, by lane) per 4-k chunk as q4_K's.  Per sub-block j
+q4k_sme2_gemv.S.j2): q4_K's LUTI4 of each vector of nibbles (identity table in ZT0: each
+column's word of k in the order (0, 2, 1, 3), the row's LHS quads permuted alike by TBL), the
+fifth bits of the same nibble bytes (the qh vector shifted right by the bit pair) moved to bit
+4 (LSL #4 for the low nibbles', LSL #3 for the high ones'), ZIP'd into LUTI4's lane order and
+merged by BSL (under 0xef: the value's bits 0-3, 5-7 from LUTI4, bit 4 the fifth bit); one
+ZA-array SDOT (vgx2 / vgx4, by lane) per 4-k chunk as q4_K's.  Per sub-block j
 the qh vectors sit at the plane's start + (j % 2) sub-blocks (GPR ``qp``, stepped by ``qd``,
 negated each trip) and are shifted by 2*(j // 2) (``sh``, from the GPR ``shv``, which
 ``sinc`` (0, 2, 0, ...) advances).  The scale step, the min term and the epilogue are q4_K's.
@@ -54,19 +57,18 @@ class Q5KSme2Regs(Q4KSme2Regs):
 
 @dataclass(frozen=True, kw_only=True)
 class Q5KSme2GemvRegs(Q4KSme2GemvRegs):
-    """q4_K's gemv registers (:class:`~tilegen.families.q4_k.regalloc_sme2.Q4KSme2GemvRegs`;
-    ``perm`` and ``table`` unused) and the decode's: ``qh`` (four qh vectors, q4_K's second
-    nibble group), ``sh`` (the sub-block's bit pair in every byte), ``tmp``, ``lres`` /
-    ``hres`` (the five-bit bytes, on the scale and row-d registers, dead in the hot body),
-    ``c0f`` / ``c10`` (masks, set each trip on the clamp registers, dead until the clamp)."""
+    """q4_K's gemv registers (:class:`~tilegen.families.q4_k.regalloc_sme2.Q4KSme2GemvRegs`:
+    LUTI4 of the nibbles through ZT0, the LHS quads permuted by TBL through ``perm``) and the
+    fifth bits': ``qh`` (four qh vectors, q4_K's second nibble group), ``sh`` (the
+    sub-block's bit pair in every byte; the scales in the scale step), ``tmp``, ``h`` (an
+    aligned pair, on the clamp registers: the fifth bits ZIP'd into LUTI4's lane order),
+    ``cef`` (0xef in every byte, BSL's mask; set each trip, ``da`` after the hot loop)."""
 
     qh: tuple[int, ...]
     sh: int
     tmp: int
-    lres: int
-    hres: int
-    c0f: int
-    c10: int
+    h: tuple[int, int]
+    cef: int
 
 
 _CHART = ("LHS", "RHS", "high-bit plane", "column scales", "constants", "f32 epilogue")
@@ -117,18 +119,18 @@ def _allocate_gemv(spec: KernelSpec) -> Q5KSme2GemvRegs:
     raw = v.claim(range(4, 8), "RHS")
     qh = v.claim(range(8, 12), "high-bit plane")
     sh, tmp = v.claim((12, 13), "high-bit plane")
-    sc, da = v.claim((14, 15), "column scales")
+    cef, perm = v.claim((14, 15), "constants")
     unp = (v.claim(range(16, 16 + nu), "RHS"), v.claim(range(20, 20 + nu), "RHS"))
     s1 = v.claim(range(24, 24 + nu), "f32 epilogue")
     acc = v.claim(range(28, 28 + nu), "f32 epilogue")
     gpr = pool.scalars(_GEMV_SCALARS)
     pool.settle(f"q5_K sme2 gemv 1x{spec.nr_str}")
-    # the sums read back and the SB-end operands reuse the dead hot-loop registers (q4_K's)
-    return Q5KSme2GemvRegs(nu=nu, lhs=lhs, raw=(raw, qh), perm=tmp, table=tmp, unp=unp,
-                           t=unp[1], s1=s1, acc=acc, sc=sc, d=raw[0], dm=raw[1],
-                           mins_b=qh[:2], mins=qh[2:], s2=sc, da=da, bsum=lhs[0], clamp=clamp,
-                           qh=qh, sh=sh, tmp=tmp, lres=sc, hres=da, c0f=clamp[0],
-                           c10=clamp[1], gpr=gpr, **pool.frame())
+    # the sums read back and the SB-end operands reuse the dead hot-loop registers (q4_K's);
+    # the scales take sh (set each trip), da cef (likewise), the ZT0 table's source tmp
+    return Q5KSme2GemvRegs(nu=nu, lhs=lhs, raw=(raw, qh), perm=perm, table=tmp, unp=unp,
+                           t=unp[1], s1=s1, acc=acc, sc=sh, d=raw[0], dm=raw[1],
+                           mins_b=qh[:2], mins=qh[2:], s2=sh, da=cef, bsum=lhs[0], clamp=clamp,
+                           qh=qh, sh=sh, tmp=tmp, h=clamp, cef=cef, gpr=gpr, **pool.frame())
 
 
 #: the 4vl x 1vl gemm's own hot-loop vectors (q4_K's row groups otherwise; RHS q5kps): LUTI4's
