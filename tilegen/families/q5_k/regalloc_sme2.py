@@ -13,12 +13,12 @@ does not fit int16 with a fifth bit (63*(31 + 16*31) > 32767), so the LHS pairs 
 are (no MLS).  The min term, the fold and the clamp pass are q4_K's, on the same registers.
 
 ``gemv`` (tile 1 x nu vl, nu = 2 or 4; template q5k_sme2_gemv.S.j2, an override of q4_K's
-q4k_sme2_gemv.S.j2): q4_K's LUTI4 of each vector of nibbles (identity table in ZT0: each
+q4k_sme2_gemv.S.j2): q4_K's LUTI4 of each vector of nibbles (ZT0 entry u = u << 3: each
 column's word of k in the order (0, 2, 1, 3), the row's LHS quads permuted alike by TBL), the
-fifth bits of the same nibble bytes (the qh vector shifted right by the bit pair) moved to bit
-4 (LSL #4 for the low nibbles', LSL #3 for the high ones'), ZIP'd into LUTI4's lane order and
-merged by BSL (under 0xef: the value's bits 0-3, 5-7 from LUTI4, bit 4 the fifth bit); one
-ZA-array SDOT (vgx2 / vgx4, by lane) per 4-k chunk as q4_K's.  Per sub-block j
+qh vector of the same nibble bytes ZIP'd with itself into LUTI4's lane order, each lane's
+fifth bit moved to bit 7 by one 2-vector URSHL (by 7 - 2s / 6 - 2s in even / odd lanes) and
+merged by BSL under 0x7f: unsigned 8*q; one ZA-array USDOT (vgx2 / vgx4, by lane of the
+signed LHS) per 4-k chunk; S1 >> 3 before the fold.  Per sub-block j
 the qh vectors sit at the plane's start + (j % 2) sub-blocks (GPR ``qp``, stepped by ``qd``,
 negated each trip) and are shifted by 2*(j // 2) (``sh``, from the GPR ``shv``, which
 ``sinc`` (0, 2, 0, ...) advances).  The scale step, the min term and the epilogue are q4_K's.
@@ -59,10 +59,11 @@ class Q5KSme2Regs(Q4KSme2Regs):
 class Q5KSme2GemvRegs(Q4KSme2GemvRegs):
     """q4_K's gemv registers (:class:`~tilegen.families.q4_k.regalloc_sme2.Q4KSme2GemvRegs`:
     LUTI4 of the nibbles through ZT0, the LHS quads permuted by TBL through ``perm``) and the
-    fifth bits': ``qh`` (four qh vectors, q4_K's second nibble group), ``sh`` (the
-    sub-block's bit pair in every byte; the scales in the scale step), ``tmp``, ``h`` (an
-    aligned pair, on the clamp registers: the fifth bits ZIP'd into LUTI4's lane order),
-    ``cef`` (0xef in every byte, BSL's mask; set each trip, ``da`` after the hot loop)."""
+    fifth bits': ``qh`` (four qh vectors, q4_K's second nibble group), ``sh`` (URSHL's
+    shifts (7 - 2s, 6 - 2s) in the bytes of every halfword, in z0-z15 as the multi-vector
+    form needs; the scales in the scale step), ``tmp`` (the LUTI4 table's source at entry),
+    ``h`` (an aligned pair, on the clamp registers: the qh bytes ZIP'd into LUTI4's lane
+    order), ``cef`` (0x7f in every byte, BSL's mask; set each trip, ``da`` after the loop)."""
 
     qh: tuple[int, ...]
     sh: int
