@@ -13,7 +13,7 @@ from tilegen.reference import kquant as RK
 from tilegen.layout import LayoutError
 from tilegen.layout.api import can_repack, layout_for, pack_lhs, pack_rhs, repack_rhs
 from tilegen.layout.kquant import KQuantRhs, Q8KP, Q8KPI16
-from tilegen.families import LAYOUTS, q4_k, q6_k
+from tilegen.families import LAYOUTS, q4_k, q6_k, rhs_layout_class
 from tilegen.families.q4_k import Q4KP
 from tilegen.families.q6_k import Q6KP
 from tilegen.reference.f32 import fma_f32
@@ -22,7 +22,8 @@ from q8kp_edges import KINDS as EDGE_KINDS, check_q8kp, edge_rows, expected_q8kp
 
 KS = (256, 512, 768)
 # kind -> its RHS layout class (the references' hooks): every K-quant family of the registry
-RHS = {c.ggml_only: c for c in LAYOUTS if issubclass(c, KQuantRhs)}
+# one per kind: the family record's RHS (q5_K's SME2 variant q5kps packs the same values)
+RHS = {c.ggml_only: c for c in LAYOUTS if issubclass(c, KQuantRhs) and c is rhs_layout_class(c.ggml_only)}
 GEOMS = [(4, 8), (4, 16), (8, 4), (3, 16), (1, 32), (12, 2)]
 
 

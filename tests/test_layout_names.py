@@ -38,7 +38,7 @@ def test_registry_keys_are_the_classes_formats():
         for fmt, cls in reg.items():
             assert issubclass(cls, PackedLayout) and cls.format == fmt and cls.role == role
     assert set(RHS_LAYOUTS) == {"f32p", "qsi4c32p", "qsi4c32pscalef16", "qsi8cxp", "bf16px4b",
-                                "bf16px2b", "qsi4c32ps1s0scalef16", "q4kp", "q5kp", "q6kp", "iq4nlp",
+                                "bf16px2b", "qsi4c32ps1s0scalef16", "q4kp", "q5kp", "q5kps", "q6kp", "iq4nlp",
                                 "iq4xsp", "mxfp4p"}
     assert set(LHS_LAYOUTS) == {"f32p", "qai8dxp", "qsi8d32p", "bf16px4", "bf16px2",
                                 "qsi8d32pscaletail", "f16px2", "q8kp", "q8ki16p"}

@@ -143,3 +143,57 @@ def test_refusals():
         lay.pack_from_ggml(q5_k.random_q5_k(2, 256, 1), 2, 256, bias=np.zeros(2, np.float32))
     with pytest.raises(LayoutError, match="kr even"):
         Q5KP(4, 6)
+
+
+def _q5kps_by_loops(raw, n: int, k: int, nr: int) -> np.ndarray:
+    """q5kps<nr>x2 written from docs/layouts.md#q5kps as plain loops: q5kp's header, then per
+    sub-block the fifth bits and the low nibbles of slot P = 8*nr*g + 2*nr*v + 2c + e (value
+    k = 32j + 8g + 2v + e of column c)."""
+    d, dmin, sc, m, q = q5_k.split_q5_k(raw, n, k)
+    low = Q4KP(nr, 4)
+    head = low.pack_split(d, dmin, sc, m, q & 15)
+    G, S, rec = -(-n // nr), k // 256, 180 * nr
+    out = np.zeros(G * S * rec, np.uint8)
+    for gi in range(G):
+        for s in range(S):
+            base = (gi * S + s) * rec
+            lbase = (gi * S + s) * low.sb_record_bytes
+            out[base:base + 20 * nr] = head[lbase:lbase + 20 * nr]
+            for c in range(nr):
+                col = gi * nr + c
+                if col >= n:
+                    continue
+                for t in range(256):
+                    j, g, v, e = t // 32, t % 32 // 8, t % 8 // 2, t % 2
+                    P = 8 * nr * g + 2 * nr * v + 2 * c + e
+                    val = int(q[col, 256 * s + t])
+                    out[base + 52 * nr + 16 * nr * j + P // 2] |= (val & 15) << (4 * (P % 2))
+                    out[base + 20 * nr + 4 * nr * j + P // 8] |= (val >> 4) << (P % 8)
+    return out
+
+
+@pytest.mark.parametrize("nr", [4, 8, 16, 64])
+def test_q5kps_is_the_documented_order_and_round_trips(nr):
+    """q5kps (the SME2 4vl x 1vl gemm's variant): its bytes are the documented order's, the
+    same size as q5kp's, its offsets (nibble_offset / high_bit) point at each value, it
+    unpacks and dequantises to the blocks (any rows), and it refuses kr != 4."""
+    n, k = 2 * nr + 3, 512
+    raw = q5_k.random_q5_k(n, k, nr)
+    lay = q5_k.Q5KPS(nr, 4)
+    p = lay.pack_from_ggml(raw, n, k)
+    assert p.size == lay.packed_size(n, k) == Q5KP(nr, 4).packed_size(n, k)
+    assert (p == _q5kps_by_loops(raw, n, k, nr)).all()
+    q = q5_k.split_q5_k(raw, n, k)[4]
+    for c in (0, 1, nr - 1):
+        for t in (0, 1, 2, 9, 10, 37, 100, 255):
+            (off, half), (bo, bit) = lay.nibble_offset(c, t), lay.high_bit(c, t)
+            rec = lay.sb_record_bytes
+            got = ((p[rec + off] >> (4 * half)) & 15) | (((p[rec + bo] >> bit) & 1) << 4)
+            assert got == q[c, 256 + t]
+    for a, b in zip(lay.unpack(p, n, k), q5_k.split_q5_k(raw, n, k)):
+        assert np.array_equal(a, b)
+    rows = [n - 1, 0, nr]
+    ref = dequantize(raw, GGMLQuantizationType.Q5_K).astype(np.float32)
+    assert lay.dequantize_rows(p, n, k, rows).tobytes() == ref[rows].tobytes()
+    with pytest.raises(LayoutError, match="kr = 4"):
+        q5_k.Q5KPS(nr, 8)

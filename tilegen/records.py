@@ -99,6 +99,9 @@ class IsaImpl:
     # values widened to int16 at pack time) and the tiles that have it; none: no such variant
     lhs_i16: str | None = None
     lhs_i16_tiles: tuple[str, ...] = ()
+    # RHS formats of single tiles of this ISA when not the ISA's: ((tile "<mr>x<nr>", format),
+    # ...), e.g. q5_K's sme2 4vl x 1vl gemm on its own variant (KernelSpec.rhs_layout_class)
+    rhs_tiles: tuple[tuple[str, str], ...] = ()
     # Interleave the instructions fix (the validator refuses others, with this reason):
     # ``fixed_kr``: kr and sr are the defaults above; ``fixed_L``: kr/sr is theirs.  None:
     # the layouts and the allocator judge kr and sr.

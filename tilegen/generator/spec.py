@@ -210,8 +210,10 @@ class KernelSpec:
 
     @property
     def rhs_layout_class(self):
-        """The packed-RHS layout class (the family's ``rhs`` format)."""
-        return layout_class("rhs", self.impl.rhs or self.info.rhs)
+        """The packed-RHS layout class (the family's ``rhs`` format; the ISA's, or the tile's
+        where its record names one: ``IsaImpl.rhs_tiles``)."""
+        tile = dict(self.impl.rhs_tiles).get(f"{self.mr_str}x{self.nr_str}")
+        return layout_class("rhs", tile or self.impl.rhs or self.info.rhs)
 
     @property
     def lhs_format(self) -> str:

@@ -17,12 +17,12 @@ block_q5_K (176 bytes):  f16 d | f16 dmin | 12 bytes of scales and mins (as bloc
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from functools import partial
 
 import numpy as np
 
-from ...layout.base import checked_c_expr
+from ...layout.base import LayoutError, checked_c_expr, rows_index
 from ...layout.ggml import QK_K, check_block_scales, check_superblocks, kquant_blocks, random_f16_scales
 from ...layout.kquant import KQuantRhs, KQuantTerms
 from ...records import kquant_manifest
@@ -31,7 +31,10 @@ from ..q4_k import Q4KP, join_q4_k, q4_k_values, split_q4_k
 
 ORDER = 31
 RECORDS, ALLOCATOR_MODULES, GGML_TYPES, DEFAULT_KERNELS, LLAMA_KERNELS = kquant_manifest(
-    "q5_K", "q5kp", "q5k", __name__, i16_tiles=("4vlx1vl",), large=True)
+    "q5_K", "q5kp", "q5k", __name__, i16_tiles=("4vlx1vl",))
+# the sme2 4vl x 1vl gemm reads its own variant of the packing (Q5KPS, docs/layouts.md#q5kps)
+RECORDS = tuple(replace(r, impls={**r.impls, "sme2": replace(
+    r.impls["sme2"], rhs_tiles=(("4vlx1vl", "q5kps"),))}) for r in RECORDS)
 #: issue #32's targets against ggml's repack (bench/vs_ggml.py: tilegen / ggml MAC per cycle)
 VS_GGML_TARGETS = {"gemm": 1.8, "gemv": 1.3}
 #: llama-quantize's Q5_K_M of the check's synthetic model (Q5_K, Q6_K for some tensors) runs on
@@ -226,6 +229,97 @@ class Q5KP(KQuantRhs):
         return d, dmin, sc, m, (q | (h << 4)).astype(np.uint8)
 
 
+@dataclass(frozen=True)
+class Q5KPS(Q5KP):
+    """``q5kps<nr>x2`` (kr = 4): the SME2 4vl x 1vl gemm's variant of :class:`Q5KP`
+    (docs/layouts.md#q5kps), the same fields and bytes per SB record (``180*nr``), with the
+    values of each 8-k group of a sub-block in the order LUTI4 lays them out and their fifth
+    bits as predicate bits in that order.
+
+    Column group of nr columns = k/256 SB records of ``180*nr`` bytes::
+
+        +0        nr x f16 d                      +2*nr   nr x f16 dmin
+        +4*nr     scales 8 x nr uint8, [j][c]     +12*nr  mins nr x 8 uint8, [c][j]
+        +20*nr    fifth bits: 32*nr bytes         +52*nr  low nibbles: 128*nr bytes
+
+    Value t (0..255) of column slot c: sub-block j = t // 32, group g = (t % 32) // 8, and in
+    the group v = (t % 8) // 2, e = t % 2 (k = 8g + 2v + e); its slot in sub-block j is
+    P = 8*nr*g + 2*nr*v + 2c + e (:meth:`slot`).  Its low 4 bits are nibble P of the sub-block's
+    16*nr nibble bytes (low nibble first), its fifth bit is bit P of the sub-block's 4*nr bit
+    bytes (bit 0 first).  So one group's 4*nr nibble bytes, looked up by one LUTI4 into four
+    int16 vectors of 2*nr lanes, give vector v = the k pair (2v, 2v + 1) of chunk g's half v // 2
+    with column c's pair in lanes 2c, 2c + 1 (the int16 SMOPA's operand, no UZP), and the
+    group's nr bit bytes loaded as two predicates and unpacked (PUNPKLO / PUNPKHI) govern those
+    lanes.  Not exported (no C packer): the llama.cpp patch's SME2 entries read ``q5kp``.
+    """
+
+    format = "q5kps"
+    label_prefix = "q5kps"
+
+    def __post_init__(self) -> None:
+        self.check_kquant(nr=self.nr)
+        if self.kr != 4:
+            raise LayoutError(f"q5kps is the 4vl x 1vl SME2 gemm's layout: kr = 4 (its k pairs "
+                              f"of 4-k chunks), got kr={self.kr}")
+
+    def slot(self, c, t):
+        """(sub-block j, slot P inside it) of column slot c, value t (ints or arrays)."""
+        j, r = np.divmod(t, 32)
+        g, r = np.divmod(r, 8)
+        v, e = np.divmod(r, 2)
+        return j, 8 * self.nr * g + 2 * self.nr * v + 2 * c + e
+
+    def nibble_offset(self, c: int, t: int) -> tuple[int, int]:
+        """(offset inside an SB record, 0 low / 1 high nibble) of column slot c, value t."""
+        j, P = self.slot(c, t)
+        return int(self.nibbles_offset + j * self.subblock_bytes + P // 2), int(P % 2)
+
+    def high_bit(self, c: int, t: int) -> tuple[int, int]:
+        """(byte offset inside an SB record, bit) of column slot c, value t's fifth bit."""
+        j, P = self.slot(c, t)
+        return int(self.qh_offset + j * self.subblock_bytes // 4 + P // 8), int(P % 8)
+
+    def _order(self) -> tuple[np.ndarray, np.ndarray]:
+        """(column, k in the sub-block) of slots P = 0 .. 32*nr - 1 (:meth:`slot` inverted)."""
+        c, t = np.meshgrid(np.arange(self.nr), np.arange(32), indexing="ij")
+        _, P = self.slot(c, t)
+        col, ks = np.empty(32 * self.nr, np.intp), np.empty(32 * self.nr, np.intp)
+        col[P.ravel()], ks[P.ravel()] = c.ravel(), t.ravel()
+        return col, ks
+
+    def pack_split(self, d, dmin, sc, m, q) -> np.ndarray:
+        """Pack split Q5_K fields (:func:`split_q5_k`'s: q uint8 (n, k) 0..31)."""
+        q, n, S, G = self._split_geometry(q)
+        low = self.low
+        head = low.pack_split(d, dmin, sc, m, q & 15).reshape(G, S, low.sb_record_bytes)
+        col, ks = self._order()
+        vals = self._padded(q, n).reshape(G, self.nr, S, 8, 32).transpose(0, 2, 3, 1, 4)
+        vals = vals[..., col, ks]                                   # (G, S, 8, 32*nr) by slot
+        nib = (vals[..., 0::2] & 15) | ((vals[..., 1::2] & 15) << 4)
+        bits = np.packbits((vals >> 4) & 1, axis=-1, bitorder="little")
+        out = np.concatenate([head[..., :self.qh_offset], bits.reshape(G, S, -1),
+                              nib.reshape(G, S, -1).astype(np.uint8)], axis=2)
+        return out.reshape(-1)
+
+    def unpack(self, packed, n: int, k: int, rows=None) -> tuple[np.ndarray, ...]:
+        """(d, dmin, sc, m, q uint8 (R, k) 0..31) of ``rows`` (default all n)."""
+        grp = self.column_groups(packed, n, k)
+        S, low, G = self.num_superblocks(k), self.low, grp.shape[0]
+        rec = grp.reshape(G, S, self.sb_record_bytes)
+        blank = np.zeros((G, S, low.sb_record_bytes - self.qh_offset), np.uint8)
+        d, dmin, sc, m, _ = low.unpack(np.concatenate([rec[..., :self.qh_offset], blank],
+                                                      axis=2).reshape(-1), n, k, rows)
+        nib = rec[..., self.nibbles_offset:].reshape(G, S, 8, -1)
+        lo = np.stack([nib & 15, nib >> 4], axis=-1).reshape(G, S, 8, -1)
+        bits = np.unpackbits(rec[..., self.qh_offset:self.nibbles_offset].reshape(G, S, 8, -1),
+                             axis=-1, bitorder="little")
+        col, ks = self._order()
+        q = np.empty((G, S, 8, self.nr, 32), np.uint8)
+        q[..., col, ks] = lo | (bits << 4)
+        q = q.transpose(0, 3, 1, 2, 4).reshape(G * self.nr, k)
+        return d, dmin, sc, m, q[np.arange(n) if rows is None else rows_index(rows, n)]
+
+
 def c_packer(geo: list[dict]) -> dict:
     """The export's C packer of q5kp (template ``export/pack/q5kp.c.j2``): its layout banner and
     the expressions the template fills in, each checked against :class:`Q5KP` at the
@@ -262,7 +356,7 @@ def c_packer(geo: list[dict]) -> dict:
                              b_sc=Q5_K_SCALES, b_qh=Q5_K_QH, b_qs=Q5_K_QS))
 
 
-LAYOUTS = (Q5KP,)
+LAYOUTS = (Q5KP, Q5KPS)
 C_PACKERS = {"kai_rhs_pack_nxk_q5kp_q5k": c_packer}
 pack = Q5KP.pack_weights
 gguf_layout = Q5KP.gguf_layout

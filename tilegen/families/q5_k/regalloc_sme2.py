@@ -13,21 +13,24 @@ does not fit int16 with a fifth bit (63*(31 + 16*31) > 32767), so the LHS pairs 
 are (no MLS).  The min term, the fold and the clamp pass are q4_K's, on the same registers.
 
 ``gemv`` (tile 1 x nu vl, nu = 2 or 4; template q5k_sme2_gemv.S.j2, an override of q4_K's
-q4k_sme2_gemv.S.j2): the same five-bit bytes per vector of nibbles (no LUTI4), ZIP'd by
-halfwords into each column's word of k (0, 1, 2, 3), so the row's LHS quads need no
-permutation; one ZA-array SDOT (vgx2 / vgx4, by lane) per 4-k chunk as q4_K's.  Per sub-block j
+q4k_sme2_gemv.S.j2): q4_K's LUTI4 of each vector of nibbles (ZT0 entry u = u << 3: each
+column's word of k in the order (0, 2, 1, 3), the row's LHS quads permuted alike by TBL), the
+qh vector of the same nibble bytes ZIP'd with itself into LUTI4's lane order, each lane's
+fifth bit moved to bit 7 by one 2-vector URSHL (by 7 - 2s / 6 - 2s in even / odd lanes) and
+merged by BSL under 0x7f: unsigned 8*q; one ZA-array USDOT (vgx2 / vgx4, by lane of the
+signed LHS) per 4-k chunk; S1 >> 3 before the fold.  Per sub-block j
 the qh vectors sit at the plane's start + (j % 2) sub-blocks (GPR ``qp``, stepped by ``qd``,
 negated each trip) and are shifted by 2*(j // 2) (``sh``, from the GPR ``shv``, which
 ``sinc`` (0, 2, 0, ...) advances).  The scale step, the min term and the epilogue are q4_K's.
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
 
 from ...records import SpecError
 from ...generator.spec import KernelSpec
-from ...generator.regalloc.kquant import (allocate_kquant_sme2_rows, check_sme2_gemv_tile,
-                                          check_sme2_interleave)
+from ...generator.regalloc.kquant import (KQuantSme2RowsRegs, allocate_kquant_sme2_rows,
+                                          check_sme2_gemv_tile, check_sme2_interleave)
 from ...generator.regalloc.pool import SME_X_ORDER, RegisterPool
 from ..q4_k.regalloc_sme2 import Q4KSme2GemvRegs, Q4KSme2Regs
 
@@ -54,19 +57,19 @@ class Q5KSme2Regs(Q4KSme2Regs):
 
 @dataclass(frozen=True, kw_only=True)
 class Q5KSme2GemvRegs(Q4KSme2GemvRegs):
-    """q4_K's gemv registers (:class:`~tilegen.families.q4_k.regalloc_sme2.Q4KSme2GemvRegs`;
-    ``perm`` and ``table`` unused) and the decode's: ``qh`` (four qh vectors, q4_K's second
-    nibble group), ``sh`` (the sub-block's bit pair in every byte), ``tmp``, ``lres`` /
-    ``hres`` (the five-bit bytes, on the scale and row-d registers, dead in the hot body),
-    ``c0f`` / ``c10`` (masks, set each trip on the clamp registers, dead until the clamp)."""
+    """q4_K's gemv registers (:class:`~tilegen.families.q4_k.regalloc_sme2.Q4KSme2GemvRegs`:
+    LUTI4 of the nibbles through ZT0, the LHS quads permuted by TBL through ``perm``) and the
+    fifth bits': ``qh`` (four qh vectors, q4_K's second nibble group), ``sh`` (URSHL's
+    shifts (7 - 2s, 6 - 2s) in the bytes of every halfword, in z0-z15 as the multi-vector
+    form needs; the scales in the scale step), ``tmp`` (the LUTI4 table's source at entry),
+    ``h`` (an aligned pair, on the clamp registers: the qh bytes ZIP'd into LUTI4's lane
+    order), ``cef`` (0x7f in every byte, BSL's mask; set each trip, ``da`` after the loop)."""
 
     qh: tuple[int, ...]
     sh: int
     tmp: int
-    lres: int
-    hres: int
-    c0f: int
-    c10: int
+    h: tuple[int, int]
+    cef: int
 
 
 _CHART = ("LHS", "RHS", "high-bit plane", "column scales", "constants", "f32 epilogue")
@@ -117,25 +120,36 @@ def _allocate_gemv(spec: KernelSpec) -> Q5KSme2GemvRegs:
     raw = v.claim(range(4, 8), "RHS")
     qh = v.claim(range(8, 12), "high-bit plane")
     sh, tmp = v.claim((12, 13), "high-bit plane")
-    sc, da = v.claim((14, 15), "column scales")
+    cef, perm = v.claim((14, 15), "constants")
     unp = (v.claim(range(16, 16 + nu), "RHS"), v.claim(range(20, 20 + nu), "RHS"))
     s1 = v.claim(range(24, 24 + nu), "f32 epilogue")
     acc = v.claim(range(28, 28 + nu), "f32 epilogue")
     gpr = pool.scalars(_GEMV_SCALARS)
     pool.settle(f"q5_K sme2 gemv 1x{spec.nr_str}")
-    # the sums read back and the SB-end operands reuse the dead hot-loop registers (q4_K's)
-    return Q5KSme2GemvRegs(nu=nu, lhs=lhs, raw=(raw, qh), perm=tmp, table=tmp, unp=unp,
-                           t=unp[1], s1=s1, acc=acc, sc=sc, d=raw[0], dm=raw[1],
-                           mins_b=qh[:2], mins=qh[2:], s2=sc, da=da, bsum=lhs[0], clamp=clamp,
-                           qh=qh, sh=sh, tmp=tmp, lres=sc, hres=da, c0f=clamp[0],
-                           c10=clamp[1], gpr=gpr, **pool.frame())
+    # the sums read back and the SB-end operands reuse the dead hot-loop registers (q4_K's);
+    # the scales take sh (set each trip), da cef (likewise), the ZT0 table's source tmp
+    return Q5KSme2GemvRegs(nu=nu, lhs=lhs, raw=(raw, qh), perm=perm, table=tmp, unp=unp,
+                           t=unp[1], s1=s1, acc=acc, sc=sh, d=raw[0], dm=raw[1],
+                           mins_b=qh[:2], mins=qh[2:], s2=sh, da=cef, bsum=lhs[0], clamp=clamp,
+                           qh=qh, sh=sh, tmp=tmp, h=clamp, cef=cef, gpr=gpr, **pool.frame())
 
 
-#: the 4vl x 1vl gemm's own hot-loop vectors (q4_K's row groups otherwise): the widened five-bit
-#: values (low, high pairs of two chunks), a vector of nibbles, its qh vector, a temporary,
-#: the five-bit bytes, the masks 0x0f / 0x10 and the qh shift
-_ROWS_EXTRA = (("raw", 2), ("hi", 2), ("rhs_b", 1), ("qh", 1), ("tmp", 1), ("lres", 1),
-               ("hres", 1), ("c0f", 1), ("c16", 1), ("sh", 1))
+#: the 4vl x 1vl gemm's own hot-loop vectors (q4_K's row groups otherwise; RHS q5kps): LUTI4's
+#: four int16 operand vectors of an 8-k group, the scales << 5 four times (SQDMULH's
+#: multi-vector operand: its single-vector form takes z0-z15 only, the LHS's), the group's
+#: vector of nibbles (also the ZT0 table's source at entry) and 16 << 10 in every halfword
+_ROWS_EXTRA = (("w", 4), ("sc4", 4), ("rhs_b", 1), ("c16", 1))
+
+
+@dataclass(frozen=True, kw_only=True)
+class Q5KSme2RowsRegs(KQuantSme2RowsRegs):
+    """The shared 4vl x 1vl registers (:class:`~tilegen.generator.regalloc.kquant.KQuantSme2RowsRegs`,
+    ``extra``: :data:`_ROWS_EXTRA`) and the hot loop's predicates: ``p_bits`` (an 8-k group's
+    fifth bits, loaded) and ``p_half`` (their halves unpacked to .h lanes; governing
+    predicates, so in p0-p7: three, the first reused for the fourth vector)."""
+
+    p_bits: tuple[int, int] = (10, 11)
+    p_half: tuple[int, int, int] = (5, 6, 7)
 
 
 def _allocate_q5k_sme2(spec: KernelSpec):
@@ -146,8 +160,8 @@ def _allocate_q5k_sme2(spec: KernelSpec):
                         f"{spec.mr_str}x{spec.nr_str}")
     if (spec.mr, spec.nr) == (4, 1):
         R = allocate_kquant_sme2_rows(spec, "q5_K", _ROWS_EXTRA)
-        R.gpr["qp"] = R.gpr["pt"]      # the qh plane's pointer: hot loop only, pt: fold only
-        return R
+        R.gpr["qp"] = R.gpr["pt"]      # the fifth bits' pointer: hot loop only, pt: fold only
+        return Q5KSme2RowsRegs(**{f.name: getattr(R, f.name) for f in fields(R)})
     return _allocate_gemm(spec)
 
 
