@@ -30,7 +30,7 @@ from ...records import kquant_manifest
 # default kernels and the llama.cpp patch's tiles are those every K-quant family has
 ORDER = 40
 RECORDS, ALLOCATOR_MODULES, GGML_TYPES, DEFAULT_KERNELS, LLAMA_KERNELS = kquant_manifest(
-    "q6_K", "q6kp", "q6k", __name__, large=True)
+    "q6_K", "q6kp", "q6k", __name__, i16_tiles=("4vlx1vl",), large=True)
 
 BLOCK_Q6_K_BYTES = 210
 # byte offsets of the fields inside one block (the C packer of the export reads them too)
