@@ -20,6 +20,8 @@ from kquant_exec import KQ_CPUS, check_outputs, kquant_cases, run_neon_kernel
 SPECS = ("iq4_xs:i8mm:8x4", "iq4_xs:i8mm:4x8", "iq4_xs:i8mm:12x4", "iq4_xs:i8mm:1x4",
          "iq4_xs:i8mm:1x8", "iq4_xs:i8mm:1x12",
          "iq4_xs:dotprod:8x4", "iq4_xs:dotprod:4x8", "iq4_xs:dotprod:1x4",
+         # tall 4-column tiles (the scale differences two sub-blocks at a time, SCALE_PAIRS)
+         "iq4_xs:i8mm:16x4", "iq4_xs:dotprod:20x4",
          "iq4_xs:neon:4x4", "iq4_xs:neon:1x8")
 SVE_SPECS = ("iq4_xs:sve_i8mm:8x1vl", "iq4_xs:sve_i8mm:4x2vl", "iq4_xs:sve_i8mm:12x1vl",
              "iq4_xs:sve_i8mm:1x2vl", "iq4_xs:sve_dotprod:8x1vl", "iq4_xs:sve_dotprod:1x1vl")

@@ -427,3 +427,47 @@ def test_new_formats_are_ranked_and_paired(family):
     assert all(s.value > 0 for s in gemm.scores + gemv.scores)
     pair = pick_pair(gemm, gemv)
     assert pair.shared_rhs and pair.gemv.spec.mr == 1 and pair.gemm.spec.mr > 1
+
+
+def _block_macs_per_cycle(spec_string: str, model: str) -> float:
+    """MACs per cycle over one 32-k block of a NEON kernel, straight from llvm-mca's report."""
+    from tilegen.analysis.mca import analyze
+    from tilegen.generator.regalloc import allocate
+    spec = validate(parse_spec(spec_string))
+    rows = getattr(allocate(spec), "mr_reg", spec.mr)
+    return 32 * rows * spec.nr / analyze(spec, model).block32_cycles
+
+
+def test_versus_compares_the_runtime_picks_the_best_tiles_and_the_same_tile(tmp_path):
+    """`tune --family iq4_xs --versus q4_K`: the picks are the tuned file's pairs (not the
+    rankings' winners), the best tiles the rankings' winners, the same tile q4_K on iq4_xs's
+    pick tile; every ratio is the quotient of the two kernels' own llvm-mca scores."""
+    from tilegen.analysis.tune import versus
+    n1 = get_target("neoverse-n1")
+    write_tuned(n1, "neoverse-n1", TunedFamily("iq4_xs", parse_spec("iq4_xs:dotprod:8x4"),
+                                               parse_spec("iq4_xs:dotprod:1x8"), False), tmp_path)
+    write_tuned(n1, "neoverse-n1", TunedFamily("q4_K", parse_spec("q4_K:dotprod:4x8"),
+                                               parse_spec("q4_K:dotprod:1x4"), False), tmp_path)
+    v = versus(n1, "iq4_xs", "q4_K", "gemv", tuned_dir=tmp_path)
+    assert [s.spec.spec_string for s in v.pick] == ["iq4_xs:dotprod:1x8", "q4_K:dotprod:1x4"]
+    assert [s.spec.spec_string for s in v.same] == ["iq4_xs:dotprod:1x8", "q4_K:dotprod:1x8"]
+    mine, theirs = (_block_macs_per_cycle(s, "neoverse-n1")
+                    for s in ("iq4_xs:dotprod:1x8", "q4_K:dotprod:1x4"))
+    assert v.pick_ratio == pytest.approx(mine / theirs, rel=1e-9)
+    assert v.same_ratio == pytest.approx(mine / _block_macs_per_cycle("q4_K:dotprod:1x8", "neoverse-n1"),
+                                         rel=1e-9)
+    bests = [tune(n1, f, "gemv").best for f in ("iq4_xs", "q4_K")]
+    assert [s.spec for s in v.best] == [s.spec for s in bests]
+    assert v.best_ratio == pytest.approx(bests[0].value / bests[1].value, rel=1e-9)
+    assert v.pick_ratio != v.best_ratio     # the tuned file, not the ranking, gave the picks
+    # no tuned entry: no pick, no pick ratio; the same tile then is the best tile's
+    empty = versus(n1, "iq4_xs", "q4_K", "gemv", tuned_dir=tmp_path / "none")
+    assert empty.pick == (None, None) and empty.pick_ratio is None
+    assert empty.same[0].spec == bests[0].spec
+    p = _cli("tune", "--target", "neoverse-n1", "--family", "iq4_xs", "--versus", "q4_K",
+             "--m", "1", env={"TILEGEN_TUNED_DIR": str(tmp_path)})
+    assert p.returncode == 0, p.stderr
+    line = next(ln for ln in p.stdout.splitlines() if ln.startswith("gemv   runtime"))
+    assert "iq4_xs:dotprod:1x8" in line and line.endswith(f"{mine / theirs:.3f}")
+    p = _cli("tune", "--target", "neoverse-n1", "--family", "iq4_xs", "--versus", "q9")
+    assert p.returncode == 2 and "--versus: unknown family 'q9'" in p.stderr

@@ -348,6 +348,8 @@ def _cmd_tune(a: argparse.Namespace) -> int:
         raise CliError("--family is required (unless --reset)")
     if a.m is not None and a.m < 1:
         raise CliError(f"--m must be >= 1, got {a.m}")
+    if a.versus:
+        return _tune_versus(a, tgt)
     if a.top is None:
         a.top = 8 if a.measure else 10
     if a.top < 1:
@@ -445,6 +447,42 @@ def _cmd_tune(a: argparse.Namespace) -> int:
             print(f"warning: no {a.family} gemm/gemv pair shares a packed RHS layout (nr, kr, sr); "
                   f"wrote the two winners, each needs its own packed weights", file=sys.stderr)
         print(f"wrote {written}")
+    return 0
+
+
+def _tune_versus(a: argparse.Namespace, tgt) -> int:
+    """`tune --family F --versus G`: F against G as the runtime picks them (the tuned pairs),
+    at their best tiles of any ISA, and on F's pick tile (tilegen.analysis.tune.versus)."""
+    from .analysis.mca import AnalyzeError
+    from .analysis.tune import REGIMES, TuneError, versus
+    if a.versus not in FAMILIES:
+        raise CliError(f"--versus: unknown family {a.versus!r}; known: {', '.join(FAMILIES)}")
+    if a.write or a.reset or a.measure:
+        raise CliError("--versus compares the model's scores: not with --write, --reset or --measure")
+    regimes = list(REGIMES) if a.m is None else ["gemv" if a.m == 1 else "gemm"]
+    try:
+        rows = [versus(tgt, a.family, a.versus, reg, jobs=a.jobs, tuned_dir=a.tuned_dir)
+                for reg in regimes]
+    except (TuneError, AnalyzeError) as e:
+        print(f"tilegen tune: error: {e}", file=sys.stderr)
+        return 2
+    if a.json:
+        print(json.dumps([v.as_dict() for v in rows], indent=2))
+        return 0
+
+    def cell(s) -> str:
+        return "–" if s is None else f"{s.spec.spec_string} {s.value:.2f}"
+
+    def ratio(r) -> str:
+        return "–" if r is None else f"{r:.3f}"
+
+    print(f"{a.family} vs {a.versus} on {tgt.name} (llvm-mca -mcpu={rows[0].model}); "
+          f"score = MACs per cycle over one 32-k block; ratio = {a.family} / {a.versus}")
+    print(f"{'regime':<6} {'what':<10} {a.family:<34} {a.versus:<34} ratio")
+    for v in rows:
+        for what, pair, r in (("runtime", v.pick, v.pick_ratio), ("best tile", v.best, v.best_ratio),
+                              ("same tile", v.same, v.same_ratio)):
+            print(f"{v.regime:<6} {what:<10} {cell(pair[0]):<34} {cell(pair[1]):<34} {ratio(r)}")
     return 0
 
 
@@ -626,6 +664,9 @@ def _parser() -> argparse.ArgumentParser:
     tu.add_argument("--measure-shape", default="128,4096,4096", metavar="M,N,K",
                     help="the gemm job of --measure (the gemv job is 1,N,K; default "
                          "128,4096,4096)")
+    tu.add_argument("--versus", metavar="FAMILY",
+                    help="compare --family with FAMILY instead of ranking: the runtime's picks "
+                         "(the tuned pairs), the best tiles of any ISA, the same tile")
     tu.add_argument("--force", action="store_true",
                     help="with --measure --write: write a tuned file even from emulated timings")
     _timing_args(tu)

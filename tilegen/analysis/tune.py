@@ -23,7 +23,7 @@ from typing import Iterable, Sequence
 from .mca import MODEL_SVE_VL, AnalyzeError, LoopReport, analyze, mca_tool
 from ..build.defaults import default_specs
 from ..build.targets import TARGETS, Target
-from ..build.tuned import TunedFamily
+from ..build.tuned import TunedFamily, read_tuned
 from ..generator.regalloc import allocate
 from ..generator.spec import KernelSpec
 from ..generator.validate import validate
@@ -35,7 +35,7 @@ from ..records import ISAS, SpecError
 __all__ = ["TuneError", "Candidate", "Score", "Ranking", "Pair", "REGIMES", "tunable_isas",
            "tunable_families",
            "candidates", "distinct", "score", "rank", "rank_key", "tune", "pick_pair", "best_of", "tuned_entry", "clear_cache",
-           "Measured", "measured_ranking"]
+           "Measured", "measured_ranking", "Versus", "versus"]
 
 REGIMES = ("gemm", "gemv")
 # The grid the allocator is asked about (it decides; nothing here is a list of valid tiles).
@@ -448,3 +448,76 @@ def _grid_specs(families: tuple[str, ...] | None) -> tuple[tuple[str, KernelSpec
                 for c in cands:
                     out.setdefault(c.spec.spec_string, c.spec)
     return tuple(out.items())
+
+
+@dataclass(frozen=True)
+class Versus:
+    """``family`` against ``other`` on one target and regime, the way a user meets them:
+    ``pick`` is the kernel the runtime runs by default (the tuned file's pair; None when the
+    family has no tuned entry), ``best`` the best accepted tile of any ISA the target has
+    (the model's ranking), ``same`` the other family's kernel of ``family``'s pick tile (the
+    same-tile comparison; None when the allocator refuses that tile)."""
+    target: str
+    model: str
+    regime: str
+    family: str
+    other: str
+    pick: tuple[Score | None, Score | None]     # (family, other)
+    best: tuple[Score, Score]
+    same: tuple[Score | None, Score | None]
+
+    @staticmethod
+    def _ratio(pair: tuple[Score | None, Score | None]) -> float | None:
+        a, b = pair
+        return None if a is None or b is None else a.value / b.value
+
+    @property
+    def pick_ratio(self) -> float | None:
+        return self._ratio(self.pick)
+
+    @property
+    def best_ratio(self) -> float:
+        return self.best[0].value / self.best[1].value
+
+    @property
+    def same_ratio(self) -> float | None:
+        return self._ratio(self.same)
+
+    def as_dict(self) -> dict:
+        def one(s: Score | None) -> dict | None:
+            return None if s is None else {"spec": s.spec.spec_string, "score": s.value}
+        return {"target": self.target, "model": self.model, "regime": self.regime,
+                "family": self.family, "other": self.other,
+                "pick": [one(s) for s in self.pick], "pick_ratio": self.pick_ratio,
+                "best": [one(s) for s in self.best], "best_ratio": self.best_ratio,
+                "same_tile": [one(s) for s in self.same], "same_ratio": self.same_ratio}
+
+
+def _score_of(spec: KernelSpec | None, model: str) -> Score | None:
+    c = None if spec is None else _candidate(spec)
+    return None if c is None else Score(c, _analyze(spec, model))
+
+
+def versus(target: Target, family: str, other: str, regime: str, jobs: int | None = None,
+           tuned_dir: str | None = None) -> Versus:
+    """``family`` against ``other`` on ``target``'s llvm-mca model in ``regime`` (gemm or
+    gemv): the runtime's default picks (the tuned pairs), the best tiles of any ISA the
+    target has, and the same tile (see :class:`Versus`).  Scores are MACs per cycle over the
+    family's block (the ratio is one of cycles for the same MACs)."""
+    if regime not in REGIMES:
+        raise TuneError(f"regime {regime!r}: one of {', '.join(REGIMES)}")
+    rk = [tune(target, f, regime, jobs=jobs) for f in (family, other)]
+    model = rk[0].model
+    tuned = read_tuned(target, tuned_dir)
+    picks = []
+    for f in (family, other):
+        ent = tuned.families.get(f) if tuned is not None else None
+        picks.append(_score_of(getattr(ent, regime) if ent is not None else None, model))
+    mine = picks[0].spec if picks[0] is not None else rk[0].best.spec
+    try:
+        twin = validate(replace(mine, family=other))
+    except SpecError:
+        twin = None
+    same = (_score_of(mine, model), _score_of(twin, model))
+    return Versus(target.name, model, regime, family, other, tuple(picks),
+                  (rk[0].best, rk[1].best), same)
