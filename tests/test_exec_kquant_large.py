@@ -1,5 +1,5 @@
 """The K-quant SME2 large-m gemm in the runtime (issue #34): an entry's gemm hands over to the
-large-m gemm its ISA record names (``IsaImpl.large_gemm``: ``4vlx1vl``) once m exceeds
+large-m gemm its ISA record names (``IsaImpl.large_gemm``: ``4vlx1vl``, its ``:i16`` variant where the family has one) once m exceeds
 ``large_after`` tiles of the gemm's rows, on the packing they share (nr = 1vl: the default
 entry, 1vlx2vl with the 1x2vl gemv, reads the 2vl packing and has none).  Under qemu ``max``
 with SME at SVL 128 and 512, for every family whose record has it: the kernel picked at m just
@@ -52,7 +52,7 @@ def test_large_families_from_the_records():
 def test_large_m_gemm_by_rows(family, svl, large_lib):
     impl = FAMILIES[family].impls["sme2"]
     rows = svl // 32                          # rows of one VL unit (SME: SVL/32)
-    lmr, lmr_vl, lnr, lnr_vl = parse_tile(impl.large_gemm)
+    lmr, lmr_vl, lnr, lnr_vl = parse_tile(impl.large_gemm.split(":")[0])
     assert lmr_vl and lnr_vl and lnr == 1
     nr, gemm_mr, large_mr = rows, rows, lmr * rows
     t = impl.large_after * gemm_mr + 1       # the first m the large-m gemm runs
@@ -107,17 +107,21 @@ def test_table_attaches_the_record_large_gemm(monkeypatch):
     import dataclasses
     from tilegen.runtime.select import build_table
     ks = [_fake(f"q4_K:sme2:{t}", mr) for t, mr in (("1vlx2vl", 16), ("1x2vl", 1),
-                                                    ("1vlx1vl", 16), ("4vlx1vl", 64))]
+                                                    ("1vlx1vl", 16), ("4vlx1vl:i16", 64))]
     table = build_table(ks, "q4_K")
     got = [(p.gemm.spec.spec_string, p.gemv and p.gemv.spec.spec_string,
             p.large and p.large.spec.spec_string) for p in table]
     assert got == [("q4_K:sme2:1vlx2vl", "q4_K:sme2:1x2vl", None),
-                   ("q4_K:sme2:1vlx1vl", None, "q4_K:sme2:4vlx1vl")], got
+                   ("q4_K:sme2:1vlx1vl", None, "q4_K:sme2:4vlx1vl:i16")], got
     assert table[1].large_from == FAMILIES["q4_K"].impls["sme2"].large_after * 16 + 1
     impl = FAMILIES["q4_K"].impls["sme2"]
     monkeypatch.setitem(FAMILIES["q4_K"].impls, "sme2", dataclasses.replace(impl, large_gemm=None))
     assert all(p.large is None for p in build_table(ks, "q4_K"))
-    assert len(build_table(ks, "q4_K")) == 3       # 4vlx1vl heads its own entry again
+    assert len(build_table(ks, "q4_K")) == 3       # 4vlx1vl:i16 heads its own entry again
+    # the record names the :i16 variant: the q8kp 4vlx1vl is not taken for it
+    monkeypatch.setitem(FAMILIES["q4_K"].impls, "sme2", impl)
+    plain = ks[:3] + [_fake("q4_K:sme2:4vlx1vl", 64)]
+    assert all(p.large is None for p in build_table(plain, "q4_K"))
 
 
 @pytest.mark.parametrize("after", (0, 1, 2))

@@ -197,19 +197,22 @@ def kquant_manifest(name: str, rhs: str, stem: str, package: str,
     record = kquant_record(name, rhs, stem, isas, i16_tiles, large)
     have = record.impls
     modules = (f"{package}.regalloc",) + ((f"{package}.regalloc_sme2",) if "sme2" in have else ())
-    defaults = tuple(s for s in kquant_default_kernels(name, large) if s.split(":")[1] in have)
+    sme2 = have.get("sme2")
+    defaults = tuple(s for s in kquant_default_kernels(name, sme2.large_gemm if sme2 else None)
+                     if s.split(":")[1] in have)
     llama = tuple(e for e in KQUANT_LLAMA_KERNELS if e[0] in have)
     return (record,), modules, {name.upper(): name}, defaults, llama
 
 
-def kquant_default_kernels(name: str, large: bool = False) -> tuple[str, ...]:
+def kquant_default_kernels(name: str, large: str | None = None) -> tuple[str, ...]:
     """A K-quant family's default kernels: per ISA a gemm and the gemv on its packed RHS, i8mm
     (SMMLA gemm, kr16) first, then dotprod (SDOT by lane, kr8), plain NEON (SMULL) last (the
     tiles are `tilegen tune`'s best on neoverse-v2 / -n1, llvm-mca); SME2: the int16 SMOPA gemm
     and the ZA-array SDOT gemv on one 2vlx2 packing; with ``large``, also the SME2 entry on the
-    1vl packing: :data:`KQUANT_LARGE_PARTNER` with the large-m gemm :data:`KQUANT_LARGE_GEMM`
-    (no gemv reads that packing: the entry comes after the 2vl pair, docs/tuning.md)."""
-    extra = (f"sme2:{KQUANT_LARGE_PARTNER}", f"sme2:{KQUANT_LARGE_GEMM}") if large else ()
+    1vl packing: :data:`KQUANT_LARGE_PARTNER` with the large-m gemm ``large`` (the record's
+    ``IsaImpl.large_gemm``: :data:`KQUANT_LARGE_GEMM`, its ``:i16`` variant where the family has
+    one; no gemv reads that packing: the entry comes after the 2vl pair, docs/tuning.md)."""
+    extra = (f"sme2:{KQUANT_LARGE_PARTNER}", f"sme2:{large}") if large else ()
     return tuple(f"{name}:{t}" for t in ("i8mm:8x4", "i8mm:1x4", "dotprod:8x4", "dotprod:1x4",
                                           "neon:4x4", "neon:1x4", "sme2:1vlx2vl", "sme2:1x2vl")
                  + extra)
@@ -247,7 +250,9 @@ def kquant_sme2_impls(stem: str, i16_tiles: tuple[str, ...] = (),
                             lhs_i16_tiles=tuple(i16_tiles),
                             fixed_kr=f"the {stem} sme2 kernels read k pairs of 4-k chunks "
                                      f"(kr = 4, sr = 2)",
-                            large_gemm=KQUANT_LARGE_GEMM if large else None,
+                            large_gemm=(None if not large else
+                                        f"{KQUANT_LARGE_GEMM}:i16" if KQUANT_LARGE_GEMM in i16_tiles
+                                        else KQUANT_LARGE_GEMM),
                             large_after=KQUANT_LARGE_AFTER)}
 
 

@@ -77,11 +77,13 @@ def large_gemm_of(kernels: Iterable, gemm, gemv=None):
     impl = FAMILIES[gemm.family].impls.get(gemm.spec.isa)
     if impl is None or impl.large_gemm is None or gemm.spec.is_gemv:
         return None, 1
-    mr, mr_vl, nr, nr_vl = parse_tile(impl.large_gemm)
+    tile, _, variant = impl.large_gemm.partition(":")   # "4vlx1vl" or "4vlx1vl:i16"
+    mr, mr_vl, nr, nr_vl = parse_tile(tile)
     for k in kernels:
         s = k.spec
         if (k.family == gemm.family and s.isa == gemm.spec.isa and k is not gemm
                 and (s.mr, s.mr_vl, s.nr, s.nr_vl) == (mr, mr_vl, nr, nr_vl)
+                and s.lhs_i16 == (variant == "i16")
                 and same_rhs(s, gemm.spec) and (gemv is None or same_rhs(s, gemv.spec))):
             return k, impl.large_after
     return None, 1

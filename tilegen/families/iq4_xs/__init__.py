@@ -43,7 +43,7 @@ GGML_TYPES = {"IQ4_XS": "iq4_xs"}
 #: ggml's Arm repack has no IQ4_XS kernels (bench/vs_ggml.py: none to measure against; IQ4_XS is
 #: held to tilegen's own Q4_K instead, issue #32)
 GGML_REPACK = ()
-DEFAULT_KERNELS = kquant_default_kernels("iq4_xs", large=True)
+DEFAULT_KERNELS = kquant_default_kernels("iq4_xs", RECORDS[0].impls["sme2"].large_gemm)
 LLAMA_KERNELS = KQUANT_LLAMA_KERNELS
 #: llama-quantize's IQ4_XS of the check's synthetic model runs on the patched llama.cpp within
 #: this tolerance (docs/llama_cpp_check.md: Q4_K_M's derivation, the same Q8_K activations)
