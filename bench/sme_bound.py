@@ -9,7 +9,8 @@ gemm proposed for llama.cpp in PR #29219.
 The kernels (:func:`kernels`): every sme/sme2 spec of the preset default list
 (``tilegen.families.DEFAULT_KERNELS``) and of every tuned preset (``tilegen/build/tuned``), every
 exported KleidiAI name with ``_sme`` in it (``tilegen.export.kleidiai.KERNELS``, and the names a
-tuned export replaces), and the SME2 entries of the export's K-quant table (default and tuned).
+tuned export replaces), and the SME2 entries of the llama patch's table of tilegen families
+(the K-quants, IQ4_NL, MXFP4; default and tuned).
 Each goes through ``tilegen.analysis.sme``: its block at SVL 512 on the per-class M4 table
 (``M4_UNITS``, docs/tuning.md), and its static MACs per instruction at SVL 128.  KleidiAI's
 kernels are read from real source trees (``--kleidiai``, default: the v1.24.0 and v1.30.0
@@ -55,7 +56,7 @@ def kernels() -> list[dict]:
     (``default``, ``tuned <target>``) and how the export serves it."""
     ships: dict[str, list[str]] = {}
     served: dict[str, list[str]] = {}          # spec -> KleidiAI names (exported)
-    kq: dict[str, list[str]] = {}              # spec -> K-quant table roles
+    kq: dict[str, list[str]] = {}              # spec -> roles in the tilegen-family table
 
     def add(d: dict, spec: str, what: str) -> None:
         d.setdefault(spec, [])
@@ -80,8 +81,8 @@ def kernels() -> list[dict]:
         for e in kquant_entries(t, tuned=t is not None):
             if e.isa in SME_ISAS:
                 label = "" if t is None else f" (--tuned {t})"
-                add(kq, e.gemm.spec, f"K-quant {e.family} gemm{label}")
-                add(kq, e.gemv.spec, f"K-quant {e.family} gemv{label}")
+                add(kq, e.gemm.spec, f"tilegen-family {e.family} gemm{label}")
+                add(kq, e.gemv.spec, f"tilegen-family {e.family} gemv{label}")
     specs = list(dict.fromkeys([*ships, *served, *kq]))
     rows = []
     for s in specs:

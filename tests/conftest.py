@@ -38,6 +38,16 @@ def guest(cpu: str, sve_vl: int | None = None, sme_vl: int | None = None,
     return s
 
 
+@pytest.fixture(scope="session")
+def v2_default_lib(tmp_path_factory) -> Path:
+    """neoverse-v2's default build (its tuned pairs and best kernels), built once per session
+    for the tests that read it (test_tuned_presets, test_for_ops, test_exec_kquant_runtime;
+    none writes into it)."""
+    out = tmp_path_factory.mktemp("v2default")
+    tilegen.build_library(None, target="neoverse-v2", out_dir=out)
+    return out
+
+
 # SME kernels are opt-in at run time (TILEGEN_SME); tests that run them enable it.
 SME_ON = {"TILEGEN_SME": "1"}
 

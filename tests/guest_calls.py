@@ -262,6 +262,23 @@ def check_abi_of(libdir: str, names: list[str]) -> dict:
     return {n: res.get(n) for n in names}
 
 
+def run_batch(libdir: str, jobs: list[tuple[str, str, list[dict]]]) -> list:
+    """Several kernels in one guest call: per job (``"f32"`` or ``"q4"``, kernel name, cases)
+    what run_f32_cases / run_q4_cases return."""
+    runs = {"f32": run_f32_cases, "q4": run_q4_cases}
+    return [runs[kind](libdir, name, cases) for kind, name, cases in jobs]
+
+
+def kernel_infos(libdir: str, names: list[str]) -> dict:
+    """Per kernel name: '' and its vl_info if it runs on this CPU, else the error a call raises
+    (refused)."""
+    out = {}
+    for name in names:
+        err = refused(libdir, name)
+        out[name] = (err, None if err else vl_info(libdir, name))
+    return out
+
+
 def refused(libdir: str, name: str) -> str:
     """The error a call of kernel `name` raises on this CPU ('' if it would run)."""
     lib = _lib(libdir)

@@ -455,10 +455,10 @@ def test_recorded_kernel_recount():
 
 def _sme_export():
     """Every exported KleidiAI name with _sme in it (spec per name) and every SME2 spec of the
-    export's K-quant table."""
+    export's table of tilegen families (K-quants, IQ4_NL, MXFP4)."""
     from tilegen.export.kleidiai import KERNELS, kquant_entries
     names = {k.name: k.spec for k in KERNELS if "_sme" in k.name}
-    kq = {(k.spec, f"K-quant {e.family} {role}") for e in kquant_entries() if e.isa == "sme2"
+    kq = {(k.spec, f"tilegen-family {e.family} {role}") for e in kquant_entries() if e.isa == "sme2"
           for k, role in ((e.gemm, "gemm"), (e.gemv, "gemv"))}
     return names, kq
 
@@ -467,7 +467,7 @@ def test_recorded_sme_bound_is_current(tmp_path):
     """bench/results/sme_bound.{json,md} are what its recorded command prints now, and hold a
     row for every SME/SME2 kernel of the default list and of every tuned preset, every exported
     _sme name (with KleidiAI's kernel of that name from both trees) and every SME2 kernel of the
-    export's K-quant table (with the ratio to PR #29219's gemm for the K-quant gemms)."""
+    export's tilegen-family table (with the ratio to PR #29219's gemm for the K-quant gemms)."""
     rec = json.loads((REPO / "bench" / "results" / "sme_bound.json").read_text())
     assert rec["command"] == "python bench/sme_bound.py --out bench/results/sme_bound"
     assert (REPO / "bench" / "results" / "sme_bound.md").read_text().startswith(

@@ -120,11 +120,10 @@ def _check_runs(kind, x, runs, clamp, raw, what) -> set:
 
 
 @pytest.fixture(scope="module")
-def v2_lib(tmp_path_factory) -> str:
-    """The default build of neoverse-v2: its tuned K-quant pairs and best kernels."""
-    out = tmp_path_factory.mktemp("kqv2")
-    tilegen.build_library(None, target="neoverse-v2", out_dir=out)
-    return str(out)
+def v2_lib(v2_default_lib) -> str:
+    """The default build of neoverse-v2: its tuned K-quant pairs and best kernels (conftest's,
+    built once per session)."""
+    return str(v2_default_lib)
 
 
 @pytest.mark.parametrize("cpu", CPUS)

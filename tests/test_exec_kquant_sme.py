@@ -139,16 +139,24 @@ def test_kquant_sme2_refusals():
             tilegen.parse_spec(text)
 
 
-@pytest.mark.parametrize("spec", ALL_SPECS, ids=lambda s: s.spec_string)
-def test_kquant_sme2_guard_pages(spec, kq_sme_lib):
+# every kernel at SVL 512; the 4vl x 1vl gemms (four ZA tiles of row groups) at SVL 128 too
+GUARD_RUNS = ([(s, 512) for s in ALL_SPECS]
+              + [(s, 128) for s in ALL_SPECS if (s.mr, s.nr) == (4, 1) and s.mr_vl])
+
+
+@pytest.mark.parametrize("spec,vl", GUARD_RUNS, ids=lambda p: getattr(p, "spec_string", p))
+def test_kquant_sme2_guard_pages(spec, vl, kq_sme_lib):
     """Every buffer (packed LHS, packed RHS, dst with a row stride) against a guard page at
-    either end, SVL 512: no access outside them (the whole-vector loads of scales, bsums and
-    mins stay inside their super-block records), results bit-exact."""
+    either end: no access outside them (the whole-vector loads of scales, bsums and mins stay
+    inside their super-block records), results bit-exact.  The 4vl x 1vl gemms also take m
+    past two row groups, one tile group partly filled, k of 3 super-blocks."""
     from test_guard_pages import PLACEMENTS, SENTINEL as GUARD_SENTINEL, _check_guarded
-    sess = guest("max", None, 512, SME_ON)
+    sess = guest("max", None, vl, SME_ON)
     info = sess.call("guest_calls:vl_info", str(kq_sme_lib), spec.name)
     mr, nr = info["mr"], info["nr"]
     shapes = [(1, 1, 256), (mr, nr, 512), (mr + 1, nr + 3, 256), (3, 2 * nr - 1, 256)]
+    if (spec.mr, spec.nr) == (4, 1):
+        shapes.append((mr + mr // 4 + 1, nr - 1, 768))
     cases, refs = _cases(spec.family, mr, nr, shapes, 7 + spec.nr, spec.lhs_layout_class,
                          spec.rhs_layout_class)
     for i, c in enumerate(cases):

@@ -7,6 +7,7 @@ import numpy as np
 import pytest
 
 import tilegen
+from tilegen.families import rhs_layout_class
 from tilegen.generator import validate
 from tilegen.layout.ggml import quantize_q4_0
 from tilegen.layout.lhs_int8 import QAI8DXP, QSI8D32P
@@ -62,6 +63,17 @@ def _pack(spec, rng, m, n, k, bl, nr=None, lhs_mr=None):
     nr = spec.nr if nr is None else nr
     x = _lhs_rows(rng, m, k)
     w = rng.normal(size=(n, k)).astype(np.float32)
+    rhs_cls = rhs_layout_class(spec.family)
+    if rhs_cls is not QSI4C32PScaleF16 and issubclass(rhs_cls, QSI4C32PScaleF16):
+        # a table family on q4_0's layout (iq4_nl, mxfp4): random valid ggml blocks, q4_0's
+        # activations, the shared reference told the RHS layout class
+        lhs = QSI8D32P(P, spec.kr, spec.sr, bl).pack(x)
+        raw = rhs_cls.random_ggml(n, k, int(rng.integers(1 << 30)))
+        rhs_lay = rhs_cls(nr, spec.kr, spec.sr, bl)
+        rhs = rhs_lay.pack_from_ggml(raw, n, k)
+        ref = lambda cmin, cmax: matmul_qsi8d32p_qsi4c32pscalef16(  # noqa: E731
+            lhs, rhs, m, n, k, bl, P, nr, spec.kr, spec.sr, cmin, cmax, rhs_layout=rhs_cls)
+        return lhs, rhs, ref, x, rhs_lay.dequantize_rows(rhs, n, k, np.arange(n)), None
     if spec.family == "q4_0":
         lhs_lay = QSI8D32P(P, spec.kr, spec.sr, bl)
         rhs_lay = QSI4C32PScaleF16(nr, spec.kr, spec.sr, bl)

@@ -690,7 +690,7 @@ def _kq_packer(gemm_kk) -> tuple[str, str]:
 
 
 def _kquant_entry_bit_exact(g, so, gemm_kk, gemv_kk, seed: int):
-    """One K-quant table entry as kleidiai.cpp drives it (geometry from the getters, checked
+    """One tilegen-family table entry as kleidiai.cpp drives it (geometry from the getters, checked
     first; RHS from ggml blocks by the exported C repack at the gemm's nr/kr, LHS by the C q8kp
     quantiser at each kernel's mr/kr): gemm (m = 13, 2 VL + 1) and gemv (m = 1) equal
     tilegen.reference.kquant's arithmetic computed from the activations and the ggml blocks
@@ -744,7 +744,8 @@ def _entry_reference(family: str, spec, rlay, x, raw, n, vl: int | None = None):
 
 @pytest.mark.parametrize("entry", K.KQUANT_DEFAULT, ids=lambda e: e.gemm.name)
 def test_kquant_entry_end_to_end_bit_exact(kai_so, entry):
-    """Each K-quant entry of the default export's patched kernels.cpp (_kquant_entry_bit_exact)."""
+    """Each tilegen-family entry (K-quants, IQ4_NL, MXFP4) of the default export's patched
+    kernels.cpp (_kquant_entry_bit_exact)."""
     _kquant_entry_bit_exact(guest("max", None, SVL_BITS), kai_so, entry.gemm, entry.gemv, 25)
 
 
@@ -826,7 +827,7 @@ _KERNEL_SLOTS = ("get_m_step", "get_n_step", "get_mr", "get_nr", "get_kr", "get_
 
 
 def kquant_table_errors(patch: str, specs: dict[str, str], packer_headers: dict[str, str]) -> list[str]:
-    """What is wrong with the patch's K-quant table: each entry's kernels (by position, every
+    """What is wrong with the patch's tilegen-family table: each entry's kernels (by position, every
     getter and run function of one kernel), LHS packer, RHS packer and dequantiser against its
     weight type and required CPU features.  ``specs``: kernel name -> spec string (the export
     manifest); ``packer_headers``: packer name -> its header text (the layout it writes)."""
@@ -906,8 +907,8 @@ def _table_inputs(files):
 
 @pytest.mark.parametrize("target,tuned", _KQ_EXPORTS)
 def test_kquant_table_entries_match_their_types(target, tuned):
-    """#30 item 8(b): the patch's K-quant table, parsed as C, has one entry per weight type and
-    ISA slot whose kernels, LHS packers, RHS packer and dequantiser are that type's on that ISA
+    """#30 item 8(b): the patch's tilegen-family table, parsed as C, has one entry per weight
+    type and ISA slot whose kernels, LHS packers, RHS packer and dequantiser are that type's on that ISA
     (default and tuned exports)."""
     patch, specs, headers = _table_inputs(K.export_files(target, tuned))
     table = kquant_table(patch)

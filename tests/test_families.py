@@ -1,7 +1,7 @@
 """The family registry (tilegen.families): one plugin module per weight family, and every
 client finds the families through the registry — the spec grammar, the layout and allocator
 registries, the runtime's kinds and its one packing protocol, the GGUF type table, the default
-kernels, the export's K-quant entries and C packers, the CLI help and docs/specs.md's table."""
+kernels, the export's tilegen-family entries and C packers, the CLI help and docs/specs.md's table."""
 from __future__ import annotations
 
 import re
@@ -91,7 +91,7 @@ def test_the_packing_protocol_refuses_what_the_family_cannot_take(kind):
     rng = np.random.default_rng(3)
     n, k = 8, 256
     w = (rng.standard_normal((n, k)) + 0.5).astype(np.float32)
-    if lay.ggml_only:     # the formats that take ggml blocks only (K-quants, iq4_nl)
+    if lay.ggml_only:     # the formats that take ggml blocks only (K-quants, iq4_nl, mxfp4)
         with pytest.raises(LayoutError, match="only as ggml"):
             F.pack(fam, lay, kind, w, None, n, k, None, "nk")
         raw = F.plugin(fam).__dict__[f"random_{kind.lower()}"](n, k, 5)

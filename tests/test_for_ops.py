@@ -6,7 +6,6 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-import tilegen
 from tilegen.build import get_target
 from tilegen.build.tuned import read_tuned
 from tilegen.layout.api import layout_for
@@ -75,10 +74,8 @@ def test_presets_record_best_kernels():
 
 
 @pytest.fixture(scope="module")
-def v2_lib(tmp_path_factory):
-    out = tmp_path_factory.mktemp("v2lib")
-    tilegen.build_library(None, target="neoverse-v2", out_dir=out)
-    return out
+def v2_lib(v2_default_lib):
+    return v2_default_lib          # conftest's: neoverse-v2's default build, once per session
 
 
 @pytest.mark.parametrize("kind", ["q4_0", "q4_0_dx", "f32"])

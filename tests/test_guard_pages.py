@@ -146,13 +146,20 @@ SCALABLE_F32 = ("f32:sve:6x4vl", "f32:sve:1x8vl", "f32:sve:3x8vl", "f32:sme:2vlx
                 "f32:sme2:1vlx4vl", "f32:sme2:2vlx2vl", "f32:sme2:1x4vl", "f32:sme2:1x16vl")
 SCALABLE_Q4 = ("q4_0:sve_i8mm:16x1vl", "q4_0:sve_dotprod:1x1vl:k16", "q4_0_dx:sve_dotprod:8x1vl",
                "q4_0:sme:1vlx2vl", "q4_0_dx:sme:1vlx1vl", "q4_0:sme2:1x2vl", "q4_0_dx:sme2:1x4vl")
+# the block-32 table families' SME2 kernels (LUTI4 through ZT0; the layout's table and, for
+# mxfp4, the bf16 scales), at the smallest SVL and a wide one
+SCALABLE_TABLE32 = tuple(f"{f}:sme2:{t}" for f in ("iq4_nl", "mxfp4")
+                         for t in ("1vlx1vl", "1vlx2vl", "1x2vl", "1x4vl"))
+SCALABLE_Q4_RUNS = ([(t, 512) for t in SCALABLE_Q4]
+                    + [(t, vl) for t in SCALABLE_TABLE32 for vl in (128, 512)])
 
 
 @pytest.fixture(scope="module")
 def scalable_lib(tmp_path_factory):
     import tilegen
     out = tmp_path_factory.mktemp("guard_scalable")
-    tilegen.build_library(list(SCALABLE_F32 + SCALABLE_Q4), target="linux-aarch64-all", out_dir=out)
+    tilegen.build_library(list(SCALABLE_F32 + SCALABLE_Q4 + SCALABLE_TABLE32),
+                          target="linux-aarch64-all", out_dir=out)
     return out
 
 
@@ -172,11 +179,11 @@ def test_scalable_f32_guard_pages(text, scalable_lib):
     _guard_f32(g, scalable_lib, spec.name, nr, _f32_shapes(mr, nr, rng)[::2], rng)
 
 
-@pytest.mark.parametrize("text", SCALABLE_Q4)
-def test_scalable_q4_guard_pages(text, scalable_lib):
+@pytest.mark.parametrize("text,vl", SCALABLE_Q4_RUNS)
+def test_scalable_q4_guard_pages(text, vl, scalable_lib):
     import tilegen
     spec = tilegen.parse_spec(text)
-    g = _scalable_guest(512)
+    g = _scalable_guest(vl)
     info = g.call("guest_calls:vl_info", str(scalable_lib), spec.name)
     mr, nr = info["mr"], info["nr"]
     rng = np.random.default_rng(sum(map(ord, "guard" + text)))

@@ -226,14 +226,14 @@ def test_every_kquant_weight_must_reach_the_kernels_once_per_evaluation():
     r.kq_calls = {w: [1, 17] for w in weights}
     r.kq_calls["output.weight"] = [1, 16]                # one evaluation went elsewhere
     assert lc.check_kquant_calls(r, weights) == [
-        "llama-batched: K-quant MUL_MAT counts per weight differ: blk.0.attn_q.weight 17, "
+        "llama-batched: tilegen-family MUL_MAT counts per weight differ: blk.0.attn_q.weight 17, "
         "blk.0.attn_v.weight 17, output.weight 16"]
     r.kq_calls = {}
     assert lc.check_kquant_calls(r, weights) == [
-        "K-quant MUL_MATs on the KleidiAI backend: missing ['blk.0.attn_q.weight', "
+        "tilegen-family MUL_MATs on the KleidiAI backend: missing ['blk.0.attn_q.weight', "
         "'blk.0.attn_v.weight', 'output.weight'], unexpected []"]
     r.kq_calls = {w: [1, 0] for w in weights}           # llama-batched: none on the kernels
-    assert lc.check_kquant_calls(r, weights)[0].startswith("llama-batched: K-quant MUL_MAT counts")
+    assert lc.check_kquant_calls(r, weights)[0].startswith("llama-batched: tilegen-family MUL_MAT counts")
 
 
 def test_the_patched_tree_keeps_ccache_paths(tmp_path, monkeypatch, llama_cpp_src):

@@ -69,21 +69,18 @@ def tuned_lib(tmp_path_factory):
 
 
 CPUS = ("cortex-a53", "neoverse-n1", "neoverse-v1", "neoverse-n2", "max")
+TUNED_SPECS = _tuned_specs()
 
 
-@pytest.mark.parametrize("cpu", CPUS)
-@pytest.mark.parametrize("spec", _tuned_specs(), ids=lambda s: s.spec_string)
-def test_tuned_kernel_bit_exact(spec, cpu, tuned_lib):
-    g = guest(cpu, sve_vl=256) if cpu == "max" else guest(cpu)
-    feats = set(g.call("guest_calls:machine")["features"])
-    if not set(spec.features) <= feats:     # the runtime refuses it on this CPU
-        assert "ArgumentError" in g.call("guest_calls:refused", str(tuned_lib), spec.name)
-        return
-    info = g.call("guest_calls:vl_info", str(tuned_lib), spec.name)
-    mr, nr = info["mr"], info["nr"]
+def _guest(cpu: str):
+    return guest(cpu, sve_vl=256) if cpu == "max" else guest(cpu)
+
+
+def _cases(spec, mr: int, nr: int):
+    """(run kind, cases, exact references) of ``spec`` at its tile on the CPU (mr, nr)."""
     rng = np.random.default_rng(sum(map(ord, spec.name)))
+    cases, refs = [], []
     if spec.family == "f32":
-        cases, refs = [], []
         for m, n, k in [(1, 1, 1), (mr, nr, 8), (mr + 1, nr + 1, 5), (2 * mr + 3, 2 * nr - 1, 17)]:
             lhs = rng.normal(size=(m, k + 2)).astype(np.float32)
             w = rng.normal(size=(n, k)).astype(np.float32)
@@ -92,10 +89,9 @@ def test_tuned_kernel_bit_exact(spec, cpu, tuned_lib):
                               dst_base=np.full((m + 1, n + 2), SENTINEL, np.float32),
                               clamp_min=-3.4e38, clamp_max=3.4e38))
             refs.append(matmul_f32(lhs[:, :k], w, b, -3.4e38, 3.4e38))
-        outs = g.call("guest_calls:run_f32_cases", str(tuned_lib), spec.name, cases)
-    elif _kquant(spec.family):          # q8kp x a K-quant layout: ggml blocks, reference.kquant
+        return "f32", cases, refs
+    if _kquant(spec.family):            # q8kp x a K-quant layout: ggml blocks, reference.kquant
         cls = rhs_layout_class(spec.family)
-        cases, refs = [], []
         for i, (m, n, k) in enumerate([(1, 1, 256), (mr, nr, 512), (mr + 1, nr + 1, 256),
                                        (2 * mr + 3, 2 * nr - 1, 768)]):
             x = (rng.normal(size=(m, k)) * 4).astype(np.float32)
@@ -105,13 +101,7 @@ def test_tuned_kernel_bit_exact(spec, cpu, tuned_lib):
             cases.append(dict(m=m, n=n, k=k, bl=32, lhs_packed=lhs, rhs_packed=rhs,
                               clamp_min=-3.4e38, clamp_max=3.4e38, sentinel=SENTINEL))
             refs.append(matmul_blocks(cls, x, raw, n, -3.4e38, 3.4e38))
-        outs = g.call("guest_calls:run_q4_cases", str(tuned_lib), spec.name, cases)
-    elif spec.family in TABLE32:        # qsi8d32p x iq4nlp / mxfp4p: the exec tests' sweep
-        vl = info["vl_bytes"][spec.isa_info.vl_kind] if spec.vl_scaled else None
-        TABLE32[spec.family](g, tuned_lib, spec, vl, cpu)
-        return
     elif spec.family == "q8_0":         # qai8dxp x qsi8cxp, per-channel int8 weights
-        cases, refs = [], []
         for m, n, k in [(1, 1, 1), (mr, nr, 32), (mr + 1, nr + 1, 31), (2 * mr + 3, 2 * nr - 1, 100)]:
             x = (rng.normal(size=(m, k)) * 3).astype(np.float32)
             lhs = QAI8DXP(spec.lhs_mr, spec.kr, spec.sr).pack(x)
@@ -122,42 +112,83 @@ def test_tuned_kernel_bit_exact(spec, cpu, tuned_lib):
                               clamp_min=-3.4e38, clamp_max=3.4e38, sentinel=SENTINEL))
             refs.append(matmul_qai8dxp_qsi8cxp(lhs, rhs, m, n, k, spec.lhs_mr, nr, spec.kr,
                                                spec.sr, -3.4e38, 3.4e38))
-        outs = g.call("guest_calls:run_q4_cases", str(tuned_lib), spec.name, cases)
     elif spec.family == "bf16":         # bf16p x bf16p (fixed NEON tiles)
         assert not spec.vl_scaled
-        cases, refs = [], []
         for i, (m, n, k) in enumerate([(1, 1, 1), (mr, nr, 8), (mr + 1, nr + 1, 5),
                                        (2 * mr + 3, 2 * nr - 1, 17)]):
             c, r = test_exec_bf16._case(spec, rng, m, n, k, clamped=bool(i % 2))
             cases.append(c)
             refs.append(r)
-        outs = g.call("guest_calls:run_q4_cases", str(tuned_lib), spec.name, cases)
     else:
-        cases, refs = [], []
         for m, n, k, bl in _shapes(spec, rng, nr=nr):
             lhs, rhs, ref, *_ = _pack(spec, rng, m, n, k, bl, nr=nr)
             cases.append(dict(m=m, n=n, k=k, bl=bl, lhs_packed=lhs, rhs_packed=rhs,
                               clamp_min=-3.4e38, clamp_max=3.4e38, sentinel=SENTINEL))
             refs.append(ref(-3.4e38, 3.4e38))
-        outs = g.call("guest_calls:run_q4_cases", str(tuned_lib), spec.name, cases)
+    return "q4", cases, refs
+
+
+_RUNS: dict = {}
+
+
+def _cpu_runs(cpu: str, lib) -> dict:
+    """Every tuned kernel on ``cpu``, batched: the CPU's features, each kernel's refusal or
+    concrete tile (one guest call), then every runnable kernel but the block-32 table ones (their
+    exec tests' sweep, a call each) on its cases in one guest call.  Per spec name: (features
+    needed and present, refusal, vl_info, cases, references, outputs)."""
+    key = (cpu, str(lib))
+    if key not in _RUNS:
+        g = _guest(cpu)
+        feats = set(g.call("guest_calls:machine")["features"])
+        infos = g.call("guest_calls:kernel_infos", str(lib), [s.name for s in TUNED_SPECS])
+        res, jobs = {}, []
+        for spec in TUNED_SPECS:
+            err, info = infos[spec.name]
+            runs = set(spec.features) <= feats
+            res[spec.name] = [runs, err, info, None, None, None]
+            if runs and not err and spec.family not in TABLE32:
+                kind, cases, refs = _cases(spec, info["mr"], info["nr"])
+                res[spec.name][3:5] = cases, refs
+                jobs.append((kind, spec.name, cases))
+        outs = g.call("guest_calls:run_batch", str(lib), jobs) if jobs else []
+        for (_, name, _), out in zip(jobs, outs):
+            res[name][5] = out
+        _RUNS[key] = res
+    return _RUNS[key]
+
+
+@pytest.mark.parametrize("cpu", CPUS)
+@pytest.mark.parametrize("spec", TUNED_SPECS, ids=lambda s: s.spec_string)
+def test_tuned_kernel_bit_exact(spec, cpu, tuned_lib):
+    runs, err, info, cases, refs, outs = _cpu_runs(cpu, tuned_lib)[spec.name]
+    if not runs:                        # the runtime refuses it on this CPU
+        assert "ArgumentError" in err, err
+        return
+    assert not err, err
+    if spec.family in TABLE32:          # qsi8d32p x iq4nlp / mxfp4p: the exec tests' sweep
+        vl = info["vl_bytes"][spec.isa_info.vl_kind] if spec.vl_scaled else None
+        TABLE32[spec.family](_guest(cpu), tuned_lib, spec, vl, cpu)
+        return
+    assert outs is not None and len(outs) == len(cases)
     for c, exact, out in zip(cases, refs, outs):
         m, n = c["m"], c["n"]
         assert np.array_equal(out[:m, :n], exact), (spec.name, m, n, c["k"])
         assert (out[m:] == SENTINEL).all() and (out[:, n:] == SENTINEL).all()
 
 
-def test_runtime_picks_the_tuned_pair(tmp_path):
+def test_runtime_picks_the_tuned_pair(v2_default_lib):
+    """neoverse-v2's default build (conftest's, built once per session) picks each tuned pair
+    and marks the best gemm and gemv of any layout."""
     tf = read_tuned(get_target("neoverse-v2"))
-    tilegen.build_library(None, target="neoverse-v2", out_dir=tmp_path)
     kinds = [FAMILIES[f].kinds[0] for f in tf.families]
     assert len(kinds) == len(tunable_families(get_target("neoverse-v2")))
-    picks = guest("max", sve_vl=256).call("guest_calls:picks", str(tmp_path), kinds)
+    picks = guest("max", sve_vl=256).call("guest_calls:picks", str(v2_default_lib), kinds)
     for fam_name, kind in zip(tf.families, kinds):
         fam = tf.families[fam_name]
         assert picks[kind] == (fam.gemm.name, fam.gemv.name), (kind, picks[kind])
     # the default build also has the best gemm and gemv of any layout, marked for for_ops
     import json
-    entries = {e["name"]: e for e in json.loads((tmp_path / "manifest.json").read_text())["kernels"]}
+    entries = {e["name"]: e for e in json.loads((v2_default_lib / "manifest.json").read_text())["kernels"]}
     for fam in tf.families.values():
         assert entries[fam.gemm.name]["preferred"] and entries[fam.gemv.name]["preferred"]
         assert entries[fam.top_gemm.name].get("best") == "gemm"

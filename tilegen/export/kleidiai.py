@@ -224,7 +224,8 @@ def _kq(abi: str, spec: str, note: str) -> KaiKernel:
 
 @dataclass(frozen=True)
 class KQuantEntry:
-    """One entry of the patch's K-quant table: a gemm and a gemv of ``family`` on ``isa``
+    """One entry of the patch's table of tilegen families (the K-quants, IQ4_NL, MXFP4: the
+    names keep "kquant"): a gemm and a gemv of ``family`` on ``isa``
     reading one packed RHS (packed at the gemm's nr/kr)."""
 
     family: str
@@ -499,8 +500,8 @@ def _tuned_target(target, tuned: bool | str):
 
 
 def kquant_entries(target=None, tuned: bool | str = False) -> list[KQuantEntry]:
-    """The K-quant table of an export: :data:`KQUANT_DEFAULT`, with ``tuned`` (True or
-    "pairs": the K-quant kernels have no KleidiAI name to keep, so both take the tuned tiles)
+    """The tilegen-family table of an export: :data:`KQUANT_DEFAULT`, with ``tuned`` (True or
+    "pairs": these kernels have no KleidiAI name to keep, so both take the tuned tiles)
     each entry's tiles from the target's tuned file where they fit (:func:`_tuned_kquant`)."""
     tgt = _tuned_target(target, tuned)
     if tgt is None:
@@ -571,7 +572,7 @@ def llama_entry(e: KQuantEntry) -> llama.LlamaEntry:
 
 
 def llama_patch(target=None, tuned: bool | str = False) -> str:
-    """The llama.cpp patch for the K-quant table of ``target`` (``tuned`` as in
+    """The llama.cpp patch for the tilegen-family table of ``target`` (``tuned`` as in
     :func:`kquant_entries`); the default is the patch of every untuned export."""
     return llama.patch_text([llama_entry(e) for e in kquant_entries(target, tuned)])
 
