@@ -21,7 +21,7 @@ from dataclasses import dataclass
 
 from ...records import SpecError
 from ...generator.spec import KernelSpec
-from ...generator.regalloc.kquant import (KQuantSme2Frame, allocate_kquant_sme2_rows,
+from ...generator.regalloc.kquant import (KQuantLuti4GemvFrame, KQuantSme2Frame, allocate_kquant_sme2_rows,
                                           check_sme2_gemv_tile, check_sme2_interleave,
                                           claim_luti4_gemv_tail)
 from ...generator.regalloc.pool import SME_X_ORDER, RegisterPool
@@ -55,7 +55,7 @@ class IQ4XSSme2Regs(KQuantSme2Frame):
 
 
 @dataclass(frozen=True, kw_only=True)
-class IQ4XSSme2GemvRegs(KQuantSme2Frame):
+class IQ4XSSme2GemvRegs(KQuantLuti4GemvFrame):
     """The 1 x nu vl ZA-array SDOT gemv.  Hot loop: ``lhs`` (the row's two 16-byte quads of a
     sub-block, their k permuted by TBL through ``perm``), ``raw`` (two 4-vector groups of
     indices), ``unp`` (two nu-vector groups: LUTI4's words of nu column vectors), ``t`` (the
@@ -67,7 +67,6 @@ class IQ4XSSme2GemvRegs(KQuantSme2Frame):
     lhs: tuple[int, int]
     raw: tuple[tuple[int, ...], ...]
     perm: int
-    bc: tuple[tuple[int, ...], ...] = ()
     unp: tuple[tuple[int, ...], ...]
     t: tuple[int, ...]
     s1: tuple[int, ...]

@@ -23,7 +23,7 @@ from dataclasses import dataclass
 
 from ...records import SpecError
 from ...generator.spec import KernelSpec
-from ...generator.regalloc.kquant import (KQuantSme2Frame, allocate_kquant_sme2_rows,
+from ...generator.regalloc.kquant import (KQuantLuti4GemvFrame, KQuantSme2Frame, allocate_kquant_sme2_rows,
                                           check_sme2_gemv_tile, check_sme2_interleave,
                                           claim_luti4_gemv_tail)
 from ...generator.regalloc.pool import SME_X_ORDER, RegisterPool
@@ -69,7 +69,7 @@ class Q4KSme2Regs(KQuantSme2Frame):
 
 
 @dataclass(frozen=True, kw_only=True)
-class Q4KSme2GemvRegs(KQuantSme2Frame):
+class Q4KSme2GemvRegs(KQuantLuti4GemvFrame):
     """The 1 x nu vl ZA-array SDOT gemv.  Hot loop: ``lhs`` (the row's two 16-byte quads of a
     sub-block, their k permuted by TBL through ``perm``), ``raw`` (two 4-vector groups of packed
     nibbles), ``unp`` (two nu-vector groups: LUTI4's words of nu column vectors), ``t`` (the
@@ -83,7 +83,6 @@ class Q4KSme2GemvRegs(KQuantSme2Frame):
     raw: tuple[tuple[int, ...], ...]
     perm: int
     table: int
-    bc: tuple[tuple[int, ...], ...] = ()
     unp: tuple[tuple[int, ...], ...]
     t: tuple[int, ...]
     s1: tuple[int, ...]

@@ -20,7 +20,8 @@ from .pool import SME_X_ORDER, Z_LOW_FIRST, Frame, RegisterPool, VectorNeeds, fi
 
 __all__ = ["KQUANT_KR", "KQUANT_NEON_SCALARS", "KQuantNeonRegs", "allocate_kquant_neon",
            "KQUANT_SVE_SCALARS", "KQuantSveRegs", "allocate_kquant_sve", "kquant_mode", "check_neon_tile", "check_sve_tile", "check_sve_mm_rows",
-           "check_sme2_interleave", "check_sme2_gemv_tile", "claim_luti4_gemv_tail", "KQuantSveArea", "KQuantSme2Frame",
+           "check_sme2_interleave", "check_sme2_gemv_tile", "claim_luti4_gemv_tail",
+           "KQuantLuti4GemvFrame", "KQuantSveArea", "KQuantSme2Frame",
            "KQuantSme2RowsRegs", "allocate_kquant_sme2_rows"]
 
 #: the interleave (kr) of each NEON / SVE strategy's layout
@@ -413,6 +414,25 @@ class KQuantSme2Frame(Frame):
     saved_d: tuple[int, ...] = ()
     needs: VectorNeeds = VectorNeeds(())
     counter_pred: int = 8
+
+
+@dataclass(frozen=True, kw_only=True)
+class KQuantLuti4GemvFrame(KQuantSme2Frame):
+    """The frame of the LUTI4 K-quant SME2 gemvs (kquant/sme2_gemv_luti4.S.j2): ``bc`` (the
+    1 x 1vl tile's two 4-vector groups of broadcast LHS quads, () otherwise) and, with them, 32
+    bytes of stack for one sub-block's permuted quads (stored by two 16-byte ST1W, read back
+    by LD1RW)."""
+
+    bc: tuple[tuple[int, ...], ...] = ()
+
+    @property
+    def quads_offset(self) -> int:
+        """sp offset of the 32 bytes of permuted LHS quads (above the clamp values)."""
+        return (self.clamp_offset + 16 + 15) // 16 * 16
+
+    @property
+    def frame_bytes(self) -> int:
+        return self.quads_offset + 32 if self.bc else super().frame_bytes
 
 
 @dataclass(frozen=True, kw_only=True)
