@@ -51,8 +51,9 @@ def _specs(family: str) -> list[str]:
 
 
 def test_gemv_1vl_families():
-    """q4_K and iq4_xs have the 1x1vl gemv (LUTI4 + multi-vector SDOT); q5_K not (yet)."""
-    assert set(GEMV_1VL) >= {"q4_K", "iq4_xs"}, GEMV_1VL
+    """q4_K, iq4_xs (LUTI4) and q5_K (its five-bit decode) have the 1x1vl gemv (multi-vector
+    SDOT vgx4 on broadcast LHS quads)."""
+    assert set(GEMV_1VL) >= {"q4_K", "iq4_xs", "q5_K"}, GEMV_1VL
 
 
 @pytest.fixture(scope="module")

@@ -31,7 +31,7 @@ IQ4XS_SPECS = ("iq4_xs:sme2:1vlx1vl", "iq4_xs:sme2:1vlx2vl", "iq4_xs:sme2:1vlx4v
                "iq4_xs:sme2:1x4vl", "iq4_xs:sme2:1x1vl")
 Q5_SPECS = ("q5_K:sme2:1vlx1vl", "q5_K:sme2:1vlx2vl", "q5_K:sme2:4vlx1vl",
             "q5_K:sme2:4vlx1vl:i16", "q5_K:sme2:1x2vl",
-            "q5_K:sme2:1x4vl")
+            "q5_K:sme2:1x4vl", "q5_K:sme2:1x1vl")
 ALL_SPECS = [tilegen.parse_spec(s) for s in GEMMS + GEMVS + Q6_SPECS + IQ4XS_SPECS + Q5_SPECS]
 # family -> (random ggml blocks, RHS layout)
 KINDS = {"q4_K": (random_q4_k, Q4KP), "q5_K": (random_q5_k, Q5KP), "q6_K": (random_q6_k, Q6KP),
@@ -126,7 +126,7 @@ def test_kquant_sme2_refusals():
                         ("iq4_xs:sme2:1vlx2vl:k8:s2", "kr = 4"),
                         ("q5_K:sme2:1vlx4vl", "1vlx1vl or 1vlx2vl"),
                         ("q5_K:sme2:2vlx1vl", "1vlx1vl or 1vlx2vl"),
-                        ("q5_K:sme2:1x1vl", "1x2vl or 1x4vl"),
+                        ("q5_K:sme2:1x3vl", "1x1vl, 1x2vl or 1x4vl"),
                         ("q5_K:sme2:4x2vl", "1 x nu vl"),
                         ("q5_K:sme2:1vlx2vl:k8:s2", "kr = 4"),
                         ("q4_K:sme2:1vlx2vl:i16", "tiles 4vlx1vl, not 1vlx2vl"),

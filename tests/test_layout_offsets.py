@@ -153,7 +153,8 @@ def _grid() -> list:
 GRID = _grid() + [validate(parse_unchecked(t)) for t in ("q4_K:sme2:4vlx1vl",
                                                           "q4_K:sme2:4vlx1vl:i16",
                                                           "q4_K:sme2:1x1vl",
-                                                          "iq4_xs:sme2:1x1vl")]
+                                                          "iq4_xs:sme2:1x1vl",
+                                                          "q5_K:sme2:1x1vl")]
 
 
 def _packer_grid() -> list:

@@ -58,7 +58,10 @@ class Q5KSme2GemvRegs(Q4KSme2GemvRegs):
     ``perm`` and ``table`` unused) and the decode's: ``qh`` (four qh vectors, q4_K's second
     nibble group), ``sh`` (the sub-block's bit pair in every byte), ``tmp``, ``lres`` /
     ``hres`` (the five-bit bytes, on the scale and row-d registers, dead in the hot body),
-    ``c0f`` / ``c10`` (masks, set each trip on the clamp registers, dead until the clamp)."""
+    ``c0f`` / ``c10`` (masks, set each trip on the clamp registers, dead until the clamp);
+    1 x 1vl: ``unp`` two 4-vector groups (four chunks each), ``bq`` the four LHS quads of a
+    SDOT broadcast by LD1RW (straight from the row: no TBL, no stack), ``t`` four vectors (ZA's
+    four slices)."""
 
     qh: tuple[int, ...]
     sh: int
@@ -67,6 +70,7 @@ class Q5KSme2GemvRegs(Q4KSme2GemvRegs):
     hres: int
     c0f: int
     c10: int
+    bq: tuple[int, ...] = ()
 
 
 _CHART = ("LHS", "RHS", "high-bit plane", "column scales", "constants", "f32 epilogue")
@@ -108,7 +112,7 @@ _GEMV_SCALARS = ("n_rem", "rec", "rp", "qp", "qd", "shv", "sinc", "scp", "lp", "
 
 def _allocate_gemv(spec: KernelSpec) -> Q5KSme2GemvRegs:
     nu = spec.nr
-    check_sme2_gemv_tile(spec, "q5_K")
+    check_sme2_gemv_tile(spec, "q5_K", one_vl=True)
     check_sme2_interleave(spec, "q5_K")
     pool = RegisterPool(_CHART, x_order=SME_X_ORDER, streaming=True)
     v = pool.v
@@ -118,9 +122,15 @@ def _allocate_gemv(spec: KernelSpec) -> Q5KSme2GemvRegs:
     qh = v.claim(range(8, 12), "high-bit plane")
     sh, tmp = v.claim((12, 13), "high-bit plane")
     sc, da = v.claim((14, 15), "column scales")
-    unp = (v.claim(range(16, 16 + nu), "RHS"), v.claim(range(20, 20 + nu), "RHS"))
-    s1 = v.claim(range(24, 24 + nu), "f32 epilogue")
-    acc = v.claim(range(28, 28 + nu), "f32 epilogue")
+    if nu == 1:
+        unp = (v.claim(range(16, 20), "RHS"), v.claim(range(20, 24), "RHS"))
+        bq = v.claim(range(24, 28), "LHS")
+        s1, acc = v.claim((28,), "f32 epilogue"), v.claim((29,), "f32 epilogue")
+    else:
+        bq = ()
+        unp = (v.claim(range(16, 16 + nu), "RHS"), v.claim(range(20, 20 + nu), "RHS"))
+        s1 = v.claim(range(24, 24 + nu), "f32 epilogue")
+        acc = v.claim(range(28, 28 + nu), "f32 epilogue")
     gpr = pool.scalars(_GEMV_SCALARS)
     pool.settle(f"q5_K sme2 gemv 1x{spec.nr_str}")
     # the sums read back and the SB-end operands reuse the dead hot-loop registers (q4_K's)
@@ -128,7 +138,7 @@ def _allocate_gemv(spec: KernelSpec) -> Q5KSme2GemvRegs:
                            t=unp[1], s1=s1, acc=acc, sc=sc, d=raw[0], dm=raw[1],
                            mins_b=qh[:2], mins=qh[2:], s2=sc, da=da, bsum=lhs[0], clamp=clamp,
                            qh=qh, sh=sh, tmp=tmp, lres=sc, hres=da, c0f=clamp[0],
-                           c10=clamp[1], gpr=gpr, **pool.frame())
+                           c10=clamp[1], bq=bq, gpr=gpr, **pool.frame())
 
 
 #: the 4vl x 1vl gemm's own hot-loop vectors (q4_K's row groups otherwise): the widened five-bit
