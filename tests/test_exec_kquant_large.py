@@ -1,7 +1,8 @@
 """The K-quant SME2 large-m gemm in the runtime (issue #34): an entry's gemm hands over to the
 large-m gemm its ISA record names (``IsaImpl.large_gemm``: ``4vlx1vl``, its ``:i16`` variant where the family has one) once m exceeds
 ``large_after`` tiles of the gemm's rows, on the packing they share (nr = 1vl: the default
-entry, 1vlx2vl with the 1x2vl gemv, reads the 2vl packing and has none).  Under qemu ``max``
+entry, 1vlx2vl with the 1x2vl gemv, reads the 2vl packing and has none); the families with the
+1x1vl gemv (on the 1vl packing) run it at m = 1 in that entry.  Under qemu ``max``
 with SME at SVL 128 and 512, for every family whose record has it: the kernel picked at m just
 below, at and above the threshold (and m = 1, and m past the large tile, off its rows), by
 ``select``, a plan made for the most rows and called with fewer, and ``matmul_experts``; every
@@ -29,9 +30,30 @@ SVLS = (128, 512)
 FMAX = 3.4028234663852886e38
 
 
+def _has_gemv_1vl(family: str) -> bool:
+    """The family's allocator serves the 1x1vl SME2 gemv (the gemv on the 1vl packing)."""
+    try:
+        tilegen.parse_spec(f"{family}:sme2:1x1vl")
+    except tilegen.SpecError:
+        return False
+    return True
+
+
+#: the families with a gemv on the 1vl packing: their 1vl entry pairs with it
+GEMV_1VL = tuple(f for f in LARGE if _has_gemv_1vl(f))
+
+
 def _specs(family: str) -> list[str]:
     impl = FAMILIES[family].impls["sme2"]
-    return [f"{family}:sme2:{t}" for t in ("1vlx2vl", "1x2vl", "1vlx1vl", impl.large_gemm)]
+    extra = ("1x1vl",) if family in GEMV_1VL else ()
+    return [f"{family}:sme2:{t}" for t in ("1vlx2vl", "1x2vl", "1vlx1vl", impl.large_gemm)
+            + extra]
+
+
+def test_gemv_1vl_families():
+    """q4_K, iq4_xs (LUTI4) and q5_K (its five-bit decode) have the 1x1vl gemv (multi-vector
+    SDOT vgx4 on broadcast LHS quads)."""
+    assert set(GEMV_1VL) >= {"q4_K", "iq4_xs", "q5_K"}, GEMV_1VL
 
 
 @pytest.fixture(scope="module")
@@ -66,23 +88,25 @@ def test_large_m_gemm_by_rows(family, svl, large_lib):
     res = guest("max", None, svl, SME_ON).call("guest_kquant:large_m", str(large_lib), family,
                                                raw, n, k, x, ms, (lo, hi), nr)
     assert isinstance(res, dict), res
-    names = {t_: tilegen.parse_spec(s).name for t_, s in zip(("2vl", "gemv", "1vl", "large"),
-                                                               _specs(family))}
+    names = {t_: tilegen.parse_spec(s).name
+             for t_, s in zip(("2vl", "gemv", "1vl", "large", "gemv1vl"), _specs(family))}
+    gemv1 = names.get("gemv1vl")              # the 1vl entry's gemv (None: the family has none)
     # the default entry (2vl packing, with the gemv) has no large-m gemm: no gemv reads 1vl
     d = res["default"]
     assert (d["gemm"], d["gemv"], d["large"], d["big"]) == (names["2vl"], names["gemv"], None,
                                                             names["2vl"]), d
     e = res["entry"]
-    assert (e["gemm"], e["gemv"], e["large"]) == (names["1vl"], None, names["large"]), e
+    assert (e["gemm"], e["gemv"], e["large"]) == (names["1vl"], gemv1, names["large"]), e
     assert (e["gemm_mr"], e["large_after"], e["large_from"]) == (gemm_mr, impl.large_after, t), e
     # the large-m gemm heads no entry of its own
     assert not any(r.startswith(f"KernelPair(gemm={names['large']}") for r in e["table"]), e
     for m in ms:
         r = res["runs"][m]
-        want = names["large"] if m >= t else names["1vl"]
+        cls = "large" if m >= t else "gemv" if (m == 1 and gemv1) else "gemm"
+        want = {"large": names["large"], "gemv": gemv1, "gemm": names["1vl"]}[cls]
         where = f"{family} svl={svl} m={m} (threshold {t})"
         assert (r["kernel"], r["plan_kernel"]) == (want, want), (where, r["kernel"], r["plan_kernel"])
-        assert r["row_class"] == ("large" if m >= t else "gemm"), where
+        assert r["row_class"] == cls, where
         ref = matmul_blocks(rhs_layout_class(family), x[:m], raw, n, lo, hi)
         unclamped = matmul_blocks(rhs_layout_class(family), x[:m], raw, n, -FMAX, FMAX)
         for what, want_y in (("y", ref), ("y1", ref), ("plan", ref), ("experts", unclamped)):
@@ -122,6 +146,13 @@ def test_table_attaches_the_record_large_gemm(monkeypatch):
     monkeypatch.setitem(FAMILIES["q4_K"].impls, "sme2", impl)
     plain = ks[:3] + [_fake("q4_K:sme2:4vlx1vl", 64)]
     assert all(p.large is None for p in build_table(plain, "q4_K"))
+    # with the 1x1vl gemv in the library the 1vl entry pairs with it (same RHS), the 2vl pair
+    # keeps 1x2vl and still comes first
+    table = build_table(ks + [_fake("q4_K:sme2:1x1vl", 1)], "q4_K")
+    got = [(p.gemm.spec.spec_string, p.gemv and p.gemv.spec.spec_string,
+            p.large and p.large.spec.spec_string) for p in table]
+    assert got == [("q4_K:sme2:1vlx2vl", "q4_K:sme2:1x2vl", None),
+                   ("q4_K:sme2:1vlx1vl", "q4_K:sme2:1x1vl", "q4_K:sme2:4vlx1vl:i16")], got
 
 
 @pytest.mark.parametrize("after", (0, 1, 2))

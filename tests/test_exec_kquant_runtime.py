@@ -22,7 +22,7 @@ from tilegen.build import get_target
 from tilegen.build.tuned import read_tuned
 from tilegen.generator.validate import parse_spec
 from tilegen.layout.api import layout_for
-from tilegen.layout.base import rhs_layout_for
+from tilegen.layout.base import rhs_layout_for, same_rhs
 from tilegen.layout.kquant import Q8KP
 from tilegen.families import FAMILIES
 from tilegen.records import ISAS, SpecError
@@ -50,19 +50,26 @@ N, K = 21, 768                  # n not a multiple of nr (padding columns), 3 su
 F = np.float32
 
 
+def _first(fam: str, isa: str, tiles, gemm=None):
+    """The first of ``tiles`` the allocator accepts (with ``gemm``: on its packed RHS)."""
+    for t in tiles:
+        try:
+            s = parse_spec(f"{fam}:{isa}:{t}")
+        except SpecError:
+            continue
+        if gemm is None or same_rhs(s, gemm):
+            return s
+    raise AssertionError(f"no {fam}:{isa} tile of {tiles}")
+
+
 def _specs() -> list[str]:
-    """Per K-quant family and ISA: the first gemm tile and the first gemv tile the allocator
-    accepts of each nr."""
+    """Per K-quant family and ISA: the first gemm tile the allocator accepts, and the first
+    gemv tile it accepts on that gemm's packing (q4_K's sme2 1x1vl reads 1vl, its 1vlx2vl 2vl)."""
     out = []
     for fam in KINDS:
         for isa in FAMILIES[fam].impls:
-            for tiles in (GEMM_TILES, GEMV_TILES):
-                for t in tiles:
-                    try:
-                        out.append(parse_spec(f"{fam}:{isa}:{t}").spec_string)
-                        break
-                    except SpecError:
-                        continue
+            g = _first(fam, isa, GEMM_TILES)
+            out += [g.spec_string, _first(fam, isa, GEMV_TILES, g).spec_string]
     return out
 
 

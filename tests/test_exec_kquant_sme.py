@@ -23,12 +23,12 @@ from tilegen.reference.kquant import matmul_blocks
 from conftest import SME_ON, guest
 
 GEMMS = ("q4_K:sme2:1vlx2vl", "q4_K:sme2:1vlx1vl", "q4_K:sme2:4vlx1vl", "q4_K:sme2:4vlx1vl:i16")
-GEMVS = ("q4_K:sme2:1x2vl", "q4_K:sme2:1x4vl")
+GEMVS = ("q4_K:sme2:1x2vl", "q4_K:sme2:1x4vl", "q4_K:sme2:1x1vl")
 Q6_SPECS = ("q6_K:sme2:1vlx1vl", "q6_K:sme2:1vlx2vl", "q6_K:sme2:1vlx4vl", "q6_K:sme2:4vlx1vl",
             "q6_K:sme2:4vlx1vl:i16", "q6_K:sme2:1x2vl", "q6_K:sme2:1x4vl")
 IQ4XS_SPECS = ("iq4_xs:sme2:1vlx1vl", "iq4_xs:sme2:1vlx2vl", "iq4_xs:sme2:1vlx4vl",
                "iq4_xs:sme2:4vlx1vl", "iq4_xs:sme2:4vlx1vl:i16", "iq4_xs:sme2:1x2vl",
-               "iq4_xs:sme2:1x4vl")
+               "iq4_xs:sme2:1x4vl", "iq4_xs:sme2:1x1vl")
 Q5_SPECS = ("q5_K:sme2:1vlx1vl", "q5_K:sme2:1vlx2vl", "q5_K:sme2:4vlx1vl",
             "q5_K:sme2:4vlx1vl:i16", "q5_K:sme2:1x2vl",
             "q5_K:sme2:1x4vl")
@@ -114,7 +114,7 @@ def test_kquant_sme2_refusals():
     """Tiles the strategies cannot serve are refused with the rule."""
     for text, words in (("q4_K:sme2:1vlx4vl", "1vlx1vl or 1vlx2vl"),
                         ("q4_K:sme2:2vlx1vl", "1vlx1vl or 1vlx2vl"),
-                        ("q4_K:sme2:1x1vl", "1x2vl or 1x4vl"),
+                        ("q4_K:sme2:1x3vl", "1x1vl, 1x2vl or 1x4vl"),
                         ("q4_K:sme2:4x2vl", "1 x nu vl"),
                         ("q4_K:sme2:1vlx2vl:k8:s2", "kr = 4"),
                         ("q6_K:sme2:1vlx3vl", "1vlx1vl, 1vlx2vl or 1vlx4vl"),
@@ -124,11 +124,11 @@ def test_kquant_sme2_refusals():
                         ("q6_K:sme2:1vlx2vl:k16:s2", "kr = 4"),
                         ("iq4_xs:sme2:1vlx3vl", "1vlx1vl, 1vlx2vl or 1vlx4vl"),
                         ("iq4_xs:sme2:2vlx1vl", "1vlx1vl, 1vlx2vl or 1vlx4vl"),
-                        ("iq4_xs:sme2:1x1vl", "1x2vl or 1x4vl"),
+                        ("iq4_xs:sme2:1x3vl", "1x1vl, 1x2vl or 1x4vl"),
                         ("iq4_xs:sme2:1vlx2vl:k8:s2", "kr = 4"),
                         ("q5_K:sme2:1vlx4vl", "1vlx1vl or 1vlx2vl"),
                         ("q5_K:sme2:2vlx1vl", "1vlx1vl or 1vlx2vl"),
-                        ("q5_K:sme2:1x1vl", "1x2vl or 1x4vl"),
+                        ("q5_K:sme2:1x3vl", "1x2vl or 1x4vl"),
                         ("q5_K:sme2:4x2vl", "1 x nu vl"),
                         ("q5_K:sme2:1vlx2vl:k8:s2", "kr = 4"),
                         ("q4_K:sme2:1vlx2vl:i16", "tiles 4vlx1vl, not 1vlx2vl"),

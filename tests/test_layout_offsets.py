@@ -148,9 +148,12 @@ def _grid() -> list:
 
 
 # plus the tiles grid_specs leaves out: the K-quant SME2 row-group gemms, on q8kp and on its
-# int16 widening q8ki16p
+# int16 widening q8ki16p; and the 1x1vl gemvs, which share a representative with 1x2vl (their
+# own hot loop and store)
 GRID = _grid() + [validate(parse_unchecked(t)) for t in ("q4_K:sme2:4vlx1vl",
-                                                          "q4_K:sme2:4vlx1vl:i16")]
+                                                          "q4_K:sme2:4vlx1vl:i16",
+                                                          "q4_K:sme2:1x1vl",
+                                                          "iq4_xs:sme2:1x1vl")]
 
 
 def _packer_grid() -> list:

@@ -21,8 +21,9 @@ from dataclasses import dataclass
 
 from ...records import SpecError
 from ...generator.spec import KernelSpec
-from ...generator.regalloc.kquant import (KQuantSme2Frame, allocate_kquant_sme2_rows,
-                                          check_sme2_gemv_tile, check_sme2_interleave)
+from ...generator.regalloc.kquant import (KQuantLuti4GemvFrame, KQuantSme2Frame, allocate_kquant_sme2_rows,
+                                          check_sme2_gemv_tile, check_sme2_interleave,
+                                          claim_luti4_gemv_tail)
 from ...generator.regalloc.pool import SME_X_ORDER, RegisterPool
 
 __all__ = ["IQ4XSSme2Regs", "IQ4XSSme2GemvRegs", "ALLOCATORS"]
@@ -54,12 +55,13 @@ class IQ4XSSme2Regs(KQuantSme2Frame):
 
 
 @dataclass(frozen=True, kw_only=True)
-class IQ4XSSme2GemvRegs(KQuantSme2Frame):
+class IQ4XSSme2GemvRegs(KQuantLuti4GemvFrame):
     """The 1 x nu vl ZA-array SDOT gemv.  Hot loop: ``lhs`` (the row's two 16-byte quads of a
     sub-block, their k permuted by TBL through ``perm``), ``raw`` (two 4-vector groups of
     indices), ``unp`` (two nu-vector groups: LUTI4's words of nu column vectors), ``t`` (the
     sums read back), ``sc`` (scales), ``s1`` (scaled sums), ``acc`` (f32 sums).  SB end:
-    ``d``, ``da``, ``clamp``."""
+    ``d``, ``da``, ``clamp``.  1 x 1vl (nu = 1): ``bc`` the broadcast LHS quads, ``t`` four
+    vectors (ZA's four slices; :func:`claim_luti4_gemv_tail`)."""
 
     nu: int
     lhs: tuple[int, int]
@@ -109,7 +111,7 @@ def _allocate_gemm(spec: KernelSpec) -> IQ4XSSme2Regs:
 
 def _allocate_gemv(spec: KernelSpec) -> IQ4XSSme2GemvRegs:
     nu = spec.nr
-    check_sme2_gemv_tile(spec, "iq4_xs")
+    check_sme2_gemv_tile(spec, "iq4_xs", one_vl=True)
     check_sme2_interleave(spec, "iq4_xs")
     pool = RegisterPool(_CHART, x_order=SME_X_ORDER, streaming=True)
     v = pool.v
@@ -118,12 +120,10 @@ def _allocate_gemv(spec: KernelSpec) -> IQ4XSSme2GemvRegs:
     raw = (v.claim(range(4, 8), "RHS"), v.claim(range(8, 12), "RHS"))
     perm, sc = v.claim((12, 13), "LHS")
     da = v.claim((14,), "column scales")[0]
-    unp = (v.claim(range(16, 16 + nu), "RHS"), v.claim(range(20, 20 + nu), "RHS"))
-    s1 = v.claim(range(24, 24 + nu), "f32 epilogue")
-    acc = v.claim(range(28, 28 + nu), "f32 epilogue")
+    unp, bc, s1, acc = claim_luti4_gemv_tail(v, nu, raw)
     gpr = pool.scalars(_GEMV_SCALARS)
     pool.settle(f"iq4_xs sme2 gemv 1x{spec.nr_str}")
-    return IQ4XSSme2GemvRegs(nu=nu, lhs=lhs, raw=raw, perm=perm, unp=unp, t=unp[1], s1=s1,
+    return IQ4XSSme2GemvRegs(nu=nu, lhs=lhs, raw=raw, perm=perm, bc=bc, unp=unp, t=unp[1], s1=s1,
                              acc=acc, sc=sc, d=raw[0][0], da=da, clamp=clamp, gpr=gpr,
                              **pool.frame())
 

@@ -23,8 +23,9 @@ from dataclasses import dataclass
 
 from ...records import SpecError
 from ...generator.spec import KernelSpec
-from ...generator.regalloc.kquant import (KQuantSme2Frame, allocate_kquant_sme2_rows,
-                                          check_sme2_gemv_tile, check_sme2_interleave)
+from ...generator.regalloc.kquant import (KQuantLuti4GemvFrame, KQuantSme2Frame, allocate_kquant_sme2_rows,
+                                          check_sme2_gemv_tile, check_sme2_interleave,
+                                          claim_luti4_gemv_tail)
 from ...generator.regalloc.pool import SME_X_ORDER, RegisterPool
 
 __all__ = ["Q4KSme2Regs", "Q4KSme2GemvRegs", "ALLOCATORS"]
@@ -68,7 +69,7 @@ class Q4KSme2Regs(KQuantSme2Frame):
 
 
 @dataclass(frozen=True, kw_only=True)
-class Q4KSme2GemvRegs(KQuantSme2Frame):
+class Q4KSme2GemvRegs(KQuantLuti4GemvFrame):
     """The 1 x nu vl ZA-array SDOT gemv.  Hot loop: ``lhs`` (the row's two 16-byte quads of a
     sub-block, their k permuted by TBL through ``perm``), ``raw`` (two 4-vector groups of packed
     nibbles), ``unp`` (two nu-vector groups: LUTI4's words of nu column vectors), ``t`` (the
@@ -141,7 +142,7 @@ def _allocate_gemm(spec: KernelSpec) -> Q4KSme2Regs:
 
 def _allocate_gemv(spec: KernelSpec) -> Q4KSme2GemvRegs:
     nu = spec.nr
-    check_sme2_gemv_tile(spec, "q4_K")
+    check_sme2_gemv_tile(spec, "q4_K", one_vl=True)
     check_sme2_interleave(spec, "q4_K")
     pool = RegisterPool(_CHART, x_order=SME_X_ORDER, streaming=True)
     v = pool.v
@@ -150,13 +151,12 @@ def _allocate_gemv(spec: KernelSpec) -> Q4KSme2GemvRegs:
     raw = (v.claim(range(4, 8), "RHS"), v.claim(range(8, 12), "RHS"))
     perm, table = v.claim((12, 13), "LHS")
     sc, da = v.claim((14, 15), "column scales")
-    unp = (v.claim(range(16, 16 + nu), "RHS"), v.claim(range(20, 20 + nu), "RHS"))
-    s1 = v.claim(range(24, 24 + nu), "f32 epilogue")
-    acc = v.claim(range(28, 28 + nu), "f32 epilogue")
+    unp, bc, s1, acc = claim_luti4_gemv_tail(v, nu, raw)
     gpr = pool.scalars(_GEMV_SCALARS)
     pool.settle(f"q4_K sme2 gemv 1x{spec.nr_str}")
     # the sums read back and the SB-end operands reuse the dead hot-loop registers
-    return Q4KSme2GemvRegs(nu=nu, lhs=lhs, raw=raw, perm=perm, table=table, unp=unp, t=unp[1],
+    return Q4KSme2GemvRegs(nu=nu, lhs=lhs, raw=raw, perm=perm, table=table, bc=bc, unp=unp,
+                           t=unp[1],
                            s1=s1, acc=acc, sc=sc, d=raw[0][0], dm=raw[0][1], mins_b=raw[1][:2],
                            mins=raw[1][2:], s2=sc, da=da, bsum=lhs[0], clamp=clamp, gpr=gpr,
                            **pool.frame())

@@ -20,7 +20,8 @@ from .pool import SME_X_ORDER, Z_LOW_FIRST, Frame, RegisterPool, VectorNeeds, fi
 
 __all__ = ["KQUANT_KR", "KQUANT_NEON_SCALARS", "KQuantNeonRegs", "allocate_kquant_neon",
            "KQUANT_SVE_SCALARS", "KQuantSveRegs", "allocate_kquant_sve", "kquant_mode", "check_neon_tile", "check_sve_tile", "check_sve_mm_rows",
-           "check_sme2_interleave", "check_sme2_gemv_tile", "KQuantSveArea", "KQuantSme2Frame",
+           "check_sme2_interleave", "check_sme2_gemv_tile", "claim_luti4_gemv_tail",
+           "KQuantLuti4GemvFrame", "KQuantSveArea", "KQuantSme2Frame",
            "KQuantSme2RowsRegs", "allocate_kquant_sme2_rows"]
 
 #: the interleave (kr) of each NEON / SVE strategy's layout
@@ -215,11 +216,32 @@ def check_sme2_interleave(spec: KernelSpec, family: str) -> None:
                         f"kr={spec.kr}, sr={spec.sr}")
 
 
-def check_sme2_gemv_tile(spec: KernelSpec, family: str) -> None:
-    """SME2 gemv tiles: 1 x 2vl or 1 x 4vl (one ZA-array SDOT vgx2 / vgx4 per 4-k chunk)."""
-    if spec.nr not in (2, 4):
-        raise SpecError(f"{family} sme2 gemv tiles are 1x2vl or 1x4vl (one ZA-array SDOT vgx2 / "
-                        f"vgx4 per 4-k chunk), got 1x{spec.nr_str}")
+def check_sme2_gemv_tile(spec: KernelSpec, family: str, one_vl: bool = False) -> None:
+    """SME2 gemv tiles: 1 x 2vl or 1 x 4vl (one ZA-array SDOT vgx2 / vgx4 per 4-k chunk); with
+    ``one_vl`` (a family whose template has the 1vl hook of kquant/sme2_gemv_luti4.S.j2) also
+    1 x 1vl (the multi-vector SDOT vgx4 over four k-chunks of the one column vector, four ZA
+    slices summed once per sub-block)."""
+    if spec.nr in (2, 4) or (one_vl and spec.nr == 1):
+        return
+    tiles = "1x1vl, 1x2vl or 1x4vl" if one_vl else "1x2vl or 1x4vl"
+    raise SpecError(f"{family} sme2 gemv tiles are {tiles} (one ZA-array SDOT vgx2 / vgx4 per "
+                    f"4-k chunk), got 1x{spec.nr_str}")
+
+
+def claim_luti4_gemv_tail(v, nu: int, raw: tuple[tuple[int, ...], ...]):
+    """The LUTI4 K-quant SME2 gemvs' (kquant/sme2_gemv_luti4.S.j2) upper registers, after the
+    nibble groups ``raw`` (z4-z7, z8-z11) are claimed from the vector pool ``v``: (unp, bc, s1,
+    acc).  nu = 2, 4: ``unp`` two nu-vector groups at z16 and z20, ``s1`` / ``acc`` nu vectors
+    at z24 / z28, no ``bc``.  nu = 1: ``unp`` two 4-vector groups (four chunks each), ``bc``
+    the broadcast LHS quads (the second nibble group, free with one load per sub-block, and
+    z24-z27), ``s1`` z28, ``acc`` z29."""
+    if nu == 1:
+        unp = (v.claim(range(16, 20), "RHS"), v.claim(range(20, 24), "RHS"))
+        bc = (raw[1], v.claim(range(24, 28), "LHS"))
+        return unp, bc, v.claim((28,), "f32 epilogue"), v.claim((29,), "f32 epilogue")
+    unp = (v.claim(range(16, 16 + nu), "RHS"), v.claim(range(20, 20 + nu), "RHS"))
+    return (unp, (), v.claim(range(24, 24 + nu), "f32 epilogue"),
+            v.claim(range(28, 28 + nu), "f32 epilogue"))
 
 
 class KQuantSveArea:
@@ -392,6 +414,25 @@ class KQuantSme2Frame(Frame):
     saved_d: tuple[int, ...] = ()
     needs: VectorNeeds = VectorNeeds(())
     counter_pred: int = 8
+
+
+@dataclass(frozen=True, kw_only=True)
+class KQuantLuti4GemvFrame(KQuantSme2Frame):
+    """The frame of the LUTI4 K-quant SME2 gemvs (kquant/sme2_gemv_luti4.S.j2): ``bc`` (the
+    1 x 1vl tile's two 4-vector groups of broadcast LHS quads, () otherwise) and, with them, 32
+    bytes of stack for one sub-block's permuted quads (stored by two 16-byte ST1W, read back
+    by LD1RW)."""
+
+    bc: tuple[tuple[int, ...], ...] = ()
+
+    @property
+    def quads_offset(self) -> int:
+        """sp offset of the 32 bytes of permuted LHS quads (above the clamp values)."""
+        return (self.clamp_offset + 16 + 15) // 16 * 16
+
+    @property
+    def frame_bytes(self) -> int:
+        return self.quads_offset + 32 if self.bc else super().frame_bytes
 
 
 @dataclass(frozen=True, kw_only=True)
