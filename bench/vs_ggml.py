@@ -1,4 +1,4 @@
-"""Per-256-k-super-block cost of ggml's K-quant repack kernels next to tilegen's (llvm-mca).
+"""Per-256-k-super-block cost of ggml's repack kernels (or vec_dot) next to tilegen's (llvm-mca).
 
     python bench/vs_ggml.py                          # ggml built now; tilegen's K-quant defaults
     python bench/vs_ggml.py --tilegen q4_K:i8mm:8x4 --tilegen q6_K:dotprod:1x8   # these specs
@@ -22,6 +22,13 @@ loop structure.  Its int8 dot-product MACs (SDOT/UDOT 4 per lane, SMMLA 32 per 1
 equal mr x nr x 256, else the run fails.  ``ISSUE_BUILD`` (the issue's one build for all four
 models: ``-march=armv8.6-a+dotprod+i8mm+fp16``, no SVE) is measured too, against the figures
 issue #24 quotes (``ISSUE_FIGURES``).
+
+ggml's vec_dot, for a type its repack lacks (a plugin's ``GGML_VEC_DOT``; IQ4_XS:
+``ggml_vec_dot_iq4_xs_q8_K`` of ``arch/arm/quants.c``, one output per call): quants.c is
+compiled with the same flags and linked into the same driver, which calls it as ggml's
+mul_mat does (n = 256 nb, nrc x nrc outputs); the same two traces cut one super-block of those
+outputs (MACs checked: nrc x nrc x 256).  ggml's mul_mat calls it per output for every m, so
+the one figure stands for its gemm and its gemv.
 
 tilegen: ``tilegen.analysis.mca.per_k(spec, model, 256)`` (the kernel's marked block region,
 ``tilegen:block-begin k=256``, inner loops expanded by their ``tilegen:trips``; or a hot loop
@@ -57,30 +64,50 @@ SB = 256                                    # QK_K: k-values of one super-block
 NR = 8                                      # ggml's repacked column groups (block_q4_Kx8 ...)
 ROWS = {"gemm": 4, "gemv": 1}               # block_q8_Kx4 rows per gemm tile; gemv one row
 
-def _ggml_kernels() -> tuple[tuple, ...]:
+def _ggml_kernels(plugins=None) -> tuple[tuple, ...]:
     """(family, regime, ggml function, instruction it multiplies with, columns of its group) of
-    every ggml repack kernel tilegen's families are measured against: a plugin's own
+    every ggml kernel tilegen's families are measured against: a plugin's own
     ``GGML_REPACK`` ((regime, function, instruction, columns), ...: e.g. iq4_nl's 4x4 kernels
     on q8_0 blocks), else, for a K-quant family, ggml's naming of its K-quant kernels
-    ggml_<regime>_<type>_8x8_q8_K (SMMLA) and _8x4_q8_K (SDOT), 8 columns.  The driver is built
-    with this list (KERNELS), and a name repack.cpp lacks fails the build, saying so."""
+    ggml_<regime>_<type>_8x8_q8_K (SMMLA) and _8x4_q8_K (SDOT), 8 columns; and a plugin's
+    ``GGML_VEC_DOT`` ((regime, function, instruction, nrc), ...: the vec_dot of
+    ``arch/arm/quants.c`` ggml's mul_mat calls for a type its repack lacks, e.g. iq4_xs's
+    ggml_vec_dot_iq4_xs_q8_K, nrc x nrc outputs per call; :func:`vec_dots`).  ``plugins``:
+    the registry's (``tilegen.families.PLUGINS``) by default.  The driver is built with this
+    list (KERNELS, VEC_DOTS), and a name the sources lack fails the build, saying so."""
     from tilegen.families import KQUANT_FAMILIES, PLUGINS
     out = []
     for regime in ("gemm", "gemv"):
-        for p in PLUGINS:
+        for p in PLUGINS if plugins is None else plugins:
             fam = p.RECORDS[0].name
             own = getattr(p, "GGML_REPACK", None)
             if own is None and fam in KQUANT_FAMILIES:
                 own = tuple((regime, f"ggml_{regime}_{fam}_8x{w}_q8_K", mac, NR)
                             for w, mac in (("8", "smmla"), ("4", "sdot")))
             out += [(fam, r, f, mac, cols) for r, f, mac, cols in own or () if r == regime]
+            out += [(fam, r, f, mac, nrc) for r, f, mac, nrc in getattr(p, "GGML_VEC_DOT", ())
+                    if r == regime]
     return tuple(out)
 
 
+def vec_dots(plugins=None) -> dict[str, int]:
+    """ggml vec_dot function -> nrc (one call computes nrc rows x nrc columns) of the plugins'
+    ``GGML_VEC_DOT``s (``plugins``: the registry's by default)."""
+    from tilegen.families import PLUGINS
+    return {f: nrc for p in (PLUGINS if plugins is None else plugins)
+            for _, f, _, nrc in getattr(p, "GGML_VEC_DOT", ())}
+
+
 GGML = _ggml_kernels()
+VEC_DOT = vec_dots()
 COLS = {g[2]: g[4] for g in GGML}
-#: tilegen's families measured: those with a ggml repack kernel
+#: tilegen's families measured: those with a ggml kernel (repack or vec_dot)
 TILEGEN_FAMILIES = tuple(dict.fromkeys(g[0] for g in GGML))
+
+
+def rows_of(func: str, regime: str) -> int:
+    """Rows of the tile one call of ``func`` computes: nrc for a vec_dot, else ROWS[regime]."""
+    return VEC_DOT.get(func, ROWS[regime])
 # qemu-user CPU of each model for the trace: what matters is the ISA and the SVE vector length
 # (ggml's q4_K 8x8 gemm has an SVE path for 256-bit vectors only); qemu has no v2 / m4 model
 QEMU_CPU = {"neoverse-v2": "max,sve-default-vector-length=16", "neoverse-n2": "neoverse-n2",
@@ -145,7 +172,16 @@ def build(flags: str, tmp: Path, tree: Path | None = None) -> Build:
     obj = tmp / f"repack{tag}.o"
     _run([tool("clang++-19", "clang++"), *target, "-O3", "-std=c++17", "-ffunction-sections",
           *inc, "-c", str(src), "-o", str(obj)])
-    return _link(flags, target, [obj], tmp / f"driver{tag}", "ggml_")
+    objs = [obj]
+    if VEC_DOT:             # the vec_dot functions: ggml's Arm quants.c, the same flags
+        qsrc = src.parent / "quants.c"
+        if not qsrc.is_file():
+            raise GgmlError(f"{qsrc} is missing: is {tree} a llama.cpp tree with ggml's Arm "
+                            "vec_dot functions?")
+        objs.append(tmp / f"quants{tag}.o")
+        _run([tool("clang-19", "clang"), *target, "-O3", "-std=c11", "-ffunction-sections",
+              *inc, "-c", str(qsrc), "-o", str(objs[-1])])
+    return _link(flags, target, objs, tmp / f"driver{tag}", "ggml_")
 
 
 def _run(cmd: list[str]) -> None:
@@ -158,9 +194,11 @@ def _link(flags: str, target: list[str], objs: list[Path], exe: Path, prefix: st
           defines: tuple[str, ...] = ()) -> Build:
     """The driver linked statically (lld, unused sections dropped) with ``objs``; the
     functions whose symbol starts with ``prefix`` and their address ranges."""
-    kernels = "KERNELS(X)=" + " ".join(f"X({f},{ROWS[r]},{c})" for _, r, f, _, c in GGML)
-    _run([tool("clang-19", "clang"), *target, f"-D{kernels}", *defines, "-O2", "-fuse-ld=lld", "-static",
-          str(DRIVER), *map(str, objs), "-Wl,--gc-sections", "-o", str(exe)])
+    kernels = "KERNELS(X)=" + " ".join(f"X({f},{ROWS[r]},{c})" for _, r, f, _, c in GGML
+                                       if f not in VEC_DOT)
+    dots = "VEC_DOTS(X)=" + " ".join(f"X({f},{n})" for f, n in VEC_DOT.items())
+    _run([tool("clang-19", "clang"), *target, f"-D{kernels}", f"-D{dots}", *defines, "-O2",
+          "-fuse-ld=lld", "-static", str(DRIVER), *map(str, objs), "-Wl,--gc-sections", "-o", str(exe)])
     nm = subprocess.run([tool("llvm-nm-19", "llvm-nm"), "-S", str(exe)], capture_output=True,
                         text=True, check=True).stdout
     funcs = {}
@@ -262,7 +300,7 @@ def dot_macs(mn: str, ops: str, vl: int) -> int:
 def ggml_path(b: Build, func: str, rows: int, model: str, qemu_cpu: str, tmp: Path) -> dict:
     """The instructions of one super-block of ``func`` on the model (checked by its MACs)."""
     if func not in b.funcs:
-        raise GgmlError(f"{func} is not in repack.cpp built with {b.flags}")
+        raise GgmlError(f"{func} is not in repack.cpp / quants.c built with {b.flags}")
     pcs = one_super_block(trace(b, func, 2, qemu_cpu, tmp), trace(b, func, 3, qemu_cpu, tmp))
     vl = SVE_VL.get(model, 128)
     insns = [b.ins[a] for a in pcs]
@@ -290,13 +328,17 @@ def measure_ggml(models=MODELS, kernels=None, issue_build: bool = True,
         rows = []
         for flags, on in builds:
             b = build(flags, tmp, tree)
+            seen = {}       # a vec_dot serves both regimes: measured once per model
             for family, regime, func, mac, _ in GGML:
                 if kernels and func not in kernels:
                     continue
                 for model in on:
                     cpu = "max,sve=off" if flags == ISSUE_BUILD else QEMU_CPU[model]
-                    path = ggml_path(b, func, ROWS[regime], model, cpu, tmp)
-                    cyc = mca_block(path["lines"], model)
+                    again = (func, model) in seen
+                    if not again:
+                        path = ggml_path(b, func, rows_of(func, regime), model, cpu, tmp)
+                        seen[func, model] = path, mca_block(path["lines"], model)
+                    path, cyc = seen[func, model]
                     ref = ISSUE_FIGURES.get(func)
                     rows.append({"family": family, "regime": regime, "kernel": func,
                                  "mac_insn": mac, "build": flags, "model": model,
@@ -306,8 +348,9 @@ def measure_ggml(models=MODELS, kernels=None, issue_build: bool = True,
                                  "macs_per_cycle": round(path["macs"] / cyc, 2),
                                  "issue_figure": ref[MODELS.index(model)] if ref and
                                  flags == ISSUE_BUILD else None})
-                    print(f"  ggml {func:<26} {flags:<36} {model:<12} "
-                          f"{rows[-1]['macs_per_cycle']:6.1f} MAC/cyc", file=sys.stderr)
+                    if not again:
+                        print(f"  ggml {func:<26} {flags:<36} {model:<12} "
+                              f"{rows[-1]['macs_per_cycle']:6.1f} MAC/cyc", file=sys.stderr)
         return rows
 
 
@@ -415,11 +458,12 @@ def compare(ggml: list[dict], tg: list[dict], models=MODELS) -> list[dict]:
 
 
 def markdown(res: dict) -> str:
-    L = ["# tilegen vs ggml's K-quant repack: MACs per cycle over one 256-k super-block "
-         "(llvm-mca-19)", "",
+    L = ["# tilegen vs ggml's repack kernels (vec_dot where ggml has no repack): MACs per cycle "
+         "over one 256-k super-block (llvm-mca-19)", "",
          f"`{res['command']}`. ggml: `{res['ggml_source']}` built now with clang-19 -O3, "
          f"`-mcpu=<model>` and `{ISSUE_BUILD}` (its best of both is the anchor), its whole "
-         "path through 256 k of the tile (gemm 4x8, gemv 1x8; iq4_nl 4x4, 1x4) traced by qemu "
+         "path through 256 k of the tile (gemm 4x8, gemv 1x8; iq4_nl 4x4, 1x4; a vec_dot: its "
+         "nrc x nrc outputs, one call per output of mul_mat for both regimes) traced by qemu "
          "(nb = 3 minus nb = 2), branches removed. "
          "tilegen: `tilegen.analysis.mca.per_k(spec, model, 256)`. Ratio = tilegen / ggml's best; "
          "targets: gemm >= 1.5, gemv >= 1.0 (issue #32's formats q5_K, iq4_nl: 1.8 and 1.3).", "",
@@ -439,7 +483,11 @@ def markdown(res: dict) -> str:
           f"with an `[sp` address in the super-block path.", "",
           "| kernel | build | model | path | insns | stack ld/st | cycles | MAC/cyc | issue |",
           "|---|---|---|---|---:|---:|---:|---:|---:|"]
+    listed = set()      # a vec_dot's gemm and gemv rows are one measurement
     for r in res["ggml"]:
+        if (r["kernel"], r["build"], r["model"]) in listed:
+            continue
+        listed.add((r["kernel"], r["build"], r["model"]))
         L.append(f"| `{r['kernel']}` | `{r['build']}` | {r['model']} | {r['path']} | "
                  f"{r['insns']} | {r['stack_ldst']} | {r['cycles']} | {r['macs_per_cycle']} | "
                  f"{r['issue_figure'] or ''} |")
@@ -492,7 +540,7 @@ def main(argv: list[str] | None = None) -> int:
     src = ggml_tree()
     res = {"command": cmd, "models": a.models,
            "ggml_source": f"{src.parent.parent.name}/vendor/llama.cpp/ggml/src/ggml-cpu/arch/arm/"
-                          "repack.cpp",
+                          "repack.cpp" + (" and quants.c" if VEC_DOT else ""),
            "compare": compare(ggml, tg, a.models), "ggml": ggml, "tilegen": tg}
     a.outdir.mkdir(parents=True, exist_ok=True)
     (a.outdir / "vs_ggml.json").write_text(json.dumps(res, indent=1) + "\n")

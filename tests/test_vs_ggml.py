@@ -1,5 +1,5 @@
-"""bench/vs_ggml.py: ggml's repack kernels (K-quants, IQ4_NL), built from the llama.cpp sources of the
-llama-cpp-python sdist, cut to one 256-k super-block by two qemu traces and measured by llvm-mca."""
+"""bench/vs_ggml.py: ggml's repack kernels (K-quants, IQ4_NL) and vec_dot (IQ4_XS), built from
+the llama.cpp sources of the llama-cpp-python sdist, cut to one 256-k super-block by two qemu traces and measured by llvm-mca."""
 import importlib.util
 import sys
 from pathlib import Path
@@ -68,7 +68,8 @@ def test_ggml_kernels_cut_to_one_super_block_and_measured(llama_cpp_src, cross_s
     cpu = vs.QEMU_CPU["neoverse-v2"]
     for func, rows, mac in (("ggml_gemm_q4_K_8x8_q8_K", 4, "smmla"),
                             ("ggml_gemv_q6_K_8x4_q8_K", 1, "sdot"),
-                            ("ggml_gemm_iq4_nl_4x4_q8_0", 4, "sdot")):
+                            ("ggml_gemm_iq4_nl_4x4_q8_0", 4, "sdot"),
+                            ("ggml_vec_dot_iq4_xs_q8_K", 1, "sdot")):
         p = vs.ggml_path(b, func, rows, "neoverse-v2", cpu, tmp_path)
         cols = vs.COLS[func]
         assert p["macs"] == rows * cols * 256 and not p["sve"]
@@ -82,6 +83,32 @@ def test_ggml_kernels_cut_to_one_super_block_and_measured(llama_cpp_src, cross_s
         assert 1 < mpc < 128, mpc
     with pytest.raises(vs.GgmlError, match="dot-product MACs"):
         vs.ggml_path(b, "ggml_gemm_q4_K_8x8_q8_K", 2, "neoverse-v2", cpu, tmp_path)
+    # IQ4_XS's vec_dot (quants.c, NEON): one output, its 16 indices decoded by TBL per 16 k
+    p = vs.ggml_path(b, "ggml_vec_dot_iq4_xs_q8_K", 1, "neoverse-v2", cpu, tmp_path)
+    assert sum(ln.startswith("tbl ") for ln in p["lines"]) == 256 // 16
+    with pytest.raises(vs.GgmlError, match="dot-product MACs"):
+        vs.ggml_path(b, "ggml_vec_dot_iq4_xs_q8_K", 2, "neoverse-v2", cpu, tmp_path)
+
+
+def test_vec_dot_declared_by_the_plugin():
+    """What ggml runs for a type its repack lacks comes from the plugin (``GGML_VEC_DOT``),
+    not from the bench: IQ4_XS's vec_dot serves gemm and gemv (nrc 1), and a family declaring
+    another (nrc 2) is listed with its nrc (its call: nrc x nrc outputs), no bench edit."""
+    from types import SimpleNamespace
+
+    from tilegen.families import plugin
+    assert vs.VEC_DOT == {"ggml_vec_dot_iq4_xs_q8_K": 1}
+    xs = [g for g in vs.GGML if g[0] == "iq4_xs"]
+    assert xs == [("iq4_xs", r, "ggml_vec_dot_iq4_xs_q8_K", "sdot", 1) for r in ("gemm", "gemv")]
+    assert "iq4_xs" in vs.TILEGEN_FAMILIES and plugin("iq4_xs").GGML_REPACK == ()
+    assert vs.rows_of("ggml_vec_dot_iq4_xs_q8_K", "gemm") == 1
+    assert vs.rows_of("ggml_gemm_q4_K_8x8_q8_K", "gemm") == 4
+    fake = SimpleNamespace(RECORDS=(SimpleNamespace(name="fake"),),
+                           GGML_VEC_DOT=(("gemm", "ggml_vec_dot_fake_q8_0", "smmla", 2),
+                                         ("gemv", "ggml_vec_dot_fake_1", "sdot", 1)))
+    assert vs._ggml_kernels([fake]) == (("fake", "gemm", "ggml_vec_dot_fake_q8_0", "smmla", 2),
+                                        ("fake", "gemv", "ggml_vec_dot_fake_1", "sdot", 1))
+    assert vs.vec_dots([fake]) == {"ggml_vec_dot_fake_q8_0": 2, "ggml_vec_dot_fake_1": 1}
 
 
 def test_tilegen_trace_agrees_with_per_k(cross_sysroot, tmp_path):

@@ -40,9 +40,14 @@ RECORDS = (FamilyInfo(name="iq4_xs", lhs="q8kp", rhs="iq4xsp",
                       kinds=("iq4_xs",), abi=Q8, quantized=True),)
 ALLOCATOR_MODULES = (f"{__name__}.regalloc", f"{__name__}.regalloc_sme2")
 GGML_TYPES = {"IQ4_XS": "iq4_xs"}
-#: ggml's Arm repack has no IQ4_XS kernels (bench/vs_ggml.py: none to measure against; IQ4_XS is
-#: held to tilegen's own Q4_K instead, issue #32)
+#: ggml's Arm repack has no IQ4_XS kernels
 GGML_REPACK = ()
+#: what ggml runs for IQ4_XS instead (bench/vs_ggml.py measures tilegen's against it): the NEON
+#: vec_dot of ggml-cpu/arch/arm/quants.c on block_q8_K activations, (regime, function,
+#: instruction it multiplies with, nrc); its type traits have nrows 1 (no i8mm form), so
+#: mul_mat calls it once per output for m > 1 as for m = 1
+GGML_VEC_DOT = (("gemm", "ggml_vec_dot_iq4_xs_q8_K", "sdot", 1),
+                ("gemv", "ggml_vec_dot_iq4_xs_q8_K", "sdot", 1))
 DEFAULT_KERNELS = kquant_default_kernels("iq4_xs", RECORDS[0].impls["sme2"].large_gemm)
 LLAMA_KERNELS = KQUANT_LLAMA_KERNELS
 #: llama-quantize's IQ4_XS of the check's synthetic model runs on the patched llama.cpp within
