@@ -95,6 +95,14 @@ def runtime_only(libdir: str, kind: str, raw, n: int, k: int, x, clamp) -> dict:
     return out
 
 
+def lib_pack_lhs_cases(libdir: str, fmt: str, x, cases: list) -> list:
+    """lib.pack_lhs(fmt, x[:m], **kw) for each (m, kw) of ``cases``: the packed bytes, or the
+    error as "<type>: <message>"."""
+    lib = _lib(libdir)
+    return [_outcome(lambda m=m, kw=kw: lib.pack_lhs(fmt, np.ascontiguousarray(x[:m]), **kw))
+            for m, kw in cases]
+
+
 def large_m(libdir: str, kind: str, raw, n: int, k: int, x, ms, clamp, nr: int) -> dict:
     """The large-m gemm rule on ``kind`` weights (issue #34): the default packing's entry, then
     the weights packed for the entry of gemm nr ``nr`` (the large-m gemm's packing); per m of

@@ -206,6 +206,34 @@ def test_i16_gemm_end_to_end(text, vl, kq_i16_lib):
                                           err_msg=f"{spec.name} svl={vl} m={m} {key}")
 
 
+def test_lib_pack_lhs_q8ki16p_is_the_layout_packer(kq_i16_lib):
+    """lib.pack_lhs on q8ki16p, the :i16 gemms' LHS (no generated packer): the layout object's
+    numpy packer, bytes equal to tilegen.pack_lhs, for m not a multiple of mr, m_idx_start
+    inside and past the first row block, both SVL-128/512 row counts (16, 64); a rounding
+    option refused (q8ki16p's conversion is fixed), as a geometry the format does not take.
+    (Before: ArgumentError "no q8ki16p packer ... in <lib>", the runtime looked up generated
+    packers only.)"""
+    rng = np.random.default_rng(34)
+    k = 512
+    x = (rng.normal(size=(70, k)) * rng.uniform(0.1, 8.0, size=(70, 1))).astype(np.float32)
+    cases = [(m, {"mr": mr, "kr": 4, "sr": 2, "m_idx_start": start})
+             for mr in (16, 64) for m, start in ((1, 0), (mr - 3, 0), (mr + 5, 0), (7, 3),
+                                                 (mr + 2, mr + 1))]
+    bad = [(5, {"mr": 16, "kr": 4, "sr": 2, "rounding": "even"}),
+           (5, {"mr": 16, "kr": 4, "sr": 1}),
+           (5, {"mr": 16, "kr": 4, "sr": 2, "m_idx_start": -1})]
+    outs = guest("max", None, 128, SME_ON).call("guest_kquant:lib_pack_lhs_cases",
+                                                str(kq_i16_lib), "q8ki16p", x, cases + bad)
+    for (m, kw), got in zip(cases, outs):
+        assert not isinstance(got, str), (m, kw, got)
+        want = tilegen.pack_lhs("q8ki16p", x[:m], **kw)
+        np.testing.assert_array_equal(got, want, err_msg=f"m={m} {kw}")
+    errs = outs[len(cases):]
+    assert errs[0].startswith("ArgumentError") and "rounding" in errs[0], errs[0]
+    assert errs[1].startswith("ArgumentError") and "sr" in errs[1], errs[1]
+    assert errs[2].startswith("ArgumentError") and "m_idx_start" in errs[2], errs[2]
+
+
 @pytest.mark.parametrize("spec", ("q4_K:sme2:4vlx1vl", "iq4_xs:sme2:4vlx1vl", "q5_K:sme2:4vlx1vl",
                                   "q6_K:sme2:4vlx1vl"))
 def test_kquant_sme2_rows_gemm_is_bound_by_outer_products(spec):

@@ -368,7 +368,9 @@ class Library:
     def pack_lhs(self, fmt: str, x: np.ndarray, *, mr: int, kr: int, sr: int, bl: int = 32,
                  m_idx_start: int = 0, rounding: str = "away") -> np.ndarray:
         """Quantise and pack activation rows with the library's generated NEON packer (same
-        arguments and bytes as ``tilegen.pack_lhs``)."""
+        arguments and bytes as ``tilegen.pack_lhs``); a format with no generated packer
+        (q8ki16p, the ``:i16`` gemms' LHS) through its layout object's numpy packer, as
+        :meth:`matmul` packs it."""
         return pack_lhs(self.packers, self.path.name, fmt, x, mr=mr, kr=kr, sr=sr, bl=bl,
                         m_idx_start=m_idx_start, rounding=rounding)
 

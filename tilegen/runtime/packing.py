@@ -7,11 +7,13 @@ from __future__ import annotations
 
 import numpy as np
 
-from ..generator.packers import packer_for, streaming_packer_for
+from ..generator.packers import PACKER_FORMATS, packer_for, streaming_packer_for
 from ..layout import LayoutError
 from ..families import FLOAT_KINDS, GGML_BLOCKS, GGML_KINDS, pack
-from ..layout.api import layout_for
+from ..layout.api import LHS_FORMATS, layout_class, layout_for
+from ..layout.api import pack_lhs as numpy_pack_lhs
 from .binding import Kernel, Packer
+from .checks import positive_int
 from .errors import ArgumentError
 from .packed import OPS, PackedLayouts, PackedWeights
 from .table import KernelTable
@@ -149,12 +151,31 @@ def pack_lhs(packers: dict[str, Packer], libname: str, fmt: str, x: np.ndarray, 
              kr: int, sr: int, bl: int = 32, m_idx_start: int = 0,
              rounding: str = "away") -> np.ndarray:
     """See :meth:`tilegen.runtime.library.Library.pack_lhs`."""
+    if isinstance(fmt, str) and fmt not in PACKER_FORMATS and fmt in LHS_FORMATS:
+        return _numpy_pack_lhs(fmt, x, mr=mr, kr=kr, sr=sr, bl=bl, m_idx_start=m_idx_start,
+                               rounding=rounding)
     p = find_packer(packers, fmt, mr, kr, sr, rounding)
     if p is None:
         raise ArgumentError(f"no {fmt} packer with mr={mr}, kr/sr={kr // max(sr, 1)} "
                             f"({rounding}) in {libname}; it has: "
                             f"{', '.join(sorted(packers)) or 'none'}")
     return p(x, bl=bl, m_idx_start=m_idx_start)
+
+
+def _numpy_pack_lhs(fmt: str, x: np.ndarray, *, mr: int, kr: int, sr: int, bl: int,
+                    m_idx_start: int, rounding: str) -> np.ndarray:
+    """A format with no generated packer (q8ki16p): its layout object's numpy packer, as
+    ``matmul`` packs it (``tilegen.pack_lhs``).  A format of fixed conversion takes only the
+    default rounding, "away" (as its generated packers would)."""
+    m_idx_start = positive_int("m_idx_start", m_idx_start, minimum=0)
+    fixed = layout_class("lhs", fmt).fixed_conversion
+    if fixed and rounding != "away":
+        raise ArgumentError(f"{fmt} takes no rounding option ({fixed}); got {rounding!r}")
+    try:
+        return numpy_pack_lhs(fmt, x, mr=mr, kr=kr, sr=sr, bl=bl, m_idx_start=m_idx_start,
+                              rounding=None if fixed else rounding)
+    except LayoutError as e:
+        raise ArgumentError(str(e)) from None
 
 
 _LAYOUTS = ("nk", "kn")
