@@ -21,6 +21,38 @@ def test_generate_tile_in_vl_units(tile, spec, tmp_path, capsys):
     assert (tmp_path / f"{name}.S").read_text() == tilegen.generate(":".join(spec))
 
 
+@pytest.mark.parametrize("text", ["q4_K:sme2:4vlx1vl:i16", "q6_K:sme2:4vlx1vl:i16",
+                                  "q4_0:i8mm:24x4:am", "q4_0:i8mm:4x4:k16:s2", "f32:sve:5x3vl"])
+@pytest.mark.parametrize("fmt", ["elf", "macho"])
+def test_generate_takes_a_build_spec(text, fmt, tmp_path, capsys):
+    """generate takes the spec string build --kernel / analyze --kernel take, variants included
+    (:i16, :am; the --family/--isa/--tile options cannot say them): the same name and text as
+    tilegen.generate (was: 'the following arguments are required: --family, --isa, --tile')."""
+    assert main(["generate", text, "--format", fmt, "-o", str(tmp_path)]) == 0, \
+        capsys.readouterr().err
+    name = capsys.readouterr().out.strip()
+    assert name == parse_spec(text).name
+    assert (tmp_path / f"{name}.S").read_text() == tilegen.generate(text, format=fmt)
+
+
+@pytest.mark.parametrize("argv,needle", [
+    (["generate", "q4_K:sme2:4vlx1vl:i16", "--isa", "neon"], "not both (got --isa)"),
+    (["generate", "q4_K:sme2:4vlx1vl", "--kr", "8"], "not both (got --kr)"),
+    (["generate", "--family", "f32"], "--isa, --tile required, or one SPEC as build --kernel"),
+    (["generate"], "--family, --isa, --tile required"),
+    (["generate", "q4_K:sme2:4vlx1vl:i17"], "cannot parse kernel spec 'q4_K:sme2:4vlx1vl:i17'"),
+    (["generate", "q4_0:sme2:4vlx1vl:i16"], "i16"),
+])
+def test_generate_spec_errors_exit_2(argv, needle, tmp_path, capsys):
+    """generate's SPEC and its parts exclude each other; without a SPEC the three parts are
+    required (the message names the SPEC form); a bad SPEC is refused as build refuses it."""
+    rc = main(argv + ["-o", str(tmp_path)])
+    err = capsys.readouterr().err
+    assert rc == 2, err
+    assert err.startswith("tilegen generate: error: ") and needle in err, err
+    assert "Traceback" not in err and not list(tmp_path.iterdir())
+
+
 def test_parse_tile_is_the_spec_grammar():
     from tilegen.generator.spec import parse_tile
     assert parse_tile("4x4vl") == (4, False, 4, True)

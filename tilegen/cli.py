@@ -20,11 +20,26 @@ class _Interrupted(Exception):
     """Ctrl-C during a timing run: main prints ``tilegen <cmd>: <message>`` and returns 130."""
 
 
+_GENERATE_PARTS = ("family", "isa", "tile", "kr", "sr")
+
+
 def _cmd_generate(a: argparse.Namespace) -> int:
-    from .generator import KernelSpec, render, validate
+    from .generator import KernelSpec, parse_spec, render, validate
     from .generator.spec import parse_tile
-    mr, mr_vl, nr, nr_vl = parse_tile(a.tile)
-    spec = validate(KernelSpec(a.family, a.isa, mr, nr, kr=a.kr, sr=a.sr, mr_vl=mr_vl, nr_vl=nr_vl))
+    given = [f"--{x}" for x in _GENERATE_PARTS if getattr(a, x) is not None]
+    if a.spec is not None:      # the spec string of build --kernel / analyze --kernel
+        if given:
+            raise CliError(f"give either a SPEC ({a.spec!r}) or --family/--isa/--tile/--kr/--sr, "
+                           f"not both (got {', '.join(given)})")
+        spec = parse_spec(a.spec)
+    else:
+        missing = [f"--{x}" for x in ("family", "isa", "tile") if getattr(a, x) is None]
+        if missing:
+            raise CliError(f"{', '.join(missing)} required, or one SPEC as build --kernel takes "
+                           f"(FAMILY:ISA:MRxNR[:kKR][:sSR][:i16][:am], e.g. q4_K:sme2:4vlx1vl:i16)")
+        mr, mr_vl, nr, nr_vl = parse_tile(a.tile)
+        spec = validate(KernelSpec(a.family, a.isa, mr, nr, kr=a.kr, sr=a.sr, mr_vl=mr_vl,
+                                   nr_vl=nr_vl))
     r = render(spec, a.format)
     out = Path(a.output)
     out.mkdir(parents=True, exist_ok=True)
@@ -582,10 +597,13 @@ def _parser() -> argparse.ArgumentParser:
     sub = p.add_subparsers(dest="cmd", required=True)
 
     g = sub.add_parser("generate", help="render one kernel to DIR/<name>.S")
-    g.add_argument("--family", required=True, help=f"kernel family: {', '.join(FAMILIES)}")
-    g.add_argument("--isa", required=True,
+    g.add_argument("spec", nargs="?", metavar="SPEC",
+                   help="the kernel as build --kernel takes it: FAMILY:ISA:MRxNR[:kKR][:sSR][:i16][:am] "
+                        "(e.g. q4_K:sme2:4vlx1vl:i16); or the parts as options below")
+    g.add_argument("--family", help=f"kernel family: {', '.join(FAMILIES)}")
+    g.add_argument("--isa",
                    help="instruction set: neon, dotprod, i8mm, sve, sve_dotprod, sve_i8mm, sme, sme2")
-    g.add_argument("--tile", required=True,
+    g.add_argument("--tile",
                    help="MRxNR, vl after mr or nr for vector-length units: 6x16, 4x4vl, 1vlx4vl")
     g.add_argument("--kr", type=int,
                    help="KleidiAI kr: k values per packed column step (default: the family's "
@@ -603,7 +621,8 @@ def _parser() -> argparse.ArgumentParser:
     b.add_argument("--target", default="generic-armv8",
                    help="CPU preset (`tilegen targets`; default generic-armv8)")
     b.add_argument("--kernel", action="append", metavar="SPEC",
-                   help="FAMILY:ISA:MRxNR[:kKR][:sSR]; repeatable (default: the target's kernels)")
+                   help="FAMILY:ISA:MRxNR[:kKR][:sSR][:i16][:am]; repeatable (default: the target's "
+                        "kernels)")
     b.add_argument("--isa", help="only the preset's default kernels of these ISAs, e.g. neon,dotprod "
                                  "(--kernel adds more)")
     b.add_argument("--format", choices=("elf", "macho"),
