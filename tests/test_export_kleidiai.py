@@ -1038,6 +1038,21 @@ def test_generated_patch_applies_to_llama_cpp(llama_cpp_src, tmp_path):
         all(index.get(f) == v for f, v in t_index.items()), (t_index, index)
 
 
+def test_export_md_tuned_tables_are_the_tuned_files():
+    """docs/export.md's two tables of what the committed tuned files replace (the KleidiAI names
+    under --tuned / --tuned-pairs, and the tilegen-family entries) are the ones the code derives
+    from tilegen/build/tuned/*.json (they went stale when presets were re-tuned: q4_0's pairs,
+    q8_0's, iq4_nl's and mxfp4's n1 entries); each table has a row per tuned preset, and
+    --tuned-pairs changes the tilegen-family entries as --tuned does."""
+    from tilegen.build.tuned import tuned_targets
+    doc = (Path(__file__).resolve().parents[1] / "docs" / "export.md").read_text()
+    for table, fn in ((K.tuned_table(), "tuned_table"), (K.kquant_tuned_table(), "kquant_tuned_table")):
+        assert table in doc, f"docs/export.md: regenerate the table (K.{fn}())"
+        assert [r.split(" | ")[0][2:] for r in table.splitlines()[2:]] == tuned_targets()
+    for t in tuned_targets():
+        assert K.kquant_entries(t, "pairs") == K.kquant_entries(t, True), t
+
+
 def test_tuned_kquant_tiles_reach_names_getters_and_table():
     """--tuned: a preset's tuned K-quant pair replaces the entry of its family and ISA (the
     kernel names follow the tile: there is no KleidiAI name to keep) where both kernels still
@@ -1051,7 +1066,7 @@ def test_tuned_kquant_tiles_reach_names_getters_and_table():
             "neoverse-n1": {("q4_K", "dotprod"): ("q4_K:dotprod:12x4", "q4_K:dotprod:1x4"),
                             ("q6_K", "dotprod"): ("q6_K:dotprod:32x4", "q6_K:dotprod:1x4"),
                             ("iq4_nl", "dotprod"): ("iq4_nl:dotprod:12x4", "iq4_nl:dotprod:1x4"),
-                            ("mxfp4", "dotprod"): ("mxfp4:dotprod:12x4", "mxfp4:dotprod:1x4")}}
+                            ("mxfp4", "dotprod"): ("mxfp4:dotprod:4x8", "mxfp4:dotprod:1x8")}}
     for target, changed in want.items():
         tf = read_tuned(get_target(target))
         for (fam, isa), pair in changed.items():      # the committed tuned file's pair

@@ -718,6 +718,34 @@ def mapping_table(kernels: list[KaiKernel] | None = None) -> str:
     return "\n".join(rows) + "\n"
 
 
+def tuned_table() -> str:
+    """The Markdown table of docs/export.md#--tuned-and---tuned-pairs: per preset with a tuned
+    file, the KleidiAI names ``--tuned`` gives a tuned kernel and those ``--tuned-pairs`` adds."""
+    rows = ["| preset | `--tuned` | `--tuned-pairs` adds |", "|---|---|---|"]
+    for t in tuned_targets():
+        one, pairs = tuned_overrides(t), tuned_pair_overrides(t)
+        cells = ["<br>".join(f"`{n[len('matmul_clamp_f32_'):]}` → `{s}`" for n, s in d.items())
+                 or "—" for d in (one, {n: s for n, s in pairs.items() if one.get(n) != s})]
+        rows.append(f"| {t} | {cells[0]} | {cells[1]} |")
+    return "\n".join(rows) + "\n"
+
+
+def kquant_tuned_table() -> str:
+    """The Markdown table of docs/export.md#k-quants-beyond-kleidiai: per preset with a tuned
+    file, the tilegen-family entries ``--tuned`` changes (:func:`kquant_entries`), each changed
+    kernel as default -> tuned spec."""
+    rows = ["| preset | table entries `--tuned` replaces (default → tuned) |", "|---|---|"]
+    for t in tuned_targets():
+        cells = []
+        for e, d in zip(kquant_entries(t, True), KQUANT_DEFAULT):
+            parts = [f"{role} `{old.spec}` → `{new.spec}`" for role, old, new in
+                     (("gemm", d.gemm, e.gemm), ("gemv", d.gemv, e.gemv)) if old != new]
+            if parts:
+                cells.append(f"{e.family.upper()} {e.isa.upper()} " + ", ".join(parts))
+        rows.append(f"| {t} | {'<br>'.join(cells) or '—'} |")
+    return "\n".join(rows) + "\n"
+
+
 def cmake_toolchain(cc: str = "clang-19", sysroot: str | None = None,
                     freestanding: bool | None = None) -> str:
     """A CMake toolchain file that cross-compiles the tree for aarch64 Linux with clang
