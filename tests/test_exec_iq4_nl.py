@@ -15,14 +15,14 @@ from tilegen.families.iq4_nl import (IQ4NLP, KVALUES_IQ4NL, dequantize_iq4_nl, j
                                      matmul_qsi8d32p_iq4nlp, random_iq4_nl, split_iq4_nl)
 from tilegen.generator.validate import parse_spec
 from tilegen.layout import LayoutError
-from tilegen.layout.ggml import quantize_q8_0, split_q8_0
 from tilegen.layout.lhs_int8 import QSI8D32P
 from tilegen.records import SpecError
 
-from conftest import SME_ON, guest, refused_for_missing_features
+from conftest import SME_ON, guest
+from table32_exec import (CPUS, SENTINEL, SME2_SVLS, SVE_IDS, SVE_RUNS, Table32, all_refused,
+                          run_on_cpu, run_sme2, run_sve)
 
 T = gguf.GGMLQuantizationType
-CPUS = ("cortex-a53", "neoverse-n1", "neoverse-v1", "neoverse-n2", "max")
 # (tile) per ISA: gemm and gemv of every strategy (SMULL, SDOT by lane, SDOT on pairs,
 # SMMLA; 12x4, 24x4: 12-row blocks without a mask register), tiles beside llama.cpp's, the f32
 # accumulators in the frame (":am")
@@ -31,7 +31,10 @@ TILES = ("neon:4x4", "neon:1x4", "neon:8x4", "dotprod:1x4", "dotprod:1x8:k16:s2"
          "i8mm:16x4", "i8mm:8x4", "i8mm:12x4", "i8mm:4x8", "i8mm:1x4:k16:s2", "i8mm:1x12",
          "i8mm:24x4:am", "i8mm:1x16:k8:s2")
 SPECS = [parse_spec(f"iq4_nl:{t}") for t in TILES]
-SENTINEL = np.float32(-4242.25)
+# the shared sweep's hooks (tests/table32_exec.py): ggml's d is f16
+FAM = Table32(IQ4NLP, matmul_qsi8d32p_iq4nlp, lambda n, k, seed, i: random_iq4_nl(n, k, seed),
+              dequantize_iq4_nl, split_iq4_nl, KVALUES_IQ4NL,
+              lambda d: d.view(np.float16).astype(np.float32))
 
 
 # -- codec and layout (host) --------------------------------------------------------------
@@ -122,74 +125,10 @@ def iq4_lib(tmp_path_factory) -> Path:
     return out
 
 
-def _shapes(mr, nr, rng):
-    ms = [1, mr, mr + 1, 2 * mr + 3 if mr > 1 else 1, int(rng.integers(1, 3 * mr + 1))]
-    ns = [nr + 1, 3 * nr - 1, 1, int(rng.integers(1, 4 * nr)), nr]
-    return [(ms[i], ns[i], 32 * kb) for i, kb in enumerate((1, 2, 3, 5, 9))]
-
-
-def ggml_iq4_nl_q8_0(x, raw, n, k) -> np.ndarray:
-    """ggml's own arithmetic (generic ggml_vec_dot_iq4_nl_q8_0): x quantised to q8_0
-    (quantize_row_q8_0_ref), per block sumi = sum q8 * kvalues (int), then
-    sumf += f32(d_x) * f32(d_y) * sumi in f32, block after block."""
-    m = x.shape[0]
-    q8, dy = split_q8_0(quantize_q8_0(x), m, k)
-    i, dx = split_iq4_nl(raw, n, k)
-    v = np.array(KVALUES_IQ4NL, np.int64)[i]
-    B = k // 32
-    dyf = dy.view(np.float16).astype(np.float32)
-    dxf = dx.view(np.float16).astype(np.float32)
-    out = np.zeros((m, n), np.float32)
-    for b in range(B):
-        s = q8[:, 32 * b:32 * b + 32].astype(np.int64) @ v[:, 32 * b:32 * b + 32].T
-        out = (out + ((dxf[None, :, b] * dyf[:, None, b]).astype(np.float32)
-                      * s.astype(np.float32)).astype(np.float32)).astype(np.float32)
-    return out
-
-
-def _run(sess, lib, spec, vl_bytes=None, cpu=""):
-    """The shape sweep through kernel ``spec`` on guest ``sess`` (vectors of ``vl_bytes``),
-    bit-exact with the reference; the error vs float64 no worse than ggml's arithmetic."""
-    mr, nr = spec.mr_at(vl_bytes), spec.nr_at(vl_bytes)
-    P = spec.lhs_mr_at(vl_bytes)
-    rng = np.random.default_rng(sum(map(ord, spec.name + cpu)) + (vl_bytes or 0))
-    cases, refs = [], []
-    for i, (m, n, k) in enumerate(_shapes(mr, nr, rng)):
-        x = (rng.normal(size=(m, k)) * 3).astype(np.float32)
-        raw = random_iq4_nl(n, k, int(rng.integers(1 << 30)))
-        lhs = QSI8D32P(P, spec.kr, spec.sr, 32).pack(x)
-        rhs = IQ4NLP(nr, spec.kr, spec.sr, 32).pack_from_ggml(raw, n, k)
-        ref = lambda lo, hi: matmul_qsi8d32p_iq4nlp(lhs, rhs, m, n, k, 32, P, nr,  # noqa: E731
-                                                     spec.kr, spec.sr, lo, hi)
-        free = ref(-3.4e38, 3.4e38)
-        cmin, cmax = (-3.4e38, 3.4e38)
-        if i % 2 and free.size > 1:
-            lo, hi = np.quantile(free, [0.2, 0.8])
-            cmin, cmax = float(np.float32(lo)), float(np.float32(hi))
-        cases.append(dict(m=m, n=n, k=k, bl=32, lhs_packed=lhs, rhs_packed=rhs,
-                          clamp_min=cmin, clamp_max=cmax, sentinel=SENTINEL))
-        refs.append((ref(cmin, cmax), x, raw))
-    outs = sess.call("guest_calls:run_q4_cases", str(lib), spec.name, cases)
-    for c, (exact, x, raw), out in zip(cases, refs, outs):
-        m, n, k = c["m"], c["n"], c["k"]
-        assert (out[m:] == SENTINEL).all() and (out[:, n:] == SENTINEL).all(), "wrote outside dst"
-        got = out[:m, :n]
-        assert np.array_equal(got, exact), \
-            f"{spec.name} VL={vl_bytes} m={m} n={n} k={k}: {np.sum(got != exact)} differ"
-        if c["clamp_min"] < -1e38 and k >= 96:
-            # error vs float64 no worse than ggml's arithmetic on the same inputs (+ 5 %)
-            ref64 = x.astype(np.float64) @ dequantize_iq4_nl(raw, n, k).astype(np.float64).T
-            e_tg = np.linalg.norm(got - ref64) / np.linalg.norm(ref64)
-            e_gg = np.linalg.norm(ggml_iq4_nl_q8_0(x, raw, n, k) - ref64) / np.linalg.norm(ref64)
-            assert e_tg <= 1.05 * e_gg + 1e-7, (e_tg, e_gg)
-
-
 @pytest.mark.parametrize("cpu", CPUS)
 @pytest.mark.parametrize("spec", SPECS, ids=lambda s: s.name)
 def test_iq4_nl_kernel(spec, cpu, iq4_lib):
-    if refused_for_missing_features(cpu, iq4_lib, spec):
-        return
-    _run(guest(cpu), iq4_lib, spec, cpu=cpu)
+    run_on_cpu(FAM, spec, cpu, iq4_lib)
 
 
 def _extreme_cases(spec, vl_bytes=None):
@@ -240,9 +179,6 @@ SVE_TILES = ("sve_dotprod:1x1vl", "sve_dotprod:1x2vl", "sve_dotprod:1x1vl:k16:s2
              "sve_dotprod:8x1vl", "sve_dotprod:4x2vl", "sve_i8mm:16x1vl", "sve_i8mm:8x1vl",
              "sve_i8mm:4x2vl")
 SVE_SPECS = [parse_spec(f"iq4_nl:{t}") for t in SVE_TILES]
-# (cpu, SVE bits): max at several vector lengths, and the SVE models at their own
-SVE_RUNS = (("max", 128), ("max", 256), ("max", 512), ("max", 2048), ("neoverse-n2", None),
-            ("neoverse-v1", None))
 
 
 @pytest.fixture(scope="module")
@@ -252,16 +188,9 @@ def iq4_sve_lib(tmp_path_factory) -> Path:
     return out
 
 
-@pytest.mark.parametrize("cpu,vl", SVE_RUNS, ids=[f"{c}-{v or 'default'}" for c, v in SVE_RUNS])
+@pytest.mark.parametrize("cpu,vl", SVE_RUNS, ids=SVE_IDS)
 def test_iq4_nl_sve_every_vl(cpu, vl, iq4_sve_lib):
-    from test_exec_scalable import SVE_NATIVE_VL
-    sess = guest(cpu, sve_vl=vl)
-    bits = vl or SVE_NATIVE_VL[cpu]
-    for spec in SVE_SPECS:
-        info = sess.call("guest_calls:vl_info", str(iq4_sve_lib), spec.name)
-        assert info["runnable"] and (info["mr"], info["nr"]) == (spec.mr_at(bits // 8),
-                                                                 spec.nr_at(bits // 8)), info
-        _run(sess, iq4_sve_lib, spec, bits // 8, cpu)
+    run_sve(FAM, cpu, vl, iq4_sve_lib, SVE_SPECS)
 
 
 def test_magic_sums_at_their_bound_sve(iq4_sve_lib):
@@ -270,8 +199,7 @@ def test_magic_sums_at_their_bound_sve(iq4_sve_lib):
 
 
 def test_iq4_nl_sve_refused_without_sve(iq4_sve_lib):
-    for spec in SVE_SPECS:
-        assert refused_for_missing_features("neoverse-n1", iq4_sve_lib, spec)
+    assert all_refused("neoverse-n1", iq4_sve_lib, SVE_SPECS)
 
 
 def test_llvm_mca_models_the_kernels():
@@ -330,7 +258,6 @@ def test_no_split_outside_the_neon_gemvs():
 # (1vlx1vl, 1x4vl) at SVL 512
 SME2_PAIR = [parse_spec("iq4_nl:sme2:1vlx2vl"), parse_spec("iq4_nl:sme2:1x2vl")]
 SME2_MORE = [parse_spec("iq4_nl:sme2:1vlx1vl"), parse_spec("iq4_nl:sme2:1x4vl")]
-SME2_SVLS = (128, 256, 512, 2048)
 
 
 @pytest.fixture(scope="module")
@@ -356,18 +283,11 @@ def test_iq4_nl_sme2_decodes_by_luti4():
 
 @pytest.mark.parametrize("svl", SME2_SVLS)
 def test_iq4_nl_sme2_every_svl(svl, iq4_sme2_lib):
-    sess = guest("max", None, svl, SME_ON)
-    for spec in SME2_PAIR + (SME2_MORE if svl == 512 else []):
-        info = sess.call("guest_calls:vl_info", str(iq4_sme2_lib), spec.name)
-        assert info["runnable"] and (info["mr"], info["nr"]) == (spec.mr_at(svl // 8),
-                                                                 spec.nr_at(svl // 8)), info
-        _run(sess, iq4_sme2_lib, spec, svl // 8, f"max-{svl}")
-    assert sess.call("guest_calls:svcr_now", str(iq4_sme2_lib)) == 0
+    run_sme2(FAM, svl, iq4_sme2_lib, SME2_PAIR, SME2_MORE)
 
 
 def test_iq4_nl_sme2_refused_without_sme2(iq4_sme2_lib):
-    for spec in SME2_PAIR:
-        assert refused_for_missing_features("neoverse-v1", iq4_sme2_lib, spec)
+    assert all_refused("neoverse-v1", iq4_sme2_lib, SME2_PAIR)
 
 
 @pytest.fixture(scope="module")

@@ -19,14 +19,14 @@ from tilegen.families.mxfp4 import (E8M0_HALF_BF16, KVALUES_MXFP4, MXFP4P, dequa
                                     split_mxfp4)
 from tilegen.generator.validate import parse_spec
 from tilegen.layout import LayoutError
-from tilegen.layout.ggml import quantize_q8_0, split_q8_0
 from tilegen.layout.lhs_int8 import QSI8D32P
 from tilegen.records import SpecError
 
-from conftest import SME_ON, guest, refused_for_missing_features
+from conftest import SME_ON, guest
+from table32_exec import (CPUS, SME2_SVLS, SVE_IDS, SVE_RUNS, Table32, all_refused, run_on_cpu,
+                          run_sme2, run_sve)
 
 T = gguf.GGMLQuantizationType
-CPUS = ("cortex-a53", "neoverse-n1", "neoverse-v1", "neoverse-n2", "max")
 # gemm and gemv of the SMULL and SDOT-by-lane / SDOT-pair strategies, the f32 accumulators
 # in the frame (":am"), tiles beside ggml's 4x4; i8mm: SMMLA with the f32 accumulators in
 # registers (12x4: one LHS pair, row scales per row block, no mask register; 8x8: two LHS
@@ -36,7 +36,15 @@ TILES = ("neon:4x4", "neon:1x4", "neon:8x4", "dotprod:1x4", "dotprod:1x8:k16:s2"
          "dotprod:16x4", "dotprod:12x8", "dotprod:4x8", "dotprod:24x4:am", "dotprod:4x4",
          "i8mm:12x4", "i8mm:8x8", "i8mm:24x4:am", "i8mm:1x4", "i8mm:1x8:k8:s2")
 SPECS = [parse_spec(f"mxfp4:{t}") for t in TILES]
-SENTINEL = np.float32(-4242.25)
+# the shared sweep's hooks (tests/table32_exec.py): scales around 1 and (case 2) the far ends,
+# subnormal 2^-128 .. 2^-100 (its error against float64 not compared); ggml's scale is the
+# E8M0 byte's half as f32 (E8M0_HALF_BF16 widened)
+FAM = Table32(MXFP4P, matmul_qsi8d32p_mxfp4p,
+              lambda n, k, seed, i: random_mxfp4(n, k, seed,
+                                                 e_range=(0, 30) if i == 2 else (118, 134)),
+              dequantize_mxfp4, split_mxfp4, KVALUES_MXFP4,
+              lambda e: (E8M0_HALF_BF16[e].astype(np.uint32) << 16).view(np.float32), seed=7,
+              compare_error=lambda i: i != 2)
 
 
 # -- codec and layout (host) --------------------------------------------------------------
@@ -137,87 +145,16 @@ def mx_lib(tmp_path_factory) -> Path:
     return out
 
 
-def _shapes(mr, nr, rng):
-    ms = [1, mr, mr + 1, 2 * mr + 3 if mr > 1 else 1, int(rng.integers(1, 3 * mr + 1))]
-    ns = [nr + 1, 3 * nr - 1, 1, int(rng.integers(1, 4 * nr)), nr]
-    return [(ms[i], ns[i], 32 * kb) for i, kb in enumerate((1, 2, 3, 5, 9))]
-
-
-def ggml_mxfp4_q8_0(x, raw, n, k) -> np.ndarray:
-    """ggml's own arithmetic (generic ggml_vec_dot_mxfp4_q8_0): x quantised to q8_0, per block
-    sumi = sum q8 * kvalues (int), then sumf += (f32(d_y) * 2^(e-128)) * f32(sumi) in f32,
-    block after block."""
-    m = x.shape[0]
-    q8, dy = split_q8_0(quantize_q8_0(x), m, k)
-    c, e = split_mxfp4(raw, n, k)
-    v = np.array(KVALUES_MXFP4, np.int64)[c]
-    dyf = dy.view(np.float16).astype(np.float32)
-    dxf = (E8M0_HALF_BF16[e].astype(np.uint32) << 16).view(np.float32)
-    out = np.zeros((m, n), np.float32)
-    with np.errstate(under="ignore"):
-        for b in range(k // 32):
-            s = q8[:, 32 * b:32 * b + 32].astype(np.int64) @ v[:, 32 * b:32 * b + 32].T
-            out = (out + ((dyf[:, None, b] * dxf[None, :, b]).astype(np.float32)
-                          * s.astype(np.float32)).astype(np.float32)).astype(np.float32)
-    return out
-
-
-ERRORS: dict = {}
-
-
-def _run(sess, lib, spec, vl_bytes=None, cpu=""):
-    mr, nr = spec.mr_at(vl_bytes), spec.nr_at(vl_bytes)
-    P = spec.lhs_mr_at(vl_bytes)
-    rng = np.random.default_rng(sum(map(ord, spec.name + cpu)) + (vl_bytes or 0) + 7)
-    cases, refs = [], []
-    for i, (m, n, k) in enumerate(_shapes(mr, nr, rng)):
-        x = (rng.normal(size=(m, k)) * 3).astype(np.float32)
-        # scales around 1, and (case 2) the far ends: subnormal 2^-128 .. 2^-100 and large
-        er = ((0, 30) if i == 2 else (118, 134))
-        raw = random_mxfp4(n, k, int(rng.integers(1 << 30)), e_range=er)
-        lhs = QSI8D32P(P, spec.kr, spec.sr, 32).pack(x)
-        rhs = MXFP4P(nr, spec.kr, spec.sr, 32).pack_from_ggml(raw, n, k)
-        ref = lambda lo, hi: matmul_qsi8d32p_mxfp4p(lhs, rhs, m, n, k, 32, P, nr,  # noqa: E731
-                                                     spec.kr, spec.sr, lo, hi)
-        free = ref(-3.4e38, 3.4e38)
-        cmin, cmax = (-3.4e38, 3.4e38)
-        if i % 2 and free.size > 1:
-            lo, hi = np.quantile(free, [0.2, 0.8])
-            cmin, cmax = float(np.float32(lo)), float(np.float32(hi))
-        cases.append(dict(m=m, n=n, k=k, bl=32, lhs_packed=lhs, rhs_packed=rhs,
-                          clamp_min=cmin, clamp_max=cmax, sentinel=SENTINEL))
-        refs.append((ref(cmin, cmax), x, raw, i))
-    outs = sess.call("guest_calls:run_q4_cases", str(lib), spec.name, cases)
-    for c, (exact, x, raw, i), out in zip(cases, refs, outs):
-        m, n, k = c["m"], c["n"], c["k"]
-        assert (out[m:] == SENTINEL).all() and (out[:, n:] == SENTINEL).all(), "wrote outside dst"
-        got = out[:m, :n]
-        assert np.array_equal(got.view(np.uint32), exact.view(np.uint32)), \
-            f"{spec.name} VL={vl_bytes} m={m} n={n} k={k}: {np.sum(got != exact)} differ"
-        if c["clamp_min"] < -1e38 and k >= 96 and i != 2:
-            # error vs float64 no worse than ggml's arithmetic on the same inputs (+ 5 %)
-            ref64 = x.astype(np.float64) @ dequantize_mxfp4(raw, n, k).astype(np.float64).T
-            e_tg = np.linalg.norm(got - ref64) / np.linalg.norm(ref64)
-            e_gg = np.linalg.norm(ggml_mxfp4_q8_0(x, raw, n, k) - ref64) / np.linalg.norm(ref64)
-            ERRORS[(spec.name, cpu, m, n, k)] = (e_tg, e_gg)
-            assert e_tg <= 1.05 * e_gg + 1e-7, (e_tg, e_gg)
-
-
 @pytest.mark.parametrize("cpu", CPUS)
 @pytest.mark.parametrize("spec", SPECS, ids=lambda s: s.name)
 def test_mxfp4_kernel(spec, cpu, mx_lib):
-    if refused_for_missing_features(cpu, mx_lib, spec):
-        return
-    _run(guest(cpu), mx_lib, spec, cpu=cpu)
+    run_on_cpu(FAM, spec, cpu, mx_lib)
 
 
 SVE_TILES = ("sve_dotprod:1x1vl", "sve_dotprod:1x2vl", "sve_dotprod:1x1vl:k16:s2",
              "sve_dotprod:8x1vl", "sve_dotprod:4x2vl", "sve_i8mm:16x1vl", "sve_i8mm:8x1vl",
              "sve_i8mm:4x2vl")
 SVE_SPECS = [parse_spec(f"mxfp4:{t}") for t in SVE_TILES]
-# (cpu, SVE bits): max at several vector lengths, and the SVE models at their own
-SVE_RUNS = (("max", 128), ("max", 256), ("max", 512), ("max", 2048), ("neoverse-n2", None),
-            ("neoverse-v1", None))
 
 
 @pytest.fixture(scope="module")
@@ -227,27 +164,18 @@ def mx_sve_lib(tmp_path_factory) -> Path:
     return out
 
 
-@pytest.mark.parametrize("cpu,vl", SVE_RUNS, ids=[f"{c}-{v or 'default'}" for c, v in SVE_RUNS])
+@pytest.mark.parametrize("cpu,vl", SVE_RUNS, ids=SVE_IDS)
 def test_mxfp4_sve_every_vl(cpu, vl, mx_sve_lib):
-    from test_exec_scalable import SVE_NATIVE_VL
-    sess = guest(cpu, sve_vl=vl)
-    bits = vl or SVE_NATIVE_VL[cpu]
-    for spec in SVE_SPECS:
-        info = sess.call("guest_calls:vl_info", str(mx_sve_lib), spec.name)
-        assert info["runnable"] and (info["mr"], info["nr"]) == (spec.mr_at(bits // 8),
-                                                                 spec.nr_at(bits // 8)), info
-        _run(sess, mx_sve_lib, spec, bits // 8, cpu)
+    run_sve(FAM, cpu, vl, mx_sve_lib, SVE_SPECS)
 
 
 def test_mxfp4_sve_refused_without_sve(mx_sve_lib):
-    for spec in SVE_SPECS:
-        assert refused_for_missing_features("neoverse-n1", mx_sve_lib, spec)
+    assert all_refused("neoverse-n1", mx_sve_lib, SVE_SPECS)
 
 
 # -- SME2 (iq4_nl's templates: LUTI4 through ZT0; the bf16 scales widened by LSL #16) --------
 SME2_PAIR = [parse_spec("mxfp4:sme2:1vlx2vl"), parse_spec("mxfp4:sme2:1x2vl")]
 SME2_MORE = [parse_spec("mxfp4:sme2:1vlx1vl"), parse_spec("mxfp4:sme2:1x4vl")]
-SME2_SVLS = (128, 256, 512, 2048)
 
 
 @pytest.fixture(scope="module")
@@ -272,18 +200,11 @@ def test_mxfp4_sme2_widens_bf16_scales():
 def test_mxfp4_sme2_every_svl(svl, mx_sme2_lib):
     """Bit-exact with matmul_qsi8d32p_mxfp4p at edge shapes (scales around 1 and, in one case,
     down to the subnormal 2^-128), the error vs float64 no worse than ggml's arithmetic."""
-    sess = guest("max", None, svl, SME_ON)
-    for spec in SME2_PAIR + (SME2_MORE if svl == 512 else []):
-        info = sess.call("guest_calls:vl_info", str(mx_sme2_lib), spec.name)
-        assert info["runnable"] and (info["mr"], info["nr"]) == (spec.mr_at(svl // 8),
-                                                                 spec.nr_at(svl // 8)), info
-        _run(sess, mx_sme2_lib, spec, svl // 8, f"max-{svl}")
-    assert sess.call("guest_calls:svcr_now", str(mx_sme2_lib)) == 0
+    run_sme2(FAM, svl, mx_sme2_lib, SME2_PAIR, SME2_MORE)
 
 
 def test_mxfp4_sme2_refused_without_sme2(mx_sme2_lib):
-    for spec in SME2_PAIR:
-        assert refused_for_missing_features("neoverse-v1", mx_sme2_lib, spec)
+    assert all_refused("neoverse-v1", mx_sme2_lib, SME2_PAIR)
 
 
 def test_mxfp4_runtime_picks_the_sme2_pair(tmp_path):
