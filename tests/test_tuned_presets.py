@@ -4,6 +4,8 @@ every kernel they add to a default build runs bit-exact in emulation, and the ru
 them."""
 from __future__ import annotations
 
+from functools import partial
+
 import numpy as np
 import pytest
 
@@ -24,13 +26,15 @@ from tilegen.reference.q8 import matmul_qai8dxp_qsi8cxp
 from conftest import guest
 from test_exec_q4 import SENTINEL, _pack, _shapes
 import test_exec_bf16
+import table32_exec
 import test_exec_iq4_nl
 import test_exec_mxfp4
 
 PRESETS = sorted(p.stem for p in tuned_dir().glob("*.json"))
 # the block-32 table families: their exec tests' shape sweep, bit-exact reference and error
 # check against ggml's arithmetic (guest, library, spec, vector bytes)
-TABLE32 = {"iq4_nl": test_exec_iq4_nl._run, "mxfp4": test_exec_mxfp4._run}
+TABLE32 = {"iq4_nl": partial(table32_exec.run, test_exec_iq4_nl.FAM),
+           "mxfp4": partial(table32_exec.run, test_exec_mxfp4.FAM)}
 
 
 def _kquant(family: str) -> bool:
