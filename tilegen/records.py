@@ -211,7 +211,8 @@ def kquant_default_kernels(name: str, large: str | None = None) -> tuple[str, ..
     and the ZA-array SDOT gemv on one 2vlx2 packing; with ``large``, also the SME2 entry on the
     1vl packing: :data:`KQUANT_LARGE_PARTNER` with the large-m gemm ``large`` (the record's
     ``IsaImpl.large_gemm``: :data:`KQUANT_LARGE_GEMM`, its ``:i16`` variant where the family has
-    one; no gemv reads that packing: the entry comes after the 2vl pair, docs/tuning.md)."""
+    one; the entry comes after the 2vl pair, docs/tuning.md#the-large-m-gemm; the gemv on that
+    packing, ``1x1vl`` for q4_K and iq4_xs, pairs with it when a library lists it)."""
     extra = (f"sme2:{KQUANT_LARGE_PARTNER}", f"sme2:{large}") if large else ()
     return tuple(f"{name}:{t}" for t in ("i8mm:8x4", "i8mm:1x4", "dotprod:8x4", "dotprod:1x4",
                                           "neon:4x4", "neon:1x4", "sme2:1vlx2vl", "sme2:1x2vl")

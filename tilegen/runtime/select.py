@@ -6,7 +6,7 @@ kernels the CPU can run wins; m <= gemv_threshold uses the gemv kernel.  Order: 
 kernels (``tilegen tune --write``), then best ISA, pairs with a gemv, the biggest tile.
 
 An entry may also carry a large-m gemm (issue #34): the tile its ISA record names
-(``IsaImpl.large_gemm``, e.g. the K-quants' SME2 ``4vlx1vl``), of the same family and ISA and
+(``IsaImpl.large_gemm``, e.g. the K-quants' SME2 ``4vlx1vl:i16``), of the same family and ISA and
 reading the same packed RHS as the entry's gemm and gemv; it runs instead of the gemm once m
 exceeds ``IsaImpl.large_after`` tiles of the gemm's rows (:attr:`KernelPair.large_from`).  A
 gemm that serves as some entry's large gemm heads no entry of its own.
