@@ -162,16 +162,18 @@ def kquant_sve_impls(stem: str) -> dict[str, IsaImpl]:
 
 
 def kquant_record(name: str, rhs: str, stem: str, isas: tuple[str, ...] | None = None,
-                  i16_tiles: tuple[str, ...] = (), large: bool = False) -> FamilyInfo:
+                  i16_tiles: tuple[str, ...] = (), large: bool = False,
+                  rhs_tiles: tuple[tuple[str, str], ...] = ()) -> FamilyInfo:
     """The record of a K-quant family: Q8_K-style activations (``q8kp``: int8 per row per
     256-k super-block, f32 d, sub-block sums) against the family's lossless repack ``rhs`` of
     its ggml blocks, on the NEON, SVE and SME2 K-quant templates and allocators of ``stem``
     (docs/layouts.md#q8kp; arithmetic: tilegen.reference.kquant); weight kind ``name``, the Q8
     calling convention.  ``isas``: the ISAs the family realises (default: all of them);
     ``i16_tiles``: its SME2 gemm tiles with an ``:i16`` variant (:func:`kquant_sme2_impls`);
-    ``large``: the family has the SME2 large-m gemm :data:`KQUANT_LARGE_GEMM`."""
+    ``large``: the family has the SME2 large-m gemm :data:`KQUANT_LARGE_GEMM`;
+    ``rhs_tiles``: SME2 tiles on an RHS format of their own (``IsaImpl.rhs_tiles``)."""
     impls = {**kquant_impls(stem), **kquant_sve_impls(stem),
-             **kquant_sme2_impls(stem, i16_tiles, large)}
+             **kquant_sme2_impls(stem, i16_tiles, large, rhs_tiles)}
     if isas is not None:
         unknown = set(isas) - set(impls)
         if unknown:
@@ -183,7 +185,8 @@ def kquant_record(name: str, rhs: str, stem: str, isas: tuple[str, ...] | None =
 
 def kquant_manifest(name: str, rhs: str, stem: str, package: str,
                     isas: tuple[str, ...] | None = None,
-                    i16_tiles: tuple[str, ...] = (), large: bool = False) -> tuple:
+                    i16_tiles: tuple[str, ...] = (), large: bool = False,
+                    rhs_tiles: tuple[tuple[str, str], ...] = ()) -> tuple:
     """What a K-quant family plugin declares about itself, from its kind ``name``, its RHS
     format ``rhs``, its template/allocator stem, its plugin package ``package`` and the ISAs it
     realises ``isas`` (default: every K-quant ISA): (RECORDS, ALLOCATOR_MODULES, GGML_TYPES,
@@ -193,8 +196,9 @@ def kquant_manifest(name: str, rhs: str, stem: str, package: str,
     llama.cpp patch's tiles :data:`KQUANT_LLAMA_KERNELS`, each restricted to those ISAs;
     ``i16_tiles``: the SME2 gemm tiles with an ``:i16`` variant (LHS ``q8ki16p``);
     ``large``: the family has the SME2 large-m gemm (:data:`KQUANT_LARGE_GEMM`: in its record
-    and, with the gemm on the same RHS, in its default kernels)."""
-    record = kquant_record(name, rhs, stem, isas, i16_tiles, large)
+    and, with the gemm on the same RHS, in its default kernels); ``rhs_tiles``: SME2 tiles on
+    an RHS format of their own ((tile, format), ``IsaImpl.rhs_tiles``)."""
+    record = kquant_record(name, rhs, stem, isas, i16_tiles, large, rhs_tiles)
     have = record.impls
     modules = (f"{package}.regalloc",) + ((f"{package}.regalloc_sme2",) if "sme2" in have else ())
     sme2 = have.get("sme2")
@@ -235,8 +239,8 @@ KQUANT_LLAMA_KERNELS = (("sme2", "1vlx2vl", "1x2vl", "int16 SMOPA", "ZA-array SD
                         ("dotprod", "8x4", "1x4", "SDOT by lane", "SDOT by lane"))
 
 
-def kquant_sme2_impls(stem: str, i16_tiles: tuple[str, ...] = (),
-                      large: bool = False) -> dict[str, IsaImpl]:
+def kquant_sme2_impls(stem: str, i16_tiles: tuple[str, ...] = (), large: bool = False,
+                      rhs_tiles: tuple[tuple[str, str], ...] = ()) -> dict[str, IsaImpl]:
     """The SME2 realisation of a K-quant family: the gemm (``templates/<stem>_sme2.S.j2``,
     int16 SMOPA of the scaled weights into ZA) and the gemv (``<stem>_sme2_gemv.S.j2``,
     ZA-array SDOT) on one RHS layout, allocator ``<stem>_sme2`` (the plugin's ``regalloc_sme2``).  kr = 4 (L = 2):
@@ -244,11 +248,11 @@ def kquant_sme2_impls(stem: str, i16_tiles: tuple[str, ...] = (),
     tiles ``i16_tiles`` have an ``:i16`` variant reading the activations widened to int16 at
     pack time (``q8ki16p``, docs/layouts.md#q8ki16p).  ``large``: the family has the large-m
     gemm :data:`KQUANT_LARGE_GEMM` (its entries switch to it past ``KQUANT_LARGE_AFTER`` tiles
-    of rows)."""
+    of rows).  ``rhs_tiles``: tiles on an RHS format of their own (``IsaImpl.rhs_tiles``)."""
     return {"sme2": IsaImpl("sme2_mopa", f"{stem}_sme2", f"{stem}_sme2", kr=4, sr=2,
                             gemv_op="sme2_sdot", gemv_template=f"{stem}_sme2_gemv",
                             lhs_i16="q8ki16p" if i16_tiles else None,
-                            lhs_i16_tiles=tuple(i16_tiles),
+                            lhs_i16_tiles=tuple(i16_tiles), rhs_tiles=tuple(rhs_tiles),
                             fixed_kr=f"the {stem} sme2 kernels read k pairs of 4-k chunks "
                                      f"(kr = 4, sr = 2)",
                             large_gemm=(None if not large else

@@ -32,6 +32,7 @@ from .checks import positive_int, thread_count
 from .errors import ArgumentError
 from .ops import kernel_tasks, lhs_tasks
 from .packed import PackedWeights
+from .select import row_op
 from .threads import default_threads, run_parallel, split
 
 __all__ = ["ExpertsPlan", "matmul_experts"]
@@ -107,9 +108,8 @@ class ExpertsPlan:
     def kernel(self, rows: int):
         """The kernel a group of ``rows`` rows runs: gemv up to the gemv threshold, the
         large-m gemm from its ``large_from`` rows on."""
-        if rows <= self.gemv_threshold:
-            return self.gemv
-        return self.large if self.large_from is not None and rows >= self.large_from else self.gemm
+        op = row_op(rows, self.gemv_threshold, True, self.large_from)
+        return {"gemv": self.gemv, "gemm": self.gemm, "large": self.large}[op]
 
     def __call__(self, x, ids, weights=None) -> np.ndarray:
         self.lib.ensure_open()

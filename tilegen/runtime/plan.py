@@ -38,6 +38,7 @@ from .checks import check_bytes, positive_int
 from .errors import ArgumentError
 from .ops import run as run_rows
 from .request import Request, activation_error, check_activations
+from .select import row_op
 from .threads import reset_after_fork, split
 
 __all__ = ["Plan", "make_plan", "MAX_BYTES"]
@@ -250,11 +251,8 @@ class Plan:
     def route(self, rows: int):
         """(packing, kernel) for ``rows`` rows, as the library's tables chose them when the
         plan was made."""
-        if rows <= self.gemv_threshold and "gemv" in self._routes:
-            return self._routes["gemv"]
-        if self.large_from is not None and rows >= self.large_from:
-            return self._routes["large"]
-        return self._routes["gemm"]
+        return self._routes[row_op(rows, self.gemv_threshold, "gemv" in self._routes,
+                                   self.large_from)]
 
     def _variant(self, rows: int) -> _Variant:
         v = self._variants.get(rows)

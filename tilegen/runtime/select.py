@@ -21,7 +21,7 @@ from ..families import FAMILIES, KIND_FAMILIES, KIND_FAMILY
 from ..generator.spec import parse_tile
 from ..records import ISAS
 
-__all__ = ["KernelPair", "build_table", "large_gemm_of", "KIND_FAMILY", "KIND_FAMILIES", "kind_table",
+__all__ = ["KernelPair", "build_table", "large_gemm_of", "row_op", "KIND_FAMILY", "KIND_FAMILIES", "kind_table",
            "gemv_families"]
 
 # KIND_FAMILY: weight kind -> the family that consumes it; KIND_FAMILIES: the families whose
@@ -53,13 +53,8 @@ class KernelPair:
         return None if self.large is None else self.large_after * self.gemm.mr + 1
 
     def op(self, m: int, gemv_threshold: int = 1) -> str:
-        """Which kernel m rows run: "gemv" (m <= gemv_threshold, when the entry has a gemv),
-        "large" (m >= large_from), else "gemm"."""
-        if m <= gemv_threshold and self.gemv is not None:
-            return "gemv"
-        if self.large is not None and m >= self.large_from:
-            return "large"
-        return "gemm"
+        """Which kernel m rows run (:func:`row_op`)."""
+        return row_op(m, gemv_threshold, self.gemv is not None, self.large_from)
 
     def pick(self, m: int, gemv_threshold: int = 1):
         return getattr(self, self.op(m, gemv_threshold))
@@ -68,6 +63,17 @@ class KernelPair:
         large = f", large={self.large.name} (m >= {self.large_from})" if self.large else ""
         return (f"KernelPair(gemm={self.gemm.name}, "
                 f"gemv={self.gemv.name if self.gemv else None}{large})")
+
+
+def row_op(m: int, gemv_threshold: int, has_gemv: bool, large_from: int | None) -> str:
+    """The rule by rows, one place for the table, plans and grouped calls: "gemv" (m <=
+    gemv_threshold, when there is a gemv), "large" (m >= large_from, when there is a large-m
+    gemm), else "gemm"."""
+    if m <= gemv_threshold and has_gemv:
+        return "gemv"
+    if large_from is not None and m >= large_from:
+        return "large"
+    return "gemm"
 
 
 def large_gemm_of(kernels: Iterable, gemm, gemv=None):

@@ -17,7 +17,7 @@ block_q5_K (176 bytes):  f16 d | f16 dmin | 12 bytes of scales and mins (as bloc
 """
 from __future__ import annotations
 
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from functools import partial
 
 import numpy as np
@@ -31,10 +31,9 @@ from ..q4_k import Q4KP, join_q4_k, q4_k_values, split_q4_k
 
 ORDER = 31
 RECORDS, ALLOCATOR_MODULES, GGML_TYPES, DEFAULT_KERNELS, LLAMA_KERNELS = kquant_manifest(
-    "q5_K", "q5kp", "q5k", __name__, i16_tiles=("4vlx1vl",))
-# the sme2 4vl x 1vl gemm reads its own variant of the packing (Q5KPS, docs/layouts.md#q5kps)
-RECORDS = tuple(replace(r, impls={**r.impls, "sme2": replace(
-    r.impls["sme2"], rhs_tiles=(("4vlx1vl", "q5kps"),))}) for r in RECORDS)
+    "q5_K", "q5kp", "q5k", __name__, i16_tiles=("4vlx1vl",),
+    # the sme2 4vl x 1vl gemm reads its own variant of the packing (Q5KPS, docs/layouts.md#q5kps)
+    rhs_tiles=(("4vlx1vl", "q5kps"),))
 #: issue #32's targets against ggml's repack (bench/vs_ggml.py: tilegen / ggml MAC per cycle)
 VS_GGML_TARGETS = {"gemm": 1.8, "gemv": 1.3}
 #: llama-quantize's Q5_K_M of the check's synthetic model (Q5_K, Q6_K for some tensors) runs on
